@@ -1,0 +1,248 @@
+import { availableParallelism } from 'node:os';
+import { performance } from 'node:perf_hooks';
+import { Piscina } from 'piscina';
+import type { Registry } from 'prom-client';
+import { counter, createRegistry, histogram } from '../core/metrics.ts';
+import { silentLogger, type Logger } from '../core/logger.ts';
+import { BodyTooLargeError } from './errors.ts';
+import type { Finding, Phase } from './finding.ts';
+import { callSidecar, type SidecarIdentity } from './inspectors/sidecar.ts';
+import { PlanCache, type ScanPlan } from './plan.ts';
+import { isInert } from './policy/resolve.ts';
+import type { ResolvedPolicy, Sidecar } from './policy/types.ts';
+import { hasBuiltinWork, scanBody, type InspectorFailure, type ScanResult } from './scan.ts';
+import type { WorkerTask } from './worker.ts';
+
+// The inspection engine (DESIGN.md, "The hot path"):
+//
+//   body ─┬─ inert policy ─────────────────────────────────────────────▶ allow (no cost)
+//         ├─ sidecars (on_request / on_response) ── undici ──────────────┐  async: fire and forget
+//         └─ built-ins ─┬─ small body: inline (scanBody on this thread) ─┤
+//                       └─ large body: piscina worker, body shared ──────┤
+//                                      all under --inspect-timeout ──────┴─▶ decision + findings
+//
+// Decision: a `block` finding blocks on the request path (observe-only on the response path). An
+// inspector that failed or missed the deadline is a recorded fail-open (`inspection failopen`, logged
+// and counted), or with failClosed a request-path `unavailable` (the 503 of the spec). Sidecars always
+// fail open. Findings of the inspectors that did finish still count: a known leak is never let through
+// because another inspector failed.
+
+export const MAX_BODY_BYTES = 32 * 1024 * 1024;
+export const DEFAULT_INSPECT_TIMEOUT_MS = 2000;
+// Below this size a scan costs less than a pool round trip (bench/RESULTS.md, "inline vs pool").
+export const DEFAULT_INLINE_THRESHOLD_BYTES = 128 * 1024;
+
+export type Decision = 'allow' | 'block' | 'unavailable';
+
+export interface InspectRequest {
+  body: Buffer;
+  phase: Phase;
+  policy: ResolvedPolicy;
+  /** The agent's secret values; only values of 8+ characters are scanned. */
+  secrets?: readonly string[];
+  identity?: SidecarIdentity;
+  /** Response phase: the request body, for sidecars that want `context.recent_messages`. */
+  requestBody?: Buffer;
+}
+
+export interface InspectionOutcome {
+  decision: Decision;
+  findings: Finding[];
+  /** Something failed and the call went ahead anyway (the `inspection failopen` marker). */
+  failOpen: boolean;
+  failures: InspectorFailure[];
+  mode: 'noop' | 'inline' | 'pool';
+  durationMs: number;
+}
+
+export interface EngineOptions {
+  timeoutMs?: number;
+  failClosed?: boolean;
+  inlineThresholdBytes?: number;
+  /** Worker threads for large bodies; 0 runs everything inline. Default: one per core. */
+  threads?: number;
+  logger?: Logger;
+  registry?: Registry;
+  /** Findings of async sidecars, which arrive after the decision (for audit). */
+  onAsyncFindings?: (findings: Finding[], meta: { phase: Phase; sidecar: string }) => void;
+  /** The worker module; tests point it at a worker that hangs to prove the deadline replaces it. */
+  workerUrl?: URL;
+}
+
+const EMPTY: ScanResult = { findings: [], failures: [] };
+const BUILTINS = 'builtin';
+
+class DeadlineError extends Error {}
+
+/** A body in shared memory crosses to a worker without a copy; anything else is copied once, here. */
+export function toShared(body: Buffer): Uint8Array {
+  if (body.buffer instanceof SharedArrayBuffer) return body;
+  const shared = new Uint8Array(new SharedArrayBuffer(body.length));
+  shared.set(body);
+  return shared;
+}
+
+/** A Buffer in shared memory: read a large body straight into it and the pool never copies it. */
+export function allocShared(size: number): Buffer {
+  return Buffer.from(new SharedArrayBuffer(size));
+}
+
+export class InspectionEngine {
+  #timeoutMs: number;
+  #failClosed: boolean;
+  #inlineThreshold: number;
+  #pool: Piscina | null;
+  #plans: PlanCache;
+  #log: Logger;
+  #onAsync: EngineOptions['onAsyncFindings'];
+  #metrics;
+
+  constructor(options: EngineOptions = {}) {
+    this.#timeoutMs = options.timeoutMs ?? DEFAULT_INSPECT_TIMEOUT_MS;
+    this.#failClosed = options.failClosed ?? false;
+    this.#inlineThreshold = options.inlineThresholdBytes ?? DEFAULT_INLINE_THRESHOLD_BYTES;
+    this.#log = options.logger ?? silentLogger();
+    this.#onAsync = options.onAsyncFindings;
+    const threads = options.threads ?? availableParallelism();
+    const self = import.meta.url.endsWith('.ts') ? './worker.ts' : './worker.js';
+    this.#pool = threads > 0
+      ? new Piscina({ filename: (options.workerUrl ?? new URL(self, import.meta.url)).href, minThreads: 1, maxThreads: threads, idleTimeout: 60_000 })
+      : null;
+    this.#plans = new PlanCache({ onCompile: (plan) => this.#reportCompile(plan) });
+    const registry = options.registry ?? createRegistry();
+    this.#metrics = {
+      runs: counter(registry, 'dvx_inspection_runs_total', 'Inspection runs by phase, mode and decision', ['phase', 'mode', 'decision']),
+      findings: counter(registry, 'dvx_inspection_findings_total', 'Findings by inspector and severity', ['inspector_type', 'severity']),
+      failopen: counter(registry, 'dvx_inspection_failopen_total', 'Inspector failures passed over (fail open)', ['phase', 'inspector', 'reason']),
+      failclosed: counter(registry, 'dvx_inspection_failclosed_total', 'Request-path inspections refused because inspection failed', ['inspector', 'reason']),
+      duration: histogram(registry, 'dvx_inspection_duration_seconds', 'Inspection run time', ['phase', 'mode'], [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5]),
+    };
+  }
+
+  #reportCompile(plan: ScanPlan): void {
+    for (const p of plan.patterns?.invalid ?? []) {
+      this.#log.warn({ policy_version: plan.version, pattern: p.pattern, reason: p.reason }, 'invalid custom pattern skipped');
+    }
+    for (const g of plan.model?.malformed ?? []) {
+      this.#log.warn({ policy_version: plan.version, glob: g }, 'malformed model glob matches nothing');
+    }
+  }
+
+  async inspect(request: InspectRequest): Promise<InspectionOutcome> {
+    const started = performance.now();
+    const { body, phase, policy } = request;
+    if (body.length > MAX_BODY_BYTES) throw new BodyTooLargeError(`body of ${body.length} bytes exceeds ${MAX_BODY_BYTES}`);
+    if (isInert(policy)) return { decision: 'allow', findings: [], failOpen: false, failures: [], mode: 'noop', durationMs: 0 };
+
+    const plan = this.#plans.get(policy);
+    const secrets = request.secrets ?? [];
+    const deadline = new AbortController();
+    const timer = setTimeout(() => deadline.abort(new DeadlineError('inspection deadline')), this.#timeoutMs);
+
+    const sidecars = policy.sidecars.filter((s) => (phase === 'request' ? s.on_request : s.on_response));
+    const identity = request.identity ?? { agentId: '', orgId: '', agentName: '' };
+    const waited: Promise<ScanResult>[] = [];
+    for (const sidecar of sidecars) {
+      if (sidecar.async) this.#fireAndForget(sidecar, request, identity);
+      else waited.push(this.#runSidecar(sidecar, request, identity, deadline.signal));
+    }
+
+    let mode: InspectionOutcome['mode'] = 'inline';
+    let builtins: Promise<ScanResult> = Promise.resolve(EMPTY);
+    if (hasBuiltinWork(plan, phase, secrets.length)) {
+      if (this.#pool === null || body.length < this.#inlineThreshold) {
+        builtins = Promise.resolve(this.#inline(plan, body, phase, secrets));
+      } else {
+        mode = 'pool';
+        builtins = this.#onPool(policy, body, phase, secrets, deadline.signal);
+      }
+    }
+    const results = await Promise.all([builtins, ...waited]);
+    clearTimeout(timer);
+
+    const findings: Finding[] = [];
+    const failures: InspectorFailure[] = [];
+    for (const r of results) {
+      for (const f of r.findings) findings.push(f);
+      for (const f of r.failures) failures.push(f);
+    }
+    const blocked = phase === 'request' && findings.some((f) => f.severity === 'block');
+    const builtinFailed = failures.some((f) => !f.inspector.startsWith('sidecar:'));
+    const decision: Decision = blocked ? 'block' : phase === 'request' && builtinFailed && this.#failClosed ? 'unavailable' : 'allow';
+    const failOpen = failures.length > 0 && decision !== 'unavailable';
+    const durationMs = performance.now() - started;
+    this.#record(phase, mode, decision, findings, failures, durationMs);
+    return { decision, findings, failOpen, failures, mode, durationMs };
+  }
+
+  #inline(plan: ScanPlan, body: Buffer, phase: Phase, secrets: readonly string[]): ScanResult {
+    try {
+      return scanBody(plan, { body, phase, secrets });
+    } catch (err) {
+      return { findings: [], failures: [{ inspector: BUILTINS, reason: (err as Error).message }] };
+    }
+  }
+
+  async #onPool(policy: ResolvedPolicy, body: Buffer, phase: Phase, secrets: readonly string[], signal: AbortSignal): Promise<ScanResult> {
+    const task: WorkerTask = { body: toShared(body), policy, phase, secrets: [...secrets] };
+    try {
+      // On abort piscina terminates the worker running the task and starts a fresh one: a hung worker
+      // is replaced, never waited on.
+      return (await this.#pool!.run(task, { signal })) as ScanResult;
+    } catch (err) {
+      const reason = signal.aborted ? 'timeout' : (err as Error).message || 'worker error';
+      return { findings: [], failures: [{ inspector: BUILTINS, reason }] };
+    }
+  }
+
+  async #runSidecar(sidecar: Sidecar, request: InspectRequest, identity: SidecarIdentity, signal: AbortSignal): Promise<ScanResult> {
+    try {
+      const findings = await callSidecar({ sidecar, phase: request.phase, body: request.body, identity, requestBody: request.requestBody, signal });
+      return { findings, failures: [] };
+    } catch (err) {
+      const reason = (err as { reason?: string }).reason ?? 'error';
+      this.#log.warn({ sidecar: sidecar.name, phase: request.phase, reason, err: (err as Error).message }, 'sidecar failed');
+      return { findings: [], failures: [{ inspector: `sidecar:${sidecar.name}`, reason }] };
+    }
+  }
+
+  #fireAndForget(sidecar: Sidecar, request: InspectRequest, identity: SidecarIdentity): void {
+    const { phase } = request;
+    callSidecar({ sidecar, phase, body: request.body, identity, requestBody: request.requestBody }).then(
+      (findings) => {
+        for (const f of findings) this.#metrics.findings.inc({ inspector_type: f.inspector_type, severity: f.severity });
+        if (findings.length > 0) this.#log.info({ sidecar: sidecar.name, phase, findings }, 'async sidecar findings');
+        this.#onAsync?.(findings, { phase, sidecar: sidecar.name });
+      },
+      (err: Error & { reason?: string }) => {
+        const reason = err.reason ?? 'error';
+        this.#metrics.failopen.inc({ phase, inspector: `sidecar:${sidecar.name}`, reason });
+        this.#log.warn({ sidecar: sidecar.name, phase, reason, err: err.message, async: true }, 'inspection failopen');
+      },
+    );
+  }
+
+  #record(phase: Phase, mode: string, decision: Decision, findings: Finding[], failures: InspectorFailure[], durationMs: number): void {
+    this.#metrics.runs.inc({ phase, mode, decision });
+    this.#metrics.duration.observe({ phase, mode }, durationMs / 1000);
+    for (const f of findings) this.#metrics.findings.inc({ inspector_type: f.inspector_type, severity: f.severity });
+    if (failures.length === 0) return;
+    if (decision === 'unavailable') {
+      for (const f of failures) this.#metrics.failclosed.inc({ inspector: f.inspector, reason: metricReason(f.reason) });
+      this.#log.error({ phase, failures }, 'inspection unavailable (fail closed)');
+      return;
+    }
+    for (const f of failures) this.#metrics.failopen.inc({ phase, inspector: f.inspector, reason: metricReason(f.reason) });
+    this.#log.warn({ phase, failures, decision }, 'inspection failopen');
+  }
+
+  async close(): Promise<void> {
+    await this.#pool?.destroy();
+    this.#pool = null;
+  }
+}
+
+/** Failure reasons become label values: keep them to a small fixed set. */
+function metricReason(reason: string): string {
+  return ['timeout', 'deadline', 'network', 'status', 'bad_json', 'too_large'].includes(reason) ? reason : 'error';
+}

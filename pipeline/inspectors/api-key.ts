@@ -1,0 +1,113 @@
+import { MAX_FINDINGS_PER_INSPECTOR, redact, type Finding, type FindingLocation } from '../finding.ts';
+import { recordedSeverity } from '../policy/severity.ts';
+import type { Toggle } from '../policy/types.ts';
+import { CLASS, DIGIT, KEY_BODY, ALPHA, isAlnum } from './byte-class.ts';
+
+// api_key: the spec's 11 prefixes (AKIA, ghp_, ghs_, github_pat_, sk-ant-, AIza, sk-, sk_test_,
+// sk_live_, pk_test_, pk_live_), each followed by a plausible key body, so a prefix named in prose
+// ("keys start with sk-") is not a finding. Prefilter: memchr-speed indexOf on `AKIA`, `AIza`, `_` and
+// `-`; every hit is classified by the bytes just before it. A key must start at a token boundary.
+// `sk-ant-…` is reported once, as an Anthropic key, never again as a generic `sk-` key.
+
+export const id = 'api_key';
+
+export interface ApiKeyPlan {
+  severity: 'log' | 'warn' | 'block';
+}
+
+export function compile(toggle: Toggle): ApiKeyPlan | null {
+  return toggle.enabled ? { severity: recordedSeverity(toggle.severity) } : null;
+}
+
+interface KeyShape {
+  description: string;
+  /** Allowed body bytes. */
+  body: number;
+  min: number;
+  max: number;
+  /** Body must hold a digit (random keys do; hyphenated prose does not). */
+  needsDigit: boolean;
+}
+
+const UPPER_OR_DIGIT = 64;
+const ALNUM = 128;
+const CLS = new Uint8Array(CLASS);
+for (let b = 0x30; b <= 0x39; b++) CLS[b] |= UPPER_OR_DIGIT | ALNUM;
+for (let b = 0x41; b <= 0x5a; b++) CLS[b] |= UPPER_OR_DIGIT | ALNUM;
+for (let b = 0x61; b <= 0x7a; b++) CLS[b] |= ALNUM;
+const ALNUM_US = 256;
+const CLS2 = new Uint16Array(256);
+for (let b = 0; b < 256; b++) CLS2[b] = CLS[b] | ((CLS[b] & ALNUM) || b === 0x5f ? ALNUM_US : 0);
+
+const SHAPES = {
+  aws: { description: 'AWS access key ID', body: UPPER_OR_DIGIT, min: 16, max: 16, needsDigit: false },
+  google: { description: 'Google API key', body: KEY_BODY, min: 35, max: 35, needsDigit: false },
+  github: { description: 'GitHub token', body: ALNUM, min: 36, max: 255, needsDigit: false },
+  githubPat: { description: 'GitHub fine-grained personal access token', body: ALNUM_US, min: 22, max: 255, needsDigit: false },
+  anthropic: { description: 'Anthropic API key', body: KEY_BODY, min: 20, max: 255, needsDigit: true },
+  openai: { description: 'secret key (sk-)', body: KEY_BODY, min: 20, max: 255, needsDigit: true },
+  stripeSecretTest: { description: 'Stripe secret key (test)', body: ALNUM, min: 16, max: 255, needsDigit: true },
+  stripeSecretLive: { description: 'Stripe secret key (live)', body: ALNUM, min: 16, max: 255, needsDigit: true },
+  stripePublicTest: { description: 'Stripe publishable key (test)', body: ALNUM, min: 16, max: 255, needsDigit: true },
+  stripePublicLive: { description: 'Stripe publishable key (live)', body: ALNUM, min: 16, max: 255, needsDigit: true },
+} satisfies Record<string, KeyShape>;
+
+function at(view: Buffer, i: number, text: string): boolean {
+  if (i < 0 || i + text.length > view.length) return false;
+  for (let k = 0; k < text.length; k++) if (view[i + k] !== text.charCodeAt(k)) return false;
+  return true;
+}
+
+/** The key starting at `start` whose body starts at `bodyStart`, or null when the body is implausible. */
+function keyAt(view: Buffer, start: number, bodyStart: number, shape: KeyShape): string | null {
+  if (start > 0 && (isAlnum(view[start - 1]) || view[start - 1] === 0x5f || view[start - 1] === 0x2d)) return null;
+  let end = bodyStart;
+  let digit = false;
+  let letter = false;
+  while (end < view.length && end - bodyStart <= shape.max && CLS2[view[end]] & shape.body) {
+    if (CLASS[view[end]] & DIGIT) digit = true;
+    else if (CLASS[view[end]] & ALPHA) letter = true;
+    end++;
+  }
+  const len = end - bodyStart;
+  if (len < shape.min || len > shape.max) return null;
+  if (shape.needsDigit && !(digit && letter)) return null;
+  // A fixed-length key followed by more key bytes is part of something longer.
+  if (shape.min === shape.max && end < view.length && isAlnum(view[end])) return null;
+  return view.toString('latin1', start, end);
+}
+
+export function scan(view: Buffer, plan: ApiKeyPlan, location: FindingLocation): Finding[] {
+  const findings: Finding[] = [];
+  const seen = new Set<string>();
+  const add = (shape: KeyShape, key: string | null) => {
+    if (key === null || seen.has(key) || findings.length >= MAX_FINDINGS_PER_INSPECTOR) return;
+    seen.add(key);
+    findings.push({ inspector_type: id, severity: plan.severity, description: shape.description, match: redact(key), location });
+  };
+
+  for (let i = view.indexOf('AKIA'); i >= 0; i = view.indexOf('AKIA', i + 1)) add(SHAPES.aws, keyAt(view, i, i + 4, SHAPES.aws));
+  for (let i = view.indexOf('AIza'); i >= 0; i = view.indexOf('AIza', i + 1)) add(SHAPES.google, keyAt(view, i, i + 4, SHAPES.google));
+
+  // `-`: sk-ant-… and sk-…
+  for (let i = view.indexOf(0x2d); i >= 0; i = view.indexOf(0x2d, i + 1)) {
+    if (view[i - 1] !== 0x6b || view[i - 2] !== 0x73) continue; // "sk-"
+    if (at(view, i + 1, 'ant-')) add(SHAPES.anthropic, keyAt(view, i - 2, i + 5, SHAPES.anthropic));
+    else add(SHAPES.openai, keyAt(view, i - 2, i + 1, SHAPES.openai));
+  }
+
+  // `_`: ghp_, ghs_, github_pat_, sk_test_, sk_live_, pk_test_, pk_live_
+  for (let i = view.indexOf(0x5f); i >= 0; i = view.indexOf(0x5f, i + 1)) {
+    const p1 = view[i - 1];
+    if ((p1 === 0x70 || p1 === 0x73) && view[i - 2] === 0x68 && view[i - 3] === 0x67) {
+      add(SHAPES.github, keyAt(view, i - 3, i + 1, SHAPES.github));
+    } else if (p1 === 0x62 && at(view, i - 6, 'github') && at(view, i + 1, 'pat_')) {
+      add(SHAPES.githubPat, keyAt(view, i - 6, i + 5, SHAPES.githubPat));
+    } else if (p1 === 0x6b && (view[i - 2] === 0x73 || view[i - 2] === 0x70)) {
+      const secret = view[i - 2] === 0x73;
+      if (at(view, i + 1, 'test_')) add(secret ? SHAPES.stripeSecretTest : SHAPES.stripePublicTest, keyAt(view, i - 2, i + 6, secret ? SHAPES.stripeSecretTest : SHAPES.stripePublicTest));
+      else if (at(view, i + 1, 'live_')) add(secret ? SHAPES.stripeSecretLive : SHAPES.stripePublicLive, keyAt(view, i - 2, i + 6, secret ? SHAPES.stripeSecretLive : SHAPES.stripePublicLive));
+    }
+  }
+  return findings;
+}

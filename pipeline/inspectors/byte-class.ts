@@ -1,0 +1,23 @@
+// Byte classes shared by the hand-written detectors (ASCII only: every built-in pattern is ASCII).
+
+export const DIGIT = 1;
+export const ALPHA = 2;
+export const EMAIL_LOCAL = 4; // [A-Za-z0-9._%+-]
+export const EMAIL_DOMAIN = 8; // [A-Za-z0-9.-]
+export const KEY_BODY = 16; // [A-Za-z0-9_-]
+
+export const CLASS = new Uint8Array(256);
+for (let b = 0x30; b <= 0x39; b++) CLASS[b] |= DIGIT | EMAIL_LOCAL | EMAIL_DOMAIN | KEY_BODY;
+for (let b = 0x41; b <= 0x5a; b++) CLASS[b] |= ALPHA | EMAIL_LOCAL | EMAIL_DOMAIN | KEY_BODY;
+for (let b = 0x61; b <= 0x7a; b++) CLASS[b] |= ALPHA | EMAIL_LOCAL | EMAIL_DOMAIN | KEY_BODY;
+for (const c of '._%+-') CLASS[c.charCodeAt(0)] |= EMAIL_LOCAL;
+for (const c of '.-') CLASS[c.charCodeAt(0)] |= EMAIL_DOMAIN;
+for (const c of '_-') CLASS[c.charCodeAt(0)] |= KEY_BODY;
+
+export function isDigit(b: number | undefined): boolean {
+  return b !== undefined && b >= 0x30 && b <= 0x39;
+}
+
+export function isAlnum(b: number | undefined): boolean {
+  return b !== undefined && (CLASS[b] & (DIGIT | ALPHA)) !== 0;
+}

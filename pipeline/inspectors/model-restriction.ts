@@ -1,0 +1,56 @@
+import { topLevelString } from '../json-view.ts';
+import { redact, type Finding } from '../finding.ts';
+import type { ModelPolicy } from '../policy/types.ts';
+import { isValidPattern, pathMatch } from './path-match.ts';
+
+// model_restriction: request phase only; reads the body's top-level `model` (spec: model_policy).
+// Each layer (the base winner, then every pack) must permit the model: layers compose by AND.
+
+export const id = 'model_restriction';
+
+export interface ModelLayer {
+  mode: ModelPolicy['mode'];
+  /** Valid globs only: a malformed pattern matches nothing, so it is dropped at compile time. */
+  globs: string[];
+}
+
+export interface ModelPlan {
+  layers: ModelLayer[];
+  /** Malformed globs, for the caller to log once per policy version. */
+  malformed: string[];
+}
+
+export function compile(policies: readonly ModelPolicy[]): ModelPlan | null {
+  if (policies.length === 0) return null;
+  const malformed: string[] = [];
+  const layers = policies.map((p) => ({
+    mode: p.mode,
+    globs: p.models.filter((g) => {
+      const ok = isValidPattern(g);
+      if (!ok) malformed.push(g);
+      return ok;
+    }),
+  }));
+  return { layers, malformed };
+}
+
+export function permitted(plan: ModelPlan, model: string | null): boolean {
+  for (const layer of plan.layers) {
+    const listed = model !== null && layer.globs.some((g) => pathMatch(g, model));
+    if (layer.mode === 'allowlist' ? !listed : listed) return false;
+  }
+  return true;
+}
+
+export function scan(body: Buffer, plan: ModelPlan): Finding[] {
+  const model = topLevelString(body, 'model');
+  if (permitted(plan, model)) return [];
+  const denying = plan.layers.find((l) => {
+    const listed = model !== null && l.globs.some((g) => pathMatch(g, model));
+    return l.mode === 'allowlist' ? !listed : listed;
+  });
+  const description = model === null
+    ? 'request has no string model field and a model allowlist applies'
+    : denying?.mode === 'blocklist' ? 'model matches a blocklist entry of model_policy' : 'model is not on the allowlist of model_policy';
+  return [{ inspector_type: id, severity: 'block', description, match: redact(model ?? ''), location: 'model' }];
+}

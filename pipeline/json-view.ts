@@ -1,0 +1,223 @@
+// JSON escapes must not hide content (DESIGN.md, "The hot path"): `\u0040` is an `@`, `\/` a `/`.
+// A JSON (or SSE-of-JSON) body that contains a backslash is scanned through a decoded view: the same
+// bytes with every valid escape replaced by the character it stands for. Structure is unchanged, so
+// anything the detectors find in the body as sent they also find in the view, plus what escapes hid.
+// Bodies that are not JSON are scanned as sent: a backslash in plain text is not an escape.
+//
+//   body ──indexOf('\\')──▶ none: scan body
+//                        └▶ some: copy the runs between escapes, decode each escape ──▶ view
+
+const BACKSLASH = 0x5c;
+
+function firstNonSpace(body: Uint8Array): number {
+  for (let i = 0; i < body.length && i < 4096; i++) {
+    const b = body[i];
+    if (b !== 0x20 && b !== 0x0a && b !== 0x0d && b !== 0x09) return i;
+  }
+  return -1;
+}
+
+const SSE_STARTS = ['data:', 'event:', 'id:', 'retry:', ':'].map((s) => Buffer.from(s));
+
+/** JSON documents and SSE streams of JSON events carry JSON string escapes; other bodies do not. */
+export function carriesJsonEscapes(body: Buffer): boolean {
+  const i = firstNonSpace(body);
+  if (i < 0) return false;
+  const b = body[i];
+  if (b === 0x7b || b === 0x5b || b === 0x22) return true;
+  return SSE_STARTS.some((p) => body.length - i >= p.length && body.compare(p, 0, p.length, i, i + p.length) === 0);
+}
+
+function hex(b: number): number {
+  if (b >= 0x30 && b <= 0x39) return b - 0x30;
+  if (b >= 0x41 && b <= 0x46) return b - 0x37;
+  if (b >= 0x61 && b <= 0x66) return b - 0x57;
+  return -1;
+}
+
+function readHex4(body: Uint8Array, at: number): number {
+  if (at + 4 > body.length) return -1;
+  const a = hex(body[at]), b = hex(body[at + 1]), c = hex(body[at + 2]), d = hex(body[at + 3]);
+  if ((a | b | c | d) < 0) return -1;
+  return (a << 12) | (b << 8) | (c << 4) | d;
+}
+
+function writeCodePoint(out: Buffer, at: number, cp: number): number {
+  if (cp < 0x80) {
+    out[at] = cp;
+    return at + 1;
+  }
+  if (cp < 0x800) {
+    out[at] = 0xc0 | (cp >> 6);
+    out[at + 1] = 0x80 | (cp & 0x3f);
+    return at + 2;
+  }
+  if (cp < 0x10000) {
+    out[at] = 0xe0 | (cp >> 12);
+    out[at + 1] = 0x80 | ((cp >> 6) & 0x3f);
+    out[at + 2] = 0x80 | (cp & 0x3f);
+    return at + 3;
+  }
+  out[at] = 0xf0 | (cp >> 18);
+  out[at + 1] = 0x80 | ((cp >> 12) & 0x3f);
+  out[at + 2] = 0x80 | ((cp >> 6) & 0x3f);
+  out[at + 3] = 0x80 | (cp & 0x3f);
+  return at + 4;
+}
+
+const SIMPLE: Record<number, number> = { 0x22: 0x22, 0x5c: 0x5c, 0x2f: 0x2f, 0x62: 0x08, 0x66: 0x0c, 0x6e: 0x0a, 0x72: 0x0d, 0x74: 0x09 };
+
+/** The decoded view of a JSON body, or the body itself when nothing needs decoding. Never longer than the body. */
+export function scanView(body: Buffer): Buffer {
+  let esc = body.indexOf(BACKSLASH);
+  if (esc < 0 || !carriesJsonEscapes(body)) return body;
+  const out = Buffer.allocUnsafe(body.length);
+  let from = 0;
+  let to = 0;
+  while (esc >= 0) {
+    to += body.copy(out, to, from, esc);
+    const c = esc + 1 < body.length ? body[esc + 1] : -1;
+    const simple = SIMPLE[c];
+    if (simple !== undefined) {
+      out[to++] = simple;
+      from = esc + 2;
+    } else if (c === 0x75) {
+      let cp = readHex4(body, esc + 2);
+      let next = esc + 6;
+      if (cp < 0) {
+        out[to++] = BACKSLASH; // not an escape: keep the bytes as sent
+        from = esc + 1;
+        esc = body.indexOf(BACKSLASH, from);
+        continue;
+      }
+      if (cp >= 0xd800 && cp <= 0xdbff && body[next] === BACKSLASH && body[next + 1] === 0x75) {
+        const lo = readHex4(body, next + 2);
+        if (lo >= 0xdc00 && lo <= 0xdfff) {
+          cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+          next += 6;
+        }
+      }
+      if (cp >= 0xd800 && cp <= 0xdfff) cp = 0xfffd; // a lone surrogate
+      to = writeCodePoint(out, to, cp);
+      from = next;
+    } else {
+      out[to++] = BACKSLASH;
+      from = esc + 1;
+    }
+    esc = body.indexOf(BACKSLASH, from);
+  }
+  to += body.copy(out, to, from);
+  return out.subarray(0, to);
+}
+
+/**
+ * The top-level string value of `key` in a JSON object body, decoded; `null` when the body is not a
+ * JSON object or the key is absent or not a string. A duplicated key reads as its last occurrence, as
+ * JSON.parse, Python's json and Go's encoding/json read it: `{"model":"ok","model":"denied"}` must not
+ * pass a model check that the upstream then reads differently.
+ */
+export function topLevelString(body: Buffer, key: string): string | null {
+  const n = body.length;
+  let i = firstNonSpace(body);
+  if (i < 0 || body[i] !== 0x7b) return null;
+  i++;
+  const skipWs = () => {
+    while (i < n) {
+      const b = body[i];
+      if (b !== 0x20 && b !== 0x0a && b !== 0x0d && b !== 0x09) break;
+      i++;
+    }
+  };
+  // Returns the index just past the closing quote of the string starting at `start` (a quote), or -1.
+  const stringEnd = (start: number): number => {
+    let j = start + 1;
+    for (;;) {
+      const q = body.indexOf(0x22, j);
+      if (q < 0) return -1;
+      let k = q - 1;
+      let slashes = 0;
+      while (k > start && body[k] === BACKSLASH) {
+        slashes++;
+        k--;
+      }
+      if (slashes % 2 === 0) return q + 1;
+      j = q + 1;
+    }
+  };
+  const skipValue = (): boolean => {
+    skipWs();
+    if (i >= n) return false;
+    const b = body[i];
+    if (b === 0x22) {
+      const e = stringEnd(i);
+      if (e < 0) return false;
+      i = e;
+      return true;
+    }
+    if (b === 0x7b || b === 0x5b) {
+      let depth = 0;
+      while (i < n) {
+        const c = body[i];
+        if (c === 0x22) {
+          const e = stringEnd(i);
+          if (e < 0) return false;
+          i = e;
+          continue;
+        }
+        if (c === 0x7b || c === 0x5b) depth++;
+        else if (c === 0x7d || c === 0x5d) {
+          depth--;
+          if (depth === 0) {
+            i++;
+            return true;
+          }
+        }
+        i++;
+      }
+      return false;
+    }
+    while (i < n) {
+      const c = body[i];
+      if (c === 0x2c || c === 0x7d || c === 0x5d || c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09) break;
+      i++;
+    }
+    return true;
+  };
+  let found: string | null = null;
+  for (;;) {
+    skipWs();
+    if (i >= n || body[i] !== 0x22) return found;
+    const keyEnd = stringEnd(i);
+    if (keyEnd < 0) return found;
+    let name: unknown;
+    try {
+      name = JSON.parse(body.toString('utf8', i, keyEnd));
+    } catch {
+      return found;
+    }
+    i = keyEnd;
+    skipWs();
+    if (body[i] !== 0x3a) return found;
+    i++;
+    skipWs();
+    const valueStart = i;
+    if (!skipValue()) return found;
+    if (name === key) {
+      found = null;
+      if (body[valueStart] === 0x22) {
+        try {
+          const v = JSON.parse(body.toString('utf8', valueStart, i));
+          if (typeof v === 'string') found = v;
+        } catch {
+          found = null;
+        }
+      }
+    }
+    skipWs();
+    if (body[i] === 0x2c) {
+      i++;
+      continue;
+    }
+    return found;
+  }
+}

@@ -1,0 +1,57 @@
+// Resolved policy is cached per (org, agent) for 30 s (spec: Limits, "Policy cache"). Change nudges
+// call invalidate() so a write takes effect before the TTL runs out.
+
+export const POLICY_CACHE_TTL_MS = 30_000;
+
+interface Entry<V> {
+  value: Promise<V>;
+  expires: number;
+}
+
+export class PolicyCache<V> {
+  #entries = new Map<string, Entry<V>>();
+  #ttl: number;
+  #now: () => number;
+
+  constructor(options: { ttlMs?: number; now?: () => number } = {}) {
+    this.#ttl = options.ttlMs ?? POLICY_CACHE_TTL_MS;
+    this.#now = options.now ?? Date.now;
+  }
+
+  static key(org: string, agent: string): string {
+    return `${org}\u0000${agent}`;
+  }
+
+  /** The cached value, or `load()`'s; concurrent misses share one load, and a failed load is not cached. */
+  get(org: string, agent: string, load: () => V | Promise<V>): Promise<V> {
+    const key = PolicyCache.key(org, agent);
+    const now = this.#now();
+    const hit = this.#entries.get(key);
+    if (hit && hit.expires > now) return hit.value;
+    const value = Promise.resolve().then(load);
+    const entry: Entry<V> = { value, expires: now + this.#ttl };
+    this.#entries.set(key, entry);
+    value.catch(() => {
+      if (this.#entries.get(key) === entry) this.#entries.delete(key);
+    });
+    return value;
+  }
+
+  /** Drops one agent's entry, every entry of an org (agent omitted), or everything (both omitted). */
+  invalidate(org?: string, agent?: string): void {
+    if (org === undefined) {
+      this.#entries.clear();
+      return;
+    }
+    if (agent !== undefined) {
+      this.#entries.delete(PolicyCache.key(org, agent));
+      return;
+    }
+    const prefix = `${org}\u0000`;
+    for (const key of this.#entries.keys()) if (key.startsWith(prefix)) this.#entries.delete(key);
+  }
+
+  get size(): number {
+    return this.#entries.size;
+  }
+}

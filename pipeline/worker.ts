@@ -1,0 +1,21 @@
+import { PlanCache } from './plan.ts';
+import { scanBody, type ScanResult } from './scan.ts';
+import type { Phase } from './finding.ts';
+import type { ResolvedPolicy } from './policy/types.ts';
+
+// Piscina worker entry: the built-in scan over a body the main thread shares with us (a view over a
+// SharedArrayBuffer: not copied on the way in). Each worker compiles a policy once per version.
+
+export interface WorkerTask {
+  body: Uint8Array;
+  policy: ResolvedPolicy;
+  phase: Phase;
+  secrets: readonly string[];
+}
+
+const plans = new PlanCache({ capacity: 64 });
+
+export default function inspect(task: WorkerTask): ScanResult {
+  const body = Buffer.from(task.body.buffer, task.body.byteOffset, task.body.byteLength);
+  return scanBody(plans.get(task.policy), { body, phase: task.phase, secrets: task.secrets });
+}
