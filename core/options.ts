@@ -1,4 +1,4 @@
-import { Option } from 'commander';
+import { Command, Option } from 'commander';
 import { parseDuration } from './duration.ts';
 
 // Every flag also reads DVX_<FLAG> (upper-cased, dashes to underscores); precedence is flag, then
@@ -44,12 +44,30 @@ export class InvalidFlagError extends Error {
   code = 'commander.invalidArgument';
 }
 
-/** Boolean flags that can also be switched off: `--x`, `--no-x`, DVX_X=true|false. */
-export function booleanFlag(name: string, description: string, defaultValue: boolean): Option {
-  const option = new Option(`--${name} [bool]`, description).env(envName(name)).default(defaultValue);
-  option.argParser((raw: string | undefined) => parseBoolean(raw));
-  option.preset('true');
-  return option;
+/**
+ * A boolean flag: `--name` switches it on, `--no-name` off, DVX_NAME=true|false sets it from the
+ * environment (flag wins). The flag takes no value, so `--name -` never swallows a following argument.
+ */
+export function addBooleanFlag(command: Command, name: string, description: string, defaultValue: boolean): Command {
+  const key = camel(name);
+  command.addOption(new Option(`--${name}`, `${description} (env ${envName(name)})`));
+  command.addOption(new Option(`--no-${name}`, `turn off --${name}`).hideHelp());
+  command.setOptionValueWithSource(key, defaultValue, 'default');
+  command.hook('preAction', (_this, actionCommand) => {
+    if (actionCommand !== command || command.getOptionValueSource(key) !== 'default') return;
+    const raw = process.env[envName(name)];
+    if (raw === undefined || raw === '') return;
+    try {
+      command.setOptionValueWithSource(key, parseBoolean(raw), 'env');
+    } catch (err) {
+      command.error(`error: environment ${envName(name)}: ${(err as Error).message}`, { exitCode: 2, code: 'commander.invalidArgument' });
+    }
+  });
+  return command;
+}
+
+function camel(name: string): string {
+  return name.replace(/-([a-z])/g, (_m, c: string) => c.toUpperCase());
 }
 
 export function parseBoolean(raw: string | undefined | boolean): boolean {

@@ -1,0 +1,40 @@
+import { Command, CommanderError } from 'commander';
+import { inspectCommand } from './inspect.ts';
+import { serveCommand } from './serve.ts';
+import { CliError, EXIT_USAGE } from './exit-codes.ts';
+import pkg from '../package.json' with { type: 'json' };
+
+export function buildProgram(): Command {
+  const program = new Command('dvx')
+    .description('dvx: governance for autonomous AI agents (inspection proxies, audit, control plane)')
+    .version(pkg.version)
+    .showHelpAfterError('(run with --help for usage)')
+    .exitOverride();
+  program.addCommand(serveCommand());
+  program.addCommand(inspectCommand());
+  for (const c of program.commands) {
+    c.exitOverride();
+    c.showHelpAfterError('(run with --help for usage)');
+  }
+  return program;
+}
+
+/** Runs the CLI; returns the exit code. Usage errors exit 2, never with a stack trace. */
+export async function run(argv: string[]): Promise<number> {
+  const program = buildProgram();
+  try {
+    await program.parseAsync(argv, { from: 'user' });
+    return typeof process.exitCode === 'number' ? process.exitCode : 0;
+  } catch (err) {
+    if (err instanceof CommanderError) {
+      if (err.code === 'commander.helpDisplayed' || err.code === 'commander.version' || err.code === 'commander.help') return 0;
+      return EXIT_USAGE; // commander already printed the message
+    }
+    if (err instanceof CliError) {
+      process.stderr.write(`dvx: ${err.message.replace(/^dvx[^:]*: /, '')}\n`);
+      return err.exitCode;
+    }
+    process.stderr.write(`dvx: unexpected error: ${(err as Error).stack ?? String(err)}\n`);
+    return 70;
+  }
+}

@@ -1,0 +1,159 @@
+import t from 'tap';
+import { createLogger } from '../../core/logger.ts';
+import { createRegistry } from '../../core/metrics.ts';
+import { allocShared, InspectionEngine, MAX_BODY_BYTES, type EngineOptions } from '../../pipeline/engine.ts';
+import { closeSidecarDispatcher } from '../../pipeline/inspectors/sidecar.ts';
+import { BodyTooLargeError } from '../../pipeline/errors.ts';
+import { policyFromDocument, resolvePolicy } from '../../pipeline/policy/resolve.ts';
+import { validatePolicyDocument } from '../../pipeline/policy/validate.ts';
+import { startSidecarServer } from '../fixtures/sidecar-server.ts';
+
+const sidecars = await startSidecarServer();
+t.teardown(async () => {
+  await closeSidecarDispatcher();
+  await sidecars.close();
+});
+
+const FULL = {
+  model_policy: { mode: 'blocklist', models: ['gpt-3*'] },
+  content_inspection: {
+    secrets_filter: { enabled: true },
+    pii_detection: { enabled: true },
+    api_key_detection: { enabled: true, severity: 'block' },
+    patterns: [{ pattern: 'project-[0-9]+', description: 'codename', severity: 'warn' }],
+  },
+};
+const policyOf = (doc: unknown) => policyFromDocument(validatePolicyDocument(doc));
+const full = policyOf(FULL);
+
+function body(content: string, pad = 0, model = 'claude-sonnet-4-5'): Buffer {
+  return Buffer.from(JSON.stringify({ model, messages: [{ role: 'user', content: content + ' lorem ipsum'.repeat(pad) }] }));
+}
+
+function engine(t: { teardown: (fn: () => unknown) => void }, options: EngineOptions = {}) {
+  const lines: string[] = [];
+  const registry = createRegistry();
+  const e = new InspectionEngine({ logger: createLogger({ destination: { write: (s: string) => void lines.push(s) } }), registry, ...options });
+  t.teardown(() => e.close());
+  return { e, lines, registry };
+}
+
+const LEAKY = 'mail a@example.com key AKIAIOSFODNN7EXAMPLE secret hunter2hunter2 project-7';
+
+t.test('an inert policy costs nothing', async (t) => {
+  const { e } = engine(t, { threads: 0 });
+  const out = await e.inspect({ body: body(LEAKY), phase: 'request', policy: resolvePolicy({}) });
+  t.same(out, { decision: 'allow', findings: [], failOpen: false, failures: [], mode: 'noop', durationMs: 0 });
+});
+
+t.test('inline and pool find the same things; the threshold picks the mode', async (t) => {
+  const { e } = engine(t, { inlineThresholdBytes: 4096, threads: 1 });
+  const small = await e.inspect({ body: body(LEAKY), phase: 'request', policy: full, secrets: ['hunter2hunter2'] });
+  const large = await e.inspect({ body: body(LEAKY, 1000), phase: 'request', policy: full, secrets: ['hunter2hunter2'] });
+  t.equal(small.mode, 'inline');
+  t.equal(large.mode, 'pool');
+  t.same(large.findings, small.findings);
+  t.same(small.findings.map((f) => f.inspector_type).sort(), ['api_key', 'patterns', 'pii', 'secrets']);
+  t.equal(small.decision, 'block', 'the secret and the key block');
+  const shared = allocShared(large.findings.length >= 0 ? body(LEAKY, 1000).length : 0);
+  body(LEAKY, 1000).copy(shared);
+  t.same((await e.inspect({ body: shared, phase: 'request', policy: full, secrets: ['hunter2hunter2'] })).findings, small.findings, 'a body already in shared memory');
+});
+
+t.test('request blocks; response is observe-only and runs secrets and patterns only', async (t) => {
+  const { e } = engine(t, { threads: 0 });
+  const req = await e.inspect({ body: body('x', 0, 'gpt-3.5-turbo'), phase: 'request', policy: full });
+  t.equal(req.decision, 'block');
+  t.same(req.findings.map((f) => f.location), ['model']);
+  const res = await e.inspect({ body: body(LEAKY, 0, 'gpt-3.5-turbo'), phase: 'response', policy: full, secrets: ['hunter2hunter2'] });
+  t.equal(res.decision, 'allow', 'a block finding on the response is recorded, not enforced');
+  t.same(res.findings.map((f) => [f.inspector_type, f.severity, f.location]), [['secrets', 'block', 'response_body'], ['patterns', 'warn', 'response_body']]);
+});
+
+t.test('warn and log findings proceed', async (t) => {
+  const { e } = engine(t, { threads: 0 });
+  const out = await e.inspect({ body: body('a@example.com'), phase: 'request', policy: policyOf({ content_inspection: { pii_detection: { enabled: true, severity: 'warn' } } }) });
+  t.equal(out.decision, 'allow');
+  t.equal(out.findings.length, 1);
+});
+
+t.test('a hung worker is cut at the deadline and replaced; fail open by default', async (t) => {
+  const { e, lines, registry } = engine(t, { threads: 1, inlineThresholdBytes: 0, timeoutMs: 1500, workerUrl: new URL('../fixtures/faulty-worker.ts', import.meta.url) });
+  const started = Date.now();
+  const out = await e.inspect({ body: body('HANG-WORKER ' + LEAKY), phase: 'request', policy: full });
+  t.ok(Date.now() - started < 4000, 'not waited on');
+  t.same([out.decision, out.failOpen, out.findings], ['allow', true, []]);
+  t.same(out.failures, [{ inspector: 'builtin', reason: 'timeout' }]);
+  t.ok(lines.some((l) => /"msg":"inspection failopen"/.test(l)), 'the marker is logged');
+  t.match(await registry.getSingleMetricAsString('dvx_inspection_failopen_total'), /inspector="builtin",reason="timeout"} 1/);
+  const next = await e.inspect({ body: body(LEAKY), phase: 'request', policy: full, secrets: ['hunter2hunter2'] });
+  t.equal(next.findings.length, 4, 'the single-thread pool serves again: the hung worker was replaced');
+});
+
+t.test('fail closed: a failed or late inspection is unavailable, a known block still blocks', async (t) => {
+  const { e, lines, registry } = engine(t, { threads: 1, inlineThresholdBytes: 0, timeoutMs: 1500, failClosed: true, workerUrl: new URL('../fixtures/faulty-worker.ts', import.meta.url) });
+  const hung = await e.inspect({ body: body('HANG-WORKER'), phase: 'request', policy: full });
+  t.same([hung.decision, hung.failOpen], ['unavailable', false]);
+  const crashed = await e.inspect({ body: body('CRASH-WORKER'), phase: 'request', policy: full });
+  t.equal(crashed.decision, 'unavailable');
+  t.match(crashed.failures[0].reason, /inspector exploded/);
+  t.ok(lines.some((l) => /inspection unavailable/.test(l)));
+  t.match(await registry.getSingleMetricAsString('dvx_inspection_failclosed_total'), /reason="timeout"} 1/);
+  const response = await e.inspect({ body: body('CRASH-WORKER'), phase: 'response', policy: full, secrets: ['hunter2hunter2'] });
+  t.same([response.decision, response.failOpen], ['allow', true], 'the response path never refuses');
+  const withSidecar = policyOf({ ...FULL, sidecar_inspection: { sidecars: [{ name: 'judge', url: sidecars.url('/good'), on_request: true, severity: 'block' }] } });
+  const blocked = await e.inspect({ body: body('CRASH-WORKER'), phase: 'request', policy: withSidecar });
+  t.equal(blocked.decision, 'block', 'the sidecar that did answer blocks: a 403 is a policy match');
+});
+
+t.test('sidecars: findings merge, faults fail open even when fail-closed, the deadline cuts them', async (t) => {
+  const { e, registry } = engine(t, { threads: 0, timeoutMs: 400, failClosed: true });
+  const policy = policyOf({
+    content_inspection: { pii_detection: { enabled: true } },
+    sidecar_inspection: { sidecars: [
+      { name: 'good', url: sidecars.url('/good'), on_request: true },
+      { name: 'hang', url: sidecars.url('/hang'), on_request: true, timeout_ms: 5000 },
+      { name: 'err', url: sidecars.url('/error'), on_request: true },
+      { name: 'junk', url: sidecars.url('/garbage'), on_request: true },
+      { name: 'big', url: sidecars.url('/huge'), on_request: true },
+      { name: 'resp-only', url: sidecars.url('/good'), on_response: true },
+    ] },
+  });
+  const started = Date.now();
+  const out = await e.inspect({ body: body('a@example.com'), phase: 'request', policy, identity: { agentId: '1', orgId: '2', agentName: 'n' } });
+  t.ok(Date.now() - started < 2000, 'the hanging sidecar is cut at the run deadline');
+  t.equal(out.decision, 'allow');
+  t.ok(out.failOpen);
+  t.same(out.findings.map((f) => f.inspector_type).sort(), ['pii', 'sidecar:good']);
+  t.same(out.failures.map((f) => `${f.inspector}:${f.reason}`).sort(), ['sidecar:big:too_large', 'sidecar:err:status', 'sidecar:hang:deadline', 'sidecar:junk:bad_json']);
+  t.match(await registry.getSingleMetricAsString('dvx_inspection_failopen_total'), /inspector="sidecar:junk",reason="bad_json"} 1/);
+});
+
+t.test('async sidecars never hold the call; their findings arrive later', async (t) => {
+  const arrived: unknown[] = [];
+  let done: () => void;
+  const got = new Promise<void>((r) => (done = r));
+  const { e } = engine(t, { threads: 0, onAsyncFindings: (findings, meta) => { arrived.push({ findings, meta }); done(); } });
+  const policy = policyOf({ sidecar_inspection: { sidecars: [
+    { name: 'slow', url: sidecars.url('/hang'), on_request: true, async: true, timeout_ms: 200 },
+    { name: 'later', url: sidecars.url('/good'), on_request: true, async: true, severity: 'block' },
+  ] } });
+  const out = await e.inspect({ body: body('hello'), phase: 'request', policy });
+  t.same([out.decision, out.findings], ['allow', []], 'async findings never block');
+  await got;
+  t.match(arrived[0], { meta: { sidecar: 'later', phase: 'request' }, findings: [{ inspector_type: 'sidecar:later', severity: 'block' }] });
+});
+
+t.test('bodies past 32 MB are refused', async (t) => {
+  const { e } = engine(t, { threads: 0 });
+  await t.rejects(e.inspect({ body: Buffer.alloc(MAX_BODY_BYTES + 1), phase: 'request', policy: full }), BodyTooLargeError);
+});
+
+t.test('invalid custom patterns and malformed globs are logged once per policy version', async (t) => {
+  const { e, lines } = engine(t, { threads: 0 });
+  const policy = policyOf({ model_policy: { mode: 'blocklist', models: ['['] }, content_inspection: { patterns: [{ pattern: '(?<=a)b' }] } });
+  await e.inspect({ body: body('ab'), phase: 'request', policy });
+  await e.inspect({ body: body('ab'), phase: 'request', policy });
+  t.equal(lines.filter((l) => /invalid custom pattern skipped/.test(l)).length, 1);
+  t.equal(lines.filter((l) => /malformed model glob/.test(l)).length, 1);
+});

@@ -1,0 +1,43 @@
+import t from 'tap';
+import { compile, scan } from '../../../pipeline/inspectors/patterns.ts';
+import { scanView } from '../../../pipeline/json-view.ts';
+
+t.test('RE2.Set finds which patterns match; only those extract', async (t) => {
+  const plan = compile([
+    { pattern: '(?i)project[- ]nightingale', description: 'codename', severity: 'block' },
+    { pattern: 'ticket-[0-9]{4}', description: '', severity: 'warn' },
+    { pattern: 'never-here', description: 'absent', severity: 'log' },
+  ])!;
+  t.ok(plan.set, 'a set over the compiled patterns');
+  const f = scan(Buffer.from('Project Nightingale: see ticket-1234 and ticket-5678, ticket-1234'), plan, 'request_body');
+  t.same(f.map((x) => [x.description, x.match, x.severity]), [
+    ['codename', 'Proj****', 'block'],
+    ['custom pattern /ticket-[0-9]{4}/', 'tick****', 'warn'],
+    ['custom pattern /ticket-[0-9]{4}/', 'tick****', 'warn'],
+  ]);
+  t.equal(f.length, 3, 'distinct matches only');
+});
+
+t.test('invalid patterns are skipped and reported, never an error', async (t) => {
+  const plan = compile([
+    { pattern: '(?<!x)lookbehind', description: 'unsupported by re2', severity: 'block' },
+    { pattern: '([unclosed', description: 'broken', severity: 'block' },
+    { pattern: 'ok-[0-9]+', description: 'fine', severity: 'warn' },
+  ])!;
+  t.equal(plan.invalid.length, 2);
+  t.match(plan.invalid[0], { pattern: '(?<!x)lookbehind' });
+  t.same(scan(Buffer.from('ok-1 lookbehind'), plan, 'request_body').map((f) => f.description), ['fine']);
+});
+
+t.test('catastrophic-backtracking patterns run in linear time under re2', async (t) => {
+  const plan = compile([{ pattern: '(a+)+$', description: 'redos', severity: 'warn' }, { pattern: '(x+x+)+y', description: 'redos2', severity: 'warn' }])!;
+  const body = Buffer.from('a'.repeat(100_000) + '!' + 'x'.repeat(100_000));
+  const started = process.hrtime.bigint();
+  t.same(scan(body, plan, 'request_body'), []);
+  t.ok(Number(process.hrtime.bigint() - started) / 1e6 < 5000, 'finishes (V8 RegExp would not)');
+});
+
+t.test('empty matches are ignored; escapes are decoded first', async (t) => {
+  const plan = compile([{ pattern: 'z*', description: 'empty', severity: 'warn' }, { pattern: 'https://internal/[a-z]+', description: 'url', severity: 'warn' }])!;
+  t.same(scan(scanView(Buffer.from('{"u":"https:\\/\\/internal\\/admin"}')), plan, 'request_body').map((f) => f.description), ['url']);
+});
