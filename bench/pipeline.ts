@@ -1,0 +1,131 @@
+import { createRequire } from 'node:module';
+import { BENCH_PATTERNS, BENCH_SECRETS, llmRequestBody } from './corpus.ts';
+import { conditions, formatMs, mbPerSec, measure, sizeLabel, table } from './measure.ts';
+import { InspectionEngine } from '../pipeline/engine.ts';
+import { compilePlan } from '../pipeline/plan.ts';
+import { scanBody } from '../pipeline/scan.ts';
+import { policyFromDocument } from '../pipeline/policy/resolve.ts';
+import { validatePolicyDocument } from '../pipeline/policy/validate.ts';
+
+// npm run bench -- pipeline [--quick]
+// Throughput of each inspector and of the full set (all built-ins + 10 RE2 patterns) on LLM-like JSON
+// bodies of 4 KB, 64 KB, 1 MB and 32 MB; inline vs pool; p50/p99 of a 4 KB request-phase run; side by
+// side with the floor (Buffer.indexOf), V8 RegExp on the same patterns, and the npm peers redact-pii and
+// @openai/guardrails (PII check) on the same bodies.
+
+const require = createRequire(import.meta.url);
+
+const FULL = validatePolicyDocument({
+  model_policy: { mode: 'allowlist', models: ['claude-*', 'gpt-4o*'] },
+  content_inspection: {
+    secrets_filter: { enabled: true, severity: 'block' },
+    pii_detection: { enabled: true, severity: 'warn' },
+    api_key_detection: { enabled: true, severity: 'block' },
+    patterns: BENCH_PATTERNS,
+  },
+});
+const full = policyFromDocument(FULL);
+const only = (content: Record<string, unknown>, model = false) =>
+  compilePlan(policyFromDocument(validatePolicyDocument({ ...(model ? { model_policy: FULL.model_policy } : {}), content_inspection: content })));
+const PLANS = {
+  model_restriction: only({}, true),
+  secrets: only({ secrets_filter: { enabled: true } }),
+  pii: only({ pii_detection: { enabled: true } }),
+  api_key: only({ api_key_detection: { enabled: true } }),
+  'patterns (10 RE2)': only({ patterns: BENCH_PATTERNS }),
+};
+
+// The same detections written as V8 regular expressions (what a naive implementation runs).
+const V8_BUILTINS = [
+  /[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}/g,
+  /\b(?:\d[ -]?){12,18}\d\b/g,
+  /\b\d{3}-\d{2}-\d{4}\b/g,
+  /\b(?:AKIA[0-9A-Z]{16}|AIza[0-9A-Za-z_-]{35}|gh[ps]_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{22,}|sk-ant-[A-Za-z0-9_-]{20,}|sk-[A-Za-z0-9_-]{20,}|[sp]k_(?:test|live)_[A-Za-z0-9]{16,})/g,
+];
+const V8_PATTERNS = BENCH_PATTERNS.map((p) => new RegExp(p.pattern.replace('(?i)', ''), p.pattern.startsWith('(?i)') ? 'gi' : 'g'));
+function v8Scan(regexes: RegExp[], body: Buffer): number {
+  const text = body.toString('utf8');
+  let n = 0;
+  for (const r of regexes) {
+    r.lastIndex = 0;
+    while (r.exec(text) !== null) n++;
+  }
+  return n;
+}
+
+export async function main(args: string[]): Promise<void> {
+  const quick = args.includes('--quick');
+  const sizes = [4 * 1024, 64 * 1024, 1024 * 1024, 32 * 1024 * 1024];
+  const bodies = new Map(sizes.map((s) => [s, llmRequestBody(s)]));
+  const budget = quick ? 300 : 1500;
+
+  const { SyncRedactor } = require('redact-pii') as { SyncRedactor: new (o: unknown) => { redact(s: string): string } };
+  const off = { enabled: false };
+  const redactor = new SyncRedactor({ builtInRedactors: {
+    names: off, streetAddress: off, zipcode: off, phoneNumber: off, ipAddress: off, username: off, password: off, credentials: off, digits: off, url: off,
+  } });
+  const guardrails = require('@openai/guardrails') as { pii: (ctx: unknown, text: string, cfg: unknown) => Promise<unknown> };
+  const guardCfg = { entities: ['EMAIL_ADDRESS', 'CREDIT_CARD', 'US_SSN'], block: true };
+
+  const inline = new InspectionEngine({ threads: 0 });
+  const pool = new InspectionEngine({ threads: 1, inlineThresholdBytes: 0, timeoutMs: 60_000 });
+  const needle = Buffer.from('\u0000no-such-needle\u0000');
+  const rows: string[][] = [];
+  const oursFull = new Map<number, number>();
+
+  for (const size of sizes) {
+    const body = bodies.get(size)!;
+    const large = size >= 32 * 1024 * 1024;
+    const b = large ? Math.max(budget, 3000) : budget;
+    const peerRuns = { budgetMs: large ? 1 : b, minRuns: large ? 1 : 5, warmup: large ? 0 : 3 };
+    const contenders: [string, () => unknown, typeof peerRuns?][] = [
+      ['floor: Buffer.indexOf', () => body.indexOf(needle)],
+      ['ours: full set, inline', () => scanBody(compilePlan(full), { body, phase: 'request', secrets: BENCH_SECRETS })],
+      ['ours: full set, pool (1 worker)', () => pool.inspect({ body, phase: 'request', policy: full, secrets: BENCH_SECRETS })],
+      ...Object.entries(PLANS).map(([name, plan]): [string, () => unknown] => [`ours: ${name}`, () => scanBody(plan, { body, phase: 'request', secrets: BENCH_SECRETS })]),
+      ['V8 RegExp: same 10 patterns', () => v8Scan(V8_PATTERNS, body), peerRuns],
+      ['V8 RegExp: built-ins + 10 patterns', () => v8Scan([...V8_BUILTINS, ...V8_PATTERNS], body), peerRuns],
+      ['peer: redact-pii (email, card, ssn)', () => redactor.redact(body.toString('utf8')), peerRuns],
+      ['peer: @openai/guardrails pii', () => guardrails.pii(null, body.toString('utf8'), guardCfg), peerRuns],
+    ];
+    for (const [name, fn, runs] of contenders) {
+      const s = await measure(fn, runs ?? { budgetMs: b });
+      const mbs = mbPerSec(body.length, s.p50);
+      if (name === 'ours: full set, inline') oursFull.set(size, s.p50);
+      const ratio = oursFull.has(size) ? (s.p50 / oursFull.get(size)!).toFixed(2) + '×' : '';
+      rows.push([sizeLabel(size), name, mbs.toFixed(0), formatMs(s.p50), formatMs(s.p99), String(s.n), ratio]);
+    }
+  }
+  // The floor row came before ours: fill its ratio now.
+  for (const r of rows) if (r[6] === '') {
+    const size = sizes.find((s) => sizeLabel(s) === r[0])!;
+    r[6] = (parseFloat(r[3]) * (r[3].endsWith('µs') ? 0.001 : 1) / oursFull.get(size)!).toFixed(2) + '×';
+  }
+
+  // Request-phase latency of a 4 KB body through the engine (what the proxy pays per call).
+  const small = bodies.get(4 * 1024)!;
+  const lat = await measure(() => inline.inspect({ body: small, phase: 'request', policy: full, secrets: BENCH_SECRETS }), { budgetMs: quick ? 500 : 3000, minRuns: 2000 });
+
+  // Inline vs pool crossover: where a pool round trip starts to beat blocking the event loop.
+  const cross: string[][] = [];
+  for (const size of [4 * 1024, 32 * 1024, 64 * 1024, 128 * 1024, 256 * 1024, 1024 * 1024]) {
+    const body = llmRequestBody(size, 7);
+    const i = await measure(() => inline.inspect({ body, phase: 'request', policy: full, secrets: BENCH_SECRETS }), { budgetMs: budget });
+    const p = await measure(() => pool.inspect({ body, phase: 'request', policy: full, secrets: BENCH_SECRETS }), { budgetMs: budget });
+    cross.push([sizeLabel(size), formatMs(i.p50), formatMs(p.p50), formatMs(p.p50 - i.p50)]);
+  }
+  await inline.close();
+  await pool.close();
+
+  const out = [
+    `## pipeline — ${conditions('bodies: generated LLM-like JSON (bench/corpus.ts), request phase; ratio = p50 time / ours full-set inline p50 (lower is faster)')}`,
+    '',
+    table(['body', 'contender', 'MB/s (p50)', 'p50', 'p99', 'runs', 'time vs ours'], rows),
+    '',
+    `4 KB request-phase run through the engine (inline, full set): p50 ${formatMs(lat.p50)}, p99 ${formatMs(lat.p99)} over ${lat.n} runs.`,
+    '',
+    table(['body', 'inline p50', 'pool p50', 'pool overhead'], cross),
+    '',
+  ].join('\n');
+  process.stdout.write(out + '\n');
+}
