@@ -25,6 +25,7 @@ const FULL = validatePolicyDocument({
   },
 });
 const full = policyFromDocument(FULL);
+const fullPlan = compilePlan(full);
 const only = (content: Record<string, unknown>, model = false) =>
   compilePlan(policyFromDocument(validatePolicyDocument({ ...(model ? { model_policy: FULL.model_policy } : {}), content_inspection: content })));
 const PLANS = {
@@ -80,7 +81,7 @@ export async function main(args: string[]): Promise<void> {
     const peerRuns = { budgetMs: large ? 1 : b, minRuns: large ? 1 : 5, warmup: large ? 0 : 3 };
     const contenders: [string, () => unknown, typeof peerRuns?][] = [
       ['floor: Buffer.indexOf', () => body.indexOf(needle)],
-      ['ours: full set, inline', () => scanBody(compilePlan(full), { body, phase: 'request', secrets: BENCH_SECRETS })],
+      ['ours: full set, inline', () => scanBody(fullPlan, { body, phase: 'request', secrets: BENCH_SECRETS })],
       ['ours: full set, pool (1 worker)', () => pool.inspect({ body, phase: 'request', policy: full, secrets: BENCH_SECRETS })],
       ...Object.entries(PLANS).map(([name, plan]): [string, () => unknown] => [`ours: ${name}`, () => scanBody(plan, { body, phase: 'request', secrets: BENCH_SECRETS })]),
       ['V8 RegExp: same 10 patterns', () => v8Scan(V8_PATTERNS, body), peerRuns],

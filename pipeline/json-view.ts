@@ -65,48 +65,66 @@ function writeCodePoint(out: Buffer, at: number, cp: number): number {
   return at + 4;
 }
 
-const SIMPLE: Record<number, number> = { 0x22: 0x22, 0x5c: 0x5c, 0x2f: 0x2f, 0x62: 0x08, 0x66: 0x0c, 0x6e: 0x0a, 0x72: 0x0d, 0x74: 0x09 };
+// The one-letter escapes and the byte each stands for; -1 elsewhere.
+const SIMPLE = new Int16Array(256).fill(-1);
+for (const [letter, byte] of [[0x22, 0x22], [0x5c, 0x5c], [0x2f, 0x2f], [0x62, 0x08], [0x66, 0x0c], [0x6e, 0x0a], [0x72, 0x0d], [0x74, 0x09]]) SIMPLE[letter] = byte;
 
 /** The decoded view of a JSON body, or the body itself when nothing needs decoding. Never longer than the body. */
 export function scanView(body: Buffer): Buffer {
-  let esc = body.indexOf(BACKSLASH);
-  if (esc < 0 || !carriesJsonEscapes(body)) return body;
-  const out = Buffer.allocUnsafe(body.length);
-  let from = 0;
-  let to = 0;
-  while (esc >= 0) {
-    to += body.copy(out, to, from, esc);
-    const c = esc + 1 < body.length ? body[esc + 1] : -1;
-    const simple = SIMPLE[c];
-    if (simple !== undefined) {
+  let i = body.indexOf(BACKSLASH);
+  if (i < 0 || !carriesJsonEscapes(body)) return body;
+  const n = body.length;
+  const out = Buffer.allocUnsafe(n);
+  let to = body.copy(out, 0, 0, i);
+  // Escapes come every few dozen bytes in real bodies (`\n` in prompts and code): a native call per gap
+  // costs more than copying a short gap here, so short gaps are copied in this loop and only long ones
+  // go through indexOf + copy (bench/RESULTS.md).
+  for (;;) {
+    // body[i] is a backslash.
+    const c = i + 1 < n ? body[i + 1] : -1;
+    const simple = c >= 0 ? SIMPLE[c] : -1;
+    if (simple >= 0) {
       out[to++] = simple;
-      from = esc + 2;
+      i += 2;
     } else if (c === 0x75) {
-      let cp = readHex4(body, esc + 2);
-      let next = esc + 6;
+      let cp = readHex4(body, i + 2);
       if (cp < 0) {
         out[to++] = BACKSLASH; // not an escape: keep the bytes as sent
-        from = esc + 1;
-        esc = body.indexOf(BACKSLASH, from);
-        continue;
-      }
-      if (cp >= 0xd800 && cp <= 0xdbff && body[next] === BACKSLASH && body[next + 1] === 0x75) {
-        const lo = readHex4(body, next + 2);
-        if (lo >= 0xdc00 && lo <= 0xdfff) {
-          cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-          next += 6;
+        i += 1;
+      } else {
+        let next = i + 6;
+        if (cp >= 0xd800 && cp <= 0xdbff && body[next] === BACKSLASH && body[next + 1] === 0x75) {
+          const lo = readHex4(body, next + 2);
+          if (lo >= 0xdc00 && lo <= 0xdfff) {
+            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+            next += 6;
+          }
         }
+        if (cp >= 0xd800 && cp <= 0xdfff) cp = 0xfffd; // a lone surrogate
+        to = writeCodePoint(out, to, cp);
+        i = next;
       }
-      if (cp >= 0xd800 && cp <= 0xdfff) cp = 0xfffd; // a lone surrogate
-      to = writeCodePoint(out, to, cp);
-      from = next;
     } else {
       out[to++] = BACKSLASH;
-      from = esc + 1;
+      i += 1;
     }
-    esc = body.indexOf(BACKSLASH, from);
+    const limit = i + 48 < n ? i + 48 : n;
+    while (i < limit) {
+      const b = body[i];
+      if (b === BACKSLASH) break;
+      out[to++] = b;
+      i++;
+    }
+    if (i >= n) break;
+    if (body[i] === BACKSLASH) continue;
+    const next = body.indexOf(BACKSLASH, i);
+    if (next < 0) {
+      to += body.copy(out, to, i);
+      break;
+    }
+    to += body.copy(out, to, i, next);
+    i = next;
   }
-  to += body.copy(out, to, from);
   return out.subarray(0, to);
 }
 

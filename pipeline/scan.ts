@@ -1,5 +1,6 @@
 import { bodyLocation, type Finding, type Phase } from './finding.ts';
 import { scanView } from './json-view.ts';
+import { sseText } from './sse-text.ts';
 import * as apiKey from './inspectors/api-key.ts';
 import * as model from './inspectors/model-restriction.ts';
 import * as patterns from './inspectors/patterns.ts';
@@ -9,8 +10,15 @@ import type { ScanPlan } from './plan.ts';
 
 // The synchronous half of the pipeline: every built-in inspector over one body, the same code inline on
 // the main thread and inside a pool worker. Which inspectors run in which phase follows the spec's flow:
-//   request:  model restriction (raw body) │ secrets │ pii │ api_key │ patterns   (over the decoded view)
-//   response: secrets │ patterns
+//   request:  model restriction (raw body) │ secrets │ pii │ api_key │ patterns
+//   response: secrets │ patterns            (plus the joined delta text of a streamed response)
+//
+// Which bytes each one reads (DESIGN.md, "JSON escapes must not hide content"):
+//   patterns see decoded string values whenever the body has escapes (`\n`, `\"` change what a regex
+//   matches); secrets, pii and api_key read the body as sent (they know escape letters are not word
+//   bytes, and secrets also look for their JSON-escaped form) unless `\u` or `\/` escapes could hide a
+//   character of what they look for, in which case they read the decoded view too. The decode, the
+//   most expensive step, happens at most once per body and only when something needs it.
 // An inspector that throws is reported as a failure, never as a clean pass (STYLE.md rule 10).
 
 export interface ScanRequest {
@@ -35,15 +43,33 @@ export function hasBuiltinWork(plan: ScanPlan, phase: Phase, secretCount: number
   return plan.patterns !== null || (plan.secrets !== null && secretCount > 0);
 }
 
+const ESCAPED_UNICODE = Buffer.from('\\u');
+const ESCAPED_SLASH = Buffer.from('\\/');
+
+/** `\uXXXX` and `\/` can spell a character of an email, a number or a key; other escapes cannot. */
+function hidesCharacters(body: Buffer): boolean {
+  return body.indexOf(ESCAPED_UNICODE) >= 0 || body.indexOf(ESCAPED_SLASH) >= 0;
+}
+
+function findingKey(f: Finding): string {
+  return `${f.inspector_type}\u0000${f.description}\u0000${f.match}\u0000${f.severity}`;
+}
+
 export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
   const findings: Finding[] = [];
+  const seen = new Set<string>();
   const failures: InspectorFailure[] = [];
   const { body, phase } = request;
   const location = bodyLocation(phase);
   const run = (inspector: string, fn: () => Finding[]) => {
     try {
-      const found = fn();
-      for (const f of found) findings.push(f);
+      for (const f of fn()) {
+        const key = findingKey(f);
+        if (!seen.has(key)) {
+          seen.add(key);
+          findings.push(f);
+        }
+      }
     } catch (err) {
       failures.push({ inspector, reason: (err as Error).message || String(err) });
     }
@@ -51,13 +77,22 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
 
   if (phase === 'request' && plan.model) run(model.id, () => model.scan(body, plan.model!));
 
-  let view: Buffer | null = null;
-  const decoded = () => (view ??= scanView(body));
+  let decoded: Buffer | null = null;
+  const decodedView = () => (decoded ??= scanView(body));
+  const builtinView = () => (hidesCharacters(body) ? decodedView() : body);
+  // A streamed response is also read as the text the agent receives (sse-text.ts).
+  const extra = phase === 'response' && (plan.secrets || plan.patterns) ? sseText(body) : null;
+
   if (plan.secrets && request.secrets.length > 0) {
-    run(secrets.id, () => secrets.scan(decoded(), plan.secrets!, secrets.needles(request.secrets), location));
+    const needles = secrets.needles(request.secrets);
+    run(secrets.id, () => secrets.scan(builtinView(), plan.secrets!, needles, location));
+    if (extra) run(secrets.id, () => secrets.scan(extra, plan.secrets!, needles, location));
   }
-  if (phase === 'request' && plan.pii) run(pii.id, () => pii.scan(decoded(), plan.pii!, location));
-  if (phase === 'request' && plan.apiKey) run(apiKey.id, () => apiKey.scan(decoded(), plan.apiKey!, location));
-  if (plan.patterns) run(patterns.id, () => patterns.scan(decoded(), plan.patterns!, location));
+  if (phase === 'request' && plan.pii) run(pii.id, () => pii.scan(builtinView(), plan.pii!, location));
+  if (phase === 'request' && plan.apiKey) run(apiKey.id, () => apiKey.scan(builtinView(), plan.apiKey!, location));
+  if (plan.patterns) {
+    run(patterns.id, () => patterns.scan(decodedView(), plan.patterns!, location));
+    if (extra) run(patterns.id, () => patterns.scan(extra, plan.patterns!, location));
+  }
   return { findings, failures };
 }

@@ -1,7 +1,7 @@
 import { MAX_FINDINGS_PER_INSPECTOR, redact, type Finding, type FindingLocation } from '../finding.ts';
 import { recordedSeverity } from '../policy/severity.ts';
 import type { Toggle } from '../policy/types.ts';
-import { CLASS, DIGIT, KEY_BODY, ALPHA, isAlnum } from './byte-class.ts';
+import { CLASS, DIGIT, KEY_BODY, ALPHA, isAlnum, wordBefore } from './byte-class.ts';
 
 // api_key: the spec's 11 prefixes (AKIA, ghp_, ghs_, github_pat_, sk-ant-, AIza, sk-, sk_test_,
 // sk_live_, pk_test_, pk_live_), each followed by a plausible key body, so a prefix named in prose
@@ -60,7 +60,7 @@ function at(view: Buffer, i: number, text: string): boolean {
 
 /** The key starting at `start` whose body starts at `bodyStart`, or null when the body is implausible. */
 function keyAt(view: Buffer, start: number, bodyStart: number, shape: KeyShape): string | null {
-  if (start > 0 && (isAlnum(view[start - 1]) || view[start - 1] === 0x5f || view[start - 1] === 0x2d)) return null;
+  if (wordBefore(view, start, [0x5f, 0x2d])) return null;
   let end = bodyStart;
   let digit = false;
   let letter = false;

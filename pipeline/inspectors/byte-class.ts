@@ -21,3 +21,21 @@ export function isDigit(b: number | undefined): boolean {
 export function isAlnum(b: number | undefined): boolean {
   return b !== undefined && (CLASS[b] & (DIGIT | ALPHA)) !== 0;
 }
+
+/**
+ * True when the byte at `i` is the letter of a JSON escape (`\n`, `\t`, `\u`…): it follows an odd
+ * run of backslashes. Scanning a body as sent, `\nAKIA…` must still put a token boundary before AKIA.
+ */
+export function isEscapeLetter(view: Uint8Array, i: number): boolean {
+  let n = 0;
+  for (let k = i - 1; k >= 0 && view[k] === 0x5c; k--) n++;
+  return (n & 1) === 1;
+}
+
+/** The byte before `i` ends a word (letters, digits and `extra` bytes), unless it is an escape letter. */
+export function wordBefore(view: Uint8Array, i: number, extra: readonly number[] = []): boolean {
+  if (i <= 0) return false;
+  const b = view[i - 1];
+  if (!isAlnum(b) && !extra.includes(b)) return false;
+  return !isEscapeLetter(view, i - 1);
+}

@@ -1,7 +1,7 @@
 import { MAX_FINDINGS_PER_INSPECTOR, redact, type Finding, type FindingLocation } from '../finding.ts';
 import { recordedSeverity } from '../policy/severity.ts';
 import type { PiiToggle } from '../policy/types.ts';
-import { ALPHA, CLASS, EMAIL_DOMAIN, EMAIL_LOCAL, isAlnum, isDigit } from './byte-class.ts';
+import { ALPHA, CLASS, EMAIL_DOMAIN, EMAIL_LOCAL, isAlnum, isDigit, isEscapeLetter, wordBefore } from './byte-class.ts';
 
 // pii: email, credit_card (13–19 digits, single spaces or dashes between digits, Luhn-valid, issuer
 // digit 2–6), ssn (XXX-XX-XXXX, no area 000/666/9xx, no group 00, no serial 0000). Prefilters keep the
@@ -38,6 +38,8 @@ const SPACE = 0x20;
 export function emailAt(view: Buffer, at: number): string | null {
   let start = at;
   while (start > 0 && CLASS[view[start - 1]] & EMAIL_LOCAL) start--;
+  // In a body scanned as sent, `\nbob@…` starts at `b`: the `n` belongs to the escape.
+  if (start < at && isEscapeLetter(view, start)) start++;
   while (start < at && (view[start] === DOT || view[start] === DASH)) start++;
   if (start === at) return null;
   let end = at + 1;
@@ -141,7 +143,7 @@ export function scan(view: Buffer, plan: PiiPlan, location: FindingLocation): Fi
       while (probe + STRIDE < end) probe += STRIDE;
       if (end - start < STRIDE) continue;
       // A run glued to letters or digits is part of an identifier or hash, not a number on its own.
-      if (isAlnum(view[start - 1]) || isAlnum(view[end])) continue;
+      if (wordBefore(view, start) || isAlnum(view[end])) continue;
       const run = view.toString('latin1', start, end);
       if (plan.ssn) for (const part of run.split(' ')) if (part.length === 11 && isSsn(part)) add('US social security number', part);
       if (plan.creditCard) for (const card of cardsInRun(run)) add('credit card number', card);

@@ -1,0 +1,84 @@
+// A streamed response splits its text into many small events: `sk-ant-api03-` in one delta and the
+// rest of the key in the next. Scanning the stream as sent would miss it, so response inspection also
+// scans the text the agent actually receives: every delta of every event, joined in order.
+//
+//   event: content_block_delta            ─┐
+//   data: {"delta":{"text":"sk-ant-"}}      ├─▶ "sk-ant-api03-Xy…"  (one view, scanned like a body)
+//   data: {"delta":{"text":"api03-Xy…"}}   ─┘
+//
+// Known delta fields: Anthropic messages (text_delta.text, input_json_delta.partial_json,
+// thinking_delta.thinking), OpenAI chat (choices[].delta.content / .refusal / tool_calls[].function
+// .arguments) and OpenAI responses (`*.delta` events). Blocks are separated by a newline so text of
+// two different blocks never runs together into one token.
+
+const DATA = Buffer.from('data:');
+
+function pieces(event: unknown, out: { key: string; text: string }[]): void {
+  if (event === null || typeof event !== 'object') return;
+  const e = event as Record<string, unknown>;
+  // Anthropic messages
+  const delta = e.delta as Record<string, unknown> | undefined;
+  if (e.type === 'content_block_delta' && delta && typeof delta === 'object') {
+    const key = `a${String(e.index ?? 0)}`;
+    for (const field of ['text', 'partial_json', 'thinking']) {
+      if (typeof delta[field] === 'string') out.push({ key, text: delta[field] as string });
+    }
+    return;
+  }
+  // OpenAI responses: response.output_text.delta, response.function_call_arguments.delta, …
+  if (typeof e.type === 'string' && e.type.endsWith('.delta') && typeof e.delta === 'string') {
+    out.push({ key: `r${String(e.item_id ?? e.output_index ?? '')}:${String(e.content_index ?? '')}`, text: e.delta });
+    return;
+  }
+  // OpenAI chat completions
+  if (Array.isArray(e.choices)) {
+    for (const choice of e.choices as Record<string, unknown>[]) {
+      const d = choice?.delta as Record<string, unknown> | undefined;
+      if (!d || typeof d !== 'object') continue;
+      const idx = String(choice.index ?? 0);
+      if (typeof d.content === 'string') out.push({ key: `c${idx}`, text: d.content });
+      if (typeof d.refusal === 'string') out.push({ key: `c${idx}r`, text: d.refusal });
+      if (Array.isArray(d.tool_calls)) {
+        for (const call of d.tool_calls as Record<string, unknown>[]) {
+          const args = (call?.function as Record<string, unknown> | undefined)?.arguments;
+          if (typeof args === 'string') out.push({ key: `c${idx}t${String(call.index ?? 0)}`, text: args });
+        }
+      }
+    }
+  }
+}
+
+/** The joined delta text of an SSE body, or null when the body is not an event stream of deltas. */
+export function sseText(body: Buffer): Buffer | null {
+  let at = body.indexOf(DATA);
+  if (at < 0) return null;
+  const parts: { key: string; text: string }[] = [];
+  while (at >= 0) {
+    if (at === 0 || body[at - 1] === 0x0a || body[at - 1] === 0x0d) {
+      let end = body.indexOf(0x0a, at);
+      if (end < 0) end = body.length;
+      let start = at + DATA.length;
+      if (body[start] === 0x20) start++;
+      const line = body.toString('utf8', start, body[end - 1] === 0x0d ? end - 1 : end);
+      if (line.length > 0 && line[0] === '{') {
+        try {
+          pieces(JSON.parse(line), parts);
+        } catch {
+          // not JSON: nothing to join
+        }
+      }
+      at = body.indexOf(DATA, end);
+    } else {
+      at = body.indexOf(DATA, at + 1);
+    }
+  }
+  if (parts.length < 2) return null;
+  // Group by block, keeping the order blocks first appear in.
+  const blocks = new Map<string, string[]>();
+  for (const p of parts) {
+    let list = blocks.get(p.key);
+    if (!list) blocks.set(p.key, (list = []));
+    list.push(p.text);
+  }
+  return Buffer.from([...blocks.values()].map((l) => l.join('')).join('\n'), 'utf8');
+}
