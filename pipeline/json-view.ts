@@ -128,16 +128,31 @@ export function scanView(body: Buffer): Buffer {
   return out.subarray(0, to);
 }
 
+export interface Span {
+  start: number;
+  end: number;
+}
+
+/** Where a JSON object body's top-level value of `key` lies (its last occurrence), plus the object's braces. */
+export interface TopLevel {
+  open: number;
+  close: number;
+  /** True when the object has no members. */
+  empty: boolean;
+  value: Span | null;
+}
+
 /**
- * The top-level string value of `key` in a JSON object body, decoded; `null` when the body is not a
- * JSON object or the key is absent or not a string. A duplicated key reads as its last occurrence, as
+ * Locates the top-level value of `key` in a JSON object body without parsing the rest: strings are
+ * skipped with indexOf, nested values by depth. A duplicated key reads as its last occurrence, as
  * JSON.parse, Python's json and Go's encoding/json read it: `{"model":"ok","model":"denied"}` must not
- * pass a model check that the upstream then reads differently.
+ * pass a model check that the upstream then reads differently. `null` when the body is not an object.
  */
-export function topLevelString(body: Buffer, key: string): string | null {
+export function topLevel(body: Buffer, key: string): TopLevel | null {
   const n = body.length;
   let i = firstNonSpace(body);
   if (i < 0 || body[i] !== 0x7b) return null;
+  const open = i;
   i++;
   const skipWs = () => {
     while (i < n) {
@@ -163,7 +178,6 @@ export function topLevelString(body: Buffer, key: string): string | null {
     }
   };
   const skipValue = (): boolean => {
-    skipWs();
     if (i >= n) return false;
     const b = body[i];
     if (b === 0x22) {
@@ -194,48 +208,55 @@ export function topLevelString(body: Buffer, key: string): string | null {
       }
       return false;
     }
+    const from = i;
     while (i < n) {
       const c = body[i];
       if (c === 0x2c || c === 0x7d || c === 0x5d || c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09) break;
       i++;
     }
-    return true;
+    return i > from;
   };
-  let found: string | null = null;
+  let value: Span | null = null;
+  let members = 0;
   for (;;) {
     skipWs();
-    if (i >= n || body[i] !== 0x22) return found;
+    if (i < n && body[i] === 0x7d && members === 0) return { open, close: i, empty: true, value: null };
+    if (i >= n || body[i] !== 0x22) return null;
     const keyEnd = stringEnd(i);
-    if (keyEnd < 0) return found;
+    if (keyEnd < 0) return null;
     let name: unknown;
     try {
       name = JSON.parse(body.toString('utf8', i, keyEnd));
     } catch {
-      return found;
+      return null;
     }
     i = keyEnd;
     skipWs();
-    if (body[i] !== 0x3a) return found;
+    if (body[i] !== 0x3a) return null;
     i++;
     skipWs();
     const valueStart = i;
-    if (!skipValue()) return found;
-    if (name === key) {
-      found = null;
-      if (body[valueStart] === 0x22) {
-        try {
-          const v = JSON.parse(body.toString('utf8', valueStart, i));
-          if (typeof v === 'string') found = v;
-        } catch {
-          found = null;
-        }
-      }
-    }
+    if (!skipValue()) return null;
+    members++;
+    if (name === key) value = { start: valueStart, end: i };
     skipWs();
     if (body[i] === 0x2c) {
       i++;
       continue;
     }
-    return found;
+    if (body[i] === 0x7d) return { open, close: i, empty: false, value };
+    return null;
+  }
+}
+
+/** The top-level string value of `key`, decoded; `null` when absent, not a string, or not an object body. */
+export function topLevelString(body: Buffer, key: string): string | null {
+  const found = topLevel(body, key);
+  if (!found?.value || body[found.value.start] !== 0x22) return null;
+  try {
+    const v = JSON.parse(body.toString('utf8', found.value.start, found.value.end));
+    return typeof v === 'string' ? v : null;
+  } catch {
+    return null;
   }
 }

@@ -47,16 +47,32 @@ export function assertRowAllowed(scope: Scope, key: PolicyKey, row: PolicyRow<{ 
 const MOST_SPECIFIC_FIRST: readonly Scope[] = ['agent', 'group', 'org', 'platform'];
 const MOST_GENERAL_FIRST: readonly Scope[] = ['platform', 'org', 'group', 'agent'];
 
-function winner<K extends PolicyKey>(layers: PolicyLayers, key: K): PolicyValues[K] | null {
+export type RowsByScope<V> = { [S in Scope]?: PolicyRow<V> };
+
+/**
+ * The winning row of one key: a locked row (or one whose value says `immutable: true`) at platform,
+ * then org, then group; otherwise the most specific row. The same rule serves the policy keys and the
+ * plain settings (`credential_mode`, `downstream_url`, `upstream`).
+ */
+export function resolveSetting<V>(rows: RowsByScope<V>): V | null {
   for (const scope of LOCKABLE_SCOPES) {
-    const row = layers[scope]?.[key];
-    if (row && (row.locked || row.value.immutable)) return row.value as PolicyValues[K];
+    const row = rows[scope];
+    if (row && (row.locked || (row.value as { immutable?: unknown } | null)?.immutable === true)) return row.value;
   }
   for (const scope of MOST_SPECIFIC_FIRST) {
-    const row = layers[scope]?.[key];
-    if (row) return row.value as PolicyValues[K];
+    const row = rows[scope];
+    if (row) return row.value;
   }
   return null;
+}
+
+function winner<K extends PolicyKey>(layers: PolicyLayers, key: K): PolicyValues[K] | null {
+  return resolveSetting<PolicyValues[K]>({
+    platform: layers.platform?.[key] as PolicyRow<PolicyValues[K]> | undefined,
+    org: layers.org?.[key] as PolicyRow<PolicyValues[K]> | undefined,
+    group: layers.group?.[key] as PolicyRow<PolicyValues[K]> | undefined,
+    agent: layers.agent?.[key] as PolicyRow<PolicyValues[K]> | undefined,
+  });
 }
 
 function patternId(p: CustomPattern): string {

@@ -1,0 +1,228 @@
+import { PolicyValidationError } from '../errors.ts';
+import { isPolicyKey, validatePolicyValue } from './validate.ts';
+import type { PolicyLayers, PolicyPack, PolicyRow, RowsByScope, ScopeRows } from './resolve.ts';
+import { resolveSetting } from './resolve.ts';
+import type { PolicyDocument, PolicyKey } from './types.ts';
+
+// The policy snapshot: the desired state an enclave's proxies enforce, written by `dvx policy-pull`
+// (or by hand until the control plane exists). docs/snapshot.md pins the shape. Validation is whole:
+// a snapshot with one bad value is refused entirely, so a reload never half-applies.
+
+export const SETTING_KEYS = ['model_policy', 'content_inspection', 'sidecar_inspection', 'credential_mode', 'downstream_url', 'upstream'] as const;
+export type SettingKey = (typeof SETTING_KEYS)[number];
+
+export const ISOLATION_CLASSES = ['plain', 'vm', 'node-cvm', 'per-agent-tee'] as const;
+export type IsolationClass = (typeof ISOLATION_CLASSES)[number];
+
+export const WIRE_FORMATS = ['anthropic-messages', 'openai-chat', 'openai-responses'] as const;
+export type WireFormat = (typeof WIRE_FORMATS)[number];
+
+export type CredentialMode = 'platform' | 'passthrough';
+export type UpstreamMap = Partial<Record<WireFormat, string>>;
+
+export interface SettingValues {
+  credential_mode: CredentialMode;
+  downstream_url: string;
+  upstream: UpstreamMap;
+}
+
+export type ConfigRows = { [K in SettingKey]?: PolicyRow<unknown> };
+
+export interface OrgState {
+  config: ConfigRows;
+  flags: { 'inspect:llm'?: boolean; 'audit:llm'?: boolean };
+  groups: Record<string, { config: ConfigRows }>;
+  packs: PolicyPack[];
+}
+
+export type AgentStatus = 'active' | 'suspended' | 'isolated' | string;
+
+export interface AgentState {
+  org_id: string;
+  group_id: string | null;
+  name: string;
+  status: AgentStatus;
+  contained: boolean;
+  config: ConfigRows;
+}
+
+export interface Snapshot {
+  version: string;
+  enclave: { id: string; name: string; isolation_class: IsolationClass };
+  platform: ConfigRows;
+  orgs: Record<string, OrgState>;
+  agents: Record<string, AgentState>;
+}
+
+type Obj = Record<string, unknown>;
+
+function fail(path: string, message: string): never {
+  throw new PolicyValidationError(path, message);
+}
+
+function obj(value: unknown, path: string): Obj {
+  if (value === null || typeof value !== 'object' || Array.isArray(value)) fail(path, 'must be a JSON object');
+  return value as Obj;
+}
+
+function str(value: unknown, path: string, optional = false): string {
+  if (value === undefined && optional) return '';
+  if (typeof value !== 'string') fail(path, 'must be a string');
+  return value;
+}
+
+function httpUrl(value: unknown, path: string): string {
+  const s = str(value, path);
+  let url: URL;
+  try {
+    url = new URL(s);
+  } catch {
+    fail(path, 'must be an absolute http(s) URL');
+  }
+  if (url.protocol !== 'http:' && url.protocol !== 'https:') fail(path, 'must be an http or https URL');
+  return s.replace(/\/+$/, '');
+}
+
+/** Validates one setting's value (policy keys through the pipeline's own validator). */
+export function validateSetting(key: SettingKey, value: unknown, path: string): unknown {
+  if (isPolicyKey(key)) {
+    try {
+      return validatePolicyValue(key as PolicyKey, value);
+    } catch (err) {
+      if (!(err instanceof PolicyValidationError)) throw err;
+      // Re-root the pipeline validator's path (`content_inspection.x`) at this value's path.
+      fail(path + err.path.slice(key.length), err.message.slice(err.path.length + 2));
+    }
+  }
+  switch (key) {
+    case 'credential_mode':
+      if (value !== 'platform' && value !== 'passthrough') fail(path, 'must be "platform" or "passthrough"');
+      return value;
+    case 'downstream_url':
+      return httpUrl(value, path);
+    case 'upstream': {
+      const o = obj(value, path);
+      const map: UpstreamMap = {};
+      for (const [format, url] of Object.entries(o)) {
+        if (!(WIRE_FORMATS as readonly string[]).includes(format)) fail(`${path}.${format}`, `unknown wire format (one of ${WIRE_FORMATS.join(', ')})`);
+        map[format as WireFormat] = httpUrl(url, `${path}.${format}`);
+      }
+      return map;
+    }
+  }
+}
+
+function configRows(value: unknown, path: string, lockable: boolean): ConfigRows {
+  if (value === undefined) return {};
+  const o = obj(value, path);
+  const rows: ConfigRows = {};
+  for (const [key, raw] of Object.entries(o)) {
+    const p = `${path}.${key}`;
+    if (!(SETTING_KEYS as readonly string[]).includes(key)) fail(p, `unknown key (one of ${SETTING_KEYS.join(', ')})`);
+    const row = obj(raw, p);
+    for (const k of Object.keys(row)) if (k !== 'value' && k !== 'locked') fail(`${p}.${k}`, 'unknown field (value, locked)');
+    if (!('value' in row)) fail(`${p}.value`, 'is required');
+    if (row.locked !== undefined && typeof row.locked !== 'boolean') fail(`${p}.locked`, 'must be a boolean');
+    if (!lockable && row.locked) fail(`${p}.locked`, 'locked is refused at agent scope');
+    const v = validateSetting(key as SettingKey, row.value, `${p}.value`);
+    if (!lockable && (v as { immutable?: unknown } | null)?.immutable === true) fail(`${p}.value.immutable`, 'refused at agent scope');
+    rows[key as SettingKey] = { value: v, locked: row.locked === true };
+  }
+  return rows;
+}
+
+function packs(value: unknown, path: string): PolicyPack[] {
+  if (value === undefined) return [];
+  if (!Array.isArray(value)) fail(path, 'must be an array');
+  return value.map((raw, i) => {
+    const p = `${path}[${i}]`;
+    const o = obj(raw, p);
+    const config: PolicyDocument = {};
+    for (const [key, v] of Object.entries(obj(o.config ?? {}, `${p}.config`))) {
+      if (!isPolicyKey(key)) fail(`${p}.config.${key}`, 'a pack carries model_policy, content_inspection or sidecar_inspection only');
+      (config as Obj)[key] = validatePolicyValue(key, v, `${p}.config`);
+    }
+    return { name: str(o.name, `${p}.name`), config };
+  });
+}
+
+export function validateSnapshot(value: unknown): Snapshot {
+  const root = obj(value, 'snapshot');
+  const enclaveRaw = obj(root.enclave ?? {}, 'snapshot.enclave');
+  const isolation = enclaveRaw.isolation_class ?? 'plain';
+  if (!(ISOLATION_CLASSES as readonly unknown[]).includes(isolation)) fail('snapshot.enclave.isolation_class', `must be one of ${ISOLATION_CLASSES.join(', ')}`);
+  const orgs: Record<string, OrgState> = {};
+  for (const [id, raw] of Object.entries(obj(root.orgs ?? {}, 'snapshot.orgs'))) {
+    const p = `snapshot.orgs.${id}`;
+    const o = obj(raw, p);
+    const flags: OrgState['flags'] = {};
+    for (const [flag, v] of Object.entries(obj(o.flags ?? {}, `${p}.flags`))) {
+      if (typeof v !== 'boolean') fail(`${p}.flags.${flag}`, 'must be a boolean');
+      (flags as Record<string, boolean>)[flag] = v;
+    }
+    const groups: OrgState['groups'] = {};
+    for (const [g, graw] of Object.entries(obj(o.groups ?? {}, `${p}.groups`))) {
+      groups[g] = { config: configRows(obj(graw, `${p}.groups.${g}`).config, `${p}.groups.${g}.config`, true) };
+    }
+    orgs[id] = { config: configRows(o.config, `${p}.config`, true), flags, groups, packs: packs(o.packs, `${p}.packs`) };
+  }
+  const agents: Record<string, AgentState> = {};
+  for (const [id, raw] of Object.entries(obj(root.agents ?? {}, 'snapshot.agents'))) {
+    const p = `snapshot.agents.${id}`;
+    const a = obj(raw, p);
+    if (a.contained !== undefined && typeof a.contained !== 'boolean') fail(`${p}.contained`, 'must be a boolean');
+    agents[id] = {
+      org_id: str(a.org_id, `${p}.org_id`),
+      group_id: a.group_id === undefined || a.group_id === null ? null : str(a.group_id, `${p}.group_id`),
+      name: str(a.name, `${p}.name`, true),
+      status: str(a.status ?? 'active', `${p}.status`),
+      contained: a.contained === true,
+      config: configRows(a.config, `${p}.config`, false),
+    };
+  }
+  return {
+    version: str(root.version ?? '', 'snapshot.version'),
+    enclave: { id: str(enclaveRaw.id, 'snapshot.enclave.id', true), name: str(enclaveRaw.name, 'snapshot.enclave.name', true), isolation_class: isolation as IsolationClass },
+    platform: configRows(root.platform, 'snapshot.platform', true),
+    orgs,
+    agents,
+  };
+}
+
+export const EMPTY_SNAPSHOT: Snapshot = validateSnapshot({ version: 'empty', enclave: {}, platform: {}, orgs: {}, agents: {} });
+
+/** The rows that apply to one agent, scope by scope. */
+function scopes(snapshot: Snapshot, orgId: string, groupId: string | null, agentId: string) {
+  const org = snapshot.orgs[orgId];
+  return {
+    platform: snapshot.platform,
+    org: org?.config ?? {},
+    group: (groupId !== null && org?.groups[groupId]?.config) || {},
+    agent: snapshot.agents[agentId]?.org_id === orgId ? snapshot.agents[agentId].config : {},
+  };
+}
+
+export function policyLayers(snapshot: Snapshot, orgId: string, groupId: string | null, agentId: string): PolicyLayers {
+  const s = scopes(snapshot, orgId, groupId, agentId);
+  const pick = (rows: ConfigRows): ScopeRows => {
+    const out: ScopeRows = {};
+    for (const key of ['model_policy', 'content_inspection', 'sidecar_inspection'] as const) if (rows[key]) (out as Obj)[key] = rows[key];
+    return out;
+  };
+  return { platform: pick(s.platform), org: pick(s.org), group: pick(s.group), agent: pick(s.agent), packs: snapshot.orgs[orgId]?.packs ?? [] };
+}
+
+export function resolveSnapshotSetting<K extends keyof SettingValues>(snapshot: Snapshot, key: K, orgId: string, groupId: string | null, agentId: string): SettingValues[K] | null {
+  const s = scopes(snapshot, orgId, groupId, agentId);
+  const rows: RowsByScope<SettingValues[K]> = {};
+  for (const scope of ['platform', 'org', 'group', 'agent'] as const) {
+    const row = s[scope][key];
+    if (row) rows[scope] = row as PolicyRow<SettingValues[K]>;
+  }
+  return resolveSetting(rows);
+}
+
+/** Org feature flags: enabled when absent (spec rules 2 and 3). */
+export function orgFlag(snapshot: Snapshot, orgId: string, flag: 'inspect:llm' | 'audit:llm'): boolean {
+  return snapshot.orgs[orgId]?.flags[flag] !== false;
+}

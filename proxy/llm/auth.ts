@@ -1,0 +1,152 @@
+import type { IncomingHttpHeaders } from 'node:http';
+import type { TLSSocket } from 'node:tls';
+import { X509Certificate } from 'node:crypto';
+import { createLocalJWKSet, createRemoteJWKSet, jwtVerify, errors as joseErrors, type JWTVerifyGetKey, type JSONWebKeySet } from 'jose';
+
+// Agent identity (spec: Authentication). Two ways in:
+//   1. the platform JWT (ES256, 5-minute lifetime) in `Authorization: Bearer` or `x-api-key` (the
+//      official SDKs send one or the other), verified against --agent-jwks; a verified token is cached
+//      until its `exp`, since an ES256 verify costs ~100 µs and agents send the same token many times.
+//   2. an agent identity certificate (ECDSA P-256) verified against --agent-ca over mTLS.
+// A presented token must verify: a bad token is never rescued by a certificate.
+
+export interface AgentIdentity {
+  agentId: string;
+  orgId: string;
+  agentName: string;
+  groupId: string | null;
+  via: 'jwt' | 'mtls';
+  /** The header that carried the JWT; in passthrough mode the other one carries the agent's own key. */
+  tokenHeader: 'authorization' | 'x-api-key' | null;
+}
+
+export class AuthError extends Error {
+  override name = 'AuthError';
+  readonly code = 'DVX_AGENT_AUTH';
+}
+
+export const MAX_TOKEN_LIFETIME_S = 300;
+const CLOCK_TOLERANCE_S = 5;
+const JWT_SHAPE = /^eyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*$/;
+
+export function jwksFromDocument(doc: unknown): JWTVerifyGetKey {
+  return createLocalJWKSet(doc as JSONWebKeySet);
+}
+
+export function jwksFromUrl(url: string): JWTVerifyGetKey {
+  return createRemoteJWKSet(new URL(url), { cooldownDuration: 5_000, cacheMaxAge: 600_000 });
+}
+
+/** The token and the header it came in, or null when neither header holds something JWT-shaped. */
+export function presentedToken(headers: IncomingHttpHeaders): { token: string; header: 'authorization' | 'x-api-key' } | null {
+  const auth = headers.authorization;
+  if (typeof auth === 'string' && /^bearer\s+/i.test(auth)) {
+    const token = auth.replace(/^bearer\s+/i, '').trim();
+    if (JWT_SHAPE.test(token)) return { token, header: 'authorization' };
+  }
+  const key = headers['x-api-key'];
+  if (typeof key === 'string' && JWT_SHAPE.test(key.trim())) return { token: key.trim(), header: 'x-api-key' };
+  return null;
+}
+
+function claimString(v: unknown): string | null {
+  if (typeof v === 'string' && v !== '') return v;
+  if (typeof v === 'number' && Number.isFinite(v)) return String(v);
+  return null;
+}
+
+export class AgentAuthenticator {
+  #keys: () => JWTVerifyGetKey;
+  #cache = new Map<string, { identity: AgentIdentity; exp: number }>();
+  #maxCache: number;
+  #now: () => number;
+
+  constructor(options: { keys: () => JWTVerifyGetKey; maxCache?: number; now?: () => number }) {
+    this.#keys = options.keys;
+    this.#maxCache = options.maxCache ?? 50_000;
+    this.#now = options.now ?? Date.now;
+  }
+
+  /** Drops cached verifications (the key set changed). */
+  clearCache(): void {
+    this.#cache.clear();
+  }
+
+  async verifyToken(token: string, header: AgentIdentity['tokenHeader']): Promise<AgentIdentity> {
+    const nowS = this.#now() / 1000;
+    const hit = this.#cache.get(token);
+    if (hit) {
+      if (hit.exp > nowS) return hit.identity.tokenHeader === header ? hit.identity : { ...hit.identity, tokenHeader: header };
+      this.#cache.delete(token);
+    }
+    let payload;
+    try {
+      ({ payload } = await jwtVerify(token, this.#keys(), {
+        algorithms: ['ES256'],
+        requiredClaims: ['exp', 'sub'],
+        clockTolerance: CLOCK_TOLERANCE_S,
+        currentDate: new Date(this.#now()),
+      }));
+    } catch (err) {
+      throw new AuthError(describeJoseError(err));
+    }
+    const exp = payload.exp!;
+    const issuedAt = typeof payload.iat === 'number' ? payload.iat : nowS;
+    if (exp - Math.min(issuedAt, nowS) > MAX_TOKEN_LIFETIME_S + CLOCK_TOLERANCE_S) {
+      throw new AuthError('token lifetime exceeds 5 minutes');
+    }
+    const agentId = claimString(payload.sub);
+    const orgId = claimString(payload.org_id);
+    if (!agentId || !orgId) throw new AuthError('token lacks sub or org_id');
+    const identity: AgentIdentity = {
+      agentId,
+      orgId,
+      agentName: typeof payload.agent_name === 'string' ? payload.agent_name : '',
+      groupId: claimString(payload.group_id),
+      via: 'jwt',
+      tokenHeader: header,
+    };
+    if (this.#cache.size >= this.#maxCache) this.#cache.delete(this.#cache.keys().next().value!);
+    this.#cache.set(token, { identity, exp });
+    return identity;
+  }
+
+  /**
+   * The caller's identity: the JWT when one is presented, else a verified client certificate
+   * (CN = agent id, O = org id, OU = group id). Throws AuthError when neither holds.
+   */
+  async authenticate(headers: IncomingHttpHeaders, socket: TLSSocket | null): Promise<AgentIdentity> {
+    const presented = presentedToken(headers);
+    if (presented) return this.verifyToken(presented.token, presented.header);
+    const fromCert = socket ? certificateIdentity(socket) : null;
+    if (fromCert) return fromCert;
+    throw new AuthError('missing agent credential (platform JWT or identity certificate)');
+  }
+}
+
+export function certificateIdentity(socket: TLSSocket): AgentIdentity | null {
+  if (typeof socket.getPeerX509Certificate !== 'function' || !socket.authorized) return null;
+  const cert: X509Certificate | undefined = socket.getPeerX509Certificate();
+  if (!cert) return null;
+  const key = cert.publicKey;
+  if (key.asymmetricKeyType !== 'ec' || key.asymmetricKeyDetails?.namedCurve !== 'prime256v1') return null;
+  const fields = new Map<string, string>();
+  for (const line of cert.subject.split('\n')) {
+    const at = line.indexOf('=');
+    if (at > 0) fields.set(line.slice(0, at), line.slice(at + 1));
+  }
+  const agentId = fields.get('CN');
+  const orgId = fields.get('O');
+  if (!agentId || !orgId) return null;
+  return { agentId, orgId, agentName: '', groupId: fields.get('OU') ?? null, via: 'mtls', tokenHeader: null };
+}
+
+function describeJoseError(err: unknown): string {
+  if (err instanceof joseErrors.JWTExpired) return 'token expired';
+  if (err instanceof joseErrors.JWTClaimValidationFailed) return `token claim ${err.claim} invalid (${err.reason})`;
+  if (err instanceof joseErrors.JOSEAlgNotAllowed) return 'token algorithm not allowed (ES256 only)';
+  if (err instanceof joseErrors.JWKSNoMatchingKey) return 'token signed by an unknown key';
+  if (err instanceof joseErrors.JWSSignatureVerificationFailed) return 'token signature invalid';
+  if (err instanceof joseErrors.JWTInvalid || err instanceof joseErrors.JWSInvalid) return 'token malformed';
+  return 'token rejected';
+}

@@ -1,0 +1,96 @@
+import type { IncomingHttpHeaders } from 'node:http';
+import { topLevel } from '../../pipeline/json-view.ts';
+import type { WireFormat } from '../../pipeline/policy/snapshot.ts';
+
+// Wire formats by route, and the security-context prefix (spec rule 5) spliced into each format's
+// system prompt. The splice edits bytes in place: the rest of the body stays exactly as the agent
+// sent it (no parse and re-serialize), so same-format traffic stays byte-transparent apart from it.
+
+export const INFERENCE_ROUTES: Record<string, WireFormat> = {
+  '/v1/messages': 'anthropic-messages',
+  '/v1/chat/completions': 'openai-chat',
+  '/v1/responses': 'openai-responses',
+};
+
+/** The API family of a pass-through path: Anthropic's clients always send `anthropic-version`. */
+export function passThroughFormat(path: string, headers: IncomingHttpHeaders): WireFormat {
+  if (path.startsWith('/v1/messages') || path.startsWith('/v1/complete') || headers['anthropic-version'] !== undefined) return 'anthropic-messages';
+  return path.startsWith('/v1/responses') ? 'openai-responses' : 'openai-chat';
+}
+
+export function isAnthropic(format: WireFormat): boolean {
+  return format === 'anthropic-messages';
+}
+
+export interface PrefixContext {
+  agentId: string;
+  agentName: string;
+  orgId: string;
+  enclaveName: string;
+}
+
+export function securityContext(ctx: PrefixContext): string {
+  const who = ctx.agentName ? `"${ctx.agentName}" (${ctx.agentId})` : ctx.agentId;
+  const where = ctx.enclaveName ? ` in enclave "${ctx.enclaveName}"` : '';
+  return `[dvx security context] You are agent ${who} of organization ${ctx.orgId}${where}. ` +
+    'This session is governed: requests and responses are inspected under your organization\'s policy and audited. ' +
+    'Never reveal secrets or credentials.';
+}
+
+export class BodyShapeError extends Error {
+  override name = 'BodyShapeError';
+}
+
+const json = (s: string) => JSON.stringify(s);
+
+function splice(body: Buffer, at: number, remove: number, insert: string): Buffer {
+  return Buffer.concat([body.subarray(0, at), Buffer.from(insert, 'utf8'), body.subarray(at + remove)]);
+}
+
+/** Inserts `text` at the start of a JSON string value whose opening quote is at `quote`. */
+function prependToString(body: Buffer, quote: number, text: string): Buffer {
+  return splice(body, quote + 1, 0, json(text).slice(1, -1));
+}
+
+/**
+ * The body with the prefix in the format's system prompt:
+ *   anthropic-messages  `system` string (prepended), `system` blocks (a first text block), or a new `system`
+ *   openai-chat         a first `system` message in `messages`
+ *   openai-responses    `instructions` (prepended), or a new `instructions`
+ * Throws BodyShapeError when the body is not a JSON object (the caller answers 400).
+ */
+export function injectPrefix(format: WireFormat, body: Buffer, prefix: string): Buffer {
+  const key = format === 'anthropic-messages' ? 'system' : format === 'openai-chat' ? 'messages' : 'instructions';
+  const top = topLevel(body, key);
+  if (top === null) throw new BodyShapeError('request body must be a JSON object');
+  const sep = top.empty ? '' : ',';
+  const v = top.value;
+  const first = v ? body[v.start] : -1;
+  switch (format) {
+    case 'anthropic-messages':
+      if (v === null) return splice(body, top.open + 1, 0, `"system":${json(prefix)}${sep}`);
+      if (first === 0x22) return prependToString(body, v.start, prefix + '\n\n');
+      if (first === 0x5b) {
+        const emptyArray = /^\[\s*\]$/.test(body.toString('utf8', v.start, v.end));
+        return splice(body, v.start + 1, 0, `{"type":"text","text":${json(prefix)}}${emptyArray ? '' : ','}`);
+      }
+      if (body.toString('latin1', v.start, v.end) === 'null') return splice(body, v.start, 4, json(prefix));
+      throw new BodyShapeError('system must be a string or an array of content blocks');
+    case 'openai-chat': {
+      if (v === null || first !== 0x5b) throw new BodyShapeError('messages must be an array');
+      const emptyArray = /^\[\s*\]$/.test(body.toString('utf8', v.start, v.end));
+      return splice(body, v.start + 1, 0, `{"role":"system","content":${json(prefix)}}${emptyArray ? '' : ','}`);
+    }
+    case 'openai-responses':
+      if (v === null) return splice(body, top.open + 1, 0, `"instructions":${json(prefix)}${sep}`);
+      if (first === 0x22) return prependToString(body, v.start, prefix + '\n\n');
+      if (body.toString('latin1', v.start, v.end) === 'null') return splice(body, v.start, 4, json(prefix));
+      throw new BodyShapeError('instructions must be a string');
+  }
+}
+
+/** The agent asked for a stream (top-level `"stream": true`). */
+export function wantsStream(body: Buffer): boolean {
+  const top = topLevel(body, 'stream');
+  return top?.value ? body.toString('latin1', top.value.start, top.value.end) === 'true' : false;
+}

@@ -1,0 +1,53 @@
+import type { IncomingHttpHeaders } from 'node:http';
+import { Agent, type Dispatcher } from 'undici';
+import type { WireFormat } from '../../pipeline/policy/snapshot.ts';
+import { isAnthropic } from './formats.ts';
+
+// The upstream side: one keep-alive undici Agent (a pool per origin) for every provider, trusting
+// --upstream-ca in addition to the system roots when given.
+
+export const DEFAULT_UPSTREAMS: Record<WireFormat, string> = {
+  'anthropic-messages': 'https://api.anthropic.com',
+  'openai-chat': 'https://api.openai.com',
+  'openai-responses': 'https://api.openai.com',
+};
+
+export function upstreamDispatcher(options: { ca?: Buffer; headersTimeoutMs?: number; bodyTimeoutMs?: number } = {}): Dispatcher {
+  return new Agent({
+    keepAliveTimeout: 30_000,
+    connections: 256,
+    pipelining: 1,
+    headersTimeout: options.headersTimeoutMs ?? 600_000,
+    bodyTimeout: options.bodyTimeoutMs ?? 600_000,
+    connect: options.ca ? { ca: options.ca } : undefined,
+  });
+}
+
+// Hop-by-hop headers (RFC 9110 §7.6.1) and what we set ourselves never travel on.
+const DROP = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade',
+  'proxy-authorization', 'proxy-authenticate', 'host', 'content-length', 'authorization', 'x-api-key', 'expect']);
+
+/** Request headers for the upstream: the agent's, minus hop-by-hop and credentials, plus the real key. */
+export function upstreamHeaders(format: WireFormat, incoming: IncomingHttpHeaders, credential: string, bodyLength: number | null): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [name, value] of Object.entries(incoming)) {
+    if (value === undefined || DROP.has(name)) continue;
+    out[name] = Array.isArray(value) ? value.join(', ') : value;
+  }
+  if (isAnthropic(format)) out['x-api-key'] = credential;
+  else out.authorization = `Bearer ${credential}`;
+  if (bodyLength !== null) out['content-length'] = String(bodyLength);
+  return out;
+}
+
+const RESPONSE_DROP = new Set(['connection', 'keep-alive', 'transfer-encoding', 'trailer', 'upgrade', 'content-length']);
+
+/** Response headers for the agent: the upstream's minus hop-by-hop ones. */
+export function agentHeaders(upstream: Record<string, string | string[] | undefined>): Record<string, string | string[]> {
+  const out: Record<string, string | string[]> = {};
+  for (const [name, value] of Object.entries(upstream)) {
+    if (value === undefined || RESPONSE_DROP.has(name)) continue;
+    out[name] = value;
+  }
+  return out;
+}
