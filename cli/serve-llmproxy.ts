@@ -1,0 +1,52 @@
+import type { Command } from 'commander';
+import { Command as Cmd } from 'commander';
+import { LOG_FORMATS, LOG_LEVELS } from '../core/logger.ts';
+import { addBooleanFlag, flag, parseDurationFlag } from '../core/options.ts';
+import { DEFAULT_INSPECT_TIMEOUT_MS } from '../pipeline/engine.ts';
+import { ISOLATION_CLASSES } from '../pipeline/policy/snapshot.ts';
+import { LLMPROXY_DEFAULTS, OptionsError, type LlmProxyOptions } from '../proxy/llm/options.ts';
+import { startLlmProxy } from '../proxy/llm/server.ts';
+import { CliError } from './exit-codes.ts';
+
+// `dvx serve llmproxy`: the inference gateway (spec: Server components, llmproxy row).
+export function registerLlmProxy(serve: Command): void {
+  const d = LLMPROXY_DEFAULTS;
+  const command = new Cmd('llmproxy')
+    .description('inference gateway: agent identity, content pipeline, credential injection, upstream forward, audit')
+    .addOption(flag('--addr <addr>', { description: 'listen address', default: d.addr }))
+    .addOption(flag('--tls-cert <file>', { description: 'server certificate (PEM); required' }))
+    .addOption(flag('--tls-key <file>', { description: 'server private key (PEM); required' }))
+    .addOption(flag('--log-format <format>', { description: 'json or text', choices: LOG_FORMATS, default: d.logFormat }))
+    .addOption(flag('--log-level <level>', { description: 'debug, info, warn or error', choices: LOG_LEVELS, default: d.logLevel }))
+    .addOption(flag('--metrics-addr <addr>', { description: 'TLS Prometheus listener; empty disables it', default: d.metricsAddr }))
+    .addOption(flag('--enclave-id <id>', { description: 'enclave id for audit (default: the snapshot\'s)', default: d.enclaveId }))
+    .addOption(flag('--enclave-name <name>', { description: 'enclave name (default: the snapshot\'s)', default: d.enclaveName }))
+    .addOption(flag('--agent-ca <file>', { description: 'CA bundle for agent identity certificates (mTLS)', default: d.agentCa }))
+    .addOption(flag('--agent-jwks <file|url>', { description: 'JWKS for platform JWTs (ES256)', default: d.agentJwks }))
+    .addOption(flag('--min-tier <class>', { description: 'lowest enclave isolation class served', choices: ISOLATION_CLASSES, default: d.minTier }))
+    .addOption(flag('--policy-snapshot <file>', { description: 'policy snapshot (docs/snapshot.md); re-read on change', default: d.policySnapshot }))
+    .addOption(flag('--secrets-file <file>', { description: 'embedded secret source {"agent:ID": {NAME: VALUE}, "org:ID": {…}}', default: d.secretsFile }))
+    .addOption(flag('--upstream-default <url>', { description: 'upstream base URL when policy names none', default: d.upstreamDefault }))
+    .addOption(flag('--upstream-ca <file>', { description: 'extra CA bundle trusted for upstreams', default: d.upstreamCa }))
+    .addOption(flag('--inspect-timeout <duration>', { description: 'deadline around request-phase inspection', default: DEFAULT_INSPECT_TIMEOUT_MS, parse: parseDurationFlag }))
+    .action(async (opts: Partial<LlmProxyOptions>) => {
+      let running;
+      try {
+        running = await startLlmProxy(opts);
+      } catch (err) {
+        if (err instanceof OptionsError) throw new CliError(err.message);
+        throw new CliError(`llmproxy failed to start: ${(err as Error).message}`);
+      }
+      await new Promise<void>((resolve) => {
+        const stop = () => {
+          process.off('SIGTERM', stop);
+          process.off('SIGINT', stop);
+          running.close().then(resolve, resolve);
+        };
+        process.on('SIGTERM', stop);
+        process.on('SIGINT', stop);
+      });
+    });
+  addBooleanFlag(command, 'inspect-fail-closed', 'refuse with 503 when request inspection fails', d.inspectFailClosed);
+  serve.addCommand(command);
+}

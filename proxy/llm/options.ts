@@ -1,0 +1,76 @@
+import { ISOLATION_CLASSES, type IsolationClass } from '../../pipeline/policy/snapshot.ts';
+import { DEFAULT_INSPECT_TIMEOUT_MS } from '../../pipeline/engine.ts';
+import type { LogFormat, LogLevel } from '../../core/logger.ts';
+
+// llmproxy's options: one defaults object, one validation (STYLE.md rule 4). cli/ maps flags and
+// DVX_* variables onto it; nothing else reads the environment.
+
+export interface LlmProxyOptions {
+  addr: string;
+  tlsCert: string;
+  tlsKey: string;
+  logFormat: LogFormat;
+  logLevel: LogLevel;
+  /** Dedicated TLS Prometheus listener; empty disables it. */
+  metricsAddr: string;
+  enclaveId: string;
+  enclaveName: string;
+  /** CA bundle for agent identity certificates (mTLS). */
+  agentCa: string;
+  /** JWKS (file path or URL) for platform JWTs. */
+  agentJwks: string;
+  minTier: IsolationClass;
+  policySnapshot: string;
+  secretsFile: string;
+  upstreamDefault: string;
+  upstreamCa: string;
+  inspectTimeout: number;
+  inspectFailClosed: boolean;
+}
+
+export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
+  addr: ':8480',
+  tlsCert: '',
+  tlsKey: '',
+  logFormat: 'json',
+  logLevel: 'info',
+  metricsAddr: '',
+  enclaveId: '',
+  enclaveName: '',
+  agentCa: '',
+  agentJwks: '',
+  minTier: 'plain',
+  policySnapshot: '',
+  secretsFile: '',
+  upstreamDefault: '',
+  upstreamCa: '',
+  inspectTimeout: DEFAULT_INSPECT_TIMEOUT_MS,
+  inspectFailClosed: false,
+};
+
+export class OptionsError extends Error {
+  override name = 'OptionsError';
+}
+
+export function validateOptions(input: Partial<LlmProxyOptions>): LlmProxyOptions {
+  const o = { ...LLMPROXY_DEFAULTS, ...input };
+  if (!o.tlsCert || !o.tlsKey) throw new OptionsError('--tls-cert and --tls-key are required (llmproxy is TLS-only)');
+  if (!o.agentJwks && !o.agentCa) throw new OptionsError('agents cannot authenticate: set --agent-jwks (platform JWTs) and/or --agent-ca (identity certificates)');
+  if (!(ISOLATION_CLASSES as readonly string[]).includes(o.minTier)) throw new OptionsError(`--min-tier must be one of ${ISOLATION_CLASSES.join(', ')}`);
+  if (o.upstreamDefault) {
+    let url: URL;
+    try {
+      url = new URL(o.upstreamDefault);
+    } catch {
+      throw new OptionsError(`--upstream-default "${o.upstreamDefault}" is not an absolute URL`);
+    }
+    if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new OptionsError('--upstream-default must be an http(s) URL');
+    o.upstreamDefault = o.upstreamDefault.replace(/\/+$/, '');
+  }
+  if (!(o.inspectTimeout > 0)) throw new OptionsError('--inspect-timeout must be positive');
+  return o;
+}
+
+export function tierRank(tier: IsolationClass): number {
+  return ISOLATION_CLASSES.indexOf(tier);
+}

@@ -1,0 +1,376 @@
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { TLSSocket } from 'node:tls';
+import { performance } from 'node:perf_hooks';
+import type { Dispatcher } from 'undici';
+import type { Logger } from '../../core/logger.ts';
+import { newId } from '../../core/ids.ts';
+import type { AuditSink } from '../../audit-wal/sink.ts';
+import { MAX_BODY_BYTES, DEFAULT_INLINE_THRESHOLD_BYTES, type InspectionEngine, type InspectionOutcome } from '../../pipeline/engine.ts';
+import type { Finding } from '../../pipeline/finding.ts';
+import { topLevelString } from '../../pipeline/json-view.ts';
+import type { PolicyCache } from '../../pipeline/policy/cache.ts';
+import { resolvePolicy } from '../../pipeline/policy/resolve.ts';
+import { orgFlag, policyLayers, resolveSnapshotSetting, type Snapshot, type WireFormat } from '../../pipeline/policy/snapshot.ts';
+import type { ResolvedPolicy } from '../../pipeline/policy/types.ts';
+import { AuthError, type AgentAuthenticator, type AgentIdentity } from './auth.ts';
+import { resolveCredential } from './credentials.ts';
+import { ERRORS, badRequest, type ProxyError } from './errors.ts';
+import { BodyShapeError, INFERENCE_ROUTES, injectPrefix, passThroughFormat, securityContext } from './formats.ts';
+import type { ProxyMetrics } from './metrics.ts';
+import type { LlmProxyOptions } from './options.ts';
+import { tierRank } from './options.ts';
+import { readBody, TooLargeError } from './read-body.ts';
+import type { SecretSource } from './secrets-file.ts';
+import { agentHeaders, DEFAULT_UPSTREAMS, upstreamHeaders } from './upstream.ts';
+import { usageOf } from './usage.ts';
+
+// One agent call, as small steps (STYLE.md rule 3):
+//
+//   auth ─▶ agent state + tier ─▶ route ─▶ body (≤ 32 MB) ─▶ flags ─▶ policy ─▶ security-context prefix
+//     ─▶ request pipeline (403 block │ 503 fail-closed) ─▶ credential ─▶ upstream (undici)
+//     ─▶ stream: events pass through as they arrive, a copy feeds the response pipeline at the end
+//        plain:  buffered, response pipeline (observe-only), audit, replayed byte for byte
+//     ─▶ audit record (llm_audit_log)
+//
+// Tool-call policy (a later issue) will sit between the upstream response and the agent: plain
+// responses are already held until inspected; streams pass through `#relayStream`, where a held
+// tool_use block will be decided before it is written.
+
+export interface ProxyDeps {
+  options: LlmProxyOptions;
+  auth: AgentAuthenticator;
+  snapshot: () => Snapshot;
+  policies: PolicyCache<ResolvedPolicy>;
+  secrets: SecretSource;
+  engine: InspectionEngine;
+  dispatcher: Dispatcher;
+  audit: AuditSink;
+  log: Logger;
+  metrics: ProxyMetrics;
+  version: string;
+}
+
+interface CallRecord {
+  id: string;
+  started: number;
+  identity: AgentIdentity | null;
+  format: WireFormat | null;
+  path: string;
+  model: string | null;
+  requestBytes: number;
+  responseBytes: number;
+  status: number;
+  upstreamStatus: number | null;
+  upstreamMs: number | null;
+  findings: Finding[];
+  failOpen: boolean;
+  decision: string;
+  usage: ReturnType<typeof usageOf>;
+  audit: boolean;
+  error: string | null;
+}
+
+const HEALTH_PATH = '/healthz';
+
+export class LlmProxy {
+  #d: ProxyDeps;
+  #inFlight = 0;
+  #idle: (() => void) | null = null;
+  #draining = false;
+
+  constructor(deps: ProxyDeps) {
+    this.#d = deps;
+  }
+
+  get inFlight(): number {
+    return this.#inFlight;
+  }
+
+  /** Refuses new calls and resolves when the ones in flight have finished. */
+  drain(): Promise<void> {
+    this.#draining = true;
+    if (this.#inFlight === 0) return Promise.resolve();
+    return new Promise((resolve) => (this.#idle = resolve));
+  }
+
+  handle = (req: IncomingMessage, res: ServerResponse): void => {
+    const path = (req.url ?? '/').split('?')[0];
+    if (path === HEALTH_PATH && (req.method === 'GET' || req.method === 'HEAD')) {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ component: 'llmproxy', status: this.#draining ? 'draining' : 'ok', version: this.#d.version }));
+      return;
+    }
+    if (this.#draining) {
+      this.#send(res, ERRORS.shuttingDown, { connection: 'close' });
+      req.resume();
+      return;
+    }
+    this.#inFlight++;
+    const call: CallRecord = {
+      id: newId(), started: performance.now(), identity: null, format: null, path, model: null, requestBytes: 0, responseBytes: 0,
+      status: 0, upstreamStatus: null, upstreamMs: null, findings: [], failOpen: false, decision: 'allow', usage: null, audit: false, error: null,
+    };
+    this.#serve(req, res, call)
+      .catch((err: Error) => {
+        call.error = err.message;
+        this.#d.log.error({ err: err.message, request_id: call.id }, 'llmproxy call failed');
+        if (!res.headersSent) this.#reply(res, call, ERRORS.upstreamFailed);
+        else res.destroy();
+      })
+      .finally(() => {
+        this.#finish(call);
+        if (--this.#inFlight === 0 && this.#idle) this.#idle();
+      });
+  };
+
+  async #serve(req: IncomingMessage, res: ServerResponse, call: CallRecord): Promise<void> {
+    const d = this.#d;
+    // 1. Who is calling.
+    let identity: AgentIdentity;
+    try {
+      identity = await d.auth.authenticate(req.headers, req.socket as TLSSocket);
+    } catch (err) {
+      if (!(err instanceof AuthError)) throw err;
+      d.metrics.authFailures.inc({ reason: err.message.split(' ')[1] ?? 'invalid' });
+      d.log.warn({ request_id: call.id, reason: err.message, path: call.path }, 'agent authentication failed');
+      req.resume();
+      return this.#reply(res, call, ERRORS.unauthenticated, { 'www-authenticate': 'Bearer' });
+    }
+    const snapshot = d.snapshot();
+    const agent = snapshot.agents[identity.agentId];
+    if (agent) {
+      if (agent.org_id !== identity.orgId) {
+        d.log.warn({ request_id: call.id, agent_id: identity.agentId, token_org: identity.orgId, snapshot_org: agent.org_id }, 'agent org does not match the snapshot');
+        req.resume();
+        return this.#reply(res, call, ERRORS.agentRefused);
+      }
+      identity = { ...identity, agentName: identity.agentName || agent.name, groupId: agent.group_id ?? identity.groupId };
+    }
+    call.identity = identity;
+    call.audit = orgFlag(snapshot, identity.orgId, 'audit:llm');
+    if (agent && (agent.status === 'suspended' || agent.status === 'isolated' || agent.contained)) {
+      d.log.warn({ request_id: call.id, agent_id: identity.agentId, status: agent.status, contained: agent.contained }, 'agent refused by its state');
+      req.resume();
+      return this.#reply(res, call, ERRORS.agentRefused);
+    }
+    if (tierRank(snapshot.enclave.isolation_class) < tierRank(d.options.minTier)) {
+      req.resume();
+      return this.#reply(res, call, ERRORS.tierTooLow);
+    }
+
+    // 2. Which API.
+    const inferenceFormat = req.method === 'POST' ? INFERENCE_ROUTES[call.path] : undefined;
+    if (!call.path.startsWith('/v1/')) {
+      req.resume();
+      return this.#reply(res, call, ERRORS.notFound);
+    }
+    const format = inferenceFormat ?? passThroughFormat(call.path, req.headers);
+    call.format = format;
+
+    // 3. The body.
+    let body: Buffer;
+    try {
+      body = await readBody(req, MAX_BODY_BYTES, DEFAULT_INLINE_THRESHOLD_BYTES);
+    } catch (err) {
+      if (err instanceof TooLargeError) return this.#reply(res, call, ERRORS.tooLarge, { connection: 'close' });
+      throw err;
+    }
+    call.requestBytes = body.length;
+    d.metrics.requestBytes.observe({ format }, body.length);
+
+    // 4. Inference calls: prefix, then the request pipeline over the final outbound body.
+    if (inferenceFormat) {
+      try {
+        body = injectPrefix(format, body, securityContext({
+          agentId: identity.agentId, agentName: identity.agentName, orgId: identity.orgId, enclaveName: d.options.enclaveName || snapshot.enclave.name,
+        }));
+      } catch (err) {
+        if (err instanceof BodyShapeError) return this.#reply(res, call, badRequest(err.message));
+        throw err;
+      }
+      call.model = topLevelString(body, 'model');
+      if (orgFlag(snapshot, identity.orgId, 'inspect:llm')) {
+        const policy = await d.policies.get(identity.orgId, identity.agentId, () => resolvePolicy(policyLayers(snapshot, identity.orgId, identity.groupId, identity.agentId)));
+        const outcome = await d.engine.inspect({
+          body, phase: 'request', policy, secrets: d.secrets.agentSecrets(identity.agentId),
+          identity: { agentId: identity.agentId, orgId: identity.orgId, agentName: identity.agentName },
+        });
+        this.#noteOutcome(call, outcome);
+        if (outcome.decision === 'block') return this.#reply(res, call, ERRORS.contentPolicy);
+        if (outcome.decision === 'unavailable') return this.#reply(res, call, ERRORS.inspectionUnavailable);
+      }
+    }
+
+    // 5. The upstream credential.
+    const mode = resolveSnapshotSetting(snapshot, 'credential_mode', identity.orgId, identity.groupId, identity.agentId) ?? 'platform';
+    const credential = resolveCredential(mode, identity, req.headers, d.secrets);
+    if (credential === null) return this.#reply(res, call, ERRORS.noCredential);
+
+    // 6. Upstream.
+    const base = resolveSnapshotSetting(snapshot, 'upstream', identity.orgId, identity.groupId, identity.agentId)?.[format]
+      ?? resolveSnapshotSetting(snapshot, 'downstream_url', identity.orgId, identity.groupId, identity.agentId)
+      ?? (d.options.upstreamDefault || DEFAULT_UPSTREAMS[format]);
+    const target = new URL(base);
+    const upstreamPath = target.pathname.replace(/\/+$/, '') + (req.url ?? '/');
+    const sendsBody = req.method !== 'GET' && req.method !== 'HEAD';
+    const upstreamStarted = performance.now();
+    const abort = new AbortController();
+    res.on('close', () => {
+      if (!res.writableFinished) abort.abort();
+    });
+    let upstream: Dispatcher.ResponseData;
+    try {
+      upstream = await d.dispatcher.request({
+        origin: target.origin,
+        path: upstreamPath,
+        method: (req.method ?? 'GET') as Dispatcher.HttpMethod,
+        headers: upstreamHeaders(format, req.headers, credential, sendsBody ? body.length : null),
+        body: sendsBody ? body : undefined,
+        signal: abort.signal,
+      });
+    } catch (err) {
+      call.upstreamMs = performance.now() - upstreamStarted;
+      d.log.warn({ request_id: call.id, upstream: target.origin, err: (err as Error).message }, 'upstream request failed');
+      return this.#reply(res, call, ERRORS.upstreamFailed);
+    }
+    call.upstreamMs = performance.now() - upstreamStarted;
+    call.upstreamStatus = upstream.statusCode;
+    d.metrics.upstream.observe({ format }, call.upstreamMs / 1000);
+
+    const contentType = String(upstream.headers['content-type'] ?? '');
+    if (contentType.startsWith('text/event-stream')) return this.#relayStream(req, res, call, upstream, format);
+    return this.#relayBuffered(res, call, upstream, format, Boolean(inferenceFormat));
+  }
+
+  /** A plain response: held, inspected (observe-only), then replayed byte for byte. */
+  async #relayBuffered(res: ServerResponse, call: CallRecord, upstream: Dispatcher.ResponseData, format: WireFormat, inference: boolean): Promise<void> {
+    let body: Buffer;
+    try {
+      body = Buffer.from(await upstream.body.arrayBuffer());
+    } catch (err) {
+      this.#d.log.warn({ request_id: call.id, err: (err as Error).message }, 'upstream response failed mid-body');
+      return this.#reply(res, call, ERRORS.upstreamFailed);
+    }
+    call.responseBytes = body.length;
+    if (inference) {
+      call.usage = usageOf(format, body, false);
+      await this.#inspectResponse(call, body);
+    }
+    call.status = upstream.statusCode;
+    res.writeHead(upstream.statusCode, agentHeaders(upstream.headers));
+    res.end(body);
+  }
+
+  /** SSE: events go to the agent as they arrive; the same bytes feed the response pipeline at the end. */
+  async #relayStream(_req: IncomingMessage, res: ServerResponse, call: CallRecord, upstream: Dispatcher.ResponseData, format: WireFormat): Promise<void> {
+    call.status = upstream.statusCode;
+    res.writeHead(upstream.statusCode, agentHeaders(upstream.headers));
+    res.flushHeaders();
+    const copy: Buffer[] = [];
+    let kept = 0;
+    try {
+      for await (const chunk of upstream.body as AsyncIterable<Buffer>) {
+        call.responseBytes += chunk.length;
+        if (kept + chunk.length <= MAX_BODY_BYTES) {
+          copy.push(chunk);
+          kept += chunk.length;
+        }
+        if (!res.write(chunk)) await new Promise<void>((resolve) => {
+          const done = () => {
+            res.off('drain', done);
+            res.off('close', done);
+            resolve();
+          };
+          res.on('drain', done);
+          res.on('close', done);
+        });
+        if (res.destroyed) break;
+      }
+    } catch (err) {
+      call.error = `upstream stream failed: ${(err as Error).message}`;
+      this.#d.log.warn({ request_id: call.id, err: (err as Error).message }, 'upstream stream failed mid-response');
+      res.destroy();
+    }
+    const body = Buffer.concat(copy, kept);
+    call.usage = usageOf(format, body, true);
+    await this.#inspectResponse(call, body);
+    if (!res.destroyed) res.end();
+  }
+
+  async #inspectResponse(call: CallRecord, body: Buffer): Promise<void> {
+    const identity = call.identity!;
+    const snapshot = this.#d.snapshot();
+    if (!orgFlag(snapshot, identity.orgId, 'inspect:llm')) return;
+    const policy = await this.#d.policies.get(identity.orgId, identity.agentId, () => resolvePolicy(policyLayers(snapshot, identity.orgId, identity.groupId, identity.agentId)));
+    try {
+      const outcome = await this.#d.engine.inspect({
+        body, phase: 'response', policy, secrets: this.#d.secrets.agentSecrets(identity.agentId),
+        identity: { agentId: identity.agentId, orgId: identity.orgId, agentName: identity.agentName },
+      });
+      this.#noteOutcome(call, outcome);
+    } catch (err) {
+      call.failOpen = true;
+      this.#d.log.warn({ request_id: call.id, phase: 'response', err: (err as Error).message }, 'inspection failopen');
+    }
+  }
+
+  #noteOutcome(call: CallRecord, outcome: InspectionOutcome): void {
+    for (const f of outcome.findings) call.findings.push(f);
+    if (outcome.failOpen) call.failOpen = true;
+    if (outcome.decision !== 'allow') call.decision = outcome.decision;
+    if (outcome.findings.length > 0) {
+      this.#d.log.info({ request_id: call.id, agent_id: call.identity?.agentId, findings: outcome.findings, decision: outcome.decision }, 'inspection findings');
+    }
+  }
+
+  #send(res: ServerResponse, error: ProxyError, extra: Record<string, string> = {}): void {
+    res.writeHead(error.status, { 'content-type': error.contentType, 'content-length': String(error.body.length), ...extra });
+    res.end(error.body);
+  }
+
+  #reply(res: ServerResponse, call: CallRecord, error: ProxyError, extra: Record<string, string> = {}): void {
+    call.status = error.status;
+    this.#send(res, error, extra);
+  }
+
+  #finish(call: CallRecord): void {
+    const d = this.#d;
+    const totalMs = performance.now() - call.started;
+    const format = call.format ?? 'unknown';
+    d.metrics.requests.inc({ format, status: String(call.status) });
+    d.metrics.overhead.observe({ format }, Math.max(0, totalMs - (call.upstreamMs ?? 0)) / 1000);
+    if (call.format) d.metrics.responseBytes.observe({ format }, call.responseBytes);
+    if (!call.identity || !call.audit) return;
+    const snapshot = d.snapshot();
+    const record = {
+      id: call.id,
+      event_time: new Date().toISOString(),
+      org_id: call.identity.orgId,
+      agent_id: call.identity.agentId,
+      agent_name: call.identity.agentName,
+      enclave_id: d.options.enclaveId || snapshot.enclave.id,
+      format: call.format,
+      path: call.path,
+      model: call.model,
+      status: call.status,
+      upstream_status: call.upstreamStatus,
+      latency_ms: round(totalMs),
+      upstream_latency_ms: call.upstreamMs === null ? null : round(call.upstreamMs),
+      request_bytes: call.requestBytes,
+      response_bytes: call.responseBytes,
+      input_tokens: call.usage?.input_tokens ?? null,
+      output_tokens: call.usage?.output_tokens ?? null,
+      decision: call.decision,
+      findings: call.findings,
+      inspection_failopen: call.failOpen,
+      error: call.error,
+    };
+    d.audit.append('llm_audit_log', record).catch((err: Error) => {
+      d.log.error({ request_id: call.id, err: err.message }, 'audit record lost');
+    });
+  }
+}
+
+function round(ms: number): number {
+  return Math.round(ms * 1000) / 1000;
+}

@@ -1,0 +1,175 @@
+import https from 'node:https';
+import type { AddressInfo } from 'node:net';
+import { readFile } from 'node:fs/promises';
+import type { Registry } from 'prom-client';
+import { parseAddr } from '../../core/addr.ts';
+import { createLogger, type Logger } from '../../core/logger.ts';
+import { createRegistry } from '../../core/metrics.ts';
+import { loadTls } from '../../core/tls.ts';
+import { WatchedJsonFile } from '../../core/watched-file.ts';
+import type { AuditSink } from '../../audit-wal/sink.ts';
+import { StdoutAuditSink } from '../../audit-wal/stdout-sink.ts';
+import { InspectionEngine } from '../../pipeline/engine.ts';
+import { closeSidecarDispatcher } from '../../pipeline/inspectors/sidecar.ts';
+import { PolicyCache } from '../../pipeline/policy/cache.ts';
+import { EMPTY_SNAPSHOT, validateSnapshot, type Snapshot } from '../../pipeline/policy/snapshot.ts';
+import type { ResolvedPolicy } from '../../pipeline/policy/types.ts';
+import { AgentAuthenticator, jwksFromDocument, jwksFromUrl } from './auth.ts';
+import { proxyMetrics } from './metrics.ts';
+import { validateOptions, type LlmProxyOptions } from './options.ts';
+import { LlmProxy } from './proxy.ts';
+import { parseSecretsFile, secretSource, type SecretMap } from './secrets-file.ts';
+import { upstreamDispatcher } from './upstream.ts';
+import pkg from '../../package.json' with { type: 'json' };
+
+// `dvx serve llmproxy`: wires the parts (TLS listener, identity, snapshot, secrets, engine, upstream
+// pool, audit sink, metrics listener) and shuts them down in order: stop accepting, finish the calls
+// in flight, close the engine, flush audit.
+
+export interface RunningProxy {
+  port: number;
+  metricsPort: number | null;
+  proxy: LlmProxy;
+  /** Graceful: in-flight calls finish, audit is flushed. */
+  close(): Promise<void>;
+}
+
+export interface StartOptions {
+  logger?: Logger;
+  registry?: Registry;
+  audit?: AuditSink;
+}
+
+export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: StartOptions = {}): Promise<RunningProxy> {
+  const options = validateOptions(input);
+  const log = start.logger ?? createLogger({ level: options.logLevel, format: options.logFormat, component: 'llmproxy' });
+  const registry = start.registry ?? createRegistry({ defaultMetrics: true });
+  const tls = await loadTls({ cert: options.tlsCert, key: options.tlsKey, ca: options.agentCa || undefined });
+  const listen = parseAddr(options.addr);
+  const metricsListen = options.metricsAddr ? parseAddr(options.metricsAddr) : null;
+
+  const policies = new PolicyCache<ResolvedPolicy>();
+  let snapshotFile: WatchedJsonFile<Snapshot> | null = null;
+  if (options.policySnapshot) {
+    snapshotFile = await WatchedJsonFile.open({
+      path: options.policySnapshot,
+      parse: validateSnapshot,
+      onChange: (s) => {
+        policies.invalidate();
+        log.info({ snapshot_version: s.version }, 'policy snapshot reloaded');
+      },
+      onError: (err) => log.error({ err: err.message }, 'policy snapshot reload refused; keeping the last good one'),
+    });
+  }
+  let secretsFile: WatchedJsonFile<SecretMap> | null = null;
+  if (options.secretsFile) {
+    secretsFile = await WatchedJsonFile.open({
+      path: options.secretsFile,
+      parse: parseSecretsFile,
+      onChange: () => log.info('secrets file reloaded'),
+      onError: (err) => log.error({ err: err.message }, 'secrets file reload refused; keeping the last good one'),
+    });
+  }
+  const emptySecrets: SecretMap = new Map();
+
+  let jwksFile: WatchedJsonFile<ReturnType<typeof jwksFromDocument>> | null = null;
+  let remoteJwks: ReturnType<typeof jwksFromUrl> | null = null;
+  const auth = new AgentAuthenticator({
+    keys: () => {
+      if (remoteJwks) return remoteJwks;
+      if (jwksFile) return jwksFile.value;
+      return () => Promise.reject(new Error('no JWKS configured'));
+    },
+  });
+  if (/^https?:\/\//.test(options.agentJwks)) remoteJwks = jwksFromUrl(options.agentJwks);
+  else if (options.agentJwks) {
+    jwksFile = await WatchedJsonFile.open({
+      path: options.agentJwks,
+      parse: (doc) => {
+        if (!Array.isArray((doc as { keys?: unknown })?.keys)) throw new Error('a JWKS needs a "keys" array');
+        return jwksFromDocument(doc);
+      },
+      onChange: () => auth.clearCache(),
+      onError: (err) => log.error({ err: err.message }, 'agent JWKS reload refused; keeping the last good one'),
+    });
+  }
+
+  const engine = new InspectionEngine({ timeoutMs: options.inspectTimeout, failClosed: options.inspectFailClosed, logger: log, registry });
+  const upstreamCa = options.upstreamCa ? await readFile(options.upstreamCa).catch((err: NodeJS.ErrnoException) => {
+    throw new Error(`cannot read --upstream-ca ${options.upstreamCa}: ${err.code ?? err.message}`);
+  }) : undefined;
+  const dispatcher = upstreamDispatcher({ ca: upstreamCa });
+  const audit = start.audit ?? new StdoutAuditSink();
+
+  const proxy = new LlmProxy({
+    options,
+    auth,
+    snapshot: () => snapshotFile?.value ?? EMPTY_SNAPSHOT,
+    policies,
+    secrets: secretSource(() => secretsFile?.value ?? emptySecrets),
+    engine,
+    dispatcher,
+    audit,
+    log,
+    metrics: proxyMetrics(registry),
+    version: pkg.version,
+  });
+
+  const server = https.createServer({
+    cert: tls.cert,
+    key: tls.key,
+    ...(tls.ca ? { ca: tls.ca, requestCert: true, rejectUnauthorized: false } : {}),
+    // Slow clients: the headers within 30 s, the whole request within 120 s.
+    headersTimeout: 30_000,
+    requestTimeout: 120_000,
+    keepAliveTimeout: 65_000,
+  }, proxy.handle);
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(listen.port, listen.host, () => resolve());
+  });
+
+  let metricsServer: https.Server | null = null;
+  if (metricsListen) {
+    metricsServer = https.createServer({ cert: tls.cert, key: tls.key }, (req, res) => {
+      if (req.url !== '/metrics') {
+        res.writeHead(404).end();
+        return;
+      }
+      registry.metrics().then((text) => {
+        res.writeHead(200, { 'content-type': registry.contentType });
+        res.end(text);
+      }, (err: Error) => res.writeHead(500).end(err.message));
+    });
+    await new Promise<void>((resolve, reject) => {
+      metricsServer!.once('error', reject);
+      metricsServer!.listen(metricsListen.port, metricsListen.host, () => resolve());
+    });
+  }
+  log.info({ addr: server.address(), metrics: metricsServer?.address() ?? null, snapshot: options.policySnapshot || null }, 'llmproxy listening');
+
+  let closing: Promise<void> | null = null;
+  return {
+    port: (server.address() as AddressInfo).port,
+    metricsPort: metricsServer ? (metricsServer.address() as AddressInfo).port : null,
+    proxy,
+    close: () => (closing ??= (async () => {
+      const stopped = new Promise<void>((resolve) => server.close(() => resolve()));
+      server.closeIdleConnections();
+      await proxy.drain();
+      server.closeAllConnections();
+      await stopped;
+      metricsServer?.close();
+      snapshotFile?.close();
+      secretsFile?.close();
+      jwksFile?.close();
+      await engine.close();
+      await dispatcher.close();
+      await closeSidecarDispatcher();
+      await audit.flush();
+      await audit.close();
+      log.info('llmproxy stopped');
+    })()),
+  };
+}
+
