@@ -1,0 +1,168 @@
+import t from 'tap';
+import { request } from 'undici';
+import { REPLY } from '../../fixtures/llm-upstream.ts';
+import { AGENT_SECRET, ORG_KEY, baseSnapshot, startHarness, type Harness } from '../../fixtures/llmproxy-harness.ts';
+
+// The rest of the request path: every error row, bad input, credentials, flags, snapshot reloads,
+// pass-through routes, streams that break, and graceful shutdown.
+const h = await startHarness();
+t.teardown(() => h.close());
+
+const anthropicBody = (content: string, extra: Record<string, unknown> = {}) => JSON.stringify({ model: 'claude-sonnet-4-5', max_tokens: 8, messages: [{ role: 'user', content }], ...extra });
+const post = async (harness: Harness, path: string, body: string | Buffer, headers: Record<string, string> = {}, claims: Record<string, unknown> = {}) =>
+  harness.call(path, { headers: { 'content-type': 'application/json', 'x-api-key': await harness.token(claims), ...headers }, body });
+const settle = () => new Promise((r) => setTimeout(r, 300));
+
+t.test('413 past 32 MB, announced or not', async (t) => {
+  const big = Buffer.alloc(32 * 1024 * 1024 + 10, 0x61);
+  const r = await post(h, '/v1/messages', big);
+  t.equal(r.status, 413);
+  t.match(JSON.parse(r.text), { error: { type: 'request_too_large' } });
+});
+
+t.test('400 when the body is not what the format needs', async (t) => {
+  for (const [path, body] of [['/v1/messages', '{"model":'], ['/v1/messages', '[1,2]'], ['/v1/messages', anthropicBody('x', { system: 42 })], ['/v1/chat/completions', '{"model":"gpt-4o"}']] as const) {
+    const r = await post(h, path, body);
+    t.equal(r.status, 400, `${path} ${body.slice(0, 20)}`);
+    t.match(JSON.parse(r.text), { type: 'error', error: { type: 'invalid_request_error' } });
+  }
+});
+
+t.test('the system prompt gets the prefix in every shape', async (t) => {
+  await post(h, '/v1/messages', anthropicBody('x', { system: [{ type: 'text', text: 'mine' }] }));
+  t.match(h.upstream.received.at(-1)!.body!.system, [{ type: 'text', text: /^\[dvx security context\]/ }, { type: 'text', text: 'mine' }]);
+  await post(h, '/v1/messages', anthropicBody('x'));
+  t.match(h.upstream.received.at(-1)!.body!.system, /^\[dvx security context\]/);
+  await post(h, '/v1/responses', JSON.stringify({ model: 'gpt-4o', input: 'x' }));
+  t.match(h.upstream.received.at(-1)!.body!.instructions, /^\[dvx security context\]/);
+  const raw = '{"model":"claude-sonnet-4-5",  "max_tokens":8,\n "messages":[{"role":"user","content":"keep   my   spacing"}]}';
+  await post(h, '/v1/messages', raw);
+  const sent = h.upstream.received.at(-1)!.raw.toString();
+  t.ok(sent.endsWith(raw.slice(1)), 'the rest of the body is forwarded byte for byte');
+});
+
+t.test('upstream down is 502 "Upstream request failed"; upstream errors are relayed as received', async (t) => {
+  const snapshot = baseSnapshot('http://127.0.0.1:9');
+  await h.writeSnapshot(snapshot);
+  await settle();
+  const down = await post(h, '/v1/messages', anthropicBody('hi'));
+  t.equal(down.status, 502);
+  t.equal(down.text, 'Upstream request failed');
+  await h.writeSnapshot(baseSnapshot(h.upstream.url));
+  await settle();
+  const rejected = await post(h, '/v1/messages', anthropicBody('hi'), { 'x-test-behavior': 'auth' });
+  t.equal(rejected.status, 401);
+  t.same(JSON.parse(rejected.text), { type: 'error', error: { type: 'authentication_error', message: 'invalid x-api-key' } });
+  t.match(h.audit.at(-1), { status: 401, upstream_status: 401 });
+});
+
+t.test('a stream that breaks mid-way reaches the agent as a broken stream and is audited', async (t) => {
+  const res = await request(`${h.url}/v1/messages`, {
+    method: 'POST', dispatcher: h.dispatcher,
+    headers: { 'content-type': 'application/json', 'x-api-key': await h.token(), 'x-test-behavior': 'reset' },
+    body: anthropicBody('hi', { stream: true }),
+  });
+  t.equal(res.statusCode, 200);
+  const err = await res.body.text().then(() => null, (e: Error) => e);
+  t.ok(err, 'the agent sees the break');
+  await settle();
+  t.match(h.audit.at(-1), { format: 'anthropic-messages', error: /upstream stream failed/ });
+});
+
+t.test('credentials: org key fallback, passthrough, and none', async (t) => {
+  const snapshot = baseSnapshot(h.upstream.url) as { agents: Record<string, unknown>; orgs: Record<string, unknown> };
+  snapshot.orgs['org-2'] = { config: { content_inspection: { value: {} } } };
+  snapshot.agents['agent-2'] = { org_id: 'org-2', name: 'two', config: {} };
+  snapshot.orgs['org-3'] = { config: { credential_mode: { value: 'passthrough' } } };
+  await h.writeSnapshot(snapshot);
+  await settle();
+  t.equal((await post(h, '/v1/messages', anthropicBody('hi'), {}, { sub: 'agent-2', org_id: 'org-2' })).status, 200);
+  t.equal(h.upstream.received.at(-1)!.headers['x-api-key'], ORG_KEY, 'the org-level key');
+  const own = await h.call('/v1/chat/completions', {
+    headers: { 'content-type': 'application/json', authorization: `Bearer ${await h.token({ sub: 'agent-3', org_id: 'org-3' })}`, 'x-api-key': 'sk-agents-own-key-123' },
+    body: JSON.stringify({ model: 'gpt-4o', messages: [{ role: 'user', content: 'hi' }] }),
+  });
+  t.equal(own.status, 200);
+  t.equal(h.upstream.received.at(-1)!.headers.authorization, 'Bearer sk-agents-own-key-123', 'passthrough forwards the agent\'s own key');
+  const none = await post(h, '/v1/chat/completions', JSON.stringify({ model: 'gpt-4o', messages: [] }), {}, { sub: 'agent-3', org_id: 'org-3' });
+  t.equal(none.status, 500);
+  t.match(JSON.parse(none.text), { error: { message: 'no LLM API credential configured' } });
+});
+
+t.test('flags: inspect:llm off skips inspection, audit:llm off writes no record', async (t) => {
+  const snapshot = baseSnapshot(h.upstream.url) as { orgs: Record<string, { flags: Record<string, boolean> }> };
+  snapshot.orgs['org-1'].flags = { 'inspect:llm': false, 'audit:llm': false };
+  await h.writeSnapshot(snapshot);
+  await settle();
+  const before = h.audit.length;
+  const r = await post(h, '/v1/messages', anthropicBody(`pw ${AGENT_SECRET}`));
+  t.equal(r.status, 200, 'not inspected');
+  await settle();
+  t.equal(h.audit.length, before, 'not audited');
+  await h.writeSnapshot(baseSnapshot(h.upstream.url));
+  await settle();
+  t.equal((await post(h, '/v1/messages', anthropicBody(`pw ${AGENT_SECRET}`))).status, 403, 'back on after the next reload');
+});
+
+t.test('a snapshot reload takes effect at once; a bad snapshot is refused whole', async (t) => {
+  const snapshot = baseSnapshot(h.upstream.url) as { platform: Record<string, unknown> };
+  snapshot.platform.model_policy = { value: { mode: 'allowlist', models: ['claude-haiku-*'] }, locked: true };
+  await h.writeSnapshot(snapshot);
+  await settle();
+  t.equal((await post(h, '/v1/messages', anthropicBody('hi'))).status, 403, 'the locked platform allowlist applies');
+  t.match(h.audit.at(-1), { findings: [{ inspector_type: 'model_restriction', location: 'model' }] });
+  await h.writeSnapshot({ ...snapshot, platform: { model_policy: { value: { mode: 'sometimes' } } } });
+  await settle();
+  t.ok(h.logs.some((l) => /policy snapshot reload refused/.test(String(l.msg)) && /model_policy\.value\.mode/.test(String(l.err))), 'the error names the field');
+  t.equal((await post(h, '/v1/messages', anthropicBody('hi'))).status, 403, 'the last good snapshot stays');
+  await h.writeSnapshot(baseSnapshot(h.upstream.url));
+  await settle();
+});
+
+t.test('pass-through routes after auth; health; unknown paths', async (t) => {
+  const models = await h.call('/v1/models', { method: 'GET', headers: { 'x-api-key': await h.token(), 'anthropic-version': '2023-06-01' } });
+  t.equal(models.status, 200);
+  t.match(JSON.parse(models.text), { data: [{ id: 'claude-sonnet-4-5' }] });
+  t.equal(h.upstream.received.at(-1)!.path, '/v1/models');
+  t.equal((await h.call('/v1/models', { method: 'GET', headers: {} })).status, 401, 'auth first');
+  const health = await h.call('/healthz', { method: 'GET', headers: {} });
+  t.same(JSON.parse(health.text), { component: 'llmproxy', status: 'ok', version: '0.1.0' });
+  t.equal((await h.call('/admin', { method: 'GET', headers: { 'x-api-key': await h.token() } })).status, 404);
+});
+
+t.test('fail closed: inspection that cannot finish in time is a 503', async (t) => {
+  const f = await startHarness({ proxy: { inspectTimeout: 1, inspectFailClosed: true } });
+  t.teardown(() => f.close());
+  const big = anthropicBody('x'.repeat(4 * 1024 * 1024));
+  const r = await post(f, '/v1/messages', big);
+  t.equal(r.status, 503);
+  t.same(JSON.parse(r.text), { type: 'error', error: { type: 'content_inspection_unavailable', message: 'Request rejected: content security inspection is unavailable.' } });
+  const open = await startHarness({ proxy: { inspectTimeout: 1 } });
+  t.teardown(() => open.close());
+  const passed = await post(open, '/v1/messages', big);
+  t.equal(passed.status, 200, 'fail open by default');
+  t.match(open.audit.at(-1), { inspection_failopen: true });
+  t.ok(open.logs.some((l) => l.msg === 'inspection failopen'));
+});
+
+t.test('--min-tier refuses enclaves below it', async (t) => {
+  const tier = await startHarness({ proxy: { minTier: 'per-agent-tee' } });
+  t.teardown(() => tier.close());
+  const r = await post(tier, '/v1/messages', anthropicBody('hi'));
+  t.equal(r.status, 403);
+  t.match(JSON.parse(r.text), { error: { message: /isolation class/ } });
+});
+
+t.test('graceful shutdown finishes the call in flight', async (t) => {
+  const g = await startHarness();
+  const res = await request(`${g.url}/v1/messages`, {
+    method: 'POST', dispatcher: g.dispatcher,
+    headers: { 'content-type': 'application/json', 'x-api-key': await g.token() },
+    body: anthropicBody('hi', { stream: true }),
+  });
+  const closing = g.close();
+  const text = await res.body.text();
+  t.match(text, /message_stop/, 'the stream ran to its end');
+  t.ok(text.includes(REPLY.split(' ')[0]));
+  await closing;
+});
