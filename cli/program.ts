@@ -1,6 +1,7 @@
 import { Command, CommanderError } from 'commander';
 import { inspectCommand } from './inspect.ts';
 import { serveCommand } from './serve.ts';
+import { devCommand } from './dev.ts';
 import { CliError, EXIT_USAGE } from './exit-codes.ts';
 import pkg from '../package.json' with { type: 'json' };
 
@@ -12,6 +13,7 @@ export function buildProgram(): Command {
     .exitOverride();
   program.addCommand(serveCommand());
   program.addCommand(inspectCommand());
+  program.addCommand(devCommand());
   for (const c of program.commands) {
     c.exitOverride();
     c.showHelpAfterError('(run with --help for usage)');
