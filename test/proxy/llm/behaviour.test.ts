@@ -166,3 +166,30 @@ t.test('graceful shutdown finishes the call in flight', async (t) => {
   t.ok(text.includes(REPLY.split(' ')[0]));
   await closing;
 });
+
+t.test('response inspection is observe-only: a leak in the answer is recorded, the answer delivered', async (t) => {
+  const leak = `the password is ${AGENT_SECRET} ok`;
+  const plain = await post(h, '/v1/messages', anthropicBody('hi'), { 'x-test-reply': leak });
+  t.equal(plain.status, 200);
+  t.match(JSON.parse(plain.text).content[0].text, leak);
+  t.match(h.audit.at(-1), { status: 200, findings: [{ inspector_type: 'secrets', severity: 'block', location: 'response_body', match: 'hunt****' }] });
+  const streamed = await post(h, '/v1/messages', anthropicBody('hi', { stream: true }), { 'x-test-reply': leak });
+  t.equal(streamed.status, 200);
+  t.match(streamed.text, /message_stop/);
+  await settle();
+  t.match(h.audit.at(-1), { findings: [{ inspector_type: 'secrets', location: 'response_body' }] }, 'found across stream deltas');
+});
+
+t.test('metrics on their own TLS listener', async (t) => {
+  const m = await startHarness({ proxy: { metricsAddr: '127.0.0.1:0' } });
+  t.teardown(() => m.close());
+  await post(m, '/v1/messages', anthropicBody('hi'));
+  await post(m, '/v1/messages', anthropicBody('key AKIAIOSFODNN7EXAMPLE'));
+  const res = await request(`https://127.0.0.1:${m.proxy.metricsPort}/metrics`, { dispatcher: m.dispatcher });
+  const text = await res.body.text();
+  t.match(text, /dvx_llmproxy_requests_total\{format="anthropic-messages",status="200"\} 1/);
+  t.match(text, /dvx_llmproxy_requests_total\{format="anthropic-messages",status="403"\} 1/);
+  t.match(text, /dvx_llmproxy_overhead_seconds_count\{format="anthropic-messages"\} 2/);
+  t.match(text, /dvx_llmproxy_upstream_seconds_count\{format="anthropic-messages"\} 1/);
+  t.match(text, /dvx_inspection_findings_total\{inspector_type="api_key",severity="block"\} 1/);
+});
