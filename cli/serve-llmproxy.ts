@@ -3,7 +3,7 @@ import { Command as Cmd } from 'commander';
 import { LOG_FORMATS, LOG_LEVELS } from '../core/logger.ts';
 import { addBooleanFlag, flag, parseDurationFlag } from '../core/options.ts';
 import { DEFAULT_INSPECT_TIMEOUT_MS } from '../pipeline/engine.ts';
-import { ISOLATION_CLASSES } from '../pipeline/policy/snapshot.ts';
+import { ISOLATION_CLASSES, WIRE_FORMATS } from '../pipeline/policy/snapshot.ts';
 import { LLMPROXY_DEFAULTS, OptionsError, type LlmProxyOptions } from '../proxy/llm/options.ts';
 import { startLlmProxy } from '../proxy/llm/server.ts';
 import { CliError } from './exit-codes.ts';
@@ -29,6 +29,7 @@ export function registerLlmProxy(serve: Command): void {
     .addOption(flag('--upstream-default <url>', { description: 'upstream base URL when policy names none', default: d.upstreamDefault }))
     .addOption(flag('--upstream-ca <file>', { description: 'extra CA bundle trusted for upstreams', default: d.upstreamCa }))
     .addOption(flag('--inspect-timeout <duration>', { description: 'deadline around request-phase inspection', default: DEFAULT_INSPECT_TIMEOUT_MS, parse: parseDurationFlag }))
+    .addOption(flag('--translate-upstream-format <format>', { description: 'the upstream wire format --translate converts to', choices: WIRE_FORMATS, default: d.translateUpstreamFormat }))
     .action(async (opts: Partial<LlmProxyOptions>) => {
       let running;
       try {
@@ -48,5 +49,6 @@ export function registerLlmProxy(serve: Command): void {
       });
     });
   addBooleanFlag(command, 'inspect-fail-closed', 'refuse with 503 when request inspection fails', d.inspectFailClosed);
+  addBooleanFlag(command, 'translate', 'translate between anthropic-messages, openai-chat and openai-responses', d.translate);
   serve.addCommand(command);
 }

@@ -1,4 +1,4 @@
-import { ISOLATION_CLASSES, type IsolationClass } from '../../pipeline/policy/snapshot.ts';
+import { ISOLATION_CLASSES, WIRE_FORMATS, type IsolationClass, type WireFormat } from '../../pipeline/policy/snapshot.ts';
 import { DEFAULT_INSPECT_TIMEOUT_MS } from '../../pipeline/engine.ts';
 import type { LogFormat, LogLevel } from '../../core/logger.ts';
 
@@ -26,6 +26,9 @@ export interface LlmProxyOptions {
   upstreamCa: string;
   inspectTimeout: number;
   inspectFailClosed: boolean;
+  /** Translate between wire formats when the agent's differs from translateUpstreamFormat. */
+  translate: boolean;
+  translateUpstreamFormat: WireFormat;
 }
 
 export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
@@ -46,6 +49,8 @@ export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
   upstreamCa: '',
   inspectTimeout: DEFAULT_INSPECT_TIMEOUT_MS,
   inspectFailClosed: false,
+  translate: false,
+  translateUpstreamFormat: 'anthropic-messages',
 };
 
 export class OptionsError extends Error {
@@ -67,6 +72,7 @@ export function validateOptions(input: Partial<LlmProxyOptions>): LlmProxyOption
     if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new OptionsError('--upstream-default must be an http(s) URL');
     o.upstreamDefault = o.upstreamDefault.replace(/\/+$/, '');
   }
+  if (!(WIRE_FORMATS as readonly string[]).includes(o.translateUpstreamFormat)) throw new OptionsError(`--translate-upstream-format must be one of ${WIRE_FORMATS.join(', ')}`);
   if (!(o.inspectTimeout > 0)) throw new OptionsError('--inspect-timeout must be positive');
   return o;
 }

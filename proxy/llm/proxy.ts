@@ -23,6 +23,7 @@ import { readBody, TooLargeError } from './read-body.ts';
 import type { SecretSource } from './secrets-file.ts';
 import { agentHeaders, DEFAULT_UPSTREAMS, upstreamHeaders } from './upstream.ts';
 import { usageOf } from './usage.ts';
+import { routeOf, StreamTranslator, translateRequest, translateResponse, TranslationError } from './translate/index.ts';
 
 // One agent call, as small steps (STYLE.md rule 3):
 //
@@ -55,6 +56,8 @@ interface CallRecord {
   started: number;
   identity: AgentIdentity | null;
   format: WireFormat | null;
+  /** Set when --translate converted the call to another wire format. */
+  upstreamFormat: WireFormat | null;
   path: string;
   model: string | null;
   requestBytes: number;
@@ -107,7 +110,7 @@ export class LlmProxy {
     }
     this.#inFlight++;
     const call: CallRecord = {
-      id: newId(), started: performance.now(), identity: null, format: null, path, model: null, requestBytes: 0, responseBytes: 0,
+      id: newId(), started: performance.now(), identity: null, format: null, upstreamFormat: null, path, model: null, requestBytes: 0, responseBytes: 0,
       status: 0, upstreamStatus: null, upstreamMs: null, findings: [], failOpen: false, decision: 'allow', usage: null, audit: false, error: null,
     };
     this.#serve(req, res, call)
@@ -178,10 +181,22 @@ export class LlmProxy {
     call.requestBytes = body.length;
     d.metrics.requestBytes.observe({ format }, body.length);
 
-    // 4. Inference calls: prefix, then the request pipeline over the final outbound body.
+    // 4. Inference calls: translation (--translate), prefix, then the request pipeline over the final
+    //    outbound body.
+    const upstreamFormat = inferenceFormat && d.options.translate && format !== d.options.translateUpstreamFormat ? d.options.translateUpstreamFormat : format;
+    const translated = upstreamFormat !== format;
+    if (translated) {
+      call.upstreamFormat = upstreamFormat;
+      try {
+        body = translateRequest(format, upstreamFormat, body);
+      } catch (err) {
+        if (err instanceof TranslationError) return this.#reply(res, call, badRequest(err.message));
+        throw err;
+      }
+    }
     if (inferenceFormat) {
       try {
-        body = injectPrefix(format, body, securityContext({
+        body = injectPrefix(upstreamFormat, body, securityContext({
           agentId: identity.agentId, agentName: identity.agentName, orgId: identity.orgId, enclaveName: d.options.enclaveName || snapshot.enclave.name,
         }));
       } catch (err) {
@@ -207,11 +222,12 @@ export class LlmProxy {
     if (credential === null) return this.#reply(res, call, ERRORS.noCredential);
 
     // 6. Upstream.
-    const base = resolveSnapshotSetting(snapshot, 'upstream', identity.orgId, identity.groupId, identity.agentId)?.[format]
+    const base = resolveSnapshotSetting(snapshot, 'upstream', identity.orgId, identity.groupId, identity.agentId)?.[upstreamFormat]
       ?? resolveSnapshotSetting(snapshot, 'downstream_url', identity.orgId, identity.groupId, identity.agentId)
-      ?? (d.options.upstreamDefault || DEFAULT_UPSTREAMS[format]);
+      ?? (d.options.upstreamDefault || DEFAULT_UPSTREAMS[upstreamFormat]);
     const target = new URL(base);
-    const upstreamPath = target.pathname.replace(/\/+$/, '') + (req.url ?? '/');
+    const query = (req.url ?? '').includes('?') ? (req.url ?? '').slice((req.url ?? '').indexOf('?')) : '';
+    const upstreamPath = target.pathname.replace(/\/+$/, '') + (translated ? routeOf(upstreamFormat) + query : (req.url ?? '/'));
     const sendsBody = req.method !== 'GET' && req.method !== 'HEAD';
     const upstreamStarted = performance.now();
     const abort = new AbortController();
@@ -224,7 +240,7 @@ export class LlmProxy {
         origin: target.origin,
         path: upstreamPath,
         method: (req.method ?? 'GET') as Dispatcher.HttpMethod,
-        headers: upstreamHeaders(format, req.headers, credential, sendsBody ? body.length : null),
+        headers: upstreamHeaders(upstreamFormat, req.headers, credential, sendsBody ? body.length : null, translated),
         body: sendsBody ? body : undefined,
         signal: abort.signal,
       });
@@ -238,12 +254,12 @@ export class LlmProxy {
     d.metrics.upstream.observe({ format }, call.upstreamMs / 1000);
 
     const contentType = String(upstream.headers['content-type'] ?? '');
-    if (contentType.startsWith('text/event-stream')) return this.#relayStream(req, res, call, upstream, format);
-    return this.#relayBuffered(res, call, upstream, format, Boolean(inferenceFormat));
+    if (contentType.startsWith('text/event-stream')) return this.#relayStream(res, call, upstream, format, upstreamFormat);
+    return this.#relayBuffered(res, call, upstream, format, upstreamFormat, Boolean(inferenceFormat));
   }
 
   /** A plain response: held, inspected (observe-only), then replayed byte for byte. */
-  async #relayBuffered(res: ServerResponse, call: CallRecord, upstream: Dispatcher.ResponseData, format: WireFormat, inference: boolean): Promise<void> {
+  async #relayBuffered(res: ServerResponse, call: CallRecord, upstream: Dispatcher.ResponseData, format: WireFormat, upstreamFormat: WireFormat, inference: boolean): Promise<void> {
     let body: Buffer;
     try {
       body = Buffer.from(await upstream.body.arrayBuffer());
@@ -253,19 +269,31 @@ export class LlmProxy {
     }
     call.responseBytes = body.length;
     if (inference) {
-      call.usage = usageOf(format, body, false);
+      call.usage = usageOf(upstreamFormat, body, false);
       await this.#inspectResponse(call, body);
+    }
+    let out = body;
+    // Upstream errors are relayed as received; a successful translated answer goes back in the agent's format.
+    if (upstreamFormat !== format && upstream.statusCode >= 200 && upstream.statusCode < 300) {
+      try {
+        out = translateResponse(upstreamFormat, format, body);
+      } catch (err) {
+        call.error = `response translation failed: ${(err as Error).message}`;
+        this.#d.log.warn({ request_id: call.id, err: (err as Error).message }, 'response translation failed');
+        return this.#reply(res, call, ERRORS.upstreamFailed);
+      }
     }
     call.status = upstream.statusCode;
     res.writeHead(upstream.statusCode, agentHeaders(upstream.headers));
-    res.end(body);
+    res.end(out);
   }
 
   /** SSE: events go to the agent as they arrive; the same bytes feed the response pipeline at the end. */
-  async #relayStream(_req: IncomingMessage, res: ServerResponse, call: CallRecord, upstream: Dispatcher.ResponseData, format: WireFormat): Promise<void> {
+  async #relayStream(res: ServerResponse, call: CallRecord, upstream: Dispatcher.ResponseData, format: WireFormat, upstreamFormat: WireFormat): Promise<void> {
     call.status = upstream.statusCode;
     res.writeHead(upstream.statusCode, agentHeaders(upstream.headers));
     res.flushHeaders();
+    const translator = upstreamFormat !== format ? new StreamTranslator(upstreamFormat, format) : null;
     const copy: Buffer[] = [];
     let kept = 0;
     try {
@@ -275,7 +303,8 @@ export class LlmProxy {
           copy.push(chunk);
           kept += chunk.length;
         }
-        if (!res.write(chunk)) await new Promise<void>((resolve) => {
+        const out = translator ? translator.push(chunk) : chunk;
+        if (out.length > 0 && !res.write(out)) await new Promise<void>((resolve) => {
           const done = () => {
             res.off('drain', done);
             res.off('close', done);
@@ -291,8 +320,9 @@ export class LlmProxy {
       this.#d.log.warn({ request_id: call.id, err: (err as Error).message }, 'upstream stream failed mid-response');
       res.destroy();
     }
+    if (translator && !res.destroyed) res.write(translator.end());
     const body = Buffer.concat(copy, kept);
-    call.usage = usageOf(format, body, true);
+    call.usage = usageOf(upstreamFormat, body, true);
     await this.#inspectResponse(call, body);
     if (!res.destroyed) res.end();
   }
@@ -350,6 +380,7 @@ export class LlmProxy {
       agent_name: call.identity.agentName,
       enclave_id: d.options.enclaveId || snapshot.enclave.id,
       format: call.format,
+      upstream_format: call.upstreamFormat,
       path: call.path,
       model: call.model,
       status: call.status,

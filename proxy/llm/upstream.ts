@@ -28,12 +28,15 @@ const DROP = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-
   'proxy-authorization', 'proxy-authenticate', 'host', 'content-length', 'authorization', 'x-api-key', 'expect']);
 
 /** Request headers for the upstream: the agent's, minus hop-by-hop and credentials, plus the real key. */
-export function upstreamHeaders(format: WireFormat, incoming: IncomingHttpHeaders, credential: string, bodyLength: number | null): Record<string, string> {
+export function upstreamHeaders(format: WireFormat, incoming: IncomingHttpHeaders, credential: string, bodyLength: number | null, translated = false): Record<string, string> {
   const out: Record<string, string> = {};
   for (const [name, value] of Object.entries(incoming)) {
     if (value === undefined || DROP.has(name)) continue;
+    // A translated call speaks the upstream's protocol: the other provider's headers stay behind.
+    if (translated && (isAnthropic(format) ? name.startsWith('openai-') : name.startsWith('anthropic-'))) continue;
     out[name] = Array.isArray(value) ? value.join(', ') : value;
   }
+  if (translated && isAnthropic(format) && !out['anthropic-version']) out['anthropic-version'] = '2023-06-01';
   if (isAnthropic(format)) out['x-api-key'] = credential;
   else out.authorization = `Bearer ${credential}`;
   if (bodyLength !== null) out['content-length'] = String(bodyLength);
