@@ -1,6 +1,7 @@
 // npm run bench -- <name>: each benchmark prints one table (ours, a baseline and peers, in one run).
 const BENCHES: Record<string, () => Promise<{ main: (args: string[]) => Promise<void> }>> = {
   pipeline: () => import('./pipeline.ts'),
+  proxy: () => import('./proxy.ts'),
 };
 
 const [name, ...args] = process.argv.slice(2);

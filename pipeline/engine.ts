@@ -28,6 +28,9 @@ import type { WorkerTask } from './worker.ts';
 // because another inspector failed.
 
 export const MAX_BODY_BYTES = 32 * 1024 * 1024;
+// The proxy limits what the agent sends to 32 MB; what it inspects is that body plus the
+// security-context prefix (and, translated, a re-encoding), so the engine allows a little more.
+export const MAX_INSPECTED_BYTES = MAX_BODY_BYTES + 1024 * 1024;
 export const DEFAULT_INSPECT_TIMEOUT_MS = 2000;
 // Below this size a scan costs less than a pool round trip (bench/RESULTS.md, "inline vs pool").
 export const DEFAULT_INLINE_THRESHOLD_BYTES = 128 * 1024;
@@ -131,7 +134,7 @@ export class InspectionEngine {
   async inspect(request: InspectRequest): Promise<InspectionOutcome> {
     const started = performance.now();
     const { body, phase, policy } = request;
-    if (body.length > MAX_BODY_BYTES) throw new BodyTooLargeError(`body of ${body.length} bytes exceeds ${MAX_BODY_BYTES}`);
+    if (body.length > MAX_INSPECTED_BYTES) throw new BodyTooLargeError(`body of ${body.length} bytes exceeds ${MAX_INSPECTED_BYTES}`);
     if (isInert(policy)) return { decision: 'allow', findings: [], failOpen: false, failures: [], mode: 'noop', durationMs: 0 };
 
     const plan = this.#plans.get(policy);

@@ -7,6 +7,7 @@ import { newId } from '../../core/ids.ts';
 import type { AuditSink } from '../../audit-wal/sink.ts';
 import { MAX_BODY_BYTES, DEFAULT_INLINE_THRESHOLD_BYTES, type InspectionEngine, type InspectionOutcome } from '../../pipeline/engine.ts';
 import type { Finding } from '../../pipeline/finding.ts';
+import { BodyTooLargeError } from '../../pipeline/errors.ts';
 import { topLevelString } from '../../pipeline/json-view.ts';
 import type { PolicyCache } from '../../pipeline/policy/cache.ts';
 import { resolvePolicy } from '../../pipeline/policy/resolve.ts';
@@ -116,6 +117,10 @@ export class LlmProxy {
     this.#serve(req, res, call)
       .catch((err: Error) => {
         call.error = err.message;
+        if (err instanceof BodyTooLargeError && !res.headersSent) {
+          this.#reply(res, call, ERRORS.tooLarge, { connection: 'close' });
+          return;
+        }
         this.#d.log.error({ err: err.message, request_id: call.id }, 'llmproxy call failed');
         if (!res.headersSent) this.#reply(res, call, ERRORS.upstreamFailed);
         else res.destroy();

@@ -1,7 +1,7 @@
 import t from 'tap';
 import { createLogger } from '../../core/logger.ts';
 import { createRegistry } from '../../core/metrics.ts';
-import { allocShared, InspectionEngine, MAX_BODY_BYTES, type EngineOptions } from '../../pipeline/engine.ts';
+import { allocShared, InspectionEngine, MAX_INSPECTED_BYTES, type EngineOptions } from '../../pipeline/engine.ts';
 import { closeSidecarDispatcher } from '../../pipeline/inspectors/sidecar.ts';
 import { BodyTooLargeError } from '../../pipeline/errors.ts';
 import { policyFromDocument, resolvePolicy } from '../../pipeline/policy/resolve.ts';
@@ -160,9 +160,9 @@ t.test('async sidecars never hold the call; their findings arrive later', async 
   t.match(arrived[0], { meta: { sidecar: 'later', phase: 'request' }, findings: [{ inspector_type: 'sidecar:later', severity: 'block' }] });
 });
 
-t.test('bodies past 32 MB are refused', async (t) => {
+t.test('bodies past 32 MB (plus the prefix headroom) are refused', async (t) => {
   const { e } = engine(t, { threads: 0 });
-  await t.rejects(e.inspect({ body: Buffer.alloc(MAX_BODY_BYTES + 1), phase: 'request', policy: full }), BodyTooLargeError);
+  await t.rejects(e.inspect({ body: Buffer.alloc(MAX_INSPECTED_BYTES + 1), phase: 'request', policy: full }), BodyTooLargeError);
 });
 
 t.test('invalid custom patterns and malformed globs are logged once per policy version', async (t) => {

@@ -193,3 +193,11 @@ t.test('metrics on their own TLS listener', async (t) => {
   t.match(text, /dvx_llmproxy_upstream_seconds_count\{format="anthropic-messages"\} 1/);
   t.match(text, /dvx_inspection_findings_total\{inspector_type="api_key",severity="block"\} 1/);
 });
+
+t.test('a body just under 32 MB is served even though the prefix takes it past 32 MB', async (t) => {
+  const body = JSON.stringify({ model: 'claude-sonnet-4-5', max_tokens: 8, messages: [{ role: 'user', content: 'x'.repeat(32 * 1024 * 1024 - 200) }] });
+  t.ok(body.length <= 32 * 1024 * 1024);
+  const r = await post(h, '/v1/messages', body);
+  t.equal(r.status, 200);
+  t.ok(h.upstream.received.at(-1)!.raw.length > 32 * 1024 * 1024, 'the outbound body, prefix included, passed 32 MB');
+});
