@@ -2,7 +2,7 @@ import { availableParallelism } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { Piscina } from 'piscina';
 import type { Registry } from 'prom-client';
-import { counter, createRegistry, histogram } from '../core/metrics.ts';
+import { counter, createRegistry, gauge, histogram } from '../core/metrics.ts';
 import { silentLogger, type Logger } from '../core/logger.ts';
 import { BodyTooLargeError } from './errors.ts';
 import type { Finding, Phase } from './finding.ts';
@@ -118,6 +118,7 @@ export class InspectionEngine {
       findings: counter(registry, 'dvx_inspection_findings_total', 'Findings by inspector and severity', ['inspector_type', 'severity']),
       failopen: counter(registry, 'dvx_inspection_failopen_total', 'Inspector failures passed over (fail open)', ['phase', 'inspector', 'reason']),
       failclosed: counter(registry, 'dvx_inspection_failclosed_total', 'Request-path inspections refused because inspection failed', ['inspector', 'reason']),
+      queue: gauge(registry, 'dvx_inspection_pool_queue_depth', 'Inspection tasks waiting for a pool worker'),
       duration: histogram(registry, 'dvx_inspection_duration_seconds', 'Inspection run time', ['phase', 'mode'], [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5]),
     };
   }
@@ -188,6 +189,7 @@ export class InspectionEngine {
 
   async #onPool(policy: ResolvedPolicy, body: Buffer, phase: Phase, secrets: readonly string[], signal: AbortSignal): Promise<ScanResult> {
     const task: WorkerTask = { body: toShared(body), policy, phase, secrets: [...secrets] };
+    this.#metrics.queue.set(this.#pool!.queueSize);
     try {
       // On abort piscina terminates the worker running the task and starts a fresh one: a hung worker
       // is replaced, never waited on.

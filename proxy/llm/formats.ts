@@ -1,5 +1,6 @@
 import type { IncomingHttpHeaders } from 'node:http';
 import { topLevel } from '../../pipeline/json-view.ts';
+import { allocShared, DEFAULT_INLINE_THRESHOLD_BYTES } from '../../pipeline/engine.ts';
 import type { WireFormat } from '../../pipeline/policy/snapshot.ts';
 
 // Wire formats by route, and the security-context prefix (spec rule 5) spliced into each format's
@@ -43,8 +44,15 @@ export class BodyShapeError extends Error {
 
 const json = (s: string) => JSON.stringify(s);
 
+/** One copy of the body with `insert` in place; a large one lands in shared memory for the pool. */
 function splice(body: Buffer, at: number, remove: number, insert: string): Buffer {
-  return Buffer.concat([body.subarray(0, at), Buffer.from(insert, 'utf8'), body.subarray(at + remove)]);
+  const extra = Buffer.from(insert, 'utf8');
+  const size = body.length - remove + extra.length;
+  const out = size >= DEFAULT_INLINE_THRESHOLD_BYTES ? allocShared(size) : Buffer.allocUnsafe(size);
+  body.copy(out, 0, 0, at);
+  extra.copy(out, at);
+  body.copy(out, at + extra.length, at + remove);
+  return out;
 }
 
 /** Inserts `text` at the start of a JSON string value whose opening quote is at `quote`. */

@@ -29,6 +29,10 @@ export interface LlmProxyOptions {
   /** Translate between wire formats when the agent's differs from translateUpstreamFormat. */
   translate: boolean;
   translateUpstreamFormat: WireFormat;
+  /** Slow clients: request headers must arrive within this (not a flag; tests shorten it). */
+  headersTimeoutMs: number;
+  /** Slow clients: the whole request must arrive within this. */
+  requestTimeoutMs: number;
 }
 
 export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
@@ -51,6 +55,8 @@ export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
   inspectFailClosed: false,
   translate: false,
   translateUpstreamFormat: 'anthropic-messages',
+  headersTimeoutMs: 30_000,
+  requestTimeoutMs: 120_000,
 };
 
 export class OptionsError extends Error {

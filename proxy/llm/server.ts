@@ -119,9 +119,11 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
     cert: tls.cert,
     key: tls.key,
     ...(tls.ca ? { ca: tls.ca, requestCert: true, rejectUnauthorized: false } : {}),
-    // Slow clients: the headers within 30 s, the whole request within 120 s.
-    headersTimeout: 30_000,
-    requestTimeout: 120_000,
+    // Slow clients: the headers within 30 s, the whole request within 120 s (defaults).
+    headersTimeout: options.headersTimeoutMs,
+    requestTimeout: options.requestTimeoutMs,
+    // node checks those timeouts on this interval (30 s by default, which would double them).
+    connectionsCheckingInterval: Math.max(50, Math.min(1000, Math.floor(options.headersTimeoutMs / 4))),
     keepAliveTimeout: 65_000,
   }, proxy.handle);
   await new Promise<void>((resolve, reject) => {

@@ -201,3 +201,28 @@ t.test('a body just under 32 MB is served even though the prefix takes it past 3
   t.equal(r.status, 200);
   t.ok(h.upstream.received.at(-1)!.raw.length > 32 * 1024 * 1024, 'the outbound body, prefix included, passed 32 MB');
 });
+
+t.test('slow clients: headers and bodies that do not arrive in time are cut off', async (t) => {
+  const slow = await startHarness({ proxy: { headersTimeoutMs: 300, requestTimeoutMs: 600 } });
+  t.teardown(() => slow.close());
+  const tls = await import('node:tls');
+  const open = () => new Promise<import('node:tls').TLSSocket>((resolve, reject) => {
+    const s = tls.connect({ host: '127.0.0.1', port: slow.proxy.port, ca: slow.ca.certPem }, () => resolve(s));
+    s.on('error', reject);
+  });
+  const answer = (s: import('node:tls').TLSSocket) => new Promise<string>((resolve) => {
+    let text = '';
+    s.on('data', (d) => (text += d));
+    s.on('close', () => resolve(text));
+    s.on('error', () => resolve(text));
+  });
+  const started = Date.now();
+  const a = await open();
+  a.write('POST /v1/messages HTTP/1.1\r\nhost: x\r\n'); // headers never finish
+  t.match(await answer(a), /^HTTP\/1\.1 408|^$/, 'dropped (408 or closed)');
+  const b = await open();
+  const token = await slow.token();
+  b.write(`POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-api-key: ${token}\r\ncontent-length: 1000\r\n\r\n{"model":`);
+  t.match(await answer(b), /^HTTP\/1\.1 408|^$/, 'a body that stalls is dropped');
+  t.ok(Date.now() - started < 10_000, 'within the configured timeouts');
+});
