@@ -1,0 +1,355 @@
+import { mkdir, open, readdir, stat, unlink, type FileHandle } from 'node:fs/promises';
+import { join } from 'node:path';
+import { performance } from 'node:perf_hooks';
+import type { Logger } from '../core/logger.ts';
+import { silentLogger } from '../core/logger.ts';
+import { readCheckpoint, syncDir, writeCheckpoint, type Position } from './checkpoint.ts';
+import { WalClosedError, WalFullError, WalWriteError } from './errors.ts';
+import { checkHeader, decodeFrames, encodeFrame, FRAME_OVERHEAD, HEADER_BYTES, MAX_RECORD_BYTES, segmentHeader } from './frame.ts';
+
+// One audit table's write-ahead log: a directory of numbered segment files.
+//
+//   append(record) ──▶ pending ──▶ one writev + fdatasync per batch (group commit) ──▶ resolved: durable
+//                                      │ past --audit-wal-max-bytes unshipped: dropped and counted
+//   shipper: read(checkpoint) ──▶ store ──▶ commit(next) ──▶ segments wholly before it are deleted
+//
+// On open the last segment's tail is scanned and cut at the first torn or corrupt frame (logged with
+// its byte offset): everything before it was durable and stays. A failed write is cut back off the
+// file, so one bad batch never leaves a torn frame in front of later ones.
+
+export const DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024;
+export const DEFAULT_MAX_UNSHIPPED_BYTES = 1024 * 1024 * 1024;
+
+export interface WalMetrics {
+  appended(table: string): void;
+  durable(table: string, seconds: number): void;
+  dropped(table: string): void;
+  segments(table: string, count: number): void;
+  unshipped(table: string, bytes: number): void;
+}
+
+const NO_METRICS: WalMetrics = { appended() {}, durable() {}, dropped() {}, segments() {}, unshipped() {} };
+
+export interface WalTableOptions {
+  segmentBytes?: number;
+  /** Ceiling of unshipped bytes; 0 or absent selects DEFAULT_MAX_UNSHIPPED_BYTES. */
+  maxBytes?: number;
+  log?: Logger;
+  metrics?: WalMetrics;
+}
+
+interface Pending {
+  frame: Buffer;
+  started: number;
+  resolve: () => void;
+  reject: (err: Error) => void;
+}
+
+export interface WalRecord {
+  position: Position;
+  payload: Buffer;
+}
+
+const segmentName = (id: number) => `${String(id).padStart(12, '0')}.wal`;
+
+export class WalTable {
+  readonly name: string;
+  readonly dir: string;
+  #segmentBytes: number;
+  #maxBytes: number;
+  #log: Logger;
+  #metrics: WalMetrics;
+  #segments: number[] = [];
+  #sizes = new Map<number, number>();
+  #handle: FileHandle | null = null;
+  #pending: Pending[] = [];
+  #pendingBytes = 0;
+  #flushing: Promise<void> | null = null;
+  #checkpoint: Position = { segment: 1, offset: HEADER_BYTES };
+  #unshipped = 0;
+  #dropped = 0;
+  #lastDropLog = 0;
+  #broken: Error | null = null;
+  #closed = false;
+  #waiters: (() => void)[] = [];
+
+  private constructor(dir: string, name: string, options: WalTableOptions) {
+    this.dir = dir;
+    this.name = name;
+    this.#segmentBytes = options.segmentBytes ?? DEFAULT_SEGMENT_BYTES;
+    this.#maxBytes = options.maxBytes || DEFAULT_MAX_UNSHIPPED_BYTES;
+    this.#log = options.log ?? silentLogger();
+    this.#metrics = options.metrics ?? NO_METRICS;
+  }
+
+  static async open(dir: string, name: string, options: WalTableOptions = {}): Promise<WalTable> {
+    const table = new WalTable(dir, name, options);
+    await table.#recover();
+    return table;
+  }
+
+  async #recover(): Promise<void> {
+    await mkdir(this.dir, { recursive: true });
+    this.#segments = (await readdir(this.dir)).filter((f) => /^\d{12}\.wal$/.test(f)).map((f) => Number(f.slice(0, 12))).sort((a, b) => a - b);
+    for (const id of this.#segments) this.#sizes.set(id, (await stat(join(this.dir, segmentName(id)))).size);
+    if (this.#segments.length === 0) await this.#createSegment(1);
+    else await this.#repairTail();
+    const last = this.#segments.at(-1)!;
+    this.#handle = await open(join(this.dir, segmentName(last)), 'a');
+    const saved = await readCheckpoint(this.dir);
+    const first = this.#segments[0];
+    this.#checkpoint = saved && saved.segment >= first ? saved : { segment: first, offset: HEADER_BYTES };
+    if (this.#checkpoint.segment > last || (this.#checkpoint.segment === last && this.#checkpoint.offset > this.#sizes.get(last)!)) {
+      this.#log.warn({ table: this.name, checkpoint: this.#checkpoint }, 'wal checkpoint past the end of the log; restarting from the end');
+      this.#checkpoint = { segment: last, offset: this.#sizes.get(last)! };
+    }
+    this.#recountUnshipped();
+  }
+
+  /** Cuts the last segment at its first torn or corrupt frame. */
+  async #repairTail(): Promise<void> {
+    const last = this.#segments.at(-1)!;
+    const path = join(this.dir, segmentName(last));
+    const handle = await open(path, 'r+');
+    try {
+      const size = this.#sizes.get(last)!;
+      const buf = Buffer.allocUnsafe(size);
+      await handle.read(buf, 0, size, 0);
+      const bad = checkHeader(buf);
+      if (bad !== null) {
+        // A segment created but never given its header (a crash between create and write).
+        this.#log.warn({ table: this.name, segment: last, problem: bad }, 'wal segment header rewritten');
+        await handle.truncate(0);
+        await handle.write(segmentHeader(), 0, HEADER_BYTES, 0);
+        await handle.datasync();
+        this.#sizes.set(last, HEADER_BYTES);
+        return;
+      }
+      const { validEnd, problem } = decodeFrames(buf, HEADER_BYTES);
+      if (problem !== null) {
+        this.#log.warn({ table: this.name, segment: last, offset: validEnd, dropped_bytes: size - validEnd, problem }, 'wal tail cut at the first torn or corrupt frame');
+        await handle.truncate(validEnd);
+        await handle.datasync();
+        this.#sizes.set(last, validEnd);
+      }
+    } finally {
+      await handle.close();
+    }
+  }
+
+  async #createSegment(id: number): Promise<void> {
+    const path = join(this.dir, segmentName(id));
+    const handle = await open(path, 'wx');
+    try {
+      await handle.write(segmentHeader(), 0, HEADER_BYTES, 0);
+      await handle.datasync();
+    } finally {
+      await handle.close();
+    }
+    await syncDir(this.dir);
+    this.#segments.push(id);
+    this.#sizes.set(id, HEADER_BYTES);
+    this.#metrics.segments(this.name, this.#segments.length);
+  }
+
+  #recountUnshipped(): void {
+    let bytes = 0;
+    for (const id of this.#segments) {
+      if (id < this.#checkpoint.segment) continue;
+      const size = this.#sizes.get(id)!;
+      bytes += id === this.#checkpoint.segment ? size - this.#checkpoint.offset : size - HEADER_BYTES;
+    }
+    this.#unshipped = Math.max(0, bytes);
+    this.#metrics.unshipped(this.name, this.#unshipped);
+  }
+
+  /**
+   * Appends one record; resolves once it is durable (written and fdatasync'ed). Rejects with
+   * WalFullError past the ceiling (counted, never blocking), WalWriteError when the disk fails.
+   */
+  append(record: unknown): Promise<void> {
+    if (this.#closed) return Promise.reject(new WalClosedError(`wal ${this.name} is closed`));
+    if (this.#broken) return Promise.reject(new WalWriteError(`wal ${this.name} is unusable: ${this.#broken.message}`));
+    const payload = Buffer.from(JSON.stringify(record));
+    if (payload.length > MAX_RECORD_BYTES) return Promise.reject(new WalWriteError(`audit record of ${payload.length} bytes exceeds ${MAX_RECORD_BYTES}`));
+    const frame = encodeFrame(payload);
+    if (this.#unshipped + this.#pendingBytes + frame.length > this.#maxBytes) {
+      this.#dropped++;
+      this.#metrics.dropped(this.name);
+      const now = Date.now();
+      if (now - this.#lastDropLog > 10_000) {
+        this.#lastDropLog = now;
+        this.#log.error({ table: this.name, dropped_total: this.#dropped, max_bytes: this.#maxBytes }, 'wal full: audit records dropped');
+      }
+      return Promise.reject(new WalFullError(`wal ${this.name} holds ${this.#maxBytes} unshipped bytes; record dropped`));
+    }
+    this.#metrics.appended(this.name);
+    return new Promise<void>((resolve, reject) => {
+      this.#pending.push({ frame, started: performance.now(), resolve, reject });
+      this.#pendingBytes += frame.length;
+      this.#flushing ??= this.#flushLoop();
+    });
+  }
+
+  async #flushLoop(): Promise<void> {
+    try {
+      while (this.#pending.length > 0) {
+        const batch = this.#pending;
+        const bytes = this.#pendingBytes;
+        this.#pending = [];
+        this.#pendingBytes = 0;
+        try {
+          await this.#write(batch.map((p) => p.frame), bytes);
+        } catch (err) {
+          const failure = new WalWriteError(`wal ${this.name} write failed: ${(err as Error).message}`);
+          this.#log.error({ table: this.name, err: (err as Error).message, records: batch.length }, 'wal write failed');
+          for (const p of batch) p.reject(failure);
+          continue;
+        }
+        const now = performance.now();
+        for (const p of batch) {
+          this.#metrics.durable(this.name, (now - p.started) / 1000);
+          p.resolve();
+        }
+        this.#notify();
+      }
+    } finally {
+      this.#flushing = null;
+    }
+  }
+
+  async #write(frames: Buffer[], bytes: number): Promise<void> {
+    let last = this.#segments.at(-1)!;
+    if (this.#sizes.get(last)! > HEADER_BYTES && this.#sizes.get(last)! + bytes > this.#segmentBytes) {
+      await this.#handle!.close();
+      this.#handle = null;
+      await this.#createSegment(last + 1);
+      last += 1;
+      this.#handle = await open(join(this.dir, segmentName(last)), 'a');
+    }
+    const before = this.#sizes.get(last)!;
+    try {
+      let written = 0;
+      // writev may write less than asked; finish the rest.
+      let pending = frames;
+      while (written < bytes) {
+        const { bytesWritten } = await this.#handle!.writev(pending);
+        written += bytesWritten;
+        if (written < bytes) pending = [Buffer.concat(frames).subarray(written)];
+      }
+      await this.#handle!.datasync();
+    } catch (err) {
+      // Cut whatever part of the batch reached the file, so later frames are not hidden behind it.
+      try {
+        await this.#handle!.truncate(before);
+        await this.#handle!.datasync();
+      } catch (cutErr) {
+        this.#broken = cutErr as Error;
+      }
+      throw err;
+    }
+    this.#sizes.set(last, before + bytes);
+    this.#unshipped += bytes;
+    this.#metrics.unshipped(this.name, this.#unshipped);
+  }
+
+  #notify(): void {
+    const waiters = this.#waiters;
+    this.#waiters = [];
+    for (const w of waiters) w();
+  }
+
+  /** Resolves when new records become durable (or after `ms`). */
+  changed(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const timer = setTimeout(done, ms);
+      function done() {
+        clearTimeout(timer);
+        resolve();
+      }
+      this.#waiters.push(done);
+    });
+  }
+
+  get checkpoint(): Position {
+    return { ...this.#checkpoint };
+  }
+
+  /** Durable records from `from`, up to `maxRecords` / about `maxBytes`, and the position after them. */
+  async read(from: Position, maxRecords: number, maxBytes = 8 * 1024 * 1024): Promise<{ records: WalRecord[]; next: Position }> {
+    const records: WalRecord[] = [];
+    let pos = { ...from };
+    let budget = maxBytes;
+    while (records.length < maxRecords && budget > 0) {
+      const size = this.#sizes.get(pos.segment);
+      if (size === undefined) {
+        const later = this.#segments.find((id) => id > pos.segment);
+        if (later === undefined) break;
+        pos = { segment: later, offset: HEADER_BYTES };
+        continue;
+      }
+      if (pos.offset >= size) {
+        const later = this.#segments.find((id) => id > pos.segment);
+        if (later === undefined) break;
+        pos = { segment: later, offset: HEADER_BYTES };
+        continue;
+      }
+      const want = Math.min(size - pos.offset, Math.max(budget, FRAME_OVERHEAD));
+      const handle = await open(join(this.dir, segmentName(pos.segment)), 'r');
+      let buf: Buffer;
+      try {
+        // Read at least one whole frame, however large.
+        const head = Buffer.allocUnsafe(FRAME_OVERHEAD);
+        await handle.read(head, 0, FRAME_OVERHEAD, pos.offset);
+        const first = FRAME_OVERHEAD + head.readUInt32LE(0);
+        const length = Math.min(size - pos.offset, Math.max(want, first));
+        buf = Buffer.allocUnsafe(length);
+        await handle.read(buf, 0, length, pos.offset);
+      } finally {
+        await handle.close();
+      }
+      const { frames, validEnd, problem } = decodeFrames(buf, 0, maxRecords - records.length);
+      for (const f of frames) records.push({ position: { segment: pos.segment, offset: pos.offset + f.offset }, payload: f.payload });
+      const consumed = validEnd;
+      budget -= consumed;
+      if (problem !== null && pos.offset + buf.length === size) {
+        // Corruption inside durable data (not a read window boundary): skip the rest of this segment.
+        this.#log.error({ table: this.name, segment: pos.segment, offset: pos.offset + validEnd, problem }, 'wal corruption; rest of segment skipped');
+        pos = { segment: pos.segment, offset: size };
+        continue;
+      }
+      pos = { segment: pos.segment, offset: pos.offset + consumed };
+      if (frames.length === 0) break;
+    }
+    return { records, next: pos };
+  }
+
+  /** Records that everything before `next` is shipped; deletes segments wholly before it. */
+  async commit(next: Position): Promise<void> {
+    await writeCheckpoint(this.dir, next);
+    this.#checkpoint = { ...next };
+    const last = this.#segments.at(-1)!;
+    for (const id of [...this.#segments]) {
+      if (id >= next.segment || id === last) break;
+      await unlink(join(this.dir, segmentName(id)));
+      this.#segments.shift();
+      this.#sizes.delete(id);
+    }
+    this.#metrics.segments(this.name, this.#segments.length);
+    this.#recountUnshipped();
+  }
+
+  stats(): { segments: number; unshippedBytes: number; dropped: number; checkpoint: Position } {
+    return { segments: this.#segments.length, unshippedBytes: this.#unshipped, dropped: this.#dropped, checkpoint: this.checkpoint };
+  }
+
+  /** Waits for appends in flight, then closes. */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    await this.#flushing;
+    this.#notify();
+    await this.#handle?.close();
+    this.#handle = null;
+  }
+}
