@@ -29,6 +29,15 @@ export interface LlmProxyOptions {
   /** Translate between wire formats when the agent's differs from translateUpstreamFormat. */
   translate: boolean;
   translateUpstreamFormat: WireFormat;
+  /** Columnar audit store (clickhouse://, postgres://, pglite://); empty keeps audit on stdout. */
+  auditDsn: string;
+  /** On-disk spool; required with auditDsn. */
+  auditWalDir: string;
+  /** Unshipped bytes per table; 0 selects the default (1 GiB). */
+  auditWalMaxBytes: number;
+  /** An answer is delivered only once its audit record is durable (with a WAL). */
+  auditCaptureOrDeny: boolean;
+  auditCaptureTimeout: number;
   /** Slow clients: request headers must arrive within this (not a flag; tests shorten it). */
   headersTimeoutMs: number;
   /** Slow clients: the whole request must arrive within this. */
@@ -55,6 +64,11 @@ export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
   inspectFailClosed: false,
   translate: false,
   translateUpstreamFormat: 'anthropic-messages',
+  auditDsn: '',
+  auditWalDir: '',
+  auditWalMaxBytes: 0,
+  auditCaptureOrDeny: true,
+  auditCaptureTimeout: 5000,
   headersTimeoutMs: 30_000,
   requestTimeoutMs: 120_000,
 };
@@ -79,6 +93,10 @@ export function validateOptions(input: Partial<LlmProxyOptions>): LlmProxyOption
     o.upstreamDefault = o.upstreamDefault.replace(/\/+$/, '');
   }
   if (!(WIRE_FORMATS as readonly string[]).includes(o.translateUpstreamFormat)) throw new OptionsError(`--translate-upstream-format must be one of ${WIRE_FORMATS.join(', ')}`);
+  if (o.auditDsn && !o.auditWalDir) throw new OptionsError('--audit-wal-dir is required with --audit-dsn (audit spools to disk before it ships)');
+  if (o.auditWalDir && !o.auditDsn) throw new OptionsError('--audit-wal-dir needs --audit-dsn: a spool nothing ships would only fill up');
+  if (!(o.auditWalMaxBytes >= 0)) throw new OptionsError('--audit-wal-max-bytes must be 0 (default) or a positive byte count');
+  if (!(o.auditCaptureTimeout > 0)) throw new OptionsError('--audit-capture-timeout must be positive');
   if (!(o.inspectTimeout > 0)) throw new OptionsError('--inspect-timeout must be positive');
   return o;
 }

@@ -24,6 +24,9 @@ import { readBody, TooLargeError } from './read-body.ts';
 import type { SecretSource } from './secrets-file.ts';
 import { agentHeaders, DEFAULT_UPSTREAMS, upstreamHeaders } from './upstream.ts';
 import { usageOf } from './usage.ts';
+import { FinalEventGuard } from './final-event.ts';
+import { gated, type CaptureOptions } from '../../audit-wal/gate.ts';
+import { AuditUnavailableError } from '../../audit-wal/errors.ts';
 import { routeOf, StreamTranslator, translateRequest, translateResponse, TranslationError } from './translate/index.ts';
 
 // One agent call, as small steps (STYLE.md rule 3):
@@ -50,6 +53,8 @@ export interface ProxyDeps {
   log: Logger;
   metrics: ProxyMetrics;
   version: string;
+  /** With a durable sink: answers wait for their record (audit, then replay). Null: audit after. */
+  capture: Omit<CaptureOptions, 'log'> | null;
 }
 
 interface CallRecord {
@@ -71,6 +76,8 @@ interface CallRecord {
   decision: string;
   usage: ReturnType<typeof usageOf>;
   audit: boolean;
+  /** The record was already handed to the sink (before delivery). */
+  audited: boolean;
   error: string | null;
 }
 
@@ -112,7 +119,7 @@ export class LlmProxy {
     this.#inFlight++;
     const call: CallRecord = {
       id: newId(), started: performance.now(), identity: null, format: null, upstreamFormat: null, path, model: null, requestBytes: 0, responseBytes: 0,
-      status: 0, upstreamStatus: null, upstreamMs: null, findings: [], failOpen: false, decision: 'allow', usage: null, audit: false, error: null,
+      status: 0, upstreamStatus: null, upstreamMs: null, findings: [], failOpen: false, decision: 'allow', usage: null, audit: false, audited: false, error: null,
     };
     this.#serve(req, res, call)
       .catch((err: Error) => {
@@ -289,8 +296,11 @@ export class LlmProxy {
       }
     }
     call.status = upstream.statusCode;
-    res.writeHead(upstream.statusCode, agentHeaders(upstream.headers));
-    res.end(out);
+    const delivered = await this.#deliver(call, () => {
+      res.writeHead(upstream.statusCode, agentHeaders(upstream.headers));
+      res.end(out);
+    });
+    if (!delivered) this.#reply(res, call, ERRORS.auditUnavailable);
   }
 
   /** SSE: events go to the agent as they arrive; the same bytes feed the response pipeline at the end. */
@@ -299,6 +309,7 @@ export class LlmProxy {
     res.writeHead(upstream.statusCode, agentHeaders(upstream.headers));
     res.flushHeaders();
     const translator = upstreamFormat !== format ? new StreamTranslator(upstreamFormat, format) : null;
+    const guard = this.#d.capture && call.audit ? new FinalEventGuard(format) : null;
     const copy: Buffer[] = [];
     let kept = 0;
     try {
@@ -308,7 +319,8 @@ export class LlmProxy {
           copy.push(chunk);
           kept += chunk.length;
         }
-        const out = translator ? translator.push(chunk) : chunk;
+        const translated = translator ? Buffer.from(translator.push(chunk)) : chunk;
+        const out = guard ? guard.push(translated) : translated;
         if (out.length > 0 && !res.write(out)) await new Promise<void>((resolve) => {
           const done = () => {
             res.off('drain', done);
@@ -325,11 +337,42 @@ export class LlmProxy {
       this.#d.log.warn({ request_id: call.id, err: (err as Error).message }, 'upstream stream failed mid-response');
       res.destroy();
     }
-    if (translator && !res.destroyed) res.write(translator.end());
+    let tail = translator && !res.destroyed ? Buffer.from(translator.end()) : Buffer.alloc(0);
+    if (guard) tail = Buffer.concat([guard.push(tail), guard.rest()]);
     const body = Buffer.concat(copy, kept);
     call.usage = usageOf(upstreamFormat, body, true);
     await this.#inspectResponse(call, body);
-    if (!res.destroyed) res.end();
+    if (res.destroyed) return;
+    const delivered = await this.#deliver(call, () => {
+      if (tail.length > 0) res.write(tail);
+      res.end();
+    });
+    // The final event never leaves without its record: the agent sees a stream cut short.
+    if (!delivered) res.destroy();
+  }
+
+  /**
+   * Runs `send` (the answer leaving for the agent) once the call's audit record is durable, when the
+   * sink is durable; false when capture-or-deny refused it. Without a durable sink, sends at once and
+   * the record follows in #finish.
+   */
+  async #deliver(call: CallRecord, send: () => void): Promise<boolean> {
+    const capture = this.#d.capture;
+    if (!capture || !call.audit || !call.identity) {
+      send();
+      return true;
+    }
+    call.audited = true;
+    try {
+      await gated(this.#d.audit, 'llm_audit_log', this.#record(call), send, { ...capture, log: this.#d.log });
+      return true;
+    } catch (err) {
+      if (!(err instanceof AuditUnavailableError)) throw err;
+      call.audited = false;
+      call.error = err.message;
+      call.status = ERRORS.auditUnavailable.status;
+      return false;
+    }
   }
 
   async #inspectResponse(call: CallRecord, body: Buffer): Promise<void> {
@@ -375,14 +418,22 @@ export class LlmProxy {
     d.metrics.requests.inc({ format, status: String(call.status) });
     d.metrics.overhead.observe({ format }, Math.max(0, totalMs - (call.upstreamMs ?? 0)) / 1000);
     if (call.format) d.metrics.responseBytes.observe({ format }, call.responseBytes);
-    if (!call.identity || !call.audit) return;
+    if (!call.identity || !call.audit || call.audited) return;
+    d.audit.append('llm_audit_log', this.#record(call)).catch((err: Error) => {
+      d.log.error({ request_id: call.id, err: err.message }, 'audit record lost');
+    });
+  }
+
+  #record(call: CallRecord): Record<string, unknown> {
+    const d = this.#d;
+    const totalMs = performance.now() - call.started;
     const snapshot = d.snapshot();
-    const record = {
+    return {
       id: call.id,
       event_time: new Date().toISOString(),
-      org_id: call.identity.orgId,
-      agent_id: call.identity.agentId,
-      agent_name: call.identity.agentName,
+      org_id: call.identity!.orgId,
+      agent_id: call.identity!.agentId,
+      agent_name: call.identity!.agentName,
       enclave_id: d.options.enclaveId || snapshot.enclave.id,
       format: call.format,
       upstream_format: call.upstreamFormat,
@@ -401,9 +452,6 @@ export class LlmProxy {
       inspection_failopen: call.failOpen,
       error: call.error,
     };
-    d.audit.append('llm_audit_log', record).catch((err: Error) => {
-      d.log.error({ request_id: call.id, err: err.message }, 'audit record lost');
-    });
   }
 }
 

@@ -9,6 +9,7 @@ import { loadTls } from '../../core/tls.ts';
 import { WatchedJsonFile } from '../../core/watched-file.ts';
 import type { AuditSink } from '../../audit-wal/sink.ts';
 import { StdoutAuditSink } from '../../audit-wal/stdout-sink.ts';
+import { WalSink } from '../../audit-wal/wal-sink.ts';
 import { InspectionEngine } from '../../pipeline/engine.ts';
 import { closeSidecarDispatcher } from '../../pipeline/inspectors/sidecar.ts';
 import { PolicyCache } from '../../pipeline/policy/cache.ts';
@@ -38,6 +39,8 @@ export interface StartOptions {
   logger?: Logger;
   registry?: Registry;
   audit?: AuditSink;
+  /** Treat `audit` as durable: answers wait for their record (capture-or-deny applies). */
+  durableAudit?: boolean;
 }
 
 export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: StartOptions = {}): Promise<RunningProxy> {
@@ -99,7 +102,11 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
     throw new Error(`cannot read --upstream-ca ${options.upstreamCa}: ${err.code ?? err.message}`);
   }) : undefined;
   const dispatcher = upstreamDispatcher({ ca: upstreamCa });
-  const audit = start.audit ?? new StdoutAuditSink();
+  // Audit: the WAL shipped to --audit-dsn, or stdout lines with "stream":"audit".
+  const audit = start.audit ?? (options.auditDsn
+    ? await WalSink.open({ dir: options.auditWalDir, dsn: options.auditDsn, maxBytes: options.auditWalMaxBytes, log, registry, tables: ['llm_audit_log'] })
+    : new StdoutAuditSink());
+  const durableAudit = Boolean(options.auditDsn) || start.durableAudit === true;
 
   const proxy = new LlmProxy({
     options,
@@ -113,6 +120,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
     log,
     metrics: proxyMetrics(registry),
     version: pkg.version,
+    capture: durableAudit ? { captureOrDeny: options.auditCaptureOrDeny, timeoutMs: options.auditCaptureTimeout } : null,
   });
 
   const server = https.createServer({

@@ -1,0 +1,42 @@
+import type { AuditTable } from './sink.ts';
+
+// Where shipped audit goes: ClickHouse (`clickhouse://[user:pass@]host:port/db`, its HTTP interface),
+// PostgreSQL (`postgres://…`) or PGlite (`pglite://DIR`, embedded). Each store applies its schema
+// from deploy/schema/ on open and inserts idempotently by record id.
+
+export interface AuditStore {
+  readonly kind: 'clickhouse' | 'postgres' | 'pglite';
+  ensureSchema(): Promise<void>;
+  insert(table: AuditTable, records: Record<string, unknown>[]): Promise<void>;
+  close(): Promise<void>;
+}
+
+export class DsnError extends Error {
+  override name = 'DsnError';
+}
+
+export async function openStore(dsn: string): Promise<AuditStore> {
+  let url: URL;
+  try {
+    url = new URL(dsn);
+  } catch {
+    throw new DsnError(`--audit-dsn "${dsn.replace(/\/\/[^@/]*@/, '//***@')}" is not a URL (clickhouse://…, postgres://…, pglite://DIR)`);
+  }
+  switch (url.protocol) {
+    case 'clickhouse:': {
+      const { ClickHouseStore } = await import('./stores/clickhouse.ts');
+      return new ClickHouseStore(url);
+    }
+    case 'postgres:':
+    case 'postgresql:': {
+      const { PostgresStore } = await import('./stores/postgres.ts');
+      return PostgresStore.connect(dsn);
+    }
+    case 'pglite:': {
+      const { PostgresStore } = await import('./stores/postgres.ts');
+      return PostgresStore.embedded(dsn.slice('pglite://'.length));
+    }
+    default:
+      throw new DsnError(`--audit-dsn scheme "${url.protocol}" is not supported (clickhouse, postgres, pglite)`);
+  }
+}

@@ -1,0 +1,46 @@
+import { readFile } from 'node:fs/promises';
+import { ClickHouseLogLevel, createClient, type ClickHouseClient } from '@clickhouse/client';
+import type { AuditStore } from '../store.ts';
+import type { AuditTable } from '../sink.ts';
+import { clickhouseRow } from '../rows.ts';
+
+// ClickHouse over its HTTP interface (JSONEachRow). ReplacingMergeTree keyed on the id collapses
+// retried rows; readers use FINAL (or GROUP BY id) to see each record once.
+
+const SCHEMA = new URL('../../deploy/schema/clickhouse.sql', import.meta.url);
+
+export class ClickHouseStore implements AuditStore {
+  readonly kind = 'clickhouse' as const;
+  #client: ClickHouseClient;
+  #db: string;
+
+  constructor(url: URL) {
+    this.#db = decodeURIComponent(url.pathname.replace(/^\//, '')) || 'default';
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(this.#db)) throw new Error(`clickhouse database name "${this.#db}" is not a plain identifier`);
+    this.#client = createClient({
+      url: `http://${url.host}`,
+      username: decodeURIComponent(url.username) || 'default',
+      password: decodeURIComponent(url.password),
+      request_timeout: 30_000,
+      // Failures reach the shipper, which logs and retries them; the client's own console logging is off.
+      log: { level: ClickHouseLogLevel.OFF },
+    });
+  }
+
+  async ensureSchema(): Promise<void> {
+    await this.#client.command({ query: `CREATE DATABASE IF NOT EXISTS ${this.#db}` });
+    const sql = (await readFile(SCHEMA, 'utf8')).replaceAll('{db}', this.#db);
+    for (const statement of sql.split(/^;\s*$/m).map((s) => s.replace(/^--.*$/gm, '').trim()).filter(Boolean)) {
+      await this.#client.command({ query: statement });
+    }
+  }
+
+  async insert(table: AuditTable, records: Record<string, unknown>[]): Promise<void> {
+    if (records.length === 0) return;
+    await this.#client.insert({ table: `${this.#db}.${table}`, values: records.map((r) => clickhouseRow(table, r)), format: 'JSONEachRow' });
+  }
+
+  close(): Promise<void> {
+    return this.#client.close();
+  }
+}

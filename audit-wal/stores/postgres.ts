@@ -1,0 +1,65 @@
+import { readFile } from 'node:fs/promises';
+import pg from 'pg';
+import { PGlite } from '@electric-sql/pglite';
+import type { AuditStore } from '../store.ts';
+import type { AuditTable } from '../sink.ts';
+import { COLUMNS, postgresRow } from '../rows.ts';
+
+// PostgreSQL (pg) and PGlite share the schema and the statement: a batch goes in as one JSON
+// parameter, `json_populate_recordset` turns it into rows, and `ON CONFLICT (id) DO NOTHING` makes a
+// retried batch a no-op.
+
+const SCHEMA = new URL('../../deploy/schema/postgres.sql', import.meta.url);
+
+interface Query {
+  query(sql: string, params?: unknown[]): Promise<unknown>;
+  exec(sql: string): Promise<unknown>;
+  close(): Promise<void>;
+}
+
+export class PostgresStore implements AuditStore {
+  readonly kind: 'postgres' | 'pglite';
+  #db: Query;
+
+  private constructor(kind: 'postgres' | 'pglite', db: Query) {
+    this.kind = kind;
+    this.#db = db;
+  }
+
+  static connect(dsn: string): PostgresStore {
+    const pool = new pg.Pool({ connectionString: dsn, max: 4, connectionTimeoutMillis: 5000 });
+    pool.on('error', () => {}); // idle-client errors surface on the next query
+    return new PostgresStore('postgres', {
+      query: (sql, params) => pool.query(sql, params),
+      exec: (sql) => pool.query(sql),
+      close: () => pool.end(),
+    });
+  }
+
+  static embedded(dir: string): PostgresStore {
+    const db = new PGlite(dir);
+    return new PostgresStore('pglite', {
+      query: (sql, params) => db.query(sql, params),
+      exec: (sql) => db.exec(sql),
+      close: () => db.close(),
+    });
+  }
+
+  async ensureSchema(): Promise<void> {
+    await this.#db.exec(await readFile(SCHEMA, 'utf8'));
+  }
+
+  async insert(table: AuditTable, records: Record<string, unknown>[]): Promise<void> {
+    if (records.length === 0) return;
+    const cols = COLUMNS[table].join(', ');
+    const rows = records.map((r) => postgresRow(table, r));
+    await this.#db.query(
+      `INSERT INTO ${table} (${cols}) SELECT ${cols} FROM json_populate_recordset(NULL::${table}, $1::json) ON CONFLICT (id) DO NOTHING`,
+      [JSON.stringify(rows)],
+    );
+  }
+
+  close(): Promise<void> {
+    return this.#db.close();
+  }
+}
