@@ -2,6 +2,7 @@
 const BENCHES: Record<string, () => Promise<{ main: (args: string[]) => Promise<void> }>> = {
   pipeline: () => import('./pipeline.ts'),
   proxy: () => import('./proxy.ts'),
+  wal: () => import('./wal.ts'),
 };
 
 const [name, ...args] = process.argv.slice(2);

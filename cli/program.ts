@@ -2,6 +2,7 @@ import { Command, CommanderError } from 'commander';
 import { inspectCommand } from './inspect.ts';
 import { serveCommand } from './serve.ts';
 import { devCommand } from './dev.ts';
+import { walCommand } from './wal.ts';
 import { CliError, EXIT_USAGE } from './exit-codes.ts';
 import pkg from '../package.json' with { type: 'json' };
 
@@ -14,7 +15,9 @@ export function buildProgram(): Command {
   program.addCommand(serveCommand());
   program.addCommand(inspectCommand());
   program.addCommand(devCommand());
-  for (const c of program.commands) {
+  program.addCommand(walCommand());
+  const all = (c: Command): Command[] => [c, ...c.commands.flatMap(all)];
+  for (const c of all(program)) {
     c.exitOverride();
     c.showHelpAfterError('(run with --help for usage)');
   }

@@ -1,0 +1,140 @@
+import { readdir, readFile, stat } from 'node:fs/promises';
+import { join } from 'node:path';
+import { Command } from 'commander';
+import { flag } from '../core/options.ts';
+import { readCheckpoint } from '../audit-wal/checkpoint.ts';
+import { checkHeader, decodeFrames, HEADER_BYTES } from '../audit-wal/frame.ts';
+import { CliError, EXIT_BLOCKED, EXIT_OK } from './exit-codes.ts';
+
+// `dvx wal stat | tail | verify --dir DIR`: SRE tools over an audit spool. They only read: a running
+// component may keep appending and shipping while they look.
+
+const SEGMENT = /^\d{12}\.wal$/;
+
+async function tables(dir: string, only?: string): Promise<string[]> {
+  let entries: string[];
+  try {
+    entries = await readdir(dir);
+  } catch (err) {
+    throw new CliError(`cannot read --dir ${dir}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
+  }
+  const found: string[] = [];
+  for (const e of entries.sort()) {
+    if (only && e !== only) continue;
+    const files = await readdir(join(dir, e)).catch(() => [] as string[]);
+    if (files.some((f) => SEGMENT.test(f))) found.push(e);
+  }
+  if (only && found.length === 0) throw new CliError(`no table "${only}" under ${dir}`);
+  return found;
+}
+
+async function segments(tableDir: string): Promise<number[]> {
+  return (await readdir(tableDir)).filter((f) => SEGMENT.test(f)).map((f) => Number(f.slice(0, 12))).sort((a, b) => a - b);
+}
+
+const segmentPath = (tableDir: string, id: number) => join(tableDir, `${String(id).padStart(12, '0')}.wal`);
+
+/** Every frame of a table from its checkpoint on (or from the start), with any problem found. */
+async function* frames(tableDir: string, fromCheckpoint: boolean): AsyncGenerator<{ segment: number; offset: number; payload?: Buffer; problem?: string }> {
+  const checkpoint = fromCheckpoint ? await readCheckpoint(tableDir) : null;
+  for (const id of await segments(tableDir)) {
+    if (checkpoint && id < checkpoint.segment) continue;
+    const buf = await readFile(segmentPath(tableDir, id));
+    const bad = checkHeader(buf);
+    if (bad) {
+      yield { segment: id, offset: 0, problem: bad };
+      continue;
+    }
+    const start = checkpoint && id === checkpoint.segment ? checkpoint.offset : HEADER_BYTES;
+    const { frames: decoded, problem, validEnd } = decodeFrames(buf, start);
+    for (const f of decoded) yield { segment: id, offset: f.offset, payload: f.payload };
+    if (problem) yield { segment: id, offset: validEnd, problem };
+  }
+}
+
+async function statCommand(opts: { dir: string }): Promise<number> {
+  const out: Record<string, unknown>[] = [];
+  for (const table of await tables(opts.dir)) {
+    const tableDir = join(opts.dir, table);
+    const ids = await segments(tableDir);
+    const checkpoint = (await readCheckpoint(tableDir)) ?? { segment: ids[0], offset: HEADER_BYTES };
+    let unshipped = 0;
+    for (const id of ids) {
+      if (id < checkpoint.segment) continue;
+      const size = (await stat(segmentPath(tableDir, id))).size;
+      unshipped += id === checkpoint.segment ? size - checkpoint.offset : size - HEADER_BYTES;
+    }
+    let oldest: string | null = null;
+    for await (const f of frames(tableDir, true)) {
+      if (f.payload) {
+        try {
+          oldest = String((JSON.parse(f.payload.toString()) as { event_time?: unknown }).event_time ?? '') || null;
+        } catch {
+          oldest = null;
+        }
+      }
+      break;
+    }
+    const ageS = oldest ? Math.max(0, (Date.now() - Date.parse(oldest)) / 1000) : 0;
+    out.push({ table, segments: ids.length, unshipped_bytes: Math.max(0, unshipped), oldest_unshipped_age_s: Math.round(ageS * 10) / 10, checkpoint });
+  }
+  process.stdout.write(out.map((r) => JSON.stringify(r)).join('\n') + (out.length ? '\n' : ''));
+  return EXIT_OK;
+}
+
+async function tailCommand(opts: { dir: string; table?: string; follow?: boolean; all?: boolean }): Promise<number> {
+  const names = await tables(opts.dir, opts.table);
+  const seen = new Map<string, { segment: number; offset: number }>();
+  const emit = async () => {
+    for (const table of names) {
+      const tableDir = join(opts.dir, table);
+      const last = seen.get(table);
+      for await (const f of frames(tableDir, !opts.all && !last)) {
+        if (!f.payload) continue;
+        if (last && (f.segment < last.segment || (f.segment === last.segment && f.offset <= last.offset))) continue;
+        process.stdout.write(names.length > 1 ? `{"table":${JSON.stringify(table)},"record":${f.payload.toString()}}\n` : f.payload.toString() + '\n');
+        seen.set(table, { segment: f.segment, offset: f.offset });
+      }
+      if (!seen.has(table)) seen.set(table, { segment: 0, offset: 0 });
+    }
+  };
+  await emit();
+  if (!opts.follow) return EXIT_OK;
+  for (;;) {
+    await new Promise((r) => setTimeout(r, 250));
+    await emit();
+  }
+}
+
+async function verifyCommand(opts: { dir: string }): Promise<number> {
+  let problems = 0;
+  let records = 0;
+  for (const table of await tables(opts.dir)) {
+    for await (const f of frames(join(opts.dir, table), false)) {
+      if (f.payload) records++;
+      else {
+        problems++;
+        process.stdout.write(JSON.stringify({ table, segment: f.segment, offset: f.offset, problem: f.problem }) + '\n');
+      }
+    }
+  }
+  process.stderr.write(`dvx wal verify: ${records} records, ${problems} problem(s)\n`);
+  return problems > 0 ? EXIT_BLOCKED : EXIT_OK;
+}
+
+export function walCommand(): Command {
+  const wal = new Command('wal').description('inspect an audit spool (--audit-wal-dir)');
+  const dir = () => flag('--dir <dir>', { description: 'the audit WAL directory (--audit-wal-dir)' }).makeOptionMandatory();
+  wal.command('stat').description('per table: segments, unshipped bytes, oldest unshipped age, checkpoint')
+    .addOption(dir()).action(async (o) => void (process.exitCode = await statCommand(o)));
+  wal.command('tail').description('records as JSON lines (unshipped ones unless --all)')
+    .addOption(dir())
+    .addOption(flag('--table <name>', { description: 'only this table' }))
+    .option('--all', 'from the first retained record, shipped or not')
+    .option('--follow', 'keep printing new records as they are appended')
+    .action(async (o) => void (process.exitCode = await tailCommand(o)));
+  wal.command('verify').description('check every frame; exit 1 with the offsets of corruption')
+    .addOption(dir()).action(async (o) => void (process.exitCode = await verifyCommand(o)));
+  return wal;
+}
+
