@@ -3,6 +3,7 @@ import { join, resolve } from 'node:path';
 import { Command } from 'commander';
 import { exportJWK, generateKeyPair, importJWK, SignJWT, type JWK } from 'jose';
 import { flag } from '../core/options.ts';
+import { runUntilSignal } from '../core/shutdown.ts';
 import { ensureDevCertificates } from '../core/tls.ts';
 import { MAX_TOKEN_LIFETIME_S } from '../proxy/llm/auth.ts';
 import { startLlmProxy } from '../proxy/llm/server.ts';
@@ -135,15 +136,7 @@ export function devCommand(): Command {
       }
       const token = await mintDevToken(opts.dir, { agent: DEV_AGENT, org: DEV_ORG, name: 'dev-agent' });
       process.stderr.write(banner(`https://127.0.0.1:${running.port}`, m.caCert, token, m.dir) + '\n');
-      await new Promise<void>((done) => {
-        const stop = () => {
-          process.off('SIGTERM', stop);
-          process.off('SIGINT', stop);
-          running.close().then(done, done);
-        };
-        process.on('SIGTERM', stop);
-        process.on('SIGINT', stop);
-      });
+      await runUntilSignal(() => running.close());
     });
   dev.command('token')
     .description('mint a 5-minute agent token from the dev signing key (development only)')

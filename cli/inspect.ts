@@ -8,7 +8,7 @@ import { PolicyValidationError } from '../pipeline/errors.ts';
 import { policyFromDocument } from '../pipeline/policy/resolve.ts';
 import { validatePolicyDocument } from '../pipeline/policy/validate.ts';
 import type { Phase } from '../pipeline/finding.ts';
-import { CliError, EXIT_BLOCKED, EXIT_OK, EXIT_UNAVAILABLE, EXIT_USAGE } from './exit-codes.ts';
+import { CliError, EXIT_BLOCKED, EXIT_OK, EXIT_UNAVAILABLE } from './exit-codes.ts';
 
 // `dvx inspect --policy FILE [--secrets FILE] [--phase request|response] [BODY_FILE|-]`: the pipeline
 // as an offline job (CI pipelines, the benchmark). One JSON finding per line on stdout; logs on stderr.
@@ -139,4 +139,3 @@ async function runInspect(bodySource: string, options: InspectOptions): Promise<
   }
 }
 
-export { EXIT_USAGE };

@@ -2,6 +2,7 @@ import type { Command } from 'commander';
 import { Command as Cmd } from 'commander';
 import { LOG_FORMATS, LOG_LEVELS } from '../core/logger.ts';
 import { addBooleanFlag, flag, parseDurationFlag, parsePositiveInt } from '../core/options.ts';
+import { runUntilSignal } from '../core/shutdown.ts';
 import { DEFAULT_INSPECT_TIMEOUT_MS } from '../pipeline/engine.ts';
 import { ISOLATION_CLASSES, WIRE_FORMATS } from '../pipeline/policy/snapshot.ts';
 import { LLMPROXY_DEFAULTS, OptionsError, type LlmProxyOptions } from '../proxy/llm/options.ts';
@@ -42,15 +43,7 @@ export function registerLlmProxy(serve: Command): void {
         if (err instanceof OptionsError) throw new CliError(err.message);
         throw new CliError(`llmproxy failed to start: ${(err as Error).message}`);
       }
-      await new Promise<void>((resolve) => {
-        const stop = () => {
-          process.off('SIGTERM', stop);
-          process.off('SIGINT', stop);
-          running.close().then(resolve, resolve);
-        };
-        process.on('SIGTERM', stop);
-        process.on('SIGINT', stop);
-      });
+      await runUntilSignal(() => running.close());
     });
   addBooleanFlag(command, 'inspect-fail-closed', 'refuse with 503 when request inspection fails', d.inspectFailClosed);
   addBooleanFlag(command, 'translate', 'translate between anthropic-messages, openai-chat and openai-responses', d.translate);

@@ -16,11 +16,6 @@ export class PolicyScopeError extends Error {
   readonly code = 'DVX_POLICY_SCOPE';
 }
 
-export class InspectionTimeoutError extends Error {
-  override name = 'InspectionTimeoutError';
-  readonly code = 'DVX_INSPECTION_TIMEOUT';
-}
-
 export class BodyTooLargeError extends Error {
   override name = 'BodyTooLargeError';
   readonly code = 'DVX_BODY_TOO_LARGE';

@@ -96,9 +96,3 @@ export function injectPrefix(format: WireFormat, body: Buffer, prefix: string): 
       throw new BodyShapeError('instructions must be a string');
   }
 }
-
-/** The agent asked for a stream (top-level `"stream": true`). */
-export function wantsStream(body: Buffer): boolean {
-  const top = topLevel(body, 'stream');
-  return top?.value ? body.toString('latin1', top.value.start, top.value.end) === 'true' : false;
-}

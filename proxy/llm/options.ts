@@ -1,6 +1,7 @@
 import { ISOLATION_CLASSES, WIRE_FORMATS, type IsolationClass, type WireFormat } from '../../pipeline/policy/snapshot.ts';
 import { DEFAULT_INSPECT_TIMEOUT_MS } from '../../pipeline/engine.ts';
 import type { LogFormat, LogLevel } from '../../core/logger.ts';
+import { DEFAULT_CAPTURE_TIMEOUT_MS } from '../../audit-wal/gate.ts';
 
 // llmproxy's options: one defaults object, one validation (STYLE.md rule 4). cli/ maps flags and
 // DVX_* variables onto it; nothing else reads the environment.
@@ -68,7 +69,7 @@ export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
   auditWalDir: '',
   auditWalMaxBytes: 0,
   auditCaptureOrDeny: true,
-  auditCaptureTimeout: 5000,
+  auditCaptureTimeout: DEFAULT_CAPTURE_TIMEOUT_MS,
   headersTimeoutMs: 30_000,
   requestTimeoutMs: 120_000,
 };
