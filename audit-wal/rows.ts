@@ -6,7 +6,7 @@ import type { AuditTable } from './sink.ts';
 
 export const COLUMNS: Record<AuditTable, readonly string[]> = {
   llm_audit_log: ['id', 'event_time', 'org_id', 'agent_id', 'agent_name', 'enclave_id', 'format', 'upstream_format', 'path', 'model', 'status',
-    'upstream_status', 'latency_ms', 'upstream_latency_ms', 'request_bytes', 'response_bytes', 'input_tokens', 'output_tokens', 'decision',
+    'upstream_status', 'latency_ms', 'upstream_latency_ms', 'overhead_ms', 'request_bytes', 'response_bytes', 'input_tokens', 'output_tokens', 'decision',
     'findings', 'inspection_failopen', 'error'],
   audit_events: ['id', 'event_time', 'kind', 'action', 'actor', 'actor_kind', 'agent_id', 'agent_name', 'attrs', 'dst', 'dst_host', 'dst_ip',
     'dst_port', 'enclave_id', 'enclave_name', 'group_id', 'identified', 'namespace', 'org_id', 'outcome', 'proto', 'reason', 'resource', 'scope',
@@ -15,8 +15,8 @@ export const COLUMNS: Record<AuditTable, readonly string[]> = {
 
 type Row = Record<string, unknown>;
 
-const NUMERIC = new Set(['status', 'upstream_status', 'latency_ms', 'upstream_latency_ms', 'request_bytes', 'response_bytes', 'input_tokens', 'output_tokens', 'dst_port']);
-const NULLABLE = new Set(['upstream_status', 'upstream_latency_ms', 'input_tokens', 'output_tokens', 'dst_port', 'model', 'format', 'upstream_format', 'error']);
+const NUMERIC = new Set(['status', 'upstream_status', 'latency_ms', 'upstream_latency_ms', 'overhead_ms', 'request_bytes', 'response_bytes', 'input_tokens', 'output_tokens', 'dst_port']);
+const NULLABLE = new Set(['upstream_status', 'upstream_latency_ms', 'overhead_ms', 'input_tokens', 'output_tokens', 'dst_port', 'model', 'format', 'upstream_format', 'error']);
 
 function time(record: Row): Date {
   const t = new Date(String(record.event_time ?? ''));

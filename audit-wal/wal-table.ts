@@ -1,4 +1,4 @@
-import { mkdir, open, readdir, stat, unlink, type FileHandle } from 'node:fs/promises';
+import { mkdir, open, readdir, readFile, stat, unlink, writeFile, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import type { Logger } from '../core/logger.ts';
@@ -52,6 +52,18 @@ export interface WalRecord {
 
 const segmentName = (id: number) => `${String(id).padStart(12, '0')}.wal`;
 
+/** Records dropped at the ceiling, over the table's life (read by `dvx wal stat`). */
+export const DROPPED_FILE = 'dropped.json';
+
+export async function readDropped(dir: string): Promise<number> {
+  try {
+    const n = (JSON.parse(await readFile(join(dir, DROPPED_FILE), 'utf8')) as { dropped?: unknown }).dropped;
+    return typeof n === 'number' && n >= 0 ? n : 0;
+  } catch {
+    return 0;
+  }
+}
+
 export class WalTable {
   readonly name: string;
   readonly dir: string;
@@ -64,11 +76,14 @@ export class WalTable {
   #handle: FileHandle | null = null;
   #pending: Pending[] = [];
   #pendingBytes = 0;
+  /** Bytes of the batch being written: neither pending nor yet durable. */
+  #writingBytes = 0;
   #flushing: Promise<void> | null = null;
   #checkpoint: Position = { segment: 1, offset: HEADER_BYTES };
   #unshipped = 0;
   #dropped = 0;
   #lastDropLog = 0;
+  #dropSave: NodeJS.Timeout | null = null;
   #broken: Error | null = null;
   #closed = false;
   #waiters: (() => void)[] = [];
@@ -96,6 +111,7 @@ export class WalTable {
     else await this.#repairTail();
     const last = this.#segments.at(-1)!;
     this.#handle = await open(join(this.dir, segmentName(last)), 'a');
+    this.#dropped = await readDropped(this.dir);
     const saved = await readCheckpoint(this.dir);
     const first = this.#segments[0];
     this.#checkpoint = saved && saved.segment >= first ? saved : { segment: first, offset: HEADER_BYTES };
@@ -173,9 +189,14 @@ export class WalTable {
     const payload = Buffer.from(JSON.stringify(record));
     if (payload.length > MAX_RECORD_BYTES) return Promise.reject(new WalWriteError(`audit record of ${payload.length} bytes exceeds ${MAX_RECORD_BYTES}`));
     const frame = encodeFrame(payload);
-    if (this.#unshipped + this.#pendingBytes + frame.length > this.#maxBytes) {
+    if (this.#unshipped + this.#writingBytes + this.#pendingBytes + frame.length > this.#maxBytes) {
       this.#dropped++;
       this.#metrics.dropped(this.name);
+      // The count outlives the process for `dvx wal stat`; written at most once a second.
+      this.#dropSave ??= setTimeout(() => {
+        this.#dropSave = null;
+        writeFile(join(this.dir, DROPPED_FILE), JSON.stringify({ dropped: this.#dropped })).catch(() => {});
+      }, 1000);
       const now = Date.now();
       if (now - this.#lastDropLog > 10_000) {
         this.#lastDropLog = now;
@@ -198,9 +219,11 @@ export class WalTable {
         const bytes = this.#pendingBytes;
         this.#pending = [];
         this.#pendingBytes = 0;
+        this.#writingBytes = bytes;
         try {
           await this.#write(batch.map((p) => p.frame), bytes);
         } catch (err) {
+          this.#writingBytes = 0;
           const failure = new WalWriteError(`wal ${this.name} write failed: ${(err as Error).message}`);
           this.#log.error({ table: this.name, err: (err as Error).message, records: batch.length }, 'wal write failed');
           for (const p of batch) p.reject(failure);
@@ -249,6 +272,7 @@ export class WalTable {
       throw err;
     }
     this.#sizes.set(last, before + bytes);
+    this.#writingBytes = 0;
     this.#unshipped += bytes;
     this.#metrics.unshipped(this.name, this.#unshipped);
   }
@@ -347,6 +371,11 @@ export class WalTable {
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
+    if (this.#dropSave) {
+      clearTimeout(this.#dropSave);
+      this.#dropSave = null;
+      await writeFile(join(this.dir, DROPPED_FILE), JSON.stringify({ dropped: this.#dropped })).catch(() => {});
+    }
     await this.#flushing;
     this.#notify();
     await this.#handle?.close();

@@ -4,6 +4,7 @@ import { Command } from 'commander';
 import { flag } from '../core/options.ts';
 import { readCheckpoint } from '../audit-wal/checkpoint.ts';
 import { checkHeader, decodeFrames, HEADER_BYTES } from '../audit-wal/frame.ts';
+import { readDropped } from '../audit-wal/wal-table.ts';
 import { CliError, EXIT_BLOCKED, EXIT_OK } from './exit-codes.ts';
 
 // `dvx wal stat | tail | verify --dir DIR`: SRE tools over an audit spool. They only read: a running
@@ -76,7 +77,7 @@ async function statCommand(opts: { dir: string }): Promise<number> {
       break;
     }
     const ageS = oldest ? Math.max(0, (Date.now() - Date.parse(oldest)) / 1000) : 0;
-    out.push({ table, segments: ids.length, unshipped_bytes: Math.max(0, unshipped), oldest_unshipped_age_s: Math.round(ageS * 10) / 10, checkpoint });
+    out.push({ table, segments: ids.length, unshipped_bytes: Math.max(0, unshipped), oldest_unshipped_age_s: Math.round(ageS * 10) / 10, dropped: await readDropped(tableDir), checkpoint });
   }
   process.stdout.write(out.map((r) => JSON.stringify(r)).join('\n') + (out.length ? '\n' : ''));
   return EXIT_OK;
@@ -125,7 +126,7 @@ async function verifyCommand(opts: { dir: string }): Promise<number> {
 export function walCommand(): Command {
   const wal = new Command('wal').description('inspect an audit spool (--audit-wal-dir)');
   const dir = () => flag('--dir <dir>', { description: 'the audit WAL directory (--audit-wal-dir)' }).makeOptionMandatory();
-  wal.command('stat').description('per table: segments, unshipped bytes, oldest unshipped age, checkpoint')
+  wal.command('stat').description('per table: segments, unshipped bytes, oldest unshipped age, dropped count, checkpoint')
     .addOption(dir()).action(async (o) => void (process.exitCode = await statCommand(o)));
   wal.command('tail').description('records as JSON lines (unshipped ones unless --all)')
     .addOption(dir())

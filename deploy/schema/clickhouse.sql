@@ -20,6 +20,7 @@ CREATE TABLE IF NOT EXISTS {db}.llm_audit_log (
   upstream_status     Nullable(UInt16),
   latency_ms          Float64,
   upstream_latency_ms Nullable(Float64),
+  overhead_ms         Nullable(Float64),
   request_bytes       UInt64,
   response_bytes      UInt64,
   input_tokens        Nullable(UInt64),

@@ -16,6 +16,7 @@ CREATE TABLE IF NOT EXISTS llm_audit_log (
   upstream_status     integer,
   latency_ms          double precision,
   upstream_latency_ms double precision,
+  overhead_ms         double precision,
   request_bytes       bigint NOT NULL DEFAULT 0,
   response_bytes      bigint NOT NULL DEFAULT 0,
   input_tokens        bigint,

@@ -27,6 +27,8 @@ export const ERRORS = {
   methodNotAllowed: jsonError(405, 'invalid_request_error', 'method not allowed'),
   bodyTimeout: jsonError(408, 'timeout_error', 'request body not received in time'),
   shuttingDown: jsonError(503, 'overloaded_error', 'proxy is shutting down'),
+  unsupportedMediaType: jsonError(415, 'invalid_request_error', 'content-type must be application/json'),
+  modelRequired: jsonError(400, 'invalid_request_error', 'model: a string model is required'),
   auditUnavailable: jsonError(503, 'audit_unavailable', 'Request rejected: the audit record could not be made durable.'),
 } as const;
 

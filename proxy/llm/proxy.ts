@@ -182,7 +182,12 @@ export class LlmProxy {
     const format = inferenceFormat ?? passThroughFormat(call.path, req.headers);
     call.format = format;
 
-    // 3. The body.
+    // 3. The body (inference calls carry JSON; no content-type is read as JSON).
+    const contentType = req.headers['content-type'];
+    if (inferenceFormat && contentType !== undefined && !/^application\/(?:[\w.+-]*\+)?json\s*(?:;|$)/i.test(contentType)) {
+      req.resume();
+      return this.#reply(res, call, ERRORS.unsupportedMediaType);
+    }
     let body: Buffer;
     try {
       body = await readBody(req, MAX_BODY_BYTES, DEFAULT_INLINE_THRESHOLD_BYTES);
@@ -216,6 +221,7 @@ export class LlmProxy {
         throw err;
       }
       call.model = topLevelString(body, 'model');
+      if (call.model === null) return this.#reply(res, call, ERRORS.modelRequired);
       if (orgFlag(snapshot, identity.orgId, 'inspect:llm')) {
         const policy = await d.policies.get(identity.orgId, identity.agentId, () => resolvePolicy(policyLayers(snapshot, identity.orgId, identity.groupId, identity.agentId)));
         const outcome = await d.engine.inspect({
@@ -265,8 +271,8 @@ export class LlmProxy {
     call.upstreamStatus = upstream.statusCode;
     d.metrics.upstream.observe({ format }, call.upstreamMs / 1000);
 
-    const contentType = String(upstream.headers['content-type'] ?? '');
-    if (contentType.startsWith('text/event-stream')) return this.#relayStream(res, call, upstream, format, upstreamFormat);
+    const responseType = String(upstream.headers['content-type'] ?? '');
+    if (responseType.startsWith('text/event-stream')) return this.#relayStream(res, call, upstream, format, upstreamFormat);
     return this.#relayBuffered(res, call, upstream, format, upstreamFormat, Boolean(inferenceFormat));
   }
 
@@ -443,6 +449,7 @@ export class LlmProxy {
       upstream_status: call.upstreamStatus,
       latency_ms: round(totalMs),
       upstream_latency_ms: call.upstreamMs === null ? null : round(call.upstreamMs),
+      overhead_ms: round(Math.max(0, totalMs - (call.upstreamMs ?? 0))),
       request_bytes: call.requestBytes,
       response_bytes: call.responseBytes,
       input_tokens: call.usage?.input_tokens ?? null,

@@ -12,13 +12,20 @@ for (let i = 0; i < 30; i++) await table.append({ id: `r${i}`, event_time: new D
 const { next } = await table.read(table.checkpoint, 10);
 await table.commit(next);
 
-t.test('stat: segments, unshipped bytes, oldest unshipped age, checkpoint', async (t) => {
+t.test('stat: segments, unshipped bytes, oldest unshipped age, dropped count, checkpoint', async (t) => {
+  const small = await WalTable.open(join(dir, 'audit_events'), 'audit_events', { maxBytes: 200 });
+  await Promise.allSettled(Array.from({ length: 5 }, () => small.append({ id: 'x', pad: 'y'.repeat(100) })));
+  await small.close();
   const r = await runDvx(['wal', 'stat', '--dir', dir]);
   t.equal(r.code, 0, r.stderr);
-  const s = JSON.parse(r.stdout);
+  const lines = r.stdout.trim().split('\n').map((l: string) => JSON.parse(l));
+  const s = lines.find((l: { table: string }) => l.table === 'llm_audit_log');
   t.match(s, { table: 'llm_audit_log', checkpoint: next });
   t.equal(s.unshipped_bytes, table.stats().unshippedBytes);
   t.ok(s.oldest_unshipped_age_s >= 59, `age ${s.oldest_unshipped_age_s}`);
+  t.equal(s.dropped, 0);
+  const events = lines.find((l: { table: string }) => l.table === 'audit_events');
+  t.equal(events.dropped, 4, 'drops survive the process');
 });
 
 t.test('tail: unshipped records as JSON lines; --all from the start; --follow sees new appends', async (t) => {

@@ -226,3 +226,47 @@ t.test('slow clients: headers and bodies that do not arrive in time are cut off'
   t.match(await answer(b), /^HTTP\/1\.1 408|^$/, 'a body that stalls is dropped');
   t.ok(Date.now() - started < 10_000, 'within the configured timeouts');
 });
+
+t.test('bad input: wrong content-type is 415, a missing model is 400', async (t) => {
+  const before = h.upstream.received.length;
+  const wrongType = await h.call('/v1/messages', { headers: { 'content-type': 'text/plain', 'x-api-key': await h.token() }, body: anthropicBody('hi') });
+  t.equal(wrongType.status, 415);
+  t.same(JSON.parse(wrongType.text), { type: 'error', error: { type: 'invalid_request_error', message: 'content-type must be application/json' } });
+  const form = await h.call('/v1/chat/completions', { headers: { 'content-type': 'application/x-www-form-urlencoded', authorization: `Bearer ${await h.token()}` }, body: 'a=b' });
+  t.equal(form.status, 415);
+  t.equal((await h.call('/v1/messages', { headers: { 'content-type': 'application/json; charset=utf-8', 'x-api-key': await h.token() }, body: anthropicBody('hi') })).status, 200, 'parameters are fine');
+  const noModel = await post(h, '/v1/messages', JSON.stringify({ max_tokens: 8, messages: [{ role: 'user', content: 'hi' }] }));
+  t.equal(noModel.status, 400);
+  t.match(JSON.parse(noModel.text), { error: { type: 'invalid_request_error', message: /model/ } });
+  t.equal((await post(h, '/v1/messages', JSON.stringify({ model: 42, max_tokens: 8, messages: [] }))).status, 400, 'a model that is not a string');
+  t.equal(h.upstream.received.length, before + 1, 'only the good one reached the upstream');
+});
+
+t.test('--upstream-ca: an HTTPS upstream signed by a private CA is trusted only with it', async (t) => {
+  const { generateCa, issueCertificate } = await import('../../../core/tls.ts');
+  const https = await import('node:https');
+  const { writeFile } = await import('node:fs/promises');
+  const { join } = await import('node:path');
+  const ca = await generateCa('upstream CA');
+  const leaf = await issueCertificate(ca, { commonName: '127.0.0.1', ipAddresses: ['127.0.0.1'] });
+  const server = https.createServer({ cert: leaf.certPem, key: leaf.keyPem }, (req, res) => {
+    req.resume();
+    req.on('end', () => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ id: 'm', type: 'message', role: 'assistant', model: 'x', content: [{ type: 'text', text: 'over tls' }], stop_reason: 'end_turn', usage: { input_tokens: 1, output_tokens: 1 } }));
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  t.teardown(() => server.close());
+  const upstreamUrl = `https://127.0.0.1:${(server.address() as { port: number }).port}`;
+  const caFile = join(h.dir, 'upstream-ca.pem');
+  await writeFile(caFile, ca.certPem);
+  const trusted = await startHarness({ snapshot: () => baseSnapshot(upstreamUrl), proxy: { upstreamCa: caFile } });
+  t.teardown(() => trusted.close());
+  const ok = await post(trusted, '/v1/messages', anthropicBody('hi'));
+  t.equal(ok.status, 200);
+  t.match(ok.text, /over tls/);
+  const untrusted = await startHarness({ snapshot: () => baseSnapshot(upstreamUrl) });
+  t.teardown(() => untrusted.close());
+  t.equal((await post(untrusted, '/v1/messages', anthropicBody('hi'))).status, 502, 'without --upstream-ca the upstream is not trusted');
+});
