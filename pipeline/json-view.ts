@@ -142,6 +142,29 @@ export interface TopLevel {
   value: Span | null;
 }
 
+const ESCAPED_UNICODE = Buffer.from('\\u');
+const ESCAPED_SLASH = Buffer.from('\\/');
+
+/** `\uXXXX` and `\/` can spell any character; the other escapes stand for control and quote characters. */
+export function hidesCharacters(body: Buffer): boolean {
+  return body.indexOf(ESCAPED_UNICODE) >= 0 || body.indexOf(ESCAPED_SLASH) >= 0;
+}
+
+/**
+ * The view with JSON nested in JSON strings decoded too (tool-call arguments are JSON inside a JSON
+ * string: `\\u0040` in the body is `\u0040` after one decode and `@` after two). At most three levels;
+ * each level only shrinks the bytes.
+ */
+export function deepScanView(body: Buffer): Buffer {
+  let view = scanView(body);
+  for (let level = 1; level < 3 && view !== body && hidesCharacters(view); level++) {
+    const next = scanView(view);
+    if (next === view) break;
+    view = next;
+  }
+  return view;
+}
+
 /**
  * Locates the top-level value of `key` in a JSON object body without parsing the rest: strings are
  * skipped with indexOf, nested values by depth. A duplicated key reads as its last occurrence, as

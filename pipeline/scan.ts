@@ -1,5 +1,5 @@
 import { bodyLocation, type Finding, type Phase } from './finding.ts';
-import { scanView } from './json-view.ts';
+import { deepScanView, hidesCharacters } from './json-view.ts';
 import { sseText } from './sse-text.ts';
 import * as apiKey from './inspectors/api-key.ts';
 import * as model from './inspectors/model-restriction.ts';
@@ -43,14 +43,6 @@ export function hasBuiltinWork(plan: ScanPlan, phase: Phase, secretCount: number
   return plan.patterns !== null || (plan.secrets !== null && secretCount > 0);
 }
 
-const ESCAPED_UNICODE = Buffer.from('\\u');
-const ESCAPED_SLASH = Buffer.from('\\/');
-
-/** `\uXXXX` and `\/` can spell a character of an email, a number or a key; other escapes cannot. */
-function hidesCharacters(body: Buffer): boolean {
-  return body.indexOf(ESCAPED_UNICODE) >= 0 || body.indexOf(ESCAPED_SLASH) >= 0;
-}
-
 function findingKey(f: Finding): string {
   return `${f.inspector_type}\u0000${f.description}\u0000${f.match}\u0000${f.severity}`;
 }
@@ -78,7 +70,7 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
   if (phase === 'request' && plan.model) run(model.id, () => model.scan(body, plan.model!));
 
   let decoded: Buffer | null = null;
-  const decodedView = () => (decoded ??= scanView(body));
+  const decodedView = () => (decoded ??= deepScanView(body));
   const builtinView = () => (hidesCharacters(body) ? decodedView() : body);
   // A streamed response is also read as the text the agent receives (sse-text.ts).
   const extra = phase === 'response' && (plan.secrets || plan.patterns) ? sseText(body) : null;

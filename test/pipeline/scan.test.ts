@@ -67,3 +67,10 @@ t.test('the joined text keeps blocks apart', async (t) => {
   t.equal(sseText(Buffer.from(two))!.toString(), 'Tr0ub4dor more\n&3-horse');
   t.equal(sseText(Buffer.from('{"not":"a stream"}')), null);
 });
+
+t.test('escapes two levels deep (JSON inside a JSON string) are decoded too', async (t) => {
+  const inner = JSON.stringify({ to: 'x' }).replace('x', 'bob\\u0040example.com');
+  const body = JSON.stringify({ model: 'm', messages: [{ role: 'assistant', content: [{ type: 'tool_use', id: 't', name: 'mail', input: { raw: inner } }] }] });
+  t.ok(body.includes('\\\\u0040'), 'the @ is escaped twice in the body');
+  t.same(scan(body), ['pii:bob@****']);
+});
