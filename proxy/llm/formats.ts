@@ -1,6 +1,7 @@
 import type { IncomingHttpHeaders } from 'node:http';
 import { topLevel } from '../../pipeline/json-view.ts';
 import { allocShared, DEFAULT_INLINE_THRESHOLD_BYTES } from '../../pipeline/engine.ts';
+import { grow, spareCapacity } from './read-body.ts';
 import type { WireFormat } from '../../pipeline/policy/snapshot.ts';
 
 // Wire formats by route, and the security-context prefix (spec rule 5) spliced into each format's
@@ -44,10 +45,20 @@ export class BodyShapeError extends Error {
 
 const json = (s: string) => JSON.stringify(s);
 
-/** One copy of the body with `insert` in place; a large one lands in shared memory for the pool. */
+/**
+ * The body with `insert` at `at` (replacing `remove` bytes). A body read with headroom grows in place
+ * (its tail moves along; no second copy of a 32 MB body); any other is copied once, a large one into
+ * shared memory for the pool.
+ */
 function splice(body: Buffer, at: number, remove: number, insert: string): Buffer {
   const extra = Buffer.from(insert, 'utf8');
   const size = body.length - remove + extra.length;
+  if (size - body.length <= spareCapacity(body)) {
+    const out = grow(body, Math.max(size, body.length));
+    out.copyWithin(at + extra.length, at + remove, body.length);
+    extra.copy(out, at);
+    return size === out.length ? out : out.subarray(0, size);
+  }
   const out = size >= DEFAULT_INLINE_THRESHOLD_BYTES ? allocShared(size) : Buffer.allocUnsafe(size);
   body.copy(out, 0, 0, at);
   extra.copy(out, at);

@@ -182,6 +182,12 @@ export class LlmProxy {
     const format = inferenceFormat ?? passThroughFormat(call.path, req.headers);
     call.format = format;
 
+    const upstreamFormat = inferenceFormat && d.options.translate && format !== d.options.translateUpstreamFormat ? d.options.translateUpstreamFormat : format;
+    const translated = upstreamFormat !== format;
+    const prefix = securityContext({
+      agentId: identity.agentId, agentName: identity.agentName, orgId: identity.orgId, enclaveName: d.options.enclaveName || snapshot.enclave.name,
+    });
+
     // 3. The body (inference calls carry JSON; no content-type is read as JSON).
     const contentType = req.headers['content-type'];
     if (inferenceFormat && contentType !== undefined && !/^application\/(?:[\w.+-]*\+)?json\s*(?:;|$)/i.test(contentType)) {
@@ -190,7 +196,8 @@ export class LlmProxy {
     }
     let body: Buffer;
     try {
-      body = await readBody(req, MAX_BODY_BYTES, DEFAULT_INLINE_THRESHOLD_BYTES);
+      // Room for the prefix, JSON-escaped, plus the wrapper around it, so it is spliced in place.
+      body = await readBody(req, MAX_BODY_BYTES, DEFAULT_INLINE_THRESHOLD_BYTES, inferenceFormat && !translated ? Buffer.byteLength(JSON.stringify(prefix)) + 64 : 0);
     } catch (err) {
       if (err instanceof TooLargeError) return this.#reply(res, call, ERRORS.tooLarge, { connection: 'close' });
       throw err;
@@ -200,8 +207,6 @@ export class LlmProxy {
 
     // 4. Inference calls: translation (--translate), prefix, then the request pipeline over the final
     //    outbound body.
-    const upstreamFormat = inferenceFormat && d.options.translate && format !== d.options.translateUpstreamFormat ? d.options.translateUpstreamFormat : format;
-    const translated = upstreamFormat !== format;
     if (translated) {
       call.upstreamFormat = upstreamFormat;
       try {
@@ -213,9 +218,7 @@ export class LlmProxy {
     }
     if (inferenceFormat) {
       try {
-        body = injectPrefix(upstreamFormat, body, securityContext({
-          agentId: identity.agentId, agentName: identity.agentName, orgId: identity.orgId, enclaveName: d.options.enclaveName || snapshot.enclave.name,
-        }));
+        body = injectPrefix(upstreamFormat, body, prefix);
       } catch (err) {
         if (err instanceof BodyShapeError) return this.#reply(res, call, badRequest(err.message));
         throw err;

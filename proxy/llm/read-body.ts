@@ -2,22 +2,42 @@ import type { IncomingMessage } from 'node:http';
 import { allocShared } from '../../pipeline/engine.ts';
 
 // Reads a request body up to `limit` bytes. When the length is announced and large, the bytes land
-// directly in shared memory, so a pool worker can inspect them without another copy.
+// directly in shared memory, so a pool worker can inspect them without another copy, and with
+// `headroom` spare bytes behind them, so the security-context prefix can be spliced in place.
 
 export class TooLargeError extends Error {}
 
-export async function readBody(req: IncomingMessage, limit: number, sharedFrom: number): Promise<Buffer> {
+const spare = new WeakMap<Buffer, number>();
+
+/** Bytes a body read here may grow by in place (0 for any other buffer). */
+export function spareCapacity(body: Buffer): number {
+  return spare.get(body) ?? 0;
+}
+
+/** The body grown in place to `length` bytes (within its spare capacity), as a new view. */
+export function grow(body: Buffer, length: number): Buffer {
+  const room = spareCapacity(body);
+  if (length - body.length > room) throw new RangeError('no room to grow this body in place');
+  const view = Buffer.from(body.buffer, body.byteOffset, length);
+  spare.set(view, room - (length - body.length));
+  return view;
+}
+
+export async function readBody(req: IncomingMessage, limit: number, sharedFrom: number, headroom = 0): Promise<Buffer> {
   const announced = Number(req.headers['content-length']);
   if (Number.isFinite(announced) && announced > limit) throw new TooLargeError();
   if (Number.isFinite(announced) && announced >= sharedFrom) {
-    const out = allocShared(announced);
+    const backing = allocShared(announced + headroom);
+    const out = backing.subarray(0, announced);
     let at = 0;
     for await (const chunk of req as AsyncIterable<Buffer>) {
       if (at + chunk.length > announced) throw new TooLargeError(); // more than announced: refuse
       chunk.copy(out, at);
       at += chunk.length;
     }
-    return at === announced ? out : out.subarray(0, at);
+    const body = at === announced ? out : out.subarray(0, at);
+    spare.set(body, backing.length - body.length);
+    return body;
   }
   const chunks: Buffer[] = [];
   let size = 0;

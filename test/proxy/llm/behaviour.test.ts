@@ -270,3 +270,20 @@ t.test('--upstream-ca: an HTTPS upstream signed by a private CA is trusted only 
   t.teardown(() => untrusted.close());
   t.equal((await post(untrusted, '/v1/messages', anthropicBody('hi'))).status, 502, 'without --upstream-ca the upstream is not trusted');
 });
+
+t.test('a large body gets the prefix spliced in place, every other byte as sent', async (t) => {
+  const big = 'y'.repeat(300 * 1024);
+  for (const [label, raw] of [
+    ['system string', `{"model":"claude-sonnet-4-5","max_tokens":8,"system":"mine","messages":[{"role":"user","content":"${big}"}]}`],
+    ['no system', `{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[{"role":"user","content":"${big}"}]}`],
+    ['system blocks', `{"model":"claude-sonnet-4-5","system":[{"type":"text","text":"mine"}],"max_tokens":8,"messages":[{"role":"user","content":"${big}"}]}`],
+  ] as const) {
+    t.equal((await post(h, '/v1/messages', raw)).status, 200, label);
+    const sent = h.upstream.received.at(-1)!;
+    const parsed = sent.body as { system: unknown; messages: { content: string }[] };
+    t.equal(parsed.messages[0].content, big, `${label}: content intact`);
+    t.match(JSON.stringify(parsed.system), /\[dvx security context\]/, `${label}: prefix present`);
+    const prefixEnd = sent.raw.indexOf('"messages"');
+    t.ok(sent.raw.subarray(prefixEnd).equals(Buffer.from(raw.slice(raw.indexOf('"messages"')))), `${label}: the tail is byte for byte`);
+  }
+});
