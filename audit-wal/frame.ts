@@ -38,6 +38,16 @@ export function encodeFrame(payload: Buffer): Buffer {
   return frame;
 }
 
+/** The frame of a JSON text, written straight into one buffer (no intermediate payload copy). */
+export function encodeJsonFrame(json: string): Buffer {
+  const length = Buffer.byteLength(json);
+  const frame = Buffer.allocUnsafe(FRAME_OVERHEAD + length);
+  frame.writeUInt32LE(length, 0);
+  frame.write(json, FRAME_OVERHEAD, length, 'utf8');
+  frame.writeUInt32LE(crc32(frame.subarray(FRAME_OVERHEAD)), 4);
+  return frame;
+}
+
 export interface DecodedFrame {
   /** Offset of the frame in the buffer. */
   offset: number;

@@ -5,7 +5,7 @@ import type { Logger } from '../core/logger.ts';
 import { silentLogger } from '../core/logger.ts';
 import { readCheckpoint, syncDir, writeCheckpoint, type Position } from './checkpoint.ts';
 import { WalClosedError, WalFullError, WalWriteError } from './errors.ts';
-import { checkHeader, decodeFrames, encodeFrame, FRAME_OVERHEAD, HEADER_BYTES, MAX_RECORD_BYTES, segmentHeader } from './frame.ts';
+import { checkHeader, decodeFrames, encodeJsonFrame, FRAME_OVERHEAD, HEADER_BYTES, MAX_RECORD_BYTES, segmentHeader } from './frame.ts';
 
 // One audit table's write-ahead log: a directory of numbered segment files.
 //
@@ -186,9 +186,8 @@ export class WalTable {
   append(record: unknown): Promise<void> {
     if (this.#closed) return Promise.reject(new WalClosedError(`wal ${this.name} is closed`));
     if (this.#broken) return Promise.reject(new WalWriteError(`wal ${this.name} is unusable: ${this.#broken.message}`));
-    const payload = Buffer.from(JSON.stringify(record));
-    if (payload.length > MAX_RECORD_BYTES) return Promise.reject(new WalWriteError(`audit record of ${payload.length} bytes exceeds ${MAX_RECORD_BYTES}`));
-    const frame = encodeFrame(payload);
+    const frame = encodeJsonFrame(JSON.stringify(record));
+    if (frame.length - FRAME_OVERHEAD > MAX_RECORD_BYTES) return Promise.reject(new WalWriteError(`audit record of ${frame.length - FRAME_OVERHEAD} bytes exceeds ${MAX_RECORD_BYTES}`));
     if (this.#unshipped + this.#writingBytes + this.#pendingBytes + frame.length > this.#maxBytes) {
       this.#dropped++;
       this.#metrics.dropped(this.name);
