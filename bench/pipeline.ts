@@ -70,6 +70,7 @@ export async function main(args: string[]): Promise<void> {
 
   const inline = new InspectionEngine({ threads: 0 });
   const pool = new InspectionEngine({ threads: 1, inlineThresholdBytes: 0, timeoutMs: 60_000 });
+  const pool2 = new InspectionEngine({ threads: 2, inlineThresholdBytes: 0, timeoutMs: 60_000 });
   const needle = Buffer.from('\u0000no-such-needle\u0000');
   const rows: string[][] = [];
   const oursFull = new Map<number, number>();
@@ -83,6 +84,7 @@ export async function main(args: string[]): Promise<void> {
       ['floor: Buffer.indexOf', () => body.indexOf(needle)],
       ['ours: full set, inline', () => scanBody(fullPlan, { body, phase: 'request', secrets: BENCH_SECRETS })],
       ['ours: full set, pool (1 worker)', () => pool.inspect({ body, phase: 'request', policy: full, secrets: BENCH_SECRETS })],
+      ['ours: full set, pool (2 workers; split from 1 MB)', () => pool2.inspect({ body, phase: 'request', policy: full, secrets: BENCH_SECRETS })],
       ...Object.entries(PLANS).map(([name, plan]): [string, () => unknown] => [`ours: ${name}`, () => scanBody(plan, { body, phase: 'request', secrets: BENCH_SECRETS })]),
       ['V8 RegExp: same 10 patterns', () => v8Scan(V8_PATTERNS, body), peerRuns],
       ['V8 RegExp: built-ins + 10 patterns', () => v8Scan([...V8_BUILTINS, ...V8_PATTERNS], body), peerRuns],
@@ -117,6 +119,7 @@ export async function main(args: string[]): Promise<void> {
   }
   await inline.close();
   await pool.close();
+  await pool2.close();
 
   const out = [
     `## pipeline — ${conditions('bodies: generated LLM-like JSON (bench/corpus.ts), request phase; ratio = p50 time / ours full-set inline p50 (lower is faster)')}`,

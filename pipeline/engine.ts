@@ -34,6 +34,9 @@ export const MAX_INSPECTED_BYTES = MAX_BODY_BYTES + 1024 * 1024;
 export const DEFAULT_INSPECT_TIMEOUT_MS = 2000;
 // Below this size a scan costs less than a pool round trip (bench/RESULTS.md, "inline vs pool").
 export const DEFAULT_INLINE_THRESHOLD_BYTES = 128 * 1024;
+// From this size, with two or more workers, the custom patterns (decode + RE2) and the other
+// inspectors scan the shared body on two workers at once (bench/RESULTS.md, "32 MB").
+export const SPLIT_THRESHOLD_BYTES = 1024 * 1024;
 
 export type Decision = 'allow' | 'block' | 'unavailable';
 
@@ -95,6 +98,7 @@ export class InspectionEngine {
   #failClosed: boolean;
   #inlineThreshold: number;
   #pool: Piscina | null;
+  #threads: number;
   #plans: PlanCache;
   #log: Logger;
   #onAsync: EngineOptions['onAsyncFindings'];
@@ -107,6 +111,7 @@ export class InspectionEngine {
     this.#log = options.logger ?? silentLogger();
     this.#onAsync = options.onAsyncFindings;
     const threads = options.threads ?? availableParallelism();
+    this.#threads = threads;
     const self = import.meta.url.endsWith('.ts') ? './worker.ts' : './worker.js';
     this.#pool = threads > 0
       ? new Piscina({ filename: (options.workerUrl ?? new URL(self, import.meta.url)).href, minThreads: 1, maxThreads: threads, idleTimeout: 60_000 })
@@ -188,16 +193,24 @@ export class InspectionEngine {
   }
 
   async #onPool(policy: ResolvedPolicy, body: Buffer, phase: Phase, secrets: readonly string[], signal: AbortSignal): Promise<ScanResult> {
-    const task: WorkerTask = { body: toShared(body), policy, phase, secrets: [...secrets] };
+    const shared = toShared(body);
+    const split = this.#threads >= 2 && body.length >= SPLIT_THRESHOLD_BYTES && policy.content !== null && policy.content.patterns.length > 0;
+    const parts: WorkerTask['part'][] = split ? ['patterns', 'others'] : ['all'];
     this.#metrics.queue.set(this.#pool!.queueSize);
-    try {
-      // On abort piscina terminates the worker running the task and starts a fresh one: a hung worker
-      // is replaced, never waited on.
-      return (await this.#pool!.run(task, { signal })) as ScanResult;
-    } catch (err) {
-      const reason = signal.aborted ? 'timeout' : (err as Error).message || 'worker error';
-      return { findings: [], failures: [{ inspector: BUILTINS, reason }] };
-    }
+    const results = await Promise.all(parts.map(async (part): Promise<ScanResult> => {
+      const task: WorkerTask = { body: shared, policy, phase, secrets: [...secrets], part };
+      try {
+        // On abort piscina terminates the worker running the task and starts a fresh one: a hung
+        // worker is replaced, never waited on.
+        return (await this.#pool!.run(task, { signal })) as ScanResult;
+      } catch (err) {
+        const reason = signal.aborted ? 'timeout' : (err as Error).message || 'worker error';
+        return { findings: [], failures: [{ inspector: BUILTINS, reason }] };
+      }
+    }));
+    if (results.length === 1) return results[0];
+    const failures = [...results[0].failures, ...results[1].failures].filter((f, i, all) => all.findIndex((g) => g.inspector === f.inspector && g.reason === f.reason) === i);
+    return { findings: [...results[1].findings, ...results[0].findings], failures };
   }
 
   async #runSidecar(sidecar: Sidecar, request: InspectRequest, identity: SidecarIdentity, signal: AbortSignal): Promise<ScanResult> {

@@ -21,10 +21,14 @@ import type { ScanPlan } from './plan.ts';
 //   most expensive step, happens at most once per body and only when something needs it.
 // An inspector that throws is reported as a failure, never as a clean pass (STYLE.md rule 10).
 
+/** Which inspectors a scan runs: all of them, or one half of a body split across two workers. */
+export type ScanPart = 'all' | 'patterns' | 'others';
+
 export interface ScanRequest {
   body: Buffer;
   phase: Phase;
   secrets: readonly string[];
+  part?: ScanPart;
 }
 
 export interface InspectorFailure {
@@ -52,6 +56,8 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
   const seen = new Set<string>();
   const failures: InspectorFailure[] = [];
   const { body, phase } = request;
+  const part = request.part ?? 'all';
+  const others = part !== 'patterns';
   const location = bodyLocation(phase);
   const run = (inspector: string, fn: () => Finding[]) => {
     try {
@@ -67,7 +73,7 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
     }
   };
 
-  if (phase === 'request' && plan.model) run(model.id, () => model.scan(body, plan.model!));
+  if (others && phase === 'request' && plan.model) run(model.id, () => model.scan(body, plan.model!));
 
   let decoded: Buffer | null = null;
   const decodedView = () => (decoded ??= deepScanView(body));
@@ -75,14 +81,14 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
   // A streamed response is also read as the text the agent receives (sse-text.ts).
   const extra = phase === 'response' && (plan.secrets || plan.patterns) ? sseText(body) : null;
 
-  if (plan.secrets && request.secrets.length > 0) {
+  if (others && plan.secrets && request.secrets.length > 0) {
     const needles = secrets.needles(request.secrets);
     run(secrets.id, () => secrets.scan(builtinView(), plan.secrets!, needles, location));
     if (extra) run(secrets.id, () => secrets.scan(extra, plan.secrets!, needles, location));
   }
-  if (phase === 'request' && plan.pii) run(pii.id, () => pii.scan(builtinView(), plan.pii!, location));
-  if (phase === 'request' && plan.apiKey) run(apiKey.id, () => apiKey.scan(builtinView(), plan.apiKey!, location));
-  if (plan.patterns) {
+  if (others && phase === 'request' && plan.pii) run(pii.id, () => pii.scan(builtinView(), plan.pii!, location));
+  if (others && phase === 'request' && plan.apiKey) run(apiKey.id, () => apiKey.scan(builtinView(), plan.apiKey!, location));
+  if (part !== 'others' && plan.patterns) {
     run(patterns.id, () => patterns.scan(decodedView(), plan.patterns!, location));
     if (extra) run(patterns.id, () => patterns.scan(extra, plan.patterns!, location));
   }

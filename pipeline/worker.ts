@@ -1,5 +1,5 @@
 import { PlanCache } from './plan.ts';
-import { scanBody, type ScanResult } from './scan.ts';
+import { scanBody, type ScanPart, type ScanResult } from './scan.ts';
 import type { Phase } from './finding.ts';
 import type { ResolvedPolicy } from './policy/types.ts';
 
@@ -11,11 +11,12 @@ export interface WorkerTask {
   policy: ResolvedPolicy;
   phase: Phase;
   secrets: readonly string[];
+  part: ScanPart;
 }
 
 const plans = new PlanCache({ capacity: 64 });
 
 export default function inspect(task: WorkerTask): ScanResult {
   const body = Buffer.from(task.body.buffer, task.body.byteOffset, task.body.byteLength);
-  return scanBody(plans.get(task.policy), { body, phase: task.phase, secrets: task.secrets });
+  return scanBody(plans.get(task.policy), { body, phase: task.phase, secrets: task.secrets, part: task.part });
 }

@@ -67,6 +67,18 @@ t.test('inline and pool find the same things; the threshold picks the mode', asy
   t.same((await e.inspect({ body: shared, phase: 'request', policy: full, secrets: ['hunter2hunter2'] })).findings, small.findings, 'a body already in shared memory');
 });
 
+t.test('a large body is split across two workers (patterns | the rest) with the same findings', async (t) => {
+  const { e } = engine(t, { threads: 2, inlineThresholdBytes: 4096 });
+  const { e: inline } = engine(t, { threads: 0 });
+  const big = body(LEAKY, 120_000);
+  t.ok(big.length >= 1024 * 1024);
+  const split = await e.inspect({ body: big, phase: 'request', policy: full, secrets: ['hunter2hunter2'] });
+  const whole = await inline.inspect({ body: big, phase: 'request', policy: full, secrets: ['hunter2hunter2'] });
+  t.equal(split.mode, 'pool');
+  t.same(split.findings, whole.findings);
+  t.same(split.failures, []);
+});
+
 t.test('request blocks; response is observe-only and runs secrets and patterns only', async (t) => {
   const { e } = engine(t, { threads: 0 });
   const req = await e.inspect({ body: body('x', 0, 'gpt-3.5-turbo'), phase: 'request', policy: full });
