@@ -84,7 +84,7 @@ export async function main(args: string[]): Promise<void> {
       ['floor: Buffer.indexOf', () => body.indexOf(needle)],
       ['ours: full set, inline', () => scanBody(fullPlan, { body, phase: 'request', secrets: BENCH_SECRETS })],
       ['ours: full set, pool (1 worker)', () => pool.inspect({ body, phase: 'request', policy: full, secrets: BENCH_SECRETS })],
-      ['ours: full set, pool (2 workers; split from 1 MB)', () => pool2.inspect({ body, phase: 'request', policy: full, secrets: BENCH_SECRETS })],
+      ['ours: full set, pool (2 workers; split from 4 MB)', () => pool2.inspect({ body, phase: 'request', policy: full, secrets: BENCH_SECRETS })],
       ...Object.entries(PLANS).map(([name, plan]): [string, () => unknown] => [`ours: ${name}`, () => scanBody(plan, { body, phase: 'request', secrets: BENCH_SECRETS })]),
       ['V8 RegExp: same 10 patterns', () => v8Scan(V8_PATTERNS, body), peerRuns],
       ['V8 RegExp: built-ins + 10 patterns', () => v8Scan([...V8_BUILTINS, ...V8_PATTERNS], body), peerRuns],

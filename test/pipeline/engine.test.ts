@@ -70,8 +70,8 @@ t.test('inline and pool find the same things; the threshold picks the mode', asy
 t.test('a large body is split across two workers (patterns | the rest) with the same findings', async (t) => {
   const { e } = engine(t, { threads: 2, inlineThresholdBytes: 4096 });
   const { e: inline } = engine(t, { threads: 0 });
-  const big = body(LEAKY, 120_000);
-  t.ok(big.length >= 1024 * 1024);
+  const big = body(LEAKY, 400_000);
+  t.ok(big.length >= 4 * 1024 * 1024);
   const split = await e.inspect({ body: big, phase: 'request', policy: full, secrets: ['hunter2hunter2'] });
   const whole = await inline.inspect({ body: big, phase: 'request', policy: full, secrets: ['hunter2hunter2'] });
   t.equal(split.mode, 'pool');
