@@ -19,13 +19,21 @@ export interface ScanPlan {
 
 export function compilePlan(policy: ResolvedPolicy): ScanPlan {
   const c = policy.content;
+  const piiPlan = c ? pii.compile(c.pii_detection) : null;
+  const apiKeyPlan = c ? apiKey.compile(c.api_key_detection) : null;
+  // With custom patterns, one RE2.Set pass also prefilters the built-in detectors (patterns.ts).
+  const prefilters: patterns.PrefilterId[] = [];
+  if (piiPlan?.email) prefilters.push('email');
+  if (piiPlan?.creditCard) prefilters.push('card');
+  if (piiPlan?.ssn) prefilters.push('ssn');
+  if (apiKeyPlan) prefilters.push('api_key');
   return {
     version: policy.version,
     model: model.compile(policy.models),
     secrets: c?.secrets_filter.enabled ? c.secrets_filter : null,
-    pii: c ? pii.compile(c.pii_detection) : null,
-    apiKey: c ? apiKey.compile(c.api_key_detection) : null,
-    patterns: c ? patterns.compile(c.patterns) : null,
+    pii: piiPlan,
+    apiKey: apiKeyPlan,
+    patterns: c ? patterns.compile(c.patterns, prefilters) : null,
   };
 }
 

@@ -81,15 +81,36 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
   // A streamed response is also read as the text the agent receives (sse-text.ts).
   const extra = phase === 'response' && (plan.secrets || plan.patterns) ? sseText(body) : null;
 
+  // One RE2.Set pass over the decoded view: the custom patterns that hit, and (request phase) which
+  // built-in detectors can have anything to find. Without custom patterns every detector runs.
+  let setHits: patterns.SetHits | null = null;
+  // (The 'others' half of a split body skips it: the 'patterns' half pays for that pass.)
+  if (plan.patterns && part !== 'others') {
+    try {
+      setHits = patterns.hits(decodedView(), plan.patterns);
+    } catch (err) {
+      failures.push({ inspector: patterns.id, reason: (err as Error).message || String(err) });
+    }
+  }
+  const prefiltered = phase === 'request' ? setHits?.prefilters ?? null : null;
+
   if (others && plan.secrets && request.secrets.length > 0) {
     const needles = secrets.needles(request.secrets);
     run(secrets.id, () => secrets.scan(builtinView(), plan.secrets!, needles, location));
     if (extra) run(secrets.id, () => secrets.scan(extra, plan.secrets!, needles, location));
   }
-  if (others && phase === 'request' && plan.pii) run(pii.id, () => pii.scan(builtinView(), plan.pii!, location));
-  if (others && phase === 'request' && plan.apiKey) run(apiKey.id, () => apiKey.scan(builtinView(), plan.apiKey!, location));
-  if (part !== 'others' && plan.patterns) {
-    run(patterns.id, () => patterns.scan(decodedView(), plan.patterns!, location));
+  if (others && phase === 'request' && plan.pii) {
+    const p = prefiltered
+      ? { ...plan.pii, email: plan.pii.email && prefiltered.has('email'), creditCard: plan.pii.creditCard && prefiltered.has('card'), ssn: plan.pii.ssn && prefiltered.has('ssn') }
+      : plan.pii;
+    if (p.email || p.creditCard || p.ssn) run(pii.id, () => pii.scan(builtinView(), p, location));
+  }
+  if (others && phase === 'request' && plan.apiKey && (!prefiltered || prefiltered.has('api_key'))) {
+    run(apiKey.id, () => apiKey.scan(builtinView(), plan.apiKey!, location));
+  }
+  if (part !== 'others' && plan.patterns && setHits) {
+    const candidates = setHits.patterns;
+    run(patterns.id, () => patterns.scan(decodedView(), plan.patterns!, location, candidates));
     if (extra) run(patterns.id, () => patterns.scan(extra, plan.patterns!, location));
   }
   return { findings, failures };

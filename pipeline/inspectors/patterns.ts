@@ -16,13 +16,29 @@ interface CompiledPattern {
   description: string;
 }
 
+/**
+ * Cheap regexes for the built-in detectors, added to the same RE2.Set: the pass the custom patterns
+ * pay for anyway then also says whether a body can hold an email, a card, an SSN or a key at all, and
+ * the hand-written confirming scanners run only for those that hit. A prefilter must match wherever
+ * its detector could find something (it may match more, never less).
+ */
+export const PREFILTERS = {
+  email: '[A-Za-z0-9._%+-]@[A-Za-z0-9-]+\\.',
+  card: '[0-9](?:[ -]?[0-9]){12}',
+  ssn: '[0-9]{3}-[0-9]{2}-[0-9]{4}',
+  api_key: 'AKIA|AIza|gh[ps]_|github_pat_|sk-|[sp]k_(?:test|live)_',
+} as const;
+export type PrefilterId = keyof typeof PREFILTERS;
+
 export interface PatternPlan {
   set: InstanceType<typeof RE2.Set> | null;
   patterns: CompiledPattern[];
+  /** Built-in prefilters in the set after the custom patterns: set index patterns.length + i. */
+  prefilters: PrefilterId[];
   invalid: { pattern: string; reason: string }[];
 }
 
-export function compile(patterns: readonly CustomPattern[]): PatternPlan | null {
+export function compile(patterns: readonly CustomPattern[], prefilters: readonly PrefilterId[] = []): PatternPlan | null {
   if (patterns.length === 0) return null;
   const compiled: CompiledPattern[] = [];
   const invalid: PatternPlan['invalid'] = [];
@@ -38,18 +54,37 @@ export function compile(patterns: readonly CustomPattern[]): PatternPlan | null 
     }
   }
   let set: PatternPlan['set'] = null;
-  if (compiled.length > 1) {
+  let usedPrefilters: PrefilterId[] = [];
+  if (compiled.length + prefilters.length > 1) {
     try {
-      set = new RE2.Set(compiled.map((c) => c.regex.source), 'u');
+      set = new RE2.Set([...compiled.map((c) => c.regex.source), ...prefilters.map((p) => PREFILTERS[p])], 'u');
+      usedPrefilters = [...prefilters];
     } catch {
       set = null; // every pattern compiled alone; fall back to testing them one by one
     }
   }
-  return { set, patterns: compiled, invalid };
+  return { set, patterns: compiled, prefilters: usedPrefilters, invalid };
 }
 
-export function scan(view: Buffer, plan: PatternPlan, location: FindingLocation): Finding[] {
-  const candidates = plan.set ? plan.set.match(view) : plan.patterns.map((_, i) => i);
+export interface SetHits {
+  /** Indexes of custom patterns that match somewhere. */
+  patterns: number[];
+  /** Built-in prefilters that matched; null when the set did not run them (run every detector). */
+  prefilters: Set<PrefilterId> | null;
+}
+
+/** One RE2.Set pass: which custom patterns and which built-in prefilters match anywhere in `view`. */
+export function hits(view: Buffer, plan: PatternPlan): SetHits {
+  if (!plan.set) return { patterns: plan.patterns.map((_, i) => i), prefilters: null };
+  const found = plan.set.match(view);
+  const n = plan.patterns.length;
+  return {
+    patterns: found.filter((i) => i < n),
+    prefilters: plan.prefilters.length > 0 ? new Set(found.filter((i) => i >= n).map((i) => plan.prefilters[i - n])) : null,
+  };
+}
+
+export function scan(view: Buffer, plan: PatternPlan, location: FindingLocation, candidates: readonly number[] = hits(view, plan).patterns): Finding[] {
   const findings: Finding[] = [];
   const seen = new Set<string>();
   for (const index of candidates) {
