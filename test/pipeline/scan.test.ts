@@ -74,3 +74,22 @@ t.test('escapes two levels deep (JSON inside a JSON string) are decoded too', as
   t.ok(body.includes('\\\\u0040'), 'the @ is escaped twice in the body');
   t.same(scan(body), ['pii:bob@****']);
 });
+
+t.test('property: the RE2.Set prefilter never hides a built-in finding', async (t) => {
+  const fc = (await import('fast-check')).default;
+  const withPatterns = plan;
+  const without = compilePlan(policyFromDocument(validatePolicyDocument({
+    content_inspection: { pii_detection: { enabled: true }, api_key_detection: { enabled: true } },
+  })));
+  const piece = fc.constantFrom(
+    'bob@example.com', 'x\\u0040y.org', '4111 1111 1111 1111', '4111-1111-1111-1111', '378282246310005', '123-45-6789',
+    'AKIAIOSFODNN7EXAMPLE', 'sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789', 'ghp_1234567890abcdefghijklmnopqrstuvwxyz',
+    'sk_live_4eC39HqLyjWDarjtT1zdp7dc', ' ', '\\n', '\\t', '"', 'word', '12', '-', '_', '@', '.', 'AIza', 'sk-', '\\/',
+  );
+  fc.assert(fc.property(fc.array(piece, { maxLength: 40 }), (pieces) => {
+    const body = Buffer.from(`{"messages":[{"role":"user","content":"${pieces.join('')}"}]}`);
+    const keys = (p: typeof plan) => scanBody(p, { body, phase: 'request', secrets: [] }).findings
+      .filter((f) => f.inspector_type === 'pii' || f.inspector_type === 'api_key').map((f) => `${f.inspector_type}:${f.description}:${f.match}`).sort();
+    return JSON.stringify(keys(withPatterns)) === JSON.stringify(keys(without));
+  }), { numRuns: 300 });
+});
