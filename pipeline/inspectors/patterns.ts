@@ -84,31 +84,76 @@ export function hits(view: Buffer, plan: PatternPlan): SetHits {
   };
 }
 
+type Match = Buffer[] & { index: number; groups?: Record<string, Buffer | undefined> };
+
+/** Every match of `regex` over `view`, empty matches skipped. */
+function* matches(regex: RE2, view: Buffer): Generator<Match> {
+  regex.lastIndex = 0;
+  for (;;) {
+    const m = regex.exec(view) as unknown as Match | null;
+    if (m === null) return;
+    if (m[0].length === 0) {
+      // An empty match says nothing; step past it (re2 leaves lastIndex in place for those).
+      regex.lastIndex = m.index + 1;
+      if (regex.lastIndex > view.length) return;
+      continue;
+    }
+    yield m;
+  }
+}
+
+/**
+ * Several hitting patterns are extracted in one pass: one alternation with a named group per pattern,
+ * compiled once per set of candidates. Where two patterns match the same text the alternation reports
+ * the first; a candidate left with no match is then run alone, so every pattern the set reported
+ * yields its findings.
+ */
+const combinedCache = new WeakMap<PatternPlan, Map<string, RE2 | null>>();
+
+function combined(plan: PatternPlan, candidates: readonly number[]): RE2 | null {
+  let cache = combinedCache.get(plan);
+  if (!cache) combinedCache.set(plan, (cache = new Map()));
+  const key = candidates.join(',');
+  let regex = cache.get(key);
+  if (regex === undefined) {
+    try {
+      regex = new RE2(candidates.map((i) => `(?P<dvx${i}>${plan.patterns[i].regex.source})`).join('|'), 'gu');
+    } catch {
+      regex = null; // e.g. patterns sharing a group name: run them one by one
+    }
+    if (cache.size >= 64) cache.delete(cache.keys().next().value!);
+    cache.set(key, regex);
+  }
+  return regex;
+}
+
 export function scan(view: Buffer, plan: PatternPlan, location: FindingLocation, candidates: readonly number[] = hits(view, plan).patterns): Finding[] {
   const findings: Finding[] = [];
   const seen = new Set<string>();
-  for (const index of candidates) {
+  const add = (index: number, text: Buffer): boolean => {
     const p = plan.patterns[index];
-    const regex = p.regex;
-    regex.lastIndex = 0;
-    for (;;) {
-      const m = regex.exec(view) as unknown as (Buffer[] & { index: number }) | null;
-      if (m === null) break;
-      const text = m[0];
-      if (text.length === 0) {
-        // An empty match says nothing; step past it (re2 leaves lastIndex in place for those).
-        regex.lastIndex = m.index + 1;
-        if (regex.lastIndex > view.length) break;
-        continue;
-      }
-      const value = text.toString('utf8');
-      const key = `${index}\u0000${value}`;
-      if (!seen.has(key)) {
-        seen.add(key);
-        findings.push({ inspector_type: id, severity: p.severity, description: p.description, match: redact(value), location });
-        if (findings.length >= MAX_FINDINGS_PER_INSPECTOR) return findings;
-      }
+    const value = text.toString('utf8');
+    const key = `${index}\u0000${value}`;
+    if (!seen.has(key)) {
+      seen.add(key);
+      findings.push({ inspector_type: id, severity: p.severity, description: p.description, match: redact(value), location });
     }
+    return findings.length < MAX_FINDINGS_PER_INSPECTOR;
+  };
+  let alone = candidates;
+  const together = candidates.length > 1 ? combined(plan, candidates) : null;
+  if (together) {
+    const found = new Set<number>();
+    for (const m of matches(together, view)) {
+      const index = candidates.find((i) => m.groups?.[`dvx${i}`] !== undefined);
+      if (index === undefined) continue;
+      found.add(index);
+      if (!add(index, m[0])) return findings;
+    }
+    alone = candidates.filter((i) => !found.has(i));
+  }
+  for (const index of alone) {
+    for (const m of matches(plan.patterns[index].regex, view)) if (!add(index, m[0])) return findings;
   }
   return findings;
 }

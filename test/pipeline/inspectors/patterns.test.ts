@@ -41,3 +41,16 @@ t.test('empty matches are ignored; escapes are decoded first', async (t) => {
   const plan = compile([{ pattern: 'z*', description: 'empty', severity: 'warn' }, { pattern: 'https://internal/[a-z]+', description: 'url', severity: 'warn' }])!;
   t.same(scan(scanView(Buffer.from('{"u":"https:\\/\\/internal\\/admin"}')), plan, 'request_body').map((f) => f.description), ['url']);
 });
+
+t.test('several hitting patterns: one combined pass, and none loses its findings', async (t) => {
+  const plan = compile([
+    { pattern: 'abc', description: 'short', severity: 'warn' },
+    { pattern: 'abcdef', description: 'long', severity: 'block' },
+    { pattern: '(?P<x>id)-([0-9]+)', description: 'grouped', severity: 'log' },
+    { pattern: '(?P<x>zz)', description: 'same group name', severity: 'log' },
+  ])!;
+  const found = scan(Buffer.from('abcdef and id-42 and zz'), plan, 'request_body').map((f) => `${f.description}:${f.match}:${f.severity}`).sort();
+  t.same(found, ['grouped:id-4****:log', 'long:abcd****:block', 'same group name:zz****:log', 'short:abc****:warn'], 'overlaps and shared group names still report every pattern');
+  const two = compile([{ pattern: 'foo[0-9]+', description: 'a', severity: 'warn' }, { pattern: 'bar', description: 'b', severity: 'warn' }])!;
+  t.same(scan(Buffer.from('foo1 bar foo2 bar'), two, 'request_body').map((f) => f.match), ['foo1****', 'bar****', 'foo2****'], 'in order of appearance');
+});
