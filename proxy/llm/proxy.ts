@@ -31,11 +31,14 @@ import { routeOf, StreamTranslator, translateRequest, translateResponse, Transla
 
 // One agent call, as small steps (STYLE.md rule 3):
 //
-//   auth ─▶ agent state + tier ─▶ route ─▶ body (≤ 32 MB) ─▶ flags ─▶ policy ─▶ security-context prefix
-//     ─▶ request pipeline (403 block │ 503 fail-closed) ─▶ credential ─▶ upstream (undici)
-//     ─▶ stream: events pass through as they arrive, a copy feeds the response pipeline at the end
-//        plain:  buffered, response pipeline (observe-only), audit, replayed byte for byte
-//     ─▶ audit record (llm_audit_log)
+//   auth ─▶ agent state + tier ─▶ route ─▶ body (≤ 32 MB) ─▶ [translate] ─▶ flags ─▶ policy
+//     ─▶ security-context prefix ─▶ request pipeline (403 block │ 503 fail-closed) ─▶ credential
+//     ─▶ upstream (undici)
+//     ─▶ stream: events pass through as they arrive [translated], a copy feeds the response pipeline
+//                at the end; the final event waits for the audit record when the sink is durable
+//        plain:  buffered, response pipeline (observe-only), [translated], audit record durable,
+//                then replayed byte for byte
+//     ─▶ audit record (llm_audit_log): before the answer with a WAL (capture-or-deny), after it on stdout
 //
 // Tool-call policy (a later issue) will sit between the upstream response and the agent: plain
 // responses are already held until inspected; streams pass through `#relayStream`, where a held
