@@ -178,7 +178,9 @@ export class LlmProxy {
 
     // 2. Which API.
     const inferenceFormat = req.method === 'POST' ? INFERENCE_ROUTES[call.path] : undefined;
-    if (!call.path.startsWith('/v1/')) {
+    // Only the providers' /v1 APIs, and no dot segments: the platform key must never be carried to
+    // another path of the upstream by `/v1/../admin` (raw or percent-encoded).
+    if (!call.path.startsWith('/v1/') || /(^|\/)(\.|%2e){1,2}(\/|$)/i.test(call.path) || call.path.includes('\\')) {
       req.resume();
       return this.#reply(res, call, ERRORS.notFound);
     }
@@ -279,11 +281,30 @@ export class LlmProxy {
 
     const responseType = String(upstream.headers['content-type'] ?? '');
     if (responseType.startsWith('text/event-stream')) return this.#relayStream(res, call, upstream, format, upstreamFormat);
-    return this.#relayBuffered(res, call, upstream, format, upstreamFormat, Boolean(inferenceFormat));
+    if (!inferenceFormat) return this.#relayPassThrough(res, call, upstream);
+    return this.#relayBuffered(res, call, upstream, format, upstreamFormat);
+  }
+
+  /** Other routes of the provider APIs (models, files, count_tokens): streamed through as they come. */
+  async #relayPassThrough(res: ServerResponse, call: CallRecord, upstream: Dispatcher.ResponseData): Promise<void> {
+    call.status = upstream.statusCode;
+    res.writeHead(upstream.statusCode, agentHeaders(upstream.headers));
+    try {
+      for await (const chunk of upstream.body as AsyncIterable<Buffer>) {
+        call.responseBytes += chunk.length;
+        await send(res, chunk);
+        if (res.destroyed) return;
+      }
+    } catch (err) {
+      call.error = `upstream response failed: ${(err as Error).message}`;
+      res.destroy();
+      return;
+    }
+    res.end();
   }
 
   /** A plain response: held, inspected (observe-only), then replayed byte for byte. */
-  async #relayBuffered(res: ServerResponse, call: CallRecord, upstream: Dispatcher.ResponseData, format: WireFormat, upstreamFormat: WireFormat, inference: boolean): Promise<void> {
+  async #relayBuffered(res: ServerResponse, call: CallRecord, upstream: Dispatcher.ResponseData, format: WireFormat, upstreamFormat: WireFormat): Promise<void> {
     let body: Buffer;
     try {
       body = Buffer.from(await upstream.body.arrayBuffer());
@@ -292,10 +313,8 @@ export class LlmProxy {
       return this.#reply(res, call, ERRORS.upstreamFailed);
     }
     call.responseBytes = body.length;
-    if (inference) {
-      call.usage = usageOf(upstreamFormat, body, false);
-      await this.#inspectResponse(call, body);
-    }
+    call.usage = usageOf(upstreamFormat, body, false);
+    await this.#inspectResponse(call, body);
     let out = body;
     // Upstream errors are relayed as received; a successful translated answer goes back in the agent's format.
     if (upstreamFormat !== format && upstream.statusCode >= 200 && upstream.statusCode < 300) {
@@ -333,15 +352,7 @@ export class LlmProxy {
         }
         const translated = translator ? Buffer.from(translator.push(chunk)) : chunk;
         const out = guard ? guard.push(translated) : translated;
-        if (out.length > 0 && !res.write(out)) await new Promise<void>((resolve) => {
-          const done = () => {
-            res.off('drain', done);
-            res.off('close', done);
-            resolve();
-          };
-          res.on('drain', done);
-          res.on('close', done);
-        });
+        if (out.length > 0) await send(res, out);
         if (res.destroyed) break;
       }
     } catch (err) {
@@ -466,6 +477,20 @@ export class LlmProxy {
       error: call.error,
     };
   }
+}
+
+/** Writes a chunk, waiting for the agent's socket to drain (or close) when its buffer is full. */
+async function send(res: ServerResponse, chunk: Buffer): Promise<void> {
+  if (res.write(chunk)) return;
+  await new Promise<void>((resolve) => {
+    const done = () => {
+      res.off('drain', done);
+      res.off('close', done);
+      resolve();
+    };
+    res.on('drain', done);
+    res.on('close', done);
+  });
 }
 
 function round(ms: number): number {

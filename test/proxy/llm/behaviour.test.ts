@@ -287,3 +287,12 @@ t.test('a large body gets the prefix spliced in place, every other byte as sent'
     t.ok(sent.raw.subarray(prefixEnd).equals(Buffer.from(raw.slice(raw.indexOf('"messages"')))), `${label}: the tail is byte for byte`);
   }
 });
+
+t.test('dot segments never carry the platform key off the /v1 API', async (t) => {
+  const before = h.upstream.received.length;
+  for (const path of ['/v1/../admin', '/v1/%2e%2e/admin', '/v1/./messages/../../x', '/v1/%2E%2E/x', '/v1\\..\\x']) {
+    const r = await h.call(path, { method: 'GET', headers: { 'x-api-key': await h.token(), 'anthropic-version': '2023-06-01' } });
+    t.equal(r.status, 404, path);
+  }
+  t.equal(h.upstream.received.length, before, 'nothing forwarded');
+});
