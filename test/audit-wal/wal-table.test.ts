@@ -69,7 +69,11 @@ t.test('a torn or bit-flipped tail is cut at the first bad frame, with the offse
     await table.close();
     const seg = join(dir, (await readdir(dir)).find((f) => f.endsWith('.wal'))!);
     const size = (await stat(seg)).size;
-    if (damage === 'torn') await (await open(seg, 'r+')).truncate(size - 3).then(() => {});
+    if (damage === 'torn') {
+      const h = await open(seg, 'r+');
+      await h.truncate(size - 3);
+      await h.close();
+    }
     if (damage === 'flip') {
       const h = await open(seg, 'r+');
       const b = Buffer.alloc(1);
