@@ -1,6 +1,7 @@
 import { Command } from 'commander';
 import { CliError } from './exit-codes.ts';
 import { registerLlmProxy } from './serve-llmproxy.ts';
+import { registerControlPlane } from './serve-controlplane.ts';
 
 // `dvx serve <component>`: one component per process (DESIGN.md, "One binary, many components").
 // Each component registers its own subcommand with its flags as it arrives; asking for one that does
@@ -11,7 +12,7 @@ export const COMPONENTS = ['llmproxy', 'gateway', 'controlplane', 'broker', 'rel
 export type ComponentRegistrar = (serve: Command) => void;
 
 /** Components that are built; each adds `dvx serve <name>` with its flags. */
-const REGISTRARS: ComponentRegistrar[] = [registerLlmProxy];
+const REGISTRARS: ComponentRegistrar[] = [registerLlmProxy, registerControlPlane];
 
 export function serveCommand(): Command {
   const serve = new Command('serve')

@@ -1,0 +1,38 @@
+import type { Command } from 'commander';
+import { Command as Cmd } from 'commander';
+import { LOG_FORMATS, LOG_LEVELS } from '../core/logger.ts';
+import { flag } from '../core/options.ts';
+import { runUntilSignal } from '../core/shutdown.ts';
+import { CONTROLPLANE_DEFAULTS, OptionsError, type ControlPlaneOptions } from '../controlplane/options.ts';
+import { startControlPlane } from '../controlplane/server.ts';
+import { CliError } from './exit-codes.ts';
+
+// `dvx serve controlplane`: the operator API (spec: Server components, controlplane row). The flags
+// here are the ones built so far; the rest of the row arrives with the features they configure.
+export function registerControlPlane(serve: Command): void {
+  const d = CONTROLPLANE_DEFAULTS;
+  const command = new Cmd('controlplane')
+    .description('operator API: identity, governance, config, agents, enclaves, audit read')
+    .addOption(flag('--addr <addr>', { description: 'listen address', default: d.addr }))
+    .addOption(flag('--tls-cert <file>', { description: 'server certificate (PEM); required' }))
+    .addOption(flag('--tls-key <file>', { description: 'server private key (PEM); required' }))
+    .addOption(flag('--log-format <format>', { description: 'json or text', choices: LOG_FORMATS, default: d.logFormat }))
+    .addOption(flag('--log-level <level>', { description: 'debug, info, warn or error', choices: LOG_LEVELS, default: d.logLevel }))
+    .addOption(flag('--oidc-issuer <url>', { description: 'OIDC issuer of operator tokens; empty: skeleton mode', default: d.oidcIssuer }))
+    .addOption(flag('--oidc-audience <aud>', { description: 'expected audience of operator tokens', default: d.oidcAudience }))
+    .addOption(flag('--oidc-ca <file>', { description: 'extra CA bundle for the issuer', default: d.oidcCa }))
+    .addOption(flag('--org-claim <claim>', { description: 'claim holding a token\'s org (dotted path)', default: d.orgClaim }))
+    .addOption(flag('--database-dsn <dsn>', { description: 'postgres://… or pglite://DIR; empty: skeleton mode', default: d.databaseDsn }))
+    .addOption(flag('--seed-admin <subject>', { description: 'grant this subject the platform administrator role at start (repeatable)', default: [] as string[], parse: undefined }).argParser((v: string, prev: string[] = []) => [...prev, ...v.split(',').map((s) => s.trim()).filter(Boolean)]))
+    .action(async (opts: Partial<ControlPlaneOptions>) => {
+      let running;
+      try {
+        running = await startControlPlane(opts);
+      } catch (err) {
+        if (err instanceof OptionsError) throw new CliError(err.message);
+        throw new CliError(`controlplane failed to start: ${(err as Error).message}`);
+      }
+      await runUntilSignal(() => running.close());
+    });
+  serve.addCommand(command);
+}

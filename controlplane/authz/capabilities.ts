@@ -1,0 +1,65 @@
+import type { Queryable } from '../store/db.ts';
+
+// Capabilities (spec: "Capabilities named") and built-in roles. One function computes a principal's
+// effective capabilities; `whoami` shows its result and every capability-gated route asks it.
+
+export const CAPABILITIES = [
+  'platform:config', 'enclaves:read', 'agents:manage', 'org:manage', 'members:*', 'clients:manage',
+  'audit:read', 'audit:read:all', 'platform:audit:read',
+] as const;
+export type Capability = (typeof CAPABILITIES)[number];
+
+export type ScopeKind = 'platform' | 'org' | 'group' | 'agent';
+
+export const BUILT_IN_ROLES: Record<string, readonly Capability[]> = {
+  'platform-admin': CAPABILITIES,
+  'org-admin': ['org:manage', 'members:*', 'agents:manage', 'clients:manage', 'enclaves:read', 'audit:read'],
+  member: ['enclaves:read'],
+  auditor: ['audit:read'],
+};
+
+export interface EffectiveGrant {
+  capability: Capability;
+  scope_kind: ScopeKind;
+  scope_id: string;
+}
+
+export interface PrincipalRef {
+  subject: string;
+  orgId: string;
+  groups: string[];
+}
+
+/** The principal strings a caller acts as: itself and each of its groups in its org. */
+export function principalsOf(p: PrincipalRef): string[] {
+  return [`user:${p.subject}`, ...p.groups.map((g) => `group:${p.orgId}:${g}`)];
+}
+
+export async function groupsOf(db: Queryable, orgId: string, subject: string): Promise<string[]> {
+  if (!orgId) return [];
+  const { rows } = await db.query<{ group_id: string }>('SELECT group_id FROM memberships WHERE org_id = $1 AND subject = $2 ORDER BY group_id', [orgId, subject]);
+  return rows.map((r) => r.group_id);
+}
+
+/** Every capability the principal holds, with the scope it holds it at (roles expanded). */
+export async function effectiveCapabilities(db: Queryable, p: PrincipalRef): Promise<EffectiveGrant[]> {
+  const { rows } = await db.query<{ scope_kind: ScopeKind; scope_id: string; role: string | null; capability: string | null; custom: string[] | null }>(
+    `SELECT g.scope_kind, g.scope_id, g.role, g.capability, r.capabilities AS custom
+       FROM grants g LEFT JOIN roles r ON r.name = g.role
+      WHERE g.principal = ANY($1)`,
+    [principalsOf(p)],
+  );
+  const out: EffectiveGrant[] = [];
+  const seen = new Set<string>();
+  for (const row of rows) {
+    const caps = row.capability ? [row.capability] : BUILT_IN_ROLES[row.role ?? ''] ?? row.custom ?? [];
+    for (const capability of caps) {
+      if (!(CAPABILITIES as readonly string[]).includes(capability)) continue;
+      const key = `${capability}\u0000${row.scope_kind}\u0000${row.scope_id}`;
+      if (seen.has(key)) continue;
+      seen.add(key);
+      out.push({ capability: capability as Capability, scope_kind: row.scope_kind, scope_id: row.scope_id });
+    }
+  }
+  return out;
+}

@@ -1,0 +1,68 @@
+import type { LogFormat, LogLevel } from '../core/logger.ts';
+
+// The control plane's options: one defaults object, one validation (STYLE.md rule 4).
+
+export interface ControlPlaneOptions {
+  addr: string;
+  tlsCert: string;
+  tlsKey: string;
+  logFormat: LogFormat;
+  logLevel: LogLevel;
+  /** OIDC issuer for human and machine principals; empty selects skeleton mode. */
+  oidcIssuer: string;
+  /** Expected `aud` of operator tokens; empty skips the audience check. */
+  oidcAudience: string;
+  /** Extra CA bundle trusted when fetching the issuer's discovery document and keys. */
+  oidcCa: string;
+  /** The claim a token's org is read from. */
+  orgClaim: string;
+  /** postgres://… or pglite://DIR; empty selects skeleton mode. */
+  databaseDsn: string;
+  /** Subjects granted the platform administrator role at start. */
+  seedAdmin: string[];
+}
+
+export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
+  addr: ':8443',
+  tlsCert: '',
+  tlsKey: '',
+  logFormat: 'json',
+  logLevel: 'info',
+  oidcIssuer: '',
+  oidcAudience: '',
+  oidcCa: '',
+  orgClaim: 'org_id',
+  databaseDsn: '',
+  seedAdmin: [],
+};
+
+export class OptionsError extends Error {
+  override name = 'OptionsError';
+}
+
+export function validateOptions(input: Partial<ControlPlaneOptions>): ControlPlaneOptions {
+  const o = { ...CONTROLPLANE_DEFAULTS, ...input };
+  if (!o.tlsCert || !o.tlsKey) throw new OptionsError('--tls-cert and --tls-key are required (the control plane is TLS-only)');
+  if (o.oidcIssuer) {
+    let url: URL;
+    try {
+      url = new URL(o.oidcIssuer);
+    } catch {
+      throw new OptionsError(`--oidc-issuer "${o.oidcIssuer}" is not an absolute URL`);
+    }
+    if (url.protocol !== 'https:' && url.hostname !== '127.0.0.1' && url.hostname !== 'localhost') {
+      throw new OptionsError('--oidc-issuer must be https (plain http only on loopback)');
+    }
+  }
+  if (o.databaseDsn && !/^(postgres|postgresql|pglite):\/\//.test(o.databaseDsn)) {
+    throw new OptionsError('--database-dsn must be postgres://… or pglite://DIR');
+  }
+  if (!/^[A-Za-z0-9_.:/-]+$/.test(o.orgClaim)) throw new OptionsError('--org-claim must be a claim name');
+  for (const s of o.seedAdmin) if (!s.trim()) throw new OptionsError('--seed-admin needs a subject');
+  return o;
+}
+
+/** Skeleton mode (spec: Mounting and feature gating): no issuer, or no database. */
+export function isSkeleton(o: ControlPlaneOptions): boolean {
+  return !o.oidcIssuer || !o.databaseDsn;
+}

@@ -1,0 +1,112 @@
+import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
+import type { AddressInfo } from 'node:net';
+import { readFile } from 'node:fs/promises';
+import { parseAddr } from '../core/addr.ts';
+import { createLogger, type Logger } from '../core/logger.ts';
+import { newId } from '../core/ids.ts';
+import { loadTls } from '../core/tls.ts';
+import { OidcAuthenticator, AuthenticationError, type Principal } from './auth/oidc.ts';
+import { effectiveCapabilities, groupsOf } from './authz/capabilities.ts';
+import { ApiError, PROBLEMS, sendProblem } from './errors.ts';
+import { isSkeleton, validateOptions, type ControlPlaneOptions } from './options.ts';
+import { openDb, type Db } from './store/db.ts';
+import { migrate } from './store/migrate.ts';
+import pkg from '../package.json' with { type: 'json' };
+
+// `dvx serve controlplane`: the operator API on fastify over TLS.
+//
+//   skeleton (no issuer or no database): /healthz + a 501 placeholder everywhere else
+//   full: migrations, --seed-admin grants, bearer authentication on /api/v1/*, then the routes
+//
+// This is the spine of the control plane (P4): health, skeleton mode, the store and its migrations,
+// OIDC authentication and `whoami`. The identity resources and their routes build on it.
+
+export interface RunningControlPlane {
+  port: number;
+  app: FastifyInstance;
+  close(): Promise<void>;
+}
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    principal?: Principal;
+  }
+}
+
+const SKELETON_DETAIL = 'the operator API is not yet implemented here: this control plane runs in skeleton mode (configure --oidc-issuer and --database-dsn)';
+
+export async function startControlPlane(input: Partial<ControlPlaneOptions>, start: { logger?: Logger } = {}): Promise<RunningControlPlane> {
+  const options = validateOptions(input);
+  const log = start.logger ?? createLogger({ level: options.logLevel, format: options.logFormat, component: 'controlplane' });
+  const tls = await loadTls({ cert: options.tlsCert, key: options.tlsKey });
+  const listen = parseAddr(options.addr);
+  const app = Fastify({ https: { cert: tls.cert, key: tls.key }, logger: false, genReqId: () => newId(), bodyLimit: 1024 * 1024 });
+
+  app.setErrorHandler((err: Error & { validation?: unknown; statusCode?: number }, req, reply) => {
+    if (err instanceof ApiError) return sendProblem(reply, err.entry, err.detail, req.url);
+    if (err.validation || err.statusCode === 400 || err.statusCode === 415) return sendProblem(reply, PROBLEMS.badRequest, err.message, req.url);
+    if (err.statusCode === 413) return sendProblem(reply, PROBLEMS.badRequest, 'request body too large', req.url);
+    log.error({ err: err.message, request_id: req.id, url: req.url }, 'controlplane request failed');
+    return sendProblem(reply, PROBLEMS.internal, undefined, req.url);
+  });
+
+  app.get('/healthz', async () => ({ component: 'controlplane', status: 'ok', version: pkg.version }));
+
+  let db: Db | null = null;
+  if (isSkeleton(options)) {
+    app.setNotFoundHandler((req, reply) => sendProblem(reply, PROBLEMS.notImplemented, SKELETON_DETAIL, req.url));
+    log.warn({ issuer: options.oidcIssuer || null, database: Boolean(options.databaseDsn) }, 'controlplane in skeleton mode');
+  } else {
+    db = await openDb(options.databaseDsn);
+    const applied = await migrate(db);
+    if (applied.length > 0) log.info({ migrations: applied }, 'store migrated');
+    for (const subject of options.seedAdmin) {
+      await db.query(
+        `INSERT INTO grants (id, principal, scope_kind, scope_id, role, created_by) VALUES ($1, $2, 'platform', '', 'platform-admin', 'seed-admin') ON CONFLICT DO NOTHING`,
+        [newId(), `user:${subject}`],
+      );
+    }
+    const oidc = new OidcAuthenticator({
+      issuer: options.oidcIssuer,
+      audience: options.oidcAudience || undefined,
+      orgClaim: options.orgClaim,
+      ca: options.oidcCa ? await readFile(options.oidcCa) : undefined,
+    });
+    const store = db;
+    // Every /api/v1 path, routed or not, authenticates first: an unknown path answers 401 to a caller
+    // without a valid token, never 404, so the surface cannot be mapped anonymously.
+    app.addHook('onRequest', async (req: FastifyRequest) => {
+      if (!req.url.startsWith('/api/v1/') && req.url !== '/api/v1') return;
+      const header = req.headers.authorization;
+      const token = typeof header === 'string' && /^bearer\s+/i.test(header) ? header.replace(/^bearer\s+/i, '').trim() : '';
+      if (!token) throw new ApiError(PROBLEMS.unauthenticated, 'missing bearer token');
+      try {
+        req.principal = await oidc.authenticate(token);
+      } catch (err) {
+        if (err instanceof AuthenticationError) throw new ApiError(PROBLEMS.unauthenticated, err.message);
+        throw err;
+      }
+    });
+    await app.register(async (api) => {
+      // Requires only a valid token (spec: Authentication, rule 1).
+      api.get('/whoami', async (req) => {
+        const p = req.principal!;
+        const groups = await groupsOf(store, p.orgId, p.subject);
+        const grants = await effectiveCapabilities(store, { subject: p.subject, orgId: p.orgId, groups });
+        return { subject: p.subject, kind: p.kind, org_id: p.orgId, groups, capabilities: [...new Set(grants.map((g) => g.capability))].sort() };
+      });
+    }, { prefix: '/api/v1' });
+    app.setNotFoundHandler((req, reply) => sendProblem(reply, PROBLEMS.notFound, `no route ${req.method} ${req.url.split('?')[0]}`, req.url));
+  }
+
+  await app.listen({ port: listen.port, host: listen.host ?? '::' });
+  log.info({ addr: app.server.address(), skeleton: isSkeleton(options) }, 'controlplane listening');
+  return {
+    port: (app.server.address() as AddressInfo).port,
+    app,
+    close: async () => {
+      await app.close();
+      await db?.close();
+    },
+  };
+}
