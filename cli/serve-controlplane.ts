@@ -1,23 +1,18 @@
 import type { Command } from 'commander';
 import { Command as Cmd } from 'commander';
-import { LOG_FORMATS, LOG_LEVELS } from '../core/logger.ts';
 import { flag } from '../core/options.ts';
 import { runUntilSignal } from '../core/shutdown.ts';
 import { CONTROLPLANE_DEFAULTS, OptionsError, type ControlPlaneOptions } from '../controlplane/options.ts';
 import { startControlPlane } from '../controlplane/server.ts';
 import { CliError } from './exit-codes.ts';
+import { addCommonFlags } from './server-flags.ts';
 
 // `dvx serve controlplane`: the operator API (spec: Server components, controlplane row). The flags
 // here are the ones built so far; the rest of the row arrives with the features they configure.
 export function registerControlPlane(serve: Command): void {
   const d = CONTROLPLANE_DEFAULTS;
-  const command = new Cmd('controlplane')
-    .description('operator API: identity, governance, config, agents, enclaves, audit read')
-    .addOption(flag('--addr <addr>', { description: 'listen address', default: d.addr }))
-    .addOption(flag('--tls-cert <file>', { description: 'server certificate (PEM); required' }))
-    .addOption(flag('--tls-key <file>', { description: 'server private key (PEM); required' }))
-    .addOption(flag('--log-format <format>', { description: 'json or text', choices: LOG_FORMATS, default: d.logFormat }))
-    .addOption(flag('--log-level <level>', { description: 'debug, info, warn or error', choices: LOG_LEVELS, default: d.logLevel }))
+  const command = addCommonFlags(new Cmd('controlplane')
+    .description('operator API: identity, governance, config, agents, enclaves, audit read'), d)
     .addOption(flag('--oidc-issuer <url>', { description: 'OIDC issuer of operator tokens; empty: skeleton mode', default: d.oidcIssuer }))
     .addOption(flag('--oidc-audience <aud>', { description: 'expected audience of operator tokens', default: d.oidcAudience }))
     .addOption(flag('--oidc-ca <file>', { description: 'extra CA bundle for the issuer', default: d.oidcCa }))

@@ -1,6 +1,5 @@
 import type { Command } from 'commander';
 import { Command as Cmd } from 'commander';
-import { LOG_FORMATS, LOG_LEVELS } from '../core/logger.ts';
 import { addBooleanFlag, flag, parseDurationFlag, parsePositiveInt } from '../core/options.ts';
 import { runUntilSignal } from '../core/shutdown.ts';
 import { DEFAULT_INSPECT_TIMEOUT_MS } from '../pipeline/engine.ts';
@@ -8,17 +7,13 @@ import { ISOLATION_CLASSES, WIRE_FORMATS } from '../pipeline/policy/snapshot.ts'
 import { LLMPROXY_DEFAULTS, OptionsError, type LlmProxyOptions } from '../proxy/llm/options.ts';
 import { startLlmProxy } from '../proxy/llm/server.ts';
 import { CliError } from './exit-codes.ts';
+import { addCommonFlags } from './server-flags.ts';
 
 // `dvx serve llmproxy`: the inference gateway (spec: Server components, llmproxy row).
 export function registerLlmProxy(serve: Command): void {
   const d = LLMPROXY_DEFAULTS;
-  const command = new Cmd('llmproxy')
-    .description('inference gateway: agent identity, content pipeline, credential injection, upstream forward, audit')
-    .addOption(flag('--addr <addr>', { description: 'listen address', default: d.addr }))
-    .addOption(flag('--tls-cert <file>', { description: 'server certificate (PEM); required' }))
-    .addOption(flag('--tls-key <file>', { description: 'server private key (PEM); required' }))
-    .addOption(flag('--log-format <format>', { description: 'json or text', choices: LOG_FORMATS, default: d.logFormat }))
-    .addOption(flag('--log-level <level>', { description: 'debug, info, warn or error', choices: LOG_LEVELS, default: d.logLevel }))
+  const command = addCommonFlags(new Cmd('llmproxy')
+    .description('inference gateway: agent identity, content pipeline, credential injection, upstream forward, audit'), d)
     .addOption(flag('--metrics-addr <addr>', { description: 'TLS Prometheus listener; empty disables it', default: d.metricsAddr }))
     .addOption(flag('--enclave-id <id>', { description: 'enclave id for audit (default: the snapshot\'s)', default: d.enclaveId }))
     .addOption(flag('--enclave-name <name>', { description: 'enclave name (default: the snapshot\'s)', default: d.enclaveName }))
