@@ -62,8 +62,8 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     if (applied.length > 0) log.info({ migrations: applied }, 'store migrated');
     for (const subject of options.seedAdmin) {
       await db.query(
-        `INSERT INTO grants (id, principal, scope_kind, scope_id, role, created_by) VALUES ($1, $2, 'platform', '', 'platform-admin', 'seed-admin') ON CONFLICT DO NOTHING`,
-        [newId(), `user:${subject}`],
+        `INSERT INTO grants (principal, scope_kind, role, created_by) VALUES ($1, 'platform', 'platform-admin', 'seed-admin') ON CONFLICT DO NOTHING`,
+        [`user:${subject}`],
       );
     }
     const oidc = new OidcAuthenticator({

@@ -21,7 +21,9 @@ export const BUILT_IN_ROLES: Record<string, readonly Capability[]> = {
 export interface EffectiveGrant {
   capability: Capability;
   scope_kind: ScopeKind;
-  scope_id: string;
+  org_id: string;
+  group_id: string;
+  agent_id: string;
 }
 
 export interface PrincipalRef {
@@ -43,8 +45,8 @@ export async function groupsOf(db: Queryable, orgId: string, subject: string): P
 
 /** Every capability the principal holds, with the scope it holds it at (roles expanded). */
 export async function effectiveCapabilities(db: Queryable, p: PrincipalRef): Promise<EffectiveGrant[]> {
-  const { rows } = await db.query<{ scope_kind: ScopeKind; scope_id: string; role: string | null; capability: string | null; custom: string[] | null }>(
-    `SELECT g.scope_kind, g.scope_id, g.role, g.capability, r.capabilities AS custom
+  const { rows } = await db.query<{ scope_kind: ScopeKind; org_id: string; group_id: string; agent_id: string; role: string | null; capability: string | null; custom: string[] | null }>(
+    `SELECT g.scope_kind, g.org_id, g.group_id, g.agent_id, g.role, g.capability, r.capabilities AS custom
        FROM grants g LEFT JOIN roles r ON r.name = g.role
       WHERE g.principal = ANY($1)`,
     [principalsOf(p)],
@@ -55,10 +57,10 @@ export async function effectiveCapabilities(db: Queryable, p: PrincipalRef): Pro
     const caps = row.capability ? [row.capability] : BUILT_IN_ROLES[row.role ?? ''] ?? row.custom ?? [];
     for (const capability of caps) {
       if (!(CAPABILITIES as readonly string[]).includes(capability)) continue;
-      const key = `${capability}\u0000${row.scope_kind}\u0000${row.scope_id}`;
+      const key = [capability, row.scope_kind, row.org_id, row.group_id, row.agent_id].join('\u0000');
       if (seen.has(key)) continue;
       seen.add(key);
-      out.push({ capability: capability as Capability, scope_kind: row.scope_kind, scope_id: row.scope_id });
+      out.push({ capability: capability as Capability, scope_kind: row.scope_kind, org_id: row.org_id, group_id: row.group_id, agent_id: row.agent_id });
     }
   }
   return out;

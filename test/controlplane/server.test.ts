@@ -105,3 +105,15 @@ t.test('migrations are idempotent and transactional', async (t) => {
   t.equal(rows[0].n, 1);
   await db.close();
 });
+
+t.test('--seed-admin is idempotent across restarts', async (t) => {
+  const dsn = `pglite://${join(dir, 'seed')}`;
+  for (let i = 0; i < 2; i++) {
+    const cp = await startControlPlane({ ...base, oidcIssuer: issuer.issuer, databaseDsn: dsn, seedAdmin: ['alice', 'svc-admin'] }, { logger: quiet });
+    await cp.close();
+  }
+  const db = await openDb(dsn);
+  const { rows } = await db.query<{ principal: string; role: string; scope_kind: string }>('SELECT principal, role, scope_kind FROM grants ORDER BY principal');
+  t.same(rows, [{ principal: 'user:alice', role: 'platform-admin', scope_kind: 'platform' }, { principal: 'user:svc-admin', role: 'platform-admin', scope_kind: 'platform' }]);
+  await db.close();
+});

@@ -9,18 +9,21 @@ CREATE TABLE IF NOT EXISTS roles (
   created_at   timestamptz NOT NULL DEFAULT now()
 );
 
+-- grantView (spec): id int64, principal, role, capability, scope_kind, org_id, group_id, agent_id.
 CREATE TABLE IF NOT EXISTS grants (
-  id         text PRIMARY KEY,
+  id         bigserial PRIMARY KEY,
   principal  text NOT NULL,
-  scope_kind text NOT NULL CHECK (scope_kind IN ('platform', 'org', 'group', 'agent')),
-  scope_id   text NOT NULL DEFAULT '',
   role       text,
   capability text,
+  scope_kind text NOT NULL CHECK (scope_kind IN ('platform', 'org', 'group', 'agent')),
+  org_id     text NOT NULL DEFAULT '',
+  group_id   text NOT NULL DEFAULT '',
+  agent_id   text NOT NULL DEFAULT '',
   created_by text NOT NULL,
   created_at timestamptz NOT NULL DEFAULT now(),
   CHECK ((role IS NULL) <> (capability IS NULL))
 );
-CREATE UNIQUE INDEX IF NOT EXISTS grants_unique ON grants (principal, scope_kind, scope_id, coalesce(role, ''), coalesce(capability, ''));
+CREATE UNIQUE INDEX IF NOT EXISTS grants_unique ON grants (principal, scope_kind, org_id, group_id, agent_id, coalesce(role, ''), coalesce(capability, ''));
 CREATE INDEX IF NOT EXISTS grants_principal ON grants (principal);
 
 CREATE TABLE IF NOT EXISTS memberships (
