@@ -20,6 +20,11 @@ export interface ControlPlaneOptions {
   databaseDsn: string;
   /** Subjects granted the platform administrator role at start. */
   seedAdmin: string[];
+  auditDsn: string;
+  auditWalDir: string;
+  auditWalMaxBytes: number;
+  auditCaptureOrDeny: boolean;
+  auditCaptureTimeout: number;
 }
 
 export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
@@ -34,6 +39,11 @@ export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
   orgClaim: 'org_id',
   databaseDsn: '',
   seedAdmin: [],
+  auditDsn: '',
+  auditWalDir: '',
+  auditWalMaxBytes: 0,
+  auditCaptureOrDeny: true,
+  auditCaptureTimeout: 5000,
 };
 
 export class OptionsError extends Error {
@@ -59,6 +69,8 @@ export function validateOptions(input: Partial<ControlPlaneOptions>): ControlPla
   }
   if (!/^[A-Za-z0-9_.:/-]+$/.test(o.orgClaim)) throw new OptionsError('--org-claim must be a claim name');
   for (const s of o.seedAdmin) if (!s.trim()) throw new OptionsError('--seed-admin needs a subject');
+  if (o.auditDsn && !o.auditWalDir) throw new OptionsError('--audit-wal-dir is required with --audit-dsn');
+  if (o.auditWalDir && !o.auditDsn) throw new OptionsError('--audit-wal-dir needs --audit-dsn: a spool nothing ships would only fill up');
   return o;
 }
 

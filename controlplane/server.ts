@@ -11,6 +11,11 @@ import { ApiError, PROBLEMS, sendProblem } from './errors.ts';
 import { isSkeleton, validateOptions, type ControlPlaneOptions } from './options.ts';
 import { openDb, type Db } from './store/db.ts';
 import { migrate } from './store/migrate.ts';
+import { grantRoutes } from './routes/grants.ts';
+import type { AuditSink } from '../audit-wal/sink.ts';
+import { StdoutAuditSink } from '../audit-wal/stdout-sink.ts';
+import { WalSink } from '../audit-wal/wal-sink.ts';
+import { createRegistry } from '../core/metrics.ts';
 import pkg from '../package.json' with { type: 'json' };
 
 // `dvx serve controlplane`: the operator API on fastify over TLS.
@@ -35,7 +40,7 @@ declare module 'fastify' {
 
 const SKELETON_DETAIL = 'the operator API is not yet implemented here: this control plane runs in skeleton mode (configure --oidc-issuer and --database-dsn)';
 
-export async function startControlPlane(input: Partial<ControlPlaneOptions>, start: { logger?: Logger } = {}): Promise<RunningControlPlane> {
+export async function startControlPlane(input: Partial<ControlPlaneOptions>, start: { logger?: Logger; audit?: AuditSink } = {}): Promise<RunningControlPlane> {
   const options = validateOptions(input);
   const log = start.logger ?? createLogger({ level: options.logLevel, format: options.logFormat, component: 'controlplane' });
   const tls = await loadTls({ cert: options.tlsCert, key: options.tlsKey });
@@ -53,6 +58,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
   app.get('/healthz', async () => ({ component: 'controlplane', status: 'ok', version: pkg.version }));
 
   let db: Db | null = null;
+  let audit: AuditSink | null = null;
   if (isSkeleton(options)) {
     app.setNotFoundHandler((req, reply) => sendProblem(reply, PROBLEMS.notImplemented, SKELETON_DETAIL, req.url));
     log.warn({ issuer: options.oidcIssuer || null, database: Boolean(options.databaseDsn) }, 'controlplane in skeleton mode');
@@ -73,6 +79,11 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
       ca: options.oidcCa ? await readFile(options.oidcCa) : undefined,
     });
     const store = db;
+    // Audit of every change: the WAL shipped to --audit-dsn, or stdout lines with "stream":"audit".
+    audit = start.audit ?? (options.auditDsn
+      ? await WalSink.open({ dir: options.auditWalDir, dsn: options.auditDsn, maxBytes: options.auditWalMaxBytes, log, registry: createRegistry(), tables: ['audit_events'] })
+      : new StdoutAuditSink());
+    const capture = { captureOrDeny: options.auditCaptureOrDeny, timeoutMs: options.auditCaptureTimeout };
     // Every /api/v1 path, routed or not, authenticates first: an unknown path answers 401 to a caller
     // without a valid token, never 404, so the surface cannot be mapped anonymously.
     app.addHook('onRequest', async (req: FastifyRequest) => {
@@ -95,6 +106,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
         const grants = await effectiveCapabilities(store, { subject: p.subject, orgId: p.orgId, groups });
         return { subject: p.subject, kind: p.kind, org_id: p.orgId, groups, capabilities: [...new Set(grants.map((g) => g.capability))].sort() };
       });
+      await api.register(grantRoutes({ db: store, audit: audit!, capture }));
     }, { prefix: '/api/v1' });
     app.setNotFoundHandler((req, reply) => sendProblem(reply, PROBLEMS.notFound, `no route ${req.method} ${req.url.split('?')[0]}`, req.url));
   }
@@ -106,6 +118,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     app,
     close: async () => {
       await app.close();
+      await audit?.close();
       await db?.close();
     },
   };

@@ -1,0 +1,160 @@
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import { newId } from '../../core/ids.ts';
+import { gated, type CaptureOptions } from '../../audit-wal/gate.ts';
+import { AuditUnavailableError } from '../../audit-wal/errors.ts';
+import type { AuditSink } from '../../audit-wal/sink.ts';
+import { BUILT_IN_ROLES, CAPABILITIES, type ScopeKind } from '../authz/capabilities.ts';
+import { requireCapability, type Target } from '../authz/guard.ts';
+import { ApiError, PROBLEMS } from '../errors.ts';
+import type { Db, Queryable } from '../store/db.ts';
+
+// Grants (spec: createGrantReq, grantView): platform-scope grants under /api/v1/grants (platform:config),
+// an org's grants under /api/v1/orgs/{org}/grants (members:* over that org). The body names what is
+// granted (principal, a role or a capability, and within an org optionally a group or an agent); who
+// may grant is decided by the path alone. Every change is audited before it is committed.
+
+export interface GrantView {
+  id: number;
+  principal: string;
+  role: string | null;
+  capability: string | null;
+  scope_kind: ScopeKind;
+  org_id: string;
+  group_id: string;
+  agent_id: string;
+}
+
+interface GrantRow extends Omit<GrantView, 'id'> {
+  id: string | number;
+}
+
+const view = (r: GrantRow): GrantView => ({
+  id: Number(r.id), principal: r.principal, role: r.role, capability: r.capability, scope_kind: r.scope_kind, org_id: r.org_id, group_id: r.group_id, agent_id: r.agent_id,
+});
+
+const COLUMNS = 'id, principal, role, capability, scope_kind, org_id, group_id, agent_id';
+const PRINCIPAL = /^(user:.+|group:[^:]+:.+|agent:.+)$/;
+
+function bad(field: string, message: string): never {
+  throw new ApiError(PROBLEMS.badRequest, `${field}: ${message}`);
+}
+
+function str(body: Record<string, unknown>, field: string): string | null {
+  const v = body[field];
+  if (v === undefined || v === null || v === '') return null;
+  if (typeof v !== 'string') bad(field, 'must be a string');
+  return v;
+}
+
+async function roleExists(db: Queryable, role: string): Promise<boolean> {
+  if (role in BUILT_IN_ROLES) return true;
+  return (await db.query('SELECT 1 FROM roles WHERE name = $1', [role])).rows.length > 0;
+}
+
+/** Validates createGrantReq for a scope the path fixed; returns the row to insert. */
+async function parseGrant(db: Queryable, raw: unknown, target: Target): Promise<Omit<GrantView, 'id'>> {
+  if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) bad('body', 'must be a JSON object (createGrantReq)');
+  const body = raw as Record<string, unknown>;
+  for (const k of Object.keys(body)) if (!['principal', 'role', 'capability', 'agent', 'group'].includes(k)) bad(k, 'unknown field');
+  const principal = str(body, 'principal');
+  if (!principal) bad('principal', 'is required');
+  if (!PRINCIPAL.test(principal)) bad('principal', 'must be user:<subject>, group:<org>:<group> or agent:<uid>');
+  const role = str(body, 'role');
+  const capability = str(body, 'capability');
+  if ((role === null) === (capability === null)) bad('role', 'exactly one of role and capability is required');
+  if (capability !== null && !(CAPABILITIES as readonly string[]).includes(capability)) bad('capability', `unknown capability (one of ${CAPABILITIES.join(', ')})`);
+  if (role !== null && !(await roleExists(db, role))) bad('role', `unknown role "${role}"`);
+  const group = str(body, 'group');
+  const agent = str(body, 'agent');
+  if (target.kind === 'platform') {
+    if (group || agent) bad(group ? 'group' : 'agent', 'platform grants are not narrowed to a group or an agent; grant within an org instead');
+    if (principal.startsWith('agent:')) bad('principal', 'agent principals are granted within an org');
+    return { principal, role, capability, scope_kind: 'platform', org_id: '', group_id: '', agent_id: '' };
+  }
+  if (group && agent) bad('agent', 'a grant is narrowed to a group or an agent, not both');
+  if (role === 'platform-admin') bad('role', 'platform-admin is granted at platform scope (/api/v1/grants)');
+  if (principal.startsWith('group:') && principal.split(':')[1] !== target.org) bad('principal', `group principals of org ${target.org} only`);
+  if (principal.startsWith('agent:') && (role !== 'auditor' || group || agent)) bad('principal', 'an agent principal may only be granted the auditor role, org-scoped');
+  return {
+    principal, role, capability,
+    scope_kind: group ? 'group' : agent ? 'agent' : 'org',
+    org_id: target.org, group_id: group ?? '', agent_id: agent ?? '',
+  };
+}
+
+export interface GrantRoutesDeps {
+  db: Db;
+  audit: AuditSink;
+  capture: Omit<CaptureOptions, 'log'>;
+}
+
+export function grantRoutes(deps: GrantRoutesDeps) {
+  const { db } = deps;
+
+  /** The change and its audit record commit together; no durable record, no change (503). */
+  async function audited<T>(req: FastifyRequest, action: string, orgId: string, change: (tx: Queryable) => Promise<{ result: T; resource: string }>): Promise<T> {
+    const p = req.principal!;
+    try {
+      return await db.transaction(async (tx) => {
+        const { result, resource } = await change(tx);
+        const record = {
+          id: newId(), event_time: new Date().toISOString(), kind: 'event', action, actor: p.subject, actor_kind: p.kind,
+          org_id: orgId, outcome: 'allow', resource, scope: orgId ? `org:${orgId}` : 'platform', trace_id: String(req.id),
+        };
+        await gated(deps.audit, 'audit_events', record, () => undefined, deps.capture);
+        return result;
+      });
+    } catch (err) {
+      if (err instanceof AuditUnavailableError) throw new ApiError(PROBLEMS.auditUnavailable, err.message);
+      if ((err as { code?: string }).code === '23505') throw new ApiError(PROBLEMS.conflict, 'an identical grant exists');
+      throw err;
+    }
+  }
+
+  return async (api: FastifyInstance) => {
+    const routes: { prefix: string; capability: 'platform:config' | 'members:*'; target: (req: FastifyRequest) => Target }[] = [
+      { prefix: '/grants', capability: 'platform:config', target: () => ({ kind: 'platform' }) },
+      { prefix: '/orgs/:org/grants', capability: 'members:*', target: (req) => ({ kind: 'org', org: (req.params as { org: string }).org }) },
+    ];
+    for (const r of routes) {
+      const scopeSql = (t: Target) => (t.kind === 'platform' ? ["scope_kind = 'platform'", []] : ['org_id = $1', [t.org]]) as [string, string[]];
+
+      api.get(r.prefix, { config: { requiredCapability: r.capability } }, async (req) => {
+        const target = r.target(req);
+        await requireCapability(db, req, r.capability, target);
+        const [where, params] = scopeSql(target);
+        const { rows } = await db.query<GrantRow>(`SELECT ${COLUMNS} FROM grants WHERE ${where} ORDER BY id`, params);
+        return rows.map(view);
+      });
+
+      api.post(r.prefix, { config: { requiredCapability: r.capability } }, async (req, reply) => {
+        const target = r.target(req);
+        await requireCapability(db, req, r.capability, target);
+        const grant = await parseGrant(db, req.body, target);
+        const created = await audited(req, 'grant.create', grant.org_id, async (tx) => {
+          const { rows } = await tx.query<GrantRow>(
+            `INSERT INTO grants (principal, role, capability, scope_kind, org_id, group_id, agent_id, created_by)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING ${COLUMNS}`,
+            [grant.principal, grant.role, grant.capability, grant.scope_kind, grant.org_id, grant.group_id, grant.agent_id, req.principal!.subject],
+          );
+          return { result: view(rows[0]), resource: `grant:${rows[0].id}` };
+        });
+        return reply.code(201).send(created);
+      });
+
+      api.delete(`${r.prefix}/:id`, { config: { requiredCapability: r.capability } }, async (req, reply) => {
+        const target = r.target(req);
+        await requireCapability(db, req, r.capability, target);
+        const id = (req.params as { id: string }).id;
+        if (!/^\d{1,18}$/.test(id)) throw new ApiError(PROBLEMS.notFound, `no grant ${id}`);
+        const [where, params] = scopeSql(target);
+        await audited(req, 'grant.delete', target.kind === 'org' ? target.org : '', async (tx) => {
+          const { rows } = await tx.query<{ id: string }>(`DELETE FROM grants WHERE id = $${params.length + 1} AND ${where} RETURNING id`, [...params, id]);
+          if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no grant ${id} here`);
+          return { result: null, resource: `grant:${id}` };
+        });
+        return reply.code(204).send();
+      });
+    }
+  };
+}

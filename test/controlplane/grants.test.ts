@@ -1,0 +1,128 @@
+import t from 'tap';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Agent, request } from 'undici';
+import { createLogger } from '../../core/logger.ts';
+import { generateCa, issueCertificate } from '../../core/tls.ts';
+import { StdoutAuditSink } from '../../audit-wal/stdout-sink.ts';
+import type { AuditSink } from '../../audit-wal/sink.ts';
+import { startControlPlane } from '../../controlplane/server.ts';
+import { AUDIENCE, startIssuer } from '../fixtures/oidc-issuer.ts';
+
+// Grants through the API, by persona: the platform admin (seeded), an org admin it appoints, a caller
+// with nothing; bad bodies; duplicates; deletion; every change audited before it commits.
+
+const dir = await mkdtemp(join(tmpdir(), 'dvx-grants-'));
+const ca = await generateCa();
+const leaf = await issueCertificate(ca, { commonName: 'localhost', ipAddresses: ['127.0.0.1'] });
+await writeFile(join(dir, 'cert.pem'), leaf.certPem);
+await writeFile(join(dir, 'key.pem'), leaf.keyPem);
+const dispatcher = new Agent({ connect: { ca: ca.certPem } });
+const issuer = await startIssuer([
+  { clientId: 'platform-admin', org: 'org-1' },
+  { clientId: 'org1-admin', org: 'org-1' },
+  { clientId: 'nobody', org: 'org-1' },
+]);
+const audit: Record<string, unknown>[] = [];
+const cp = await startControlPlane({
+  addr: '127.0.0.1:0', tlsCert: join(dir, 'cert.pem'), tlsKey: join(dir, 'key.pem'),
+  oidcIssuer: issuer.issuer, oidcAudience: AUDIENCE, databaseDsn: `pglite://${join(dir, 'db')}`, seedAdmin: ['platform-admin'],
+}, { logger: createLogger({ level: 'error', destination: { write: () => {} } }), audit: new StdoutAuditSink({ write: (s: string) => void audit.push(JSON.parse(s)) } as never) });
+t.teardown(async () => {
+  await cp.close();
+  await issuer.close();
+  await dispatcher.close();
+  await rm(dir, { recursive: true, force: true });
+});
+
+const tokens = new Map<string, string>();
+async function call(persona: string, method: string, path: string, body?: unknown) {
+  if (!tokens.has(persona)) tokens.set(persona, await issuer.token(persona));
+  const res = await request(`https://127.0.0.1:${cp.port}/api/v1${path}`, {
+    method: method as 'GET', dispatcher,
+    headers: { authorization: `Bearer ${tokens.get(persona)}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await res.body.text();
+  return { status: res.statusCode, type: res.headers['content-type'], body: text ? JSON.parse(text) : null };
+}
+
+t.test('the platform admin appoints an org admin; the org admin manages its org only', async (t) => {
+  const appointed = await call('platform-admin', 'POST', '/orgs/org-1/grants', { principal: 'user:org1-admin', role: 'org-admin' });
+  t.equal(appointed.status, 201);
+  t.match(appointed.body, { principal: 'user:org1-admin', role: 'org-admin', capability: null, scope_kind: 'org', org_id: 'org-1', group_id: '', agent_id: '' });
+  t.type(appointed.body.id, 'number', 'id is an int64');
+  t.match(audit.at(-1), { stream: 'audit', table: 'audit_events', action: 'grant.create', actor: 'platform-admin', actor_kind: 'service', org_id: 'org-1', outcome: 'allow', resource: `grant:${appointed.body.id}` });
+
+  const who = await call('org1-admin', 'GET', '/whoami');
+  t.match(who.body.capabilities, ['agents:manage', 'audit:read', 'clients:manage', 'enclaves:read', 'members:*', 'org:manage']);
+
+  const auditor = await call('org1-admin', 'POST', '/orgs/org-1/grants', { principal: 'agent:a-7', role: 'auditor' });
+  t.equal(auditor.status, 201, 'an org admin grants an agent the auditor role');
+  const narrowed = await call('org1-admin', 'POST', '/orgs/org-1/grants', { principal: 'user:bob', capability: 'agents:manage', group: 'builders' });
+  t.match(narrowed.body, { scope_kind: 'group', group_id: 'builders', capability: 'agents:manage' });
+  const list = await call('org1-admin', 'GET', '/orgs/org-1/grants');
+  t.same(list.body.map((g: { principal: string }) => g.principal), ['user:org1-admin', 'agent:a-7', 'user:bob']);
+
+  t.equal((await call('org1-admin', 'GET', '/orgs/org-2/grants')).status, 403, 'another org');
+  t.equal((await call('org1-admin', 'POST', '/grants', { principal: 'user:x', role: 'member' })).status, 403, 'platform grants need platform:config');
+  const forbidden = await call('nobody', 'GET', '/orgs/org-1/grants');
+  t.equal(forbidden.status, 403);
+  t.match(forbidden.body, { type: 'https://dvx.dev/problems/forbidden', detail: /members:\* over org org-1/ });
+  t.equal(forbidden.type, 'application/problem+json; charset=utf-8');
+});
+
+t.test('bad bodies are 400 problems naming the field; nothing is stored', async (t) => {
+  const before = (await call('platform-admin', 'GET', '/orgs/org-1/grants')).body.length;
+  const cases: [unknown, RegExp][] = [
+    [[], /body: must be a JSON object/],
+    [{ role: 'member' }, /principal: is required/],
+    [{ principal: 'bob', role: 'member' }, /principal: must be user:<subject>/],
+    [{ principal: 'user:bob' }, /role: exactly one of role and capability/],
+    [{ principal: 'user:bob', role: 'member', capability: 'audit:read' }, /exactly one/],
+    [{ principal: 'user:bob', role: 'wizard' }, /role: unknown role "wizard"/],
+    [{ principal: 'user:bob', capability: 'fly' }, /capability: unknown capability/],
+    [{ principal: 'user:bob', role: 'member', group: 'g', agent: 'a' }, /agent: a grant is narrowed to a group or an agent, not both/],
+    [{ principal: 'agent:a-1', role: 'org-admin' }, /principal: an agent principal may only be granted the auditor role/],
+    [{ principal: 'group:org-2:ops', role: 'member' }, /group principals of org org-1 only/],
+    [{ principal: 'user:bob', role: 'platform-admin' }, /platform-admin is granted at platform scope/],
+    [{ principal: 'user:bob', role: 'member', colour: 'red' }, /colour: unknown field/],
+  ];
+  for (const [body, detail] of cases) {
+    const r = await call('platform-admin', 'POST', '/orgs/org-1/grants', body);
+    t.equal(r.status, 400, JSON.stringify(body));
+    t.match(r.body, { type: 'https://dvx.dev/problems/bad-request', detail });
+  }
+  t.equal((await call('platform-admin', 'GET', '/orgs/org-1/grants')).body.length, before);
+});
+
+t.test('duplicates conflict; deletion is scoped to the path', async (t) => {
+  const first = await call('platform-admin', 'POST', '/grants', { principal: 'user:carol', role: 'member' });
+  t.equal(first.status, 201);
+  t.equal(first.body.scope_kind, 'platform');
+  const again = await call('platform-admin', 'POST', '/grants', { principal: 'user:carol', role: 'member' });
+  t.equal(again.status, 409);
+  t.match(again.body, { type: 'https://dvx.dev/problems/conflict' });
+  t.equal((await call('platform-admin', 'DELETE', `/orgs/org-1/grants/${first.body.id}`)).status, 404, 'a platform grant is not under an org path');
+  t.equal((await call('platform-admin', 'DELETE', `/grants/${first.body.id}`)).status, 204);
+  t.equal((await call('platform-admin', 'DELETE', `/grants/${first.body.id}`)).status, 404, 'gone');
+  t.match(audit.at(-1), { action: 'grant.delete', resource: `grant:${first.body.id}` });
+});
+
+t.test('capture-or-deny: a change whose audit record cannot be made durable is refused and not applied', async (t) => {
+  const stalled: AuditSink = { append: () => new Promise(() => {}), flush: async () => {}, close: async () => {} };
+  const other = await startControlPlane({
+    addr: '127.0.0.1:0', tlsCert: join(dir, 'cert.pem'), tlsKey: join(dir, 'key.pem'), auditCaptureTimeout: 200,
+    oidcIssuer: issuer.issuer, oidcAudience: AUDIENCE, databaseDsn: `pglite://${join(dir, 'db2')}`, seedAdmin: ['platform-admin'],
+  }, { logger: createLogger({ level: 'error', destination: { write: () => {} } }), audit: stalled });
+  t.teardown(() => other.close());
+  const post = await request(`https://127.0.0.1:${other.port}/api/v1/grants`, {
+    method: 'POST', dispatcher, headers: { authorization: `Bearer ${tokens.get('platform-admin')}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ principal: 'user:dave', role: 'member' }),
+  });
+  t.equal(post.statusCode, 503);
+  t.match(await post.body.json(), { type: 'https://dvx.dev/problems/audit-unavailable' });
+  const list = await request(`https://127.0.0.1:${other.port}/api/v1/grants`, { dispatcher, headers: { authorization: `Bearer ${tokens.get('platform-admin')}` } });
+  t.same((await list.body.json() as { principal: string }[]).map((g) => g.principal), ['user:platform-admin'], 'the grant was rolled back');
+});
