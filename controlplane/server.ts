@@ -12,6 +12,7 @@ import { isSkeleton, validateOptions, type ControlPlaneOptions } from './options
 import { openDb, type Db } from './store/db.ts';
 import { migrate } from './store/migrate.ts';
 import { grantRoutes } from './routes/grants.ts';
+import { roleRoutes } from './routes/roles.ts';
 import type { AuditSink } from '../audit-wal/sink.ts';
 import { StdoutAuditSink } from '../audit-wal/stdout-sink.ts';
 import { WalSink } from '../audit-wal/wal-sink.ts';
@@ -107,6 +108,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
         return { subject: p.subject, kind: p.kind, org_id: p.orgId, groups, capabilities: [...new Set(grants.map((g) => g.capability))].sort() };
       });
       await api.register(grantRoutes({ db: store, audit: audit!, capture }));
+      await api.register(roleRoutes({ db: store, audit: audit!, capture }));
     }, { prefix: '/api/v1' });
     app.setNotFoundHandler((req, reply) => sendProblem(reply, PROBLEMS.notFound, `no route ${req.method} ${req.url.split('?')[0]}`, req.url));
   }

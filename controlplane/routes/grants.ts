@@ -1,12 +1,9 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import { newId } from '../../core/ids.ts';
-import { gated, type CaptureOptions } from '../../audit-wal/gate.ts';
-import { AuditUnavailableError } from '../../audit-wal/errors.ts';
-import type { AuditSink } from '../../audit-wal/sink.ts';
+import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { BUILT_IN_ROLES, CAPABILITIES, type ScopeKind } from '../authz/capabilities.ts';
 import { requireCapability, type Target } from '../authz/guard.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
-import type { Db, Queryable } from '../store/db.ts';
+import type { Queryable } from '../store/db.ts';
 
 // Grants (spec: createGrantReq, grantView): platform-scope grants under /api/v1/grants (platform:config),
 // an org's grants under /api/v1/orgs/{org}/grants (members:* over that org). The body names what is
@@ -82,34 +79,11 @@ async function parseGrant(db: Queryable, raw: unknown, target: Target): Promise<
   };
 }
 
-export interface GrantRoutesDeps {
-  db: Db;
-  audit: AuditSink;
-  capture: Omit<CaptureOptions, 'log'>;
-}
-
-export function grantRoutes(deps: GrantRoutesDeps) {
+export function grantRoutes(deps: ChangeDeps) {
   const { db } = deps;
 
-  /** The change and its audit record commit together; no durable record, no change (503). */
-  async function audited<T>(req: FastifyRequest, action: string, orgId: string, change: (tx: Queryable) => Promise<{ result: T; resource: string }>): Promise<T> {
-    const p = req.principal!;
-    try {
-      return await db.transaction(async (tx) => {
-        const { result, resource } = await change(tx);
-        const record = {
-          id: newId(), event_time: new Date().toISOString(), kind: 'event', action, actor: p.subject, actor_kind: p.kind,
-          org_id: orgId, outcome: 'allow', resource, scope: orgId ? `org:${orgId}` : 'platform', trace_id: String(req.id),
-        };
-        await gated(deps.audit, 'audit_events', record, () => undefined, deps.capture);
-        return result;
-      });
-    } catch (err) {
-      if (err instanceof AuditUnavailableError) throw new ApiError(PROBLEMS.auditUnavailable, err.message);
-      if ((err as { code?: string }).code === '23505') throw new ApiError(PROBLEMS.conflict, 'an identical grant exists');
-      throw err;
-    }
-  }
+  const audited = <T>(req: FastifyRequest, action: string, orgId: string, change: (tx: Queryable) => Promise<{ result: T; resource: string }>) =>
+    auditedChange(deps, req, action, orgId, change);
 
   return async (api: FastifyInstance) => {
     const routes: { prefix: string; capability: 'platform:config' | 'members:*'; target: (req: FastifyRequest) => Target }[] = [

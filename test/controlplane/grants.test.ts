@@ -126,3 +126,26 @@ t.test('capture-or-deny: a change whose audit record cannot be made durable is r
   const list = await request(`https://127.0.0.1:${other.port}/api/v1/grants`, { dispatcher, headers: { authorization: `Bearer ${tokens.get('platform-admin')}` } });
   t.same((await list.body.json() as { principal: string }[]).map((g) => g.principal), ['user:platform-admin'], 'the grant was rolled back');
 });
+
+t.test('custom roles: create, grant, change, refuse to delete while granted, delete', async (t) => {
+  const created = await call('platform-admin', 'POST', '/roles', { name: 'agent-ops', capabilities: ['agents:manage', 'enclaves:read'] });
+  t.equal(created.status, 201);
+  t.same(created.body, { name: 'agent-ops', capabilities: ['agents:manage', 'enclaves:read'] });
+  t.equal((await call('platform-admin', 'POST', '/roles', { name: 'agent-ops', capabilities: [] })).status, 409);
+  t.equal((await call('platform-admin', 'POST', '/roles', { name: 'auditor', capabilities: [] })).status, 409, 'built-in');
+  t.match((await call('platform-admin', 'POST', '/roles', { name: 'x', capabilities: ['fly'] })).body, { detail: /^name: / });
+  t.match((await call('platform-admin', 'POST', '/roles', { name: 'ok-name', capabilities: ['fly'] })).body, { detail: /^capabilities\[0\]: unknown capability/ });
+  const grant = await call('platform-admin', 'POST', '/orgs/org-1/grants', { principal: 'user:nobody', role: 'agent-ops' });
+  t.equal(grant.status, 201);
+  t.same((await call('nobody', 'GET', '/whoami')).body.capabilities, ['agents:manage', 'enclaves:read'], 'the custom role takes effect');
+  t.equal((await call('platform-admin', 'PUT', '/roles/agent-ops', { capabilities: ['audit:read'] })).status, 200);
+  t.same((await call('nobody', 'GET', '/whoami')).body.capabilities, ['audit:read'], 'and its change too');
+  t.equal((await call('platform-admin', 'DELETE', '/roles/agent-ops')).status, 409, 'still granted');
+  t.equal((await call('platform-admin', 'DELETE', `/orgs/org-1/grants/${grant.body.id}`)).status, 204);
+  t.equal((await call('platform-admin', 'DELETE', '/roles/agent-ops')).status, 204);
+  t.equal((await call('platform-admin', 'PUT', '/roles/agent-ops', { capabilities: [] })).status, 404);
+  const listed = await call('platform-admin', 'GET', '/roles');
+  t.same(listed.body.map((r: { name: string }) => r.name), ['platform-admin', 'org-admin', 'member', 'auditor']);
+  t.equal((await call('org1-admin', 'GET', '/roles')).status, 403);
+  t.match(audit.at(-1), { action: 'role.delete', resource: 'role:agent-ops' });
+});

@@ -1,0 +1,39 @@
+import type { FastifyRequest } from 'fastify';
+import { newId } from '../core/ids.ts';
+import { gated, type CaptureOptions } from '../audit-wal/gate.ts';
+import { AuditUnavailableError } from '../audit-wal/errors.ts';
+import type { AuditSink } from '../audit-wal/sink.ts';
+import { ApiError, PROBLEMS } from './errors.ts';
+import type { Db, Queryable } from './store/db.ts';
+
+// Every change of the operator API goes through here (spec: operator-api rule 4 and "Audit durability
+// flags"): the change runs in a transaction, its audit_events record is made durable before the
+// commit, and if it cannot be in time the transaction rolls back and the caller gets 503.
+
+export interface ChangeDeps {
+  db: Db;
+  audit: AuditSink;
+  capture: Omit<CaptureOptions, 'log'>;
+}
+
+export async function auditedChange<T>(
+  deps: ChangeDeps, req: FastifyRequest, action: string, orgId: string,
+  change: (tx: Queryable) => Promise<{ result: T; resource: string }>,
+): Promise<T> {
+  const p = req.principal!;
+  try {
+    return await deps.db.transaction(async (tx) => {
+      const { result, resource } = await change(tx);
+      const record = {
+        id: newId(), event_time: new Date().toISOString(), kind: 'event', action, actor: p.subject, actor_kind: p.kind,
+        org_id: orgId, outcome: 'allow', resource, scope: orgId ? `org:${orgId}` : 'platform', trace_id: String(req.id),
+      };
+      await gated(deps.audit, 'audit_events', record, () => undefined, deps.capture);
+      return result;
+    });
+  } catch (err) {
+    if (err instanceof AuditUnavailableError) throw new ApiError(PROBLEMS.auditUnavailable, err.message);
+    if ((err as { code?: string }).code === '23505') throw new ApiError(PROBLEMS.conflict, 'an identical resource exists');
+    throw err;
+  }
+}

@@ -1,0 +1,88 @@
+import type { FastifyInstance } from 'fastify';
+import { BUILT_IN_ROLES, CAPABILITIES } from '../authz/capabilities.ts';
+import { requireCapability } from '../authz/guard.ts';
+import { auditedChange, type ChangeDeps } from '../audited-change.ts';
+import { ApiError, PROBLEMS } from '../errors.ts';
+
+// Roles (spec: createRoleReq, putRoleReq, roleView): the built-in roles and custom ones, platform-wide,
+// managed with platform:config. Built-in roles are listed but cannot be changed or deleted; a custom
+// role still granted somewhere cannot be deleted (409).
+
+interface RoleView {
+  name: string;
+  capabilities: string[];
+}
+
+function bad(field: string, message: string): never {
+  throw new ApiError(PROBLEMS.badRequest, `${field}: ${message}`);
+}
+
+function capabilitiesOf(body: Record<string, unknown>): string[] {
+  const caps = body.capabilities;
+  if (!Array.isArray(caps)) bad('capabilities', 'must be an array of capability names');
+  caps.forEach((c, i) => {
+    if (typeof c !== 'string' || !(CAPABILITIES as readonly string[]).includes(c)) bad(`capabilities[${i}]`, `unknown capability (one of ${CAPABILITIES.join(', ')})`);
+  });
+  return [...new Set(caps as string[])];
+}
+
+function object(raw: unknown, allowed: string[]): Record<string, unknown> {
+  if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) bad('body', 'must be a JSON object');
+  for (const k of Object.keys(raw)) if (!allowed.includes(k)) bad(k, 'unknown field');
+  return raw as Record<string, unknown>;
+}
+
+const NAME = /^[a-z][a-z0-9-]{1,62}$/;
+
+export function roleRoutes(deps: ChangeDeps) {
+  const { db } = deps;
+  const platform = { kind: 'platform' } as const;
+  return async (api: FastifyInstance) => {
+    api.get('/roles', { config: { requiredCapability: 'platform:config' } }, async (req) => {
+      await requireCapability(db, req, 'platform:config', platform);
+      const { rows } = await db.query<RoleView>('SELECT name, capabilities FROM roles ORDER BY name');
+      const builtIn = Object.entries(BUILT_IN_ROLES).map(([name, caps]) => ({ name, capabilities: [...caps] }));
+      return [...builtIn, ...rows];
+    });
+
+    api.post('/roles', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
+      await requireCapability(db, req, 'platform:config', platform);
+      const body = object(req.body, ['name', 'capabilities']);
+      const name = body.name;
+      if (typeof name !== 'string' || !NAME.test(name)) bad('name', 'must be 2–63 lowercase letters, digits or dashes, starting with a letter');
+      if (name in BUILT_IN_ROLES) throw new ApiError(PROBLEMS.conflict, `"${name}" is a built-in role`);
+      const capabilities = capabilitiesOf(body);
+      const role = await auditedChange(deps, req, 'role.create', '', async (tx) => {
+        await tx.query('INSERT INTO roles (name, capabilities, created_by) VALUES ($1, $2, $3)', [name, capabilities, req.principal!.subject]);
+        return { result: { name, capabilities }, resource: `role:${name}` };
+      });
+      return reply.code(201).send(role);
+    });
+
+    api.put('/roles/:name', { config: { requiredCapability: 'platform:config' } }, async (req) => {
+      await requireCapability(db, req, 'platform:config', platform);
+      const name = (req.params as { name: string }).name;
+      if (name in BUILT_IN_ROLES) throw new ApiError(PROBLEMS.conflict, `"${name}" is a built-in role and cannot be changed`);
+      const capabilities = capabilitiesOf(object(req.body, ['capabilities']));
+      return auditedChange(deps, req, 'role.update', '', async (tx) => {
+        const { rows } = await tx.query('UPDATE roles SET capabilities = $2 WHERE name = $1 RETURNING name', [name, capabilities]);
+        if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no role ${name}`);
+        return { result: { name, capabilities }, resource: `role:${name}` };
+      });
+    });
+
+    api.delete('/roles/:name', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
+      await requireCapability(db, req, 'platform:config', platform);
+      const name = (req.params as { name: string }).name;
+      if (name in BUILT_IN_ROLES) throw new ApiError(PROBLEMS.conflict, `"${name}" is a built-in role and cannot be deleted`);
+      await auditedChange(deps, req, 'role.delete', '', async (tx) => {
+        const used = await tx.query('SELECT 1 FROM grants WHERE role = $1 LIMIT 1', [name]);
+        if (used.rows.length > 0) throw new ApiError(PROBLEMS.conflict, `role ${name} is still granted; revoke its grants first`);
+        const { rows } = await tx.query('DELETE FROM roles WHERE name = $1 RETURNING name', [name]);
+        if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no role ${name}`);
+        return { result: null, resource: `role:${name}` };
+      });
+      return reply.code(204).send();
+    });
+  };
+}
