@@ -1,52 +1,17 @@
 import t from 'tap';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { Agent, request } from 'undici';
-import { createLogger } from '../../core/logger.ts';
-import { generateCa, issueCertificate } from '../../core/tls.ts';
-import { StdoutAuditSink } from '../../audit-wal/stdout-sink.ts';
 import type { AuditSink } from '../../audit-wal/sink.ts';
-import { startControlPlane } from '../../controlplane/server.ts';
-import { AUDIENCE, startIssuer } from '../fixtures/oidc-issuer.ts';
+import { startCpHarness } from '../fixtures/controlplane-harness.ts';
 
 // Grants through the API, by persona: the platform admin (seeded), an org admin it appoints, a caller
 // with nothing; bad bodies; duplicates; deletion; every change audited before it commits.
 
-const dir = await mkdtemp(join(tmpdir(), 'dvx-grants-'));
-const ca = await generateCa();
-const leaf = await issueCertificate(ca, { commonName: 'localhost', ipAddresses: ['127.0.0.1'] });
-await writeFile(join(dir, 'cert.pem'), leaf.certPem);
-await writeFile(join(dir, 'key.pem'), leaf.keyPem);
-const dispatcher = new Agent({ connect: { ca: ca.certPem } });
-const issuer = await startIssuer([
+const h = await startCpHarness([
   { clientId: 'platform-admin', org: 'org-1' },
   { clientId: 'org1-admin', org: 'org-1' },
   { clientId: 'nobody', org: 'org-1' },
-]);
-const audit: Record<string, unknown>[] = [];
-const cp = await startControlPlane({
-  addr: '127.0.0.1:0', tlsCert: join(dir, 'cert.pem'), tlsKey: join(dir, 'key.pem'),
-  oidcIssuer: issuer.issuer, oidcAudience: AUDIENCE, databaseDsn: `pglite://${join(dir, 'db')}`, seedAdmin: ['platform-admin'],
-}, { logger: createLogger({ level: 'error', destination: { write: () => {} } }), audit: new StdoutAuditSink({ write: (s: string) => void audit.push(JSON.parse(s)) } as never) });
-t.teardown(async () => {
-  await cp.close();
-  await issuer.close();
-  await dispatcher.close();
-  await rm(dir, { recursive: true, force: true });
-});
-
-const tokens = new Map<string, string>();
-async function call(persona: string, method: string, path: string, body?: unknown) {
-  if (!tokens.has(persona)) tokens.set(persona, await issuer.token(persona));
-  const res = await request(`https://127.0.0.1:${cp.port}/api/v1${path}`, {
-    method: method as 'GET', dispatcher,
-    headers: { authorization: `Bearer ${tokens.get(persona)}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await res.body.text();
-  return { status: res.statusCode, type: res.headers['content-type'], body: text ? JSON.parse(text) : null };
-}
+], { seedAdmin: ['platform-admin'] });
+t.teardown(() => h.close());
+const { call, audit } = h;
 
 t.test('the platform admin appoints an org admin; the org admin manages its org only', async (t) => {
   const appointed = await call('platform-admin', 'POST', '/orgs/org-1/grants', { principal: 'user:org1-admin', role: 'org-admin' });
@@ -112,19 +77,13 @@ t.test('duplicates conflict; deletion is scoped to the path', async (t) => {
 
 t.test('capture-or-deny: a change whose audit record cannot be made durable is refused and not applied', async (t) => {
   const stalled: AuditSink = { append: () => new Promise(() => {}), flush: async () => {}, close: async () => {} };
-  const other = await startControlPlane({
-    addr: '127.0.0.1:0', tlsCert: join(dir, 'cert.pem'), tlsKey: join(dir, 'key.pem'), auditCaptureTimeout: 200,
-    oidcIssuer: issuer.issuer, oidcAudience: AUDIENCE, databaseDsn: `pglite://${join(dir, 'db2')}`, seedAdmin: ['platform-admin'],
-  }, { logger: createLogger({ level: 'error', destination: { write: () => {} } }), audit: stalled });
+  const other = await h.start({ auditCaptureTimeout: 200, seedAdmin: ['platform-admin'] }, stalled);
   t.teardown(() => other.close());
-  const post = await request(`https://127.0.0.1:${other.port}/api/v1/grants`, {
-    method: 'POST', dispatcher, headers: { authorization: `Bearer ${tokens.get('platform-admin')}`, 'content-type': 'application/json' },
-    body: JSON.stringify({ principal: 'user:dave', role: 'member' }),
-  });
-  t.equal(post.statusCode, 503);
-  t.match(await post.body.json(), { type: 'https://dvx.dev/problems/audit-unavailable' });
-  const list = await request(`https://127.0.0.1:${other.port}/api/v1/grants`, { dispatcher, headers: { authorization: `Bearer ${tokens.get('platform-admin')}` } });
-  t.same((await list.body.json() as { principal: string }[]).map((g) => g.principal), ['user:platform-admin'], 'the grant was rolled back');
+  const post = await h.callAt(other.port, 'platform-admin', 'POST', '/grants', { principal: 'user:dave', role: 'member' });
+  t.equal(post.status, 503);
+  t.match(post.body, { type: 'https://dvx.dev/problems/audit-unavailable' });
+  const list = await h.callAt(other.port, 'platform-admin', 'GET', '/grants');
+  t.same(list.body.map((g: { principal: string }) => g.principal), ['user:platform-admin'], 'the grant was rolled back');
 });
 
 t.test('custom roles: create, grant, change, refuse to delete while granted, delete', async (t) => {
