@@ -14,6 +14,7 @@ import { migrate } from './store/migrate.ts';
 import { grantRoutes } from './routes/grants.ts';
 import { roleRoutes } from './routes/roles.ts';
 import { orgRoutes } from './routes/orgs.ts';
+import { memberRoutes } from './routes/members.ts';
 import type { AuditSink } from '../audit-wal/sink.ts';
 import { StdoutAuditSink } from '../audit-wal/stdout-sink.ts';
 import { WalSink } from '../audit-wal/wal-sink.ts';
@@ -111,6 +112,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
       await api.register(grantRoutes({ db: store, audit: audit!, capture }));
       await api.register(roleRoutes({ db: store, audit: audit!, capture }));
       await api.register(orgRoutes({ db: store, audit: audit!, capture }));
+      await api.register(memberRoutes({ db: store, audit: audit!, capture }));
     }, { prefix: '/api/v1' });
     app.setNotFoundHandler((req, reply) => sendProblem(reply, PROBLEMS.notFound, `no route ${req.method} ${req.url.split('?')[0]}`, req.url));
   }

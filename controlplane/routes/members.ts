@@ -1,0 +1,98 @@
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import { effectiveCapabilities, groupsOf } from '../authz/capabilities.ts';
+import { requireCapability } from '../authz/guard.ts';
+import { auditedChange, type ChangeDeps } from '../audited-change.ts';
+import { ApiError, PROBLEMS } from '../errors.ts';
+
+// Members of an org, their group memberships, what they may do, and offboarding (spec: memberView,
+// effectiveView, offboardUserView). All under members:* over the org in the path, except `effective`,
+// which also answers a member asking about themself.
+
+interface MemberView { subject: string; username: string; email: string }
+
+function bad(field: string, message: string): never {
+  throw new ApiError(PROBLEMS.badRequest, `${field}: ${message}`);
+}
+
+export function memberRoutes(deps: ChangeDeps) {
+  const { db } = deps;
+  const params = (req: FastifyRequest) => req.params as { org: string; subject: string; group: string };
+  const target = (req: FastifyRequest) => ({ kind: 'org' as const, org: params(req).org });
+  const orgExists = async (org: string) => {
+    if ((await db.query('SELECT 1 FROM orgs WHERE id = $1', [org])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
+  };
+
+  return async (api: FastifyInstance) => {
+    api.get('/orgs/:org/members', { config: { requiredCapability: 'members:*' } }, async (req) => {
+      await requireCapability(db, req, 'members:*', target(req));
+      await orgExists(params(req).org);
+      return (await db.query<MemberView>('SELECT subject, username, email FROM members WHERE org_id = $1 ORDER BY subject', [params(req).org])).rows;
+    });
+
+    api.put('/orgs/:org/members/:subject', { config: { requiredCapability: 'members:*' } }, async (req) => {
+      await requireCapability(db, req, 'members:*', target(req));
+      const { org, subject } = params(req);
+      await orgExists(org);
+      const raw = req.body ?? {};
+      if (typeof raw !== 'object' || Array.isArray(raw)) bad('body', 'must be a JSON object');
+      const body = raw as Record<string, unknown>;
+      for (const k of Object.keys(body)) if (!['username', 'email'].includes(k)) bad(k, 'unknown field');
+      for (const k of ['username', 'email']) if (body[k] !== undefined && typeof body[k] !== 'string') bad(k, 'must be a string');
+      if (typeof body.email === 'string' && body.email !== '' && !/^[^@\s]+@[^@\s]+$/.test(body.email)) bad('email', 'is not an email address');
+      return auditedChange(deps, req, 'member.put', org, async (tx) => {
+        const { rows } = await tx.query<MemberView>(
+          `INSERT INTO members (org_id, subject, username, email, created_by) VALUES ($1, $2, $3, $4, $5)
+           ON CONFLICT (org_id, subject) DO UPDATE SET username = EXCLUDED.username, email = EXCLUDED.email
+           RETURNING subject, username, email`,
+          [org, subject, body.username ?? '', body.email ?? '', req.principal!.subject],
+        );
+        return { result: rows[0], resource: `member:${org}:${subject}` };
+      });
+    });
+
+    api.put('/orgs/:org/groups/:group/members/:subject', { config: { requiredCapability: 'members:*' } }, async (req, reply) => {
+      await requireCapability(db, req, 'members:*', target(req));
+      const { org, group, subject } = params(req);
+      if ((await db.query('SELECT 1 FROM org_groups WHERE org_id = $1 AND id = $2', [org, group])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no group ${group} in org ${org}`);
+      if ((await db.query('SELECT 1 FROM members WHERE org_id = $1 AND subject = $2', [org, subject])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `${subject} is not a member of org ${org}`);
+      await auditedChange(deps, req, 'membership.put', org, async (tx) => {
+        await tx.query('INSERT INTO memberships (org_id, group_id, subject) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING', [org, group, subject]);
+        return { result: null, resource: `membership:${org}:${group}:${subject}` };
+      });
+      return reply.code(204).send();
+    });
+
+    api.delete('/orgs/:org/groups/:group/members/:subject', { config: { requiredCapability: 'members:*' } }, async (req, reply) => {
+      await requireCapability(db, req, 'members:*', target(req));
+      const { org, group, subject } = params(req);
+      await auditedChange(deps, req, 'membership.delete', org, async (tx) => {
+        const { rows } = await tx.query('DELETE FROM memberships WHERE org_id = $1 AND group_id = $2 AND subject = $3 RETURNING subject', [org, group, subject]);
+        if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `${subject} is not in group ${group}`);
+        return { result: null, resource: `membership:${org}:${group}:${subject}` };
+      });
+      return reply.code(204).send();
+    });
+
+    // Offboarding: the member, their group memberships and every grant to them in the org, at once.
+    api.post('/orgs/:org/members/:subject/offboard', { config: { requiredCapability: 'members:*' } }, async (req) => {
+      await requireCapability(db, req, 'members:*', target(req));
+      const { org, subject } = params(req);
+      return auditedChange(deps, req, 'member.offboard', org, async (tx) => {
+        const { rows } = await tx.query('DELETE FROM members WHERE org_id = $1 AND subject = $2 RETURNING subject', [org, subject]);
+        if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `${subject} is not a member of org ${org}`);
+        await tx.query('DELETE FROM memberships WHERE org_id = $1 AND subject = $2', [org, subject]);
+        await tx.query('DELETE FROM grants WHERE org_id = $1 AND principal = $2', [org, `user:${subject}`]);
+        return { result: { subject }, resource: `member:${org}:${subject}` };
+      });
+    });
+
+    api.get('/orgs/:org/members/:subject/effective', { config: { requiredCapability: 'members:*' } }, async (req) => {
+      const { org, subject } = params(req);
+      const self = req.principal?.subject === subject && req.principal?.orgId === org && req.principal?.kind !== 'agent-operator';
+      if (!self) await requireCapability(db, req, 'members:*', target(req));
+      const groups = await groupsOf(db, org, subject);
+      const grants = await effectiveCapabilities(db, { subject, orgId: org, groups });
+      return { subject, org_id: org, groups, capabilities: [...new Set(grants.map((g) => g.capability))].sort() };
+    });
+  };
+}
