@@ -15,6 +15,7 @@ import { grantRoutes } from './routes/grants.ts';
 import { roleRoutes } from './routes/roles.ts';
 import { orgRoutes } from './routes/orgs.ts';
 import { memberRoutes } from './routes/members.ts';
+import { collectOperations, openApiDocument } from './openapi.ts';
 import type { AuditSink } from '../audit-wal/sink.ts';
 import { StdoutAuditSink } from '../audit-wal/stdout-sink.ts';
 import { WalSink } from '../audit-wal/wal-sink.ts';
@@ -101,9 +102,11 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
         throw err;
       }
     });
+    const operations = collectOperations(app);
     await app.register(async (api) => {
+      api.get('/openapi.json', { config: { requiredCapability: null } }, async () => openApiDocument(operations));
       // Requires only a valid token (spec: Authentication, rule 1).
-      api.get('/whoami', async (req) => {
+      api.get('/whoami', { config: { requiredCapability: null } }, async (req) => {
         const p = req.principal!;
         const groups = await groupsOf(store, p.orgId, p.subject);
         const grants = await effectiveCapabilities(store, { subject: p.subject, orgId: p.orgId, groups });

@@ -1,0 +1,53 @@
+import type { FastifyInstance, RouteOptions } from 'fastify';
+import pkg from '../package.json' with { type: 'json' };
+
+// GET /api/v1/openapi.json: an OpenAPI 3.2 document generated from the routes as they are registered
+// (fastify's onRoute hook), each operation carrying `x-required-capability` from the route's config
+// (null: a valid token is enough).
+
+interface Operation {
+  method: string;
+  path: string;
+  capability: string | null;
+}
+
+export function collectOperations(app: FastifyInstance): Operation[] {
+  const ops: Operation[] = [];
+  app.addHook('onRoute', (route: RouteOptions) => {
+    if (!route.url.startsWith('/api/v1/') || route.url === '/api/v1/openapi.json') return;
+    const methods = (Array.isArray(route.method) ? route.method : [route.method]).filter((m) => m !== 'HEAD');
+    const capability = (route.config as { requiredCapability?: string | null } | undefined)?.requiredCapability ?? null;
+    for (const method of methods) ops.push({ method: method.toLowerCase(), path: route.url.replace(/:([A-Za-z_]+)/g, '{$1}'), capability });
+  });
+  return ops;
+}
+
+export function openApiDocument(ops: readonly Operation[]): Record<string, unknown> {
+  const paths: Record<string, Record<string, unknown>> = {};
+  for (const op of ops) {
+    const params = [...op.path.matchAll(/\{([A-Za-z_]+)\}/g)].map((m) => ({ name: m[1], in: 'path', required: true, schema: { type: 'string' } }));
+    (paths[op.path] ??= {})[op.method] = {
+      operationId: `${op.method}${op.path.replace(/[{}]/g, '').replace(/\/([a-z])/g, (_m, c: string) => c.toUpperCase()).replace(/[^A-Za-z0-9]/g, '')}`,
+      parameters: params,
+      security: [{ bearer: [] }],
+      'x-required-capability': op.capability,
+      responses: {
+        default: { description: 'RFC 9457 problem', content: { 'application/problem+json': { schema: { $ref: '#/components/schemas/Problem' } } } },
+      },
+    };
+  }
+  return {
+    openapi: '3.2.0',
+    info: { title: 'dvx operator API', version: pkg.version },
+    paths,
+    components: {
+      securitySchemes: { bearer: { type: 'http', scheme: 'bearer', bearerFormat: 'JWT' } },
+      schemas: {
+        Problem: {
+          type: 'object',
+          properties: { type: { type: 'string' }, title: { type: 'string' }, status: { type: 'integer' }, detail: { type: 'string' }, instance: { type: 'string' } },
+        },
+      },
+    },
+  };
+}
