@@ -16,6 +16,8 @@ export interface ControlPlaneOptions {
   oidcCa: string;
   /** The claim a token's org is read from. */
   orgClaim: string;
+  /** The token facade's upstream; empty: `<issuer>/oauth/v2/token`. */
+  tokenEndpointOverride: string;
   /** postgres://… or pglite://DIR; empty selects skeleton mode. */
   databaseDsn: string;
   /** Subjects granted the platform administrator role at start. */
@@ -37,6 +39,7 @@ export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
   oidcAudience: '',
   oidcCa: '',
   orgClaim: 'org_id',
+  tokenEndpointOverride: '',
   databaseDsn: '',
   seedAdmin: [],
   auditDsn: '',

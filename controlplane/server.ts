@@ -16,6 +16,7 @@ import { roleRoutes } from './routes/roles.ts';
 import { orgRoutes } from './routes/orgs.ts';
 import { memberRoutes } from './routes/members.ts';
 import { collectOperations, openApiDocument } from './openapi.ts';
+import { tokenFacade } from './routes/token-facade.ts';
 import type { AuditSink } from '../audit-wal/sink.ts';
 import { StdoutAuditSink } from '../audit-wal/stdout-sink.ts';
 import { WalSink } from '../audit-wal/wal-sink.ts';
@@ -117,6 +118,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
       await api.register(orgRoutes({ db: store, audit: audit!, capture }));
       await api.register(memberRoutes({ db: store, audit: audit!, capture }));
     }, { prefix: '/api/v1' });
+    await app.register(tokenFacade({ issuer: options.oidcIssuer, override: options.tokenEndpointOverride, ca: options.oidcCa ? await readFile(options.oidcCa) : undefined }));
     app.setNotFoundHandler((req, reply) => sendProblem(reply, PROBLEMS.notFound, `no route ${req.method} ${req.url.split('?')[0]}`, req.url));
   }
 
