@@ -17,6 +17,8 @@ export function registerControlPlane(serve: Command): void {
     .addOption(flag('--oidc-audience <aud>', { description: 'expected audience of operator tokens', default: d.oidcAudience }))
     .addOption(flag('--oidc-ca <file>', { description: 'extra CA bundle for the issuer', default: d.oidcCa }))
     .addOption(flag('--org-claim <claim>', { description: 'claim holding a token\'s org (dotted path)', default: d.orgClaim }))
+    .addOption(flag('--agent-token-issuer-url <url>', { description: 'public base URL of the agent-operator token issuer', default: d.agentTokenIssuerUrl }))
+    .addOption(flag('--agent-token-ttl <duration>', { description: 'agent-operator token lifetime; 0 = 60s', default: d.agentTokenTtl, parse: parseDurationFlag }))
     .addOption(flag('--token-endpoint-override <url>', { description: 'token endpoint behind POST /oauth/token (default: <issuer>/oauth/v2/token)', default: d.tokenEndpointOverride }))
     .addOption(flag('--database-dsn <dsn>', { description: 'postgres://… or pglite://DIR; empty: skeleton mode', default: d.databaseDsn }))
     .addOption(flag('--seed-admin <subject>', { description: 'grant this subject the platform administrator role at start (repeatable)', default: [] as string[], parse: undefined }).argParser((v: string, prev: string[] = []) => [...prev, ...v.split(',').map((s) => s.trim()).filter(Boolean)]))

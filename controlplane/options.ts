@@ -16,6 +16,10 @@ export interface ControlPlaneOptions {
   oidcCa: string;
   /** The claim a token's org is read from. */
   orgClaim: string;
+  /** Public base URL of the agent-operator issuer; empty: no agent-operator tokens. */
+  agentTokenIssuerUrl: string;
+  /** Lifetime of agent-operator tokens in ms; 0 selects 60 s. */
+  agentTokenTtl: number;
   /** The token facade's upstream; empty: `<issuer>/oauth/v2/token`. */
   tokenEndpointOverride: string;
   /** postgres://… or pglite://DIR; empty selects skeleton mode. */
@@ -40,6 +44,8 @@ export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
   oidcCa: '',
   orgClaim: 'org_id',
   tokenEndpointOverride: '',
+  agentTokenIssuerUrl: '',
+  agentTokenTtl: 0,
   databaseDsn: '',
   seedAdmin: [],
   auditDsn: '',
@@ -67,6 +73,8 @@ export function validateOptions(input: Partial<ControlPlaneOptions>): ControlPla
       throw new OptionsError('--oidc-issuer must be https (plain http only on loopback)');
     }
   }
+  if (o.agentTokenIssuerUrl && !/^https?:\/\/[^/]+/.test(o.agentTokenIssuerUrl)) throw new OptionsError('--agent-token-issuer-url must be an absolute URL (the control plane\'s public base URL)');
+  if (!(o.agentTokenTtl >= 0)) throw new OptionsError('--agent-token-ttl must not be negative');
   if (o.databaseDsn && !/^(postgres|postgresql|pglite):\/\//.test(o.databaseDsn)) {
     throw new OptionsError('--database-dsn must be postgres://… or pglite://DIR');
   }

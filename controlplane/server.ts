@@ -17,6 +17,8 @@ import { orgRoutes } from './routes/orgs.ts';
 import { memberRoutes } from './routes/members.ts';
 import { collectOperations, openApiDocument } from './openapi.ts';
 import { tokenFacade } from './routes/token-facade.ts';
+import { AgentOperatorIssuer } from './auth/agent-operator-issuer.ts';
+import { agentOperatorRoutes } from './routes/agent-operator.ts';
 import type { AuditSink } from '../audit-wal/sink.ts';
 import { StdoutAuditSink } from '../audit-wal/stdout-sink.ts';
 import { WalSink } from '../audit-wal/wal-sink.ts';
@@ -84,6 +86,11 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
       ca: options.oidcCa ? await readFile(options.oidcCa) : undefined,
     });
     const store = db;
+    const agentIssuer = options.agentTokenIssuerUrl ? await AgentOperatorIssuer.open(store, options.agentTokenIssuerUrl, Math.round(options.agentTokenTtl / 1000)) : null;
+    if (agentIssuer) {
+      app.get('/.well-known/openid-configuration', async () => agentIssuer.discovery());
+      app.get('/.well-known/jwks.json', async () => agentIssuer.jwks());
+    }
     // Audit of every change: the WAL shipped to --audit-dsn, or stdout lines with "stream":"audit".
     audit = start.audit ?? (options.auditDsn
       ? await WalSink.open({ dir: options.auditWalDir, dsn: options.auditDsn, maxBytes: options.auditWalMaxBytes, log, registry: createRegistry(), tables: ['audit_events'] })
@@ -97,7 +104,9 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
       const token = typeof header === 'string' && /^bearer\s+/i.test(header) ? header.replace(/^bearer\s+/i, '').trim() : '';
       if (!token) throw new ApiError(PROBLEMS.unauthenticated, 'missing bearer token');
       try {
-        req.principal = await oidc.authenticate(token);
+        // The authenticator that accepts a token fixes its kind: a token of our agent-operator issuer is
+        // verified by it alone (fail closed, never retried as an OIDC token), any other by the OIDC issuer.
+        req.principal = agentIssuer?.claims(token) ? await agentIssuer.authenticate(token) : await oidc.authenticate(token);
       } catch (err) {
         if (err instanceof AuthenticationError) throw new ApiError(PROBLEMS.unauthenticated, err.message);
         throw err;
@@ -117,6 +126,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
       await api.register(roleRoutes({ db: store, audit: audit!, capture }));
       await api.register(orgRoutes({ db: store, audit: audit!, capture }));
       await api.register(memberRoutes({ db: store, audit: audit!, capture }));
+      if (agentIssuer) await api.register(agentOperatorRoutes({ db: store, audit: audit!, capture }, agentIssuer));
     }, { prefix: '/api/v1' });
     await app.register(tokenFacade({ issuer: options.oidcIssuer, override: options.tokenEndpointOverride, ca: options.oidcCa ? await readFile(options.oidcCa) : undefined }));
     app.setNotFoundHandler((req, reply) => sendProblem(reply, PROBLEMS.notFound, `no route ${req.method} ${req.url.split('?')[0]}`, req.url));

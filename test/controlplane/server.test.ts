@@ -99,10 +99,10 @@ for (const store of ['pglite', 'postgres'] as const) {
 
 t.test('migrations are idempotent and transactional', async (t) => {
   const db = await openDb(`pglite://${join(dir, 'mig')}`);
-  t.same(await migrate(db), ['0001', '0002', '0003']);
+  t.same(await migrate(db), ['0001', '0002', '0003', '0004']);
   t.same(await migrate(db), [], 'a second start applies nothing');
   const { rows } = await db.query<{ n: number }>('SELECT count(*)::int AS n FROM schema_migrations');
-  t.equal(rows[0].n, 3);
+  t.equal(rows[0].n, 4);
   await db.close();
 });
 

@@ -1,0 +1,25 @@
+import type { FastifyInstance } from 'fastify';
+import type { AgentOperatorIssuer } from '../auth/agent-operator-issuer.ts';
+import { requireCapability } from '../authz/guard.ts';
+import { auditedChange, type ChangeDeps } from '../audited-change.ts';
+import { ApiError, PROBLEMS } from '../errors.ts';
+
+// Minting agent-operator tokens: the enclave's gateway, holding agents:manage over the agent's org,
+// asks for a short-lived token that it presents on the agent's behalf (spec: "Agent operators"). Each
+// mint is audited before the token is handed out.
+
+const UID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+
+export function agentOperatorRoutes(deps: ChangeDeps, issuer: AgentOperatorIssuer) {
+  return async (api: FastifyInstance) => {
+    api.post('/orgs/:org/agents/:agent/operator-token', { config: { requiredCapability: 'agents:manage' } }, async (req) => {
+      const { org, agent } = req.params as { org: string; agent: string };
+      await requireCapability(deps.db, req, 'agents:manage', { kind: 'org', org });
+      if (!UID.test(agent)) throw new ApiError(PROBLEMS.badRequest, 'agent: not an agent id');
+      return auditedChange(deps, req, 'agent-operator-token.mint', org, async () => ({
+        result: await issuer.mint(org, agent),
+        resource: `agent:${agent}`,
+      }));
+    });
+  };
+}
