@@ -1,11 +1,11 @@
 import type { Command } from 'commander';
 import { Command as Cmd } from 'commander';
-import { addBooleanFlag, flag, parseDurationFlag, parsePositiveInt } from '../core/options.ts';
+import { flag, parseDurationFlag } from '../core/options.ts';
 import { runUntilSignal } from '../core/shutdown.ts';
 import { CONTROLPLANE_DEFAULTS, OptionsError, type ControlPlaneOptions } from '../controlplane/options.ts';
 import { startControlPlane } from '../controlplane/server.ts';
 import { CliError } from './exit-codes.ts';
-import { addCommonFlags } from './server-flags.ts';
+import { addAuditFlags, addCommonFlags } from './server-flags.ts';
 
 // `dvx serve controlplane`: the operator API (spec: Server components, controlplane row). The flags
 // here are the ones built so far; the rest of the row arrives with the features they configure.
@@ -22,10 +22,6 @@ export function registerControlPlane(serve: Command): void {
     .addOption(flag('--token-endpoint-override <url>', { description: 'token endpoint behind POST /oauth/token (default: <issuer>/oauth/v2/token)', default: d.tokenEndpointOverride }))
     .addOption(flag('--database-dsn <dsn>', { description: 'postgres://… or pglite://DIR; empty: skeleton mode', default: d.databaseDsn }))
     .addOption(flag('--seed-admin <subject>', { description: 'grant this subject the platform administrator role at start (repeatable)', default: [] as string[], parse: undefined }).argParser((v: string, prev: string[] = []) => [...prev, ...v.split(',').map((s) => s.trim()).filter(Boolean)]))
-    .addOption(flag('--audit-dsn <dsn>', { description: 'audit store: clickhouse://…, postgres://…, pglite://DIR; empty: stdout', default: d.auditDsn }))
-    .addOption(flag('--audit-wal-dir <dir>', { description: 'on-disk audit spool (required with --audit-dsn)', default: d.auditWalDir }))
-    .addOption(flag('--audit-wal-max-bytes <bytes>', { description: 'unshipped bytes per table before records are dropped; 0 = 1 GiB', default: d.auditWalMaxBytes, parse: parsePositiveInt }))
-    .addOption(flag('--audit-capture-timeout <duration>', { description: 'how long a change waits for its audit record to be durable', default: d.auditCaptureTimeout, parse: parseDurationFlag }))
     .action(async (opts: Partial<ControlPlaneOptions>) => {
       let running;
       try {
@@ -36,6 +32,6 @@ export function registerControlPlane(serve: Command): void {
       }
       await runUntilSignal(() => running.close());
     });
-  addBooleanFlag(command, 'audit-capture-or-deny', 'refuse a change whose audit record cannot be made durable in time', d.auditCaptureOrDeny);
+  addAuditFlags(command, d, 'a change');
   serve.addCommand(command);
 }

@@ -1,13 +1,13 @@
 import type { Command } from 'commander';
 import { Command as Cmd } from 'commander';
-import { addBooleanFlag, flag, parseDurationFlag, parsePositiveInt } from '../core/options.ts';
+import { addBooleanFlag, flag, parseDurationFlag } from '../core/options.ts';
 import { runUntilSignal } from '../core/shutdown.ts';
 import { DEFAULT_INSPECT_TIMEOUT_MS } from '../pipeline/engine.ts';
 import { ISOLATION_CLASSES, WIRE_FORMATS } from '../pipeline/policy/snapshot.ts';
 import { LLMPROXY_DEFAULTS, OptionsError, type LlmProxyOptions } from '../proxy/llm/options.ts';
 import { startLlmProxy } from '../proxy/llm/server.ts';
 import { CliError } from './exit-codes.ts';
-import { addCommonFlags } from './server-flags.ts';
+import { addAuditFlags, addCommonFlags } from './server-flags.ts';
 
 // `dvx serve llmproxy`: the inference gateway (spec: Server components, llmproxy row).
 export function registerLlmProxy(serve: Command): void {
@@ -26,10 +26,6 @@ export function registerLlmProxy(serve: Command): void {
     .addOption(flag('--upstream-ca <file>', { description: 'extra CA bundle trusted for upstreams', default: d.upstreamCa }))
     .addOption(flag('--inspect-timeout <duration>', { description: 'deadline around request-phase inspection', default: DEFAULT_INSPECT_TIMEOUT_MS, parse: parseDurationFlag }))
     .addOption(flag('--translate-upstream-format <format>', { description: 'the upstream wire format --translate converts to', choices: WIRE_FORMATS, default: d.translateUpstreamFormat }))
-    .addOption(flag('--audit-dsn <dsn>', { description: 'audit store: clickhouse://[user:pass@]host:port/db, postgres://…, pglite://DIR; empty: stdout', default: d.auditDsn }))
-    .addOption(flag('--audit-wal-dir <dir>', { description: 'on-disk audit spool (required with --audit-dsn)', default: d.auditWalDir }))
-    .addOption(flag('--audit-wal-max-bytes <bytes>', { description: 'unshipped bytes per table before records are dropped; 0 = 1 GiB', default: d.auditWalMaxBytes, parse: parsePositiveInt }))
-    .addOption(flag('--audit-capture-timeout <duration>', { description: 'how long an answer waits for its audit record to be durable', default: d.auditCaptureTimeout, parse: parseDurationFlag }))
     .action(async (opts: Partial<LlmProxyOptions>) => {
       let running;
       try {
@@ -42,6 +38,6 @@ export function registerLlmProxy(serve: Command): void {
     });
   addBooleanFlag(command, 'inspect-fail-closed', 'refuse with 503 when request inspection fails', d.inspectFailClosed);
   addBooleanFlag(command, 'translate', 'translate between anthropic-messages, openai-chat and openai-responses', d.translate);
-  addBooleanFlag(command, 'audit-capture-or-deny', 'refuse the answer when its audit record cannot be made durable in time', d.auditCaptureOrDeny);
+  addAuditFlags(command, d, 'an answer');
   serve.addCommand(command);
 }

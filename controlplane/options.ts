@@ -1,8 +1,9 @@
 import type { LogFormat, LogLevel } from '../core/logger.ts';
+import { AUDIT_DEFAULTS, auditOptionsProblem, type AuditOptions } from '../audit-wal/options.ts';
 
 // The control plane's options: one defaults object, one validation (STYLE.md rule 4).
 
-export interface ControlPlaneOptions {
+export interface ControlPlaneOptions extends AuditOptions {
   addr: string;
   tlsCert: string;
   tlsKey: string;
@@ -26,11 +27,6 @@ export interface ControlPlaneOptions {
   databaseDsn: string;
   /** Subjects granted the platform administrator role at start. */
   seedAdmin: string[];
-  auditDsn: string;
-  auditWalDir: string;
-  auditWalMaxBytes: number;
-  auditCaptureOrDeny: boolean;
-  auditCaptureTimeout: number;
 }
 
 export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
@@ -48,11 +44,7 @@ export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
   agentTokenTtl: 0,
   databaseDsn: '',
   seedAdmin: [],
-  auditDsn: '',
-  auditWalDir: '',
-  auditWalMaxBytes: 0,
-  auditCaptureOrDeny: true,
-  auditCaptureTimeout: 5000,
+  ...AUDIT_DEFAULTS,
 };
 
 export class OptionsError extends Error {
@@ -80,8 +72,8 @@ export function validateOptions(input: Partial<ControlPlaneOptions>): ControlPla
   }
   if (!/^[A-Za-z0-9_.:/-]+$/.test(o.orgClaim)) throw new OptionsError('--org-claim must be a claim name');
   for (const s of o.seedAdmin) if (!s.trim()) throw new OptionsError('--seed-admin needs a subject');
-  if (o.auditDsn && !o.auditWalDir) throw new OptionsError('--audit-wal-dir is required with --audit-dsn');
-  if (o.auditWalDir && !o.auditDsn) throw new OptionsError('--audit-wal-dir needs --audit-dsn: a spool nothing ships would only fill up');
+  const audit = auditOptionsProblem(o);
+  if (audit) throw new OptionsError(audit);
   return o;
 }
 

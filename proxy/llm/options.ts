@@ -1,12 +1,12 @@
 import { ISOLATION_CLASSES, WIRE_FORMATS, type IsolationClass, type WireFormat } from '../../pipeline/policy/snapshot.ts';
 import { DEFAULT_INSPECT_TIMEOUT_MS } from '../../pipeline/engine.ts';
 import type { LogFormat, LogLevel } from '../../core/logger.ts';
-import { DEFAULT_CAPTURE_TIMEOUT_MS } from '../../audit-wal/gate.ts';
+import { AUDIT_DEFAULTS, auditOptionsProblem, type AuditOptions } from '../../audit-wal/options.ts';
 
 // llmproxy's options: one defaults object, one validation (STYLE.md rule 4). cli/ maps flags and
 // DVX_* variables onto it; nothing else reads the environment.
 
-export interface LlmProxyOptions {
+export interface LlmProxyOptions extends AuditOptions {
   addr: string;
   tlsCert: string;
   tlsKey: string;
@@ -30,15 +30,6 @@ export interface LlmProxyOptions {
   /** Translate between wire formats when the agent's differs from translateUpstreamFormat. */
   translate: boolean;
   translateUpstreamFormat: WireFormat;
-  /** Columnar audit store (clickhouse://, postgres://, pglite://); empty keeps audit on stdout. */
-  auditDsn: string;
-  /** On-disk spool; required with auditDsn. */
-  auditWalDir: string;
-  /** Unshipped bytes per table; 0 selects the default (1 GiB). */
-  auditWalMaxBytes: number;
-  /** An answer is delivered only once its audit record is durable (with a WAL). */
-  auditCaptureOrDeny: boolean;
-  auditCaptureTimeout: number;
   /** Slow clients: request headers must arrive within this (not a flag; tests shorten it). */
   headersTimeoutMs: number;
   /** Slow clients: the whole request must arrive within this. */
@@ -65,11 +56,7 @@ export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
   inspectFailClosed: false,
   translate: false,
   translateUpstreamFormat: 'anthropic-messages',
-  auditDsn: '',
-  auditWalDir: '',
-  auditWalMaxBytes: 0,
-  auditCaptureOrDeny: true,
-  auditCaptureTimeout: DEFAULT_CAPTURE_TIMEOUT_MS,
+  ...AUDIT_DEFAULTS,
   headersTimeoutMs: 30_000,
   requestTimeoutMs: 120_000,
 };
@@ -94,10 +81,8 @@ export function validateOptions(input: Partial<LlmProxyOptions>): LlmProxyOption
     o.upstreamDefault = o.upstreamDefault.replace(/\/+$/, '');
   }
   if (!(WIRE_FORMATS as readonly string[]).includes(o.translateUpstreamFormat)) throw new OptionsError(`--translate-upstream-format must be one of ${WIRE_FORMATS.join(', ')}`);
-  if (o.auditDsn && !o.auditWalDir) throw new OptionsError('--audit-wal-dir is required with --audit-dsn (audit spools to disk before it ships)');
-  if (o.auditWalDir && !o.auditDsn) throw new OptionsError('--audit-wal-dir needs --audit-dsn: a spool nothing ships would only fill up');
-  if (!(o.auditWalMaxBytes >= 0)) throw new OptionsError('--audit-wal-max-bytes must be 0 (default) or a positive byte count');
-  if (!(o.auditCaptureTimeout > 0)) throw new OptionsError('--audit-capture-timeout must be positive');
+  const audit = auditOptionsProblem(o);
+  if (audit) throw new OptionsError(audit);
   if (!(o.inspectTimeout > 0)) throw new OptionsError('--inspect-timeout must be positive');
   return o;
 }
