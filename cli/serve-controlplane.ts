@@ -20,6 +20,7 @@ export function registerControlPlane(serve: Command): void {
     .addOption(flag('--agent-token-issuer-url <url>', { description: 'public base URL of the agent-operator token issuer', default: d.agentTokenIssuerUrl }))
     .addOption(flag('--agent-token-ttl <duration>', { description: 'agent-operator token lifetime; 0 = 60s', default: d.agentTokenTtl, parse: parseDurationFlag }))
     .addOption(flag('--token-endpoint-override <url>', { description: 'token endpoint behind POST /oauth/token (default: <issuer>/oauth/v2/token)', default: d.tokenEndpointOverride }))
+    .addOption(flag('--idp-key <file>', { description: 'the control plane\'s service-account key at the IdP (provisions service accounts by dynamic client registration)', default: d.idpKey }))
     .addOption(flag('--database-dsn <dsn>', { description: 'postgres://… or pglite://DIR; empty: skeleton mode', default: d.databaseDsn }))
     .addOption(flag('--seed-admin <subject>', { description: 'grant this subject the platform administrator role at start (repeatable)', default: [] as string[], parse: undefined }).argParser((v: string, prev: string[] = []) => [...prev, ...v.split(',').map((s) => s.trim()).filter(Boolean)]))
     .action(async (opts: Partial<ControlPlaneOptions>) => {

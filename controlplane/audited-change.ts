@@ -4,6 +4,7 @@ import { gated, type CaptureOptions } from '../audit-wal/gate.ts';
 import { AuditUnavailableError } from '../audit-wal/errors.ts';
 import type { AuditSink } from '../audit-wal/sink.ts';
 import { ApiError, PROBLEMS } from './errors.ts';
+import { grantsChanged } from './authz/capabilities.ts';
 import type { Db, Queryable } from './store/db.ts';
 
 // Every change of the operator API goes through here (spec: operator-api rule 4 and "Audit durability
@@ -22,7 +23,7 @@ export async function auditedChange<T>(
 ): Promise<T> {
   const p = req.principal!;
   try {
-    return await deps.db.transaction(async (tx) => {
+    const out = await deps.db.transaction(async (tx) => {
       const { result, resource } = await change(tx);
       const record = {
         id: newId(), event_time: new Date().toISOString(), kind: 'event', action, actor: p.subject, actor_kind: p.kind,
@@ -31,6 +32,8 @@ export async function auditedChange<T>(
       await gated(deps.audit, 'audit_events', record, () => undefined, deps.capture);
       return result;
     });
+    grantsChanged(deps.db);
+    return out;
   } catch (err) {
     if (err instanceof AuditUnavailableError) throw new ApiError(PROBLEMS.auditUnavailable, err.message);
     if ((err as { code?: string }).code === '23505') throw new ApiError(PROBLEMS.conflict, 'an identical resource exists');

@@ -22,6 +22,7 @@ export const PROBLEMS = {
   forbidden: entry('forbidden', 'The caller lacks the required capability', 403),
   notFound: entry('not-found', 'No such resource', 404),
   conflict: entry('conflict', 'The resource is in a conflicting state', 409),
+  idpUnavailable: entry('idp-unavailable', 'The identity provider refused or did not answer', 502),
   notImplemented: entry('not-implemented', 'The operator API is not yet implemented', 501),
   auditUnavailable: entry('audit-unavailable', 'The change was refused: its audit record could not be made durable', 503),
   internal: entry('internal', 'Internal error', 500),

@@ -1,4 +1,4 @@
-import type { FastifyInstance, RouteOptions } from 'fastify';
+import Fastify, { type FastifyInstance, type RouteOptions } from 'fastify';
 import pkg from '../package.json' with { type: 'json' };
 
 // GET /api/v1/openapi.json: an OpenAPI 3.2 document generated from the routes as they are registered
@@ -14,11 +14,24 @@ interface Operation {
 export function collectOperations(app: FastifyInstance): Operation[] {
   const ops: Operation[] = [];
   app.addHook('onRoute', (route: RouteOptions) => {
-    if (!route.url.startsWith('/api/v1/') || route.url === '/api/v1/openapi.json') return;
+    if (!route.url.startsWith('/api/v1/')) return;
     const methods = (Array.isArray(route.method) ? route.method : [route.method]).filter((m) => m !== 'HEAD');
     const capability = (route.config as { requiredCapability?: string | null } | undefined)?.requiredCapability ?? null;
     for (const method of methods) ops.push({ method: method.toLowerCase(), path: route.url.replace(/:([A-Za-z_]+)/g, '{$1}'), capability });
   });
+  return ops;
+}
+
+/** The operations `mount` registers under /api/v1, collected on an instance that never listens. */
+export async function surfaceOperations(mount: (api: FastifyInstance) => Promise<void>): Promise<Operation[]> {
+  const dry = Fastify({ logger: false });
+  const ops = collectOperations(dry);
+  await dry.register(async (api) => {
+    api.get('/openapi.json', { config: { requiredCapability: null } }, async () => null);
+    await mount(api);
+  }, { prefix: '/api/v1' });
+  await dry.ready();
+  await dry.close();
   return ops;
 }
 

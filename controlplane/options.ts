@@ -25,6 +25,8 @@ export interface ControlPlaneOptions extends AuditOptions {
   tokenEndpointOverride: string;
   /** postgres://… or pglite://DIR; empty selects skeleton mode. */
   databaseDsn: string;
+  /** The control plane's own service-account key at the IdP; provisions service accounts. Empty: not mounted. */
+  idpKey: string;
   /** Subjects granted the platform administrator role at start. */
   seedAdmin: string[];
 }
@@ -44,6 +46,7 @@ export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
   agentTokenTtl: 0,
   databaseDsn: '',
   seedAdmin: [],
+  idpKey: '',
   ...AUDIT_DEFAULTS,
 };
 

@@ -6,19 +6,26 @@ import { createLogger, type Logger } from '../core/logger.ts';
 import { newId } from '../core/ids.ts';
 import { loadTls } from '../core/tls.ts';
 import { OidcAuthenticator, AuthenticationError, type Principal } from './auth/oidc.ts';
-import { effectiveCapabilities, groupsOf } from './authz/capabilities.ts';
+import { callerGrants } from './authz/capabilities.ts';
 import { ApiError, PROBLEMS, sendProblem } from './errors.ts';
-import { isSkeleton, validateOptions, type ControlPlaneOptions } from './options.ts';
+import { isSkeleton, OptionsError, validateOptions, type ControlPlaneOptions } from './options.ts';
 import { openDb, type Db } from './store/db.ts';
 import { migrate } from './store/migrate.ts';
 import { grantRoutes } from './routes/grants.ts';
 import { roleRoutes } from './routes/roles.ts';
 import { orgRoutes } from './routes/orgs.ts';
 import { memberRoutes } from './routes/members.ts';
-import { collectOperations, openApiDocument } from './openapi.ts';
+import { openApiDocument, surfaceOperations } from './openapi.ts';
+import type { ChangeDeps } from './audited-change.ts';
 import { tokenFacade } from './routes/token-facade.ts';
 import { AgentOperatorIssuer } from './auth/agent-operator-issuer.ts';
 import { agentOperatorRoutes } from './routes/agent-operator.ts';
+import { serviceAccountRoutes } from './routes/service-accounts.ts';
+import { idpConnectorRoutes } from './routes/idp-connectors.ts';
+import { ServiceAccountStatus } from './auth/service-account-status.ts';
+import { DcrProvisioner, type IdpProvisioner } from './idp/provisioner.ts';
+import { KeyFileError, parseServiceAccountKey } from './idp/service-account-key.ts';
+import { Agent, fetch as undiciFetch } from 'undici';
 import type { AuditSink } from '../audit-wal/sink.ts';
 import { StdoutAuditSink } from '../audit-wal/stdout-sink.ts';
 import { WalSink } from '../audit-wal/wal-sink.ts';
@@ -70,6 +77,8 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     app.setNotFoundHandler((req, reply) => sendProblem(reply, PROBLEMS.notImplemented, SKELETON_DETAIL, req.url));
     log.warn({ issuer: options.oidcIssuer || null, database: Boolean(options.databaseDsn) }, 'controlplane in skeleton mode');
   } else {
+    const issuerCa = options.oidcCa ? await readFile(options.oidcCa) : undefined;
+    const idp = options.idpKey ? await openProvisioner(options.idpKey, options.oidcIssuer, issuerCa) : null;
     db = await openDb(options.databaseDsn);
     const applied = await migrate(db);
     if (applied.length > 0) log.info({ migrations: applied }, 'store migrated');
@@ -79,12 +88,8 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
         [`user:${subject}`],
       );
     }
-    const oidc = new OidcAuthenticator({
-      issuer: options.oidcIssuer,
-      audience: options.oidcAudience || undefined,
-      orgClaim: options.orgClaim,
-      ca: options.oidcCa ? await readFile(options.oidcCa) : undefined,
-    });
+    const oidc = new OidcAuthenticator({ issuer: options.oidcIssuer, audience: options.oidcAudience || undefined, orgClaim: options.orgClaim, ca: issuerCa });
+    const accountStatus = new ServiceAccountStatus(db);
     const store = db;
     const agentIssuer = options.agentTokenIssuerUrl ? await AgentOperatorIssuer.open(store, options.agentTokenIssuerUrl, Math.round(options.agentTokenTtl / 1000)) : null;
     if (agentIssuer) {
@@ -107,28 +112,21 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
         // The authenticator that accepts a token fixes its kind: a token of our agent-operator issuer is
         // verified by it alone (fail closed, never retried as an OIDC token), any other by the OIDC issuer.
         req.principal = agentIssuer?.claims(token) ? await agentIssuer.authenticate(token) : await oidc.authenticate(token);
+        if (req.principal.kind === 'service' && await accountStatus.disabled(req.principal.subject)) throw new AuthenticationError('service account disabled');
       } catch (err) {
         if (err instanceof AuthenticationError) throw new ApiError(PROBLEMS.unauthenticated, err.message);
         throw err;
       }
     });
-    const operations = collectOperations(app);
+    const deps = { db: store, audit: audit!, capture };
+    // The OpenAPI document describes the full surface, including route families this process did not
+    // wire (spec: Versioning): it is collected from a never-listening instance with every family.
+    const document = openApiDocument(await surfaceOperations((api) => mountApi(api, deps, { agentIssuer: {} as AgentOperatorIssuer, idp: {} as IdpProvisioner, accountStatus })));
     await app.register(async (api) => {
-      api.get('/openapi.json', { config: { requiredCapability: null } }, async () => openApiDocument(operations));
-      // Requires only a valid token (spec: Authentication, rule 1).
-      api.get('/whoami', { config: { requiredCapability: null } }, async (req) => {
-        const p = req.principal!;
-        const groups = await groupsOf(store, p.orgId, p.subject);
-        const grants = await effectiveCapabilities(store, { subject: p.subject, orgId: p.orgId, groups });
-        return { subject: p.subject, kind: p.kind, org_id: p.orgId, groups, capabilities: [...new Set(grants.map((g) => g.capability))].sort() };
-      });
-      await api.register(grantRoutes({ db: store, audit: audit!, capture }));
-      await api.register(roleRoutes({ db: store, audit: audit!, capture }));
-      await api.register(orgRoutes({ db: store, audit: audit!, capture }));
-      await api.register(memberRoutes({ db: store, audit: audit!, capture }));
-      if (agentIssuer) await api.register(agentOperatorRoutes({ db: store, audit: audit!, capture }, agentIssuer));
+      api.get('/openapi.json', { config: { requiredCapability: null } }, async () => document);
+      await mountApi(api, deps, { agentIssuer, idp, accountStatus });
     }, { prefix: '/api/v1' });
-    await app.register(tokenFacade({ issuer: options.oidcIssuer, override: options.tokenEndpointOverride, ca: options.oidcCa ? await readFile(options.oidcCa) : undefined }));
+    await app.register(tokenFacade({ issuer: options.oidcIssuer, override: options.tokenEndpointOverride, ca: issuerCa }));
     app.setNotFoundHandler((req, reply) => sendProblem(reply, PROBLEMS.notFound, `no route ${req.method} ${req.url.split('?')[0]}`, req.url));
   }
 
@@ -143,4 +141,41 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
       await db?.close();
     },
   };
+}
+
+/** The service-account provisioner of --idp-key: the key file read and checked against --oidc-issuer. */
+async function openProvisioner(file: string, issuer: string, ca: Buffer | undefined): Promise<IdpProvisioner> {
+  let key;
+  try {
+    key = parseServiceAccountKey(JSON.parse(await readFile(file, 'utf8')));
+  } catch (err) {
+    throw new OptionsError(`--idp-key ${file}: ${err instanceof KeyFileError || err instanceof SyntaxError ? err.message : (err as Error).message}`);
+  }
+  if (key.issuer.replace(/\/+$/, '') !== issuer.replace(/\/+$/, '')) throw new OptionsError(`--idp-key ${file} is a key of ${key.issuer}, not of --oidc-issuer ${issuer}`);
+  const dispatcher = ca ? new Agent({ connect: { ca } }) : undefined;
+  const fetchImpl = ((url: string, init?: RequestInit) => undiciFetch(url, { ...(init as object), ...(dispatcher ? { dispatcher } : {}) } as never)) as unknown as (url: string, init?: RequestInit) => Promise<Response>;
+  return new DcrProvisioner(issuer, key, fetchImpl);
+}
+
+interface Families {
+  agentIssuer: AgentOperatorIssuer | null;
+  idp: IdpProvisioner | null;
+  accountStatus: ServiceAccountStatus;
+}
+
+/** Every route under /api/v1; a family whose backing capability is not wired is not mounted. */
+async function mountApi(api: FastifyInstance, deps: ChangeDeps, wired: Families): Promise<void> {
+  // Requires only a valid token (spec: Authentication, rule 1).
+  api.get('/whoami', { config: { requiredCapability: null } }, async (req) => {
+    const p = req.principal!;
+    const { groups, grants } = await callerGrants(deps.db, p.subject, p.orgId);
+    return { subject: p.subject, kind: p.kind, org_id: p.orgId, groups, capabilities: [...new Set(grants.map((g) => g.capability))].sort() };
+  });
+  await api.register(grantRoutes(deps));
+  await api.register(roleRoutes(deps));
+  await api.register(orgRoutes(deps));
+  await api.register(memberRoutes(deps));
+  await api.register(idpConnectorRoutes(deps));
+  if (wired.agentIssuer) await api.register(agentOperatorRoutes(deps, wired.agentIssuer));
+  if (wired.idp) await api.register(serviceAccountRoutes(deps, wired.idp, wired.accountStatus));
 }

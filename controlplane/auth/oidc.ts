@@ -34,8 +34,12 @@ function claim(payload: JWTPayload, path: string): unknown {
   return v;
 }
 
+/** Verified tokens are remembered until they expire (bounded; the whole map is dropped when full). */
+const VERIFIED_MAX = 10_000;
+
 export class OidcAuthenticator {
   #options: OidcOptions;
+  #verified = new Map<string, { principal: Principal; exp: number }>();
   #jwks: ReturnType<typeof createRemoteJWKSet> | null = null;
   #issuer: string | null = null;
   #fetch: typeof fetch;
@@ -64,6 +68,18 @@ export class OidcAuthenticator {
   }
 
   async authenticate(token: string): Promise<Principal> {
+    const hit = this.#verified.get(token);
+    if (hit) {
+      if (hit.exp * 1000 > Date.now()) return hit.principal;
+      this.#verified.delete(token);
+    }
+    const principal = await this.#verify(token);
+    if (this.#verified.size >= VERIFIED_MAX) this.#verified.clear();
+    this.#verified.set(token, { principal, exp: Number(principal.claims.exp) });
+    return principal;
+  }
+
+  async #verify(token: string): Promise<Principal> {
     const { jwks, issuer } = await this.#keys();
     let payload: JWTPayload;
     try {

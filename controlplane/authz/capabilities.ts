@@ -65,3 +65,37 @@ export async function effectiveCapabilities(db: Queryable, p: PrincipalRef): Pro
   }
   return out;
 }
+
+// The grants of a caller, cached per store: every request of an authenticated caller needs them, and
+// they change only through the operator API. Any change committed through this process bumps the
+// store's generation and so drops every entry at once (auditedChange calls `grantsChanged`); a change
+// made by another replica is seen within CACHE_TTL_MS.
+const CACHE_TTL_MS = 5_000;
+const CACHE_MAX = 10_000;
+interface CacheState { generation: number; entries: Map<string, { generation: number; until: number; groups: string[]; grants: EffectiveGrant[] }> }
+const caches = new WeakMap<object, CacheState>();
+
+export function grantsChanged(db: object): void {
+  const state = caches.get(db);
+  if (state) {
+    state.generation++;
+    state.entries.clear();
+  }
+}
+
+/** The caller's groups in its org and its effective grants (roles expanded), cached per store. */
+export async function callerGrants(db: Queryable, subject: string, orgId: string): Promise<{ groups: string[]; grants: EffectiveGrant[] }> {
+  let state = caches.get(db);
+  if (!state) caches.set(db, (state = { generation: 0, entries: new Map() }));
+  const key = `${subject}\u0000${orgId}`;
+  const hit = state.entries.get(key);
+  if (hit && hit.generation === state.generation && hit.until > Date.now()) return hit;
+  const generation = state.generation;
+  const groups = await groupsOf(db, orgId, subject);
+  const grants = await effectiveCapabilities(db, { subject, orgId, groups });
+  if (generation === state.generation) {
+    if (state.entries.size >= CACHE_MAX) state.entries.clear();
+    state.entries.set(key, { generation, until: Date.now() + CACHE_TTL_MS, groups, grants });
+  }
+  return { groups, grants };
+}

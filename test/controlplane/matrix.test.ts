@@ -1,21 +1,33 @@
 import t from 'tap';
+import { generateKeyPair, SignJWT } from 'jose';
+import { AUDIENCE } from '../fixtures/oidc-issuer.ts';
 import { startCpHarness } from '../fixtures/controlplane-harness.ts';
 import { freshPgDatabase } from '../fixtures/pg-database.ts';
 
 // The route × persona matrix, generated from the OpenAPI document the control plane serves: every
-// operation refuses a caller without a token (401) and one without the capability it declares (403),
-// and lets the platform administrator past both.
+// operation refuses a caller without a token, with a token for another audience or a forged one (401),
+// an agent-operator on every capability-gated route and a caller without the capability it declares
+// (403), and lets the platform administrator past both.
 // On PGlite (the embedded default) and on PostgreSQL.
 const pgDb = await freshPgDatabase('dvx_matrix');
 if (!pgDb && process.env.CI) t.fail('PostgreSQL is not reachable on 127.0.0.1:5432');
 const stores: [string, string | undefined][] = [['pglite', undefined], ...(pgDb ? [['postgres', pgDb.dsn] as [string, string]] : [])];
 for (const [store, dsn] of stores) {
-const h = await startCpHarness([{ clientId: 'root', org: 'org-a' }, { clientId: 'nobody', org: 'org-a' }], { seedAdmin: ['root'], ...(dsn ? { databaseDsn: dsn } : {}) });
+const h = await startCpHarness([{ clientId: 'root', org: 'org-a' }, { clientId: 'nobody', org: 'org-a' }], { seedAdmin: ['root'], agentTokenIssuerUrl: 'https://controlplane.dvx.test', ...(dsn ? { databaseDsn: dsn } : {}) });
 t.teardown(() => h.close());
 await h.call('root', 'POST', '/orgs', { id: 'org-a', name: 'A' });
 
+const wrongAudience = await h.issuer.token('root', 'https://elsewhere.dvx.test');
+const { privateKey } = await generateKeyPair('ES256');
+const forged = await new SignJWT({ org_id: 'org-a' }).setProtectedHeader({ alg: 'ES256', kid: 'issuer-1' }).setIssuer(h.issuer.issuer).setAudience(AUDIENCE).setSubject('root').setIssuedAt().setExpirationTime('5m').sign(privateKey);
+await h.call('root', 'POST', '/orgs/org-a/grants', { principal: 'agent:agent-1', role: 'auditor' });
+const agentOperator = (await h.call('root', 'POST', '/orgs/org-a/agents/agent-1/operator-token')).body.access_token as string;
+const withToken = async (token: string, method: string, path: string, body?: unknown) => {
+  const r = await h.rawAt(h.cp.port, method, `/api/v1${path}`, body === undefined ? undefined : JSON.stringify(body), { authorization: `Bearer ${token}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) });
+  return { status: r.status, body: r.text ? JSON.parse(r.text) : null };
+};
 const doc = (await h.call('root', 'GET', '/openapi.json')).body as { openapi: string; paths: Record<string, Record<string, { 'x-required-capability': string | null }>> };
-const VALUES: Record<string, string> = { org: 'org-a', subject: 'someone-else', group: 'g1', id: '999', name: 'custom-x' };
+const VALUES: Record<string, string> = { org: 'org-a', subject: 'someone-else', group: 'g1', id: '999', name: 'custom-x', key: 'k1', grant: '1', agent: 'agent-1' };
 
 t.test(`${store}: the document`, async (t) => {
   t.equal(doc.openapi, '3.2.0');
@@ -35,6 +47,13 @@ for (const [path, ops] of Object.entries(doc.paths)) {
       const anonymous = await h.anonymous(method.toUpperCase(), concrete, body);
       t.equal(anonymous.status, 401, 'no token');
       t.equal(anonymous.body.type, 'https://dvx.dev/problems/unauthenticated');
+      for (const [name, token] of [['another audience', wrongAudience], ['forged', forged]]) {
+        const refused = await withToken(token, method.toUpperCase(), concrete, body);
+        t.equal(refused.status, 401, name);
+      }
+      const agent = await withToken(agentOperator, method.toUpperCase(), concrete, body);
+      if (op['x-required-capability'] === null) t.not(agent.status, 401, 'the agent-operator token is valid');
+      else t.equal(agent.status, 403, 'the agent-operator kind is refused');
       const nobody = await h.call('nobody', method.toUpperCase(), concrete, body);
       if (op['x-required-capability'] === null) t.not(nobody.status, 403, 'a valid token is enough');
       else t.equal(nobody.status, 403, `nobody is refused (${op['x-required-capability']})`);

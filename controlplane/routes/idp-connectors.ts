@@ -1,0 +1,79 @@
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import { requireCapability } from '../authz/guard.ts';
+import { auditedChange, type ChangeDeps } from '../audited-change.ts';
+import { bad, object, strings, text, url } from '../body.ts';
+import { ApiError, PROBLEMS } from '../errors.ts';
+
+// An org's IdP connectors (spec: idpConnectorReq / idpConnectorView), under org:manage over the org in
+// the path. `client_secret` is write-only: stored, never answered; a PUT without it keeps the stored one.
+// Types: "oidc" (issuer and client_id required) and "saml" (metadata_url required).
+
+interface ConnectorRow { name: string; type: string; org_id: string; status: string; groups_attribute: string }
+const COLUMNS = 'name, type, org_id, status, groups_attribute';
+const NAME = /^[a-z0-9][a-z0-9_-]{0,62}$/;
+const FIELDS = ['name', 'type', 'issuer', 'metadata_url', 'client_id', 'client_secret', 'groups_attribute', 'scopes'];
+
+export function idpConnectorRoutes(deps: ChangeDeps) {
+  const { db } = deps;
+  const params = (req: FastifyRequest) => req.params as { org: string; name: string };
+  const guard = (req: FastifyRequest) => requireCapability(db, req, 'org:manage', { kind: 'org', org: params(req).org });
+  const orgExists = async (org: string) => {
+    if ((await db.query('SELECT 1 FROM orgs WHERE id = $1', [org])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
+  };
+
+  return async (api: FastifyInstance) => {
+    api.get('/orgs/:org/idp-connectors', { config: { requiredCapability: 'org:manage' } }, async (req) => {
+      await guard(req);
+      await orgExists(params(req).org);
+      return (await db.query<ConnectorRow>(`SELECT ${COLUMNS} FROM idp_connectors WHERE org_id = $1 ORDER BY name`, [params(req).org])).rows;
+    });
+
+    api.get('/orgs/:org/idp-connectors/:name', { config: { requiredCapability: 'org:manage' } }, async (req) => {
+      await guard(req);
+      const { rows } = await db.query<ConnectorRow>(`SELECT ${COLUMNS} FROM idp_connectors WHERE org_id = $1 AND name = $2`, [params(req).org, params(req).name]);
+      if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no IdP connector ${params(req).name} in org ${params(req).org}`);
+      return rows[0];
+    });
+
+    api.put('/orgs/:org/idp-connectors/:name', { config: { requiredCapability: 'org:manage' } }, async (req) => {
+      await guard(req);
+      const { org, name } = params(req);
+      if (!NAME.test(name)) bad('name', 'must be 1–63 lowercase letters, digits, "-" or "_"');
+      const body = object(req.body, FIELDS);
+      const named = text(body, 'name', false);
+      if (named !== undefined && named !== name) bad('name', `must match the path (${name}) when given`);
+      const type = text(body, 'type', true)!;
+      if (type !== 'oidc' && type !== 'saml') bad('type', 'must be "oidc" or "saml"');
+      const issuer = url(body, 'issuer', type === 'oidc') ?? '';
+      const metadataUrl = url(body, 'metadata_url', type === 'saml') ?? '';
+      const clientId = text(body, 'client_id', type === 'oidc') ?? '';
+      const clientSecret = text(body, 'client_secret', false);
+      const groupsAttribute = text(body, 'groups_attribute', false) ?? '';
+      const scopes = strings(body, 'scopes') ?? [];
+      await orgExists(org);
+      return auditedChange(deps, req, 'idp-connector.put', org, async (tx) => {
+        const { rows } = await tx.query<ConnectorRow>(
+          `INSERT INTO idp_connectors (org_id, name, type, issuer, metadata_url, client_id, client_secret, groups_attribute, scopes, created_by)
+           VALUES ($1, $2, $3, $4, $5, $6, coalesce($7, ''), $8, $9, $10)
+           ON CONFLICT (org_id, name) DO UPDATE SET type = EXCLUDED.type, issuer = EXCLUDED.issuer, metadata_url = EXCLUDED.metadata_url,
+             client_id = EXCLUDED.client_id, client_secret = coalesce($7, idp_connectors.client_secret),
+             groups_attribute = EXCLUDED.groups_attribute, scopes = EXCLUDED.scopes
+           RETURNING ${COLUMNS}`,
+          [org, name, type, issuer, metadataUrl, clientId, clientSecret ?? null, groupsAttribute, scopes, req.principal!.subject],
+        );
+        return { result: rows[0], resource: `idp-connector:${org}:${name}` };
+      });
+    });
+
+    api.delete('/orgs/:org/idp-connectors/:name', { config: { requiredCapability: 'org:manage' } }, async (req, reply) => {
+      await guard(req);
+      const { org, name } = params(req);
+      await auditedChange(deps, req, 'idp-connector.delete', org, async (tx) => {
+        const { rows } = await tx.query('DELETE FROM idp_connectors WHERE org_id = $1 AND name = $2 RETURNING name', [org, name]);
+        if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no IdP connector ${name} in org ${org}`);
+        return { result: null, resource: `idp-connector:${org}:${name}` };
+      });
+      return reply.code(204).send();
+    });
+  };
+}

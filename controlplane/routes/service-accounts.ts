@@ -1,0 +1,303 @@
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import { exportJWK, generateKeyPair, type JWK } from 'jose';
+import { newId } from '../../core/ids.ts';
+import { auditedChange, type ChangeDeps } from '../audited-change.ts';
+import type { ServiceAccountStatus } from '../auth/service-account-status.ts';
+import { BUILT_IN_ROLES, CAPABILITIES, groupsOf, type Capability, type ScopeKind } from '../authz/capabilities.ts';
+import { describe, holds, requireCapability, type Target } from '../authz/guard.ts';
+import { bad, object, strings, text } from '../body.ts';
+import { ApiError, PROBLEMS } from '../errors.ts';
+import { IdpError, serviceAccountMetadata, type IdpProvisioner, type Registration } from '../idp/provisioner.ts';
+import type { ServiceAccountKey } from '../idp/service-account-key.ts';
+import type { Queryable } from '../store/db.ts';
+
+// Service accounts of an org (spec: "Service accounts"), provisioned at the OIDC identity provider so
+// their tokens come from the issuer the control plane already trusts. Two ways in:
+//   - org-created (clients:manage over the org), level "org";
+//   - self-service by a member of the org, level "self-service", owned by that member, with groups the
+//     member belongs to and capability grants the member holds over the same target (never more).
+// The account's key (a private JWK) is returned once, at creation or when a key is added, and never
+// again: the store keeps only public keys. Disabling removes the client at the IdP and refuses the
+// account's still-valid tokens. Every change is audited; an IdP step that succeeded is undone when the
+// change that follows it fails, so nothing is left half-done.
+
+interface AccountRow {
+  id: string; org_id: string; name: string; owner: string; level: string; status: string;
+  registration_client_uri: string; registration_access_token: string; created_at: Date | string;
+}
+
+const view = (r: AccountRow) => ({ id: r.id, owner: r.owner, level: r.level, status: r.status, org_id: r.org_id, created_at: new Date(r.created_at).toISOString() });
+const registration = (r: AccountRow): Registration => ({ client_id: r.id, registration_client_uri: r.registration_client_uri, registration_access_token: r.registration_access_token });
+
+interface GrantRow { id: string | number; role: string | null; capability: string | null; scope_kind: ScopeKind; org_id: string; group_id: string; agent_id: string }
+const grantView = (r: GrantRow) => ({ id: Number(r.id), role: r.role, capability: r.capability, scope_kind: r.scope_kind, org_id: r.org_id, group_id: r.group_id, agent_id: r.agent_id });
+const GRANT_COLUMNS = 'id, role, capability, scope_kind, org_id, group_id, agent_id';
+
+async function newKey(): Promise<{ kid: string; publicJwk: JWK; privateJwk: JWK }> {
+  const { publicKey, privateKey } = await generateKeyPair('ES256', { extractable: true });
+  const kid = newId();
+  return {
+    kid,
+    publicJwk: { ...(await exportJWK(publicKey)), kid, alg: 'ES256', use: 'sig' },
+    privateJwk: { ...(await exportJWK(privateKey)), kid, alg: 'ES256' },
+  };
+}
+
+function capabilityOf(body: Record<string, unknown>): Capability | null {
+  const c = text(body, 'capability', false);
+  if (c === undefined || c === '') return null;
+  if (!(CAPABILITIES as readonly string[]).includes(c)) bad('capability', `unknown capability (one of ${CAPABILITIES.join(', ')})`);
+  return c as Capability;
+}
+
+/** The scope a grant of a service account narrows to, within the path's org. */
+function grantTarget(org: string, body: Record<string, unknown>, field: string): Target {
+  const group = text(body, 'group', false) || undefined;
+  const agent = text(body, 'agent', false) || undefined;
+  if (group && agent) bad(`${field}agent`, 'a grant is narrowed to a group or an agent, not both');
+  return group ? { kind: 'group', org, group } : agent ? { kind: 'agent', org, agent } : { kind: 'org', org };
+}
+
+const scopeOf = (t: Target) => ({
+  scope_kind: t.kind as ScopeKind,
+  group_id: t.kind === 'group' ? t.group : '',
+  agent_id: t.kind === 'agent' ? t.agent : '',
+});
+
+export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, status: ServiceAccountStatus) {
+  const { db } = deps;
+  const params = (req: FastifyRequest) => req.params as { org: string; id: string; key: string; grant: string };
+  const orgTarget = (req: FastifyRequest): Target => ({ kind: 'org', org: params(req).org });
+
+  const load = async (req: FastifyRequest): Promise<AccountRow> => {
+    const { org, id } = params(req);
+    const { rows } = await db.query<AccountRow>('SELECT * FROM service_accounts WHERE org_id = $1 AND id = $2', [org, id]);
+    if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no service account ${id} in org ${org}`);
+    return rows[0];
+  };
+  /** clients:manage over the org, or the account's owner (a member of the org acting as themself). */
+  const requireManagerOrOwner = async (req: FastifyRequest, account: AccountRow) => {
+    const p = req.principal!;
+    const owner = p.kind !== 'agent-operator' && p.subject === account.owner && p.orgId === account.org_id;
+    if (!owner) await requireCapability(db, req, 'clients:manage', orgTarget(req));
+  };
+  /** The account, for its manager or owner; a caller who is neither learns nothing of whether it exists. */
+  const loadManaged = async (req: FastifyRequest): Promise<AccountRow> => {
+    let account: AccountRow;
+    try {
+      account = await load(req);
+    } catch (err) {
+      await requireCapability(db, req, 'clients:manage', orgTarget(req));
+      throw err;
+    }
+    await requireManagerOrOwner(req, account);
+    return account;
+  };
+  const orgExists = async (org: string) => {
+    if ((await db.query('SELECT 1 FROM orgs WHERE id = $1', [org])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
+  };
+  const idpStep = async <T>(step: () => Promise<T>): Promise<T> => {
+    try {
+      return await step();
+    } catch (err) {
+      if (err instanceof IdpError) throw new ApiError(PROBLEMS.idpUnavailable, err.message);
+      throw err;
+    }
+  };
+  const keyFile = (clientId: string, key: { kid: string; privateJwk: JWK }): ServiceAccountKey => ({
+    type: 'service_account_key', issuer: idp.issuer, client_id: clientId, key_id: key.kid, key: key.privateJwk,
+  });
+
+  /**
+   * Registers the account at the IdP, then stores it (with its key, groups and grants) in one audited
+   * transaction; if that fails, the IdP client is removed again.
+   */
+  async function create(req: FastifyRequest, org: string, name: string, level: 'org' | 'self-service', extra: (tx: Queryable, id: string) => Promise<void>) {
+    const key = await newKey();
+    const reg = await idpStep(() => idp.register(serviceAccountMetadata(name, org, [key.publicJwk])));
+    try {
+      const row = await auditedChange(deps, req, 'service-account.create', org, async (tx) => {
+        const { rows } = await tx.query<AccountRow>(
+          `INSERT INTO service_accounts (id, org_id, name, owner, level, registration_client_uri, registration_access_token, created_by)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $4) RETURNING *`,
+          [reg.client_id, org, name, req.principal!.subject, level, reg.registration_client_uri, reg.registration_access_token],
+        );
+        await tx.query('INSERT INTO service_account_keys (account_id, key_id, public_jwk) VALUES ($1, $2, $3)', [reg.client_id, key.kid, JSON.stringify(key.publicJwk)]);
+        await extra(tx, reg.client_id);
+        return { result: rows[0], resource: `service-account:${reg.client_id}` };
+      });
+      return { ...view(row), credential: keyFile(reg.client_id, key) };
+    } catch (err) {
+      await idp.remove(reg).catch(() => {});
+      throw err;
+    }
+  }
+
+  /** Replaces the account's key set at the IdP around a store change; the IdP is put back if it fails. */
+  async function changeKeys(req: FastifyRequest, account: AccountRow, next: JWK[], action: string, store: (tx: Queryable) => Promise<void>) {
+    const { rows } = await db.query<{ public_jwk: string }>('SELECT public_jwk FROM service_account_keys WHERE account_id = $1 ORDER BY created_at, key_id', [account.id]);
+    const before = rows.map((r) => JSON.parse(r.public_jwk) as JWK);
+    await idpStep(() => idp.update(registration(account), serviceAccountMetadata(account.name, account.org_id, next)));
+    try {
+      await auditedChange(deps, req, action, account.org_id, async (tx) => {
+        await store(tx);
+        return { result: null, resource: `service-account:${account.id}` };
+      });
+    } catch (err) {
+      await idp.update(registration(account), serviceAccountMetadata(account.name, account.org_id, before)).catch(() => {});
+      throw err;
+    }
+  }
+
+  return async (api: FastifyInstance) => {
+    api.get('/orgs/:org/service-accounts', { config: { requiredCapability: 'clients:manage' } }, async (req) => {
+      await requireCapability(db, req, 'clients:manage', orgTarget(req));
+      await orgExists(params(req).org);
+      return (await db.query<AccountRow>('SELECT * FROM service_accounts WHERE org_id = $1 ORDER BY created_at, id', [params(req).org])).rows.map(view);
+    });
+
+    api.post('/orgs/:org/service-accounts', { config: { requiredCapability: 'clients:manage' } }, async (req, reply) => {
+      await requireCapability(db, req, 'clients:manage', orgTarget(req));
+      const body = object(req.body, ['name']);
+      const name = text(body, 'name', true)!;
+      const { org } = params(req);
+      await orgExists(org);
+      return reply.code(201).send(await create(req, org, name, 'org', async () => {}));
+    });
+
+    // Self-service: any member of the org (token org = path org), for themself; what the account may do
+    // is bounded by what the member may do.
+    api.post('/orgs/:org/service-accounts/self-service', { config: { requiredCapability: null } }, async (req, reply) => {
+      const p = req.principal!;
+      const { org } = params(req);
+      if (p.kind === 'agent-operator') throw new ApiError(PROBLEMS.forbidden, 'agent operators cannot create service accounts');
+      if (p.orgId !== org) throw new ApiError(PROBLEMS.forbidden, `only members of org ${org} create self-service accounts in it`);
+      const body = object(req.body, ['name', 'groups', 'grants']);
+      const name = text(body, 'name', true)!;
+      const groups = strings(body, 'groups') ?? [];
+      const mine = new Set(await groupsOf(db, org, p.subject));
+      groups.forEach((g, i) => {
+        if (!mine.has(g)) bad(`groups[${i}]`, `you are not a member of group ${g}`);
+      });
+      const rawGrants = body.grants ?? [];
+      if (!Array.isArray(rawGrants)) bad('grants', 'must be an array of selfServiceGrantReq');
+      const grants: { capability: Capability; target: Target }[] = [];
+      for (const [i, raw] of rawGrants.entries()) {
+        const g = object(raw, ['capability', 'agent', 'group']);
+        const capability = capabilityOf(g);
+        if (!capability) bad(`grants[${i}].capability`, 'is required');
+        const target = grantTarget(org, g, `grants[${i}].`);
+        if (!(await holds(db, req, capability, target))) throw new ApiError(PROBLEMS.forbidden, `grants[${i}]: you do not hold ${capability} over ${describe(target)}, so you cannot pass it on`);
+        grants.push({ capability, target });
+      }
+      await orgExists(org);
+      return reply.code(201).send(await create(req, org, name, 'self-service', async (tx, id) => {
+        if (groups.length > 0) {
+          await tx.query(`INSERT INTO members (org_id, subject, username, created_by) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`, [org, id, name, p.subject]);
+          for (const g of new Set(groups)) await tx.query('INSERT INTO memberships (org_id, group_id, subject) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING', [org, g, id]);
+        }
+        for (const g of grants) {
+          const s = scopeOf(g.target);
+          await tx.query(
+            `INSERT INTO grants (principal, capability, scope_kind, org_id, group_id, agent_id, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING`,
+            [`user:${id}`, g.capability, s.scope_kind, org, s.group_id, s.agent_id, p.subject],
+          );
+        }
+      }));
+    });
+
+    api.get('/orgs/:org/service-accounts/:id', { config: { requiredCapability: 'clients:manage' } }, async (req) => {
+      const account = await loadManaged(req);
+      return view(account);
+    });
+
+    api.post('/orgs/:org/service-accounts/:id/keys', { config: { requiredCapability: 'clients:manage' } }, async (req, reply) => {
+      const account = await loadManaged(req);
+      object(req.body ?? {}, []);
+      if (account.status !== 'active') throw new ApiError(PROBLEMS.conflict, `service account ${account.id} is ${account.status}`);
+      const key = await newKey();
+      const { rows } = await db.query<{ public_jwk: string }>('SELECT public_jwk FROM service_account_keys WHERE account_id = $1 ORDER BY created_at, key_id', [account.id]);
+      await changeKeys(req, account, [...rows.map((r) => JSON.parse(r.public_jwk) as JWK), key.publicJwk], 'service-account.key.create', async (tx) => {
+        await tx.query('INSERT INTO service_account_keys (account_id, key_id, public_jwk) VALUES ($1, $2, $3)', [account.id, key.kid, JSON.stringify(key.publicJwk)]);
+      });
+      return reply.code(201).send({ id: key.kid, credential: keyFile(account.id, key) });
+    });
+
+    api.delete('/orgs/:org/service-accounts/:id/keys/:key', { config: { requiredCapability: 'clients:manage' } }, async (req, reply) => {
+      const account = await loadManaged(req);
+      const { rows } = await db.query<{ key_id: string; public_jwk: string }>('SELECT key_id, public_jwk FROM service_account_keys WHERE account_id = $1 ORDER BY created_at, key_id', [account.id]);
+      const kid = params(req).key;
+      if (!rows.some((r) => r.key_id === kid)) throw new ApiError(PROBLEMS.notFound, `service account ${account.id} has no key ${kid}`);
+      const rest = rows.filter((r) => r.key_id !== kid).map((r) => JSON.parse(r.public_jwk) as JWK);
+      const store = async (tx: Queryable) => void (await tx.query('DELETE FROM service_account_keys WHERE account_id = $1 AND key_id = $2', [account.id, kid]));
+      if (account.status === 'active') await changeKeys(req, account, rest, 'service-account.key.delete', store);
+      else await auditedChange(deps, req, 'service-account.key.delete', account.org_id, async (tx) => ({ result: await store(tx), resource: `service-account:${account.id}` }));
+      return reply.code(204).send();
+    });
+
+    api.post('/orgs/:org/service-accounts/:id/transfer', { config: { requiredCapability: 'clients:manage' } }, async (req) => {
+      await requireCapability(db, req, 'clients:manage', orgTarget(req));
+      const account = await load(req);
+      const owner = text(object(req.body, ['owner']), 'owner', true)!;
+      if ((await db.query('SELECT 1 FROM members WHERE org_id = $1 AND subject = $2', [account.org_id, owner])).rows.length === 0) bad('owner', `${owner} is not a member of org ${account.org_id}`);
+      if (owner === account.id) bad('owner', 'a service account cannot own itself');
+      return auditedChange(deps, req, 'service-account.transfer', account.org_id, async (tx) => {
+        const { rows } = await tx.query<AccountRow>('UPDATE service_accounts SET owner = $2 WHERE id = $1 RETURNING *', [account.id, owner]);
+        return { result: view(rows[0]), resource: `service-account:${account.id}` };
+      });
+    });
+
+    // Disabling: the client is removed at the IdP first (no new tokens), then the account is marked
+    // disabled, which also refuses the tokens it still holds. Disabling twice is harmless.
+    api.post('/orgs/:org/service-accounts/:id/disable', { config: { requiredCapability: 'clients:manage' } }, async (req) => {
+      const account = await loadManaged(req);
+      object(req.body ?? {}, []);
+      await idpStep(() => idp.remove(registration(account)));
+      const out = await auditedChange(deps, req, 'service-account.disable', account.org_id, async (tx) => {
+        const { rows } = await tx.query<AccountRow>(`UPDATE service_accounts SET status = 'disabled' WHERE id = $1 RETURNING *`, [account.id]);
+        return { result: view(rows[0]), resource: `service-account:${account.id}` };
+      });
+      status.invalidate(account.id);
+      return out;
+    });
+
+    api.get('/orgs/:org/service-accounts/:id/grants', { config: { requiredCapability: 'clients:manage' } }, async (req) => {
+      await requireCapability(db, req, 'clients:manage', orgTarget(req));
+      const account = await load(req);
+      return (await db.query<GrantRow>(`SELECT ${GRANT_COLUMNS} FROM grants WHERE principal = $1 AND org_id = $2 ORDER BY id`, [`user:${account.id}`, account.org_id])).rows.map(grantView);
+    });
+
+    api.post('/orgs/:org/service-accounts/:id/grants', { config: { requiredCapability: 'clients:manage' } }, async (req, reply) => {
+      await requireCapability(db, req, 'clients:manage', orgTarget(req));
+      const account = await load(req);
+      const body = object(req.body, ['role', 'capability', 'agent', 'group']);
+      const role = text(body, 'role', false) || null;
+      const capability = capabilityOf(body);
+      if ((role === null) === (capability === null)) bad('role', 'exactly one of role and capability is required');
+      if (role === 'platform-admin') bad('role', 'platform-admin is granted at platform scope only');
+      if (role !== null && !(role in BUILT_IN_ROLES) && (await db.query('SELECT 1 FROM roles WHERE name = $1', [role])).rows.length === 0) bad('role', `unknown role "${role}"`);
+      const s = scopeOf(grantTarget(account.org_id, body, ''));
+      const created = await auditedChange(deps, req, 'service-account.grant.create', account.org_id, async (tx) => {
+        const { rows } = await tx.query<GrantRow>(
+          `INSERT INTO grants (principal, role, capability, scope_kind, org_id, group_id, agent_id, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING ${GRANT_COLUMNS}`,
+          [`user:${account.id}`, role, capability, s.scope_kind, account.org_id, s.group_id, s.agent_id, req.principal!.subject],
+        );
+        return { result: grantView(rows[0]), resource: `grant:${rows[0].id}` };
+      });
+      return reply.code(201).send(created);
+    });
+
+    api.delete('/orgs/:org/service-accounts/:id/grants/:grant', { config: { requiredCapability: 'clients:manage' } }, async (req, reply) => {
+      await requireCapability(db, req, 'clients:manage', orgTarget(req));
+      const account = await load(req);
+      const id = params(req).grant;
+      if (!/^\d{1,18}$/.test(id)) throw new ApiError(PROBLEMS.notFound, `no grant ${id}`);
+      await auditedChange(deps, req, 'service-account.grant.delete', account.org_id, async (tx) => {
+        const { rows } = await tx.query('DELETE FROM grants WHERE id = $1 AND principal = $2 AND org_id = $3 RETURNING id', [id, `user:${account.id}`, account.org_id]);
+        if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `service account ${account.id} has no grant ${id}`);
+        return { result: null, resource: `grant:${id}` };
+      });
+      return reply.code(204).send();
+    });
+  };
+}
