@@ -3,6 +3,7 @@ const BENCHES: Record<string, () => Promise<{ main: (args: string[]) => Promise<
   pipeline: () => import('./pipeline.ts'),
   proxy: () => import('./proxy.ts'),
   wal: () => import('./wal.ts'),
+  controlplane: () => import('./controlplane.ts'),
 };
 
 const [name, ...args] = process.argv.slice(2);

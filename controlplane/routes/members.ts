@@ -10,6 +10,8 @@ import { ApiError, PROBLEMS } from '../errors.ts';
 
 interface MemberView { subject: string; username: string; email: string }
 
+export const MEMBERS_OF_ORG = 'SELECT o.id AS org, m.subject, m.username, m.email FROM orgs o LEFT JOIN members m ON m.org_id = o.id WHERE o.id = $1 ORDER BY m.subject';
+
 function bad(field: string, message: string): never {
   throw new ApiError(PROBLEMS.badRequest, `${field}: ${message}`);
 }
@@ -25,8 +27,10 @@ export function memberRoutes(deps: ChangeDeps) {
   return async (api: FastifyInstance) => {
     api.get('/orgs/:org/members', { config: { requiredCapability: 'members:*' } }, async (req) => {
       await requireCapability(db, req, 'members:*', target(req));
-      await orgExists(params(req).org);
-      return (await db.query<MemberView>('SELECT subject, username, email FROM members WHERE org_id = $1 ORDER BY subject', [params(req).org])).rows;
+      // One round trip: the org (for its 404) and its members.
+      const { rows } = await db.query<MemberView & { org: string }>(MEMBERS_OF_ORG, [params(req).org]);
+      if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${params(req).org}`);
+      return rows.filter((r) => r.subject !== null).map(({ subject, username, email }) => ({ subject, username, email }));
     });
 
     api.put('/orgs/:org/members/:subject', { config: { requiredCapability: 'members:*' } }, async (req) => {
