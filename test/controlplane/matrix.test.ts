@@ -1,6 +1,7 @@
 import t from 'tap';
 import { generateKeyPair, SignJWT } from 'jose';
 import { AUDIENCE } from '../fixtures/oidc-issuer.ts';
+import { BUILT_IN_ROLES } from '../../controlplane/authz/capabilities.ts';
 import { startCpHarness } from '../fixtures/controlplane-harness.ts';
 import { freshPgDatabase } from '../fixtures/pg-database.ts';
 
@@ -13,14 +14,38 @@ const pgDb = await freshPgDatabase('dvx_matrix');
 if (!pgDb && process.env.CI) t.fail('PostgreSQL is not reachable on 127.0.0.1:5432');
 const stores: [string, string | undefined][] = [['pglite', undefined], ...(pgDb ? [['postgres', pgDb.dsn] as [string, string]] : [])];
 for (const [store, dsn] of stores) {
-const h = await startCpHarness([{ clientId: 'root', org: 'org-a' }, { clientId: 'nobody', org: 'org-a' }], { seedAdmin: ['root'], agentTokenIssuerUrl: 'https://controlplane.dvx.test', ...(dsn ? { databaseDsn: dsn } : {}) });
+const h = await startCpHarness([
+  { clientId: 'root', org: 'org-a', human: true }, { clientId: 'nobody', org: 'org-a', human: true },
+  { clientId: 'org-admin-a', org: 'org-a', human: true }, { clientId: 'member-a', org: 'org-a', human: true },
+  { clientId: 'auditor-a', org: 'org-a', human: true }, { clientId: 'admin-b', org: 'org-b', human: true },
+  { clientId: 'svc-a', org: 'org-a' },
+], { seedAdmin: ['root'], agentTokenIssuerUrl: 'https://controlplane.dvx.test', ...(dsn ? { databaseDsn: dsn } : {}) });
 t.teardown(() => h.close());
-await h.call('root', 'POST', '/orgs', { id: 'org-a', name: 'A' });
+// Persona -> what it was granted; a route is allowed when the persona holds its capability over the
+// route's target (the org in its path, else the platform).
+const PERSONAS: Record<string, { org: string; capabilities: readonly string[] }> = {
+  'org-admin-a': { org: 'org-a', capabilities: BUILT_IN_ROLES['org-admin'] },
+  'member-a': { org: 'org-a', capabilities: BUILT_IN_ROLES.member },
+  'auditor-a': { org: 'org-a', capabilities: BUILT_IN_ROLES.auditor },
+  'admin-b': { org: 'org-b', capabilities: BUILT_IN_ROLES['org-admin'] },
+  'svc-a': { org: 'org-a', capabilities: ['members:*'] },
+};
+/** The orgs and grants every row starts from (a row before may have deleted an org); idempotent. */
+async function seed() {
+  await h.call('root', 'POST', '/orgs', { id: 'org-a', name: 'A' });
+  await h.call('root', 'POST', '/orgs', { id: 'org-b', name: 'B' });
+  await h.call('root', 'POST', '/orgs/org-a/grants', { principal: 'user:org-admin-a', role: 'org-admin' });
+  await h.call('root', 'POST', '/orgs/org-a/grants', { principal: 'user:member-a', role: 'member' });
+  await h.call('root', 'POST', '/orgs/org-a/grants', { principal: 'user:auditor-a', role: 'auditor' });
+  await h.call('root', 'POST', '/orgs/org-b/grants', { principal: 'user:admin-b', role: 'org-admin' });
+  await h.call('root', 'POST', '/orgs/org-a/grants', { principal: 'user:svc-a', capability: 'members:*' });
+  await h.call('root', 'POST', '/orgs/org-a/grants', { principal: 'agent:agent-1', role: 'auditor' });
+}
+await seed();
 
 const wrongAudience = await h.issuer.token('root', 'https://elsewhere.dvx.test');
 const { privateKey } = await generateKeyPair('ES256');
 const forged = await new SignJWT({ org_id: 'org-a' }).setProtectedHeader({ alg: 'ES256', kid: 'issuer-1' }).setIssuer(h.issuer.issuer).setAudience(AUDIENCE).setSubject('root').setIssuedAt().setExpirationTime('5m').sign(privateKey);
-await h.call('root', 'POST', '/orgs/org-a/grants', { principal: 'agent:agent-1', role: 'auditor' });
 const agentOperator = (await h.call('root', 'POST', '/orgs/org-a/agents/agent-1/operator-token')).body.access_token as string;
 const withToken = async (token: string, method: string, path: string, body?: unknown) => {
   const r = await h.rawAt(h.cp.port, method, `/api/v1${path}`, body === undefined ? undefined : JSON.stringify(body), { authorization: `Bearer ${token}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) });
@@ -43,6 +68,7 @@ for (const [path, ops] of Object.entries(doc.paths)) {
   for (const [method, op] of Object.entries(ops)) {
     const concrete = path.replace(/\{([A-Za-z_]+)\}/g, (_m, p: string) => VALUES[p] ?? 'x').replace(/^\/api\/v1/, '');
     t.test(`${store}: ${method.toUpperCase()} ${path}`, async (t) => {
+      await seed();
       const body = ['post', 'put'].includes(method) ? {} : undefined;
       const anonymous = await h.anonymous(method.toUpperCase(), concrete, body);
       t.equal(anonymous.status, 401, 'no token');
@@ -57,6 +83,15 @@ for (const [path, ops] of Object.entries(doc.paths)) {
       const nobody = await h.call('nobody', method.toUpperCase(), concrete, body);
       if (op['x-required-capability'] === null) t.not(nobody.status, 403, 'a valid token is enough');
       else t.equal(nobody.status, 403, `nobody is refused (${op['x-required-capability']})`);
+      for (const [persona, p] of Object.entries(PERSONAS)) {
+        const capability = op['x-required-capability'];
+        // An org route open to any caller (self-service) is still open to callers of that org only.
+        const inOrg = path.startsWith('/api/v1/orgs/{org}');
+        const allowed = capability === null ? !inOrg || p.org === 'org-a' : inOrg && p.org === 'org-a' && p.capabilities.includes(capability);
+        const r = await h.call(persona, method.toUpperCase(), concrete, body);
+        if (allowed) t.notOk([401, 403].includes(r.status), `${persona} gets past authorization (${r.status})`);
+        else t.equal(r.status, 403, `${persona} is refused (${capability})`);
+      }
       const root = await h.call('root', method.toUpperCase(), concrete, body);
       t.notOk([401, 403].includes(root.status), `the platform admin gets past authorization (${root.status})`);
     });
