@@ -9,6 +9,8 @@ interface Operation {
   method: string;
   path: string;
   capability: string | null;
+  /** Whose scope the capability is checked over when the path names no org: "caller-org" = the token's org. */
+  target?: string;
 }
 
 export function collectOperations(app: FastifyInstance): Operation[] {
@@ -16,8 +18,9 @@ export function collectOperations(app: FastifyInstance): Operation[] {
   app.addHook('onRoute', (route: RouteOptions) => {
     if (!route.url.startsWith('/api/v1/')) return;
     const methods = (Array.isArray(route.method) ? route.method : [route.method]).filter((m) => m !== 'HEAD');
-    const capability = (route.config as { requiredCapability?: string | null } | undefined)?.requiredCapability ?? null;
-    for (const method of methods) ops.push({ method: method.toLowerCase(), path: route.url.replace(/:([A-Za-z_]+)/g, '{$1}'), capability });
+    const config = route.config as { requiredCapability?: string | null; target?: string } | undefined;
+    const capability = config?.requiredCapability ?? null;
+    for (const method of methods) ops.push({ method: method.toLowerCase(), path: route.url.replace(/:([A-Za-z_]+)/g, '{$1}'), capability, ...(config?.target ? { target: config.target } : {}) });
   });
   return ops;
 }
@@ -44,6 +47,7 @@ export function openApiDocument(ops: readonly Operation[]): Record<string, unkno
       parameters: params,
       security: [{ bearer: [] }],
       'x-required-capability': op.capability,
+      ...(op.target ? { 'x-capability-target': op.target } : {}),
       responses: {
         default: { description: 'RFC 9457 problem', content: { 'application/problem+json': { schema: { $ref: '#/components/schemas/Problem' } } } },
       },

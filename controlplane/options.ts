@@ -27,6 +27,8 @@ export interface ControlPlaneOptions extends AuditOptions {
   databaseDsn: string;
   /** The control plane's own service-account key at the IdP; provisions service accounts. Empty: not mounted. */
   idpKey: string;
+  /** Heartbeat of the broker event stream (spec: 30 s); not a flag, tests shorten it. */
+  brokerHeartbeatMs: number;
   /** Subjects granted the platform administrator role at start. */
   seedAdmin: string[];
 }
@@ -47,6 +49,7 @@ export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
   databaseDsn: '',
   seedAdmin: [],
   idpKey: '',
+  brokerHeartbeatMs: 30_000,
   ...AUDIT_DEFAULTS,
 };
 

@@ -21,6 +21,12 @@ import { tokenFacade } from './routes/token-facade.ts';
 import { AgentOperatorIssuer } from './auth/agent-operator-issuer.ts';
 import { agentOperatorRoutes } from './routes/agent-operator.ts';
 import { serviceAccountRoutes } from './routes/service-accounts.ts';
+import { llmPolicyRoutes } from './routes/llm-policy.ts';
+import { configValueRoutes } from './routes/config-values.ts';
+import { agentRoutes } from './routes/agents.ts';
+import { enclaveRoutes } from './routes/enclaves.ts';
+import { brokerRoutes } from './routes/broker.ts';
+import { EventHub } from './events.ts';
 import { idpConnectorRoutes } from './routes/idp-connectors.ts';
 import { ServiceAccountStatus } from './auth/service-account-status.ts';
 import { DcrProvisioner, type IdpProvisioner } from './idp/provisioner.ts';
@@ -73,6 +79,8 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
 
   let db: Db | null = null;
   let audit: AuditSink | null = null;
+  let hub: EventHub | null = null;
+  let purge: NodeJS.Timeout | null = null;
   if (isSkeleton(options)) {
     app.setNotFoundHandler((req, reply) => sendProblem(reply, PROBLEMS.notImplemented, SKELETON_DETAIL, req.url));
     log.warn({ issuer: options.oidcIssuer || null, database: Boolean(options.databaseDsn) }, 'controlplane in skeleton mode');
@@ -90,6 +98,12 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     }
     const oidc = new OidcAuthenticator({ issuer: options.oidcIssuer, audience: options.oidcAudience || undefined, orgClaim: options.orgClaim, ca: issuerCa });
     const accountStatus = new ServiceAccountStatus(db);
+    hub = new EventHub();
+    await hub.listen(options.databaseDsn);
+    const events = hub;
+    // The hourly purge of consumed events and of deleted enclaves' (spec: Events, fact 3).
+    purge = setInterval(() => void events.purge(store).then((n) => n > 0 && log.info({ purged: n }, 'events purged')).catch((err: Error) => log.warn({ err: err.message }, 'event purge failed')), 3_600_000);
+    purge.unref();
     const store = db;
     const agentIssuer = options.agentTokenIssuerUrl ? await AgentOperatorIssuer.open(store, options.agentTokenIssuerUrl, Math.round(options.agentTokenTtl / 1000)) : null;
     if (agentIssuer) {
@@ -121,11 +135,12 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     const deps = { db: store, audit: audit!, capture };
     // The OpenAPI document describes the full surface, including route families this process did not
     // wire (spec: Versioning): it is collected from a never-listening instance with every family.
-    const document = openApiDocument(await surfaceOperations((api) => mountApi(api, deps, { agentIssuer: {} as AgentOperatorIssuer, idp: {} as IdpProvisioner, accountStatus })));
+    const document = openApiDocument(await surfaceOperations((api) => mountApi(api, deps, { agentIssuer: {} as AgentOperatorIssuer, idp: {} as IdpProvisioner, accountStatus, events })));
     await app.register(async (api) => {
       api.get('/openapi.json', { config: { requiredCapability: null } }, async () => document);
-      await mountApi(api, deps, { agentIssuer, idp, accountStatus });
+      await mountApi(api, deps, { agentIssuer, idp, accountStatus, events });
     }, { prefix: '/api/v1' });
+    await app.register(brokerRoutes(deps, events, { heartbeatMs: options.brokerHeartbeatMs }));
     await app.register(tokenFacade({ issuer: options.oidcIssuer, override: options.tokenEndpointOverride, ca: issuerCa }));
     app.setNotFoundHandler((req, reply) => sendProblem(reply, PROBLEMS.notFound, `no route ${req.method} ${req.url.split('?')[0]}`, req.url));
   }
@@ -136,7 +151,9 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     port: (app.server.address() as AddressInfo).port,
     app,
     close: async () => {
+      if (purge) clearInterval(purge);
       await app.close();
+      await hub?.close();
       await audit?.close();
       await db?.close();
     },
@@ -161,6 +178,7 @@ interface Families {
   agentIssuer: AgentOperatorIssuer | null;
   idp: IdpProvisioner | null;
   accountStatus: ServiceAccountStatus;
+  events: EventHub;
 }
 
 /** Every route under /api/v1; a family whose backing capability is not wired is not mounted. */
@@ -176,6 +194,10 @@ async function mountApi(api: FastifyInstance, deps: ChangeDeps, wired: Families)
   await api.register(orgRoutes(deps));
   await api.register(memberRoutes(deps));
   await api.register(idpConnectorRoutes(deps));
+  await api.register(llmPolicyRoutes(deps, wired.events));
+  await api.register(configValueRoutes(deps, wired.events));
+  await api.register(agentRoutes(deps, wired.events));
+  await api.register(enclaveRoutes(deps, wired.events));
   if (wired.agentIssuer) await api.register(agentOperatorRoutes(deps, wired.agentIssuer));
   if (wired.idp) await api.register(serviceAccountRoutes(deps, wired.idp, wired.accountStatus));
 }

@@ -4,6 +4,8 @@
 export interface SseEvent {
   event: string | null;
   data: string;
+  /** The event's `id` field, when it carried one (the resume cursor, Last-Event-ID). */
+  id?: string;
 }
 
 export class SseParser {
@@ -11,6 +13,7 @@ export class SseParser {
   #decoder = new TextDecoder('utf-8');
   #event: string | null = null;
   #data: string[] = [];
+  #id: string | null = null;
 
   /** Feeds bytes; returns the events they complete. */
   push(chunk: Uint8Array): SseEvent[] {
@@ -27,8 +30,10 @@ export class SseParser {
   }
 
   #flush(): SseEvent {
-    const e = { event: this.#event, data: this.#data.join('\n') };
+    const e: SseEvent = { event: this.#event, data: this.#data.join('\n') };
+    if (this.#id !== null) e.id = this.#id;
     this.#event = null;
+    this.#id = null;
     this.#data = [];
     return e;
   }
@@ -64,10 +69,11 @@ export class SseParser {
     if (value.startsWith(' ')) value = value.slice(1);
     if (field === 'event') this.#event = value;
     else if (field === 'data') this.#data.push(value);
+    else if (field === 'id' && !value.includes('\0')) this.#id = value;
   }
 }
 
-export function formatSse(event: string | null, data: unknown): string {
+export function formatSse(event: string | null, data: unknown, id?: string | number): string {
   const payload = typeof data === 'string' ? data : JSON.stringify(data);
-  return `${event ? `event: ${event}\n` : ''}data: ${payload}\n\n`;
+  return `${id !== undefined ? `id: ${id}\n` : ''}${event ? `event: ${event}\n` : ''}data: ${payload}\n\n`;
 }

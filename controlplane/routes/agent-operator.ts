@@ -16,6 +16,10 @@ export function agentOperatorRoutes(deps: ChangeDeps, issuer: AgentOperatorIssue
       const { org, agent } = req.params as { org: string; agent: string };
       await requireCapability(deps.db, req, 'agents:manage', { kind: 'org', org });
       if (!UID.test(agent)) throw new ApiError(PROBLEMS.badRequest, 'agent: not an agent id');
+      // A contained agent is refused at the mint (spec: States and transitions, Agent operators).
+      const { rows } = await deps.db.query<{ contained: boolean; org_id: string }>('SELECT contained, org_id FROM agents WHERE uid = $1', [agent]);
+      if (rows[0]?.contained) throw new ApiError(PROBLEMS.forbidden, `agent ${agent} is contained: no agent-operator token is minted for it`);
+      if (rows[0] && rows[0].org_id !== org) throw new ApiError(PROBLEMS.notFound, `no agent ${agent} in org ${org}`);
       return auditedChange(deps, req, 'agent-operator-token.mint', org, async () => ({
         result: await issuer.mint(org, agent),
         resource: `agent:${agent}`,

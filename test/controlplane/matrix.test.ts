@@ -40,6 +40,10 @@ async function seed() {
   await h.call('root', 'POST', '/orgs/org-b/grants', { principal: 'user:admin-b', role: 'org-admin' });
   await h.call('root', 'POST', '/orgs/org-a/grants', { principal: 'user:svc-a', capability: 'members:*' });
   await h.call('root', 'POST', '/orgs/org-a/grants', { principal: 'agent:agent-1', role: 'auditor' });
+  const agent = await h.call('root', 'POST', '/orgs/org-a/agents', { uid: 'agent-1', name: 'agent one' });
+  if (agent.status >= 300) throw new Error(`seeding agent-1: ${JSON.stringify(agent.body)}`);
+  await h.call('root', 'POST', '/orgs/org-a/agents/agent-1/containment', { contained: false });
+  await h.call('root', 'POST', '/orgs/org-a/agents/agent-1/restore');
 }
 await seed();
 
@@ -51,8 +55,8 @@ const withToken = async (token: string, method: string, path: string, body?: unk
   const r = await h.rawAt(h.cp.port, method, `/api/v1${path}`, body === undefined ? undefined : JSON.stringify(body), { authorization: `Bearer ${token}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) });
   return { status: r.status, body: r.text ? JSON.parse(r.text) : null };
 };
-const doc = (await h.call('root', 'GET', '/openapi.json')).body as { openapi: string; paths: Record<string, Record<string, { 'x-required-capability': string | null }>> };
-const VALUES: Record<string, string> = { org: 'org-a', subject: 'someone-else', group: 'g1', id: '999', name: 'custom-x', key: 'k1', grant: '1', agent: 'agent-1' };
+const doc = (await h.call('root', 'GET', '/openapi.json')).body as { openapi: string; paths: Record<string, Record<string, { 'x-required-capability': string | null; 'x-capability-target'?: string }>> };
+const VALUES: Record<string, string> = { org: 'org-a', subject: 'someone-else', group: 'g1', id: '999', name: 'custom-x', key: 'k1', grant: '1', agent: 'agent-1', uid: 'agent-1', flag: 'inspect:llm' };
 
 t.test(`${store}: the document`, async (t) => {
   t.equal(doc.openapi, '3.2.0');
@@ -66,7 +70,8 @@ t.test(`${store}: the document`, async (t) => {
 
 for (const [path, ops] of Object.entries(doc.paths)) {
   for (const [method, op] of Object.entries(ops)) {
-    const concrete = path.replace(/\{([A-Za-z_]+)\}/g, (_m, p: string) => VALUES[p] ?? 'x').replace(/^\/api\/v1/, '');
+    const values = path.startsWith('/api/v1/agents/{id}') ? { ...VALUES, id: 'agent-1' } : VALUES;
+    const concrete = path.replace(/\{([A-Za-z_]+)\}/g, (_m, p: string) => values[p] ?? 'x').replace(/^\/api\/v1/, '');
     t.test(`${store}: ${method.toUpperCase()} ${path}`, async (t) => {
       await seed();
       const body = ['post', 'put'].includes(method) ? {} : undefined;
@@ -86,8 +91,13 @@ for (const [path, ops] of Object.entries(doc.paths)) {
       for (const [persona, p] of Object.entries(PERSONAS)) {
         const capability = op['x-required-capability'];
         // An org route open to any caller (self-service) is still open to callers of that org only.
-        const inOrg = path.startsWith('/api/v1/orgs/{org}');
-        const allowed = capability === null ? !inOrg || p.org === 'org-a' : inOrg && p.org === 'org-a' && p.capabilities.includes(capability);
+        // A route over the caller's own org (x-capability-target) is allowed to whoever holds it there.
+        const callerOrg = op['x-capability-target'] === 'caller-org';
+        // Routes addressing an agent by id are checked over the agent's org (agent-1 is in org-a).
+        const inOrg = path.startsWith('/api/v1/orgs/{org}') || op['x-capability-target'] === 'agent-org';
+        const allowed = capability === null ? !inOrg || p.org === 'org-a'
+          : callerOrg ? p.capabilities.includes(capability)
+          : inOrg && p.org === 'org-a' && p.capabilities.includes(capability);
         const r = await h.call(persona, method.toUpperCase(), concrete, body);
         if (allowed) t.notOk([401, 403].includes(r.status), `${persona} gets past authorization (${r.status})`);
         else t.equal(r.status, 403, `${persona} is refused (${capability})`);

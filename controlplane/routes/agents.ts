@@ -1,0 +1,153 @@
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import { auditedChange, type ChangeDeps } from '../audited-change.ts';
+import { describe, holds, requireCapability, type Target } from '../authz/guard.ts';
+import { bad, bool, object, strings, text } from '../body.ts';
+import { ApiError, PROBLEMS } from '../errors.ts';
+import type { EventHub } from '../events.ts';
+
+// Agents of an org (spec: createAgentReq / agentView, States and transitions, Authentication rule 4).
+// Create is an upsert on `uid`. Authorization stays path-derived (agents:manage over {org}); the body
+// `group` only narrows: the caller must hold agents:manage over that group (an org-wide grant covers
+// every group), and on an upsert over the stored group too. `agent.created` is published to the
+// owning enclave with the agent's id, name and org. Containment and restore nudge the enclave.
+
+interface AgentRow {
+  uid: string; org_id: string; name: string; image: string; command: string[]; enclave_id: string; group_id: string;
+  status: string; contained: boolean; policy_packs: string[];
+}
+
+const COLUMNS = 'uid, org_id, name, image, command, enclave_id, group_id, status, contained, policy_packs';
+const UID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+export const AGENT_STATUSES = ['created', 'provisioning', 'active', 'suspended', 'isolated'] as const;
+
+export const agentView = (r: AgentRow) => ({
+  uid: r.uid, name: r.name, image: r.image, command: r.command, contained: r.contained, enclave_id: r.enclave_id, group_id: r.group_id, org_id: r.org_id,
+  status: r.status, policy_packs: r.policy_packs,
+});
+
+export function agentRoutes(deps: ChangeDeps, events: EventHub) {
+  const { db } = deps;
+  const params = (req: FastifyRequest) => req.params as { org: string; uid: string };
+  const orgTarget = (req: FastifyRequest): Target => ({ kind: 'org', org: params(req).org });
+  const load = async (req: FastifyRequest): Promise<AgentRow> => {
+    const { rows } = await db.query<AgentRow>(`SELECT ${COLUMNS} FROM agents WHERE org_id = $1 AND uid = $2`, [params(req).org, params(req).uid]);
+    if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no agent ${params(req).uid} in org ${params(req).org}`);
+    return rows[0];
+  };
+  /** agents:manage over the agent: its org, or its group when it has one. */
+  const guardAgent = async (req: FastifyRequest): Promise<AgentRow> => {
+    const org = params(req).org;
+    if (await holds(db, req, 'agents:manage', orgTarget(req))) return load(req);
+    if (req.principal?.kind === 'agent-operator') throw new ApiError(PROBLEMS.forbidden, 'agent operators cannot use this route');
+    const { rows } = await db.query<AgentRow>(`SELECT ${COLUMNS} FROM agents WHERE org_id = $1 AND uid = $2`, [org, params(req).uid]);
+    if (rows[0]?.group_id && await holds(db, req, 'agents:manage', { kind: 'group', org, group: rows[0].group_id })) return rows[0];
+    throw new ApiError(PROBLEMS.forbidden, `requires agents:manage over ${describe(orgTarget(req))} or the agent's group`);
+  };
+  /** The caller may manage agents somewhere in the org (org-wide, or over some group). */
+  const anyAgentsManage = async (req: FastifyRequest) => {
+    if (req.principal?.kind === 'agent-operator') throw new ApiError(PROBLEMS.forbidden, 'agent operators cannot use this route');
+    if (await holds(db, req, 'agents:manage', orgTarget(req))) return;
+    const groups = (await db.query<{ id: string }>('SELECT id FROM org_groups WHERE org_id = $1', [params(req).org])).rows;
+    for (const g of groups) if (await holds(db, req, 'agents:manage', { kind: 'group', org: params(req).org, group: g.id })) return;
+    throw new ApiError(PROBLEMS.forbidden, `requires agents:manage over ${describe(orgTarget(req))}`);
+  };
+
+  const setState = async (req: FastifyRequest, agent: AgentRow, action: string, change: { status?: string; contained?: boolean }) =>
+    auditedChange(deps, req, action, agent.org_id, async (tx) => {
+      const { rows } = await tx.query<AgentRow>(
+        `UPDATE agents SET status = coalesce($2, status), contained = coalesce($3, contained), updated_at = now() WHERE uid = $1 RETURNING ${COLUMNS}`,
+        [agent.uid, change.status ?? null, change.contained ?? null],
+      );
+      const published = await events.publishTo(tx, { kind: 'agent', agent: agent.uid }, 'agent.changed', { agent_id: agent.uid, org_id: agent.org_id, status: rows[0].status, contained: rows[0].contained });
+      return { result: { row: rows[0], published }, resource: `agent:${agent.uid}` };
+    }).finally(() => events.wake());
+
+  return async (api: FastifyInstance) => {
+    api.get('/orgs/:org/agents', { config: { requiredCapability: 'agents:manage' } }, async (req) => {
+      await anyAgentsManage(req);
+      const all = await holds(db, req, 'agents:manage', orgTarget(req));
+      const { rows } = await db.query<AgentRow>(`SELECT ${COLUMNS} FROM agents WHERE org_id = $1 ORDER BY uid`, [params(req).org]);
+      const visible: AgentRow[] = [];
+      for (const r of rows) if (all || (r.group_id && await holds(db, req, 'agents:manage', { kind: 'group', org: r.org_id, group: r.group_id }))) visible.push(r);
+      return visible.map(agentView);
+    });
+
+    api.post('/orgs/:org/agents', { config: { requiredCapability: 'agents:manage' } }, async (req, reply) => {
+      const org = params(req).org;
+      await anyAgentsManage(req);
+      const body = object(req.body, ['name', 'uid', 'image', 'command', 'enclave_id', 'group', 'policy_packs']);
+      const uid = text(body, 'uid', true)!;
+      if (!UID.test(uid)) bad('uid', 'must be 1–128 letters, digits, ".", "_" or "-", starting with a letter or digit');
+      const group = text(body, 'group', false) || '';
+      // The org comes from the path; the body's group only narrows what the caller must hold.
+      const target: Target = group ? { kind: 'group', org, group } : { kind: 'org', org };
+      if (!(await holds(db, req, 'agents:manage', target))) throw new ApiError(PROBLEMS.forbidden, `requires agents:manage over ${describe(target)}`);
+      const name = text(body, 'name', true)!;
+      const image = text(body, 'image', false) ?? '';
+      const command = strings(body, 'command') ?? [];
+      const packs = strings(body, 'policy_packs') ?? [];
+      const enclave = text(body, 'enclave_id', false) ?? '';
+      if ((await db.query('SELECT 1 FROM orgs WHERE id = $1', [org])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
+      if (group && (await db.query('SELECT 1 FROM org_groups WHERE org_id = $1 AND id = $2', [org, group])).rows.length === 0) bad('group', `no group ${group} in org ${org}`);
+      if (enclave) {
+        const { rows } = await db.query<{ owning_org_id: string }>('SELECT owning_org_id FROM enclaves WHERE id = $1', [enclave]);
+        if (rows.length === 0) bad('enclave_id', `no enclave ${enclave}`);
+        if (rows[0].owning_org_id !== org) bad('enclave_id', `enclave ${enclave} belongs to another org`);
+      }
+      const existing = (await db.query<AgentRow>(`SELECT ${COLUMNS} FROM agents WHERE uid = $1`, [uid])).rows[0];
+      if (existing && existing.org_id !== org) throw new ApiError(PROBLEMS.conflict, `agent ${uid} belongs to another org`);
+      if (existing && existing.group_id && !(await holds(db, req, 'agents:manage', { kind: 'group', org, group: existing.group_id }))) {
+        throw new ApiError(PROBLEMS.forbidden, `agent ${uid} is in group ${existing.group_id}, which you do not manage`);
+      }
+      if (existing && !existing.group_id && !(await holds(db, req, 'agents:manage', { kind: 'org', org }))) {
+        throw new ApiError(PROBLEMS.forbidden, `agent ${uid} is in no group: updating it requires agents:manage over org ${org}`);
+      }
+      const result = await auditedChange(deps, req, existing ? 'agent.update' : 'agent.create', org, async (tx) => {
+        const { rows } = await tx.query<AgentRow>(
+          `INSERT INTO agents (uid, org_id, name, image, command, enclave_id, group_id, policy_packs, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+           ON CONFLICT (uid) DO UPDATE SET name = EXCLUDED.name, image = EXCLUDED.image, command = EXCLUDED.command, enclave_id = EXCLUDED.enclave_id,
+             group_id = EXCLUDED.group_id, policy_packs = EXCLUDED.policy_packs, updated_at = now()
+           RETURNING ${COLUMNS}`,
+          [uid, org, name, image, command, enclave, group, packs, req.principal!.subject],
+        );
+        if (!existing && enclave) await events.publish(tx, [enclave], 'agent.created', { agent_id: uid, agent_name: name, org_id: org });
+        else await events.publishTo(tx, { kind: 'agent', agent: uid }, 'agent.changed', { agent_id: uid, org_id: org });
+        if (existing && existing.enclave_id && existing.enclave_id !== enclave) await events.publish(tx, [existing.enclave_id], 'agent.changed', { agent_id: uid, org_id: org });
+        return { result: rows[0], resource: `agent:${uid}` };
+      }).finally(() => events.wake());
+      return reply.code(existing ? 200 : 201).send(agentView(result));
+    });
+
+    api.get('/orgs/:org/agents/:uid', { config: { requiredCapability: 'agents:manage' } }, async (req) => agentView(await guardAgent(req)));
+
+    api.delete('/orgs/:org/agents/:uid', { config: { requiredCapability: 'agents:manage' } }, async (req, reply) => {
+      const agent = await guardAgent(req);
+      await auditedChange(deps, req, 'agent.delete', agent.org_id, async (tx) => {
+        if (agent.enclave_id) await events.publish(tx, [agent.enclave_id], 'agent.deleted', { agent_id: agent.uid, org_id: agent.org_id });
+        await tx.query('DELETE FROM agent_config WHERE agent_id = $1', [agent.uid]);
+        await tx.query('DELETE FROM agents WHERE uid = $1', [agent.uid]);
+        return { result: null, resource: `agent:${agent.uid}` };
+      }).finally(() => events.wake());
+      return reply.code(204).send();
+    });
+
+    // Containment: `{contained: true|false}` (default true) → containmentView.
+    api.post('/orgs/:org/agents/:uid/containment', { config: { requiredCapability: 'agents:manage' } }, async (req) => {
+      const agent = await guardAgent(req);
+      const contained = bool(object(req.body ?? {}, ['contained']), 'contained') ?? true;
+      const { row, published } = await setState(req, agent, contained ? 'agent.contain' : 'agent.release', { contained });
+      return { agent: row.uid, contained: row.contained, nudged: published, published, enclave_id: row.enclave_id, org_id: row.org_id };
+    });
+
+    // Suspend or isolate (calls refused 403 while in these states), and restore to active.
+    for (const [path, status, from] of [['suspend', 'suspended', null], ['isolate', 'isolated', null], ['restore', 'active', ['suspended', 'isolated']]] as const) {
+      api.post(`/orgs/:org/agents/:uid/${path}`, { config: { requiredCapability: 'agents:manage' } }, async (req) => {
+        const agent = await guardAgent(req);
+        object(req.body ?? {}, []);
+        if (from && !(from as readonly string[]).includes(agent.status)) throw new ApiError(PROBLEMS.conflict, `agent ${agent.uid} is ${agent.status}: only a suspended or isolated agent is restored`);
+        const { row } = await setState(req, agent, `agent.${path}`, { status });
+        return agentView(row);
+      });
+    }
+  };
+}

@@ -1,0 +1,106 @@
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { ServerResponse } from 'node:http';
+import { formatSse } from '../../core/sse.ts';
+import type { ChangeDeps } from '../audited-change.ts';
+import { object, url } from '../body.ts';
+import { ApiError, PROBLEMS } from '../errors.ts';
+import type { EventHub } from '../events.ts';
+import { enclaveSnapshot } from '../snapshot-builder.ts';
+import { hashBrokerKey, setAddress, type EnclaveRow } from './enclaves.ts';
+
+// The enclave-facing surface, authenticated by the broker key (not an operator token):
+//   GET /v1/broker/snapshot  the desired state of this enclave (docs/snapshot.md)
+//   GET /v1/broker/events    SSE of this enclave's events (spec: Broker events), resumable with
+//                            Last-Event-ID, a heartbeat comment every 30 s
+//   PUT /v1/broker/address   the broker reports its own addresses (addressReq → enclaveView)
+// Resuming with Last-Event-ID N marks the enclave's events up to N consumed (the hourly purge takes them).
+
+export interface BrokerOptions {
+  heartbeatMs: number;
+}
+
+export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: BrokerOptions) {
+  const { db } = deps;
+  const streams = new Set<ServerResponse>();
+
+  const authenticate = async (req: FastifyRequest): Promise<EnclaveRow> => {
+    const header = req.headers.authorization;
+    const token = typeof header === 'string' && /^bearer\s+/i.test(header) ? header.replace(/^bearer\s+/i, '').trim() : '';
+    if (!token) throw new ApiError(PROBLEMS.unauthenticated, 'missing broker key');
+    const { rows } = await db.query<EnclaveRow>(
+      'SELECT id, name, owning_org_id, status, isolation_class, broker_url, relay_url, address_source, address_updated_at FROM enclaves WHERE broker_key_hash = $1', [hashBrokerKey(token)],
+    );
+    if (rows.length === 0) throw new ApiError(PROBLEMS.unauthenticated, 'unknown broker key');
+    req.principal = { kind: 'service', subject: `enclave:${rows[0].id}`, orgId: rows[0].owning_org_id, claims: {} };
+    return rows[0];
+  };
+
+  return async (app: FastifyInstance) => {
+    app.addHook('onClose', async () => {
+      for (const res of streams) res.end();
+    });
+
+    app.get('/v1/broker/snapshot', async (req, reply) => {
+      const e = await authenticate(req);
+      const snapshot = await enclaveSnapshot(db, e.id);
+      return reply.header('cache-control', 'no-store').send(snapshot);
+    });
+
+    app.put('/v1/broker/address', async (req) => {
+      const e = await authenticate(req);
+      const body = object(req.body, ['broker_url', 'relay_url']);
+      return setAddress(deps, req, e, url(body, 'broker_url', false), url(body, 'relay_url', false), 'broker');
+    });
+
+    app.get('/v1/broker/events', async (req, reply) => {
+      const e = await authenticate(req);
+      const header = req.headers['last-event-id'];
+      const resume = Array.isArray(header) ? header[0] : header;
+      if (resume !== undefined && resume !== '' && !/^\d{1,18}$/.test(resume)) throw new ApiError(PROBLEMS.badRequest, 'Last-Event-ID: must be an event id this stream sent');
+      let cursor = resume ? Number(resume) : 0;
+      if (cursor > 0) await events.consumed(db, e.id, cursor);
+
+      reply.hijack();
+      const res = reply.raw;
+      res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-store', connection: 'keep-alive', 'x-accel-buffering': 'no' });
+      res.write('retry: 2000\n\n');
+      streams.add(res);
+      let closed = false;
+      let running: Promise<void> | null = null;
+      let again = false;
+      // One sender at a time; a wake-up while sending makes it look once more.
+      const send = (): Promise<void> => {
+        if (running) {
+          again = true;
+          return running;
+        }
+        running = (async () => {
+          do {
+            again = false;
+            const batch = await events.since(db, e.id, cursor);
+            for (const ev of batch) {
+              if (closed) return;
+              res.write(formatSse(ev.kind, { kind: ev.kind, ...ev.payload }, ev.id));
+              cursor = ev.id;
+            }
+            if (batch.length === 500) again = true;
+          } while (again && !closed);
+        })().catch(() => {
+          res.destroy();
+        }).finally(() => {
+          running = null;
+        });
+        return running;
+      };
+      const off = events.onWake(() => void send());
+      const heartbeat = setInterval(() => res.write(': heartbeat\n\n'), options.heartbeatMs);
+      res.on('close', () => {
+        closed = true;
+        streams.delete(res);
+        off();
+        clearInterval(heartbeat);
+      });
+      await send();
+    });
+  };
+}

@@ -1,0 +1,63 @@
+import { validateSnapshot, type Snapshot } from '../pipeline/policy/snapshot.ts';
+import type { Queryable } from './store/db.ts';
+
+// The snapshot an enclave converges on (docs/snapshot.md), built from the store: the platform's
+// llmproxy rows, every org the enclave serves (its owner and the orgs of the agents it runs) with
+// their rows, groups and flags, and the agents it runs. The result goes through the proxy's own
+// validator, so what an enclave receives is exactly what its llmproxy accepts. The same builder serves
+// the operator's "effective policy" read, so the API shows what the proxy enforces.
+
+const SERVICE = 'llmproxy';
+
+type Rows = Record<string, { value: unknown; locked: boolean }>;
+
+async function rowsOf(db: Queryable, scope: 'platform' | 'org' | 'group', org = '', group = ''): Promise<Rows> {
+  const { rows } = await db.query<{ key: string; value: string; locked: boolean }>(
+    'SELECT key, value, locked FROM service_config WHERE service = $1 AND scope_kind = $2 AND org_id = $3 AND group_id = $4 ORDER BY key',
+    [SERVICE, scope, org, group],
+  );
+  return Object.fromEntries(rows.map((r) => [r.key, { value: JSON.parse(r.value), locked: r.locked }]));
+}
+
+async function orgState(db: Queryable, org: string) {
+  const flags = (await db.query<{ flag: string; enabled: boolean }>('SELECT flag, enabled FROM feature_flags WHERE org_id = $1', [org])).rows;
+  const groupIds = (await db.query<{ group_id: string }>(
+    `SELECT DISTINCT group_id FROM service_config WHERE service = $1 AND scope_kind = 'group' AND org_id = $2 ORDER BY group_id`, [SERVICE, org],
+  )).rows.map((r) => r.group_id);
+  const groups: Record<string, { config: Rows }> = {};
+  for (const g of groupIds) groups[g] = { config: await rowsOf(db, 'group', org, g) };
+  return { config: await rowsOf(db, 'org', org), flags: Object.fromEntries(flags.map((f) => [f.flag, f.enabled])), groups, packs: [] };
+}
+
+interface AgentRow { uid: string; org_id: string; group_id: string; name: string; status: string; contained: boolean }
+
+async function agentState(db: Queryable, a: AgentRow) {
+  const { rows } = await db.query<{ key: string; value: string }>('SELECT key, value FROM agent_config WHERE override_service = $1 AND agent_id = $2 ORDER BY key', [SERVICE, a.uid]);
+  return {
+    org_id: a.org_id, group_id: a.group_id || null, name: a.name, status: a.status, contained: a.contained,
+    config: Object.fromEntries(rows.map((r) => [r.key, { value: JSON.parse(r.value) }])),
+  };
+}
+
+async function build(db: Queryable, enclave: { id: string; name: string; isolation_class: string }, orgIds: string[], agents: AgentRow[], version: string): Promise<Snapshot> {
+  const orgs: Record<string, unknown> = {};
+  for (const org of [...new Set(orgIds)].sort()) orgs[org] = await orgState(db, org);
+  const agentStates: Record<string, unknown> = {};
+  for (const a of agents) agentStates[a.uid] = await agentState(db, a);
+  return validateSnapshot({ version, enclave, platform: await rowsOf(db, 'platform'), orgs, agents: agentStates });
+}
+
+/** The snapshot of one enclave; null if it does not exist. */
+export async function enclaveSnapshot(db: Queryable, enclaveId: string): Promise<Snapshot | null> {
+  const { rows } = await db.query<{ id: string; name: string; isolation_class: string; owning_org_id: string }>('SELECT id, name, isolation_class, owning_org_id FROM enclaves WHERE id = $1', [enclaveId]);
+  if (rows.length === 0) return null;
+  const e = rows[0];
+  const agents = (await db.query<AgentRow>('SELECT uid, org_id, group_id, name, status, contained FROM agents WHERE enclave_id = $1 ORDER BY uid', [enclaveId])).rows;
+  const cursor = (await db.query<{ max: string | number | null }>('SELECT max(id) AS max FROM events WHERE enclave_id = $1', [enclaveId])).rows[0]?.max ?? 0;
+  return build(db, { id: e.id, name: e.name, isolation_class: e.isolation_class }, [e.owning_org_id, ...agents.map((a) => a.org_id)], agents, `${new Date().toISOString()}#${Number(cursor)}`);
+}
+
+/** The state one agent of an org is resolved against (its enclave aside): for the effective-policy read. */
+export async function agentSnapshot(db: Queryable, org: string, agent: AgentRow): Promise<Snapshot> {
+  return build(db, { id: '', name: '', isolation_class: 'plain' }, [org], [agent], 'effective');
+}
