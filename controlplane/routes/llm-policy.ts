@@ -2,6 +2,7 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { PolicyValidationError } from '../../pipeline/errors.ts';
 import { orgFlag, policyLayers, resolveSnapshotSetting, SETTING_KEYS, validateSetting, type SettingKey } from '../../pipeline/policy/snapshot.ts';
 import { resolvePolicy } from '../../pipeline/policy/resolve.ts';
+import { patternProblem } from '../../pipeline/inspectors/patterns.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { requireCapability, type Target } from '../authz/guard.ts';
 import { bad, bool, object } from '../body.ts';
@@ -44,6 +45,13 @@ export function policyBody(raw: unknown, key: SettingKey, lockable: boolean, ext
   } catch (err) {
     if (err instanceof PolicyValidationError) throw new ApiError(PROBLEMS.badRequest, `value: ${err.message}`);
     throw err;
+  }
+  // The proxy tolerates a pattern re2 cannot compile (it is recorded and skipped); authoring refuses it.
+  if (key === 'content_inspection') {
+    (valid as { patterns: { pattern: string }[] }).patterns.forEach((p, i) => {
+      const problem = patternProblem(p.pattern);
+      if (problem) bad('value', `content_inspection.patterns[${i}].pattern: not an RE2 expression (${problem})`);
+    });
   }
   const locked = bool(body, 'locked') ?? false;
   if (locked && !lockable) bad('locked', 'is refused at agent scope');

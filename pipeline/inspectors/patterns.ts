@@ -38,6 +38,16 @@ export interface PatternPlan {
   invalid: { pattern: string; reason: string }[];
 }
 
+/** Why re2 cannot compile `pattern` as the engine would, or null when it can (authoring-time check). */
+export function patternProblem(pattern: string): string | null {
+  try {
+    new RE2(pattern, 'gu');
+    return null;
+  } catch (err) {
+    return (err as Error).message;
+  }
+}
+
 export function compile(patterns: readonly CustomPattern[], prefilters: readonly PrefilterId[] = []): PatternPlan | null {
   if (patterns.length === 0) return null;
   const compiled: CompiledPattern[] = [];
