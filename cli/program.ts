@@ -3,6 +3,7 @@ import { inspectCommand } from './inspect.ts';
 import { serveCommand } from './serve.ts';
 import { devCommand } from './dev.ts';
 import { walCommand } from './wal.ts';
+import { configPullCommand, policyPullCommand, waitFileCommand } from './pull.ts';
 import { CliError, EXIT_USAGE } from './exit-codes.ts';
 import pkg from '../package.json' with { type: 'json' };
 
@@ -16,6 +17,9 @@ export function buildProgram(): Command {
   program.addCommand(inspectCommand());
   program.addCommand(devCommand());
   program.addCommand(walCommand());
+  program.addCommand(policyPullCommand());
+  program.addCommand(configPullCommand());
+  program.addCommand(waitFileCommand());
   const all = (c: Command): Command[] => [c, ...c.commands.flatMap(all)];
   for (const c of all(program)) {
     c.exitOverride();

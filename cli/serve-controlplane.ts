@@ -1,6 +1,6 @@
 import type { Command } from 'commander';
 import { Command as Cmd } from 'commander';
-import { flag, parseDurationFlag } from '../core/options.ts';
+import { addBooleanFlag, flag, parseDurationFlag } from '../core/options.ts';
 import { runUntilSignal } from '../core/shutdown.ts';
 import { CONTROLPLANE_DEFAULTS, OptionsError, type ControlPlaneOptions } from '../controlplane/options.ts';
 import { startControlPlane } from '../controlplane/server.ts';
@@ -21,6 +21,12 @@ export function registerControlPlane(serve: Command): void {
     .addOption(flag('--agent-token-ttl <duration>', { description: 'agent-operator token lifetime; 0 = 60s', default: d.agentTokenTtl, parse: parseDurationFlag }))
     .addOption(flag('--token-endpoint-override <url>', { description: 'token endpoint behind POST /oauth/token (default: <issuer>/oauth/v2/token)', default: d.tokenEndpointOverride }))
     .addOption(flag('--idp-key <file>', { description: 'the control plane\'s service-account key at the IdP (provisions service accounts by dynamic client registration)', default: d.idpKey }))
+    .addOption(flag('--policy-publish-dir <dir>', { description: 'with --policy-publish: where policy-snapshot.json is written', default: d.policyPublishDir }))
+    .addOption(flag('--policy-org <org>', { description: 'with --policy-publish: narrow the snapshot to one org', default: d.policyOrg }))
+    .addOption(flag('--policy-enclave-id <id>', { description: 'with --policy-publish: the co-located enclave', default: d.policyEnclaveId }))
+    .addOption(flag('--config-publish-dir <dir>', { description: 'with --config-publish: where config.json is written', default: d.configPublishDir }))
+    .addOption(flag('--config-org <org>', { description: 'with --config-publish: narrow the values to one org', default: d.configOrg }))
+    .addOption(flag('--config-enclave-id <id>', { description: 'with --config-publish: the co-located enclave', default: d.configEnclaveId }))
     .addOption(flag('--database-dsn <dsn>', { description: 'postgres://… or pglite://DIR; empty: skeleton mode', default: d.databaseDsn }))
     .addOption(flag('--seed-admin <subject>', { description: 'grant this subject the platform administrator role at start (repeatable)', default: [] as string[], parse: undefined }).argParser((v: string, prev: string[] = []) => [...prev, ...v.split(',').map((s) => s.trim()).filter(Boolean)]))
     .action(async (opts: Partial<ControlPlaneOptions>) => {
@@ -33,6 +39,8 @@ export function registerControlPlane(serve: Command): void {
       }
       await runUntilSignal(() => running.close());
     });
+  addBooleanFlag(command, 'policy-publish', 'write the policy snapshot of a co-located enclave into --policy-publish-dir', d.policyPublish);
+  addBooleanFlag(command, 'config-publish', 'write the config values of a co-located enclave into --config-publish-dir', d.configPublish);
   addAuditFlags(command, d, 'a change');
   serve.addCommand(command);
 }

@@ -27,6 +27,16 @@ export interface ControlPlaneOptions extends AuditOptions {
   databaseDsn: string;
   /** The control plane's own service-account key at the IdP; provisions service accounts. Empty: not mounted. */
   idpKey: string;
+  /** Write the snapshot of --policy-enclave-id into --policy-publish-dir (a co-located enclave). */
+  policyPublish: boolean;
+  policyPublishDir: string;
+  policyOrg: string;
+  policyEnclaveId: string;
+  /** The same for config values (--config-publish-dir/config.json). */
+  configPublish: boolean;
+  configPublishDir: string;
+  configOrg: string;
+  configEnclaveId: string;
   /** Heartbeat of the broker event stream (spec: 30 s); not a flag, tests shorten it. */
   brokerHeartbeatMs: number;
   /** Subjects granted the platform administrator role at start. */
@@ -50,6 +60,14 @@ export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
   seedAdmin: [],
   idpKey: '',
   brokerHeartbeatMs: 30_000,
+  policyPublish: false,
+  policyPublishDir: '',
+  policyOrg: '',
+  policyEnclaveId: '',
+  configPublish: false,
+  configPublishDir: '',
+  configOrg: '',
+  configEnclaveId: '',
   ...AUDIT_DEFAULTS,
 };
 
@@ -78,6 +96,12 @@ export function validateOptions(input: Partial<ControlPlaneOptions>): ControlPla
   }
   if (!/^[A-Za-z0-9_.:/-]+$/.test(o.orgClaim)) throw new OptionsError('--org-claim must be a claim name');
   for (const s of o.seedAdmin) if (!s.trim()) throw new OptionsError('--seed-admin needs a subject');
+  for (const kind of ['policy', 'config'] as const) {
+    const on = kind === 'policy' ? o.policyPublish : o.configPublish;
+    const dir = kind === 'policy' ? o.policyPublishDir : o.configPublishDir;
+    const enclave = kind === 'policy' ? o.policyEnclaveId : o.configEnclaveId;
+    if (on && (!dir || !enclave)) throw new OptionsError(`--${kind}-publish needs --${kind}-publish-dir and --${kind}-enclave-id`);
+  }
   const audit = auditOptionsProblem(o);
   if (audit) throw new OptionsError(audit);
   return o;

@@ -27,6 +27,8 @@ import { agentRoutes } from './routes/agents.ts';
 import { enclaveRoutes } from './routes/enclaves.ts';
 import { brokerRoutes } from './routes/broker.ts';
 import { EventHub } from './events.ts';
+import { startPublisher } from './publish.ts';
+import { enclaveConfig, enclaveSnapshot } from './snapshot-builder.ts';
 import { idpConnectorRoutes } from './routes/idp-connectors.ts';
 import { ServiceAccountStatus } from './auth/service-account-status.ts';
 import { DcrProvisioner, type IdpProvisioner } from './idp/provisioner.ts';
@@ -81,6 +83,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
   let audit: AuditSink | null = null;
   let hub: EventHub | null = null;
   let purge: NodeJS.Timeout | null = null;
+  const stopPublishers: (() => void)[] = [];
   if (isSkeleton(options)) {
     app.setNotFoundHandler((req, reply) => sendProblem(reply, PROBLEMS.notImplemented, SKELETON_DETAIL, req.url));
     log.warn({ issuer: options.oidcIssuer || null, database: Boolean(options.databaseDsn) }, 'controlplane in skeleton mode');
@@ -141,6 +144,12 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
       await mountApi(api, deps, { agentIssuer, idp, accountStatus, events });
     }, { prefix: '/api/v1' });
     await app.register(brokerRoutes(deps, events, { heartbeatMs: options.brokerHeartbeatMs }));
+    if (options.policyPublish) {
+      stopPublishers.push(await startPublisher({ db: store, hub: events, dir: options.policyPublishDir, file: 'policy-snapshot.json', enclaveId: options.policyEnclaveId, org: options.policyOrg, build: enclaveSnapshot, log }));
+    }
+    if (options.configPublish) {
+      stopPublishers.push(await startPublisher({ db: store, hub: events, dir: options.configPublishDir, file: 'config.json', enclaveId: options.configEnclaveId, org: options.configOrg, build: enclaveConfig, log }));
+    }
     await app.register(tokenFacade({ issuer: options.oidcIssuer, override: options.tokenEndpointOverride, ca: issuerCa }));
     app.setNotFoundHandler((req, reply) => sendProblem(reply, PROBLEMS.notFound, `no route ${req.method} ${req.url.split('?')[0]}`, req.url));
   }
@@ -152,6 +161,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     app,
     close: async () => {
       if (purge) clearInterval(purge);
+      for (const stop of stopPublishers) stop();
       await app.close();
       await hub?.close();
       await audit?.close();

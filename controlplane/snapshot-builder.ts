@@ -47,14 +47,58 @@ async function build(db: Queryable, enclave: { id: string; name: string; isolati
   return validateSnapshot({ version, enclave, platform: await rowsOf(db, 'platform'), orgs, agents: agentStates });
 }
 
-/** The snapshot of one enclave; null if it does not exist. */
-export async function enclaveSnapshot(db: Queryable, enclaveId: string): Promise<Snapshot | null> {
+interface EnclaveScope {
+  enclave: { id: string; name: string; isolation_class: string };
+  orgs: string[];
+  agents: AgentRow[];
+  version: string;
+}
+
+/** What an enclave serves: its owner's org and its agents' orgs (narrowed to `onlyOrg` when given), and its agents. */
+async function enclaveScope(db: Queryable, enclaveId: string, onlyOrg?: string): Promise<EnclaveScope | null> {
   const { rows } = await db.query<{ id: string; name: string; isolation_class: string; owning_org_id: string }>('SELECT id, name, isolation_class, owning_org_id FROM enclaves WHERE id = $1', [enclaveId]);
   if (rows.length === 0) return null;
   const e = rows[0];
-  const agents = (await db.query<AgentRow>('SELECT uid, org_id, group_id, name, status, contained FROM agents WHERE enclave_id = $1 ORDER BY uid', [enclaveId])).rows;
+  const agents = (await db.query<AgentRow>('SELECT uid, org_id, group_id, name, status, contained FROM agents WHERE enclave_id = $1 ORDER BY uid', [enclaveId])).rows
+    .filter((a) => !onlyOrg || a.org_id === onlyOrg);
   const cursor = (await db.query<{ max: string | number | null }>('SELECT max(id) AS max FROM events WHERE enclave_id = $1', [enclaveId])).rows[0]?.max ?? 0;
-  return build(db, { id: e.id, name: e.name, isolation_class: e.isolation_class }, [e.owning_org_id, ...agents.map((a) => a.org_id)], agents, `${new Date().toISOString()}#${Number(cursor)}`);
+  const orgs = [e.owning_org_id, ...agents.map((a) => a.org_id)].filter((o) => !onlyOrg || o === onlyOrg);
+  return { enclave: { id: e.id, name: e.name, isolation_class: e.isolation_class }, orgs: [...new Set(orgs)].sort(), agents, version: `${new Date().toISOString()}#${Number(cursor)}` };
+}
+
+/** The snapshot of one enclave; null if it does not exist. */
+export async function enclaveSnapshot(db: Queryable, enclaveId: string, onlyOrg?: string): Promise<Snapshot | null> {
+  const scope = await enclaveScope(db, enclaveId, onlyOrg);
+  return scope && build(db, scope.enclave, scope.orgs, scope.agents, scope.version);
+}
+
+type ConfigRows = Record<string, { value: unknown; locked: boolean; secret: boolean }>;
+
+async function configRows(db: Queryable, kind: string, org: string, group: string, agent: string): Promise<ConfigRows> {
+  const { rows } = await db.query<{ key: string; value: string | null; locked: boolean; secret: boolean }>(
+    'SELECT key, value, locked, secret FROM config_values WHERE scope_kind = $1 AND org_id = $2 AND group_id = $3 AND agent_id = $4 ORDER BY key', [kind, org, group, agent],
+  );
+  // A secret key carries no value: its bytes are authored enclave-side.
+  return Object.fromEntries(rows.map((r) => [r.key, { value: r.secret || r.value === null ? null : JSON.parse(r.value), locked: r.locked, secret: r.secret }]));
+}
+
+/**
+ * The config values an enclave serves (`dvx config-pull`), scope by scope like the policy snapshot:
+ * `{version, enclave, platform, orgs: {ORG: {config, groups: {G: {config}}}}, agents: {UID: {org_id, group_id, config}}}`.
+ */
+export async function enclaveConfig(db: Queryable, enclaveId: string, onlyOrg?: string): Promise<Record<string, unknown> | null> {
+  const scope = await enclaveScope(db, enclaveId, onlyOrg);
+  if (!scope) return null;
+  const orgs: Record<string, unknown> = {};
+  for (const org of scope.orgs) {
+    const groupIds = (await db.query<{ group_id: string }>(`SELECT DISTINCT group_id FROM config_values WHERE scope_kind = 'group' AND org_id = $1 ORDER BY group_id`, [org])).rows;
+    const groups: Record<string, unknown> = {};
+    for (const g of groupIds) groups[g.group_id] = { config: await configRows(db, 'group', org, g.group_id, '') };
+    orgs[org] = { config: await configRows(db, 'org', org, '', ''), groups };
+  }
+  const agents: Record<string, unknown> = {};
+  for (const a of scope.agents) agents[a.uid] = { org_id: a.org_id, group_id: a.group_id || null, config: await configRows(db, 'agent', a.org_id, '', a.uid) };
+  return { version: scope.version, enclave: { id: scope.enclave.id, name: scope.enclave.name }, platform: await configRows(db, 'platform', '', '', ''), orgs, agents };
 }
 
 /** The state one agent of an org is resolved against (its enclave aside): for the effective-policy read. */

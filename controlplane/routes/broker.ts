@@ -5,11 +5,12 @@ import type { ChangeDeps } from '../audited-change.ts';
 import { object, url } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
-import { enclaveSnapshot } from '../snapshot-builder.ts';
+import { enclaveConfig, enclaveSnapshot } from '../snapshot-builder.ts';
 import { hashBrokerKey, setAddress, type EnclaveRow } from './enclaves.ts';
 
 // The enclave-facing surface, authenticated by the broker key (not an operator token):
 //   GET /v1/broker/snapshot  the desired state of this enclave (docs/snapshot.md)
+//   GET /v1/broker/config    the config values it serves (docs/snapshot.md, "Config values")
 //   GET /v1/broker/events    SSE of this enclave's events (spec: Broker events), resumable with
 //                            Last-Event-ID, a heartbeat comment every 30 s
 //   PUT /v1/broker/address   the broker reports its own addresses (addressReq → enclaveView)
@@ -44,6 +45,11 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
       const e = await authenticate(req);
       const snapshot = await enclaveSnapshot(db, e.id);
       return reply.header('cache-control', 'no-store').send(snapshot);
+    });
+
+    app.get('/v1/broker/config', async (req, reply) => {
+      const e = await authenticate(req);
+      return reply.header('cache-control', 'no-store').send(await enclaveConfig(db, e.id));
     });
 
     app.put('/v1/broker/address', async (req) => {

@@ -1,0 +1,60 @@
+import { join } from 'node:path';
+import { mkdir } from 'node:fs/promises';
+import { writeFileAtomic } from '../core/atomic-file.ts';
+import type { Logger } from '../core/logger.ts';
+import type { EventHub } from './events.ts';
+import type { Queryable } from './store/db.ts';
+
+// --policy-publish / --config-publish: for an enclave co-located with the control plane, the same
+// state `dvx policy-pull` / `dvx config-pull` would write, written by the control plane itself into a
+// directory (`policy-snapshot.json`, `config.json`) at start and after every committed change, only when
+// it changed. `--policy-org` / `--config-org` narrow it to one org.
+
+export interface PublisherOptions {
+  db: Queryable;
+  hub: EventHub;
+  dir: string;
+  file: string;
+  enclaveId: string;
+  org: string;
+  build: (db: Queryable, enclaveId: string, org?: string) => Promise<unknown>;
+  log: Logger;
+}
+
+export async function startPublisher(o: PublisherOptions): Promise<() => void> {
+  await mkdir(o.dir, { recursive: true });
+  const path = join(o.dir, o.file);
+  let last = '';
+  let running: Promise<void> | null = null;
+  let again = false;
+  const publish = (): Promise<void> => {
+    if (running) {
+      again = true;
+      return running;
+    }
+    running = (async () => {
+      do {
+        again = false;
+        try {
+          const doc = await o.build(o.db, o.enclaveId, o.org || undefined);
+          if (!doc) {
+            o.log.warn({ enclave: o.enclaveId }, 'publish: no such enclave (yet)');
+            continue;
+          }
+          const key = JSON.stringify({ ...(doc as object), version: undefined });
+          if (key === last) continue;
+          await writeFileAtomic(path, JSON.stringify(doc, null, 2) + '\n');
+          last = key;
+          o.log.info({ path, version: (doc as { version?: string }).version }, 'published');
+        } catch (err) {
+          o.log.error({ err: (err as Error).message, path }, 'publish failed');
+        }
+      } while (again);
+    })().finally(() => {
+      running = null;
+    });
+    return running;
+  };
+  await publish();
+  return o.hub.onWake(() => void publish());
+}

@@ -1,0 +1,127 @@
+import { Agent, request } from 'undici';
+import { writeFileAtomic } from '../../core/atomic-file.ts';
+import type { Logger } from '../../core/logger.ts';
+import { SseParser } from '../../core/sse.ts';
+
+// The pull sidecars (`dvx policy-pull`, `dvx config-pull`): fetch the enclave's desired state from the
+// control plane with the broker key, write it atomically where the components read it, and pull again
+// on every event of the enclave's SSE stream (the nudge) and on an interval (spec: 30 s default). With
+// events off, the interval alone. A state that fails validation is not written: the last good one
+// stays. Writes happen only when the state changed (its `version` aside).
+
+export interface PullerOptions {
+  controlplane: string;
+  /** `/v1/broker/snapshot` or `/v1/broker/config`. */
+  route: string;
+  brokerToken: string;
+  out: string;
+  intervalMs: number;
+  events: boolean;
+  ca?: string | Buffer;
+  insecureSkipVerify?: boolean;
+  /** Throws when the pulled document is not acceptable (the proxy's own snapshot validator). */
+  validate?: (doc: unknown) => void;
+  log: Logger;
+}
+
+export interface RunningPuller {
+  /** Resolves after the first successful write (or the first pull that found the file current). */
+  ready: Promise<void>;
+  pulls(): number;
+  close(): Promise<void>;
+}
+
+const withoutVersion = (doc: unknown) => JSON.stringify({ ...(doc as object), version: undefined });
+
+export function startPuller(o: PullerOptions): RunningPuller {
+  const base = o.controlplane.replace(/\/+$/, '');
+  const dispatcher = new Agent({ connect: { ...(o.ca ? { ca: o.ca } : {}), rejectUnauthorized: !o.insecureSkipVerify } });
+  const headers = { authorization: `Bearer ${o.brokerToken}` };
+  let closed = false;
+  let last: string | null = null;
+  let count = 0;
+  let markReady: () => void = () => {};
+  const ready = new Promise<void>((r) => (markReady = r));
+  let stream: AbortController | null = null;
+
+  // One pull at a time; a nudge during a pull makes it pull once more.
+  let running: Promise<void> | null = null;
+  let again = false;
+  const pull = (): Promise<void> => {
+    if (running) {
+      again = true;
+      return running;
+    }
+    running = (async () => {
+      do {
+        again = false;
+        try {
+          const res = await request(`${base}${o.route}`, { dispatcher, headers });
+          const text = await res.body.text();
+          if (res.statusCode !== 200) throw new Error(`HTTP ${res.statusCode}: ${text.slice(0, 200)}`);
+          const doc = JSON.parse(text) as unknown;
+          o.validate?.(doc);
+          count++;
+          const key = withoutVersion(doc);
+          if (key !== last) {
+            await writeFileAtomic(o.out, JSON.stringify(doc, null, 2) + '\n');
+            last = key;
+            o.log.info({ out: o.out, version: (doc as { version?: string }).version }, 'desired state written');
+          }
+          markReady();
+        } catch (err) {
+          o.log.warn({ err: (err as Error).message, route: o.route }, 'pull failed; keeping the last good state');
+        }
+      } while (again && !closed);
+    })().finally(() => {
+      running = null;
+    });
+    return running;
+  };
+
+  const timer = setInterval(() => void pull(), o.intervalMs);
+  timer.unref();
+
+  // The nudge: any event on the enclave's stream means "pull again". Reconnects with Last-Event-ID.
+  const follow = async () => {
+    let cursor: string | null = null;
+    let backoff = 250;
+    while (!closed) {
+      stream = new AbortController();
+      try {
+        const res = await request(`${base}/v1/broker/events`, { dispatcher, signal: stream.signal, headers: { ...headers, ...(cursor ? { 'last-event-id': cursor } : {}) } });
+        if (res.statusCode !== 200) {
+          await res.body.dump();
+          throw new Error(`events: HTTP ${res.statusCode}`);
+        }
+        backoff = 250;
+        void pull(); // whatever happened while disconnected
+        const parser = new SseParser();
+        for await (const chunk of res.body) {
+          const events = parser.push(chunk as Buffer);
+          for (const e of events) if (e.id) cursor = e.id;
+          if (events.length > 0) void pull();
+        }
+      } catch (err) {
+        if (closed) return;
+        o.log.warn({ err: (err as Error).message }, 'event stream dropped; reconnecting');
+      }
+      await new Promise((r) => setTimeout(r, backoff));
+      backoff = Math.min(backoff * 2, 10_000);
+    }
+  };
+
+  void pull();
+  if (o.events) void follow();
+  return {
+    ready,
+    pulls: () => count,
+    async close() {
+      closed = true;
+      clearInterval(timer);
+      stream?.abort();
+      await running?.catch(() => {});
+      await dispatcher.close().catch(() => {});
+    },
+  };
+}
