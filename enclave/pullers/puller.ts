@@ -79,8 +79,8 @@ export function startPuller(o: PullerOptions): RunningPuller {
     return running;
   };
 
+  // Not unref'd: with events off, the interval is what keeps the sidecar alive.
   const timer = setInterval(() => void pull(), o.intervalMs);
-  timer.unref();
 
   // The nudge: any event on the enclave's stream means "pull again". Reconnects with Last-Event-ID.
   const follow = async () => {
@@ -121,7 +121,7 @@ export function startPuller(o: PullerOptions): RunningPuller {
       clearInterval(timer);
       stream?.abort();
       await running?.catch(() => {});
-      await dispatcher.close().catch(() => {});
+      await dispatcher.destroy().catch(() => {});
     },
   };
 }
