@@ -20,6 +20,7 @@ export function registerLlmProxy(serve: Command): void {
     .addOption(flag('--agent-ca <file>', { description: 'CA bundle for agent identity certificates (mTLS)', default: d.agentCa }))
     .addOption(flag('--agent-jwks <file|url>', { description: 'JWKS for platform JWTs (ES256)', default: d.agentJwks }))
     .addOption(flag('--min-tier <class>', { description: 'lowest enclave isolation class served', choices: ISOLATION_CLASSES, default: d.minTier }))
+    .addOption(flag('--database-dsn <dsn>', { description: 'read policy, flags and agents from the control plane\'s PostgreSQL store (instead of --policy-snapshot)', default: d.databaseDsn }))
     .addOption(flag('--policy-snapshot <file>', { description: 'policy snapshot (docs/snapshot.md); re-read on change', default: d.policySnapshot }))
     .addOption(flag('--secrets-file <file>', { description: 'embedded secret source {"agent:ID": {NAME: VALUE}, "org:ID": {…}}', default: d.secretsFile }))
     .addOption(flag('--upstream-default <url>', { description: 'upstream base URL when policy names none', default: d.upstreamDefault }))

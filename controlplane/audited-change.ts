@@ -5,7 +5,7 @@ import { AuditUnavailableError } from '../audit-wal/errors.ts';
 import type { AuditSink } from '../audit-wal/sink.ts';
 import { ApiError, PROBLEMS } from './errors.ts';
 import { grantsChanged } from './authz/capabilities.ts';
-import type { Db, Queryable } from './store/db.ts';
+import type { Db, Queryable } from '../core/sql.ts';
 
 // Every change of the operator API goes through here (spec: operator-api rule 4 and "Audit durability
 // flags"): the change runs in a transaction, its audit_events record is made durable before the

@@ -1,6 +1,7 @@
 import { EventEmitter } from 'node:events';
 import pg from 'pg';
-import type { Queryable } from './store/db.ts';
+import type { Queryable } from '../core/sql.ts';
+import { CHANGES_CHANNEL } from '../pipeline/policy/store-snapshot.ts';
 
 // Events to enclaves (spec: Events, facts 1–3): stored with an auto-incrementing cursor inside the
 // change's own transaction, so an event exists exactly when its change committed. After the commit the
@@ -16,7 +17,7 @@ export interface EnclaveEvent {
 
 export type ChangeTarget = { kind: 'platform' } | { kind: 'org'; org: string } | { kind: 'agent'; agent: string } | { kind: 'enclave'; enclave: string };
 
-const CHANNEL = 'dvx_events';
+const CHANNEL = CHANGES_CHANNEL;
 
 /** The enclaves a change concerns: every one for platform scope; an org's own and those running its agents; an agent's. */
 export async function affectedEnclaves(db: Queryable, target: ChangeTarget): Promise<string[]> {
@@ -54,7 +55,8 @@ export class EventHub {
     for (const enclave of enclaves) {
       await tx.query('INSERT INTO events (enclave_id, kind, payload) VALUES ($1, $2, $3)', [enclave, kind, JSON.stringify(payload)]);
     }
-    if (enclaves.length > 0) await tx.query(`SELECT pg_notify('${CHANNEL}', '')`);
+    // Always: a proxy reading the store directly (llmproxy --database-dsn) follows every change.
+    await tx.query(`SELECT pg_notify('${CHANNEL}', '')`);
     return enclaves.length > 0;
   }
 

@@ -3,7 +3,7 @@ import { mkdir } from 'node:fs/promises';
 import { writeFileAtomic } from '../core/atomic-file.ts';
 import type { Logger } from '../core/logger.ts';
 import type { EventHub } from './events.ts';
-import type { Queryable } from './store/db.ts';
+import type { Queryable } from '../core/sql.ts';
 
 // --policy-publish / --config-publish: for an enclave co-located with the control plane, the same
 // state `dvx policy-pull` / `dvx config-pull` would write, written by the control plane itself into a

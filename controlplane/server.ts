@@ -9,7 +9,7 @@ import { OidcAuthenticator, AuthenticationError, type Principal } from './auth/o
 import { callerGrants } from './authz/capabilities.ts';
 import { ApiError, PROBLEMS, sendProblem } from './errors.ts';
 import { isSkeleton, OptionsError, validateOptions, type ControlPlaneOptions } from './options.ts';
-import { openDb, type Db } from './store/db.ts';
+import { openDb, type Db } from '../core/sql.ts';
 import { migrate } from './store/migrate.ts';
 import { grantRoutes } from './routes/grants.ts';
 import { roleRoutes } from './routes/roles.ts';
@@ -28,7 +28,7 @@ import { enclaveRoutes } from './routes/enclaves.ts';
 import { brokerRoutes } from './routes/broker.ts';
 import { EventHub } from './events.ts';
 import { startPublisher } from './publish.ts';
-import { enclaveConfig, enclaveSnapshot } from './snapshot-builder.ts';
+import { enclaveConfig, enclaveSnapshot } from '../pipeline/policy/store-snapshot.ts';
 import { idpConnectorRoutes } from './routes/idp-connectors.ts';
 import { ServiceAccountStatus } from './auth/service-account-status.ts';
 import { DcrProvisioner, type IdpProvisioner } from './idp/provisioner.ts';

@@ -1,6 +1,6 @@
 import { exportJWK, generateKeyPair, importJWK, jwtVerify, SignJWT, errors as joseErrors, type JWK, type CryptoKey } from 'jose';
 import { newId } from '../../core/ids.ts';
-import type { Queryable } from '../store/db.ts';
+import type { Queryable } from '../../core/sql.ts';
 import { AuthenticationError, type Principal } from './oidc.ts';
 
 // The control plane's own issuer for the agent-operator caller class (spec: "Agent operators"):

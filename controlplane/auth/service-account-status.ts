@@ -1,4 +1,4 @@
-import type { Queryable } from '../store/db.ts';
+import type { Queryable } from '../../core/sql.ts';
 
 // Whether a service account's tokens are still honoured. A disabled account's client is removed at the
 // IdP, but the access tokens it already holds stay valid until they expire; the control plane refuses

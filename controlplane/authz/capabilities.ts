@@ -1,4 +1,4 @@
-import type { Queryable } from '../store/db.ts';
+import type { Queryable } from '../../core/sql.ts';
 
 // Capabilities (spec: "Capabilities named") and built-in roles. One function computes a principal's
 // effective capabilities; `whoami` shows its result and every capability-gated route asks it.

@@ -1,6 +1,6 @@
 import type { FastifyRequest } from 'fastify';
 import { ApiError, PROBLEMS } from '../errors.ts';
-import type { Queryable } from '../store/db.ts';
+import type { Queryable } from '../../core/sql.ts';
 import { callerGrants, type Capability, type EffectiveGrant } from './capabilities.ts';
 
 // The capability check every gated route runs (spec: Authentication, rules 3–4): the target comes from

@@ -5,7 +5,7 @@ import type { ChangeDeps } from '../audited-change.ts';
 import { object, url } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
-import { enclaveConfig, enclaveSnapshot } from '../snapshot-builder.ts';
+import { enclaveConfig, enclaveSnapshot } from '../../pipeline/policy/store-snapshot.ts';
 import { hashBrokerKey, setAddress, type EnclaveRow } from './enclaves.ts';
 
 // The enclave-facing surface, authenticated by the broker key (not an operator token):

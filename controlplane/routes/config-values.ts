@@ -4,7 +4,7 @@ import { requireCapability, type Target } from '../authz/guard.ts';
 import { bad, bool, object } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { ChangeTarget, EventHub } from '../events.ts';
-import type { Queryable } from '../store/db.ts';
+import type { Queryable } from '../../core/sql.ts';
 
 // Config values (spec: POST/DELETE /api/v1/config/{key}, configValueReq → configValueView) at platform,
 // org, group or agent scope, chosen by query parameters (the path is the spec's): `scope`

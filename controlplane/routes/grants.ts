@@ -3,7 +3,7 @@ import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { BUILT_IN_ROLES, CAPABILITIES, type ScopeKind } from '../authz/capabilities.ts';
 import { requireCapability, type Target } from '../authz/guard.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
-import type { Queryable } from '../store/db.ts';
+import type { Queryable } from '../../core/sql.ts';
 
 // Grants (spec: createGrantReq, grantView): platform-scope grants under /api/v1/grants (platform:config),
 // an org's grants under /api/v1/orgs/{org}/grants (members:* over that org). The body names what is

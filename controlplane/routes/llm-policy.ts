@@ -8,8 +8,8 @@ import { requireCapability, type Target } from '../authz/guard.ts';
 import { bad, bool, object } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { ChangeTarget, EventHub } from '../events.ts';
-import { agentSnapshot } from '../snapshot-builder.ts';
-import type { Queryable } from '../store/db.ts';
+import { agentSnapshot } from '../../pipeline/policy/store-snapshot.ts';
+import type { Queryable } from '../../core/sql.ts';
 
 // LLM content policy and settings of service `llmproxy` (llm-content-policy.md: Endpoints, Policy
 // hierarchy): platform rows (platform:config), the caller's org rows (org:manage over it), agent

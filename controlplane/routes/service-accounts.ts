@@ -9,7 +9,7 @@ import { bad, object, strings, text } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import { IdpError, serviceAccountMetadata, type IdpProvisioner, type Registration } from '../idp/provisioner.ts';
 import type { ServiceAccountKey } from '../idp/service-account-key.ts';
-import type { Queryable } from '../store/db.ts';
+import type { Queryable } from '../../core/sql.ts';
 
 // Service accounts of an org (spec: "Service accounts"), provisioned at the OIDC identity provider so
 // their tokens come from the issuer the control plane already trusts. Two ways in:

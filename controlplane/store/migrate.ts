@@ -1,5 +1,5 @@
 import { readdir, readFile } from 'node:fs/promises';
-import type { Db } from './db.ts';
+import type { Db } from '../../core/sql.ts';
 
 // Versioned SQL migrations (store/migrations/NNNN_name.sql), applied at start in one transaction under
 // an advisory lock (replicas starting together apply each once). Idempotent: applied versions are

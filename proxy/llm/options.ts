@@ -22,6 +22,8 @@ export interface LlmProxyOptions extends AuditOptions {
   agentJwks: string;
   minTier: IsolationClass;
   policySnapshot: string;
+  /** The control plane's PostgreSQL store, read directly instead of --policy-snapshot. */
+  databaseDsn: string;
   secretsFile: string;
   upstreamDefault: string;
   upstreamCa: string;
@@ -49,6 +51,7 @@ export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
   agentJwks: '',
   minTier: 'plain',
   policySnapshot: '',
+  databaseDsn: '',
   secretsFile: '',
   upstreamDefault: '',
   upstreamCa: '',
@@ -81,6 +84,8 @@ export function validateOptions(input: Partial<LlmProxyOptions>): LlmProxyOption
     o.upstreamDefault = o.upstreamDefault.replace(/\/+$/, '');
   }
   if (!(WIRE_FORMATS as readonly string[]).includes(o.translateUpstreamFormat)) throw new OptionsError(`--translate-upstream-format must be one of ${WIRE_FORMATS.join(', ')}`);
+  if (o.databaseDsn && o.policySnapshot) throw new OptionsError('--database-dsn and --policy-snapshot are two sources of the same policy: choose one');
+  if (o.databaseDsn && !/^postgres(ql)?:\/\//.test(o.databaseDsn)) throw new OptionsError('--database-dsn must be postgres://… (the control plane\'s store; an embedded PGlite store is not shared across processes)');
   const audit = auditOptionsProblem(o);
   if (audit) throw new OptionsError(audit);
   if (!(o.inspectTimeout > 0)) throw new OptionsError('--inspect-timeout must be positive');

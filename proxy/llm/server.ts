@@ -7,6 +7,7 @@ import { createLogger, type Logger } from '../../core/logger.ts';
 import { createRegistry } from '../../core/metrics.ts';
 import { loadTls } from '../../core/tls.ts';
 import { WatchedJsonFile } from '../../core/watched-file.ts';
+import { StoreSnapshotSource } from './store-source.ts';
 import type { AuditSink } from '../../audit-wal/sink.ts';
 import { StdoutAuditSink } from '../../audit-wal/stdout-sink.ts';
 import { WalSink } from '../../audit-wal/wal-sink.ts';
@@ -52,6 +53,9 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
   const metricsListen = options.metricsAddr ? parseAddr(options.metricsAddr) : null;
 
   const policies = new PolicyCache<ResolvedPolicy>();
+  const store = options.databaseDsn
+    ? await StoreSnapshotSource.open({ dsn: options.databaseDsn, enclaveId: options.enclaveId, log, onChange: () => policies.invalidate() })
+    : null;
   let snapshotFile: WatchedJsonFile<Snapshot> | null = null;
   if (options.policySnapshot) {
     snapshotFile = await WatchedJsonFile.open({
@@ -111,7 +115,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
   const proxy = new LlmProxy({
     options,
     auth,
-    snapshot: () => snapshotFile?.value ?? EMPTY_SNAPSHOT,
+    snapshot: () => store?.value ?? snapshotFile?.value ?? EMPTY_SNAPSHOT,
     policies,
     secrets: secretSource(() => secretsFile?.value ?? emptySecrets),
     engine,
@@ -171,6 +175,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
       await stopped;
       metricsServer?.close();
       snapshotFile?.close();
+      await store?.close();
       secretsFile?.close();
       jwksFile?.close();
       await engine.close();

@@ -65,7 +65,7 @@ t.test('bad usage and timeouts', async (t) => {
 
 t.test('--policy-publish and --config-publish write for a co-located enclave', async (t) => {
   const dir = join(h.dir, 'published');
-  t.match((await h.start({ policyPublish: true }).catch((e: Error) => e)).message, /--policy-publish needs --policy-publish-dir and --policy-enclave-id/);
+  t.match(((await h.start({ policyPublish: true }).catch((e: Error) => e)) as Error).message, /--policy-publish needs --policy-publish-dir and --policy-enclave-id/);
   const cp = await h.start({ seedAdmin: ['root'], policyPublish: true, policyPublishDir: dir, policyEnclaveId: 'enc-9', configPublish: true, configPublishDir: dir, configEnclaveId: 'enc-9' });
   t.teardown(() => cp.close());
   await h.callAt(cp.port, 'root', 'POST', '/orgs', { id: 'org-a', name: 'A' });

@@ -3,7 +3,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { EventHub } from '../../controlplane/events.ts';
-import { openDb } from '../../controlplane/store/db.ts';
+import { openDb } from '../../core/sql.ts';
 import { migrate } from '../../controlplane/store/migrate.ts';
 import { freshPgDatabase } from '../fixtures/pg-database.ts';
 

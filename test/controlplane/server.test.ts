@@ -8,7 +8,7 @@ import { SignJWT, generateKeyPair } from 'jose';
 import { createLogger } from '../../core/logger.ts';
 import { generateCa, issueCertificate } from '../../core/tls.ts';
 import { startControlPlane } from '../../controlplane/server.ts';
-import { openDb } from '../../controlplane/store/db.ts';
+import { openDb } from '../../core/sql.ts';
 import { migrate } from '../../controlplane/store/migrate.ts';
 import { AUDIENCE, startIssuer } from '../fixtures/oidc-issuer.ts';
 

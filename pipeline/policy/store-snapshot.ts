@@ -1,5 +1,5 @@
-import { validateSnapshot, type Snapshot } from '../pipeline/policy/snapshot.ts';
-import type { Queryable } from './store/db.ts';
+import { validateSnapshot, type Snapshot } from './snapshot.ts';
+import type { Queryable } from '../../core/sql.ts';
 
 // The snapshot an enclave converges on (docs/snapshot.md), built from the store: the platform's
 // llmproxy rows, every org the enclave serves (its owner and the orgs of the agents it runs) with
@@ -8,6 +8,9 @@ import type { Queryable } from './store/db.ts';
 // the operator's "effective policy" read, so the API shows what the proxy enforces.
 
 const SERVICE = 'llmproxy';
+
+/** The PostgreSQL NOTIFY channel the control plane signals on every committed change of this state. */
+export const CHANGES_CHANNEL = 'dvx_events';
 
 type Rows = Record<string, { value: unknown; locked: boolean }>;
 
@@ -99,6 +102,14 @@ export async function enclaveConfig(db: Queryable, enclaveId: string, onlyOrg?: 
   const agents: Record<string, unknown> = {};
   for (const a of scope.agents) agents[a.uid] = { org_id: a.org_id, group_id: a.group_id || null, config: await configRows(db, 'agent', a.org_id, '', a.uid) };
   return { version: scope.version, enclave: { id: scope.enclave.id, name: scope.enclave.name }, platform: await configRows(db, 'platform', '', '', ''), orgs, agents };
+}
+
+/** Every org and every agent, for a proxy that serves no particular enclave (llmproxy --database-dsn without --enclave-id). */
+export async function wholeSnapshot(db: Queryable): Promise<Snapshot> {
+  const orgs = (await db.query<{ id: string }>('SELECT id FROM orgs ORDER BY id')).rows.map((r) => r.id);
+  const agents = (await db.query<AgentRow>('SELECT uid, org_id, group_id, name, status, contained FROM agents ORDER BY uid')).rows;
+  const cursor = (await db.query<{ max: string | number | null }>('SELECT max(id) AS max FROM events')).rows[0]?.max ?? 0;
+  return build(db, { id: '', name: '', isolation_class: 'plain' }, orgs, agents, `${new Date().toISOString()}#${Number(cursor)}`);
 }
 
 /** The state one agent of an org is resolved against (its enclave aside): for the effective-policy read. */

@@ -1,7 +1,7 @@
 import pg from 'pg';
 import { PGlite } from '@electric-sql/pglite';
 
-// The control plane's store: PostgreSQL through `pg`, or PGlite (Postgres in WASM) embedded. The same
+// A SQL store: PostgreSQL through `pg`, or PGlite (Postgres in WASM) embedded. The same
 // SQL runs on both; `transaction` gives one connection to a callback and commits or rolls back.
 
 export interface Queryable {
