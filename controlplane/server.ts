@@ -24,6 +24,7 @@ import { serviceAccountRoutes } from './routes/service-accounts.ts';
 import { llmPolicyRoutes } from './routes/llm-policy.ts';
 import { configValueRoutes } from './routes/config-values.ts';
 import { agentRoutes } from './routes/agents.ts';
+import { governanceRoutes } from './routes/governance.ts';
 import { enclaveRoutes } from './routes/enclaves.ts';
 import { brokerRoutes } from './routes/broker.ts';
 import { EventHub } from './events.ts';
@@ -143,7 +144,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
       api.get('/openapi.json', { config: { requiredCapability: null } }, async () => document);
       await mountApi(api, deps, { agentIssuer, idp, accountStatus, events });
     }, { prefix: '/api/v1' });
-    await app.register(brokerRoutes(deps, events, { heartbeatMs: options.brokerHeartbeatMs }));
+    await app.register(brokerRoutes(deps, events, { heartbeatMs: options.brokerHeartbeatMs, agentIssuer }));
     if (options.policyPublish) {
       stopPublishers.push(await startPublisher({ db: store, hub: events, dir: options.policyPublishDir, file: 'policy-snapshot.json', enclaveId: options.policyEnclaveId, org: options.policyOrg, build: enclaveSnapshot, log }));
     }
@@ -207,6 +208,7 @@ async function mountApi(api: FastifyInstance, deps: ChangeDeps, wired: Families)
   await api.register(llmPolicyRoutes(deps, wired.events));
   await api.register(configValueRoutes(deps, wired.events));
   await api.register(agentRoutes(deps, wired.events));
+  await api.register(governanceRoutes(deps, wired.events));
   await api.register(enclaveRoutes(deps, wired.events));
   if (wired.agentIssuer) await api.register(agentOperatorRoutes(deps, wired.agentIssuer));
   if (wired.idp) await api.register(serviceAccountRoutes(deps, wired.idp, wired.accountStatus));

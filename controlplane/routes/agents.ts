@@ -1,6 +1,6 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
-import { describe, holds, requireCapability, type Target } from '../authz/guard.ts';
+import { describe, holds, type Target } from '../authz/guard.ts';
 import { bad, bool, object, strings, text } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
@@ -94,6 +94,9 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
         if (rows.length === 0) bad('enclave_id', `no enclave ${enclave}`);
         if (rows[0].owning_org_id !== org) bad('enclave_id', `enclave ${enclave} belongs to another org`);
       }
+      for (const [i, pack] of packs.entries()) {
+        if ((await db.query('SELECT 1 FROM policy_packs WHERE name = $1', [pack])).rows.length === 0) bad(`policy_packs[${i}]`, `no pack ${pack}`);
+      }
       const existing = (await db.query<AgentRow>(`SELECT ${COLUMNS} FROM agents WHERE uid = $1`, [uid])).rows[0];
       if (existing && existing.org_id !== org) throw new ApiError(PROBLEMS.conflict, `agent ${uid} belongs to another org`);
       if (existing && existing.group_id && !(await holds(db, req, 'agents:manage', { kind: 'group', org, group: existing.group_id }))) {
@@ -110,6 +113,11 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
            RETURNING ${COLUMNS}`,
           [uid, org, name, image, command, enclave, group, packs, req.principal!.subject],
         );
+        // The agent's packs are installed at its own scope (composed at read time with every other scope's).
+        await tx.query(`DELETE FROM pack_installs WHERE scope_kind = 'agent' AND agent_id = $1`, [uid]);
+        for (const pack of new Set(packs)) {
+          await tx.query(`INSERT INTO pack_installs (pack, scope_kind, org_id, agent_id, installed_by) VALUES ($1, 'agent', $2, $3, $4)`, [pack, org, uid, req.principal!.subject]);
+        }
         if (!existing && enclave) await events.publish(tx, [enclave], 'agent.created', { agent_id: uid, agent_name: name, org_id: org });
         else await events.publishTo(tx, { kind: 'agent', agent: uid }, 'agent.changed', { agent_id: uid, org_id: org });
         if (existing && existing.enclave_id && existing.enclave_id !== enclave) await events.publish(tx, [existing.enclave_id], 'agent.changed', { agent_id: uid, org_id: org });
@@ -125,6 +133,9 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
       await auditedChange(deps, req, 'agent.delete', agent.org_id, async (tx) => {
         if (agent.enclave_id) await events.publish(tx, [agent.enclave_id], 'agent.deleted', { agent_id: agent.uid, org_id: agent.org_id });
         await tx.query('DELETE FROM agent_config WHERE agent_id = $1', [agent.uid]);
+        await tx.query(`DELETE FROM pack_installs WHERE scope_kind = 'agent' AND agent_id = $1`, [agent.uid]);
+        await tx.query(`DELETE FROM governance_policy WHERE scope_kind = 'agent' AND agent_id = $1`, [agent.uid]);
+        await tx.query(`DELETE FROM config_values WHERE scope_kind = 'agent' AND agent_id = $1`, [agent.uid]);
         await tx.query('DELETE FROM agents WHERE uid = $1', [agent.uid]);
         return { result: null, resource: `agent:${agent.uid}` };
       }).finally(() => events.wake());

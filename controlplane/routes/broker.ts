@@ -7,6 +7,8 @@ import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
 import { enclaveConfig, enclaveSnapshot } from '../../pipeline/policy/store-snapshot.ts';
 import { hashBrokerKey, setAddress, type EnclaveRow } from './enclaves.ts';
+import type { AgentOperatorIssuer } from '../auth/agent-operator-issuer.ts';
+import { auditedChange } from '../audited-change.ts';
 
 // The enclave-facing surface, authenticated by the broker key (not an operator token):
 //   GET /v1/broker/snapshot  the desired state of this enclave (docs/snapshot.md)
@@ -14,10 +16,14 @@ import { hashBrokerKey, setAddress, type EnclaveRow } from './enclaves.ts';
 //   GET /v1/broker/events    SSE of this enclave's events (spec: Broker events), resumable with
 //                            Last-Event-ID, a heartbeat comment every 30 s
 //   PUT /v1/broker/address   the broker reports its own addresses (addressReq → enclaveView)
+//   POST /v1/broker/agents/{uid}/operator-token   a 60 s agent-operator token for an agent this enclave
+//                            runs (spec: Agent operators); a contained agent is refused (403)
 // Resuming with Last-Event-ID N marks the enclave's events up to N consumed (the hourly purge takes them).
 
 export interface BrokerOptions {
   heartbeatMs: number;
+  /** The agent-operator issuer (--agent-token-issuer-url); without it, no mint route. */
+  agentIssuer: AgentOperatorIssuer | null;
 }
 
 export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: BrokerOptions) {
@@ -57,6 +63,18 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
       const body = object(req.body, ['broker_url', 'relay_url']);
       return setAddress(deps, req, e, url(body, 'broker_url', false), url(body, 'relay_url', false), 'broker');
     });
+
+    const issuer = options.agentIssuer;
+    if (issuer) {
+      app.post('/v1/broker/agents/:uid/operator-token', async (req) => {
+        const e = await authenticate(req);
+        const uid = (req.params as { uid: string }).uid;
+        const { rows } = await db.query<{ org_id: string; contained: boolean; enclave_id: string }>('SELECT org_id, contained, enclave_id FROM agents WHERE uid = $1', [uid]);
+        if (rows.length === 0 || rows[0].enclave_id !== e.id) throw new ApiError(PROBLEMS.notFound, `enclave ${e.id} runs no agent ${uid}`);
+        if (rows[0].contained) throw new ApiError(PROBLEMS.forbidden, `agent ${uid} is contained: no agent-operator token is minted for it`);
+        return auditedChange(deps, req, 'agent-operator-token.mint', rows[0].org_id, async () => ({ result: await issuer.mint(rows[0].org_id, uid), resource: `agent:${uid}` }));
+      });
+    }
 
     app.get('/v1/broker/events', async (req, reply) => {
       const e = await authenticate(req);

@@ -154,6 +154,23 @@ t.test('the snapshot is the contract the proxy validates, scoped to the enclave'
   brokerToken = rotated.body.key.token;
 });
 
+t.test('the broker mints agent-operator tokens for its own, uncontained agents', async (t) => {
+  const mint = async (uid: string, token = brokerToken) => {
+    const r = await request(`https://127.0.0.1:${cp.port}/v1/broker/agents/${uid}/operator-token`, { method: 'POST', dispatcher, headers: { authorization: `Bearer ${token}` } });
+    return { status: r.statusCode, body: (await r.body.json()) as Record<string, unknown> };
+  };
+  const ok = await mint('bot-1');
+  t.equal(ok.status, 200);
+  t.match(ok.body, { token_type: 'Bearer', expires_in: 60, access_token: /^ey/ });
+  const who = await h.rawAt(cp.port, 'GET', '/api/v1/whoami', undefined, { authorization: `Bearer ${ok.body.access_token}` });
+  t.match(JSON.parse(who.text), { subject: 'agent:bot-1', kind: 'agent-operator', org_id: 'org-a' });
+  t.equal((await mint('bot-2')).status, 404, 'bot-2 runs on no enclave');
+  t.equal((await mint('bot-1', 'dvxb_nope')).status, 401);
+  await call('admin-a', 'POST', '/orgs/org-a/agents/bot-1/containment', { contained: true });
+  t.equal((await mint('bot-1')).status, 403, 'contained');
+  await call('admin-a', 'POST', '/orgs/org-a/agents/bot-1/containment', { contained: false });
+});
+
 t.test('a deleted enclave is gone from the registry', async (t) => {
   t.equal((await call('root', 'DELETE', '/enclaves/enc-b')).status, 204);
   t.equal((await call('root', 'GET', '/enclaves/enc-b')).status, 404);

@@ -1,0 +1,186 @@
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { Queryable } from '../../core/sql.ts';
+import { PolicyValidationError } from '../../pipeline/errors.ts';
+import {
+  resolveGovernance, validateGovernance, validateRules,
+  type GovernanceKind, type GovernanceRows, type PackRules,
+} from '../../pipeline/policy/governance.ts';
+import { auditedChange, type ChangeDeps } from '../audited-change.ts';
+import { requireCapability } from '../authz/guard.ts';
+import { bad, object, text } from '../body.ts';
+import { ApiError, PROBLEMS } from '../errors.ts';
+import type { EventHub } from '../events.ts';
+import { broaderScopes, rowKey, scopeChange, scopeMustExist, scopeName, scopeOf, scopeTarget, type Scope } from '../scope-query.ts';
+
+// Governance policy per scope and destination packs (operator-api.md: llmPolicyReq,
+// destinationPolicyReq, exec/ssh/tunnel, tunnel ports → policyWriteView; definePackReq → definePackView;
+// installPackView). Paths (not shown in the spec):
+//   PUT|GET|DELETE /api/v1/policies/{kind}?scope=…&org=…&group=…&agent=…   kind: llm, destination, exec, ssh, tunnel, tunnel-ports
+//   POST /api/v1/packs, GET /api/v1/packs
+//   PUT|DELETE /api/v1/packs/{name}/installations?scope=…
+//   GET /api/v1/agents/{id}/effective-governance
+// platform:config over the scope, like config values; `locked` refused at agent scope (400); a lock
+// at a broader scope → 409 naming it.
+
+const KIND_OF_PATH: Record<string, GovernanceKind> = { llm: 'llm', destination: 'destination', exec: 'exec', ssh: 'ssh', tunnel: 'tunnel', 'tunnel-ports': 'tunnel_ports' };
+const PACK = /^[a-z0-9][a-z0-9_.-]{0,62}$/;
+
+/** Every governance row and installed pack that applies to an agent, resolved. */
+export async function effectiveGovernance(db: Queryable, agent: { uid: string; org_id: string; group_id: string }) {
+  const scope: Scope = { kind: 'agent', org: agent.org_id, group: agent.group_id, agent: agent.uid };
+  const rows: GovernanceRows = {};
+  for (const s of broaderScopes(scope, true)) {
+    const { rows: found } = await db.query<{ kind: GovernanceKind; value: string; locked: boolean }>(
+      'SELECT kind, value, locked FROM governance_policy WHERE scope_kind = $1 AND org_id = $2 AND group_id = $3 AND agent_id = $4', rowKey(s),
+    );
+    for (const r of found) ((rows[r.kind] ??= {}) as Record<string, unknown>)[s.kind] = { value: JSON.parse(r.value), locked: r.locked };
+  }
+  const packs: PackRules[] = [];
+  for (const s of broaderScopes(scope, true)) {
+    const { rows: found } = await db.query<{ name: string; allow: string; deny: string }>(
+      `SELECT p.name, p.allow, p.deny FROM pack_installs i JOIN policy_packs p ON p.name = i.pack
+        WHERE i.scope_kind = $1 AND i.org_id = $2 AND i.group_id = $3 AND i.agent_id = $4 ORDER BY p.name`, rowKey(s),
+    );
+    for (const p of found) if (!packs.some((q) => q.name === p.name)) packs.push({ name: p.name, allow: JSON.parse(p.allow), deny: JSON.parse(p.deny) });
+  }
+  return resolveGovernance(rows, packs);
+}
+
+export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
+  const { db } = deps;
+  const kindOf = (req: FastifyRequest): GovernanceKind => {
+    const k = KIND_OF_PATH[(req.params as { kind: string }).kind];
+    if (!k) throw new ApiError(PROBLEMS.notFound, `no policy kind ${(req.params as { kind: string }).kind} (one of ${Object.keys(KIND_OF_PATH).join(', ')})`);
+    return k;
+  };
+  const scoped = async (req: FastifyRequest): Promise<Scope> => {
+    const s = await scopeOf(db, req);
+    await requireCapability(db, req, 'platform:config', scopeTarget(s));
+    await scopeMustExist(db, s);
+    return s;
+  };
+  const packNamed = async (name: string) => {
+    const { rows } = await db.query<{ name: string }>('SELECT name FROM policy_packs WHERE name = $1', [name]);
+    if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no pack ${name}`);
+  };
+
+  return async (api: FastifyInstance) => {
+    api.get('/policies/:kind', { config: { requiredCapability: 'platform:config' } }, async (req) => {
+      const s = await scoped(req);
+      const kind = kindOf(req);
+      const { rows } = await db.query<{ value: string; locked: boolean }>(
+        'SELECT value, locked FROM governance_policy WHERE kind = $1 AND scope_kind = $2 AND org_id = $3 AND group_id = $4 AND agent_id = $5', [kind, ...rowKey(s)],
+      );
+      if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no ${kind} policy at ${scopeName(s)}`);
+      return { key: kind, scope: scopeName(s), value: JSON.parse(rows[0].value), locked: rows[0].locked };
+    });
+
+    api.put('/policies/:kind', { config: { requiredCapability: 'platform:config' } }, async (req) => {
+      const s = await scoped(req);
+      const kind = kindOf(req);
+      let parsed: ReturnType<typeof validateGovernance>;
+      try {
+        parsed = validateGovernance(kind, req.body);
+      } catch (err) {
+        if (err instanceof PolicyValidationError) throw new ApiError(PROBLEMS.badRequest, err.message.replace(/^body\./, ''));
+        throw err;
+      }
+      if (parsed.locked && s.kind === 'agent') bad('locked', 'is refused at agent scope');
+      return auditedChange(deps, req, 'policy.put', s.org, async (tx) => {
+        for (const b of broaderScopes(s, false)) {
+          const { rows } = await tx.query<{ locked: boolean }>('SELECT locked FROM governance_policy WHERE kind = $1 AND scope_kind = $2 AND org_id = $3 AND group_id = $4 AND agent_id = $5', [kind, ...rowKey(b)]);
+          if (rows[0]?.locked) throw new ApiError(PROBLEMS.conflict, `the ${kind} policy is locked at ${scopeName(b)}: a more specific scope cannot override it`);
+        }
+        await tx.query(
+          `INSERT INTO governance_policy (kind, scope_kind, org_id, group_id, agent_id, value, locked, updated_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+           ON CONFLICT (kind, scope_kind, org_id, group_id, agent_id) DO UPDATE SET value = EXCLUDED.value, locked = EXCLUDED.locked, updated_by = EXCLUDED.updated_by, updated_at = now()`,
+          [kind, ...rowKey(s), JSON.stringify(parsed.value), parsed.locked, req.principal!.subject],
+        );
+        const published = await events.publishTo(tx, scopeChange(s), 'policy.changed', { service: 'governance', key: kind, scope: scopeName(s) });
+        return { result: { key: kind, scope: scopeName(s), locked: parsed.locked, published }, resource: `policy:${kind}:${scopeName(s)}` };
+      }).finally(() => events.wake());
+    });
+
+    api.delete('/policies/:kind', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
+      const s = await scoped(req);
+      const kind = kindOf(req);
+      await auditedChange(deps, req, 'policy.delete', s.org, async (tx) => {
+        const { rows } = await tx.query('DELETE FROM governance_policy WHERE kind = $1 AND scope_kind = $2 AND org_id = $3 AND group_id = $4 AND agent_id = $5 RETURNING kind', [kind, ...rowKey(s)]);
+        if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no ${kind} policy at ${scopeName(s)}`);
+        await events.publishTo(tx, scopeChange(s), 'policy.changed', { service: 'governance', key: kind, scope: scopeName(s) });
+        return { result: null, resource: `policy:${kind}:${scopeName(s)}` };
+      }).finally(() => events.wake());
+      return reply.code(204).send();
+    });
+
+    api.get('/packs', { config: { requiredCapability: 'platform:config' } }, async (req) => {
+      await requireCapability(db, req, 'platform:config', { kind: 'platform' });
+      const { rows } = await db.query<{ name: string; allow: string; deny: string }>('SELECT name, allow, deny FROM policy_packs ORDER BY name');
+      return rows.map((r) => ({ name: r.name, allow: JSON.parse(r.allow), deny: JSON.parse(r.deny) }));
+    });
+
+    // Define (or redefine) a pack; a redefinition reaches every scope it is installed at.
+    api.post('/packs', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
+      await requireCapability(db, req, 'platform:config', { kind: 'platform' });
+      const body = object(req.body, ['name', 'allow', 'deny']);
+      const name = text(body, 'name', true)!;
+      if (!PACK.test(name)) bad('name', 'must be 1–63 lowercase letters, digits, ".", "-" or "_"');
+      let allow, deny;
+      try {
+        allow = validateRules(body.allow, 'allow');
+        deny = validateRules(body.deny, 'deny');
+      } catch (err) {
+        if (err instanceof PolicyValidationError) throw new ApiError(PROBLEMS.badRequest, err.message);
+        throw err;
+      }
+      const existed = (await db.query('SELECT 1 FROM policy_packs WHERE name = $1', [name])).rows.length > 0;
+      const view = await auditedChange(deps, req, existed ? 'pack.redefine' : 'pack.define', '', async (tx) => {
+        await tx.query(
+          `INSERT INTO policy_packs (name, allow, deny, created_by) VALUES ($1, $2, $3, $4)
+           ON CONFLICT (name) DO UPDATE SET allow = EXCLUDED.allow, deny = EXCLUDED.deny, updated_at = now()`,
+          [name, JSON.stringify(allow), JSON.stringify(deny), req.principal!.subject],
+        );
+        let published = false;
+        const { rows } = await tx.query<{ scope_kind: string; org_id: string; group_id: string; agent_id: string }>('SELECT scope_kind, org_id, group_id, agent_id FROM pack_installs WHERE pack = $1', [name]);
+        for (const r of rows) {
+          const s = { kind: r.scope_kind, org: r.org_id, group: r.group_id, agent: r.agent_id } as Scope;
+          published = (await events.publishTo(tx, scopeChange(s), 'policy.changed', { service: 'governance', key: `pack:${name}`, scope: scopeName(s) })) || published;
+        }
+        return { result: { pack: name, published }, resource: `pack:${name}` };
+      }).finally(() => events.wake());
+      return reply.code(existed ? 200 : 201).send(view);
+    });
+
+    for (const install of [true, false]) {
+      api.route({
+        method: install ? 'PUT' : 'DELETE',
+        url: '/packs/:name/installations',
+        config: { requiredCapability: 'platform:config' },
+        handler: async (req) => {
+          const name = (req.params as { name: string }).name;
+          const s = await scoped(req);
+          await packNamed(name);
+          return auditedChange(deps, req, install ? 'pack.install' : 'pack.uninstall', s.org, async (tx) => {
+            const { rows } = install
+              ? await tx.query(`INSERT INTO pack_installs (pack, scope_kind, org_id, group_id, agent_id, installed_by) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING RETURNING pack`, [name, ...rowKey(s), req.principal!.subject])
+              : await tx.query('DELETE FROM pack_installs WHERE pack = $1 AND scope_kind = $2 AND org_id = $3 AND group_id = $4 AND agent_id = $5 RETURNING pack', [name, ...rowKey(s)]);
+            if (!install && rows.length === 0) throw new ApiError(PROBLEMS.notFound, `pack ${name} is not installed at ${scopeName(s)}`);
+            const published = rows.length > 0 && await events.publishTo(tx, scopeChange(s), 'policy.changed', { service: 'governance', key: `pack:${name}`, scope: scopeName(s) });
+            return { result: { pack: name, scope: scopeName(s), installed: install, published }, resource: `pack:${name}:${scopeName(s)}` };
+          }).finally(() => events.wake());
+        },
+      });
+    }
+
+    api.get('/agents/:id/effective-governance', { config: { requiredCapability: 'agents:manage', target: 'agent-org' } }, async (req) => {
+      const id = (req.params as { id: string }).id;
+      const { rows } = await db.query<{ uid: string; org_id: string; group_id: string }>('SELECT uid, org_id, group_id FROM agents WHERE uid = $1', [id]);
+      if (rows.length === 0) {
+        await requireCapability(db, req, 'agents:manage', { kind: 'org', org: req.principal?.orgId ?? '' });
+        throw new ApiError(PROBLEMS.notFound, `no agent ${id}`);
+      }
+      await requireCapability(db, req, 'agents:manage', { kind: 'org', org: rows[0].org_id });
+      return { agent: id, org_id: rows[0].org_id, group_id: rows[0].group_id, ...(await effectiveGovernance(db, rows[0])) };
+    });
+  };
+}

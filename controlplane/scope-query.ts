@@ -1,0 +1,75 @@
+import type { FastifyRequest } from 'fastify';
+import type { Target } from './authz/guard.ts';
+import { bad } from './body.ts';
+import { ApiError, PROBLEMS } from './errors.ts';
+import type { ChangeTarget } from './events.ts';
+import type { Queryable } from '../core/sql.ts';
+
+// The scope a config value, a governance policy or a pack installation is authored at, from the
+// query string (targets derive from the request line, never the body): `scope` (platform | org |
+// group | agent; default platform), `org`, `group`, `agent`. Group and agent scopes require an org
+// (spec rule 3): an agent's org and group come from the store.
+
+export type ScopeKind = 'platform' | 'org' | 'group' | 'agent';
+export interface Scope { kind: ScopeKind; org: string; group: string; agent: string }
+
+export const PLATFORM: Scope = { kind: 'platform', org: '', group: '', agent: '' };
+
+export function scopeName(s: Scope): string {
+  return s.kind === 'platform' ? 'platform' : s.kind === 'org' ? `org:${s.org}` : s.kind === 'group' ? `group:${s.org}:${s.group}` : `agent:${s.agent}`;
+}
+
+/** The scope of the query parameters; org, group and agent are checked to exist (404). */
+export async function scopeOf(db: Queryable, req: FastifyRequest): Promise<Scope> {
+  const q = req.query as Record<string, unknown>;
+  for (const k of Object.keys(q)) if (!['scope', 'org', 'group', 'agent'].includes(k)) bad(k, 'unknown query parameter (scope, org, group, agent)');
+  const str = (k: string) => (typeof q[k] === 'string' ? (q[k] as string) : '');
+  const kind = (str('scope') || 'platform') as ScopeKind;
+  if (!['platform', 'org', 'group', 'agent'].includes(kind)) bad('scope', 'must be platform, org, group or agent');
+  const s: Scope = { kind, org: str('org'), group: str('group'), agent: str('agent') };
+  if (kind === 'platform') {
+    if (s.org || s.group || s.agent) bad('scope', 'platform scope takes no org, group or agent');
+    return s;
+  }
+  if (kind === 'agent') {
+    if (!s.agent) bad('agent', 'is required at agent scope');
+    const { rows } = await db.query<{ org_id: string; group_id: string }>('SELECT org_id, group_id FROM agents WHERE uid = $1', [s.agent]);
+    if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no agent ${s.agent}`);
+    if (s.org && s.org !== rows[0].org_id) throw new ApiError(PROBLEMS.notFound, `no agent ${s.agent} in org ${s.org}`);
+    return { ...s, org: rows[0].org_id, group: rows[0].group_id };
+  }
+  if (!s.org) bad('org', `is required at ${kind} scope`);
+  if (kind === 'group' && !s.group) bad('group', 'is required at group scope');
+  return s;
+}
+
+/** 404 for an org or group that does not exist (an agent scope was checked by scopeOf). */
+export async function scopeMustExist(db: Queryable, s: Scope): Promise<void> {
+  if (s.kind === 'platform' || s.kind === 'agent') return;
+  if ((await db.query('SELECT 1 FROM orgs WHERE id = $1', [s.org])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${s.org}`);
+  if (s.kind === 'group' && (await db.query('SELECT 1 FROM org_groups WHERE org_id = $1 AND id = $2', [s.org, s.group])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no group ${s.group} in org ${s.org}`);
+}
+
+/** The capability target of a scope: an agent's scope is checked over its org. */
+export function scopeTarget(s: Scope): Target {
+  return s.kind === 'platform' ? { kind: 'platform' } : s.kind === 'group' ? { kind: 'group', org: s.org, group: s.group } : { kind: 'org', org: s.org };
+}
+
+/** The enclaves a change at this scope concerns. */
+export function scopeChange(s: Scope): ChangeTarget {
+  return s.kind === 'platform' ? { kind: 'platform' } : s.kind === 'agent' ? { kind: 'agent', agent: s.agent } : { kind: 'org', org: s.org };
+}
+
+/** The row coordinates of a scope: [scope_kind, org_id, group_id, agent_id] (agent rows carry no group). */
+export function rowKey(s: Scope): [string, string, string, string] {
+  return [s.kind, s.kind === 'platform' ? '' : s.org, s.kind === 'group' ? s.group : '', s.kind === 'agent' ? s.agent : ''];
+}
+
+/** The scopes broader than `s` (for locks), most general first; with `self`, `s` too. */
+export function broaderScopes(s: Scope, self: boolean): Scope[] {
+  const order: Scope[] = [PLATFORM];
+  if (s.kind !== 'platform') order.push({ kind: 'org', org: s.org, group: '', agent: '' });
+  if ((s.kind === 'group' || s.kind === 'agent') && s.group) order.push({ kind: 'group', org: s.org, group: s.group, agent: '' });
+  if (s.kind === 'agent') order.push(s);
+  return self ? order : order.filter((o) => o.kind !== s.kind);
+}
