@@ -1,6 +1,6 @@
 import type { Logger } from '../core/logger.ts';
 import { silentLogger } from '../core/logger.ts';
-import type { AuditStore } from './store.ts';
+import type { AuditWriter } from './store.ts';
 import type { AuditTable } from './sink.ts';
 import type { WalTable } from './wal-table.ts';
 
@@ -26,7 +26,7 @@ export interface ShipperOptions {
 
 export class Shipper {
   #table: WalTable;
-  #store: AuditStore;
+  #store: AuditWriter;
   #name: AuditTable;
   #batchRows: number;
   #idleMs: number;
@@ -37,7 +37,7 @@ export class Shipper {
   #loop: Promise<void> | null = null;
   #wake: (() => void) | null = null;
 
-  constructor(name: AuditTable, table: WalTable, store: AuditStore, options: ShipperOptions = {}) {
+  constructor(name: AuditTable, table: WalTable, store: AuditWriter, options: ShipperOptions = {}) {
     this.#name = name;
     this.#table = table;
     this.#store = store;

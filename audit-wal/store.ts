@@ -1,14 +1,24 @@
 import type { AuditTable } from './sink.ts';
+import type { AuditQuery } from './query.ts';
+import type { LlmQuery, ReadRecord } from './read.ts';
 
 // Where shipped audit goes: ClickHouse (`clickhouse://[user:pass@]host:port/db`, its HTTP interface),
 // PostgreSQL (`postgres://…`) or PGlite (`pglite://DIR`, embedded). Each store applies its schema
 // from deploy/schema/ on open and inserts idempotently by record id.
 
-export interface AuditStore {
+/** What the shipper needs of a store: its schema and idempotent inserts. */
+export interface AuditWriter {
   readonly kind: 'clickhouse' | 'postgres' | 'pglite';
   ensureSchema(): Promise<void>;
   insert(table: AuditTable, records: Record<string, unknown>[]): Promise<void>;
   close(): Promise<void>;
+}
+
+export interface AuditStore extends AuditWriter {
+  /** audit_events rows under the query's predicate and filters, in (event_time, id) order. */
+  readEvents(q: AuditQuery): Promise<ReadRecord[]>;
+  /** One agent's LLM audit entries in its org, in (event_time, id) order. */
+  readLlm(q: LlmQuery): Promise<Record<string, unknown>[]>;
 }
 
 export class DsnError extends Error {

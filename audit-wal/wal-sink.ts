@@ -4,7 +4,7 @@ import type { Logger } from '../core/logger.ts';
 import { counter, gauge, histogram } from '../core/metrics.ts';
 import { Shipper } from './shipper.ts';
 import type { AuditSink, AuditTable } from './sink.ts';
-import { openStore, type AuditStore } from './store.ts';
+import { openStore, type AuditStore, type AuditWriter } from './store.ts';
 import { WalTable, type WalMetrics } from './wal-table.ts';
 
 // The durable audit sink: a WAL per table under --audit-wal-dir, each shipped to the --audit-dsn store.
@@ -24,6 +24,8 @@ export interface WalSinkOptions {
   shipper?: { batchRows?: number; idleMs?: number; backoffMs?: { base: number; max: number } };
   /** Tables this component writes; others are not opened. */
   tables?: readonly AuditTable[];
+  /** The store, when the component also reads it (one PGlite instance per directory); closed with the sink. */
+  store?: AuditStore;
 }
 
 export function walMetrics(registry: Registry): WalMetrics & { shipped(t: string, n: number): void; lag(t: string, s: number): void; failed(t: string): void } {
@@ -57,7 +59,7 @@ export class WalSink implements AuditSink {
   }
 
   static async open(options: WalSinkOptions): Promise<WalSink> {
-    const store = await openStore(options.dsn);
+    const store = options.store ?? await openStore(options.dsn);
     try {
       await store.ensureSchema();
     } catch (err) {
@@ -67,7 +69,7 @@ export class WalSink implements AuditSink {
     const sink = new WalSink(store);
     const metrics = walMetrics(options.registry);
     let schemaReady = false;
-    const ensured: AuditStore = {
+    const ensured: AuditWriter = {
       kind: store.kind,
       ensureSchema: () => store.ensureSchema(),
       insert: async (table, rows) => {

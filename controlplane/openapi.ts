@@ -11,6 +11,10 @@ interface Operation {
   capability: string | null;
   /** Whose scope the capability is checked over when the path names no org: "caller-org" = the token's org. */
   target?: string;
+  /** The agent-operator kind's one surface (its own audit trail). */
+  agentOperator?: boolean;
+  /** An SSE route (text/event-stream). */
+  stream?: boolean;
 }
 
 export function collectOperations(app: FastifyInstance): Operation[] {
@@ -18,9 +22,14 @@ export function collectOperations(app: FastifyInstance): Operation[] {
   app.addHook('onRoute', (route: RouteOptions) => {
     if (!route.url.startsWith('/api/v1/')) return;
     const methods = (Array.isArray(route.method) ? route.method : [route.method]).filter((m) => m !== 'HEAD');
-    const config = route.config as { requiredCapability?: string | null; target?: string } | undefined;
+    const config = route.config as { requiredCapability?: string | null; target?: string; agentOperator?: boolean; stream?: boolean } | undefined;
     const capability = config?.requiredCapability ?? null;
-    for (const method of methods) ops.push({ method: method.toLowerCase(), path: route.url.replace(/:([A-Za-z_]+)/g, '{$1}'), capability, ...(config?.target ? { target: config.target } : {}) });
+    for (const method of methods) {
+      ops.push({
+        method: method.toLowerCase(), path: route.url.replace(/:([A-Za-z_]+)/g, '{$1}'), capability,
+        ...(config?.target ? { target: config.target } : {}), ...(config?.agentOperator ? { agentOperator: true } : {}), ...(config?.stream ? { stream: true } : {}),
+      });
+    }
   });
   return ops;
 }
@@ -48,6 +57,8 @@ export function openApiDocument(ops: readonly Operation[]): Record<string, unkno
       security: [{ bearer: [] }],
       'x-required-capability': op.capability,
       ...(op.target ? { 'x-capability-target': op.target } : {}),
+      ...(op.agentOperator ? { 'x-agent-operator': true } : {}),
+      ...(op.stream ? { 'x-stream': true } : {}),
       responses: {
         default: { description: 'RFC 9457 problem', content: { 'application/problem+json': { schema: { $ref: '#/components/schemas/Problem' } } } },
       },

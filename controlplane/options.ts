@@ -37,6 +37,8 @@ export interface ControlPlaneOptions extends AuditOptions {
   configPublishDir: string;
   configOrg: string;
   configEnclaveId: string;
+  /** How often the audit tail polls the store (not a flag). */
+  auditStreamPollMs: number;
   /** Heartbeat of the broker event stream (spec: 30 s); not a flag, tests shorten it. */
   brokerHeartbeatMs: number;
   /** Subjects granted the platform administrator role at start. */
@@ -60,6 +62,7 @@ export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
   seedAdmin: [],
   idpKey: '',
   brokerHeartbeatMs: 30_000,
+  auditStreamPollMs: 1000,
   policyPublish: false,
   policyPublishDir: '',
   policyOrg: '',

@@ -25,6 +25,8 @@ import { llmPolicyRoutes } from './routes/llm-policy.ts';
 import { configValueRoutes } from './routes/config-values.ts';
 import { agentRoutes } from './routes/agents.ts';
 import { governanceRoutes } from './routes/governance.ts';
+import { auditRoutes, type AuditReadOptions } from './routes/audit.ts';
+import { openStore, type AuditStore } from '../audit-wal/store.ts';
 import { enclaveRoutes } from './routes/enclaves.ts';
 import { brokerRoutes } from './routes/broker.ts';
 import { EventHub } from './events.ts';
@@ -83,6 +85,8 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
   let db: Db | null = null;
   let audit: AuditSink | null = null;
   let hub: EventHub | null = null;
+  let auditStore: AuditStore | null = null;
+  let closeStore = false;
   let purge: NodeJS.Timeout | null = null;
   const stopPublishers: (() => void)[] = [];
   if (isSkeleton(options)) {
@@ -115,9 +119,13 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
       app.get('/.well-known/jwks.json', async () => agentIssuer.jwks());
     }
     // Audit of every change: the WAL shipped to --audit-dsn, or stdout lines with "stream":"audit".
+    // With an audit store, the audit read API reads the store the WAL ships to (one instance of it).
+    auditStore = options.auditDsn ? await openStore(options.auditDsn) : null;
+    if (auditStore) await auditStore.ensureSchema().catch((err: Error) => log.warn({ err: err.message }, 'audit store unreachable at start; reads fail until it answers'));
     audit = start.audit ?? (options.auditDsn
-      ? await WalSink.open({ dir: options.auditWalDir, dsn: options.auditDsn, maxBytes: options.auditWalMaxBytes, log, registry: createRegistry(), tables: ['audit_events'] })
+      ? await WalSink.open({ dir: options.auditWalDir, dsn: options.auditDsn, maxBytes: options.auditWalMaxBytes, log, registry: createRegistry(), tables: ['audit_events'], store: auditStore! })
       : new StdoutAuditSink());
+    closeStore = Boolean(start.audit) && auditStore !== null; // otherwise the WAL sink closes it
     const capture = { captureOrDeny: options.auditCaptureOrDeny, timeoutMs: options.auditCaptureTimeout };
     // Every /api/v1 path, routed or not, authenticates first: an unknown path answers 401 to a caller
     // without a valid token, never 404, so the surface cannot be mapped anonymously.
@@ -139,10 +147,10 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     const deps = { db: store, audit: audit!, capture };
     // The OpenAPI document describes the full surface, including route families this process did not
     // wire (spec: Versioning): it is collected from a never-listening instance with every family.
-    const document = openApiDocument(await surfaceOperations((api) => mountApi(api, deps, { agentIssuer: {} as AgentOperatorIssuer, idp: {} as IdpProvisioner, accountStatus, events })));
+    const document = openApiDocument(await surfaceOperations((api) => mountApi(api, deps, { agentIssuer: {} as AgentOperatorIssuer, idp: {} as IdpProvisioner, accountStatus, events, auditStore: {} as AuditStore, auditRead: { pollMs: 0, heartbeatMs: 0 } })));
     await app.register(async (api) => {
       api.get('/openapi.json', { config: { requiredCapability: null } }, async () => document);
-      await mountApi(api, deps, { agentIssuer, idp, accountStatus, events });
+      await mountApi(api, deps, { agentIssuer, idp, accountStatus, events, auditStore, auditRead: { pollMs: options.auditStreamPollMs, heartbeatMs: 15_000 } });
     }, { prefix: '/api/v1' });
     await app.register(brokerRoutes(deps, events, { heartbeatMs: options.brokerHeartbeatMs, agentIssuer }));
     if (options.policyPublish) {
@@ -166,6 +174,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
       await app.close();
       await hub?.close();
       await audit?.close();
+      if (closeStore) await auditStore?.close();
       await db?.close();
     },
   };
@@ -190,6 +199,8 @@ interface Families {
   idp: IdpProvisioner | null;
   accountStatus: ServiceAccountStatus;
   events: EventHub;
+  auditStore: AuditStore | null;
+  auditRead: AuditReadOptions;
 }
 
 /** Every route under /api/v1; a family whose backing capability is not wired is not mounted. */
@@ -211,5 +222,6 @@ async function mountApi(api: FastifyInstance, deps: ChangeDeps, wired: Families)
   await api.register(governanceRoutes(deps, wired.events));
   await api.register(enclaveRoutes(deps, wired.events));
   if (wired.agentIssuer) await api.register(agentOperatorRoutes(deps, wired.agentIssuer));
+  if (wired.auditStore) await api.register(auditRoutes(deps, wired.auditStore, wired.auditRead));
   if (wired.idp) await api.register(serviceAccountRoutes(deps, wired.idp, wired.accountStatus));
 }

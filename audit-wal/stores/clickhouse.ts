@@ -3,6 +3,8 @@ import { ClickHouseLogLevel, createClient, type ClickHouseClient } from '@clickh
 import type { AuditStore } from '../store.ts';
 import type { AuditTable } from '../sink.ts';
 import { clickhouseRow } from '../rows.ts';
+import type { AuditQuery } from '../query.ts';
+import { CH_EVENT_SELECT, chString, clickhouseWhere, toLlmEntry, toRecord, type LlmQuery, type ReadRecord } from '../read.ts';
 
 // ClickHouse over its HTTP interface (JSONEachRow). ReplacingMergeTree keyed on the id collapses
 // retried rows; readers use FINAL (or GROUP BY id) to see each record once.
@@ -38,6 +40,25 @@ export class ClickHouseStore implements AuditStore {
   async insert(table: AuditTable, records: Record<string, unknown>[]): Promise<void> {
     if (records.length === 0) return;
     await this.#client.insert({ table: `${this.#db}.${table}`, values: records.map((r) => clickhouseRow(table, r)), format: 'JSONEachRow' });
+  }
+
+  async readEvents(q: AuditQuery): Promise<ReadRecord[]> {
+    const rs = await this.#client.query({
+      query: `SELECT ${CH_EVENT_SELECT} FROM ${this.#db}.audit_events FINAL WHERE ${clickhouseWhere(q)}
+              ORDER BY event_time, event_time_ms, id LIMIT ${Math.trunc(q.offset)}, ${Math.trunc(q.limit)}`,
+      format: 'JSONEachRow',
+    });
+    return ((await rs.json()) as Record<string, unknown>[]).map(toRecord);
+  }
+
+  async readLlm(q: LlmQuery): Promise<Record<string, unknown>[]> {
+    const rs = await this.#client.query({
+      query: `SELECT *, (toUInt64(toUnixTimestamp(event_time)) * 1000 + event_time_ms) AS ts FROM ${this.#db}.llm_audit_log FINAL
+              WHERE org_id = ${chString(q.org)} AND agent_id = ${chString(q.agentId)}
+              ORDER BY event_time, event_time_ms, id LIMIT ${Math.trunc(q.offset)}, ${Math.trunc(q.limit)}`,
+      format: 'JSONEachRow',
+    });
+    return ((await rs.json()) as Record<string, unknown>[]).map(toLlmEntry);
   }
 
   close(): Promise<void> {

@@ -4,6 +4,8 @@ import { PGlite } from '@electric-sql/pglite';
 import type { AuditStore } from '../store.ts';
 import type { AuditTable } from '../sink.ts';
 import { COLUMNS, postgresRow } from '../rows.ts';
+import type { AuditQuery } from '../query.ts';
+import { postgresWhere, toLlmEntry, toRecord, type LlmQuery, type ReadRecord } from '../read.ts';
 
 // PostgreSQL (pg) and PGlite share the schema and the statement: a batch goes in as one JSON
 // parameter, `json_populate_recordset` turns it into rows, and `ON CONFLICT (id) DO NOTHING` makes a
@@ -12,7 +14,7 @@ import { COLUMNS, postgresRow } from '../rows.ts';
 const SCHEMA = new URL('../../deploy/schema/postgres.sql', import.meta.url);
 
 interface Query {
-  query(sql: string, params?: unknown[]): Promise<unknown>;
+  query(sql: string, params?: unknown[]): Promise<{ rows: unknown[] }>;
   exec(sql: string): Promise<unknown>;
   close(): Promise<void>;
 }
@@ -57,6 +59,21 @@ export class PostgresStore implements AuditStore {
       `INSERT INTO ${table} (${cols}) SELECT ${cols} FROM json_populate_recordset(NULL::${table}, $1::json) ON CONFLICT (id) DO NOTHING`,
       [JSON.stringify(rows)],
     );
+  }
+
+  async readEvents(q: AuditQuery): Promise<ReadRecord[]> {
+    const { where, params } = postgresWhere(q);
+    const { rows } = await this.#db.query(
+      `SELECT * FROM audit_events WHERE ${where} ORDER BY event_time, id LIMIT ${Math.trunc(q.limit)} OFFSET ${Math.trunc(q.offset)}`, params,
+    );
+    return (rows as Record<string, unknown>[]).map(toRecord);
+  }
+
+  async readLlm(q: LlmQuery): Promise<Record<string, unknown>[]> {
+    const { rows } = await this.#db.query(
+      `SELECT * FROM llm_audit_log WHERE org_id = $1 AND agent_id = $2 ORDER BY event_time, id LIMIT ${Math.trunc(q.limit)} OFFSET ${Math.trunc(q.offset)}`, [q.org, q.agentId],
+    );
+    return (rows as Record<string, unknown>[]).map(toLlmEntry);
   }
 
   close(): Promise<void> {

@@ -13,9 +13,9 @@ export type ScopeKind = 'platform' | 'org' | 'group' | 'agent';
 
 export const BUILT_IN_ROLES: Record<string, readonly Capability[]> = {
   'platform-admin': CAPABILITIES,
-  'org-admin': ['org:manage', 'members:*', 'agents:manage', 'clients:manage', 'enclaves:read', 'audit:read'],
+  'org-admin': ['org:manage', 'members:*', 'agents:manage', 'clients:manage', 'enclaves:read', 'audit:read', 'audit:read:all'],
   member: ['enclaves:read'],
-  auditor: ['audit:read'],
+  auditor: ['audit:read', 'audit:read:all'],
 };
 
 export interface EffectiveGrant {

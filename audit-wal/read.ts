@@ -1,0 +1,103 @@
+import { AUDIT_RECORD_FIELDS, conditions, type AuditQuery, type AuditRecord, type Condition } from './query.ts';
+
+// Rendering the store-neutral conditions of an audit query as SQL, once per dialect, and turning the
+// stores' rows back into AuditRecords. Column names come from the conditions builder only (never from
+// a request), and are checked against the table's columns all the same.
+
+export interface LlmQuery {
+  org: string;
+  agentId: string;
+  limit: number;
+  offset: number;
+}
+
+/** An AuditRecord with the id and the time cursor it was read at (for pagination and the stream). */
+export type ReadRecord = AuditRecord & { id: string };
+
+const EVENT_COLUMNS = new Set<string>([...AUDIT_RECORD_FIELDS, 'id', 'kind']);
+
+function column(col: string): string {
+  if (!EVENT_COLUMNS.has(col)) throw new Error(`audit query: unknown column ${col}`);
+  return col;
+}
+
+/** PostgreSQL / PGlite: `$n` parameters. */
+export function postgresWhere(q: Pick<AuditQuery, 'predicate' | 'filters' | 'after'>): { where: string; params: unknown[] } {
+  const params: unknown[] = [];
+  const p = (v: unknown) => {
+    params.push(v);
+    return `$${params.length}`;
+  };
+  const parts = conditions(q).map((c: Condition) => {
+    switch (c.kind) {
+      case 'eq': return `${column(c.col)} = ${p(c.value)}`;
+      case 'in': return `${column(c.col)} = ANY(${p(c.values)}::text[])`;
+      case 'since': return `event_time >= ${p(new Date(c.ms).toISOString())}::timestamptz`;
+      case 'until': return `event_time <= ${p(new Date(c.ms).toISOString())}::timestamptz`;
+      case 'after': return `(event_time, id) > (${p(new Date(c.cursor.ms).toISOString())}::timestamptz, ${p(c.cursor.id)})`;
+      case 'attributed': return `(actor = ${p(`agent:${c.agent}`)} OR agent_id = ${p(c.agent)})`;
+      case 'none': return 'false';
+    }
+  });
+  return { where: parts.length ? parts.join(' AND ') : 'true', params };
+}
+
+/** ClickHouse 18.16 has no server-side query parameters: values become escaped literals. */
+export function chString(v: string): string {
+  return `'${v.replace(/\\/g, '\\\\').replace(/'/g, "\\'")}'`;
+}
+
+const CH_MS = '(toUInt64(toUnixTimestamp(event_time)) * 1000 + event_time_ms)';
+
+export function clickhouseWhere(q: Pick<AuditQuery, 'predicate' | 'filters' | 'after'>): string {
+  const ms = (n: number) => String(Math.trunc(n));
+  const parts = conditions(q).map((c: Condition) => {
+    switch (c.kind) {
+      case 'eq': return `${column(c.col)} = ${chString(c.value)}`;
+      case 'in': return `${column(c.col)} IN (${c.values.map(chString).join(', ')})`;
+      case 'since': return `${CH_MS} >= ${ms(c.ms)}`;
+      case 'until': return `${CH_MS} <= ${ms(c.ms)}`;
+      case 'after': return `(${CH_MS} > ${ms(c.cursor.ms)} OR (${CH_MS} = ${ms(c.cursor.ms)} AND id > ${chString(c.cursor.id)}))`;
+      case 'attributed': return `(actor = ${chString(`agent:${c.agent}`)} OR agent_id = ${chString(c.agent)})`;
+      case 'none': return '0';
+    }
+  });
+  return parts.length ? parts.join(' AND ') : '1';
+}
+
+export const CH_EVENT_SELECT = `id, ${CH_MS} AS ts, ${AUDIT_RECORD_FIELDS.filter((f) => f !== 'attrs' && f !== 'event_time').join(', ')}, attrs_keys, attrs_values`;
+
+/** A row of either store as a ReadRecord: every AuditRecord field, typed as the spec says. */
+export function toRecord(row: Record<string, unknown>): ReadRecord {
+  const out: Record<string, unknown> = { id: String(row.id) };
+  for (const f of AUDIT_RECORD_FIELDS) out[f] = row[f];
+  out.event_time = row.ts !== undefined ? new Date(Number(row.ts)).toISOString() : new Date(row.event_time as string | Date).toISOString();
+  if (Array.isArray(row.attrs_keys)) {
+    const values = row.attrs_values as string[];
+    out.attrs = Object.fromEntries((row.attrs_keys as string[]).map((k, i) => [k, values[i] ?? '']));
+  } else {
+    out.attrs = Object.fromEntries(Object.entries((row.attrs ?? {}) as Record<string, unknown>).map(([k, v]) => [k, String(v)]));
+  }
+  out.identified = row.identified === true || row.identified === 1;
+  out.dst_port = row.dst_port === null || row.dst_port === undefined ? null : Number(row.dst_port);
+  return out as ReadRecord;
+}
+
+/** An LLM audit entry (`GET /api/v1/agents/{id}/audit-log`). */
+export function toLlmEntry(row: Record<string, unknown>): Record<string, unknown> {
+  const num = (v: unknown) => (v === null || v === undefined ? null : Number(v));
+  return {
+    id: String(row.id),
+    event_time: row.ts !== undefined ? new Date(Number(row.ts)).toISOString() : new Date(row.event_time as string | Date).toISOString(),
+    org_id: row.org_id, agent_id: row.agent_id, agent_name: row.agent_name, enclave_id: row.enclave_id,
+    action: 'inference.request',
+    format: row.format || null, upstream_format: row.upstream_format || null, path: row.path, model: row.model || null,
+    status: num(row.status), upstream_status: num(row.upstream_status),
+    latency_ms: num(row.latency_ms), upstream_latency_ms: num(row.upstream_latency_ms), overhead_ms: num(row.overhead_ms),
+    request_bytes: num(row.request_bytes), response_bytes: num(row.response_bytes), input_tokens: num(row.input_tokens), output_tokens: num(row.output_tokens),
+    decision: row.decision, outcome: row.decision === 'block' || row.decision === 'deny' ? 'deny' : 'allow',
+    findings: typeof row.findings === 'string' ? JSON.parse(row.findings || '[]') : row.findings ?? [],
+    inspection_failopen: row.inspection_failopen === true || row.inspection_failopen === 1,
+    error: row.error || null,
+  };
+}

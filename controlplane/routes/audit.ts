@@ -1,0 +1,157 @@
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { ServerResponse } from 'node:http';
+import { newId } from '../../core/ids.ts';
+import { formatSse } from '../../core/sse.ts';
+import { gated } from '../../audit-wal/gate.ts';
+import { AuditUnavailableError } from '../../audit-wal/errors.ts';
+import { AuditQueryError, parseAuditParams, parseCursor, MAX_LIMIT, type AuditCursor } from '../../audit-wal/query.ts';
+import type { ReadRecord } from '../../audit-wal/read.ts';
+import type { AuditStore } from '../../audit-wal/store.ts';
+import type { ChangeDeps } from '../audited-change.ts';
+import { auditScope, type AuditScope } from '../authz/audit-scope.ts';
+import { requireCapability } from '../authz/guard.ts';
+import { ApiError, PROBLEMS } from '../errors.ts';
+
+// The audit read API (operator-api.md: the audit routes, Audit rules 1–3, Events "Audit tail"),
+// mounted when an audit store is configured (--audit-dsn):
+//   GET /api/v1/audit/events   RecordPage {records, next_offset}, (event_time, id) order
+//   GET /api/v1/audit/stream   SSE, one AuditRecord per `data`, `id` the resume cursor; Last-Event-ID
+//   GET /api/v1/agents/{id}/audit-log   an agent's LLM audit entries, with findings
+// The caller's scope (authz/audit-scope.ts) is ANDed into every query and every poll. A platform
+// operator's read of another org writes an audit record into that org's own view, before answering.
+
+export interface AuditReadOptions {
+  pollMs: number;
+  heartbeatMs: number;
+}
+
+/** How far back each poll of the stream looks for records the store received late (shipping delay). */
+const LATE_WINDOW_MS = 10_000;
+
+const strip = ({ id: _id, ...record }: ReadRecord) => record;
+
+export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditReadOptions) {
+  const { db } = deps;
+  const streams = new Set<ServerResponse>();
+
+  const params = (req: FastifyRequest) => {
+    try {
+      return parseAuditParams(req.query as Record<string, unknown>);
+    } catch (err) {
+      if (err instanceof AuditQueryError) throw new ApiError(PROBLEMS.badRequest, err.message);
+      throw err;
+    }
+  };
+
+  /** Rule 3: each other org a platform operator's read reached gets a record of the read. */
+  const recordCrossOrg = async (req: FastifyRequest, scope: AuditScope, orgs: Iterable<string>) => {
+    if (!scope.platform) return;
+    const p = req.principal!;
+    for (const org of new Set(orgs)) {
+      if (!org || org === p.orgId) continue;
+      const record = {
+        id: newId(), event_time: new Date().toISOString(), kind: 'event', action: 'audit.read', actor: p.subject, actor_kind: p.kind,
+        org_id: org, outcome: 'allow', resource: 'audit', scope: `org:${org}`, trace_id: String(req.id),
+        attrs: { route: req.url.split('?')[0], reader_org: p.orgId || '' },
+      };
+      try {
+        await gated(deps.audit, 'audit_events', record, () => undefined, deps.capture);
+      } catch (err) {
+        if (err instanceof AuditUnavailableError) throw new ApiError(PROBLEMS.auditUnavailable, err.message);
+        throw err;
+      }
+    }
+  };
+
+  return async (api: FastifyInstance) => {
+    api.addHook('onClose', async () => {
+      for (const res of streams) res.end();
+    });
+
+    api.get('/audit/events', { config: { requiredCapability: 'audit:read', target: 'caller-org', agentOperator: true } }, async (req) => {
+      const { filters, limit, offset } = params(req);
+      const scope = await auditScope(db, req, filters);
+      const rows = await store.readEvents({ predicate: scope.predicate, filters: scope.filters, limit, offset });
+      await recordCrossOrg(req, scope, scope.filters.org ? [scope.filters.org] : rows.map((r) => String(r.org_id)));
+      return { records: rows.map(strip), next_offset: offset + rows.length };
+    });
+
+    api.get('/audit/stream', { config: { requiredCapability: 'audit:read', target: 'caller-org', agentOperator: true, stream: true } }, async (req, reply) => {
+      const { filters } = params(req);
+      const scope = await auditScope(db, req, filters);
+      const header = req.headers['last-event-id'];
+      const resume = Array.isArray(header) ? header[0] : header;
+      let cursor: AuditCursor | null = null;
+      if (resume) {
+        cursor = parseCursor(resume);
+        if (!cursor) throw new ApiError(PROBLEMS.badRequest, 'Last-Event-ID: must be an id this stream sent');
+      }
+      // Without a cursor the tail starts at `since`, or now.
+      const startMs = cursor?.ms ?? scope.filters.since?.getTime() ?? Date.now();
+      await recordCrossOrg(req, scope, scope.filters.org ? [scope.filters.org] : []);
+
+      reply.hijack();
+      const res = reply.raw;
+      res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-store', connection: 'keep-alive', 'x-accel-buffering': 'no' });
+      res.write('retry: 2000\n\n');
+      streams.add(res);
+      let closed = false;
+      // Records already sent within the late window (the store may receive a record after a later one).
+      const sent = new Map<string, number>();
+      let high: AuditCursor | null = cursor;
+      const isAfter = (r: ReadRecord, c: AuditCursor) => {
+        const ms = new Date(String(r.event_time)).getTime();
+        return ms > c.ms || (ms === c.ms && r.id > c.id);
+      };
+      const poll = async () => {
+        const floor = (high?.ms ?? startMs) - LATE_WINDOW_MS;
+        for (let offset = 0; !closed; offset += MAX_LIMIT) {
+          const rows = await store.readEvents({ predicate: scope.predicate, filters: { ...scope.filters, since: new Date(Math.max(floor, scope.filters.since?.getTime() ?? 0)) }, limit: MAX_LIMIT, offset });
+          for (const r of rows) {
+            if (sent.has(r.id) || (cursor && !isAfter(r, cursor))) continue;
+            const ms = new Date(String(r.event_time)).getTime();
+            if (!cursor && ms < startMs) continue;
+            sent.set(r.id, ms);
+            if (!high || isAfter(r, high)) high = { ms, id: r.id };
+            res.write(formatSse(null, strip(r), `${high.ms}.${high.id}`));
+          }
+          if (rows.length < MAX_LIMIT) break;
+        }
+        if (high) for (const [id, ms] of sent) if (ms < high.ms - LATE_WINDOW_MS) sent.delete(id);
+      };
+      const heartbeat = setInterval(() => res.write(': heartbeat\n\n'), options.heartbeatMs);
+      res.on('close', () => {
+        closed = true;
+        streams.delete(res);
+        clearInterval(heartbeat);
+      });
+      while (!closed) {
+        try {
+          await poll();
+        } catch (err) {
+          res.write(`: store unavailable (${(err as Error).message.slice(0, 100)}); retrying\n\n`);
+        }
+        await new Promise((r) => setTimeout(r, options.pollMs));
+      }
+    });
+
+    api.get('/agents/:id/audit-log', { config: { requiredCapability: 'audit:read:all', target: 'agent-org', agentOperator: true } }, async (req) => {
+      const id = (req.params as { id: string }).id;
+      const p = req.principal!;
+      const { limit, offset } = params(req);
+      let org: string;
+      if (p.kind === 'agent-operator') {
+        // Its own trail only (spec: Agent operators, Reach), under its auditor grant.
+        if (p.subject !== `agent:${id}`) throw new ApiError(PROBLEMS.forbidden, 'an agent-operator reads its own audit trail only');
+        await auditScope(db, req, {});
+        org = p.orgId;
+      } else {
+        const { rows } = await db.query<{ org_id: string }>('SELECT org_id FROM agents WHERE uid = $1', [id]);
+        org = rows[0]?.org_id ?? p.orgId;
+        await requireCapability(db, req, 'audit:read:all', { kind: 'org', org });
+      }
+      const entries = await store.readLlm({ org, agentId: id, limit, offset });
+      return { entries, next_offset: offset + entries.length };
+    });
+  };
+}
