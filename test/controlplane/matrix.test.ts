@@ -55,7 +55,6 @@ const wrongAudience = await h.issuer.token('root', 'https://elsewhere.dvx.test')
 const { privateKey } = await generateKeyPair('ES256');
 const forged = await new SignJWT({ org_id: 'org-a' }).setProtectedHeader({ alg: 'ES256', kid: 'issuer-1' }).setIssuer(h.issuer.issuer).setAudience(AUDIENCE).setSubject('root').setIssuedAt().setExpirationTime('5m').sign(privateKey);
 const agentOperator = (await h.call('root', 'POST', '/orgs/org-a/agents/agent-1/operator-token')).body.access_token as string;
-};
 const doc = (await h.call('root', 'GET', '/openapi.json')).body as { openapi: string; paths: Record<string, Record<string, { 'x-required-capability': string | null; 'x-capability-target'?: string; 'x-agent-operator'?: boolean; 'x-stream'?: boolean }>> };
 const VALUES: Record<string, string> = { org: 'org-a', subject: 'someone-else', group: 'g1', id: '999', name: 'custom-x', key: 'k1', grant: '1', agent: 'agent-1', uid: 'agent-1', flag: 'inspect:llm' };
 
