@@ -19,6 +19,8 @@ export interface AuditStore extends AuditWriter {
   readEvents(q: AuditQuery): Promise<ReadRecord[]>;
   /** One agent's LLM audit entries in its org, in (event_time, id) order. */
   readLlm(q: LlmQuery): Promise<Record<string, unknown>[]>;
+  /** Deletes every row of an org from both tables (per-org erasure); the number of rows removed. */
+  eraseOrg(org: string): Promise<number>;
 }
 
 export class DsnError extends Error {

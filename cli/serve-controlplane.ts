@@ -27,6 +27,8 @@ export function registerControlPlane(serve: Command): void {
     .addOption(flag('--config-publish-dir <dir>', { description: 'with --config-publish: where config.json is written', default: d.configPublishDir }))
     .addOption(flag('--config-org <org>', { description: 'with --config-publish: narrow the values to one org', default: d.configOrg }))
     .addOption(flag('--config-enclave-id <id>', { description: 'with --config-publish: the co-located enclave', default: d.configEnclaveId }))
+    .addOption(flag('--kms-provider <provider>', { description: 'KMS wrapping the per-org data keys (local); empty: values stored unsealed', default: d.kmsProvider }))
+    .addOption(flag('--kms-config <file>', { description: 'local KMS: the master key file (created 0600 if absent)', default: d.kmsConfig }))
     .addOption(flag('--database-dsn <dsn>', { description: 'postgres://… or pglite://DIR; empty: skeleton mode', default: d.databaseDsn }))
     .addOption(flag('--seed-admin <subject>', { description: 'grant this subject the platform administrator role at start (repeatable)', default: [] as string[], parse: undefined }).argParser((v: string, prev: string[] = []) => [...prev, ...v.split(',').map((s) => s.trim()).filter(Boolean)]))
     .action(async (opts: Partial<ControlPlaneOptions>) => {

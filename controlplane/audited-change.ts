@@ -5,6 +5,7 @@ import { AuditUnavailableError } from '../audit-wal/errors.ts';
 import type { AuditSink } from '../audit-wal/sink.ts';
 import { ApiError, PROBLEMS } from './errors.ts';
 import { grantsChanged } from './authz/capabilities.ts';
+import type { OrgKeys } from './crypto/org-keys.ts';
 import type { Db, Queryable } from '../core/sql.ts';
 
 // Every change of the operator API goes through here (spec: operator-api rule 4 and "Audit durability
@@ -15,6 +16,8 @@ export interface ChangeDeps {
   db: Db;
   audit: AuditSink;
   capture: Omit<CaptureOptions, 'log'>;
+  /** Per-org data keys sealing sensitive columns; null without a KMS (stored unsealed). */
+  keys?: OrgKeys | null;
 }
 
 export async function auditedChange<T>(

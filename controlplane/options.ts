@@ -37,6 +37,10 @@ export interface ControlPlaneOptions extends AuditOptions {
   configPublishDir: string;
   configOrg: string;
   configEnclaveId: string;
+  /** KMS wrapping the per-org data keys (crypto-shred): "local" or empty (values stored unsealed). */
+  kmsProvider: string;
+  /** local: the master key file (created 0600 if absent). */
+  kmsConfig: string;
   /** How often the audit tail polls the store (not a flag). */
   auditStreamPollMs: number;
   /** Heartbeat of the broker event stream (spec: 30 s); not a flag, tests shorten it. */
@@ -63,6 +67,8 @@ export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
   idpKey: '',
   brokerHeartbeatMs: 30_000,
   auditStreamPollMs: 1000,
+  kmsProvider: '',
+  kmsConfig: '',
   policyPublish: false,
   policyPublishDir: '',
   policyOrg: '',
@@ -105,6 +111,8 @@ export function validateOptions(input: Partial<ControlPlaneOptions>): ControlPla
     const enclave = kind === 'policy' ? o.policyEnclaveId : o.configEnclaveId;
     if (on && (!dir || !enclave)) throw new OptionsError(`--${kind}-publish needs --${kind}-publish-dir and --${kind}-enclave-id`);
   }
+  if (o.kmsProvider && o.kmsProvider !== 'local') throw new OptionsError(`--kms-provider ${o.kmsProvider} is not available (local)`);
+  if (o.kmsProvider === 'local' && !o.kmsConfig) throw new OptionsError('--kms-provider local needs --kms-config FILE (the master key; created if absent)');
   const audit = auditOptionsProblem(o);
   if (audit) throw new OptionsError(audit);
   return o;

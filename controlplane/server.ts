@@ -27,6 +27,10 @@ import { agentRoutes } from './routes/agents.ts';
 import { governanceRoutes } from './routes/governance.ts';
 import { auditRoutes, type AuditReadOptions } from './routes/audit.ts';
 import { openStore, type AuditStore } from '../audit-wal/store.ts';
+import { openKms } from './crypto/kms.ts';
+import { OrgKeys } from './crypto/org-keys.ts';
+import { resumeErasures, type ErasureDeps } from './erasure.ts';
+import { erasureRoutes } from './routes/erasure.ts';
 import { enclaveRoutes } from './routes/enclaves.ts';
 import { brokerRoutes } from './routes/broker.ts';
 import { EventHub } from './events.ts';
@@ -87,6 +91,8 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
   let hub: EventHub | null = null;
   let auditStore: AuditStore | null = null;
   let closeStore = false;
+  let erasureDeps: ErasureDeps | null = null;
+  const erasureJobs = new Set<Promise<void>>();
   let purge: NodeJS.Timeout | null = null;
   const stopPublishers: (() => void)[] = [];
   if (isSkeleton(options)) {
@@ -95,6 +101,9 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
   } else {
     const issuerCa = options.oidcCa ? await readFile(options.oidcCa) : undefined;
     const idp = options.idpKey ? await openProvisioner(options.idpKey, options.oidcIssuer, issuerCa) : null;
+    const kms = options.kmsProvider ? await openKms(options.kmsProvider, options.kmsConfig).catch((err: Error) => {
+      throw new OptionsError(err.message);
+    }) : null;
     db = await openDb(options.databaseDsn);
     const applied = await migrate(db);
     if (applied.length > 0) log.info({ migrations: applied }, 'store migrated');
@@ -144,32 +153,42 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
         throw err;
       }
     });
-    const deps = { db: store, audit: audit!, capture };
+    const keys = kms ? new OrgKeys(store, kms) : null;
+    const deps = { db: store, audit: audit!, capture, keys };
+    erasureDeps = { db: store, keys, auditStore, audit: audit!, log };
     // The OpenAPI document describes the full surface, including route families this process did not
     // wire (spec: Versioning): it is collected from a never-listening instance with every family.
-    const document = openApiDocument(await surfaceOperations((api) => mountApi(api, deps, { agentIssuer: {} as AgentOperatorIssuer, idp: {} as IdpProvisioner, accountStatus, events, auditStore: {} as AuditStore, auditRead: { pollMs: 0, heartbeatMs: 0 } })));
+    const document = openApiDocument(await surfaceOperations((api) => mountApi(api, deps, { agentIssuer: {} as AgentOperatorIssuer, idp: {} as IdpProvisioner, accountStatus, events, auditStore: {} as AuditStore, auditRead: { pollMs: 0, heartbeatMs: 0 }, erasure: erasureDeps!, erasureJobs })));
     await app.register(async (api) => {
       api.get('/openapi.json', { config: { requiredCapability: null } }, async () => document);
-      await mountApi(api, deps, { agentIssuer, idp, accountStatus, events, auditStore, auditRead: { pollMs: options.auditStreamPollMs, heartbeatMs: 15_000 } });
+      await mountApi(api, deps, { agentIssuer, idp, accountStatus, events, auditStore, auditRead: { pollMs: options.auditStreamPollMs, heartbeatMs: 15_000 }, erasure: erasureDeps!, erasureJobs });
     }, { prefix: '/api/v1' });
     await app.register(brokerRoutes(deps, events, { heartbeatMs: options.brokerHeartbeatMs, agentIssuer }));
     if (options.policyPublish) {
       stopPublishers.push(await startPublisher({ db: store, hub: events, dir: options.policyPublishDir, file: 'policy-snapshot.json', enclaveId: options.policyEnclaveId, org: options.policyOrg, build: enclaveSnapshot, log }));
     }
     if (options.configPublish) {
-      stopPublishers.push(await startPublisher({ db: store, hub: events, dir: options.configPublishDir, file: 'config.json', enclaveId: options.configEnclaveId, org: options.configOrg, build: enclaveConfig, log }));
+      stopPublishers.push(await startPublisher({ db: store, hub: events, dir: options.configPublishDir, file: 'config.json', enclaveId: options.configEnclaveId, org: options.configOrg, build: (db, id, org) => enclaveConfig(db, id, org, keys ? (o, v) => keys.open(o, v) : undefined), log }));
     }
     await app.register(tokenFacade({ issuer: options.oidcIssuer, override: options.tokenEndpointOverride, ca: issuerCa }));
     app.setNotFoundHandler((req, reply) => sendProblem(reply, PROBLEMS.notFound, `no route ${req.method} ${req.url.split('?')[0]}`, req.url));
   }
 
   await app.listen({ port: listen.port, host: listen.host ?? '::' });
+  if (erasureDeps) {
+    // An erasure a crash interrupted runs again from the top (every step is idempotent).
+    const deps = erasureDeps;
+    const job = resumeErasures(deps).then(() => {}, (err: Error) => deps.log.error({ err: err.message }, 'resuming erasures failed'));
+    erasureJobs.add(job);
+    void job.finally(() => erasureJobs.delete(job));
+  }
   log.info({ addr: app.server.address(), skeleton: isSkeleton(options) }, 'controlplane listening');
   return {
     port: (app.server.address() as AddressInfo).port,
     app,
     close: async () => {
       if (purge) clearInterval(purge);
+      await Promise.allSettled([...erasureJobs]);
       for (const stop of stopPublishers) stop();
       await app.close();
       await hub?.close();
@@ -201,6 +220,8 @@ interface Families {
   events: EventHub;
   auditStore: AuditStore | null;
   auditRead: AuditReadOptions;
+  erasure: ErasureDeps;
+  erasureJobs: Set<Promise<void>>;
 }
 
 /** Every route under /api/v1; a family whose backing capability is not wired is not mounted. */
@@ -222,6 +243,7 @@ async function mountApi(api: FastifyInstance, deps: ChangeDeps, wired: Families)
   await api.register(governanceRoutes(deps, wired.events));
   await api.register(enclaveRoutes(deps, wired.events));
   if (wired.agentIssuer) await api.register(agentOperatorRoutes(deps, wired.agentIssuer));
+  await api.register(erasureRoutes(deps, wired.erasure, wired.erasureJobs));
   if (wired.auditStore) await api.register(auditRoutes(deps, wired.auditStore, wired.auditRead));
   if (wired.idp) await api.register(serviceAccountRoutes(deps, wired.idp, wired.accountStatus));
 }

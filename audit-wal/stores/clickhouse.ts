@@ -61,6 +61,24 @@ export class ClickHouseStore implements AuditStore {
     return ((await rs.json()) as Record<string, unknown>[]).map(toLlmEntry);
   }
 
+  /** A DELETE mutation per table, waited for (mutations run in the background). */
+  async eraseOrg(org: string): Promise<number> {
+    let n = 0;
+    for (const table of ['audit_events', 'llm_audit_log']) {
+      const rs = await this.#client.query({ query: `SELECT count() AS n FROM ${this.#db}.${table} WHERE org_id = ${chString(org)}`, format: 'JSONEachRow' });
+      const count = Number(((await rs.json()) as { n: string }[])[0]?.n ?? 0);
+      if (count === 0) continue;
+      await this.#client.command({ query: `ALTER TABLE ${this.#db}.${table} DELETE WHERE org_id = ${chString(org)}` });
+      n += count;
+    }
+    for (let i = 0; i < 600; i++) {
+      const rs = await this.#client.query({ query: `SELECT count() AS n FROM system.mutations WHERE database = ${chString(this.#db)} AND is_done = 0`, format: 'JSONEachRow' });
+      if (Number(((await rs.json()) as { n: string }[])[0]?.n ?? 0) === 0) return n;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    throw new Error('ClickHouse erasure mutations did not finish within 60 s');
+  }
+
   close(): Promise<void> {
     return this.#client.close();
   }

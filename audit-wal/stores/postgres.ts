@@ -76,6 +76,15 @@ export class PostgresStore implements AuditStore {
     return (rows as Record<string, unknown>[]).map(toLlmEntry);
   }
 
+  async eraseOrg(org: string): Promise<number> {
+    let n = 0;
+    for (const table of ['audit_events', 'llm_audit_log']) {
+      const { rows } = await this.#db.query(`WITH gone AS (DELETE FROM ${table} WHERE org_id = $1 RETURNING 1) SELECT count(*)::int AS n FROM gone`, [org]);
+      n += Number((rows[0] as { n: number }).n);
+    }
+    return n;
+  }
+
   close(): Promise<void> {
     return this.#db.close();
   }

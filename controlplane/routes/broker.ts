@@ -55,7 +55,7 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
 
     app.get('/v1/broker/config', async (req, reply) => {
       const e = await authenticate(req);
-      return reply.header('cache-control', 'no-store').send(await enclaveConfig(db, e.id));
+      return reply.header('cache-control', 'no-store').send(await enclaveConfig(db, e.id, undefined, deps.keys ? (org, v) => deps.keys!.open(org, v) : undefined));
     });
 
     app.put('/v1/broker/address', async (req) => {

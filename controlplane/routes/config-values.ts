@@ -50,7 +50,12 @@ export function configValueRoutes(deps: ChangeDeps, events: EventHub) {
       const { rows } = await db.query<{ key: string; value: string | null; locked: boolean; secret: boolean }>(
         'SELECT key, value, locked, secret FROM config_values WHERE scope_kind = $1 AND org_id = $2 AND group_id = $3 AND agent_id = $4 ORDER BY key', [kind, org, group, agent],
       );
-      return rows.map((r) => ({ key: r.key, scope: scopeName(s), value: r.secret || r.value === null ? null : JSON.parse(r.value), locked: r.locked, secret: r.secret }));
+      const out = [];
+      for (const r of rows) {
+        const value = r.secret || r.value === null ? null : JSON.parse(deps.keys ? await deps.keys.open(s.org, r.value) : r.value);
+        out.push({ key: r.key, scope: scopeName(s), value, locked: r.locked, secret: r.secret });
+      }
+      return out;
     });
 
     api.post('/config/:key', { config: { requiredCapability: 'platform:config' } }, async (req) => {
@@ -65,6 +70,8 @@ export function configValueRoutes(deps: ChangeDeps, events: EventHub) {
       if (!secret && !hasValue) bad('value', 'is required (or declare the key secret)');
       if (locked && s.kind === 'agent') bad('locked', 'is refused at agent scope');
       await scopeMustExist(db, s);
+      // Values of an org's scopes are sealed under its data key (erasure shreds it); platform values are not org data.
+      const stored = secret ? null : deps.keys && s.kind !== 'platform' ? await deps.keys.seal(s.org, JSON.stringify(body.value)) : JSON.stringify(body.value);
       return auditedChange(deps, req, 'config.put', s.org, async (tx) => {
         const held = await chain(tx, s, key, true);
         const lock = held.find((h) => h.locked && h.scope.kind !== s.kind);
@@ -75,7 +82,7 @@ export function configValueRoutes(deps: ChangeDeps, events: EventHub) {
         await tx.query(
           `INSERT INTO config_values (scope_kind, org_id, group_id, agent_id, key, value, locked, secret, updated_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
            ON CONFLICT (scope_kind, org_id, group_id, agent_id, key) DO UPDATE SET value = EXCLUDED.value, locked = EXCLUDED.locked, secret = EXCLUDED.secret, updated_by = EXCLUDED.updated_by, updated_at = now()`,
-          [kind, org, group, agent, key, secret ? null : JSON.stringify(body.value), locked, secret, req.principal!.subject],
+          [kind, org, group, agent, key, stored, locked, secret, req.principal!.subject],
         );
         const published = await events.publishTo(tx, scopeChange(s), 'config.changed', { key, scope: scopeName(s) });
         return { result: { key, scope: scopeName(s), locked, published }, resource: `config:${scopeName(s)}:${key}` };

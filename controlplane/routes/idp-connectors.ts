@@ -5,7 +5,7 @@ import { bad, object, strings, text, url } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 
 // An org's IdP connectors (spec: idpConnectorReq / idpConnectorView), under org:manage over the org in
-// the path. `client_secret` is write-only: stored, never answered; a PUT without it keeps the stored one.
+// the path. `client_secret` is write-only: stored (sealed under the org's data key), never answered; a PUT without it keeps the stored one.
 // Types: "oidc" (issuer and client_id required) and "saml" (metadata_url required).
 
 interface ConnectorRow { name: string; type: string; org_id: string; status: string; groups_attribute: string }
@@ -51,6 +51,7 @@ export function idpConnectorRoutes(deps: ChangeDeps) {
       const groupsAttribute = text(body, 'groups_attribute', false) ?? '';
       const scopes = strings(body, 'scopes') ?? [];
       await orgExists(org);
+      const sealed = clientSecret === undefined ? undefined : deps.keys ? await deps.keys.seal(org, clientSecret) : clientSecret;
       return auditedChange(deps, req, 'idp-connector.put', org, async (tx) => {
         const { rows } = await tx.query<ConnectorRow>(
           `INSERT INTO idp_connectors (org_id, name, type, issuer, metadata_url, client_id, client_secret, groups_attribute, scopes, created_by)
@@ -59,7 +60,7 @@ export function idpConnectorRoutes(deps: ChangeDeps) {
              client_id = EXCLUDED.client_id, client_secret = coalesce($7, idp_connectors.client_secret),
              groups_attribute = EXCLUDED.groups_attribute, scopes = EXCLUDED.scopes
            RETURNING ${COLUMNS}`,
-          [org, name, type, issuer, metadataUrl, clientId, clientSecret ?? null, groupsAttribute, scopes, req.principal!.subject],
+          [org, name, type, issuer, metadataUrl, clientId, sealed ?? null, groupsAttribute, scopes, req.principal!.subject],
         );
         return { result: rows[0], resource: `idp-connector:${org}:${name}` };
       });

@@ -59,6 +59,8 @@ export function orgRoutes(deps: ChangeDeps) {
       const status = text(body, 'status', false) ?? 'active';
       if (!STATUSES.includes(status)) bad('status', `must be one of ${STATUSES.join(', ')}`);
       const ref = text(body, 'provider_org_ref', false) ?? '';
+      // An erased org's id is never reused: its data key is gone for good.
+      if ((await db.query('SELECT 1 FROM erasures WHERE org_id = $1', [id])).rows.length > 0) throw new ApiError(PROBLEMS.conflict, `org ${id} was erased; its id is not reused`);
       const org = await auditedChange(deps, req, 'org.create', id, async (tx) => {
         const { rows } = await tx.query<OrgView>(
           `INSERT INTO orgs (id, name, provider_org_ref, status, created_by) VALUES ($1, $2, $3, $4, $5) RETURNING ${ORG_COLUMNS}`,

@@ -77,30 +77,36 @@ export async function enclaveSnapshot(db: Queryable, enclaveId: string, onlyOrg?
 
 type ConfigRows = Record<string, { value: unknown; locked: boolean; secret: boolean }>;
 
-async function configRows(db: Queryable, kind: string, org: string, group: string, agent: string): Promise<ConfigRows> {
+/** Opens a value sealed under an org's data key (the control plane's crypto-shred); identity when unsealed. */
+export type OpenValue = (org: string, value: string) => Promise<string>;
+const plain: OpenValue = async (_org, value) => value;
+
+async function configRows(db: Queryable, kind: string, org: string, group: string, agent: string, openValue: OpenValue = plain): Promise<ConfigRows> {
   const { rows } = await db.query<{ key: string; value: string | null; locked: boolean; secret: boolean }>(
     'SELECT key, value, locked, secret FROM config_values WHERE scope_kind = $1 AND org_id = $2 AND group_id = $3 AND agent_id = $4 ORDER BY key', [kind, org, group, agent],
   );
   // A secret key carries no value: its bytes are authored enclave-side.
-  return Object.fromEntries(rows.map((r) => [r.key, { value: r.secret || r.value === null ? null : JSON.parse(r.value), locked: r.locked, secret: r.secret }]));
+  const out: ConfigRows = {};
+  for (const r of rows) out[r.key] = { value: r.secret || r.value === null ? null : JSON.parse(await openValue(org, r.value)), locked: r.locked, secret: r.secret };
+  return out;
 }
 
 /**
  * The config values an enclave serves (`dvx config-pull`), scope by scope like the policy snapshot:
  * `{version, enclave, platform, orgs: {ORG: {config, groups: {G: {config}}}}, agents: {UID: {org_id, group_id, config}}}`.
  */
-export async function enclaveConfig(db: Queryable, enclaveId: string, onlyOrg?: string): Promise<Record<string, unknown> | null> {
+export async function enclaveConfig(db: Queryable, enclaveId: string, onlyOrg?: string, openValue: OpenValue = plain): Promise<Record<string, unknown> | null> {
   const scope = await enclaveScope(db, enclaveId, onlyOrg);
   if (!scope) return null;
   const orgs: Record<string, unknown> = {};
   for (const org of scope.orgs) {
     const groupIds = (await db.query<{ group_id: string }>(`SELECT DISTINCT group_id FROM config_values WHERE scope_kind = 'group' AND org_id = $1 ORDER BY group_id`, [org])).rows;
     const groups: Record<string, unknown> = {};
-    for (const g of groupIds) groups[g.group_id] = { config: await configRows(db, 'group', org, g.group_id, '') };
-    orgs[org] = { config: await configRows(db, 'org', org, '', ''), groups };
+    for (const g of groupIds) groups[g.group_id] = { config: await configRows(db, 'group', org, g.group_id, '', openValue) };
+    orgs[org] = { config: await configRows(db, 'org', org, '', '', openValue), groups };
   }
   const agents: Record<string, unknown> = {};
-  for (const a of scope.agents) agents[a.uid] = { org_id: a.org_id, group_id: a.group_id || null, config: await configRows(db, 'agent', a.org_id, '', a.uid) };
+  for (const a of scope.agents) agents[a.uid] = { org_id: a.org_id, group_id: a.group_id || null, config: await configRows(db, 'agent', a.org_id, '', a.uid, openValue) };
   return { version: scope.version, enclave: { id: scope.enclave.id, name: scope.enclave.name }, platform: await configRows(db, 'platform', '', '', ''), orgs, agents };
 }
 

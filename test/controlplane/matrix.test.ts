@@ -94,7 +94,8 @@ async function ask(who: string | { token: string } | null, method: string, path:
 for (const [path, ops] of Object.entries(doc.paths)) {
   for (const [method, op] of Object.entries(ops)) {
     const stream = op['x-stream'] === true;
-    const values = path.startsWith('/api/v1/agents/{id}') ? { ...VALUES, id: 'agent-1' } : VALUES;
+    // Agent routes address agent-1; the erasure routes an org that does not exist (never erase org-a here).
+    const values = path.startsWith('/api/v1/agents/{id}') ? { ...VALUES, id: 'agent-1' } : path.endsWith('/erasure') ? { ...VALUES, org: 'org-gone' } : VALUES;
     const concrete = path.replace(/\{([A-Za-z_]+)\}/g, (_m, p: string) => values[p] ?? 'x').replace(/^\/api\/v1/, '');
     t.test(`${store}: ${method.toUpperCase()} ${path}`, async (t) => {
       await seed();
