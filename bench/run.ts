@@ -4,6 +4,7 @@ const BENCHES: Record<string, () => Promise<{ main: (args: string[]) => Promise<
   proxy: () => import('./proxy.ts'),
   wal: () => import('./wal.ts'),
   controlplane: () => import('./controlplane.ts'),
+  'audit-query': () => import('./audit-query.ts'),
 };
 
 const [name, ...args] = process.argv.slice(2);

@@ -21,7 +21,7 @@ t.test('the platform admin appoints an org admin; the org admin manages its org 
   t.match(audit.at(-1), { stream: 'audit', table: 'audit_events', action: 'grant.create', actor: 'platform-admin', actor_kind: 'service', org_id: 'org-1', outcome: 'allow', resource: `grant:${appointed.body.id}` });
 
   const who = await call('org1-admin', 'GET', '/whoami');
-  t.match(who.body.capabilities, ['agents:manage', 'audit:read', 'clients:manage', 'enclaves:read', 'members:*', 'org:manage']);
+  t.same(who.body.capabilities, ['agents:manage', 'audit:read', 'audit:read:all', 'clients:manage', 'enclaves:read', 'members:*', 'org:manage']);
 
   const auditor = await call('org1-admin', 'POST', '/orgs/org-1/grants', { principal: 'agent:a-7', role: 'auditor' });
   t.equal(auditor.status, 201, 'an org admin grants an agent the auditor role');
