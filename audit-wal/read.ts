@@ -55,9 +55,10 @@ export function clickhouseWhere(q: Pick<AuditQuery, 'predicate' | 'filters' | 'a
     switch (c.kind) {
       case 'eq': return `${column(c.col)} = ${chString(c.value)}`;
       case 'in': return `${column(c.col)} IN (${c.values.map(chString).join(', ')})`;
-      case 'since': return `${CH_MS} >= ${ms(c.ms)}`;
-      case 'until': return `${CH_MS} <= ${ms(c.ms)}`;
-      case 'after': return `(${CH_MS} > ${ms(c.cursor.ms)} OR (${CH_MS} = ${ms(c.cursor.ms)} AND id > ${chString(c.cursor.id)}))`;
+      // The bare column first (partition pruning and the sorting key), then the milliseconds.
+      case 'since': return `event_time >= toDateTime(${ms(Math.floor(c.ms / 1000))}) AND ${CH_MS} >= ${ms(c.ms)}`;
+      case 'until': return `event_time <= toDateTime(${ms(Math.floor(c.ms / 1000))}) AND ${CH_MS} <= ${ms(c.ms)}`;
+      case 'after': return `event_time >= toDateTime(${ms(Math.floor(c.cursor.ms / 1000))}) AND (${CH_MS} > ${ms(c.cursor.ms)} OR (${CH_MS} = ${ms(c.cursor.ms)} AND id > ${chString(c.cursor.id)}))`;
       case 'attributed': return `(actor = ${chString(`agent:${c.agent}`)} OR agent_id = ${chString(c.agent)})`;
       case 'none': return '0';
     }

@@ -1,6 +1,7 @@
 import { join } from 'node:path';
 import { mkdir } from 'node:fs/promises';
 import { writeFileAtomic } from '../core/atomic-file.ts';
+import { coalesced } from '../core/coalesce.ts';
 import type { Logger } from '../core/logger.ts';
 import type { EventHub } from './events.ts';
 import type { Queryable } from '../core/sql.ts';
@@ -25,36 +26,19 @@ export async function startPublisher(o: PublisherOptions): Promise<() => void> {
   await mkdir(o.dir, { recursive: true });
   const path = join(o.dir, o.file);
   let last = '';
-  let running: Promise<void> | null = null;
-  let again = false;
-  const publish = (): Promise<void> => {
-    if (running) {
-      again = true;
-      return running;
+  const publish = coalesced(async () => {
+    try {
+      const doc = await o.build(o.db, o.enclaveId, o.org || undefined);
+      if (!doc) return void o.log.warn({ enclave: o.enclaveId }, 'publish: no such enclave (yet)');
+      const key = JSON.stringify({ ...(doc as object), version: undefined });
+      if (key === last) return;
+      await writeFileAtomic(path, JSON.stringify(doc, null, 2) + '\n');
+      last = key;
+      o.log.info({ path, version: (doc as { version?: string }).version }, 'published');
+    } catch (err) {
+      o.log.error({ err: (err as Error).message, path }, 'publish failed');
     }
-    running = (async () => {
-      do {
-        again = false;
-        try {
-          const doc = await o.build(o.db, o.enclaveId, o.org || undefined);
-          if (!doc) {
-            o.log.warn({ enclave: o.enclaveId }, 'publish: no such enclave (yet)');
-            continue;
-          }
-          const key = JSON.stringify({ ...(doc as object), version: undefined });
-          if (key === last) continue;
-          await writeFileAtomic(path, JSON.stringify(doc, null, 2) + '\n');
-          last = key;
-          o.log.info({ path, version: (doc as { version?: string }).version }, 'published');
-        } catch (err) {
-          o.log.error({ err: (err as Error).message, path }, 'publish failed');
-        }
-      } while (again);
-    })().finally(() => {
-      running = null;
-    });
-    return running;
-  };
+  });
   await publish();
   return o.hub.onWake(() => void publish());
 }

@@ -7,7 +7,7 @@ import type { AuditQuery } from '../query.ts';
 import { CH_EVENT_SELECT, chString, clickhouseWhere, toLlmEntry, toRecord, type LlmQuery, type ReadRecord } from '../read.ts';
 
 // ClickHouse over its HTTP interface (JSONEachRow). ReplacingMergeTree keyed on the id collapses
-// retried rows; readers use FINAL (or GROUP BY id) to see each record once.
+// retried rows; readers use LIMIT 1 BY id to see each record once before the merge.
 
 const SCHEMA = new URL('../../deploy/schema/clickhouse.sql', import.meta.url);
 
@@ -42,20 +42,35 @@ export class ClickHouseStore implements AuditStore {
     await this.#client.insert({ table: `${this.#db}.${table}`, values: records.map((r) => clickhouseRow(table, r)), format: 'JSONEachRow' });
   }
 
+  /**
+   * Two passes: the page's ids from the light columns (sorting key, filters), then its rows by id within
+   * the page's time span, under the same conditions. A retried batch may have left a row twice until
+   * the merge: LIMIT 1 BY id (the copies sort next to each other) rather than FINAL (single-threaded).
+   */
   async readEvents(q: AuditQuery): Promise<ReadRecord[]> {
-    const rs = await this.#client.query({
-      query: `SELECT ${CH_EVENT_SELECT} FROM ${this.#db}.audit_events FINAL WHERE ${clickhouseWhere(q)}
-              ORDER BY event_time, event_time_ms, id LIMIT ${Math.trunc(q.offset)}, ${Math.trunc(q.limit)}`,
+    const where = clickhouseWhere(q);
+    const order = 'ORDER BY event_time, event_time_ms, id LIMIT 1 BY id';
+    const page = (await (await this.#client.query({
+      query: `SELECT id, toUInt32(toUnixTimestamp(event_time)) AS s FROM ${this.#db}.audit_events WHERE ${where} ${order} LIMIT ${Math.trunc(q.offset)}, ${Math.trunc(q.limit)}`,
       format: 'JSONEachRow',
-    });
-    return ((await rs.json()) as Record<string, unknown>[]).map(toRecord);
+    })).json()) as { id: string; s: number }[];
+    if (page.length === 0) return [];
+    const lo = Math.min(...page.map((r) => Number(r.s)));
+    const hi = Math.max(...page.map((r) => Number(r.s)));
+    const rows = (await (await this.#client.query({
+      query: `SELECT ${CH_EVENT_SELECT} FROM ${this.#db}.audit_events
+              WHERE ${where} AND event_time >= toDateTime(${lo}) AND event_time <= toDateTime(${hi}) AND id IN (${page.map((r) => chString(r.id)).join(', ')})
+              ${order}`,
+      format: 'JSONEachRow',
+    })).json()) as Record<string, unknown>[];
+    return rows.map(toRecord);
   }
 
   async readLlm(q: LlmQuery): Promise<Record<string, unknown>[]> {
     const rs = await this.#client.query({
-      query: `SELECT *, (toUInt64(toUnixTimestamp(event_time)) * 1000 + event_time_ms) AS ts FROM ${this.#db}.llm_audit_log FINAL
+      query: `SELECT *, (toUInt64(toUnixTimestamp(event_time)) * 1000 + event_time_ms) AS ts FROM ${this.#db}.llm_audit_log
               WHERE org_id = ${chString(q.org)} AND agent_id = ${chString(q.agentId)}
-              ORDER BY event_time, event_time_ms, id LIMIT ${Math.trunc(q.offset)}, ${Math.trunc(q.limit)}`,
+              ORDER BY event_time, event_time_ms, id LIMIT 1 BY id LIMIT ${Math.trunc(q.offset)}, ${Math.trunc(q.limit)}`,
       format: 'JSONEachRow',
     });
     return ((await rs.json()) as Record<string, unknown>[]).map(toLlmEntry);

@@ -1,7 +1,7 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { ServerResponse } from 'node:http';
 import { newId } from '../../core/ids.ts';
-import { formatSse } from '../../core/sse.ts';
+import { formatSse, startSseResponse } from '../../core/sse.ts';
 import { gated } from '../../audit-wal/gate.ts';
 import { AuditUnavailableError } from '../../audit-wal/errors.ts';
 import { AuditQueryError, parseAuditParams, parseCursor, MAX_LIMIT, type AuditCursor } from '../../audit-wal/query.ts';
@@ -92,8 +92,7 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
 
       reply.hijack();
       const res = reply.raw;
-      res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-store', connection: 'keep-alive', 'x-accel-buffering': 'no' });
-      res.write('retry: 2000\n\n');
+      startSseResponse(res);
       streams.add(res);
       let closed = false;
       // Records already sent within the late window (the store may receive a record after a later one).

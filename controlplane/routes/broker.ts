@@ -1,6 +1,7 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { ServerResponse } from 'node:http';
-import { formatSse } from '../../core/sse.ts';
+import { coalesced } from '../../core/coalesce.ts';
+import { formatSse, startSseResponse } from '../../core/sse.ts';
 import type { ChangeDeps } from '../audited-change.ts';
 import { object, url } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
@@ -86,37 +87,23 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
 
       reply.hijack();
       const res = reply.raw;
-      res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-store', connection: 'keep-alive', 'x-accel-buffering': 'no' });
-      res.write('retry: 2000\n\n');
+      startSseResponse(res);
       streams.add(res);
       let closed = false;
-      let running: Promise<void> | null = null;
-      let again = false;
       // One sender at a time; a wake-up while sending makes it look once more.
-      const send = (): Promise<void> => {
-        if (running) {
-          again = true;
-          return running;
+      const send = coalesced(async () => {
+        const batch = await events.since(db, e.id, cursor);
+        for (const ev of batch) {
+          if (closed) return false;
+          res.write(formatSse(ev.kind, { kind: ev.kind, ...ev.payload }, ev.id));
+          cursor = ev.id;
         }
-        running = (async () => {
-          do {
-            again = false;
-            const batch = await events.since(db, e.id, cursor);
-            for (const ev of batch) {
-              if (closed) return;
-              res.write(formatSse(ev.kind, { kind: ev.kind, ...ev.payload }, ev.id));
-              cursor = ev.id;
-            }
-            if (batch.length === 500) again = true;
-          } while (again && !closed);
-        })().catch(() => {
-          res.destroy();
-        }).finally(() => {
-          running = null;
-        });
-        return running;
-      };
-      const off = events.onWake(() => void send());
+        return batch.length === 500;
+      }, () => closed);
+      const guarded = () => send().catch(() => {
+        res.destroy();
+      });
+      const off = events.onWake(() => void guarded());
       const heartbeat = setInterval(() => res.write(': heartbeat\n\n'), options.heartbeatMs);
       res.on('close', () => {
         closed = true;
@@ -124,7 +111,7 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
         off();
         clearInterval(heartbeat);
       });
-      await send();
+      await guarded();
     });
   };
 }

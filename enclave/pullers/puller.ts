@@ -1,5 +1,6 @@
 import { Agent, request } from 'undici';
 import { writeFileAtomic } from '../../core/atomic-file.ts';
+import { coalesced } from '../../core/coalesce.ts';
 import type { Logger } from '../../core/logger.ts';
 import { SseParser } from '../../core/sse.ts';
 
@@ -45,42 +46,33 @@ export function startPuller(o: PullerOptions): RunningPuller {
   let stream: AbortController | null = null;
 
   // One pull at a time; a nudge during a pull makes it pull once more.
-  let running: Promise<void> | null = null;
-  let again = false;
-  const pull = (): Promise<void> => {
-    if (running) {
-      again = true;
-      return running;
+  const pull = coalesced(async () => {
+    try {
+      const res = await request(`${base}${o.route}`, { dispatcher, headers });
+      const text = await res.body.text();
+      if (res.statusCode !== 200) throw new Error(`HTTP ${res.statusCode}: ${text.slice(0, 200)}`);
+      const doc = JSON.parse(text) as unknown;
+      o.validate?.(doc);
+      count++;
+      const key = withoutVersion(doc);
+      if (key !== last) {
+        await writeFileAtomic(o.out, JSON.stringify(doc, null, 2) + '\n');
+        last = key;
+        o.log.info({ out: o.out, version: (doc as { version?: string }).version }, 'desired state written');
+      }
+      markReady();
+    } catch (err) {
+      o.log.warn({ err: (err as Error).message, route: o.route }, 'pull failed; keeping the last good state');
     }
-    running = (async () => {
-      do {
-        again = false;
-        try {
-          const res = await request(`${base}${o.route}`, { dispatcher, headers });
-          const text = await res.body.text();
-          if (res.statusCode !== 200) throw new Error(`HTTP ${res.statusCode}: ${text.slice(0, 200)}`);
-          const doc = JSON.parse(text) as unknown;
-          o.validate?.(doc);
-          count++;
-          const key = withoutVersion(doc);
-          if (key !== last) {
-            await writeFileAtomic(o.out, JSON.stringify(doc, null, 2) + '\n');
-            last = key;
-            o.log.info({ out: o.out, version: (doc as { version?: string }).version }, 'desired state written');
-          }
-          markReady();
-        } catch (err) {
-          o.log.warn({ err: (err as Error).message, route: o.route }, 'pull failed; keeping the last good state');
-        }
-      } while (again && !closed);
-    })().finally(() => {
-      running = null;
-    });
-    return running;
+  }, () => closed);
+  let pending: Promise<void> | null = null;
+  const nudge = () => {
+    pending = pull();
+    return pending;
   };
 
   // Not unref'd: with events off, the interval is what keeps the sidecar alive.
-  const timer = setInterval(() => void pull(), o.intervalMs);
+  const timer = setInterval(() => void nudge(), o.intervalMs);
 
   // The nudge: any event on the enclave's stream means "pull again". Reconnects with Last-Event-ID.
   const follow = async () => {
@@ -95,12 +87,12 @@ export function startPuller(o: PullerOptions): RunningPuller {
           throw new Error(`events: HTTP ${res.statusCode}`);
         }
         backoff = 250;
-        void pull(); // whatever happened while disconnected
+        void nudge(); // whatever happened while disconnected
         const parser = new SseParser();
         for await (const chunk of res.body) {
           const events = parser.push(chunk as Buffer);
           for (const e of events) if (e.id) cursor = e.id;
-          if (events.length > 0) void pull();
+          if (events.length > 0) void nudge();
         }
       } catch (err) {
         if (closed) return;
@@ -111,7 +103,7 @@ export function startPuller(o: PullerOptions): RunningPuller {
     }
   };
 
-  void pull();
+  void nudge();
   if (o.events) void follow();
   return {
     ready,
@@ -120,7 +112,7 @@ export function startPuller(o: PullerOptions): RunningPuller {
       closed = true;
       clearInterval(timer);
       stream?.abort();
-      await running?.catch(() => {});
+      await pending?.catch(() => {});
       await dispatcher.destroy().catch(() => {});
     },
   };

@@ -1,5 +1,6 @@
 import pg from 'pg';
 import type { Logger } from '../../core/logger.ts';
+import { coalesced } from '../../core/coalesce.ts';
 import { openDb, type Db } from '../../core/sql.ts';
 import type { Snapshot } from '../../pipeline/policy/snapshot.ts';
 import { CHANGES_CHANNEL, enclaveSnapshot, wholeSnapshot } from '../../pipeline/policy/store-snapshot.ts';
@@ -21,8 +22,6 @@ export class StoreSnapshotSource {
   #onChange: () => void;
   #value: Snapshot;
   #timer: NodeJS.Timeout;
-  #running: Promise<void> | null = null;
-  #again = false;
   #closed = false;
 
   private constructor(db: Db, enclaveId: string, log: Logger, onChange: () => void, first: Snapshot) {
@@ -71,30 +70,25 @@ export class StoreSnapshotSource {
 
   /** Reads the store again (one read at a time; a notification during a read reads once more). */
   reload(): Promise<void> {
-    if (this.#running) {
-      this.#again = true;
-      return this.#running;
-    }
-    this.#running = (async () => {
-      do {
-        this.#again = false;
-        try {
-          this.#value = await StoreSnapshotSource.#load(this.#db, this.#enclaveId);
-          this.#onChange();
-        } catch (err) {
-          if (!this.#closed) this.#log.error({ err: (err as Error).message }, 'policy store reload failed; keeping the last good state');
-        }
-      } while (this.#again && !this.#closed);
-    })().finally(() => {
-      this.#running = null;
-    });
-    return this.#running;
+    this.#pending = this.#reload();
+    return this.#pending;
   }
+
+  #pending: Promise<void> | null = null;
+
+  #reload = coalesced(async () => {
+    try {
+      this.#value = await StoreSnapshotSource.#load(this.#db, this.#enclaveId);
+      this.#onChange();
+    } catch (err) {
+      if (!this.#closed) this.#log.error({ err: (err as Error).message }, 'policy store reload failed; keeping the last good state');
+    }
+  }, () => this.#closed);
 
   async close(): Promise<void> {
     this.#closed = true;
     clearInterval(this.#timer);
-    await this.#running?.catch(() => {});
+    await this.#pending?.catch(() => {});
     await this.#listener?.end().catch(() => {});
     await this.#db.close();
   }
