@@ -52,8 +52,10 @@ import pkg from '../package.json' with { type: 'json' };
 //   skeleton (no issuer or no database): /healthz + a 501 placeholder everywhere else
 //   full: migrations, --seed-admin grants, bearer authentication on /api/v1/*, then the routes
 //
-// This is the spine of the control plane (P4): health, skeleton mode, the store and its migrations,
-// OIDC authentication and `whoami`. The identity resources and their routes build on it.
+// Wiring only: the store and its migrations, the authenticators (OIDC, the agent-operator issuer), the
+// audit sink and reader, the KMS and per-org keys, the event hub, then every route family under
+// /api/v1 (mountApi; a family whose backing capability is not configured is not mounted), the
+// enclave-facing /v1/broker/* routes and the /oauth/token facade.
 
 export interface RunningControlPlane {
   port: number;
@@ -118,10 +120,10 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     hub = new EventHub();
     await hub.listen(options.databaseDsn);
     const events = hub;
+    const store = db;
     // The hourly purge of consumed events and of deleted enclaves' (spec: Events, fact 3).
     purge = setInterval(() => void events.purge(store).then((n) => n > 0 && log.info({ purged: n }, 'events purged')).catch((err: Error) => log.warn({ err: err.message }, 'event purge failed')), 3_600_000);
     purge.unref();
-    const store = db;
     const agentIssuer = options.agentTokenIssuerUrl ? await AgentOperatorIssuer.open(store, options.agentTokenIssuerUrl, Math.round(options.agentTokenTtl / 1000)) : null;
     if (agentIssuer) {
       app.get('/.well-known/openid-configuration', async () => agentIssuer.discovery());
