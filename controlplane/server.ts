@@ -40,7 +40,7 @@ import { idpConnectorRoutes } from './routes/idp-connectors.ts';
 import { ServiceAccountStatus } from './auth/service-account-status.ts';
 import { DcrProvisioner, type IdpProvisioner } from './idp/provisioner.ts';
 import { KeyFileError, parseServiceAccountKey } from './idp/service-account-key.ts';
-import { Agent, fetch as undiciFetch } from 'undici';
+import { fetchTrusting } from '../core/fetch.ts';
 import type { AuditSink } from '../audit-wal/sink.ts';
 import { StdoutAuditSink } from '../audit-wal/stdout-sink.ts';
 import { WalSink } from '../audit-wal/wal-sink.ts';
@@ -210,9 +210,7 @@ async function openProvisioner(file: string, issuer: string, ca: Buffer | undefi
     throw new OptionsError(`--idp-key ${file}: ${err instanceof KeyFileError || err instanceof SyntaxError ? err.message : (err as Error).message}`);
   }
   if (key.issuer.replace(/\/+$/, '') !== issuer.replace(/\/+$/, '')) throw new OptionsError(`--idp-key ${file} is a key of ${key.issuer}, not of --oidc-issuer ${issuer}`);
-  const dispatcher = ca ? new Agent({ connect: { ca } }) : undefined;
-  const fetchImpl = ((url: string, init?: RequestInit) => undiciFetch(url, { ...(init as object), ...(dispatcher ? { dispatcher } : {}) } as never)) as unknown as (url: string, init?: RequestInit) => Promise<Response>;
-  return new DcrProvisioner(issuer, key, fetchImpl);
+  return new DcrProvisioner(issuer, key, fetchTrusting(ca));
 }
 
 interface Families {

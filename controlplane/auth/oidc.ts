@@ -1,5 +1,5 @@
 import { createRemoteJWKSet, jwtVerify, errors as joseErrors, customFetch, type JWTPayload } from 'jose';
-import { Agent, fetch as undiciFetch } from 'undici';
+import { fetchTrusting } from '../../core/fetch.ts';
 
 // Operator authentication by the OIDC issuer (spec: Authentication): discovery, then the issuer's JWKS
 // through jose (keys cached, re-fetched on an unknown `kid`), `iss` checked, `aud` checked when an
@@ -46,8 +46,7 @@ export class OidcAuthenticator {
 
   constructor(options: OidcOptions) {
     this.#options = options;
-    const dispatcher = options.ca ? new Agent({ connect: { ca: options.ca } }) : undefined;
-    this.#fetch = ((url: string, init?: RequestInit) => undiciFetch(url, { ...(init as object), ...(dispatcher ? { dispatcher } : {}) } as never)) as unknown as typeof fetch;
+    this.#fetch = fetchTrusting(options.ca);
   }
 
   async #keys(): Promise<{ jwks: ReturnType<typeof createRemoteJWKSet>; issuer: string }> {

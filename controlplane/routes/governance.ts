@@ -1,6 +1,7 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { Queryable } from '../../core/sql.ts';
 import { PolicyValidationError } from '../../pipeline/errors.ts';
+import { validatePacks } from '../../pipeline/policy/snapshot.ts';
 import {
   resolveGovernance, validateGovernance, validateRules,
   type GovernanceKind, type GovernanceRows, type PackRules,
@@ -115,30 +116,32 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
 
     api.get('/packs', { config: { requiredCapability: 'platform:config' } }, async (req) => {
       await requireCapability(db, req, 'platform:config', { kind: 'platform' });
-      const { rows } = await db.query<{ name: string; allow: string; deny: string }>('SELECT name, allow, deny FROM policy_packs ORDER BY name');
-      return rows.map((r) => ({ name: r.name, allow: JSON.parse(r.allow), deny: JSON.parse(r.deny) }));
+      const { rows } = await db.query<{ name: string; allow: string; deny: string; config: string }>('SELECT name, allow, deny, config FROM policy_packs ORDER BY name');
+      return rows.map((r) => ({ name: r.name, allow: JSON.parse(r.allow), deny: JSON.parse(r.deny), config: JSON.parse(r.config) }));
     });
 
     // Define (or redefine) a pack; a redefinition reaches every scope it is installed at.
     api.post('/packs', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
       await requireCapability(db, req, 'platform:config', { kind: 'platform' });
-      const body = object(req.body, ['name', 'allow', 'deny']);
+      const body = object(req.body, ['name', 'allow', 'deny', 'config']);
       const name = text(body, 'name', true)!;
       if (!PACK.test(name)) bad('name', 'must be 1–63 lowercase letters, digits, ".", "-" or "_"');
-      let allow, deny;
+      let allow, deny, config;
       try {
         allow = validateRules(body.allow, 'allow');
         deny = validateRules(body.deny, 'deny');
+        // Our extension of definePackReq: LLM policy the pack adds (only adds: the resolver composes it).
+        config = body.config === undefined ? {} : validatePacks([{ name, config: body.config }], 'pack')[0].config;
       } catch (err) {
-        if (err instanceof PolicyValidationError) throw new ApiError(PROBLEMS.badRequest, err.message);
+        if (err instanceof PolicyValidationError) throw new ApiError(PROBLEMS.badRequest, err.message.replace(/^pack\[0\]\./, ''));
         throw err;
       }
       const existed = (await db.query('SELECT 1 FROM policy_packs WHERE name = $1', [name])).rows.length > 0;
       const view = await auditedChange(deps, req, existed ? 'pack.redefine' : 'pack.define', '', async (tx) => {
         await tx.query(
-          `INSERT INTO policy_packs (name, allow, deny, created_by) VALUES ($1, $2, $3, $4)
-           ON CONFLICT (name) DO UPDATE SET allow = EXCLUDED.allow, deny = EXCLUDED.deny, updated_at = now()`,
-          [name, JSON.stringify(allow), JSON.stringify(deny), req.principal!.subject],
+          `INSERT INTO policy_packs (name, allow, deny, config, created_by) VALUES ($1, $2, $3, $4, $5)
+           ON CONFLICT (name) DO UPDATE SET allow = EXCLUDED.allow, deny = EXCLUDED.deny, config = EXCLUDED.config, updated_at = now()`,
+          [name, JSON.stringify(allow), JSON.stringify(deny), JSON.stringify(config), req.principal!.subject],
         );
         let published = false;
         const { rows } = await tx.query<{ scope_kind: string; org_id: string; group_id: string; agent_id: string }>('SELECT scope_kind, org_id, group_id, agent_id FROM pack_installs WHERE pack = $1', [name]);

@@ -131,7 +131,7 @@ function configRows(value: unknown, path: string, lockable: boolean): ConfigRows
   return rows;
 }
 
-function packs(value: unknown, path: string): PolicyPack[] {
+export function validatePacks(value: unknown, path: string): PolicyPack[] {
   if (value === undefined) return [];
   if (!Array.isArray(value)) fail(path, 'must be an array');
   return value.map((raw, i) => {
@@ -164,7 +164,7 @@ export function validateSnapshot(value: unknown): Snapshot {
     for (const [g, graw] of Object.entries(obj(o.groups ?? {}, `${p}.groups`))) {
       groups[g] = { config: configRows(obj(graw, `${p}.groups.${g}`).config, `${p}.groups.${g}.config`, true) };
     }
-    orgs[id] = { config: configRows(o.config, `${p}.config`, true), flags, groups, packs: packs(o.packs, `${p}.packs`) };
+    orgs[id] = { config: configRows(o.config, `${p}.config`, true), flags, groups, packs: validatePacks(o.packs, `${p}.packs`) };
   }
   const agents: Record<string, AgentState> = {};
   for (const [id, raw] of Object.entries(obj(root.agents ?? {}, 'snapshot.agents'))) {

@@ -29,7 +29,12 @@ async function orgState(db: Queryable, org: string) {
   )).rows.map((r) => r.group_id);
   const groups: Record<string, { config: Rows }> = {};
   for (const g of groupIds) groups[g] = { config: await rowsOf(db, 'group', org, g) };
-  return { config: await rowsOf(db, 'org', org), flags: Object.fromEntries(flags.map((f) => [f.flag, f.enabled])), groups, packs: [] };
+  // Packs carrying LLM policy, installed at platform scope or at this org's scope.
+  const packs = (await db.query<{ name: string; config: string }>(
+    `SELECT DISTINCT p.name, p.config FROM pack_installs i JOIN policy_packs p ON p.name = i.pack
+      WHERE p.config <> '{}' AND (i.scope_kind = 'platform' OR (i.scope_kind = 'org' AND i.org_id = $1)) ORDER BY p.name`, [org],
+  )).rows.map((r) => ({ name: r.name, config: JSON.parse(r.config) as Record<string, unknown> }));
+  return { config: await rowsOf(db, 'org', org), flags: Object.fromEntries(flags.map((f) => [f.flag, f.enabled])), groups, packs };
 }
 
 interface AgentRow { uid: string; org_id: string; group_id: string; name: string; status: string; contained: boolean }

@@ -80,4 +80,8 @@ t.test('bad bodies name the field', async (t) => {
   }
   t.equal((await call('PUT', '/policies/teleport', { enabled: true })).status, 404);
   t.match((await call('POST', '/packs', { name: 'Bad Name' })).body, { status: 400, detail: /^name:/ });
+  t.match((await call('POST', '/packs', { name: 'llm-bad', config: { content_inspection: { pii_detection: { types: ['passport'] } } } })).body, { status: 400, detail: /content_inspection\.pii_detection\.types/ });
+  t.match((await call('POST', '/packs', { name: 'llm-bad', config: { downstream_url: 'https://x' } })).body, { status: 400, detail: /a pack carries model_policy, content_inspection or sidecar_inspection only/ });
+  t.equal((await call('POST', '/packs', { name: 'llm-ok', config: { model_policy: { mode: 'blocklist', models: ['*-preview'] } } })).status, 201);
+  t.match((await call('GET', '/packs')).body.find((p: { name: string }) => p.name === 'llm-ok'), { config: { model_policy: { mode: 'blocklist', models: ['*-preview'] } } });
 });

@@ -90,6 +90,15 @@ t.test('with events: every write reaches the proxy within seconds', async (t) =>
   await call('admin-a', 'PUT', '/feature-flags/inspect:llm', { enabled: true });
   await within(5000, async () => (await ask('claude-x')) === 403);
 
+  // A pack with LLM policy, installed at the org: its rules add on top of the base.
+  await call('root', 'POST', '/packs', { name: 'no-cards', config: { content_inspection: { pii_detection: { enabled: true, severity: 'block', types: ['credit_card'] } } } });
+  t.equal(await ask('claude-y', 'card 4111 1111 1111 1111'), 200, 'before the pack');
+  t.equal((await call('root', 'PUT', '/packs/no-cards/installations?scope=org&org=org-a')).body.published, true);
+  await within(5000, async () => (await ask('claude-y', 'card 4111 1111 1111 1111')) === 403);
+  t.equal(await ask('claude-y', 'write to jane.doe@example.com'), 403, 'the base rule still holds');
+  await call('root', 'DELETE', '/packs/no-cards/installations?scope=org&org=org-a');
+  await within(5000, async () => (await ask('claude-y', 'card 4111 1111 1111 1111')) === 200);
+
   // Containment and suspension refuse the agent's calls.
   await call('admin-a', 'POST', '/orgs/org-a/agents/bot-1/suspend');
   await within(5000, async () => (await ask('claude-y')) === 403);
