@@ -38,6 +38,7 @@ async function fillClickHouse(url: string, db: string, rows: number): Promise<vo
   const have = Number(((await (await ch.query({ query: `SELECT count() AS n FROM ${db}.audit_events`, format: 'JSONEachRow' })).json()) as { n: string }[])[0].n);
   if (have !== rows) {
     await ch.command({ query: `TRUNCATE TABLE ${db}.audit_events` });
+    await ch.command({ query: `TRUNCATE TABLE ${db}.\`.inner.audit_events_cp\`` });
     await ch.command({
       query: `INSERT INTO ${db}.audit_events (id, event_time, event_time_ms, kind, action, actor, actor_kind, agent_id, org_id, outcome, proto, dst_host, scope)
         SELECT toString(number), toDateTime(${T0} + intDiv(number, 10)), (number % 10) * 100,
@@ -106,7 +107,7 @@ export async function main(args: string[]): Promise<void> {
   for (const [i, [name, q]] of personas(end).entries()) {
     const chRes = await time(() => ch.readEvents(q), runs);
     // The single-pass query a store would send without our two-pass read.
-    const rawSql = `SELECT ${CH_EVENT_SELECT} FROM ${chDb}.audit_events WHERE ${clickhouseWhere(q)} ORDER BY event_time, event_time_ms, id LIMIT 1 BY id LIMIT 0, 100`;
+    const rawSql = `SELECT ${CH_EVENT_SELECT} FROM ${chDb}.${q.predicate.orgs === 'all' && !q.filters.org ? 'audit_events_cp' : 'audit_events'} WHERE ${clickhouseWhere(q)} ORDER BY event_time, event_time_ms, id LIMIT 1 BY id LIMIT 0, 100`;
     const base = await time(async () => (await raw.query({ query: rawSql, format: 'JSONEachRow' })).json(), runs);
     const pgQ = personas(pgEnd)[i][1];
     const pgRes = await time(() => pgStore.readEvents(pgQ), runs);
