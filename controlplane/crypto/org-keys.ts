@@ -6,8 +6,8 @@ import { open, seal, type Kms } from './kms.ts';
 // memory. Shredding deletes the wrapped key (and the cache entry): every value sealed under it becomes
 // unreadable for good. Sealed values read "enc:v1:<base64 iv|tag|ciphertext>".
 //
-// Sealed columns (the documented list): config_values.value, idp_connectors.client_secret, and the
-// `attrs` of audit records the control plane writes (free text that may hold personal data).
+// Sealed columns (the documented list, docs/decisions.md): config_values.value,
+// idp_connectors.client_secret, and the `attrs` of audit records the control plane writes.
 
 const PREFIX = 'enc:v1:';
 

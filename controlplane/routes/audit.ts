@@ -11,6 +11,7 @@ import type { ChangeDeps } from '../audited-change.ts';
 import { auditScope, type AuditScope } from '../authz/audit-scope.ts';
 import { requireCapability } from '../authz/guard.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
+import { isSealed, OrgKeyShredded, type OrgKeys } from '../crypto/org-keys.ts';
 
 // The audit read API (operator-api.md: the audit routes, Audit rules 1–3, Events "Audit tail"),
 // mounted when an audit store is configured (--audit-dsn):
@@ -29,6 +30,23 @@ export interface AuditReadOptions {
 const LATE_WINDOW_MS = 10_000;
 
 const strip = ({ id: _id, ...record }: ReadRecord) => record;
+
+/** Audit attributes the control plane writes are sealed under the org's data key (crypto-shred). */
+async function sealAttrs(keys: OrgKeys | null, org: string, attrs: Record<string, string>): Promise<Record<string, string>> {
+  return keys && org ? { sealed: await keys.seal(org, JSON.stringify(attrs)) } : attrs;
+}
+
+/** Opens sealed attributes for the reader; after an erasure they read as empty. */
+async function openAttrs(keys: OrgKeys | null, record: ReadRecord): Promise<ReadRecord> {
+  const attrs = record.attrs as Record<string, string>;
+  if (!keys || !isSealed(attrs?.sealed)) return record;
+  try {
+    return { ...record, attrs: JSON.parse(await keys.open(String(record.org_id), attrs.sealed)) };
+  } catch (err) {
+    if (err instanceof OrgKeyShredded) return { ...record, attrs: {} };
+    throw err;
+  }
+}
 
 export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditReadOptions) {
   const { db } = deps;
@@ -52,7 +70,7 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
       const record = {
         id: newId(), event_time: new Date().toISOString(), kind: 'event', action: 'audit.read', actor: p.subject, actor_kind: p.kind,
         org_id: org, outcome: 'allow', resource: 'audit', scope: `org:${org}`, trace_id: String(req.id),
-        attrs: { route: req.url.split('?')[0], reader_org: p.orgId || '' },
+        attrs: await sealAttrs(deps.keys ?? null, org, { route: req.url.split('?')[0], reader_org: p.orgId || '' }),
       };
       try {
         await gated(deps.audit, 'audit_events', record, () => undefined, deps.capture);
@@ -73,7 +91,9 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
       const scope = await auditScope(db, req, filters);
       const rows = await store.readEvents({ predicate: scope.predicate, filters: scope.filters, limit, offset });
       await recordCrossOrg(req, scope, scope.filters.org ? [scope.filters.org] : rows.map((r) => String(r.org_id)));
-      return { records: rows.map(strip), next_offset: offset + rows.length };
+      const records = [];
+      for (const r of rows) records.push(strip(await openAttrs(deps.keys ?? null, r)));
+      return { records, next_offset: offset + rows.length };
     });
 
     api.get('/audit/stream', { config: { requiredCapability: 'audit:read', target: 'caller-org', agentOperator: true, stream: true } }, async (req, reply) => {
@@ -112,7 +132,7 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
             if (!cursor && ms < startMs) continue;
             sent.set(r.id, ms);
             if (!high || isAfter(r, high)) high = { ms, id: r.id };
-            res.write(formatSse(null, strip(r), `${high.ms}.${high.id}`));
+            res.write(formatSse(null, strip(await openAttrs(deps.keys ?? null, r)), `${high.ms}.${high.id}`));
           }
           if (rows.length < MAX_LIMIT) break;
         }

@@ -55,7 +55,7 @@ for (const [name, dsn] of stores) {
       { id: 'l2', event_time: at(2), org_id: 'org-a', agent_id: 'bot-1', agent_name: 'b', format: 'openai-chat', model: 'gpt-x', status: 200, decision: 'allow', findings: [] },
       { id: 'l3', event_time: at(3), org_id: 'org-b', agent_id: 'bot-1', agent_name: 'b', status: 200 },
     ]);
-    const cp = await h.start({ seedAdmin: ['root'], agentTokenIssuerUrl: 'https://cp.dvx.test', auditDsn: dsn, auditWalDir: join(dir, `wal-${name}`), auditStreamPollMs: 100 }, null);
+    const cp = await h.start({ seedAdmin: ['root'], agentTokenIssuerUrl: 'https://cp.dvx.test', auditDsn: dsn, auditWalDir: join(dir, `wal-${name}`), auditStreamPollMs: 100, kmsProvider: 'local', kmsConfig: join(dir, `kms-${name}.json`) }, null);
     t.teardown(() => cp.close());
     const call = (who: string, path: string) => h.callAt(cp.port, who, 'GET', path);
     await h.callAt(cp.port, 'root', 'POST', '/orgs', { id: 'org-a', name: 'A' });
@@ -129,6 +129,10 @@ for (const [name, dsn] of stores) {
         if (!found) await new Promise((r) => setTimeout(r, 100));
       }
       t.ok(found, 'admin-b sees root\'s read of org-b');
+      const page = (await call('admin-b', '/audit/events?action=audit.read')).body.records.find((r: { actor: string }) => r.actor === 'root');
+      t.same(page.attrs, { route: '/api/v1/audit/events', reader_org: 'org-a' }, 'its attributes read in the clear');
+      const rawRows = await store.readEvents({ predicate: { orgs: ['org-b'] }, filters: { action: 'audit.read' }, limit: 10, offset: 0 });
+      t.match(rawRows[0].attrs, { sealed: /^enc:v1:/ }, 'and are sealed at rest under the org\'s key');
     });
 
     t.test('the live tail: same predicate, resumable, nothing missed or repeated', async (t) => {
