@@ -3,6 +3,7 @@ import type { Db } from '../core/sql.ts';
 import type { AuditSink } from '../audit-wal/sink.ts';
 import type { AuditStore } from '../audit-wal/store.ts';
 import type { OrgKeys } from './crypto/org-keys.ts';
+import { grantsChanged } from './authz/capabilities.ts';
 
 // Per-org erasure (crypto-shred), restart-safe: every step is idempotent and the `erasures` row says
 // where it is, so a sweep interrupted by a crash is run again from the top at the next start.
@@ -55,6 +56,7 @@ export async function runErasure(deps: ErasureDeps, org: string): Promise<void> 
     }
     return n;
   });
+  grantsChanged(db); // the org's grants are gone: no cached authorization outlives them
   const audited = deps.auditStore ? await deps.auditStore.eraseOrg(org) : 0;
   await db.query(`UPDATE erasures SET status = 'complete', rows_swept = rows_swept + $2, completed_at = now() WHERE org_id = $1`, [org, swept + audited]);
   log.info({ org, key_shredded: shredded, rows_swept: swept + audited }, 'org erased');
