@@ -146,29 +146,39 @@ export class InspectionEngine {
 
     const plan = this.#plans.get(policy);
     const secrets = request.secrets ?? [];
-    const deadline = new AbortController();
-    const timer = setTimeout(() => deadline.abort(new DeadlineError('inspection deadline')), this.#timeoutMs);
-
-    const sidecars = policy.sidecars.filter((s) => (phase === 'request' ? s.on_request : s.on_response));
+    const builtinWork = hasBuiltinWork(plan, phase, secrets.length);
+    const pooled = builtinWork && this.#pool !== null && body.length >= this.#inlineThreshold;
     const identity = request.identity ?? { agentId: '', orgId: '', agentName: '' };
-    const waited: Promise<ScanResult>[] = [];
-    for (const sidecar of sidecars) {
+    let waitedSidecars = false;
+    for (const sidecar of policy.sidecars) {
+      if (!(phase === 'request' ? sidecar.on_request : sidecar.on_response)) continue;
       if (sidecar.async) this.#fireAndForget(sidecar, request, identity);
-      else waited.push(this.#runSidecar(sidecar, request, identity, deadline.signal));
+      else waitedSidecars = true;
     }
 
+    let results: ScanResult[];
     let mode: InspectionOutcome['mode'] = 'inline';
-    let builtins: Promise<ScanResult> = Promise.resolve(EMPTY);
-    if (hasBuiltinWork(plan, phase, secrets.length)) {
-      if (this.#pool === null || body.length < this.#inlineThreshold) {
-        builtins = Promise.resolve(this.#inline(plan, body, phase, secrets));
-      } else {
+    if (!pooled && !waitedSidecars) {
+      // Everything runs here and now: no deadline timer to arm (it could not interrupt a synchronous
+      // scan anyway; bodies this small are bounded by the inline threshold).
+      results = [builtinWork ? this.#inline(plan, body, phase, secrets) : EMPTY];
+    } else {
+      const deadline = new AbortController();
+      const timer = setTimeout(() => deadline.abort(new DeadlineError('inspection deadline')), this.#timeoutMs);
+      const waited: Promise<ScanResult>[] = [];
+      for (const sidecar of policy.sidecars) {
+        if ((phase === 'request' ? sidecar.on_request : sidecar.on_response) && !sidecar.async) waited.push(this.#runSidecar(sidecar, request, identity, deadline.signal));
+      }
+      let builtins: Promise<ScanResult> = Promise.resolve(EMPTY);
+      if (pooled) {
         mode = 'pool';
         builtins = this.#onPool(policy, body, phase, secrets, deadline.signal);
+      } else if (builtinWork) {
+        builtins = Promise.resolve(this.#inline(plan, body, phase, secrets));
       }
+      results = await Promise.all([builtins, ...waited]);
+      clearTimeout(timer);
     }
-    const results = await Promise.all([builtins, ...waited]);
-    clearTimeout(timer);
 
     const findings: Finding[] = [];
     const failures: InspectorFailure[] = [];
