@@ -14,8 +14,24 @@ export interface SecretNeedle {
   forms: Buffer[];
 }
 
+// An agent's secrets change rarely and are scanned on every call: their needles are kept, keyed by
+// the values themselves (in memory only, like the values), a bounded number of sets.
+const NEEDLE_CACHE_SIZE = 1024;
+const cache = new Map<string, SecretNeedle[]>();
+
 /** Needles for the values worth scanning; shorter values are skipped as the spec says. */
 export function needles(values: readonly string[]): SecretNeedle[] {
+  const key = JSON.stringify(values);
+  let out = cache.get(key);
+  if (out === undefined) {
+    out = build(values);
+    if (cache.size >= NEEDLE_CACHE_SIZE) cache.clear();
+    cache.set(key, out);
+  }
+  return out;
+}
+
+function build(values: readonly string[]): SecretNeedle[] {
   const out: SecretNeedle[] = [];
   const seen = new Set<string>();
   for (const value of values) {
