@@ -173,6 +173,7 @@ export function deepScanView(body: Buffer): Buffer {
  */
 export function topLevel(body: Buffer, key: string): TopLevel | null {
   const n = body.length;
+  const quoted = Buffer.from(JSON.stringify(key), 'utf8');
   let i = firstNonSpace(body);
   if (i < 0 || body[i] !== 0x7b) return null;
   const open = i;
@@ -247,11 +248,19 @@ export function topLevel(body: Buffer, key: string): TopLevel | null {
     if (i >= n || body[i] !== 0x22) return null;
     const keyEnd = stringEnd(i);
     if (keyEnd < 0) return null;
-    let name: unknown;
-    try {
-      name = JSON.parse(body.toString('utf8', i, keyEnd));
-    } catch {
-      return null;
+    // A key without escapes is its own bytes: compared in place, no string made. An escaped one
+    // (`"mod\\u0065l"`) is decoded first, so it is found (or told apart) as JSON.parse would.
+    let matches: boolean;
+    let escaped = false;
+    for (let k = i + 1; k < keyEnd - 1 && !escaped; k++) escaped = body[k] === BACKSLASH;
+    if (!escaped) {
+      matches = keyEnd - i === quoted.length && body.compare(quoted, 0, quoted.length, i, keyEnd) === 0;
+    } else {
+      try {
+        matches = JSON.parse(body.toString('utf8', i, keyEnd)) === key;
+      } catch {
+        return null;
+      }
     }
     i = keyEnd;
     skipWs();
@@ -261,7 +270,7 @@ export function topLevel(body: Buffer, key: string): TopLevel | null {
     const valueStart = i;
     if (!skipValue()) return null;
     members++;
-    if (name === key) value = { start: valueStart, end: i };
+    if (matches) value = { start: valueStart, end: i };
     skipWs();
     if (body[i] === 0x2c) {
       i++;

@@ -46,4 +46,8 @@ t.test('topLevelString', async (t) => {
   t.equal(topLevelString(Buffer.from('{"model":"a","model":"b"}'), 'model'), 'b');
   t.equal(topLevelString(Buffer.from('{"mod\\u0065l":"a"}'), 'model'), 'a', 'an escaped key is the same key');
   t.equal(topLevelString(Buffer.from('{"a":"\\\\","model":"q"}'), 'model'), 'q', 'escaped backslash before a quote');
+  t.equal(topLevelString(Buffer.from('{"models":"a","mode":"b","Model":"c"}'), 'model'), null, 'a longer, shorter or other-case key is another key');
+  t.equal(topLevelString(Buffer.from('{"mod\\u0065ls":"a","mo\\"del":"b"}'), 'model'), null, 'escaped keys that decode to something else');
+  t.equal(topLevelString(Buffer.from('{"modèle":"x","model":"y"}'), 'modèle'), 'x', 'a non-ASCII key is compared by its UTF-8 bytes');
+  t.equal(topLevelString(Buffer.from('{"mod\\ud800l":"a"}'), 'model'), null, 'a lone surrogate escape is read, and differs');
 });
