@@ -22,7 +22,7 @@ import type { LlmProxyOptions } from './options.ts';
 import { tierRank } from './options.ts';
 import { readBody, TooLargeError } from './read-body.ts';
 import type { SecretSource } from './secrets-file.ts';
-import { agentHeaders, DEFAULT_UPSTREAMS, upstreamHeaders } from './upstream.ts';
+import { agentHeaders, DEFAULT_UPSTREAMS, upstreamHeaders, upstreamTarget } from './upstream.ts';
 import { usageOf } from './usage.ts';
 import { FinalEventGuard } from './final-event.ts';
 import { gated, type CaptureOptions } from '../../audit-wal/gate.ts';
@@ -251,7 +251,7 @@ export class LlmProxy {
     const base = resolveSnapshotSetting(snapshot, 'upstream', identity.orgId, identity.groupId, identity.agentId)?.[upstreamFormat]
       ?? resolveSnapshotSetting(snapshot, 'downstream_url', identity.orgId, identity.groupId, identity.agentId)
       ?? (d.options.upstreamDefault || DEFAULT_UPSTREAMS[upstreamFormat]);
-    const target = new URL(base);
+    const target = upstreamTarget(base);
     const query = (req.url ?? '').includes('?') ? (req.url ?? '').slice((req.url ?? '').indexOf('?')) : '';
     const upstreamPath = target.pathname.replace(/\/+$/, '') + (translated ? routeOf(upstreamFormat) + query : (req.url ?? '/'));
     const sendsBody = req.method !== 'GET' && req.method !== 'HEAD';

@@ -1,3 +1,4 @@
+import { topLevel } from '../../pipeline/json-view.ts';
 import type { WireFormat } from '../../pipeline/policy/snapshot.ts';
 
 // Token usage as the upstream reports it, for the audit record: from the JSON body of a plain response,
@@ -28,8 +29,10 @@ export function usageOf(_format: WireFormat, body: Buffer, streamed: boolean): T
   const usage: TokenUsage = { input_tokens: null, output_tokens: null };
   try {
     if (!streamed) {
-      if (body.length > MAX_PARSE) return null;
-      fromUsage((JSON.parse(body.toString('utf8')) as { usage?: unknown }).usage, usage);
+      // Only the top-level `usage` value is parsed, wherever it sits in the body.
+      const value = topLevel(body, 'usage')?.value;
+      if (!value || value.end - value.start > MAX_PARSE) return null;
+      fromUsage(JSON.parse(body.toString('utf8', value.start, value.end)), usage);
     } else {
       // Only events that mention usage are parsed.
       for (let at = body.indexOf('"usage"'); at >= 0; at = body.indexOf('"usage"', at + 7)) {
