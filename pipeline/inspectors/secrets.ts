@@ -16,18 +16,24 @@ export interface SecretNeedle {
 
 // An agent's secrets change rarely and are scanned on every call: their needles are kept, keyed by
 // the values themselves (in memory only, like the values), a bounded number of sets.
+// A frozen array (the proxy's secret source hands out one per agent) is looked up by identity.
 const NEEDLE_CACHE_SIZE = 1024;
 const cache = new Map<string, SecretNeedle[]>();
+const byArray = new WeakMap<readonly string[], SecretNeedle[]>();
 
 /** Needles for the values worth scanning; shorter values are skipped as the spec says. */
 export function needles(values: readonly string[]): SecretNeedle[] {
+  const frozen = Object.isFrozen(values);
+  let out = frozen ? byArray.get(values) : undefined;
+  if (out !== undefined) return out;
   const key = JSON.stringify(values);
-  let out = cache.get(key);
+  out = cache.get(key);
   if (out === undefined) {
     out = build(values);
     if (cache.size >= NEEDLE_CACHE_SIZE) cache.clear();
     cache.set(key, out);
   }
+  if (frozen) byArray.set(values, out);
   return out;
 }
 

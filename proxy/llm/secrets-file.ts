@@ -24,14 +24,23 @@ export function parseSecretsFile(value: unknown): SecretMap {
 }
 
 export interface SecretSource {
-  /** All secret values of an agent (for the secrets filter). */
-  agentSecrets(agentId: string): string[];
+  /** All secret values of an agent (for the secrets filter); the same frozen array while they stay the same. */
+  agentSecrets(agentId: string): readonly string[];
   get(owner: `agent:${string}` | `org:${string}`, name: string): string | undefined;
 }
 
 export function secretSource(read: () => SecretMap): SecretSource {
+  // One array per agent and version of the map: the secrets filter keeps its needles per array.
+  const lists = new WeakMap<SecretMap, Map<string, string[]>>();
   return {
-    agentSecrets: (agentId) => [...(read().get(`agent:${agentId}`)?.values() ?? [])],
+    agentSecrets: (agentId) => {
+      const map = read();
+      let byAgent = lists.get(map);
+      if (byAgent === undefined) lists.set(map, (byAgent = new Map()));
+      let values = byAgent.get(agentId);
+      if (values === undefined) byAgent.set(agentId, (values = Object.freeze([...(map.get(`agent:${agentId}`)?.values() ?? [])]) as string[]));
+      return values;
+    },
     get: (owner, name) => read().get(owner)?.get(name),
   };
 }
