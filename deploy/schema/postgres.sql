@@ -61,3 +61,5 @@ CREATE TABLE IF NOT EXISTS audit_events (
   trace_id     text NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS audit_events_org_time ON audit_events (org_id, event_time);
+-- Reads across every org (platform operators) and the tail's (event_time, id) cursor walk this one.
+CREATE INDEX IF NOT EXISTS audit_events_time ON audit_events (event_time, id);
