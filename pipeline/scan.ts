@@ -29,6 +29,11 @@ export interface ScanRequest {
   phase: Phase;
   secrets: readonly string[];
   part?: ScanPart;
+  /**
+   * The models the call names, when model restriction should check these rather than the body's
+   * top-level `model` (the proxy's pass-through routes; see proxy/llm/named-models.ts).
+   */
+  models?: readonly (string | null)[];
 }
 
 export interface InspectorFailure {
@@ -73,7 +78,10 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
     }
   };
 
-  if (others && phase === 'request' && plan.model) run(model.id, () => model.scan(body, plan.model!));
+  if (others && phase === 'request' && plan.model) {
+    const named = request.models;
+    run(model.id, () => (named ? model.check(named, plan.model!) : model.scan(body, plan.model!)));
+  }
 
   let decoded: Buffer | null = null;
   const decodedView = () => (decoded ??= deepScanView(body));

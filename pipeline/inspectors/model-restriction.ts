@@ -43,7 +43,22 @@ export function permitted(plan: ModelPlan, model: string | null): boolean {
 }
 
 export function scan(body: Buffer, plan: ModelPlan): Finding[] {
-  const model = topLevelString(body, 'model');
+  return verdict(topLevelString(body, 'model'), plan);
+}
+
+/**
+ * The same check over the models a call names elsewhere than at the top level (a pass-through call:
+ * batches, batch files). Each must be permitted; naming none is nothing to check.
+ */
+export function check(models: readonly (string | null)[], plan: ModelPlan): Finding[] {
+  for (const model of new Set(models)) {
+    const found = verdict(model, plan);
+    if (found.length > 0) return found;
+  }
+  return [];
+}
+
+function verdict(model: string | null, plan: ModelPlan): Finding[] {
   if (permitted(plan, model)) return [];
   const denying = plan.layers.find((l) => {
     const listed = model !== null && l.globs.some((g) => pathMatch(g, model));

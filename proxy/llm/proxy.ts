@@ -25,6 +25,7 @@ import type { SecretSource } from './secrets-file.ts';
 import { agentHeaders, DEFAULT_UPSTREAMS, upstreamHeaders, upstreamTarget } from './upstream.ts';
 import { usageOf } from './usage.ts';
 import { FinalEventGuard } from './final-event.ts';
+import { namedModels } from './named-models.ts';
 import { gated, type CaptureOptions } from '../../audit-wal/gate.ts';
 import { AuditUnavailableError } from '../../audit-wal/errors.ts';
 import { routeOf, StreamTranslator, translateRequest, translateResponse, TranslationError } from './translate/index.ts';
@@ -230,16 +231,22 @@ export class LlmProxy {
       }
       call.model = topLevelString(body, 'model');
       if (call.model === null) return this.#reply(res, call, ERRORS.modelRequired);
-      if (orgFlag(snapshot, identity.orgId, 'inspect:llm')) {
-        const policy = await d.policies.get(identity.orgId, identity.agentId, () => resolvePolicy(policyLayers(snapshot, identity.orgId, identity.groupId, identity.agentId)));
-        const outcome = await d.engine.inspect({
-          body, phase: 'request', policy, secrets: d.secrets.agentSecrets(identity.agentId),
-          identity: { agentId: identity.agentId, orgId: identity.orgId, agentName: identity.agentName },
-        });
-        this.#noteOutcome(call, outcome);
-        if (outcome.decision === 'block') return this.#reply(res, call, ERRORS.contentPolicy);
-        if (outcome.decision === 'unavailable') return this.#reply(res, call, ERRORS.inspectionUnavailable);
-      }
+    } else if (body.length > 0) {
+      call.model = topLevelString(body, 'model');
+    }
+    // The request pipeline runs on every body that leaves for the provider: inference calls, and the
+    // other routes that carry content (embeddings, count_tokens, batches, file uploads). A pass-through
+    // body is inspected as sent; model restriction checks every model it names (named-models.ts).
+    if (body.length > 0 && orgFlag(snapshot, identity.orgId, 'inspect:llm')) {
+      const policy = await d.policies.get(identity.orgId, identity.agentId, () => resolvePolicy(policyLayers(snapshot, identity.orgId, identity.groupId, identity.agentId)));
+      const outcome = await d.engine.inspect({
+        body, phase: 'request', policy, secrets: d.secrets.agentSecrets(identity.agentId),
+        identity: { agentId: identity.agentId, orgId: identity.orgId, agentName: identity.agentName },
+        ...(inferenceFormat ? {} : { models: policy.models.length > 0 ? namedModels(body) : [] }),
+      });
+      this.#noteOutcome(call, outcome);
+      if (outcome.decision === 'block') return this.#reply(res, call, ERRORS.contentPolicy);
+      if (outcome.decision === 'unavailable') return this.#reply(res, call, ERRORS.inspectionUnavailable);
     }
 
     // 5. The upstream credential.
@@ -285,13 +292,22 @@ export class LlmProxy {
     return this.#relayBuffered(res, call, upstream, format, upstreamFormat);
   }
 
-  /** Other routes of the provider APIs (models, files, count_tokens): streamed through as they come. */
+  /**
+   * Other routes of the provider APIs (models, files, count_tokens, batches): streamed through as they
+   * come; a copy feeds the response pipeline (observe-only) at the end, as for a stream.
+   */
   async #relayPassThrough(res: ServerResponse, call: CallRecord, upstream: Dispatcher.ResponseData): Promise<void> {
     call.status = upstream.statusCode;
     res.writeHead(upstream.statusCode, agentHeaders(upstream.headers));
+    const copy: Buffer[] = [];
+    let kept = 0;
     try {
       for await (const chunk of upstream.body as AsyncIterable<Buffer>) {
         call.responseBytes += chunk.length;
+        if (kept + chunk.length <= MAX_BODY_BYTES) {
+          copy.push(chunk);
+          kept += chunk.length;
+        }
         await send(res, chunk);
         if (res.destroyed) return;
       }
@@ -301,6 +317,7 @@ export class LlmProxy {
       return;
     }
     res.end();
+    if (kept > 0) await this.#inspectResponse(call, Buffer.concat(copy, kept));
   }
 
   /** A plain response: held, inspected (observe-only), then replayed byte for byte. */
