@@ -22,7 +22,7 @@ import type { LlmProxyOptions } from './options.ts';
 import { tierRank } from './options.ts';
 import { readBody, TooLargeError } from './read-body.ts';
 import type { SecretSource } from './secrets-file.ts';
-import { agentHeaders, DEFAULT_UPSTREAMS, upstreamHeaders, upstreamTarget } from './upstream.ts';
+import { agentHeaders, DEFAULT_UPSTREAMS, readableAnswer, upstreamHeaders, upstreamTarget, type UpstreamAnswer } from './upstream.ts';
 import { usageOf } from './usage.ts';
 import { FinalEventGuard } from './final-event.ts';
 import { namedModels } from './named-models.ts';
@@ -286,23 +286,28 @@ export class LlmProxy {
     call.upstreamStatus = upstream.statusCode;
     d.metrics.upstream.observe({ format }, call.upstreamMs / 1000);
 
-    const responseType = String(upstream.headers['content-type'] ?? '');
-    if (responseType.startsWith('text/event-stream')) return this.#relayStream(res, call, upstream, format, upstreamFormat);
-    if (!inferenceFormat) return this.#relayPassThrough(res, call, upstream);
-    return this.#relayBuffered(res, call, upstream, format, upstreamFormat);
+    const answer = readableAnswer(upstream);
+    if (answer.unreadable !== null && orgFlag(snapshot, identity.orgId, 'inspect:llm')) {
+      call.failOpen = true;
+      d.log.warn({ request_id: call.id, content_encoding: answer.unreadable }, 'inspection failopen: the upstream answer is in a content coding we cannot read');
+    }
+    const responseType = String(answer.headers['content-type'] ?? '');
+    if (responseType.startsWith('text/event-stream')) return this.#relayStream(res, call, answer, format, upstreamFormat);
+    if (!inferenceFormat) return this.#relayPassThrough(res, call, answer);
+    return this.#relayBuffered(res, call, answer, format, upstreamFormat);
   }
 
   /**
    * Other routes of the provider APIs (models, files, count_tokens, batches): streamed through as they
    * come; a copy feeds the response pipeline (observe-only) at the end, as for a stream.
    */
-  async #relayPassThrough(res: ServerResponse, call: CallRecord, upstream: Dispatcher.ResponseData): Promise<void> {
+  async #relayPassThrough(res: ServerResponse, call: CallRecord, upstream: UpstreamAnswer): Promise<void> {
     call.status = upstream.statusCode;
     res.writeHead(upstream.statusCode, agentHeaders(upstream.headers));
     const copy: Buffer[] = [];
     let kept = 0;
     try {
-      for await (const chunk of upstream.body as AsyncIterable<Buffer>) {
+      for await (const chunk of upstream.body) {
         call.responseBytes += chunk.length;
         if (kept + chunk.length <= MAX_BODY_BYTES) {
           copy.push(chunk);
@@ -321,10 +326,10 @@ export class LlmProxy {
   }
 
   /** A plain response: held, inspected (observe-only), then replayed byte for byte. */
-  async #relayBuffered(res: ServerResponse, call: CallRecord, upstream: Dispatcher.ResponseData, format: WireFormat, upstreamFormat: WireFormat): Promise<void> {
+  async #relayBuffered(res: ServerResponse, call: CallRecord, upstream: UpstreamAnswer, format: WireFormat, upstreamFormat: WireFormat): Promise<void> {
     let body: Buffer;
     try {
-      body = Buffer.from(await upstream.body.arrayBuffer());
+      body = await collect(upstream.body);
     } catch (err) {
       this.#d.log.warn({ request_id: call.id, err: (err as Error).message }, 'upstream response failed mid-body');
       return this.#reply(res, call, ERRORS.upstreamFailed);
@@ -345,14 +350,15 @@ export class LlmProxy {
     }
     call.status = upstream.statusCode;
     const delivered = await this.#deliver(call, () => {
-      res.writeHead(upstream.statusCode, agentHeaders(upstream.headers));
+      // The whole answer is here: sent with its length, not chunked.
+      res.writeHead(upstream.statusCode, { ...agentHeaders(upstream.headers), 'content-length': String(out.length) });
       res.end(out);
     });
     if (!delivered) this.#reply(res, call, ERRORS.auditUnavailable);
   }
 
   /** SSE: events go to the agent as they arrive; the same bytes feed the response pipeline at the end. */
-  async #relayStream(res: ServerResponse, call: CallRecord, upstream: Dispatcher.ResponseData, format: WireFormat, upstreamFormat: WireFormat): Promise<void> {
+  async #relayStream(res: ServerResponse, call: CallRecord, upstream: UpstreamAnswer, format: WireFormat, upstreamFormat: WireFormat): Promise<void> {
     call.status = upstream.statusCode;
     res.writeHead(upstream.statusCode, agentHeaders(upstream.headers));
     res.flushHeaders();
@@ -361,7 +367,7 @@ export class LlmProxy {
     const copy: Buffer[] = [];
     let kept = 0;
     try {
-      for await (const chunk of upstream.body as AsyncIterable<Buffer>) {
+      for await (const chunk of upstream.body) {
         call.responseBytes += chunk.length;
         if (kept + chunk.length <= MAX_BODY_BYTES) {
           copy.push(chunk);
@@ -494,6 +500,24 @@ export class LlmProxy {
       error: call.error,
     };
   }
+}
+
+/**
+ * A plain answer is held whole, up to this size: far past any model's answer, and a bound on what a
+ * small compressed answer may decode to.
+ */
+const MAX_HELD_ANSWER_BYTES = 4 * MAX_BODY_BYTES;
+
+/** A whole body, refused past MAX_HELD_ANSWER_BYTES. */
+async function collect(body: AsyncIterable<Buffer>): Promise<Buffer> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of body) {
+    chunks.push(chunk);
+    size += chunk.length;
+    if (size > MAX_HELD_ANSWER_BYTES) throw new Error(`upstream answer exceeds ${MAX_HELD_ANSWER_BYTES} bytes`);
+  }
+  return chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, size);
 }
 
 /** Writes a chunk, waiting for the agent's socket to drain (or close) when its buffer is full. */

@@ -1,4 +1,6 @@
 import type { IncomingHttpHeaders } from 'node:http';
+import { pipeline, type Readable, type Transform } from 'node:stream';
+import { createBrotliDecompress, createGunzip, createInflate, createZstdDecompress } from 'node:zlib';
 import { Agent, type Dispatcher } from 'undici';
 import type { WireFormat } from '../../pipeline/policy/snapshot.ts';
 import { isAnthropic } from './formats.ts';
@@ -38,9 +40,11 @@ export function upstreamTarget(base: string): URL {
   return target;
 }
 
-// Hop-by-hop headers (RFC 9110 §7.6.1) and what we set ourselves never travel on.
+// Hop-by-hop headers (RFC 9110 §7.6.1) and what we set ourselves never travel on. The agent's
+// Accept-Encoding stays behind too: answers must reach us readable, to be inspected, metered and
+// translated (a provider gzips JSON when asked, and every fetch-based SDK asks).
 const DROP = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade',
-  'proxy-authorization', 'proxy-authenticate', 'host', 'content-length', 'authorization', 'x-api-key', 'expect']);
+  'proxy-authorization', 'proxy-authenticate', 'host', 'content-length', 'authorization', 'x-api-key', 'expect', 'accept-encoding']);
 
 /** Request headers for the upstream: the agent's, minus hop-by-hop and credentials, plus the real key. */
 export function upstreamHeaders(format: WireFormat, incoming: IncomingHttpHeaders, credential: string, bodyLength: number | null, translated = false): Record<string, string> {
@@ -52,10 +56,42 @@ export function upstreamHeaders(format: WireFormat, incoming: IncomingHttpHeader
     out[name] = Array.isArray(value) ? value.join(', ') : value;
   }
   if (translated && isAnthropic(format) && !out['anthropic-version']) out['anthropic-version'] = '2023-06-01';
+  out['accept-encoding'] = 'identity';
   if (isAnthropic(format)) out['x-api-key'] = credential;
   else out.authorization = `Bearer ${credential}`;
   if (bodyLength !== null) out['content-length'] = String(bodyLength);
   return out;
+}
+
+/** An upstream answer whose body reads as plain bytes. */
+export interface UpstreamAnswer {
+  statusCode: number;
+  headers: Record<string, string | string[] | undefined>;
+  body: AsyncIterable<Buffer>;
+  /** The content coding the upstream used although we asked for none, when we cannot undo it. */
+  unreadable: string | null;
+}
+
+const DECODERS: Record<string, () => Transform> = {
+  gzip: createGunzip, 'x-gzip': createGunzip, deflate: createInflate, br: createBrotliDecompress, zstd: createZstdDecompress,
+};
+
+/**
+ * The answer with its content coding undone, for an upstream that compresses although we asked for
+ * `identity`. The agent then gets the plain bytes (the coding's header is dropped). A coding we do not
+ * know is passed on as it came and reported in `unreadable`.
+ */
+export function readableAnswer(answer: Dispatcher.ResponseData): UpstreamAnswer {
+  const coding = String(answer.headers['content-encoding'] ?? '').trim().toLowerCase();
+  const plain = { statusCode: answer.statusCode, headers: answer.headers, body: answer.body as AsyncIterable<Buffer>, unreadable: null };
+  if (coding === '' || coding === 'identity') return plain;
+  const decoder = DECODERS[coding];
+  if (!decoder) return { ...plain, unreadable: coding };
+  const headers = { ...answer.headers };
+  delete headers['content-encoding'];
+  // A corrupt body errors the decoder, and so the loop reading it.
+  const body = pipeline(answer.body as unknown as Readable, decoder(), () => {});
+  return { statusCode: answer.statusCode, headers, body, unreadable: null };
 }
 
 const RESPONSE_DROP = new Set(['connection', 'keep-alive', 'transfer-encoding', 'trailer', 'upgrade', 'content-length']);
