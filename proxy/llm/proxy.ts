@@ -36,10 +36,12 @@ import { routeOf, StreamTranslator, translateRequest, translateResponse, Transla
 //     ─▶ security-context prefix ─▶ request pipeline (403 block │ 503 fail-closed) ─▶ credential
 //     ─▶ upstream (undici)
 //     ─▶ stream: events pass through as they arrive [translated], a copy feeds the response pipeline
-//                at the end; the final event waits for the audit record when the sink is durable
-//        plain:  buffered, response pipeline (observe-only), [translated], audit record durable,
-//                then replayed byte for byte
-//     ─▶ audit record (llm_audit_log): before the answer with a WAL (capture-or-deny), after it on stdout
+//                at the end; the final event waits for the audit record
+//        plain:  buffered, response pipeline (observe-only), [translated], audit record, then
+//                replayed byte for byte
+//     ─▶ audit record (llm_audit_log): always written before the answer's last byte leaves, so a
+//        process killed after answering has its record (durable in the WAL, with capture-or-deny;
+//        in the kernel's pipe or file on stdout)
 //
 // Tool-call policy (a later issue) will sit between the upstream response and the agent: plain
 // responses are already held until inspected; streams pass through `#relayStream`, where a held
@@ -57,8 +59,8 @@ export interface ProxyDeps {
   log: Logger;
   metrics: ProxyMetrics;
   version: string;
-  /** With a durable sink: answers wait for their record (audit, then replay). Null: audit after. */
-  capture: Omit<CaptureOptions, 'log'> | null;
+  /** Answers wait for their record (audit, then replay); capture-or-deny only with a durable sink. */
+  capture: Omit<CaptureOptions, 'log'>;
 }
 
 interface CallRecord {
@@ -363,7 +365,7 @@ export class LlmProxy {
     res.writeHead(upstream.statusCode, agentHeaders(upstream.headers));
     res.flushHeaders();
     const translator = upstreamFormat !== format ? new StreamTranslator(upstreamFormat, format) : null;
-    const guard = this.#d.capture && call.audit ? new FinalEventGuard(format) : null;
+    const guard = call.audit ? new FinalEventGuard(format) : null;
     const copy: Buffer[] = [];
     let kept = 0;
     try {
@@ -398,13 +400,12 @@ export class LlmProxy {
   }
 
   /**
-   * Runs `send` (the answer leaving for the agent) once the call's audit record is durable, when the
-   * sink is durable; false when capture-or-deny refused it. Without a durable sink, sends at once and
-   * the record follows in #finish.
+   * Runs `send` (the answer leaving for the agent) once the call's audit record is appended (durable,
+   * with a durable sink); false when capture-or-deny refused it.
    */
   async #deliver(call: CallRecord, send: () => void): Promise<boolean> {
     const capture = this.#d.capture;
-    if (!capture || !call.audit || !call.identity) {
+    if (!call.audit || !call.identity) {
       send();
       return true;
     }
@@ -452,9 +453,20 @@ export class LlmProxy {
     res.end(error.body);
   }
 
+  /** An answer of our own; its record (a refusal's findings above all) is appended before it leaves. */
   #reply(res: ServerResponse, call: CallRecord, error: ProxyError, extra: Record<string, string> = {}): void {
     call.status = error.status;
+    this.#appendRecord(call);
     this.#send(res, error, extra);
+  }
+
+  /** Appends the call's record once (refusals are not gated: capture-or-deny governs effects). */
+  #appendRecord(call: CallRecord): void {
+    if (!call.identity || !call.audit || call.audited) return;
+    call.audited = true;
+    this.#d.audit.append('llm_audit_log', this.#record(call)).catch((err: Error) => {
+      this.#d.log.error({ request_id: call.id, err: err.message }, 'audit record lost');
+    });
   }
 
   #finish(call: CallRecord): void {
@@ -464,10 +476,7 @@ export class LlmProxy {
     d.metrics.requests.inc({ format, status: String(call.status) });
     d.metrics.overhead.observe({ format }, Math.max(0, totalMs - (call.upstreamMs ?? 0)) / 1000);
     if (call.format) d.metrics.responseBytes.observe({ format }, call.responseBytes);
-    if (!call.identity || !call.audit || call.audited) return;
-    d.audit.append('llm_audit_log', this.#record(call)).catch((err: Error) => {
-      d.log.error({ request_id: call.id, err: err.message }, 'audit record lost');
-    });
+    this.#appendRecord(call);
   }
 
   #record(call: CallRecord): Record<string, unknown> {

@@ -124,7 +124,8 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
     log,
     metrics: proxyMetrics(registry),
     version: pkg.version,
-    capture: durableAudit ? { captureOrDeny: options.auditCaptureOrDeny, timeoutMs: options.auditCaptureTimeout } : null,
+    // Every answer waits for its record; only a durable sink can refuse one (capture-or-deny).
+    capture: { captureOrDeny: durableAudit && options.auditCaptureOrDeny, timeoutMs: options.auditCaptureTimeout },
   });
 
   const server = https.createServer({

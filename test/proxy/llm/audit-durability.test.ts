@@ -1,5 +1,6 @@
 import t from 'tap';
 import { spawn, execFileSync } from 'node:child_process';
+import { closeSync, openSync, readFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -136,3 +137,45 @@ t.test('SIGKILL right after answers: every answered call has its record', async 
   t.equal(records.length, 40, 'and every one has its record after SIGKILL');
 
 });
+
+t.test('on stdout too: SIGKILL right after answers and refusals, every one has its line', async (t) => {
+  const dir = await mkdtemp(join(tmpdir(), 'dvx-kill-stdout-'));
+  const upstreamHarness = await startHarness();
+  t.teardown(async () => {
+    await upstreamHarness.close();
+    await rm(dir, { recursive: true, force: true });
+  });
+  const hd = upstreamHarness.dir;
+  const port = 20000 + Math.floor(Math.random() * 20000);
+  const out = openSync(join(dir, 'stdout'), 'w');
+  const child = spawn(DVX_BIN, ['serve', 'llmproxy', '--addr', `127.0.0.1:${port}`, '--tls-cert', join(hd, 'server.pem'), '--tls-key', join(hd, 'server-key.pem'),
+    '--agent-jwks', join(hd, 'jwks.json'), '--policy-snapshot', join(hd, 'snapshot.json'), '--secrets-file', join(hd, 'secrets.json'), '--log-level', 'error'],
+  { stdio: ['ignore', out, 'inherit'] });
+  closeSync(out);
+  const exited = new Promise((r) => child.on('exit', r));
+  const dispatcher = new Agent({ connect: { ca: upstreamHarness.ca.certPem } });
+  t.teardown(() => dispatcher.close());
+  const url = `https://127.0.0.1:${port}`;
+  for (let i = 0; i < 100; i++) {
+    const ok = await request(`${url}/healthz`, { dispatcher }).then((r) => r.body.text().then(() => r.statusCode === 200), () => false);
+    if (ok) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  const token = await upstreamHarness.token();
+  const answered: string[] = [];
+  await Promise.all(Array.from({ length: 45 }, async (_, i) => {
+    // Every third call carries a key the policy blocks: a refusal is an answer too.
+    const content = i % 3 === 2 ? 'key AKIAIOSFODNN7EXAMPLE' : 'hi';
+    const res = await request(`${url}/v1/messages`, { method: 'POST', dispatcher, headers: { 'content-type': 'application/json', 'x-api-key': token },
+      body: JSON.stringify({ model: 'claude-sonnet-4-5', max_tokens: 8, messages: [{ role: 'user', content }], metadata: { user_id: `call-${i}` }, stream: i % 3 === 0 }) });
+    const text = await res.body.text();
+    if ((res.statusCode === 200 && (text.includes('message_stop') || text.includes(REPLY))) || res.statusCode === 403) answered.push(`call-${i}`);
+  }));
+  child.kill('SIGKILL');
+  await exited;
+  const lines = readFileSync(join(dir, 'stdout'), 'utf8').split('\n').filter((l) => l.includes('"stream":"audit"')).map((l) => JSON.parse(l) as Record<string, unknown>);
+  t.equal(answered.length, 45, 'every call was answered');
+  t.equal(lines.length, 45, 'and every one has its audit line after SIGKILL');
+  t.equal(lines.filter((l) => l.status === 403 && l.decision === 'block').length, 15, 'the refusals with their findings');
+});
+
