@@ -50,8 +50,8 @@ export interface InspectRequest {
   identity?: SidecarIdentity;
   /** Response phase: the request body, for sidecars that want `context.recent_messages`. */
   requestBody?: Buffer;
-  /** Request phase: the models the call names, when not (only) the top-level `model` (ScanRequest.models). */
-  models?: readonly (string | null)[];
+  /** Request phase: model restriction reads every model named anywhere in the body (ScanRequest.modelsAnywhere). */
+  modelsAnywhere?: { contentType: string | null };
 }
 
 export interface InspectionOutcome {
@@ -163,7 +163,7 @@ export class InspectionEngine {
     if (!pooled && !waitedSidecars) {
       // Everything runs here and now: no deadline timer to arm (it could not interrupt a synchronous
       // scan anyway; bodies this small are bounded by the inline threshold).
-      results = [builtinWork ? this.#inline(plan, body, phase, secrets, request.models) : EMPTY];
+      results = [builtinWork ? this.#inline(plan, body, phase, secrets, request.modelsAnywhere) : EMPTY];
     } else {
       const deadline = new AbortController();
       const timer = setTimeout(() => deadline.abort(new DeadlineError('inspection deadline')), this.#timeoutMs);
@@ -174,9 +174,9 @@ export class InspectionEngine {
       let builtins: Promise<ScanResult> = Promise.resolve(EMPTY);
       if (pooled) {
         mode = 'pool';
-        builtins = this.#onPool(policy, body, phase, secrets, request.models, deadline.signal);
+        builtins = this.#onPool(policy, body, phase, secrets, request.modelsAnywhere, deadline.signal);
       } else if (builtinWork) {
-        builtins = Promise.resolve(this.#inline(plan, body, phase, secrets, request.models));
+        builtins = Promise.resolve(this.#inline(plan, body, phase, secrets, request.modelsAnywhere));
       }
       results = await Promise.all([builtins, ...waited]);
       clearTimeout(timer);
@@ -197,21 +197,21 @@ export class InspectionEngine {
     return { decision, findings, failOpen, failures, mode, durationMs };
   }
 
-  #inline(plan: ScanPlan, body: Buffer, phase: Phase, secrets: readonly string[], models: InspectRequest['models']): ScanResult {
+  #inline(plan: ScanPlan, body: Buffer, phase: Phase, secrets: readonly string[], modelsAnywhere: InspectRequest['modelsAnywhere']): ScanResult {
     try {
-      return scanBody(plan, { body, phase, secrets, models });
+      return scanBody(plan, { body, phase, secrets, modelsAnywhere });
     } catch (err) {
       return { findings: [], failures: [{ inspector: BUILTINS, reason: (err as Error).message }] };
     }
   }
 
-  async #onPool(policy: ResolvedPolicy, body: Buffer, phase: Phase, secrets: readonly string[], models: InspectRequest['models'], signal: AbortSignal): Promise<ScanResult> {
+  async #onPool(policy: ResolvedPolicy, body: Buffer, phase: Phase, secrets: readonly string[], modelsAnywhere: InspectRequest['modelsAnywhere'], signal: AbortSignal): Promise<ScanResult> {
     const shared = toShared(body);
     const split = this.#threads >= 2 && body.length >= SPLIT_THRESHOLD_BYTES && policy.content !== null && policy.content.patterns.length > 0;
     const parts: WorkerTask['part'][] = split ? ['patterns', 'others'] : ['all'];
     this.#metrics.queue.set(this.#pool!.queueSize);
     const results = await Promise.all(parts.map(async (part): Promise<ScanResult> => {
-      const task: WorkerTask = { body: shared, policy, phase, secrets: [...secrets], part, ...(models ? { models: [...models] } : {}) };
+      const task: WorkerTask = { body: shared, policy, phase, secrets: [...secrets], part, ...(modelsAnywhere ? { modelsAnywhere } : {}) };
       try {
         // On abort piscina terminates the worker running the task and starts a fresh one: a hung
         // worker is replaced, never waited on.

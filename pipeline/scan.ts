@@ -3,6 +3,7 @@ import { deepScanView, hidesCharacters } from './json-view.ts';
 import { sseText } from './sse-text.ts';
 import * as apiKey from './inspectors/api-key.ts';
 import * as model from './inspectors/model-restriction.ts';
+import { namedModels } from './inspectors/named-models.ts';
 import * as patterns from './inspectors/patterns.ts';
 import * as pii from './inspectors/pii.ts';
 import * as secrets from './inspectors/secrets.ts';
@@ -30,10 +31,10 @@ export interface ScanRequest {
   secrets: readonly string[];
   part?: ScanPart;
   /**
-   * The models the call names, when model restriction should check these rather than the body's
-   * top-level `model` (the proxy's pass-through routes; see proxy/llm/named-models.ts).
+   * Model restriction checks every model named anywhere in the body, read by its content type
+   * (inspectors/named-models.ts), instead of the top-level `model`: the proxy's pass-through routes.
    */
-  models?: readonly (string | null)[];
+  modelsAnywhere?: { contentType: string | null };
 }
 
 export interface InspectorFailure {
@@ -79,8 +80,8 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
   };
 
   if (others && phase === 'request' && plan.model) {
-    const named = request.models;
-    run(model.id, () => (named ? model.check(named, plan.model!) : model.scan(body, plan.model!)));
+    const anywhere = request.modelsAnywhere;
+    run(model.id, () => (anywhere ? model.check(namedModels(body, anywhere.contentType), plan.model!) : model.scan(body, plan.model!)));
   }
 
   let decoded: Buffer | null = null;

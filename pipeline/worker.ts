@@ -12,12 +12,12 @@ export interface WorkerTask {
   phase: Phase;
   secrets: readonly string[];
   part: ScanPart;
-  models?: readonly (string | null)[];
+  modelsAnywhere?: { contentType: string | null };
 }
 
 const plans = new PlanCache({ capacity: 64 });
 
 export default function inspect(task: WorkerTask): ScanResult {
   const body = Buffer.from(task.body.buffer, task.body.byteOffset, task.body.byteLength);
-  return scanBody(plans.get(task.policy), { body, phase: task.phase, secrets: task.secrets, part: task.part, models: task.models });
+  return scanBody(plans.get(task.policy), { body, phase: task.phase, secrets: task.secrets, part: task.part, modelsAnywhere: task.modelsAnywhere });
 }

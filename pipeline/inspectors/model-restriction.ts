@@ -2,6 +2,7 @@ import { topLevelString } from '../json-view.ts';
 import { redact, type Finding } from '../finding.ts';
 import type { ModelPolicy } from '../policy/types.ts';
 import { isValidPattern, pathMatch } from './path-match.ts';
+import type { NamedModels } from './named-models.ts';
 
 // model_restriction: request phase only; reads the body's top-level `model` (spec: model_policy).
 // Each layer (the base winner, then every pack) must permit the model: layers compose by AND.
@@ -47,10 +48,14 @@ export function scan(body: Buffer, plan: ModelPlan): Finding[] {
 }
 
 /**
- * The same check over the models a call names elsewhere than at the top level (a pass-through call:
- * batches, batch files). Each must be permitted; naming none is nothing to check.
+ * The same check over every model a call names (a pass-through call; named-models.ts). Each must be
+ * permitted; naming none is nothing to check. `null`, a body that may name a model in a form we cannot
+ * read, is refused: the policy could not be applied to it.
  */
-export function check(models: readonly (string | null)[], plan: ModelPlan): Finding[] {
+export function check(models: NamedModels, plan: ModelPlan): Finding[] {
+  if (models === null) {
+    return [{ inspector_type: id, severity: 'block', description: 'request may name a model in a form the proxy cannot read, and a model_policy applies', match: '', location: 'model' }];
+  }
   for (const model of new Set(models)) {
     const found = verdict(model, plan);
     if (found.length > 0) return found;

@@ -25,7 +25,6 @@ import type { SecretSource } from './secrets-file.ts';
 import { agentHeaders, DEFAULT_UPSTREAMS, readableAnswer, upstreamHeaders, upstreamTarget, type UpstreamAnswer } from './upstream.ts';
 import { usageOf } from './usage.ts';
 import { FinalEventGuard } from './final-event.ts';
-import { namedModels } from './named-models.ts';
 import { gated, type CaptureOptions } from '../../audit-wal/gate.ts';
 import { AuditUnavailableError } from '../../audit-wal/errors.ts';
 import { routeOf, StreamTranslator, translateRequest, translateResponse, TranslationError } from './translate/index.ts';
@@ -238,13 +237,14 @@ export class LlmProxy {
     }
     // The request pipeline runs on every body that leaves for the provider: inference calls, and the
     // other routes that carry content (embeddings, count_tokens, batches, file uploads). A pass-through
-    // body is inspected as sent; model restriction checks every model it names (named-models.ts).
+    // body is inspected as sent; model restriction checks every model it names, anywhere in it
+    // (pipeline/inspectors/named-models.ts; on a pool worker when the body is large).
     if (body.length > 0 && orgFlag(snapshot, identity.orgId, 'inspect:llm')) {
       const policy = await d.policies.get(identity.orgId, identity.agentId, () => resolvePolicy(policyLayers(snapshot, identity.orgId, identity.groupId, identity.agentId)));
       const outcome = await d.engine.inspect({
         body, phase: 'request', policy, secrets: d.secrets.agentSecrets(identity.agentId),
         identity: { agentId: identity.agentId, orgId: identity.orgId, agentName: identity.agentName },
-        ...(inferenceFormat ? {} : { models: policy.models.length > 0 ? namedModels(body) : [] }),
+        ...(inferenceFormat ? {} : { modelsAnywhere: { contentType: req.headers['content-type'] ?? null } }),
       });
       this.#noteOutcome(call, outcome);
       if (outcome.decision === 'block') return this.#reply(res, call, ERRORS.contentPolicy);

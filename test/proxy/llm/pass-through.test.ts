@@ -52,6 +52,23 @@ t.test('embeddings: a blocklisted model is refused, however the key is spelt', a
   t.equal(received(), before);
 });
 
+t.test('model restriction reads every form a model can take; a form it cannot read is refused', async (t) => {
+  const auth = { authorization: `Bearer ${await h.token()}` };
+  const before = received();
+  const form = `--B\r\nContent-Disposition: form-data; name="model"\r\n\r\ntext-embedding-3-large\r\n--B\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\nContent-Type: audio/wav\r\n\r\nRIFF....\r\n--B--\r\n`;
+  const audio = await h.call('/v1/audio/transcriptions', { headers: { ...auth, 'content-type': 'multipart/form-data; boundary=B' }, body: form });
+  t.equal(audio.status, 403, 'a multipart model field');
+  const nan = await h.call('/v1/embeddings', { headers: { ...auth, 'content-type': 'application/json' }, body: '{"model":"text-embedding-3-small","input":"x","dimensions":NaN}' });
+  t.equal(nan.status, 403, 'JSON a Python upstream reads and we cannot');
+  t.match(lastAudit(), { status: 403, findings: [{ inspector_type: 'model_restriction', description: /cannot read/ }] });
+  const upper = await h.call('/v1/embeddings', { headers: { ...auth, 'content-type': 'application/json' }, body: '{"model":"text-embedding-3-small","Model":"text-embedding-3-large","input":"x"}' });
+  t.equal(upper.status, 403, 'a key in another case, which Go decoders take for the same field');
+  t.equal(received(), before, 'none reached the upstream');
+  const pdf = await h.call('/v1/files', { headers: { ...auth, 'content-type': 'multipart/form-data; boundary=B' },
+    body: Buffer.concat([Buffer.from('--B\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nassistants\r\n--B\r\nContent-Disposition: form-data; name="file"; filename="a.pdf"\r\n\r\n%PDF'), Buffer.from([0xff, 0xfe, 0x00]), Buffer.from('\r\n--B--\r\n')]) });
+  t.equal(pdf.status, 200, 'a binary upload names no model and passes');
+});
+
 t.test('count_tokens: an API key in a message is blocked; a clean count passes', async (t) => {
   const client = h.anthropic(await h.token());
   const before = received();
