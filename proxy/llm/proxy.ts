@@ -323,8 +323,10 @@ export class LlmProxy {
       res.destroy();
       return;
     }
-    res.end();
     if (kept > 0) await this.#inspectResponse(call, Buffer.concat(copy, kept));
+    // The end of the answer waits for its record, as a stream's final event does.
+    const delivered = await this.#deliver(call, () => res.end());
+    if (!delivered) res.destroy();
   }
 
   /** A plain response: held, inspected (observe-only), then replayed byte for byte. */
@@ -415,9 +417,13 @@ export class LlmProxy {
       return true;
     } catch (err) {
       if (!(err instanceof AuditUnavailableError)) throw err;
-      call.audited = false;
+      // The record went to the sink and may still land; the refusal is a record of its own, under a
+      // derived id, so neither hides the other (a store keeps the first row of an id).
       call.error = err.message;
       call.status = ERRORS.auditUnavailable.status;
+      this.#d.audit.append('llm_audit_log', { ...this.#record(call), id: `${call.id}.refused` }).catch((e: Error) => {
+        this.#d.log.error({ request_id: call.id, err: e.message }, 'audit record of the refusal lost');
+      });
       return false;
     }
   }

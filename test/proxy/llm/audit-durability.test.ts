@@ -69,6 +69,25 @@ t.test('capture-or-deny: a record that is not durable in time refuses the answer
   t.notMatch(text, /message_stop/, 'a stream never gets its final event');
 });
 
+t.test('capture-or-deny: a late record and the refusal are two records, and pass-through answers are gated too', async (t) => {
+  const got: Record<string, unknown>[] = [];
+  const slow: AuditSink = { append: (_table, record) => new Promise<void>((r) => setTimeout(() => { got.push(record); r(); }, 400)), flush: async () => {}, close: async () => {} };
+  const h = await startHarness({ audit: slow, durableAudit: true, proxy: { auditCaptureTimeout: 100 } });
+  t.teardown(() => h.close());
+  const plain = await h.call('/v1/messages', { headers: { 'content-type': 'application/json', 'x-api-key': await h.token() }, body: body({ metadata: { user_id: 'late' } }) });
+  t.equal(plain.status, 503);
+  await new Promise((r) => setTimeout(r, 600));
+  const mine = [...got];
+  t.equal(mine.length, 2, 'the record handed to the sink, and the refusal');
+  const attempted = mine.find((r) => !String(r.id).endsWith('.refused'))!;
+  t.match(attempted, { status: 200, upstream_status: 200 }, 'what was about to be answered');
+  t.match(mine.find((r) => r.id === `${attempted.id}.refused`), { status: 503, upstream_status: 200, error: /not durable within 100 ms/ }, 'what the agent got');
+
+  const models = await request(`${h.url}/v1/models`, { method: 'GET', dispatcher: h.dispatcher, headers: { 'x-api-key': await h.token(), 'anthropic-version': '2023-06-01' } });
+  const text = await models.body.text().then(() => 'complete', () => 'cut');
+  t.equal(text, 'cut', 'a pass-through answer never completes without its record');
+});
+
 t.test('capture-or-deny off: the answer goes out and the failure is logged', async (t) => {
   const failing: AuditSink = { append: () => Promise.reject(new Error('disk on fire')), flush: async () => {}, close: async () => {} };
   const h = await startHarness({ audit: failing, durableAudit: true, proxy: { auditCaptureOrDeny: false } });
