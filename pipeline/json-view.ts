@@ -170,10 +170,13 @@ export function deepScanView(body: Buffer): Buffer {
  * skipped with indexOf, nested values by depth. A duplicated key reads as its last occurrence, as
  * JSON.parse, Python's json and Go's encoding/json read it: `{"model":"ok","model":"denied"}` must not
  * pass a model check that the upstream then reads differently. `null` when the body is not an object.
+ * With `anyCase`, the value of every member whose key equals `key` in any letter case is pushed onto
+ * it as well (Go's encoding/json matches field names that way).
  */
-export function topLevel(body: Buffer, key: string): TopLevel | null {
+export function topLevel(body: Buffer, key: string, anyCase?: Span[]): TopLevel | null {
   const n = body.length;
   const quoted = Buffer.from(JSON.stringify(key), 'utf8');
+  const lower = key.toLowerCase();
   let i = firstNonSpace(body);
   if (i < 0 || body[i] !== 0x7b) return null;
   const open = i;
@@ -251,16 +254,21 @@ export function topLevel(body: Buffer, key: string): TopLevel | null {
     // A key without escapes is its own bytes: compared in place, no string made. An escaped one
     // (`"mod\\u0065l"`) is decoded first, so it is found (or told apart) as JSON.parse would.
     let matches: boolean;
+    let matchesAnyCase = false;
     let escaped = false;
     for (let k = i + 1; k < keyEnd - 1 && !escaped; k++) escaped = body[k] === BACKSLASH;
     if (!escaped) {
       matches = keyEnd - i === quoted.length && body.compare(quoted, 0, quoted.length, i, keyEnd) === 0;
+      if (anyCase && !matches && keyEnd - i === quoted.length) matchesAnyCase = body.toString('utf8', i + 1, keyEnd - 1).toLowerCase() === lower;
     } else {
+      let name: unknown;
       try {
-        matches = JSON.parse(body.toString('utf8', i, keyEnd)) === key;
+        name = JSON.parse(body.toString('utf8', i, keyEnd));
       } catch {
         return null;
       }
+      matches = name === key;
+      matchesAnyCase = typeof name === 'string' && name.toLowerCase() === lower;
     }
     i = keyEnd;
     skipWs();
@@ -271,6 +279,7 @@ export function topLevel(body: Buffer, key: string): TopLevel | null {
     if (!skipValue()) return null;
     members++;
     if (matches) value = { start: valueStart, end: i };
+    if (anyCase && (matches || matchesAnyCase)) anyCase.push({ start: valueStart, end: i });
     skipWs();
     if (body[i] === 0x2c) {
       i++;
@@ -284,9 +293,14 @@ export function topLevel(body: Buffer, key: string): TopLevel | null {
 /** The top-level string value of `key`, decoded; `null` when absent, not a string, or not an object body. */
 export function topLevelString(body: Buffer, key: string): string | null {
   const found = topLevel(body, key);
-  if (!found?.value || body[found.value.start] !== 0x22) return null;
+  return found?.value ? stringAt(body, found.value) : null;
+}
+
+/** The string value at `span`, decoded; `null` when it is not a string. */
+export function stringAt(body: Buffer, span: Span): string | null {
+  if (body[span.start] !== 0x22) return null;
   try {
-    const v = JSON.parse(body.toString('utf8', found.value.start, found.value.end));
+    const v = JSON.parse(body.toString('utf8', span.start, span.end));
     return typeof v === 'string' ? v : null;
   } catch {
     return null;

@@ -1,4 +1,4 @@
-import { topLevelString } from '../json-view.ts';
+import { stringAt, topLevel, type Span } from '../json-view.ts';
 import { redact, type Finding } from '../finding.ts';
 import type { ModelPolicy } from '../policy/types.ts';
 import { isValidPattern, pathMatch } from './path-match.ts';
@@ -43,8 +43,20 @@ export function permitted(plan: ModelPlan, model: string | null): boolean {
   return true;
 }
 
+/**
+ * The top-level `model`, and every duplicate of it in any letter case: JSON.parse and Python read the
+ * last `model`, but Go decoders (Ollama's OpenAI API, for one) take `Model` for the same field. Each
+ * must be permitted.
+ */
 export function scan(body: Buffer, plan: ModelPlan): Finding[] {
-  return verdict(topLevelString(body, 'model'), plan);
+  const spans: Span[] = [];
+  topLevel(body, 'model', spans);
+  if (spans.length === 0) return verdict(null, plan);
+  for (const span of spans) {
+    const found = verdict(stringAt(body, span), plan);
+    if (found.length > 0) return found;
+  }
+  return [];
 }
 
 /**

@@ -28,6 +28,7 @@ export const ERRORS = {
   bodyTimeout: jsonError(408, 'timeout_error', 'request body not received in time'),
   shuttingDown: jsonError(503, 'overloaded_error', 'proxy is shutting down'),
   unsupportedMediaType: jsonError(415, 'invalid_request_error', 'content-type must be application/json'),
+  encodedBody: jsonError(415, 'invalid_request_error', 'content-encoding: request bodies must be sent uncompressed (identity)'),
   modelRequired: jsonError(400, 'invalid_request_error', 'model: a string model is required'),
   auditUnavailable: jsonError(503, 'audit_unavailable', 'Request rejected: the audit record could not be made durable.'),
 } as const;

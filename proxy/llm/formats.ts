@@ -14,6 +14,20 @@ export const INFERENCE_ROUTES: Record<string, WireFormat> = {
   '/v1/responses': 'openai-responses',
 };
 
+/**
+ * Whether a path is one of the providers' /v1 API paths in normal form. Anything else could be read
+ * one way here and another way upstream. That includes dot segments, which would carry the platform
+ * key to `/v1/../admin`, raw or percent-encoded. It also includes `//`, a trailing slash, and
+ * percent-encoded unreserved characters or separators (`/v1/m%65ssages`, `/v1/chat%2Fcompletions`),
+ * which an upstream may normalize onto an inference route that we took for pass-through.
+ */
+export function isNormalApiPath(path: string): boolean {
+  if (!path.startsWith('/v1/') || path.length === 4 || path.endsWith('/') || path.includes('//') || path.includes('\\')) return false;
+  if (/(^|\/)(\.|%2e){1,2}(\/|$)/i.test(path)) return false;
+  // Unreserved characters (RFC 3986 §2.3), and `/` and `\`, which some servers decode into separators.
+  return !/%(?:2[dDeEfF]|3[0-9]|[46][1-9a-fA-F]|[57][0-9aA]|5[cCfF]|7[eE])/.test(path);
+}
+
 /** The API family of a pass-through path: Anthropic's clients always send `anthropic-version`. */
 export function passThroughFormat(path: string, headers: IncomingHttpHeaders): WireFormat {
   if (path.startsWith('/v1/messages') || path.startsWith('/v1/complete') || headers['anthropic-version'] !== undefined) return 'anthropic-messages';

@@ -16,7 +16,7 @@ import type { ResolvedPolicy } from '../../pipeline/policy/types.ts';
 import { AuthError, type AgentAuthenticator, type AgentIdentity } from './auth.ts';
 import { resolveCredential } from './credentials.ts';
 import { ERRORS, badRequest, type ProxyError } from './errors.ts';
-import { BodyShapeError, INFERENCE_ROUTES, injectPrefix, passThroughFormat, securityContext } from './formats.ts';
+import { BodyShapeError, INFERENCE_ROUTES, injectPrefix, isNormalApiPath, passThroughFormat, securityContext } from './formats.ts';
 import type { ProxyMetrics } from './metrics.ts';
 import type { LlmProxyOptions } from './options.ts';
 import { tierRank } from './options.ts';
@@ -180,11 +180,16 @@ export class LlmProxy {
 
     // 2. Which API.
     const inferenceFormat = req.method === 'POST' ? INFERENCE_ROUTES[call.path] : undefined;
-    // Only the providers' /v1 APIs, and no dot segments: the platform key must never be carried to
-    // another path of the upstream by `/v1/../admin` (raw or percent-encoded).
-    if (!call.path.startsWith('/v1/') || /(^|\/)(\.|%2e){1,2}(\/|$)/i.test(call.path) || call.path.includes('\\')) {
+    // Only the providers' /v1 APIs, in normal form (formats.ts: the platform key never travels to
+    // `/v1/../admin`, and `/v1/messages/` is no way around the inference route's checks).
+    if (!isNormalApiPath(call.path)) {
       req.resume();
       return this.#reply(res, call, ERRORS.notFound);
+    }
+    const coding = req.headers['content-encoding'];
+    if (coding !== undefined && coding.trim().toLowerCase() !== 'identity') {
+      req.resume();
+      return this.#reply(res, call, ERRORS.encodedBody, { connection: 'close' });
     }
     const format = inferenceFormat ?? passThroughFormat(call.path, req.headers);
     call.format = format;
@@ -288,7 +293,7 @@ export class LlmProxy {
     call.upstreamStatus = upstream.statusCode;
     d.metrics.upstream.observe({ format }, call.upstreamMs / 1000);
 
-    const answer = readableAnswer(upstream);
+    const answer = readableAnswer(upstream, req.method ?? 'GET');
     if (answer.unreadable !== null && orgFlag(snapshot, identity.orgId, 'inspect:llm')) {
       call.failOpen = true;
       d.log.warn({ request_id: call.id, content_encoding: answer.unreadable }, 'inspection failopen: the upstream answer is in a content coding we cannot read');

@@ -1,6 +1,6 @@
 import type { IncomingHttpHeaders } from 'node:http';
-import { pipeline, type Readable, type Transform } from 'node:stream';
-import { createBrotliDecompress, createGunzip, createInflate, createZstdDecompress } from 'node:zlib';
+import { pipeline, Transform, type Readable } from 'node:stream';
+import { createBrotliDecompress, createGunzip, createInflate, createInflateRaw, createZstdDecompress } from 'node:zlib';
 import { Agent, type Dispatcher } from 'undici';
 import type { WireFormat } from '../../pipeline/policy/snapshot.ts';
 import { isAnthropic } from './formats.ts';
@@ -72,25 +72,59 @@ export interface UpstreamAnswer {
   unreadable: string | null;
 }
 
-const DECODERS: Record<string, () => Transform> = {
-  gzip: createGunzip, 'x-gzip': createGunzip, deflate: createInflate, br: createBrotliDecompress, zstd: createZstdDecompress,
+// zlib-wrapped deflate (RFC 9110 says "deflate" is that) or, as some servers send it, raw deflate.
+const inflate = (first: Buffer) => (first.length >= 2 && (first[0] & 0x0f) === 8 && ((first[0] << 8) | first[1]) % 31 === 0 ? createInflate() : createInflateRaw());
+const DECODERS: Record<string, (first: Buffer) => Transform> = {
+  gzip: () => createGunzip(), 'x-gzip': () => createGunzip(), deflate: inflate, br: () => createBrotliDecompress(), zstd: () => createZstdDecompress(),
 };
+
+/**
+ * Undoes a content coding, starting at the first byte: an empty body stays empty (zlib refuses empty
+ * input), and the first bytes pick the decoder where the coding's name is ambiguous.
+ */
+class Decoding extends Transform {
+  readonly #make: (first: Buffer) => Transform;
+  #inner: Transform | null = null;
+
+  constructor(make: (first: Buffer) => Transform) {
+    super();
+    this.#make = make;
+  }
+
+  override _transform(chunk: Buffer, _encoding: BufferEncoding, done: (err?: Error | null) => void): void {
+    if (this.#inner === null) {
+      this.#inner = this.#make(chunk);
+      this.#inner.on('data', (d: Buffer) => this.push(d));
+      this.#inner.on('error', (err) => this.destroy(err));
+    }
+    if (this.#inner.write(chunk)) done();
+    else this.#inner.once('drain', () => done());
+  }
+
+  override _flush(done: (err?: Error | null) => void): void {
+    if (this.#inner === null) return done();
+    this.#inner.once('end', () => done());
+    this.#inner.end();
+  }
+}
 
 /**
  * The answer with its content coding undone, for an upstream that compresses although we asked for
  * `identity`. The agent then gets the plain bytes (the coding's header is dropped). A coding we do not
- * know is passed on as it came and reported in `unreadable`.
+ * know is passed on as it came and reported in `unreadable`. Answers without a body (to HEAD, 1xx,
+ * 204, 304) are left as they are.
  */
-export function readableAnswer(answer: Dispatcher.ResponseData): UpstreamAnswer {
+export function readableAnswer(answer: Dispatcher.ResponseData, method: string): UpstreamAnswer {
   const coding = String(answer.headers['content-encoding'] ?? '').trim().toLowerCase();
   const plain = { statusCode: answer.statusCode, headers: answer.headers, body: answer.body as AsyncIterable<Buffer>, unreadable: null };
-  if (coding === '' || coding === 'identity') return plain;
-  const decoder = DECODERS[coding];
-  if (!decoder) return { ...plain, unreadable: coding };
+  const bodiless = method === 'HEAD' || answer.statusCode < 200 || answer.statusCode === 204 || answer.statusCode === 304;
+  if (coding === '' || coding === 'identity' || bodiless) return plain;
+  const make = DECODERS[coding];
+  if (!make) return { ...plain, unreadable: coding };
   const headers = { ...answer.headers };
   delete headers['content-encoding'];
   // A corrupt body errors the decoder, and so the loop reading it.
-  const body = pipeline(answer.body as unknown as Readable, decoder(), () => {});
+  const body = pipeline(answer.body as unknown as Readable, new Decoding(make), () => {});
   return { statusCode: answer.statusCode, headers, body, unreadable: null };
 }
 

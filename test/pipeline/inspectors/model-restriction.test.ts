@@ -24,11 +24,15 @@ t.test('layers compose by AND', async (t) => {
   t.notOk(permitted(plan, 'gpt-4o'));
 });
 
-t.test('the model is read from the top level only, escapes decoded, last duplicate wins', async (t) => {
+t.test('the model is read from the top level only, escapes decoded, every duplicate in any case checked', async (t) => {
   const plan = compile([{ immutable: false, mode: 'allowlist', models: ['claude-*'] }])!;
   t.equal(scan(Buffer.from('{"messages":[{"model":"claude-x"}],"metadata":{"model":"claude-y"},"model":"gpt-4o"}'), plan).length, 1);
   t.same(scan(Buffer.from('{"model":"\\u0063laude-haiku"}'), plan), []);
   t.equal(scan(Buffer.from('{"model":"claude-haiku","model":"gpt-4o"}'), plan).length, 1, 'upstreams read the last one');
+  t.equal(scan(Buffer.from('{"model":"gpt-4o","model":"claude-haiku"}'), plan).length, 1, 'and a parser that keeps the first would read this one');
+  t.equal(scan(Buffer.from('{"model":"claude-haiku","Model":"gpt-4o"}'), plan).length, 1, 'Go decoders take "Model" for the same field');
+  t.equal(scan(Buffer.from('{"model":"claude-haiku","MOD\\u0045L":"gpt-4o"}'), plan).length, 1, 'escaped, in any case');
+  t.same(scan(Buffer.from('{"model":"claude-haiku","models":"gpt-4o","Mode":"x"}'), plan), [], 'other keys are other keys');
   t.equal(scan(Buffer.from('{"model":["claude-haiku"]}'), plan).length, 1, 'not a string');
   t.equal(scan(Buffer.from('not json'), plan).length, 1);
   t.same(scan(Buffer.from('  {"stream":true,"messages":[{"content":"a \\"quoted\\" {brace"}],"model":"claude-z"}'), plan), []);

@@ -296,3 +296,15 @@ t.test('dot segments never carry the platform key off the /v1 API', async (t) =>
   }
   t.equal(h.upstream.received.length, before, 'nothing forwarded');
 });
+
+t.test('paths not in normal form are refused, so none reaches an inference route as pass-through', async (t) => {
+  const before = h.upstream.received.length;
+  for (const path of ['/v1/messages/', '/v1//messages', '//v1/messages', '/v1/m%65ssages', '/v1/chat%2Fcompletions', '/v1/chat%2fcompletions', '/v1/x%7e', '/v1/', '/v1/res%70onses']) {
+    const r = await h.call(path, { headers: { 'content-type': 'application/json', 'x-api-key': await h.token() }, body: anthropicBody('hi', { model: undefined }) });
+    t.equal(r.status, 404, path);
+  }
+  t.equal(h.upstream.received.length, before, 'nothing forwarded');
+  const encodedReserved = await h.call('/v1/models/ft%3Aclaude%3Aorg', { method: 'GET', headers: { 'x-api-key': await h.token(), 'anthropic-version': '2023-06-01' } });
+  t.equal(h.upstream.received.at(-1)!.path, '/v1/models/ft%3Aclaude%3Aorg', 'percent-encoded reserved characters pass as sent');
+  t.equal(encodedReserved.status, 404, 'the upstream\'s answer, relayed');
+});

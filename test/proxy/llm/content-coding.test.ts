@@ -1,4 +1,5 @@
 import t from 'tap';
+import { gzipSync } from 'node:zlib';
 import { REPLY } from '../../fixtures/llm-upstream.ts';
 import { AGENT_SECRET, startHarness } from '../../fixtures/llmproxy-harness.ts';
 
@@ -10,7 +11,7 @@ const h = await startHarness();
 t.teardown(() => h.close());
 const settle = () => new Promise((r) => setTimeout(r, 50));
 const body = (extra: Record<string, unknown> = {}) => JSON.stringify({ model: 'claude-sonnet-4-5', max_tokens: 8, messages: [{ role: 'user', content: 'hi' }], ...extra });
-const post = async (headers: Record<string, string>, payload = body(), path = '/v1/messages') =>
+const post = async (headers: Record<string, string>, payload: string | Buffer = body(), path = '/v1/messages') =>
   h.call(path, { headers: { 'content-type': 'application/json', 'x-api-key': await h.token(), 'anthropic-version': '2023-06-01', ...headers }, body: payload });
 
 t.test('the agent\'s Accept-Encoding stays behind: the upstream is asked for identity', async (t) => {
@@ -65,3 +66,25 @@ t.test('pass-through answers are decoded too', async (t) => {
   t.notOk(res.headers['content-encoding']);
   t.same(JSON.parse(res.text), { input_tokens: 42 });
 });
+
+t.test('raw deflate, an empty coded body, and answers that carry no body', async (t) => {
+  const raw = await post({ 'x-test-behavior': 'encode:raw-deflate' });
+  t.equal(raw.status, 200, 'raw deflate under "deflate", as some servers send it');
+  t.equal(JSON.parse(raw.text).content[0].text, REPLY);
+  const empty = await post({ 'x-test-behavior': 'encode:empty' });
+  t.equal(empty.status, 200, 'an empty body under gzip is an empty body');
+  t.equal(empty.text, '');
+  const head = await h.call('/v1/models', { method: 'HEAD', headers: { 'x-api-key': await h.token(), 'anthropic-version': '2023-06-01', 'x-test-behavior': 'encode:gzip' } });
+  t.equal(head.status, 404, 'a HEAD answer is relayed, not decoded');
+  t.equal(head.headers['content-encoding'], 'gzip', 'its headers as they came');
+});
+
+t.test('a compressed request body is refused: inspection reads what leaves', async (t) => {
+  const before = h.upstream.received.length;
+  const res = await post({ 'content-encoding': 'gzip' }, gzipSync(body()), '/v1/embeddings');
+  t.equal(res.status, 415);
+  t.match(JSON.parse(res.text), { error: { type: 'invalid_request_error', message: /uncompressed/ } });
+  t.equal(h.upstream.received.length, before);
+  t.equal((await post({ 'content-encoding': 'identity' })).status, 200, 'identity is no coding');
+});
+
