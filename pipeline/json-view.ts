@@ -9,8 +9,9 @@
 
 const BACKSLASH = 0x5c;
 
+/** Leading whitespace is valid JSON and the sender's to choose: all of it is skipped, however long. */
 function firstNonSpace(body: Uint8Array): number {
-  for (let i = 0; i < body.length && i < 4096; i++) {
+  for (let i = 0; i < body.length; i++) {
     const b = body[i];
     if (b !== 0x20 && b !== 0x0a && b !== 0x0d && b !== 0x09) return i;
   }
@@ -144,10 +145,17 @@ export interface TopLevel {
 
 const ESCAPED_UNICODE = Buffer.from('\\u');
 const ESCAPED_SLASH = Buffer.from('\\/');
+const ESCAPED_BACKSLASH = Buffer.from('\\\\');
 
-/** `\uXXXX` and `\/` can spell any character; the other escapes stand for control and quote characters. */
+/**
+ * Whether escapes can hide what a detector looks for in the body as sent: `\uXXXX` and `\/` spell
+ * characters, and an escaped backslash `\\` starts a nested escape (JSON inside a JSON string, as
+ * tool-call arguments are: `\\n` is a newline one level down, and would glue `nAKIA…` to a key).
+ * The other escapes stand for control and quote characters, which detectors already treat as
+ * separators in the body as sent.
+ */
 export function hidesCharacters(body: Buffer): boolean {
-  return body.indexOf(ESCAPED_UNICODE) >= 0 || body.indexOf(ESCAPED_SLASH) >= 0;
+  return body.indexOf(ESCAPED_UNICODE) >= 0 || body.indexOf(ESCAPED_SLASH) >= 0 || body.indexOf(ESCAPED_BACKSLASH) >= 0;
 }
 
 /**
@@ -157,7 +165,8 @@ export function hidesCharacters(body: Buffer): boolean {
  */
 export function deepScanView(body: Buffer): Buffer {
   let view = scanView(body);
-  for (let level = 1; level < 3 && view !== body && hidesCharacters(view); level++) {
+  // A view that still holds a backslash may hold escapes of the next level (`\\n` became `\n`).
+  for (let level = 1; level < 3 && view !== body && view.indexOf(BACKSLASH) >= 0; level++) {
     const next = scanView(view);
     if (next === view) break;
     view = next;

@@ -1,3 +1,5 @@
+import { deepScanView } from './json-view.ts';
+
 // A streamed response splits its text into many small events: `sk-ant-api03-` in one delta and the
 // rest of the key in the next. Scanning the stream as sent would miss it, so response inspection also
 // scans the text the agent actually receives: every delta of every event, joined in order.
@@ -12,8 +14,16 @@
 // two different blocks never runs together into one token.
 
 const DATA = Buffer.from('data:');
+const NEWLINE = Buffer.from('\n');
 
-function pieces(event: unknown, out: { key: string; text: string }[]): void {
+interface Piece {
+  key: string;
+  text: string;
+  /** The piece is a fragment of JSON text (tool-call arguments): the joined block is decoded too. */
+  json?: boolean;
+}
+
+function pieces(event: unknown, out: Piece[]): void {
   if (event === null || typeof event !== 'object') return;
   const e = event as Record<string, unknown>;
   // Anthropic messages
@@ -21,13 +31,13 @@ function pieces(event: unknown, out: { key: string; text: string }[]): void {
   if (e.type === 'content_block_delta' && delta && typeof delta === 'object') {
     const key = `a${String(e.index ?? 0)}`;
     for (const field of ['text', 'partial_json', 'thinking']) {
-      if (typeof delta[field] === 'string') out.push({ key, text: delta[field] as string });
+      if (typeof delta[field] === 'string') out.push({ key, text: delta[field] as string, json: field === 'partial_json' });
     }
     return;
   }
   // OpenAI responses: response.output_text.delta, response.function_call_arguments.delta, …
   if (typeof e.type === 'string' && e.type.endsWith('.delta') && typeof e.delta === 'string') {
-    out.push({ key: `r${String(e.item_id ?? e.output_index ?? '')}:${String(e.content_index ?? '')}`, text: e.delta });
+    out.push({ key: `r${String(e.item_id ?? e.output_index ?? '')}:${String(e.content_index ?? '')}`, text: e.delta, json: e.type.endsWith('arguments.delta') });
     return;
   }
   // OpenAI chat completions
@@ -41,7 +51,7 @@ function pieces(event: unknown, out: { key: string; text: string }[]): void {
       if (Array.isArray(d.tool_calls)) {
         for (const call of d.tool_calls as Record<string, unknown>[]) {
           const args = (call?.function as Record<string, unknown> | undefined)?.arguments;
-          if (typeof args === 'string') out.push({ key: `c${idx}t${String(call.index ?? 0)}`, text: args });
+          if (typeof args === 'string') out.push({ key: `c${idx}t${String(call.index ?? 0)}`, text: args, json: true });
         }
       }
     }
@@ -52,7 +62,7 @@ function pieces(event: unknown, out: { key: string; text: string }[]): void {
 export function sseText(body: Buffer): Buffer | null {
   let at = body.indexOf(DATA);
   if (at < 0) return null;
-  const parts: { key: string; text: string }[] = [];
+  const parts: Piece[] = [];
   while (at >= 0) {
     if (at === 0 || body[at - 1] === 0x0a || body[at - 1] === 0x0d) {
       let end = body.indexOf(0x0a, at);
@@ -73,12 +83,21 @@ export function sseText(body: Buffer): Buffer | null {
     }
   }
   if (parts.length < 2) return null;
-  // Group by block, keeping the order blocks first appear in.
-  const blocks = new Map<string, string[]>();
+  // Group by block, keeping the order blocks first appear in. A block of JSON text (tool arguments
+  // arrive as fragments of a JSON document) is decoded once joined: `\u002d` split across two
+  // fragments is an escape only the whole text shows.
+  const blocks = new Map<string, { texts: string[]; json: boolean }>();
   for (const p of parts) {
-    let list = blocks.get(p.key);
-    if (!list) blocks.set(p.key, (list = []));
-    list.push(p.text);
+    let block = blocks.get(p.key);
+    if (!block) blocks.set(p.key, (block = { texts: [], json: false }));
+    block.texts.push(p.text);
+    if (p.json) block.json = true;
   }
-  return Buffer.from([...blocks.values()].map((l) => l.join('')).join('\n'), 'utf8');
+  const out: Buffer[] = [];
+  for (const block of blocks.values()) {
+    if (out.length > 0) out.push(NEWLINE);
+    const joined = Buffer.from(block.texts.join(''), 'utf8');
+    out.push(block.json ? deepScanView(joined) : joined);
+  }
+  return Buffer.concat(out);
 }

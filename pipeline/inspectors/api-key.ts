@@ -27,6 +27,8 @@ interface KeyShape {
   max: number;
   /** Body must hold a digit (random keys do; hyphenated prose does not). */
   needsDigit: boolean;
+  /** Body must hold this many letters and digits in a row (random keys do; `sk-2024-q3-budget` does not). */
+  minRun?: number;
 }
 
 const UPPER_OR_DIGIT = 64;
@@ -44,8 +46,8 @@ const SHAPES = {
   google: { description: 'Google API key', body: KEY_BODY, min: 35, max: 35, needsDigit: false },
   github: { description: 'GitHub token', body: ALNUM, min: 36, max: 255, needsDigit: false },
   githubPat: { description: 'GitHub fine-grained personal access token', body: ALNUM_US, min: 22, max: 255, needsDigit: false },
-  anthropic: { description: 'Anthropic API key', body: KEY_BODY, min: 20, max: 255, needsDigit: true },
-  openai: { description: 'secret key (sk-)', body: KEY_BODY, min: 20, max: 255, needsDigit: true },
+  anthropic: { description: 'Anthropic API key', body: KEY_BODY, min: 20, max: 255, needsDigit: true, minRun: 16 },
+  openai: { description: 'secret key (sk-)', body: KEY_BODY, min: 20, max: 255, needsDigit: true, minRun: 16 },
   stripeSecretTest: { description: 'Stripe secret key (test)', body: ALNUM, min: 16, max: 255, needsDigit: true },
   stripeSecretLive: { description: 'Stripe secret key (live)', body: ALNUM, min: 16, max: 255, needsDigit: true },
   stripePublicTest: { description: 'Stripe publishable key (test)', body: ALNUM, min: 16, max: 255, needsDigit: true },
@@ -64,14 +66,19 @@ function keyAt(view: Buffer, start: number, bodyStart: number, shape: KeyShape):
   let end = bodyStart;
   let digit = false;
   let letter = false;
+  let run = 0;
+  let longestRun = 0;
   while (end < view.length && end - bodyStart <= shape.max && CLS2[view[end]] & shape.body) {
     if (CLASS[view[end]] & DIGIT) digit = true;
     else if (CLASS[view[end]] & ALPHA) letter = true;
+    run = isAlnum(view[end]) ? run + 1 : 0;
+    if (run > longestRun) longestRun = run;
     end++;
   }
   const len = end - bodyStart;
   if (len < shape.min || len > shape.max) return null;
   if (shape.needsDigit && !(digit && letter)) return null;
+  if (shape.minRun !== undefined && longestRun < shape.minRun) return null;
   // A fixed-length key followed by more key bytes is part of something longer.
   if (shape.min === shape.max && end < view.length && isAlnum(view[end])) return null;
   return view.toString('latin1', start, end);

@@ -34,6 +34,10 @@ const DOT = 0x2e;
 const DASH = 0x2d;
 const SPACE = 0x20;
 
+const FILE_EXTENSIONS = new Set(['png', 'jpg', 'jpeg', 'gif', 'svg', 'webp', 'ico', 'bmp', 'tif', 'tiff', 'avif', 'heic',
+  'css', 'js', 'mjs', 'cjs', 'ts', 'tsx', 'jsx', 'json', 'yaml', 'yml', 'toml', 'txt', 'pdf', 'gz', 'tgz', 'java', 'html', 'htm',
+  'xml', 'csv', 'lock', 'log', 'wasm', 'woff', 'woff2', 'ttf', 'otf']);
+
 /** The email around the `@` at `at`, or null. */
 export function emailAt(view: Buffer, at: number): string | null {
   let start = at;
@@ -52,6 +56,8 @@ export function emailAt(view: Buffer, at: number): string | null {
   if (lastDot < 1 || domain.length - lastDot - 1 < 2) return null;
   for (let i = lastDot + 1; i < domain.length; i++) if (!(CLASS[domain[i]] & ALPHA)) return null;
   if (domain.indexOf('..') >= 0) return null;
+  // `icon@2x.png`, `pkg@1.2.tgz`: a file name, not an address (none of these is a top-level domain).
+  if (FILE_EXTENSIONS.has(domain.toString('latin1', lastDot + 1).toLowerCase())) return null;
   return view.toString('latin1', start, end);
 }
 
@@ -97,6 +103,9 @@ function cardsInRun(run: string): string[] {
   for (let i = 0; i < groups.length; i++) {
     let digits = '';
     for (let j = i; j < groups.length; j++) {
+      // Cards are grouped in fours to sixes (4-4-4-4, 4-6-5) with a shorter last group: a list of
+      // small numbers (`2 3 5 7 11 13 …`) is no card, though one window in ten passes Luhn.
+      if (j > i && (groups[j - 1].digits.length < 4 || groups[j - 1].digits.length > 6)) break;
       digits += groups[j].digits;
       if (digits.length > 19) break;
       if (digits.length >= 13 && isCardNumber(digits)) {

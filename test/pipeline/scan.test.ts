@@ -24,7 +24,7 @@ t.test('escapes: content as the JSON carries it', async (t) => {
   t.same(scan(json('\n4111111111111111')), ['pii:4111****'], 'a card right after \\n');
   t.same(scan(json('x\n123-45-6789\tz')), ['pii:123-****'], 'an SSN between escapes');
   t.same(scan(json('\nbob@example.com')), ['pii:bob@****'], 'the n of \\n is not part of the address');
-  t.same(scan(json('\\n4111111111111111')), [], 'a literal backslash-n glued to digits is not a boundary');
+  t.same(scan(json('\\n4111111111111111')), ['pii:4111****'], 'a backslash-n one level down (tool arguments: JSON in a JSON string) is a newline there');
   t.same(scan('{"c":"mail bob\\u0040example.com"}'), ['pii:bob@****'], '\\u0040');
   t.same(scan('{"c":"\\u0041KIAIOSFODNN7EXAMPLE"}'), ['api_key:AKIA****'], '\\u-escaped first letter');
   t.same(scan('{"c":"https:\\/\\/x.test\\/?k=sk-proj-AbCdEfGhIjKlMnOpQrSt1234567890"}'), ['api_key:sk-p****'], '\\/ escapes');
