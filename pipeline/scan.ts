@@ -105,7 +105,11 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
 
   if (others && plan.secrets && request.secrets.length > 0) {
     const needles = secrets.needles(request.secrets);
-    run(secrets.id, () => secrets.scan(builtinView(), plan.secrets!, needles, location));
+    // As sent (raw and JSON-escaped needles), and decoded when escapes could hide a value. Both: a
+    // secret holding a backslash (`Pa\ss\nw0rd`) is found as sent, and decoding a level further
+    // would turn its `\n` into a newline.
+    run(secrets.id, () => secrets.scan(body, plan.secrets!, needles, location));
+    if (builtinView() !== body) run(secrets.id, () => secrets.scan(builtinView(), plan.secrets!, needles, location));
     if (extra) run(secrets.id, () => secrets.scan(extra, plan.secrets!, needles, location));
   }
   if (others && phase === 'request' && plan.pii) {

@@ -93,3 +93,10 @@ t.test('property: the RE2.Set prefilter never hides a built-in finding', async (
     return JSON.stringify(keys(withPatterns)) === JSON.stringify(keys(without));
   }), { numRuns: 300 });
 });
+
+t.test('a secret holding a backslash is found as sent, also when the body has escapes to decode', async (t) => {
+  const secret = 'Pa\\ss\\nw0rd!42';
+  const found = (body: string) => scanBody(plan, { body: Buffer.from(body), phase: 'request', secrets: [secret] }).findings.map((f) => `${f.inspector_type}:${f.match}`);
+  t.same(found(JSON.stringify({ model: 'm', messages: [{ role: 'user', content: `my password is ${secret}` }] })), ['secrets:Pa\\s****']);
+  t.same(found(JSON.stringify({ model: 'm', messages: [{ role: 'user', content: `caf\u00e9 ${secret}` }] }).replace('é', '\\u00e9')), ['secrets:Pa\\s****'], 'with a \\u escape elsewhere');
+});
