@@ -22,7 +22,7 @@ export const INFERENCE_ROUTES: Record<string, WireFormat> = {
  * which an upstream may normalize onto an inference route that we took for pass-through.
  */
 export function isNormalApiPath(path: string): boolean {
-  if (!path.startsWith('/v1/') || path.length === 4 || path.endsWith('/') || path.includes('//') || path.includes('\\')) return false;
+  if (!path.startsWith('/v1/') || path.length === 4 || path.endsWith('/') || path.includes('//') || /[\\#;]/.test(path)) return false;
   if (/(^|\/)(\.|%2e){1,2}(\/|$)/i.test(path)) return false;
   // Unreserved characters (RFC 3986 §2.3), and `/` and `\`, which some servers decode into separators.
   return !/%(?:2[dDeEfF]|3[0-9]|[46][1-9a-fA-F]|[57][0-9aA]|5[cCfF]|7[eE])/.test(path);

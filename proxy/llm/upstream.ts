@@ -1,5 +1,5 @@
 import type { IncomingHttpHeaders } from 'node:http';
-import { pipeline, Transform, type Readable } from 'node:stream';
+import { pipeline, Readable, type Transform } from 'node:stream';
 import { createBrotliDecompress, createGunzip, createInflate, createInflateRaw, createZstdDecompress } from 'node:zlib';
 import { Agent, type Dispatcher } from 'undici';
 import type { WireFormat } from '../../pipeline/policy/snapshot.ts';
@@ -79,32 +79,40 @@ const DECODERS: Record<string, (first: Buffer) => Transform> = {
 };
 
 /**
- * Undoes a content coding, starting at the first byte: an empty body stays empty (zlib refuses empty
- * input), and the first bytes pick the decoder where the coding's name is ambiguous.
+ * The body with a content coding undone. The first two bytes pick the decoder where the coding's name
+ * is ambiguous, and an empty body stays empty (zlib refuses empty input). The decoder is pulled as the
+ * reader reads, so a small compressed answer never inflates faster than it is consumed. A corrupt body
+ * errors the loop reading it.
  */
-class Decoding extends Transform {
-  readonly #make: (first: Buffer) => Transform;
-  #inner: Transform | null = null;
-
-  constructor(make: (first: Buffer) => Transform) {
-    super();
-    this.#make = make;
-  }
-
-  override _transform(chunk: Buffer, _encoding: BufferEncoding, done: (err?: Error | null) => void): void {
-    if (this.#inner === null) {
-      this.#inner = this.#make(chunk);
-      this.#inner.on('data', (d: Buffer) => this.push(d));
-      this.#inner.on('error', (err) => this.destroy(err));
+async function* decoded(source: AsyncIterable<Buffer>, make: (first: Buffer) => Transform): AsyncIterable<Buffer> {
+  const it = source[Symbol.asyncIterator]();
+  let head: Buffer = Buffer.alloc(0);
+  let ended = false;
+  while (head.length < 2) {
+    const next = await it.next();
+    if (next.done) {
+      ended = true;
+      break;
     }
-    if (this.#inner.write(chunk)) done();
-    else this.#inner.once('drain', () => done());
+    head = head.length === 0 ? next.value : Buffer.concat([head, next.value]);
   }
-
-  override _flush(done: (err?: Error | null) => void): void {
-    if (this.#inner === null) return done();
-    this.#inner.once('end', () => done());
-    this.#inner.end();
+  if (head.length === 0) return;
+  async function* input(): AsyncIterable<Buffer> {
+    yield head;
+    if (ended) return;
+    for (;;) {
+      const next = await it.next();
+      if (next.done) return;
+      yield next.value;
+    }
+  }
+  const decoder = make(head);
+  const output = pipeline(Readable.from(input()), decoder, () => {});
+  try {
+    for await (const chunk of output as AsyncIterable<Buffer>) yield chunk;
+  } finally {
+    decoder.destroy();
+    await it.return?.();
   }
 }
 
@@ -123,9 +131,7 @@ export function readableAnswer(answer: Dispatcher.ResponseData, method: string):
   if (!make) return { ...plain, unreadable: coding };
   const headers = { ...answer.headers };
   delete headers['content-encoding'];
-  // A corrupt body errors the decoder, and so the loop reading it.
-  const body = pipeline(answer.body as unknown as Readable, new Decoding(make), () => {});
-  return { statusCode: answer.statusCode, headers, body, unreadable: null };
+  return { statusCode: answer.statusCode, headers, body: decoded(answer.body as AsyncIterable<Buffer>, make), unreadable: null };
 }
 
 const RESPONSE_DROP = new Set(['connection', 'keep-alive', 'transfer-encoding', 'trailer', 'upgrade', 'content-length']);

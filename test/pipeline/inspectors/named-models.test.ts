@@ -2,45 +2,53 @@ import t from 'tap';
 import { namedModels } from '../../../pipeline/inspectors/named-models.ts';
 
 const b = (s: string | Buffer) => (typeof s === 'string' ? Buffer.from(s) : s);
-const sorted = (x: (string | null)[] | null) => (x === null ? null : [...x].sort());
+const sorted = (x: string[] | null) => (x === null ? null : [...x].sort());
+const FORM = 'multipart/form-data; boundary=XyZ';
+const form = (parts: string[], eol = '\r\n') => `${parts.map((p) => `--XyZ${eol}${p}${eol}`).join('')}--XyZ--${eol}`;
+const file = (name: string, content: string) => `Content-Disposition: form-data; name="file"; filename="${name}"\r\n\r\n${content}`;
 
-t.test('a JSON body: every model key at any depth, escapes decoded, text in strings ignored', async (t) => {
+t.test('a JSON body: every string model at any depth and in any case; escapes decoded; text in strings ignored', async (t) => {
   t.same(namedModels(b('{"model":"m1","input":"say \\"model\\": \\"m9\\""}')), ['m1'], 'a quoted key inside a string value is text');
   t.same(sorted(namedModels(b('{"requests":[{"params":{"model":"a"}},{"params":{"model":"b"}}]}'))), ['a', 'b']);
   t.same(namedModels(b('{"mod\\u0065l":"x"}')), ['x']);
   t.same(namedModels(b('{"Model":"x"}')), ['x'], 'any case: Go decoders match field names without case');
-  t.same(namedModels(b('{"model":7}')), [null], 'a model that is not a string is named as null');
+  t.same(namedModels(b('{"model":7,"tools":[{"input_schema":{"properties":{"model":{"type":"string"}}}}]}')), [], 'a number or a schema object names no model');
   t.same(namedModels(b('{"model":"a","model":"b"}')), ['b'], 'the last duplicate, as the provider reads it');
-  t.same(namedModels(b('{"input":"hi"}')), [], 'naming no model');
+  t.same(namedModels(b('{"input":"hi"}')), []);
   t.same(namedModels(b('')), []);
   t.same(namedModels(b('\ufeff{\n  "model": "x"\n}')), ['x'], 'a byte order mark before pretty-printed JSON');
+  t.same(namedModels(b('{"model":"x","input":"caf\xff"}')), ['x'], 'a byte that is not UTF-8 does not hide the JSON');
+  t.same(namedModels(b('plain text that mentions a model')), [], 'not JSON: names nothing');
 });
 
-t.test('a body that may name a model in a form we cannot read is null', async (t) => {
-  t.equal(namedModels(b('{"model":"gpt-4o","input":"x","dimensions":NaN}')), null, 'JSON that Python reads and JavaScript does not');
-  t.equal(namedModels(b('{"custom_id":"a","body":{"mo')), null, 'one JSON document cut short');
-  t.equal(namedModels(b('{"a":1}\n{"body":{"model":"x"')), null, 'a JSONL line cut in two');
-  t.equal(namedModels(b('"x"}}\n1,"model":"gpt-4o"}}\n')), null, 'the second half of a cut line, when it shows the key');
-  const wide = `[${Array.from({ length: 5_000_001 }, () => '[]').join(',')}]`;
-  t.equal(namedModels(b(wide)), null, 'past the node budget');
+t.test('JSON another parser may read and we cannot is null', async (t) => {
+  t.equal(namedModels(b('{"model":"gpt-4o","input":"x","dimensions":NaN}')), null, 'NaN, valid to Python');
+  t.equal(namedModels(b('{"model"\n:"text-embedding-3-large",\n"dimensions":NaN}')), null, 'the key and its colon on two lines');
+  t.equal(namedModels(b('{"mod\\u0065l":"x","d":NaN}')), null, 'an escape that can spell the key');
+  t.same(namedModels(b('{"input":"x","d":NaN}')), [], 'nothing in it can name a model');
+  t.equal(namedModels(b(`{"model":"x","a":[${Array.from({ length: 5_000_001 }, () => '[]').join(',')}]}`)), null, 'past the node budget');
 });
 
-t.test('JSONL and plain text are read line by line, with any line ending', async (t) => {
-  t.same(sorted(namedModels(b('{"body":{"model":"a"}}\n{"body":{"model":"b"}}\n'))), ['a', 'b']);
-  t.same(sorted(namedModels(b('{"body":{"model":"a"}}\r{"body":{"model":"b"}}'))), ['a', 'b'], 'a bare CR between lines');
-  t.same(namedModels(b('notes\nthe model: is fine in prose\nconst x = {\n')), [], 'prose and code name nothing');
-  t.same(namedModels(Buffer.from([0x25, 0x50, 0x44, 0x46, 0xff, 0xfe, 0x00, 0x22, 0x6d, 0x6f, 0x64, 0x65, 0x6c, 0x22, 0x3a])), [], 'binary content names nothing');
+t.test('multipart: a model field names its value; a batch file is read line by line', async (t) => {
+  const audio = form(['Content-Disposition: form-data; name="model"\r\n\r\ngpt-4o-transcribe', file('a.wav', 'RIFF\u0000\u0001')]);
+  t.same(namedModels(b(audio), FORM), ['gpt-4o-transcribe']);
+  t.same(namedModels(b(form(['Content-Disposition: form-data; name=model\r\n\r\nx'])), FORM), ['x'], 'an unquoted name');
+  t.same(namedModels(b(form(['Content-Disposition: form-data; name="model"\n\nx'], '\n')), FORM), ['x'], 'LF line endings');
+  const lines = '{"custom_id":"1","body":{"model":"c"}}\n{"custom_id":"2","body":{"model":"d"}}\r{"custom_id":"3","params":{"model":"e"}}\n';
+  t.same(sorted(namedModels(b(form(['Content-Disposition: form-data; name="purpose"\r\n\r\nbatch', file('b.jsonl', lines)])), FORM)), ['c', 'd', 'e'], 'any line ending');
+  t.same(sorted(namedModels(b(form([file('b.jsonl', lines)])), 'multipart/form-data; boundary="XyZ"')), ['c', 'd', 'e'], 'a quoted boundary');
+  t.same(namedModels(b(form([file('cars.json', '[{"make":"Ford","model":"Focus"}]')])), FORM), [], 'a data file is no batch file');
+  t.same(namedModels(b(form([file('cfg.py', 'CFG = {\n    "model": "gpt-4o",\n}\n')])), FORM), [], 'nor is source code');
+  t.same(namedModels(b(form([file('a.wav', 'RIFF x --XyZ-- y model')])), FORM), [], 'a delimiter counts only at the start of a line');
 });
 
-t.test('multipart: a model field names its value; every other part is read as a body', async (t) => {
-  const form = (parts: string[]) => `${parts.map((p) => `--XyZ\r\n${p}\r\n`).join('')}--XyZ--\r\n`;
-  const type = 'multipart/form-data; boundary=XyZ';
-  const audio = form(['Content-Disposition: form-data; name="model"\r\n\r\ngpt-4o-transcribe', 'Content-Disposition: form-data; name="file"; filename="a.wav"\r\nContent-Type: audio/wav\r\n\r\nRIFF\u0000\u0001']);
-  t.same(namedModels(b(audio), type), ['gpt-4o-transcribe']);
-  const batch = form(['Content-Disposition: form-data; name="purpose"\r\n\r\nbatch', 'Content-Disposition: form-data; name="file"; filename="b.jsonl"\r\n\r\n{"body":{"model":"c"}}\n{"body":{"model":"d"}}\n']);
-  t.same(sorted(namedModels(b(batch), type)), ['c', 'd']);
-  t.same(sorted(namedModels(b(batch), 'multipart/form-data; boundary="XyZ"')), ['c', 'd'], 'a quoted boundary');
-  t.equal(namedModels(b('--XyZ\r\nContent-Disposition: form-data; name="model"\r\n\r\nx'), type), null, 'a part never closed');
+t.test('multipart that parsers may read differently is null', async (t) => {
+  t.equal(namedModels(b(form(['Content-Disposition: form-data; name="model"\r\n\r\nx'])), 'multipart/form-data; x="; boundary=AAA"; boundary=XyZ'), null, 'two boundaries');
+  t.equal(namedModels(b('--XyZ\r\nContent-Disposition: form-data; name="model"\r\n\r\nx'), FORM), null, 'a part never closed');
+  t.equal(namedModels(b(form(['Content-Disposition: form-data; name="data"\r\n\r\n{"custom_id":"1","body":{"mo'])), FORM), null, 'a chunk of an upload cut inside a request line');
+  t.equal(namedModels(b(form([file('b.jsonl', '"x"}}\n{"custom_id":"2","body":{"model":"gpt-4o"')])), FORM), null, 'a .jsonl file with a cut line');
+  const junk = `Content-Disposition: form-data; ${'content-disposition:'.repeat(2000)} name="model"\r\n\r\nx`;
+  t.equal(namedModels(b(form([junk])), FORM), null, 'part headers past 16 KiB');
 });
 
 t.test('nesting past 64 levels is not read', async (t) => {

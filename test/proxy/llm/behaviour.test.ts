@@ -1,4 +1,5 @@
 import t from 'tap';
+import tls from 'node:tls';
 import { request } from 'undici';
 import { REPLY } from '../../fixtures/llm-upstream.ts';
 import { AGENT_SECRET, ORG_KEY, baseSnapshot, startHarness, type Harness } from '../../fixtures/llmproxy-harness.ts';
@@ -205,7 +206,6 @@ t.test('a body just under 32 MB is served even though the prefix takes it past 3
 t.test('slow clients: headers and bodies that do not arrive in time are cut off', async (t) => {
   const slow = await startHarness({ proxy: { headersTimeoutMs: 300, requestTimeoutMs: 600 } });
   t.teardown(() => slow.close());
-  const tls = await import('node:tls');
   const open = () => new Promise<import('node:tls').TLSSocket>((resolve, reject) => {
     const s = tls.connect({ host: '127.0.0.1', port: slow.proxy.port, ca: slow.ca.certPem }, () => resolve(s));
     s.on('error', reject);
@@ -299,10 +299,22 @@ t.test('dot segments never carry the platform key off the /v1 API', async (t) =>
 
 t.test('paths not in normal form are refused, so none reaches an inference route as pass-through', async (t) => {
   const before = h.upstream.received.length;
-  for (const path of ['/v1/messages/', '/v1//messages', '//v1/messages', '/v1/m%65ssages', '/v1/chat%2Fcompletions', '/v1/chat%2fcompletions', '/v1/x%7e', '/v1/', '/v1/res%70onses']) {
+  for (const path of ['/v1/messages/', '/v1//messages', '//v1/messages', '/v1/m%65ssages', '/v1/chat%2Fcompletions', '/v1/chat%2fcompletions', '/v1/x%7e', '/v1/', '/v1/res%70onses', '/v1/messages;x']) {
     const r = await h.call(path, { headers: { 'content-type': 'application/json', 'x-api-key': await h.token() }, body: anthropicBody('hi', { model: undefined }) });
     t.equal(r.status, 404, path);
   }
+  // A client never sends a fragment (fetch strips it); a raw request can.
+  const raw = await new Promise<string>((resolve, reject) => {
+    const s = tls.connect({ host: '127.0.0.1', port: h.proxy.port, ca: h.ca.certPem }, async () => {
+      const body = anthropicBody('hi');
+      s.write(`POST /v1/messages#x HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-api-key: ${await h.token()}\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
+    });
+    let text = '';
+    s.on('data', (c) => (text += c));
+    s.on('end', () => resolve(text));
+    s.on('error', reject);
+  });
+  t.match(raw, /^HTTP\/1\.1 (404|400)/, 'a fragment in the request target');
   t.equal(h.upstream.received.length, before, 'nothing forwarded');
   const encodedReserved = await h.call('/v1/models/ft%3Aclaude%3Aorg', { method: 'GET', headers: { 'x-api-key': await h.token(), 'anthropic-version': '2023-06-01' } });
   t.equal(h.upstream.received.at(-1)!.path, '/v1/models/ft%3Aclaude%3Aorg', 'percent-encoded reserved characters pass as sent');
