@@ -6,6 +6,7 @@ import { counter, createRegistry, gauge, histogram } from '../core/metrics.ts';
 import { silentLogger, type Logger } from '../core/logger.ts';
 import { BodyTooLargeError } from './errors.ts';
 import type { Finding, Phase } from './finding.ts';
+import * as modelRestriction from './inspectors/model-restriction.ts';
 import { callSidecar, type SidecarIdentity } from './inspectors/sidecar.ts';
 import { PlanCache, type ScanPlan } from './plan.ts';
 import { isInert } from './policy/resolve.ts';
@@ -174,7 +175,11 @@ export class InspectionEngine {
       let builtins: Promise<ScanResult> = Promise.resolve(EMPTY);
       if (pooled) {
         mode = 'pool';
-        builtins = this.#onPool(policy, body, phase, secrets, request.modelsAnywhere, deadline.signal);
+        // An inference body's model is checked here first: one walk of the top level, milliseconds
+        // even at 32 MB, so no body is slow enough to carry a denied model past the deadline.
+        const modelFirst = phase === 'request' && plan.model !== null && !request.modelsAnywhere;
+        if (modelFirst) waited.push(Promise.resolve(this.#modelOnly(plan, body)));
+        builtins = this.#onPool(policy, body, phase, secrets, request.modelsAnywhere, deadline.signal, modelFirst);
       } else if (builtinWork) {
         builtins = Promise.resolve(this.#inline(plan, body, phase, secrets, request.modelsAnywhere));
       }
@@ -197,6 +202,14 @@ export class InspectionEngine {
     return { decision, findings, failOpen, failures, mode, durationMs };
   }
 
+  #modelOnly(plan: ScanPlan, body: Buffer): ScanResult {
+    try {
+      return { findings: modelRestriction.scan(body, plan.model!), failures: [] };
+    } catch (err) {
+      return { findings: [], failures: [{ inspector: modelRestriction.id, reason: (err as Error).message }] };
+    }
+  }
+
   #inline(plan: ScanPlan, body: Buffer, phase: Phase, secrets: readonly string[], modelsAnywhere: InspectRequest['modelsAnywhere']): ScanResult {
     try {
       return scanBody(plan, { body, phase, secrets, modelsAnywhere });
@@ -205,13 +218,13 @@ export class InspectionEngine {
     }
   }
 
-  async #onPool(policy: ResolvedPolicy, body: Buffer, phase: Phase, secrets: readonly string[], modelsAnywhere: InspectRequest['modelsAnywhere'], signal: AbortSignal): Promise<ScanResult> {
+  async #onPool(policy: ResolvedPolicy, body: Buffer, phase: Phase, secrets: readonly string[], modelsAnywhere: InspectRequest['modelsAnywhere'], signal: AbortSignal, skipModel = false): Promise<ScanResult> {
     const shared = toShared(body);
     const split = this.#threads >= 2 && body.length >= SPLIT_THRESHOLD_BYTES && policy.content !== null && policy.content.patterns.length > 0;
     const parts: WorkerTask['part'][] = split ? ['patterns', 'others'] : ['all'];
     this.#metrics.queue.set(this.#pool!.queueSize);
     const results = await Promise.all(parts.map(async (part): Promise<ScanResult> => {
-      const task: WorkerTask = { body: shared, policy, phase, secrets: [...secrets], part, ...(modelsAnywhere ? { modelsAnywhere } : {}) };
+      const task: WorkerTask = { body: shared, policy, phase, secrets: [...secrets], part, ...(modelsAnywhere ? { modelsAnywhere } : {}), ...(skipModel ? { skipModel } : {}) };
       try {
         // On abort piscina terminates the worker running the task and starts a fresh one: a hung
         // worker is replaced, never waited on.

@@ -35,6 +35,8 @@ export interface ScanRequest {
    * (inspectors/named-models.ts), instead of the top-level `model`: the proxy's pass-through routes.
    */
   modelsAnywhere?: { contentType: string | null };
+  /** Model restriction already ran (the engine checks a pooled inference body's model first). */
+  skipModel?: boolean;
 }
 
 export interface InspectorFailure {
@@ -79,7 +81,7 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
     }
   };
 
-  if (others && phase === 'request' && plan.model) {
+  if (others && phase === 'request' && plan.model && !request.skipModel) {
     const anywhere = request.modelsAnywhere;
     run(model.id, () => (anywhere ? model.check(namedModels(body, anywhere.contentType), plan.model!) : model.scan(body, plan.model!)));
   }

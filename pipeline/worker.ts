@@ -13,11 +13,12 @@ export interface WorkerTask {
   secrets: readonly string[];
   part: ScanPart;
   modelsAnywhere?: { contentType: string | null };
+  skipModel?: boolean;
 }
 
 const plans = new PlanCache({ capacity: 64 });
 
 export default function inspect(task: WorkerTask): ScanResult {
   const body = Buffer.from(task.body.buffer, task.body.byteOffset, task.body.byteLength);
-  return scanBody(plans.get(task.policy), { body, phase: task.phase, secrets: task.secrets, part: task.part, modelsAnywhere: task.modelsAnywhere });
+  return scanBody(plans.get(task.policy), { body, phase: task.phase, secrets: task.secrets, part: task.part, modelsAnywhere: task.modelsAnywhere, skipModel: task.skipModel });
 }

@@ -117,6 +117,15 @@ t.test('a hung worker is cut at the deadline and replaced; fail open by default'
   t.equal(next.findings.length, 4, 'the single-thread pool serves again: the hung worker was replaced');
 });
 
+t.test('a pooled inference body has its model checked before the pool: a hung worker cannot carry a denied model past the deadline', async (t) => {
+  const { e } = engine(t, { threads: 1, inlineThresholdBytes: 0, timeoutMs: 1500, workerUrl: new URL('../fixtures/faulty-worker.ts', import.meta.url) });
+  await warm(e);
+  const out = await e.inspect({ body: body('HANG-WORKER', 0, 'gpt-3.5-turbo'), phase: 'request', policy: full });
+  t.equal(out.decision, 'block', 'blocked by the model, though the pool timed out');
+  t.match(out.findings, [{ inspector_type: 'model_restriction', severity: 'block' }]);
+  t.same(out.failures, [{ inspector: 'builtin', reason: 'timeout' }]);
+});
+
 t.test('fail closed: a failed or late inspection is unavailable, a known block still blocks', async (t) => {
   const { e, lines, registry } = engine(t, { threads: 1, inlineThresholdBytes: 0, timeoutMs: 1500, failClosed: true, workerUrl: new URL('../fixtures/faulty-worker.ts', import.meta.url) });
   await warm(e);
