@@ -88,3 +88,10 @@ t.test('a compressed request body is refused: inspection reads what leaves', asy
   t.equal((await post({ 'content-encoding': 'identity' })).status, 200, 'identity is no coding');
 });
 
+t.test('a compression bomb is cut at the held-answer limit, decoded only as fast as it is read', async (t) => {
+  const res = await post({ 'x-test-behavior': 'encode:bomb' });
+  t.equal(res.status, 502, '200 MB of zeros from a small gzip body: refused, not held');
+  t.equal(res.text, 'Upstream request failed');
+  t.ok(h.logs.some((l) => /exceeds/.test(String(l.err))), 'the reason is logged');
+});
+
