@@ -120,8 +120,9 @@ t.test('a full disk under the WAL (real tmpfs) refuses answers with 503', async 
   t.equal(status, 503, 'once the disk is full, answers are refused');
 });
 
-t.test('SIGKILL right after answers: every answered call has its record', async (t) => {
-  const dir = await mkdtemp(join(tmpdir(), 'dvx-kill-'));
+/** A dvx llmproxy process (to be killed), served by a harness's upstream, keys and snapshot. */
+async function killableProxy(t: { teardown: (fn: () => unknown) => void }, prefix: string, extraArgs: (dir: string) => string[], stdout: (dir: string) => 'ignore' | number) {
+  const dir = await mkdtemp(join(tmpdir(), prefix));
   const upstreamHarness = await startHarness();
   t.teardown(async () => {
     await upstreamHarness.close();
@@ -129,10 +130,11 @@ t.test('SIGKILL right after answers: every answered call has its record', async 
   });
   const hd = upstreamHarness.dir;
   const port = 20000 + Math.floor(Math.random() * 20000);
-  const walDir = join(dir, 'wal');
+  const out = stdout(dir);
   const child = spawn(DVX_BIN, ['serve', 'llmproxy', '--addr', `127.0.0.1:${port}`, '--tls-cert', join(hd, 'server.pem'), '--tls-key', join(hd, 'server-key.pem'),
-    '--agent-jwks', join(hd, 'jwks.json'), '--policy-snapshot', join(hd, 'snapshot.json'), '--secrets-file', join(hd, 'secrets.json'),
-    '--audit-dsn', 'postgres://nobody@127.0.0.1:1/none', '--audit-wal-dir', walDir, '--log-level', 'error'], { stdio: ['ignore', 'ignore', 'inherit'] });
+    '--agent-jwks', join(hd, 'jwks.json'), '--policy-snapshot', join(hd, 'snapshot.json'), '--secrets-file', join(hd, 'secrets.json'), '--log-level', 'error', ...extraArgs(dir)],
+  { stdio: ['ignore', out, 'inherit'] });
+  if (typeof out === 'number') closeSync(out);
   const exited = new Promise((r) => child.on('exit', r));
   const dispatcher = new Agent({ connect: { ca: upstreamHarness.ca.certPem } });
   t.teardown(() => dispatcher.close());
@@ -142,15 +144,19 @@ t.test('SIGKILL right after answers: every answered call has its record', async 
     if (ok) break;
     await new Promise((r) => setTimeout(r, 100));
   }
-  const token = await upstreamHarness.token();
+  return { dir, url, dispatcher, token: await upstreamHarness.token(), kill: async () => { child.kill('SIGKILL'); await exited; } };
+}
+
+t.test('SIGKILL right after answers: every answered call has its record', async (t) => {
+  const { dir, url, dispatcher, token, kill } = await killableProxy(t, 'dvx-kill-', (d) => ['--audit-dsn', 'postgres://nobody@127.0.0.1:1/none', '--audit-wal-dir', join(d, 'wal')], () => 'ignore');
+  const walDir = join(dir, 'wal');
   const answered: string[] = [];
   await Promise.all(Array.from({ length: 40 }, async (_, i) => {
     const res = await request(`${url}/v1/messages`, { method: 'POST', dispatcher, headers: { 'content-type': 'application/json', 'x-api-key': token }, body: body({ metadata: { user_id: `call-${i}` }, stream: i % 2 === 0 }) });
     const text = await res.body.text();
     if (res.statusCode === 200 && (text.includes('message_stop') || text.includes(REPLY))) answered.push(`call-${i}`);
   }));
-  child.kill('SIGKILL');
-  await exited;
+  await kill();
   const records = await readWal(walDir);
   t.equal(answered.length, 40, 'every call was answered');
   t.equal(records.length, 40, 'and every one has its record after SIGKILL');
@@ -158,29 +164,7 @@ t.test('SIGKILL right after answers: every answered call has its record', async 
 });
 
 t.test('on stdout too: SIGKILL right after answers and refusals, every one has its line', async (t) => {
-  const dir = await mkdtemp(join(tmpdir(), 'dvx-kill-stdout-'));
-  const upstreamHarness = await startHarness();
-  t.teardown(async () => {
-    await upstreamHarness.close();
-    await rm(dir, { recursive: true, force: true });
-  });
-  const hd = upstreamHarness.dir;
-  const port = 20000 + Math.floor(Math.random() * 20000);
-  const out = openSync(join(dir, 'stdout'), 'w');
-  const child = spawn(DVX_BIN, ['serve', 'llmproxy', '--addr', `127.0.0.1:${port}`, '--tls-cert', join(hd, 'server.pem'), '--tls-key', join(hd, 'server-key.pem'),
-    '--agent-jwks', join(hd, 'jwks.json'), '--policy-snapshot', join(hd, 'snapshot.json'), '--secrets-file', join(hd, 'secrets.json'), '--log-level', 'error'],
-  { stdio: ['ignore', out, 'inherit'] });
-  closeSync(out);
-  const exited = new Promise((r) => child.on('exit', r));
-  const dispatcher = new Agent({ connect: { ca: upstreamHarness.ca.certPem } });
-  t.teardown(() => dispatcher.close());
-  const url = `https://127.0.0.1:${port}`;
-  for (let i = 0; i < 100; i++) {
-    const ok = await request(`${url}/healthz`, { dispatcher }).then((r) => r.body.text().then(() => r.statusCode === 200), () => false);
-    if (ok) break;
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  const token = await upstreamHarness.token();
+  const { dir, url, dispatcher, token, kill } = await killableProxy(t, 'dvx-kill-stdout-', () => [], (d) => openSync(join(d, 'stdout'), 'w'));
   const answered: string[] = [];
   await Promise.all(Array.from({ length: 45 }, async (_, i) => {
     // Every third call carries a key the policy blocks: a refusal is an answer too.
@@ -190,8 +174,7 @@ t.test('on stdout too: SIGKILL right after answers and refusals, every one has i
     const text = await res.body.text();
     if ((res.statusCode === 200 && (text.includes('message_stop') || text.includes(REPLY))) || res.statusCode === 403) answered.push(`call-${i}`);
   }));
-  child.kill('SIGKILL');
-  await exited;
+  await kill();
   const lines = readFileSync(join(dir, 'stdout'), 'utf8').split('\n').filter((l) => l.includes('"stream":"audit"')).map((l) => JSON.parse(l) as Record<string, unknown>);
   t.equal(answered.length, 45, 'every call was answered');
   t.equal(lines.length, 45, 'and every one has its audit line after SIGKILL');
