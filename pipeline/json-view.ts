@@ -148,7 +148,7 @@ const ESCAPED_SLASH = Buffer.from('\\/');
 const ESCAPED_BACKSLASH = Buffer.from('\\\\');
 
 /**
- * Whether escapes can hide what a detector looks for in the body as sent: `\uXXXX` and `\/` spell
+ * Whether escapes can hide what a detector looks for in the body as sent: `\u` escapes and `\/` spell
  * characters, and an escaped backslash `\\` starts a nested escape (JSON inside a JSON string, as
  * tool-call arguments are: `\\n` is a newline one level down, and would glue `nAKIA…` to a key).
  * The other escapes stand for control and quote characters, which detectors already treat as
