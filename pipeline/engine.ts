@@ -150,7 +150,12 @@ export class InspectionEngine {
     const plan = this.#plans.get(policy);
     const secrets = request.secrets ?? [];
     const builtinWork = hasBuiltinWork(plan, phase, secrets.length);
-    const pooled = builtinWork && this.#pool !== null && body.length >= this.#inlineThreshold;
+    // A large inference body's model is checked here, on the main thread, before the pool runs: one
+    // walk of the top level, milliseconds even at 32 MB, so no body is slow enough to carry a denied
+    // model past the deadline. The pool gets the rest, if there is a rest.
+    const large = this.#pool !== null && body.length >= this.#inlineThreshold;
+    const modelFirst = large && phase === 'request' && plan.model !== null && !request.modelsAnywhere;
+    const pooled = large && (modelFirst ? hasBuiltinWork({ ...plan, model: null }, phase, secrets.length) : builtinWork);
     const identity = request.identity ?? { agentId: '', orgId: '', agentName: '' };
     let waitedSidecars = false;
     for (const sidecar of policy.sidecars) {
@@ -175,9 +180,6 @@ export class InspectionEngine {
       let builtins: Promise<ScanResult> = Promise.resolve(EMPTY);
       if (pooled) {
         mode = 'pool';
-        // An inference body's model is checked here first: one walk of the top level, milliseconds
-        // even at 32 MB, so no body is slow enough to carry a denied model past the deadline.
-        const modelFirst = phase === 'request' && plan.model !== null && !request.modelsAnywhere;
         if (modelFirst) waited.push(Promise.resolve(this.#modelOnly(plan, body)));
         builtins = this.#onPool(policy, body, phase, secrets, request.modelsAnywhere, deadline.signal, modelFirst);
       } else if (builtinWork) {

@@ -126,6 +126,18 @@ t.test('a pooled inference body has its model checked before the pool: a hung wo
   t.same(out.failures, [{ inspector: 'builtin', reason: 'timeout' }]);
 });
 
+t.test('a large body under a model policy alone is checked on the main thread, with no pool round trip for nothing', async (t) => {
+  const { e } = engine(t, { threads: 1, inlineThresholdBytes: 0 });
+  const modelOnly = policyOf({ model_policy: { mode: 'blocklist', models: ['gpt-3*'] } });
+  const denied = await e.inspect({ body: body('hi', 0, 'gpt-3.5-turbo'), phase: 'request', policy: modelOnly });
+  t.match(denied, { decision: 'block', mode: 'inline', findings: [{ inspector_type: 'model_restriction' }] });
+  const allowed = await e.inspect({ body: body('hi'), phase: 'request', policy: modelOnly });
+  t.match(allowed, { decision: 'allow', mode: 'inline', findings: [] });
+  const withContent = await e.inspect({ body: body('hi', 0, 'gpt-3.5-turbo'), phase: 'request', policy: full });
+  t.match(withContent, { decision: 'block', mode: 'pool' }, 'other inspectors still go to the pool');
+  t.equal(withContent.findings.filter((f) => f.inspector_type === 'model_restriction').length, 1, 'the model reported once');
+});
+
 t.test('fail closed: a failed or late inspection is unavailable, a known block still blocks', async (t) => {
   const { e, lines, registry } = engine(t, { threads: 1, inlineThresholdBytes: 0, timeoutMs: 1500, failClosed: true, workerUrl: new URL('../fixtures/faulty-worker.ts', import.meta.url) });
   await warm(e);
