@@ -1,4 +1,5 @@
 import t from 'tap';
+import { readFile, rename, writeFile } from 'node:fs/promises';
 import tls from 'node:tls';
 import { request } from 'undici';
 import { REPLY } from '../../fixtures/llm-upstream.ts';
@@ -179,6 +180,21 @@ t.test('response inspection is observe-only: a leak in the answer is recorded, t
   t.match(streamed.text, /message_stop/);
   await settle();
   t.match(h.audit.at(-1), { findings: [{ inspector_type: 'secrets', location: 'response_body' }] }, 'found across stream deltas');
+});
+
+t.test('the secrets filter follows a rewritten secrets file', async (t) => {
+  const path = `${h.dir}/secrets.json`;
+  const original = await readFile(path, 'utf8');
+  const rotated = 'rotated-secret-value-0042';
+  await writeFile(`${path}.tmp`, JSON.stringify({ ...JSON.parse(original), 'agent:agent-1': { ...JSON.parse(original)['agent:agent-1'], db_password: rotated } }));
+  await rename(`${path}.tmp`, path);
+  await settle();
+  t.equal((await post(h, '/v1/messages', anthropicBody(`pw ${rotated}`))).status, 403, 'the new value is a needle');
+  t.equal((await post(h, '/v1/messages', anthropicBody(`pw ${AGENT_SECRET}`))).status, 200, 'the old one is not any more');
+  await writeFile(`${path}.tmp`, original);
+  await rename(`${path}.tmp`, path);
+  await settle();
+  t.equal((await post(h, '/v1/messages', anthropicBody(`pw ${AGENT_SECRET}`))).status, 403, 'and back');
 });
 
 t.test('metrics on their own TLS listener', async (t) => {
