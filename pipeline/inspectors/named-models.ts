@@ -32,6 +32,8 @@ const MAX_NODES = 5_000_000;
 const MAX_PART_HEADERS = 16 * 1024;
 /** Text that can name a model: the key itself, or an escape that could spell it. */
 const MAY_NAME_MODEL = /model|\\u/i;
+/** A batch-file line that can name a model: as above, or a request line's `custom_id`. */
+const MAY_BE_REQUEST = /model|custom_id|\\u/i;
 
 export type NamedModels = string[] | null;
 
@@ -73,10 +75,10 @@ function readJson(body: Buffer, state: State): boolean {
  */
 function readBatchFile(content: Buffer, state: State, strict: boolean): boolean {
   const text = content.toString('utf8');
-  if (!/model|custom_id|\\u/i.test(text)) return true;
+  if (!MAY_BE_REQUEST.test(text)) return true;
   for (const line of text.split(/\r\n|\r|\n/)) {
     const trimmed = line.trim();
-    if (trimmed === '' || !/model|custom_id|\\u/i.test(trimmed)) continue;
+    if (trimmed === '' || !MAY_BE_REQUEST.test(trimmed)) continue;
     let value: unknown;
     try {
       value = JSON.parse(trimmed);

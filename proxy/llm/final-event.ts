@@ -1,7 +1,7 @@
 import type { WireFormat } from '../../pipeline/policy/snapshot.ts';
 
-// Audit, then replay (spec: response flow): with a durable audit sink, a streamed answer's final
-// event is held until the call's record is durable. Everything before it flows as it arrives; bytes
+// Audit, then replay (spec: response flow): a streamed answer's final event is held until the call's
+// record is appended (durable, with a durable sink). Everything before it flows as it arrives; bytes
 // at the end of a chunk that could be the start of the final event's line wait for the next chunk,
 // so no part of that event leaves early.
 
