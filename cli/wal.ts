@@ -141,10 +141,13 @@ async function deadLetterTables(dir: string, only?: string): Promise<string[]> {
 /** A terminal table: fixed columns, the last one cut to the terminal's width. */
 function renderTable(header: string[], rows: string[][], width: number): string {
   const cut = (s: string, n: number) => (s.length > n ? `${s.slice(0, Math.max(0, n - 1))}…` : s);
+  // A record is an agent's data and a store's error may quote it: no control character reaches the terminal.
+  const plain = (c: string) => c.replace(/\s+/g, ' ').replace(/[\u0000-\u001f\u007f-\u009f]/g, (ch) => `\\u${ch.charCodeAt(0).toString(16).padStart(4, '0')}`);
+  rows = rows.map((r) => r.map(plain));
   const widths = header.map((h, i) => Math.min(i === header.length - 1 ? Infinity : 60, Math.max(h.length, ...rows.map((r) => r[i].length))));
   const fixed = widths.slice(0, -1).reduce((a, b) => a + b + 2, 0);
   widths[widths.length - 1] = Math.max(20, Math.min(widths.at(-1)!, width - fixed));
-  return [header, ...rows].map((r) => r.map((c, i) => cut(c.replace(/\s+/g, ' '), widths[i]).padEnd(widths[i])).join('  ').trimEnd()).join('\n') + '\n';
+  return [header, ...rows].map((r) => r.map((c, i) => cut(c, widths[i]).padEnd(widths[i])).join('  ').trimEnd()).join('\n') + '\n';
 }
 
 async function deadLetterListCommand(opts: { dir: string; table?: string }): Promise<number> {
