@@ -83,7 +83,9 @@ async function statCommand(opts: { dir: string }): Promise<number> {
       break;
     }
     const ageS = oldest ? Math.max(0, (Date.now() - Date.parse(oldest)) / 1000) : 0;
-    out.push({ table, segments: ids.length, unshipped_bytes: Math.max(0, unshipped), oldest_unshipped_age_s: Math.round(ageS * 10) / 10, dropped: await readDropped(tableDir), checkpoint });
+    let deadLetter = 0;
+    if ((await readdir(tableDir)).includes(DEAD_LETTER_DIR)) for await (const f of frames(join(tableDir, DEAD_LETTER_DIR), true)) if (f.payload) deadLetter++;
+    out.push({ table, segments: ids.length, unshipped_bytes: Math.max(0, unshipped), oldest_unshipped_age_s: Math.round(ageS * 10) / 10, dropped: await readDropped(tableDir), dead_letter: deadLetter, checkpoint });
   }
   process.stdout.write(out.map((r) => JSON.stringify(r)).join('\n') + (out.length ? '\n' : ''));
   return EXIT_OK;
@@ -212,7 +214,7 @@ async function deadLetterReplayCommand(opts: { dir: string; table?: string; audi
 export function walCommand(): Command {
   const wal = new Command('wal').description('inspect an audit spool (--audit-wal-dir)');
   const dir = () => flag('--dir <dir>', { description: 'the audit WAL directory (--audit-wal-dir)' }).makeOptionMandatory();
-  wal.command('stat').description('per table: segments, unshipped bytes, oldest unshipped age, dropped count, checkpoint')
+  wal.command('stat').description('per table: segments, unshipped bytes, oldest unshipped age, dropped count, dead-lettered records, checkpoint')
     .addOption(dir()).action(async (o) => void (process.exitCode = await statCommand(o)));
   wal.command('tail').description('records as JSON lines (unshipped ones unless --all)')
     .addOption(dir())

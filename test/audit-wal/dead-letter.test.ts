@@ -90,6 +90,9 @@ t.test('PostgreSQL: rejected records are dead-lettered, the rest ship; replay af
   t.match(entries.find((e) => e.id === nul.id), { table: 'llm_audit_log', reason: 'rejected', dead_lettered_at: String, error: { name: 'StoreRejectedError', store_code: '22P05', message: /Unicode escape/ }, record: { id: nul.id, model: 'claude\u0000evil' } });
   t.match(entries.find((e) => e.id === huge.id), { error: { store_code: '22003', message: /out of range/ }, record: { input_tokens: 1e19 } });
 
+  const stat = await runDvx(['wal', 'stat', '--dir', dir]);
+  t.match(jsonLines(stat.stdout).find((l) => l.table === 'llm_audit_log'), { dead_letter: 2, unshipped_bytes: 0 }, 'dvx wal stat counts them');
+
   let replay = await runDvx(['wal', 'dead-letter', 'replay', '--dir', dir, '--audit-dsn', pgdb.dsn]);
   t.equal(replay.code, 1, 'replayed as they are, both are refused again and stay');
   t.same(jsonLines(replay.stdout).map((l) => l.replay), ['kept', 'kept']);
