@@ -20,3 +20,37 @@ export class AuditUnavailableError extends Error {
   override name = 'AuditUnavailableError';
   readonly code = 'DVX_AUDIT_UNAVAILABLE';
 }
+
+// A store's insert fails one of two ways, and the shipper treats them oppositely: a store that is
+// unavailable is retried with backoff (the batch waits in the WAL), a batch the store rejects is split
+// down to the records it refuses, which go to the dead-letter spool. Each store classifies its own
+// errors (stores/*.ts); the original error is kept as `cause`, so its stack and codes reach the log.
+
+/** The store could not take the batch now (down, unreachable, timed out, overloaded): retry later. */
+export class StoreUnavailableError extends Error {
+  override name = 'StoreUnavailableError';
+  readonly code = 'DVX_AUDIT_STORE_UNAVAILABLE';
+  /** The store's own code (SQLSTATE, ClickHouse error code, errno) when it gave one. */
+  readonly storeCode: string | undefined;
+  constructor(message: string, storeCode: string | undefined, cause: unknown) {
+    super(message, { cause });
+    this.storeCode = storeCode;
+  }
+}
+
+/** The store refused the data itself (a value its column type cannot hold): retrying changes nothing. */
+export class StoreRejectedError extends Error {
+  override name = 'StoreRejectedError';
+  readonly code = 'DVX_AUDIT_STORE_REJECTED';
+  readonly storeCode: string | undefined;
+  constructor(message: string, storeCode: string | undefined, cause: unknown) {
+    super(message, { cause });
+    this.storeCode = storeCode;
+  }
+}
+
+/** Another process holds the dead-letter spool (a `dvx wal dead-letter replay` in progress). */
+export class DeadLetterBusyError extends Error {
+  override name = 'DeadLetterBusyError';
+  readonly code = 'DVX_DEAD_LETTER_BUSY';
+}

@@ -10,6 +10,11 @@ import type { LlmQuery, ReadRecord } from './read.ts';
 export interface AuditWriter {
   readonly kind: 'clickhouse' | 'postgres' | 'pglite';
   ensureSchema(): Promise<void>;
+  /**
+   * Inserts a batch, all or nothing. Rejects with StoreRejectedError when the store refuses the data
+   * (the shipper then splits the batch to find the records) and StoreUnavailableError when it cannot
+   * take it now (retried); each store classifies its own errors.
+   */
   insert(table: AuditTable, records: Record<string, unknown>[]): Promise<void>;
   close(): Promise<void>;
 }

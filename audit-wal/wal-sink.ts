@@ -2,7 +2,8 @@ import { join } from 'node:path';
 import type { Registry } from 'prom-client';
 import type { Logger } from '../core/logger.ts';
 import { counter, gauge, histogram } from '../core/metrics.ts';
-import { Shipper } from './shipper.ts';
+import { DeadLetterSpool } from './dead-letter.ts';
+import { Shipper, type ShipperMetrics } from './shipper.ts';
 import type { AuditSink, AuditTable } from './sink.ts';
 import { openStore, type AuditStore, type AuditWriter } from './store.ts';
 import { WalTable, type WalMetrics } from './wal-table.ts';
@@ -11,6 +12,7 @@ import { WalTable, type WalMetrics } from './wal-table.ts';
 //
 //   append ─▶ wal/<table>/NNNNNNNNNNNN.wal ─(durable)─▶ resolved
 //                      └── shipper ─▶ ClickHouse | Postgres | PGlite ─▶ checkpoint ─▶ old segments deleted
+//                             └── records the store rejects ─▶ wal/<table>/dead-letter/ (dvx wal dead-letter)
 
 export const TABLES: readonly AuditTable[] = ['llm_audit_log', 'audit_events'];
 
@@ -28,7 +30,7 @@ export interface WalSinkOptions {
   store?: AuditStore;
 }
 
-export function walMetrics(registry: Registry): WalMetrics & { shipped(t: string, n: number): void; lag(t: string, s: number): void; failed(t: string): void } {
+export function walMetrics(registry: Registry): WalMetrics & ShipperMetrics {
   const appended = counter(registry, 'dvx_audit_wal_appended_total', 'Audit records appended', ['table']);
   const durable = histogram(registry, 'dvx_audit_wal_durable_seconds', 'Append-to-durable latency', ['table'], [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1]);
   const dropped = counter(registry, 'dvx_audit_wal_dropped_total', 'Audit records dropped at the WAL ceiling', ['table']);
@@ -36,7 +38,9 @@ export function walMetrics(registry: Registry): WalMetrics & { shipped(t: string
   const unshipped = gauge(registry, 'dvx_audit_wal_unshipped_bytes', 'WAL bytes not yet shipped', ['table']);
   const shipped = counter(registry, 'dvx_audit_shipped_total', 'Audit rows acknowledged by the store', ['table']);
   const lag = gauge(registry, 'dvx_audit_ship_lag_seconds', 'Age of the newest shipped record when shipped', ['table']);
-  const failed = counter(registry, 'dvx_audit_ship_failures_total', 'Failed shipping attempts', ['table']);
+  const failed = counter(registry, 'dvx_audit_ship_failures_total', 'Failed shipping attempts, by the step that failed (read, store, dead_letter, checkpoint)', ['table', 'reason']);
+  const deadLettered = counter(registry, 'dvx_audit_dead_letter_records_total', 'Audit records moved to the dead-letter spool (rejected by the store, or unparseable)', ['table', 'reason']);
+  const deadLetterPending = gauge(registry, 'dvx_audit_dead_letter_pending', 'Records in the dead-letter spool, as of its last change in this process', ['table']);
   return {
     appended: (table) => appended.inc({ table }),
     durable: (table, s) => durable.observe({ table }, s),
@@ -45,7 +49,9 @@ export function walMetrics(registry: Registry): WalMetrics & { shipped(t: string
     unshipped: (table, n) => unshipped.set({ table }, n),
     shipped: (table, n) => shipped.inc({ table }, n),
     lag: (table, s) => lag.set({ table }, s),
-    failed: (table) => failed.inc({ table }),
+    failed: (table, reason) => failed.inc({ table, reason }),
+    deadLettered: (table, reason, n) => deadLettered.inc({ table, reason }, n),
+    deadLetterPending: (table, n) => deadLetterPending.set({ table }, n),
   };
 }
 
@@ -84,7 +90,8 @@ export class WalSink implements AuditSink {
     for (const name of options.tables ?? TABLES) {
       const table = await WalTable.open(join(options.dir, name), name, { maxBytes: options.maxBytes, segmentBytes: options.segmentBytes, log: options.log, metrics });
       sink.#tables.set(name, table);
-      const shipper = new Shipper(name, table, ensured, { ...options.shipper, log: options.log, metrics });
+      const deadLetter = new DeadLetterSpool(join(options.dir, name), name, { log: options.log, maxBytes: options.maxBytes });
+      const shipper = new Shipper(name, table, ensured, { ...options.shipper, log: options.log, metrics, deadLetter });
       shipper.start();
       sink.#shippers.push(shipper);
     }

@@ -5,10 +5,16 @@ import { flag } from '../core/options.ts';
 import { readCheckpoint } from '../audit-wal/checkpoint.ts';
 import { checkHeader, decodeFrames, HEADER_BYTES } from '../audit-wal/frame.ts';
 import { readDropped } from '../audit-wal/wal-table.ts';
-import { CliError, EXIT_BLOCKED, EXIT_OK } from './exit-codes.ts';
+import { DEAD_LETTER_DIR, deadLetterEntry, DeadLetterSpool, type DeadLetter } from '../audit-wal/dead-letter.ts';
+import { StoreUnavailableError } from '../audit-wal/errors.ts';
+import type { AuditTable } from '../audit-wal/sink.ts';
+import { DsnError, openStore } from '../audit-wal/store.ts';
+import { createLogger } from '../core/logger.ts';
+import { CliError, EXIT_BLOCKED, EXIT_OK, EXIT_UNAVAILABLE } from './exit-codes.ts';
 
 // `dvx wal stat | tail | verify --dir DIR`: SRE tools over an audit spool. They only read: a running
-// component may keep appending and shipping while they look.
+// component may keep appending and shipping while they look. `dvx wal dead-letter list` reads the
+// dead-letter spools the same way; `dvx wal dead-letter replay` writes one, under its lock.
 
 const SEGMENT = /^\d{12}\.wal$/;
 
@@ -77,7 +83,9 @@ async function statCommand(opts: { dir: string }): Promise<number> {
       break;
     }
     const ageS = oldest ? Math.max(0, (Date.now() - Date.parse(oldest)) / 1000) : 0;
-    out.push({ table, segments: ids.length, unshipped_bytes: Math.max(0, unshipped), oldest_unshipped_age_s: Math.round(ageS * 10) / 10, dropped: await readDropped(tableDir), checkpoint });
+    let deadLetter = 0;
+    if ((await readdir(tableDir)).includes(DEAD_LETTER_DIR)) for await (const f of frames(join(tableDir, DEAD_LETTER_DIR), true)) if (f.payload) deadLetter++;
+    out.push({ table, segments: ids.length, unshipped_bytes: Math.max(0, unshipped), oldest_unshipped_age_s: Math.round(ageS * 10) / 10, dropped: await readDropped(tableDir), dead_letter: deadLetter, checkpoint });
   }
   process.stdout.write(out.map((r) => JSON.stringify(r)).join('\n') + (out.length ? '\n' : ''));
   return EXIT_OK;
@@ -123,10 +131,90 @@ async function verifyCommand(opts: { dir: string }): Promise<number> {
   return problems > 0 ? EXIT_BLOCKED : EXIT_OK;
 }
 
+/** Tables that have a dead-letter spool. */
+async function deadLetterTables(dir: string, only?: string): Promise<string[]> {
+  const found: string[] = [];
+  for (const table of await tables(dir, only)) {
+    if ((await readdir(join(dir, table)).catch(() => [] as string[])).includes(DEAD_LETTER_DIR)) found.push(table);
+  }
+  return found;
+}
+
+/** A terminal table: fixed columns, the last one cut to the terminal's width. */
+function renderTable(header: string[], rows: string[][], width: number): string {
+  const cut = (s: string, n: number) => (s.length > n ? `${s.slice(0, Math.max(0, n - 1))}…` : s);
+  // A record is an agent's data and a store's error may quote it: no control character reaches the terminal.
+  const plain = (c: string) => c.replace(/\s+/g, ' ').replace(/[\u0000-\u001f\u007f-\u009f]/g, (ch) => `\\u${ch.charCodeAt(0).toString(16).padStart(4, '0')}`);
+  rows = rows.map((r) => r.map(plain));
+  const widths = header.map((h, i) => Math.min(i === header.length - 1 ? Infinity : 60, Math.max(h.length, ...rows.map((r) => r[i].length))));
+  const fixed = widths.slice(0, -1).reduce((a, b) => a + b + 2, 0);
+  widths[widths.length - 1] = Math.max(20, Math.min(widths.at(-1)!, width - fixed));
+  return [header, ...rows].map((r) => r.map((c, i) => cut(c, widths[i]).padEnd(widths[i])).join('  ').trimEnd()).join('\n') + '\n';
+}
+
+async function deadLetterListCommand(opts: { dir: string; table?: string }): Promise<number> {
+  const entries: DeadLetter[] = [];
+  for (const table of await deadLetterTables(opts.dir, opts.table)) {
+    for await (const f of frames(join(opts.dir, table, DEAD_LETTER_DIR), true)) {
+      if (f.payload) entries.push(deadLetterEntry(table, f.payload));
+      else process.stderr.write(`dvx wal dead-letter list: ${table}/${DEAD_LETTER_DIR} segment ${f.segment} offset ${f.offset}: ${f.problem}\n`);
+    }
+  }
+  if (!process.stdout.isTTY) {
+    // Piped: JSON lines, one entry each, like `dvx wal tail`.
+    process.stdout.write(entries.map((e) => JSON.stringify(e) + '\n').join(''));
+    return EXIT_OK;
+  }
+  if (entries.length === 0) {
+    process.stdout.write('no dead-lettered records\n');
+    return EXIT_OK;
+  }
+  const rows = entries.map((e) => [e.id ?? '-', e.table, e.dead_lettered_at, e.error.store_code ?? e.reason, e.error.message, e.record ? JSON.stringify(e.record) : (e.raw ?? '')]);
+  process.stdout.write(renderTable(['ID', 'TABLE', 'WHEN', 'CODE', 'ERROR', 'RECORD'], rows, process.stdout.columns ?? 160));
+  return EXIT_OK;
+}
+
+async function deadLetterReplayCommand(opts: { dir: string; table?: string; auditDsn: string }): Promise<number> {
+  const names = await deadLetterTables(opts.dir, opts.table);
+  let store;
+  try {
+    store = await openStore(opts.auditDsn);
+  } catch (err) {
+    if (err instanceof DsnError) throw new CliError(err.message);
+    throw err;
+  }
+  const log = createLogger({ level: 'warn', destination: process.stderr as never });
+  let kept = 0;
+  try {
+    try {
+      await store.ensureSchema();
+    } catch (err) {
+      throw new CliError(`audit store unavailable: ${(err as Error).message}`, EXIT_UNAVAILABLE);
+    }
+    for (const table of names) {
+      const spool = new DeadLetterSpool(join(opts.dir, table), table as AuditTable, { log });
+      let result;
+      try {
+        result = await spool.replay(store);
+      } catch (err) {
+        if (err instanceof StoreUnavailableError) throw new CliError(`audit store unavailable, nothing replayed for ${table}: ${err.message}`, EXIT_UNAVAILABLE);
+        throw err;
+      }
+      kept += result.kept.length;
+      for (const e of result.shipped) process.stdout.write(JSON.stringify({ table, id: e.id, replay: 'shipped' }) + '\n');
+      for (const e of result.kept) process.stdout.write(JSON.stringify({ table, id: e.id, replay: 'kept', error: e.error }) + '\n');
+      process.stderr.write(`dvx wal dead-letter replay: ${table}: ${result.shipped.length} shipped, ${result.kept.length} kept\n`);
+    }
+  } finally {
+    await store.close();
+  }
+  return kept > 0 ? EXIT_BLOCKED : EXIT_OK;
+}
+
 export function walCommand(): Command {
   const wal = new Command('wal').description('inspect an audit spool (--audit-wal-dir)');
   const dir = () => flag('--dir <dir>', { description: 'the audit WAL directory (--audit-wal-dir)' }).makeOptionMandatory();
-  wal.command('stat').description('per table: segments, unshipped bytes, oldest unshipped age, dropped count, checkpoint')
+  wal.command('stat').description('per table: segments, unshipped bytes, oldest unshipped age, dropped count, dead-lettered records, checkpoint')
     .addOption(dir()).action(async (o) => void (process.exitCode = await statCommand(o)));
   wal.command('tail').description('records as JSON lines (unshipped ones unless --all)')
     .addOption(dir())
@@ -136,6 +224,16 @@ export function walCommand(): Command {
     .action(async (o) => void (process.exitCode = await tailCommand(o)));
   wal.command('verify').description('check every frame; exit 1 with the offsets of corruption')
     .addOption(dir()).action(async (o) => void (process.exitCode = await verifyCommand(o)));
+  const dead = wal.command('dead-letter').description('records the store rejected, kept aside under <dir>/<table>/dead-letter');
+  dead.command('list').description('dead-lettered records (id, table, when, the store\'s error, the record): a table on a terminal, JSON lines when piped')
+    .addOption(dir())
+    .addOption(flag('--table <name>', { description: 'only this table' }))
+    .action(async (o) => void (process.exitCode = await deadLetterListCommand(o)));
+  dead.command('replay').description('insert the dead-lettered records again as they are; those the store takes leave the spool (exit 1 when some stay)')
+    .addOption(dir())
+    .addOption(flag('--table <name>', { description: 'only this table' }))
+    .addOption(flag('--audit-dsn <dsn>', { description: 'the audit store to replay into: clickhouse://…, postgres://…, pglite://DIR' }).makeOptionMandatory())
+    .action(async (o) => void (process.exitCode = await deadLetterReplayCommand(o)));
   return wal;
 }
 

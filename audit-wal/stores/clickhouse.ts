@@ -1,6 +1,7 @@
 import { readFile } from 'node:fs/promises';
 import { ClickHouseLogLevel, createClient, type ClickHouseClient } from '@clickhouse/client';
 import type { AuditStore } from '../store.ts';
+import { StoreRejectedError, StoreUnavailableError } from '../errors.ts';
 import type { AuditTable } from '../sink.ts';
 import { clickhouseRow } from '../rows.ts';
 import type { AuditQuery } from '../query.ts';
@@ -10,6 +11,46 @@ import { CH_EVENT_SELECT, chString, clickhouseWhere, toLlmEntry, toRecord, type 
 // retried rows; readers use LIMIT 1 BY id to see each record once before the merge.
 
 const SCHEMA = new URL('../../deploy/schema/clickhouse.sql', import.meta.url);
+
+/**
+ * ClickHouse error codes that mean the data itself cannot be stored (CANNOT_PARSE_*, TYPE_MISMATCH,
+ * INCORRECT_DATA, a value out of its type's range, …). ClickHouse answers some of them with HTTP 500
+ * (18.16 does for code 27), so the status says nothing: the code decides.
+ */
+const CH_DATA_ERRORS = new Set([
+  6, // CANNOT_PARSE_TEXT
+  25, // CANNOT_PARSE_ESCAPE_SEQUENCE (a lone UTF-16 surrogate in a string)
+  26, // CANNOT_PARSE_QUOTED_STRING
+  27, // CANNOT_PARSE_INPUT_ASSERTION_FAILED (1.5 or 1e20 for a UInt16)
+  38, // CANNOT_PARSE_DATE
+  41, // CANNOT_PARSE_DATETIME
+  53, // TYPE_MISMATCH
+  69, // ARGUMENT_OUT_OF_BOUND
+  70, // CANNOT_CONVERT_TYPE
+  72, // CANNOT_PARSE_NUMBER (-1 for an unsigned column)
+  117, // INCORRECT_DATA
+  131, // TOO_LARGE_STRING_SIZE
+  321, // VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE
+  349, // CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN
+]);
+
+/**
+ * Rejected: a data error by code (the client parses `Code: N. … (TYPE)` of current servers into
+ * ClickHouseError; 18.16's `Code: N, e.displayText() = …` stays a plain Error, read here) or by a
+ * CANNOT_PARSE_ type name. Everything else is unavailable and retried: NETWORK_ERROR, TIMEOUT_EXCEEDED,
+ * TOO_MANY_PARTS, memory limits, a missing table, and connection errors (refused, reset, timeout).
+ */
+export function classifyClickHouseError(err: unknown): StoreRejectedError | StoreUnavailableError {
+  const message = (err as Error | null)?.message ?? String(err);
+  const e = err as { code?: unknown; type?: unknown } | null;
+  const code = typeof e?.code === 'string' && /^\d+$/.test(e.code) ? Number(e.code) : Number(/^Code: (\d+)[.,]/.exec(message)?.[1] ?? NaN);
+  const type = typeof e?.type === 'string' ? e.type : undefined;
+  if (CH_DATA_ERRORS.has(code) || type?.startsWith('CANNOT_PARSE_')) {
+    return new StoreRejectedError(`clickhouse rejected the batch: ${message.split('\n')[0]}`, `${code}${type ? ` ${type}` : ''}`, err);
+  }
+  const storeCode = Number.isNaN(code) ? (typeof e?.code === 'string' ? e.code : undefined) : `${code}${type ? ` ${type}` : ''}`;
+  return new StoreUnavailableError(`clickhouse unavailable: ${message.split('\n')[0]}`, storeCode, err);
+}
 
 export class ClickHouseStore implements AuditStore {
   readonly kind = 'clickhouse' as const;
@@ -39,7 +80,14 @@ export class ClickHouseStore implements AuditStore {
 
   async insert(table: AuditTable, records: Record<string, unknown>[]): Promise<void> {
     if (records.length === 0) return;
-    await this.#client.insert({ table: `${this.#db}.${table}`, values: records.map((r) => clickhouseRow(table, r)), format: 'JSONEachRow' });
+    const values = records.map((r) => clickhouseRow(table, r));
+    try {
+      // One request, parsed as one block (a batch is far below max_insert_block_size): a row that fails
+      // to parse fails the whole insert and nothing of it is written.
+      await this.#client.insert({ table: `${this.#db}.${table}`, values, format: 'JSONEachRow' });
+    } catch (err) {
+      throw classifyClickHouseError(err);
+    }
   }
 
   /**

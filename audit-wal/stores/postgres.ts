@@ -2,6 +2,7 @@ import { readFile } from 'node:fs/promises';
 import pg from 'pg';
 import { PGlite } from '@electric-sql/pglite';
 import type { AuditStore } from '../store.ts';
+import { StoreRejectedError, StoreUnavailableError } from '../errors.ts';
 import type { AuditTable } from '../sink.ts';
 import { COLUMNS, postgresRow } from '../rows.ts';
 import type { AuditQuery } from '../query.ts';
@@ -12,6 +13,20 @@ import { postgresWhere, toLlmEntry, toRecord, type LlmQuery, type ReadRecord } f
 // retried batch a no-op.
 
 const SCHEMA = new URL('../../deploy/schema/postgres.sql', import.meta.url);
+
+/**
+ * Rejected: SQLSTATE class 22 (data exception: 22P05 an untranslatable character such as NUL, 22021 a
+ * bad byte sequence, 22003 a number out of range, 22P02 malformed input) and 23 (integrity constraint).
+ * Everything else is unavailable and retried: class 08 (connection), 57 (shutdown, cannot connect now),
+ * 53 (out of resources), 40 (serialization), 42 (a missing table or privilege is the operator's to fix,
+ * not the record's), and errors without a SQLSTATE (refused, reset, pool or connect timeout).
+ */
+export function classifyPostgresError(err: unknown): StoreRejectedError | StoreUnavailableError {
+  const code = (err as { code?: unknown } | null)?.code;
+  const message = (err as Error | null)?.message ?? String(err);
+  if (typeof code === 'string' && /^2[23][0-9A-Z]{3}$/.test(code)) return new StoreRejectedError(`postgres rejected the batch: ${message} (SQLSTATE ${code})`, code, err);
+  return new StoreUnavailableError(`postgres unavailable: ${message}${typeof code === 'string' ? ` (${code})` : ''}`, typeof code === 'string' ? code : undefined, err);
+}
 
 interface Query {
   query(sql: string, params?: unknown[]): Promise<{ rows: unknown[] }>;
@@ -55,10 +70,14 @@ export class PostgresStore implements AuditStore {
     if (records.length === 0) return;
     const cols = COLUMNS[table].join(', ');
     const rows = records.map((r) => postgresRow(table, r));
-    await this.#db.query(
-      `INSERT INTO ${table} (${cols}) SELECT ${cols} FROM json_populate_recordset(NULL::${table}, $1::json) ON CONFLICT (id) DO NOTHING`,
-      [JSON.stringify(rows)],
-    );
+    try {
+      await this.#db.query(
+        `INSERT INTO ${table} (${cols}) SELECT ${cols} FROM json_populate_recordset(NULL::${table}, $1::json) ON CONFLICT (id) DO NOTHING`,
+        [JSON.stringify(rows)],
+      );
+    } catch (err) {
+      throw classifyPostgresError(err);
+    }
   }
 
   async readEvents(q: AuditQuery): Promise<ReadRecord[]> {
