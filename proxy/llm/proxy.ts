@@ -22,7 +22,7 @@ import type { LlmProxyOptions } from './options.ts';
 import { tierRank } from './options.ts';
 import { readBody, TooLargeError } from './read-body.ts';
 import type { SecretSource } from './secrets-file.ts';
-import { agentHeaders, DEFAULT_UPSTREAMS, readableAnswer, upstreamHeaders, upstreamTarget, type UpstreamAnswer } from './upstream.ts';
+import { agentHeaders, DEFAULT_UPSTREAMS, readableAnswer, upstreamHeaders, upstreamTarget, upstreamTimeoutPhase, type UpstreamAnswer } from './upstream.ts';
 import { usageOf } from './usage.ts';
 import { FinalEventGuard } from './final-event.ts';
 import { gated, type CaptureOptions } from '../../audit-wal/gate.ts';
@@ -286,7 +286,7 @@ export class LlmProxy {
       });
     } catch (err) {
       call.upstreamMs = performance.now() - upstreamStarted;
-      d.log.warn({ request_id: call.id, upstream: target.origin, err: (err as Error).message }, 'upstream request failed');
+      this.#upstreamFailed(call, err as Error, 'upstream request failed', target.origin);
       return this.#reply(res, call, ERRORS.upstreamFailed);
     }
     call.upstreamMs = performance.now() - upstreamStarted;
@@ -324,7 +324,7 @@ export class LlmProxy {
         if (res.destroyed) return;
       }
     } catch (err) {
-      call.error = `upstream response failed: ${(err as Error).message}`;
+      this.#upstreamFailed(call, err as Error, 'upstream response failed');
       res.destroy();
       return;
     }
@@ -340,7 +340,7 @@ export class LlmProxy {
     try {
       body = await collect(upstream.body);
     } catch (err) {
-      this.#d.log.warn({ request_id: call.id, err: (err as Error).message }, 'upstream response failed mid-body');
+      this.#upstreamFailed(call, err as Error, 'upstream response failed mid-body');
       return this.#reply(res, call, ERRORS.upstreamFailed);
     }
     call.responseBytes = body.length;
@@ -388,8 +388,8 @@ export class LlmProxy {
         if (res.destroyed) break;
       }
     } catch (err) {
-      call.error = `upstream stream failed: ${(err as Error).message}`;
-      this.#d.log.warn({ request_id: call.id, err: (err as Error).message }, 'upstream stream failed mid-response');
+      // Headers are sent: the agent sees the stream cut short (its SDK raises), never a stream left open.
+      this.#upstreamFailed(call, err as Error, 'upstream stream failed');
       res.destroy();
     }
     let tail = translator && !res.destroyed ? Buffer.from(translator.end()) : Buffer.alloc(0);
@@ -431,6 +431,21 @@ export class LlmProxy {
       });
       return false;
     }
+  }
+
+  /**
+   * An upstream failure, named in the call's record (`error`) and the log; a dead upstream cut by one of
+   * the dispatcher's timers (upstream.ts) says which, and is counted.
+   */
+  #upstreamFailed(call: CallRecord, err: Error, what: string, upstream?: string): void {
+    const d = this.#d;
+    const phase = upstreamTimeoutPhase(err);
+    if (phase !== null) d.metrics.upstreamTimeouts.inc({ phase });
+    const reason = phase === 'headers' ? `no response headers within ${d.options.upstreamTimeout} ms (--upstream-timeout)`
+      : phase === 'idle' ? `nothing received for ${d.options.upstreamIdleTimeout} ms (--upstream-idle-timeout)`
+      : err.message;
+    call.error = `${what}: ${reason}`;
+    d.log.warn({ request_id: call.id, upstream, timeout: phase, err }, what);
   }
 
   async #inspectResponse(call: CallRecord, body: Buffer): Promise<void> {
