@@ -4,6 +4,7 @@ import { performance } from 'node:perf_hooks';
 import type { Dispatcher } from 'undici';
 import type { Logger } from '../../core/logger.ts';
 import { newId } from '../../core/ids.ts';
+import { own } from '../../core/own.ts';
 import type { AuditSink } from '../../audit-wal/sink.ts';
 import { MAX_BODY_BYTES, DEFAULT_INLINE_THRESHOLD_BYTES, type InspectionEngine, type InspectionOutcome } from '../../pipeline/engine.ts';
 import type { Finding } from '../../pipeline/finding.ts';
@@ -11,7 +12,7 @@ import { BodyTooLargeError } from '../../pipeline/errors.ts';
 import { topLevelString } from '../../pipeline/json-view.ts';
 import type { PolicyCache } from '../../pipeline/policy/cache.ts';
 import { resolvePolicy } from '../../pipeline/policy/resolve.ts';
-import { orgFlag, policyLayers, resolveSnapshotSetting, type Snapshot, type WireFormat } from '../../pipeline/policy/snapshot.ts';
+import { orgFlag, policyLayers, resolveSnapshotSetting, snapshotAgent, type Snapshot, type WireFormat } from '../../pipeline/policy/snapshot.ts';
 import type { ResolvedPolicy } from '../../pipeline/policy/types.ts';
 import { AuthError, type AgentAuthenticator, type AgentIdentity } from './auth.ts';
 import { resolveCredential } from './credentials.ts';
@@ -157,7 +158,7 @@ export class LlmProxy {
       return this.#reply(res, call, ERRORS.unauthenticated, { 'www-authenticate': 'Bearer' });
     }
     const snapshot = d.snapshot();
-    const agent = snapshot.agents[identity.agentId];
+    const agent = snapshotAgent(snapshot, identity.agentId);
     if (agent) {
       if (agent.org_id !== identity.orgId) {
         d.log.warn({ request_id: call.id, agent_id: identity.agentId, token_org: identity.orgId, snapshot_org: agent.org_id }, 'agent org does not match the snapshot');
@@ -179,7 +180,7 @@ export class LlmProxy {
     }
 
     // 2. Which API.
-    const inferenceFormat = req.method === 'POST' ? INFERENCE_ROUTES[call.path] : undefined;
+    const inferenceFormat = req.method === 'POST' ? own(INFERENCE_ROUTES, call.path) : undefined;
     // Only the providers' /v1 APIs, in normal form (formats.ts: the platform key never travels to
     // `/v1/../admin`, and `/v1/messages/` is no way around the inference route's checks).
     if (!isNormalApiPath(call.path)) {

@@ -4,6 +4,7 @@ import { createBrotliDecompress, createGunzip, createInflate, createInflateRaw, 
 import { Agent, type Dispatcher } from 'undici';
 import type { WireFormat } from '../../pipeline/policy/snapshot.ts';
 import { isAnthropic } from './formats.ts';
+import { own } from '../../core/own.ts';
 
 // The upstream side: one keep-alive undici Agent (a pool per origin) for every provider, trusting
 // --upstream-ca in addition to the system roots when given. Its two timers bound a dead upstream
@@ -139,7 +140,7 @@ export function readableAnswer(answer: Dispatcher.ResponseData, method: string):
   const plain = { statusCode: answer.statusCode, headers: answer.headers, body: answer.body as AsyncIterable<Buffer>, unreadable: null };
   const bodiless = method === 'HEAD' || answer.statusCode < 200 || answer.statusCode === 204 || answer.statusCode === 304;
   if (coding === '' || coding === 'identity' || bodiless) return plain;
-  const make = Object.hasOwn(DECODERS, coding) ? DECODERS[coding] : undefined;
+  const make = own(DECODERS, coding);
   if (!make) return { ...plain, unreadable: coding };
   const headers = { ...answer.headers };
   delete headers['content-encoding'];
