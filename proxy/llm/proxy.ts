@@ -131,7 +131,7 @@ export class LlmProxy {
       .catch((err: Error) => {
         call.error = err.message;
         if (err instanceof BodyTooLargeError && !res.headersSent) {
-          this.#reply(res, call, ERRORS.tooLarge, { connection: 'close' });
+          this.#refuse(res, call, ERRORS.tooLarge, err.message, { connection: 'close' });
           return;
         }
         this.#d.log.error({ err: err.message, request_id: call.id }, 'llmproxy call failed');
@@ -153,9 +153,13 @@ export class LlmProxy {
     } catch (err) {
       if (!(err instanceof AuthError)) throw err;
       d.metrics.authFailures.inc({ reason: err.message.split(' ')[1] ?? 'invalid' });
-      d.log.warn({ request_id: call.id, reason: err.message, path: call.path }, 'agent authentication failed');
+      d.log.warn({ request_id: call.id, reason: err.message, path: call.path, agent_id: err.identity?.agentId, org_id: err.identity?.orgId }, 'agent authentication failed');
       req.resume();
-      return this.#reply(res, call, ERRORS.unauthenticated, { 'www-authenticate': 'Bearer' });
+      // A token the issuer signed names its agent even when refused (expired, say): audited as that
+      // agent's. Without a verified signature nothing names the caller, and no org's log takes the
+      // record (docs/decisions.md, "P7.10"): the log line and the metric above are its trace.
+      if (err.identity) this.#identify(call, d.snapshot(), err.identity);
+      return this.#refuse(res, call, ERRORS.unauthenticated, `agent authentication failed: ${err.message}`, { 'www-authenticate': 'Bearer' });
     }
     const snapshot = d.snapshot();
     const agent = snapshotAgent(snapshot, identity.agentId);
@@ -163,20 +167,21 @@ export class LlmProxy {
       if (agent.org_id !== identity.orgId) {
         d.log.warn({ request_id: call.id, agent_id: identity.agentId, token_org: identity.orgId, snapshot_org: agent.org_id }, 'agent org does not match the snapshot');
         req.resume();
-        return this.#reply(res, call, ERRORS.agentRefused);
+        // Recorded in the log of the org that owns the agent id: that is where the refusal is read.
+        this.#identify(call, snapshot, { ...identity, orgId: agent.org_id, agentName: identity.agentName || agent.name });
+        return this.#refuse(res, call, ERRORS.agentRefused, `token org_id "${identity.orgId}" differs from the agent's org in the snapshot`);
       }
       identity = { ...identity, agentName: identity.agentName || agent.name, groupId: agent.group_id ?? identity.groupId };
     }
-    call.identity = identity;
-    call.audit = orgFlag(snapshot, identity.orgId, 'audit:llm');
+    this.#identify(call, snapshot, identity);
     if (agent && (agent.status === 'suspended' || agent.status === 'isolated' || agent.contained)) {
       d.log.warn({ request_id: call.id, agent_id: identity.agentId, status: agent.status, contained: agent.contained }, 'agent refused by its state');
       req.resume();
-      return this.#reply(res, call, ERRORS.agentRefused);
+      return this.#refuse(res, call, ERRORS.agentRefused, agent.contained ? 'agent is contained' : `agent is ${agent.status}`);
     }
     if (tierRank(snapshot.enclave.isolation_class) < tierRank(d.options.minTier)) {
       req.resume();
-      return this.#reply(res, call, ERRORS.tierTooLow);
+      return this.#refuse(res, call, ERRORS.tierTooLow, `enclave isolation class ${snapshot.enclave.isolation_class} is below --min-tier ${d.options.minTier}`);
     }
 
     // 2. Which API.
@@ -185,12 +190,12 @@ export class LlmProxy {
     // `/v1/../admin`, and `/v1/messages/` is no way around the inference route's checks).
     if (!isNormalApiPath(call.path)) {
       req.resume();
-      return this.#reply(res, call, ERRORS.notFound);
+      return this.#refuse(res, call, ERRORS.notFound, 'no such route (not a provider /v1 path in normal form)');
     }
     const coding = req.headers['content-encoding'];
     if (coding !== undefined && coding.trim().toLowerCase() !== 'identity') {
       req.resume();
-      return this.#reply(res, call, ERRORS.encodedBody, { connection: 'close' });
+      return this.#refuse(res, call, ERRORS.encodedBody, `content-encoding ${coding} refused`, { connection: 'close' });
     }
     const format = inferenceFormat ?? passThroughFormat(call.path, req.headers);
     call.format = format;
@@ -205,14 +210,14 @@ export class LlmProxy {
     const contentType = req.headers['content-type'];
     if (inferenceFormat && contentType !== undefined && !/^application\/(?:[\w.+-]*\+)?json\s*(?:;|$)/i.test(contentType)) {
       req.resume();
-      return this.#reply(res, call, ERRORS.unsupportedMediaType);
+      return this.#refuse(res, call, ERRORS.unsupportedMediaType, `content-type ${contentType} refused`);
     }
     let body: Buffer;
     try {
       // Room for the prefix, JSON-escaped, plus the wrapper around it, so it is spliced in place.
       body = await readBody(req, MAX_BODY_BYTES, DEFAULT_INLINE_THRESHOLD_BYTES, inferenceFormat && !translated ? Buffer.byteLength(JSON.stringify(prefix)) + 64 : 0);
     } catch (err) {
-      if (err instanceof TooLargeError) return this.#reply(res, call, ERRORS.tooLarge, { connection: 'close' });
+      if (err instanceof TooLargeError) return this.#refuse(res, call, ERRORS.tooLarge, 'request body exceeds 32 MB', { connection: 'close' });
       throw err;
     }
     call.requestBytes = body.length;
@@ -225,7 +230,7 @@ export class LlmProxy {
       try {
         body = translateRequest(format, upstreamFormat, body);
       } catch (err) {
-        if (err instanceof TranslationError) return this.#reply(res, call, badRequest(err.message));
+        if (err instanceof TranslationError) return this.#refuse(res, call, badRequest(err.message), err.message);
         throw err;
       }
     }
@@ -233,11 +238,11 @@ export class LlmProxy {
       try {
         body = injectPrefix(upstreamFormat, body, prefix);
       } catch (err) {
-        if (err instanceof BodyShapeError) return this.#reply(res, call, badRequest(err.message));
+        if (err instanceof BodyShapeError) return this.#refuse(res, call, badRequest(err.message), err.message);
         throw err;
       }
       call.model = topLevelString(body, 'model');
-      if (call.model === null) return this.#reply(res, call, ERRORS.modelRequired);
+      if (call.model === null) return this.#refuse(res, call, ERRORS.modelRequired, 'model: a string model is required');
     } else if (body.length > 0) {
       call.model = topLevelString(body, 'model');
     }
@@ -260,7 +265,7 @@ export class LlmProxy {
     // 5. The upstream credential.
     const mode = resolveSnapshotSetting(snapshot, 'credential_mode', identity.orgId, identity.groupId, identity.agentId) ?? 'platform';
     const credential = resolveCredential(mode, identity, req.headers, d.secrets);
-    if (credential === null) return this.#reply(res, call, ERRORS.noCredential);
+    if (credential === null) return this.#refuse(res, call, ERRORS.noCredential, `no LLM API credential configured (credential_mode ${mode})`);
 
     // 6. Upstream.
     const base = resolveSnapshotSetting(snapshot, 'upstream', identity.orgId, identity.groupId, identity.agentId)?.[upstreamFormat]
@@ -478,6 +483,22 @@ export class LlmProxy {
   #send(res: ServerResponse, error: ProxyError, extra: Record<string, string> = {}): void {
     res.writeHead(error.status, { 'content-type': error.contentType, 'content-length': String(error.body.length), ...extra });
     res.end(error.body);
+  }
+
+  /** The call is that agent's from here on: its record goes to its org's log, if the org audits. */
+  #identify(call: CallRecord, snapshot: Snapshot, identity: AgentIdentity): void {
+    call.identity = identity;
+    call.audit = orgFlag(snapshot, identity.orgId, 'audit:llm');
+  }
+
+  /**
+   * A refusal of our own before anything reaches the upstream: recorded (once an identity is known, as
+   * every refusal is) with decision `deny` and its reason in `error`.
+   */
+  #refuse(res: ServerResponse, call: CallRecord, error: ProxyError, reason: string, extra: Record<string, string> = {}): void {
+    call.decision = 'deny';
+    call.error = reason;
+    this.#reply(res, call, error, extra);
   }
 
   /** An answer of our own; its record (a refusal's findings above all) is appended before it leaves. */
