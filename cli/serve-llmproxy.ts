@@ -25,6 +25,8 @@ export function registerLlmProxy(serve: Command): void {
     .addOption(flag('--secrets-file <file>', { description: 'embedded secret source {"agent:ID": {NAME: VALUE}, "org:ID": {…}}', default: d.secretsFile }))
     .addOption(flag('--upstream-default <url>', { description: 'upstream base URL when policy names none', default: d.upstreamDefault }))
     .addOption(flag('--upstream-ca <file>', { description: 'extra CA bundle trusted for upstreams', default: d.upstreamCa }))
+    .addOption(flag('--upstream-timeout <duration>', { description: 'how long an upstream may take to answer (its response headers)', default: d.upstreamTimeout, parse: parseDurationFlag }))
+    .addOption(flag('--upstream-idle-timeout <duration>', { description: 'how long an upstream may send nothing while its answer (a stream) is under way', default: d.upstreamIdleTimeout, parse: parseDurationFlag }))
     .addOption(flag('--inspect-timeout <duration>', { description: 'deadline around request-phase inspection', default: DEFAULT_INSPECT_TIMEOUT_MS, parse: parseDurationFlag }))
     .addOption(flag('--translate-upstream-format <format>', { description: 'the upstream wire format --translate converts to', choices: WIRE_FORMATS, default: d.translateUpstreamFormat }))
     .action(async (opts: Partial<LlmProxyOptions>) => {

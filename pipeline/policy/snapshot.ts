@@ -3,6 +3,7 @@ import { isPolicyKey, validatePolicyValue } from './validate.ts';
 import type { PolicyLayers, PolicyPack, PolicyRow, RowsByScope, ScopeRows } from './resolve.ts';
 import { resolveSetting } from './resolve.ts';
 import type { PolicyDocument, PolicyKey } from './types.ts';
+import { dict, own } from '../../core/own.ts';
 
 // The policy snapshot: the desired state an enclave's proxies enforce, written by `dvx policy-pull`
 // (or by hand until the control plane exists). docs/snapshot.md pins the shape. Validation is whole:
@@ -55,6 +56,10 @@ export interface Snapshot {
 }
 
 type Obj = Record<string, unknown>;
+
+// Orgs, groups, agents and flags are keyed by ids that arrive from outside (the snapshot file, a
+// token's claims): their records have no prototype and every read goes through `own`, so an id such
+// as `__proto__` or `constructor` is an id like any other (core/own.ts).
 
 function fail(path: string, message: string): never {
   throw new PolicyValidationError(path, message);
@@ -151,22 +156,22 @@ export function validateSnapshot(value: unknown): Snapshot {
   const enclaveRaw = obj(root.enclave ?? {}, 'snapshot.enclave');
   const isolation = enclaveRaw.isolation_class ?? 'plain';
   if (!(ISOLATION_CLASSES as readonly unknown[]).includes(isolation)) fail('snapshot.enclave.isolation_class', `must be one of ${ISOLATION_CLASSES.join(', ')}`);
-  const orgs: Record<string, OrgState> = {};
+  const orgs = dict<OrgState>();
   for (const [id, raw] of Object.entries(obj(root.orgs ?? {}, 'snapshot.orgs'))) {
     const p = `snapshot.orgs.${id}`;
     const o = obj(raw, p);
-    const flags: OrgState['flags'] = {};
+    const flags: OrgState['flags'] = dict<boolean>();
     for (const [flag, v] of Object.entries(obj(o.flags ?? {}, `${p}.flags`))) {
       if (typeof v !== 'boolean') fail(`${p}.flags.${flag}`, 'must be a boolean');
       (flags as Record<string, boolean>)[flag] = v;
     }
-    const groups: OrgState['groups'] = {};
+    const groups: OrgState['groups'] = dict();
     for (const [g, graw] of Object.entries(obj(o.groups ?? {}, `${p}.groups`))) {
       groups[g] = { config: configRows(obj(graw, `${p}.groups.${g}`).config, `${p}.groups.${g}.config`, true) };
     }
     orgs[id] = { config: configRows(o.config, `${p}.config`, true), flags, groups, packs: validatePacks(o.packs, `${p}.packs`) };
   }
-  const agents: Record<string, AgentState> = {};
+  const agents = dict<AgentState>();
   for (const [id, raw] of Object.entries(obj(root.agents ?? {}, 'snapshot.agents'))) {
     const p = `snapshot.agents.${id}`;
     const a = obj(raw, p);
@@ -193,12 +198,13 @@ export const EMPTY_SNAPSHOT: Snapshot = validateSnapshot({ version: 'empty', enc
 
 /** The rows that apply to one agent, scope by scope. */
 function scopes(snapshot: Snapshot, orgId: string, groupId: string | null, agentId: string) {
-  const org = snapshot.orgs[orgId];
+  const org = snapshotOrg(snapshot, orgId);
+  const agent = snapshotAgent(snapshot, agentId);
   return {
     platform: snapshot.platform,
     org: org?.config ?? {},
-    group: (groupId !== null && org?.groups[groupId]?.config) || {},
-    agent: snapshot.agents[agentId]?.org_id === orgId ? snapshot.agents[agentId].config : {},
+    group: (groupId !== null && org && own(org.groups, groupId)?.config) || {},
+    agent: agent?.org_id === orgId ? agent.config : {},
   };
 }
 
@@ -209,7 +215,7 @@ export function policyLayers(snapshot: Snapshot, orgId: string, groupId: string 
     for (const key of ['model_policy', 'content_inspection', 'sidecar_inspection'] as const) if (rows[key]) (out as Obj)[key] = rows[key];
     return out;
   };
-  return { platform: pick(s.platform), org: pick(s.org), group: pick(s.group), agent: pick(s.agent), packs: snapshot.orgs[orgId]?.packs ?? [] };
+  return { platform: pick(s.platform), org: pick(s.org), group: pick(s.group), agent: pick(s.agent), packs: snapshotOrg(snapshot, orgId)?.packs ?? [] };
 }
 
 export function resolveSnapshotSetting<K extends keyof SettingValues>(snapshot: Snapshot, key: K, orgId: string, groupId: string | null, agentId: string): SettingValues[K] | null {
@@ -224,5 +230,16 @@ export function resolveSnapshotSetting<K extends keyof SettingValues>(snapshot: 
 
 /** Org feature flags: enabled when absent (spec rules 2 and 3). */
 export function orgFlag(snapshot: Snapshot, orgId: string, flag: 'inspect:llm' | 'audit:llm'): boolean {
-  return snapshot.orgs[orgId]?.flags[flag] !== false;
+  const flags = snapshotOrg(snapshot, orgId)?.flags;
+  return flags === undefined || own(flags, flag) !== false;
+}
+
+/** The org of that id in the snapshot, if it lists one. */
+export function snapshotOrg(snapshot: Snapshot, orgId: string): OrgState | undefined {
+  return own(snapshot.orgs, orgId);
+}
+
+/** The agent of that id in the snapshot, if it lists one. */
+export function snapshotAgent(snapshot: Snapshot, agentId: string): AgentState | undefined {
+  return own(snapshot.agents, agentId);
 }

@@ -1,7 +1,7 @@
 import type { IncomingHttpHeaders } from 'node:http';
 import type { TLSSocket } from 'node:tls';
 import { X509Certificate } from 'node:crypto';
-import { createLocalJWKSet, createRemoteJWKSet, jwtVerify, errors as joseErrors, type JWTVerifyGetKey, type JSONWebKeySet } from 'jose';
+import { createLocalJWKSet, createRemoteJWKSet, jwtVerify, errors as joseErrors, type JWTPayload, type JWTVerifyGetKey, type JSONWebKeySet } from 'jose';
 
 // Agent identity (spec: Authentication). Two ways in:
 //   1. the platform JWT (ES256, 5-minute lifetime) in `Authorization: Bearer` or `x-api-key` (the
@@ -23,6 +23,17 @@ export interface AgentIdentity {
 export class AuthError extends Error {
   override name = 'AuthError';
   readonly code = 'DVX_AGENT_AUTH';
+  /**
+   * Who the caller is, when the token's signature verified and only a claim check refused it (expired,
+   * not yet valid, too long-lived): the issuer vouches for these claims, so the refusal is that
+   * agent's and is audited under its org. Null when nothing about the caller can be trusted.
+   */
+  readonly identity: AgentIdentity | null;
+
+  constructor(message: string, identity: AgentIdentity | null = null) {
+    super(message);
+    this.identity = identity;
+  }
 }
 
 export const MAX_TOKEN_LIFETIME_S = 300;
@@ -88,24 +99,17 @@ export class AgentAuthenticator {
         currentDate: new Date(this.#now()),
       }));
     } catch (err) {
-      throw new AuthError(describeJoseError(err));
+      // jose checks the claims only once the signature has verified: their payload is the issuer's.
+      const signed = err instanceof joseErrors.JWTClaimValidationFailed || err instanceof joseErrors.JWTExpired ? identityOf(err.payload, header) : null;
+      throw new AuthError(describeJoseError(err), signed);
     }
     const exp = payload.exp!;
     const issuedAt = typeof payload.iat === 'number' ? payload.iat : nowS;
+    const identity = identityOf(payload, header);
     if (exp - Math.min(issuedAt, nowS) > MAX_TOKEN_LIFETIME_S + CLOCK_TOLERANCE_S) {
-      throw new AuthError('token lifetime exceeds 5 minutes');
+      throw new AuthError('token lifetime exceeds 5 minutes', identity);
     }
-    const agentId = claimString(payload.sub);
-    const orgId = claimString(payload.org_id);
-    if (!agentId || !orgId) throw new AuthError('token lacks sub or org_id');
-    const identity: AgentIdentity = {
-      agentId,
-      orgId,
-      agentName: typeof payload.agent_name === 'string' ? payload.agent_name : '',
-      groupId: claimString(payload.group_id),
-      via: 'jwt',
-      tokenHeader: header,
-    };
+    if (!identity) throw new AuthError('token lacks sub or org_id');
     if (this.#cache.size >= this.#maxCache) this.#cache.delete(this.#cache.keys().next().value!);
     this.#cache.set(token, { identity, exp });
     return identity;
@@ -122,6 +126,21 @@ export class AgentAuthenticator {
     if (fromCert) return fromCert;
     throw new AuthError('missing agent credential (platform JWT or identity certificate)');
   }
+}
+
+/** The identity a verified token's claims name; null without both `sub` and `org_id`. */
+function identityOf(payload: JWTPayload, header: AgentIdentity['tokenHeader']): AgentIdentity | null {
+  const agentId = claimString(payload.sub);
+  const orgId = claimString(payload.org_id);
+  if (!agentId || !orgId) return null;
+  return {
+    agentId,
+    orgId,
+    agentName: typeof payload.agent_name === 'string' ? payload.agent_name : '',
+    groupId: claimString(payload.group_id),
+    via: 'jwt',
+    tokenHeader: header,
+  };
 }
 
 export function certificateIdentity(socket: TLSSocket): AgentIdentity | null {

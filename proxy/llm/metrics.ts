@@ -12,6 +12,7 @@ export function proxyMetrics(registry: Registry) {
     upstream: histogram(registry, 'dvx_llmproxy_upstream_seconds', 'Upstream time to response headers', ['format'], LATENCY),
     requestBytes: histogram(registry, 'dvx_llmproxy_request_body_bytes', 'Request body size', ['format'], BYTES),
     responseBytes: histogram(registry, 'dvx_llmproxy_response_body_bytes', 'Response body size', ['format'], BYTES),
+    upstreamTimeouts: counter(registry, 'dvx_llmproxy_upstream_timeouts_total', 'Upstream calls cut by --upstream-timeout (phase headers) or --upstream-idle-timeout (phase idle)', ['phase']),
     authFailures: counter(registry, 'dvx_llmproxy_auth_failures_total', 'Refused agent credentials', ['reason']),
   };
 }

@@ -6,6 +6,13 @@ import { AUDIT_DEFAULTS, auditOptionsProblem, type AuditOptions } from '../../au
 // llmproxy's options: one defaults object, one validation (STYLE.md rule 4). cli/ maps flags and
 // DVX_* variables onto it; nothing else reads the environment.
 
+// The official SDKs wait 10 minutes for an answer, and Anthropic's refuses to send a non-streaming call
+// it expects to take longer: a plain answer that long is legitimate. An event stream starts at once and
+// then sends events (Anthropic pings it); 5 minutes of silence covers a model that thinks at length
+// without a word (docs/decisions.md, "P7.5").
+export const DEFAULT_UPSTREAM_TIMEOUT_MS = 600_000;
+export const DEFAULT_UPSTREAM_IDLE_TIMEOUT_MS = 300_000;
+
 export interface LlmProxyOptions extends AuditOptions {
   addr: string;
   tlsCert: string;
@@ -27,6 +34,10 @@ export interface LlmProxyOptions extends AuditOptions {
   secretsFile: string;
   upstreamDefault: string;
   upstreamCa: string;
+  /** ms from the request sent to the upstream's response headers (a plain answer's come with its last token). */
+  upstreamTimeout: number;
+  /** ms the upstream may send nothing while its answer (an event stream above all) is under way. */
+  upstreamIdleTimeout: number;
   inspectTimeout: number;
   inspectFailClosed: boolean;
   /** Translate between wire formats when the agent's differs from translateUpstreamFormat. */
@@ -55,6 +66,8 @@ export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
   secretsFile: '',
   upstreamDefault: '',
   upstreamCa: '',
+  upstreamTimeout: DEFAULT_UPSTREAM_TIMEOUT_MS,
+  upstreamIdleTimeout: DEFAULT_UPSTREAM_IDLE_TIMEOUT_MS,
   inspectTimeout: DEFAULT_INSPECT_TIMEOUT_MS,
   inspectFailClosed: false,
   translate: false,
@@ -89,6 +102,8 @@ export function validateOptions(input: Partial<LlmProxyOptions>): LlmProxyOption
   const audit = auditOptionsProblem(o);
   if (audit) throw new OptionsError(audit);
   if (!(o.inspectTimeout > 0)) throw new OptionsError('--inspect-timeout must be positive');
+  if (!(o.upstreamTimeout > 0)) throw new OptionsError('--upstream-timeout must be positive');
+  if (!(o.upstreamIdleTimeout > 0)) throw new OptionsError('--upstream-idle-timeout must be positive');
   return o;
 }
 

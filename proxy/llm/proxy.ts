@@ -4,6 +4,7 @@ import { performance } from 'node:perf_hooks';
 import type { Dispatcher } from 'undici';
 import type { Logger } from '../../core/logger.ts';
 import { newId } from '../../core/ids.ts';
+import { own } from '../../core/own.ts';
 import type { AuditSink } from '../../audit-wal/sink.ts';
 import { MAX_BODY_BYTES, DEFAULT_INLINE_THRESHOLD_BYTES, type InspectionEngine, type InspectionOutcome } from '../../pipeline/engine.ts';
 import type { Finding } from '../../pipeline/finding.ts';
@@ -11,7 +12,7 @@ import { BodyTooLargeError } from '../../pipeline/errors.ts';
 import { topLevelString } from '../../pipeline/json-view.ts';
 import type { PolicyCache } from '../../pipeline/policy/cache.ts';
 import { resolvePolicy } from '../../pipeline/policy/resolve.ts';
-import { orgFlag, policyLayers, resolveSnapshotSetting, type Snapshot, type WireFormat } from '../../pipeline/policy/snapshot.ts';
+import { orgFlag, policyLayers, resolveSnapshotSetting, snapshotAgent, type Snapshot, type WireFormat } from '../../pipeline/policy/snapshot.ts';
 import type { ResolvedPolicy } from '../../pipeline/policy/types.ts';
 import { AuthError, type AgentAuthenticator, type AgentIdentity } from './auth.ts';
 import { resolveCredential } from './credentials.ts';
@@ -22,7 +23,7 @@ import type { LlmProxyOptions } from './options.ts';
 import { tierRank } from './options.ts';
 import { readBody, TooLargeError } from './read-body.ts';
 import type { SecretSource } from './secrets-file.ts';
-import { agentHeaders, DEFAULT_UPSTREAMS, readableAnswer, upstreamHeaders, upstreamTarget, type UpstreamAnswer } from './upstream.ts';
+import { agentHeaders, DEFAULT_UPSTREAMS, readableAnswer, upstreamHeaders, upstreamTarget, upstreamTimeoutPhase, type UpstreamAnswer } from './upstream.ts';
 import { usageOf } from './usage.ts';
 import { FinalEventGuard } from './final-event.ts';
 import { gated, type CaptureOptions } from '../../audit-wal/gate.ts';
@@ -130,7 +131,7 @@ export class LlmProxy {
       .catch((err: Error) => {
         call.error = err.message;
         if (err instanceof BodyTooLargeError && !res.headersSent) {
-          this.#reply(res, call, ERRORS.tooLarge, { connection: 'close' });
+          this.#refuse(res, call, ERRORS.tooLarge, err.message, { connection: 'close' });
           return;
         }
         this.#d.log.error({ err: err.message, request_id: call.id }, 'llmproxy call failed');
@@ -152,44 +153,49 @@ export class LlmProxy {
     } catch (err) {
       if (!(err instanceof AuthError)) throw err;
       d.metrics.authFailures.inc({ reason: err.message.split(' ')[1] ?? 'invalid' });
-      d.log.warn({ request_id: call.id, reason: err.message, path: call.path }, 'agent authentication failed');
+      d.log.warn({ request_id: call.id, reason: err.message, path: call.path, agent_id: err.identity?.agentId, org_id: err.identity?.orgId }, 'agent authentication failed');
       req.resume();
-      return this.#reply(res, call, ERRORS.unauthenticated, { 'www-authenticate': 'Bearer' });
+      // A token the issuer signed names its agent even when refused (expired, say): audited as that
+      // agent's. Without a verified signature nothing names the caller, and no org's log takes the
+      // record (docs/decisions.md, "P7.10"): the log line and the metric above are its trace.
+      if (err.identity) this.#identify(call, d.snapshot(), err.identity);
+      return this.#refuse(res, call, ERRORS.unauthenticated, `agent authentication failed: ${err.message}`, { 'www-authenticate': 'Bearer' });
     }
     const snapshot = d.snapshot();
-    const agent = snapshot.agents[identity.agentId];
+    const agent = snapshotAgent(snapshot, identity.agentId);
     if (agent) {
       if (agent.org_id !== identity.orgId) {
         d.log.warn({ request_id: call.id, agent_id: identity.agentId, token_org: identity.orgId, snapshot_org: agent.org_id }, 'agent org does not match the snapshot');
         req.resume();
-        return this.#reply(res, call, ERRORS.agentRefused);
+        // Recorded in the log of the org that owns the agent id: that is where the refusal is read.
+        this.#identify(call, snapshot, { ...identity, orgId: agent.org_id, agentName: identity.agentName || agent.name });
+        return this.#refuse(res, call, ERRORS.agentRefused, `token org_id "${identity.orgId}" differs from the agent's org in the snapshot`);
       }
       identity = { ...identity, agentName: identity.agentName || agent.name, groupId: agent.group_id ?? identity.groupId };
     }
-    call.identity = identity;
-    call.audit = orgFlag(snapshot, identity.orgId, 'audit:llm');
+    this.#identify(call, snapshot, identity);
     if (agent && (agent.status === 'suspended' || agent.status === 'isolated' || agent.contained)) {
       d.log.warn({ request_id: call.id, agent_id: identity.agentId, status: agent.status, contained: agent.contained }, 'agent refused by its state');
       req.resume();
-      return this.#reply(res, call, ERRORS.agentRefused);
+      return this.#refuse(res, call, ERRORS.agentRefused, agent.contained ? 'agent is contained' : `agent is ${agent.status}`);
     }
     if (tierRank(snapshot.enclave.isolation_class) < tierRank(d.options.minTier)) {
       req.resume();
-      return this.#reply(res, call, ERRORS.tierTooLow);
+      return this.#refuse(res, call, ERRORS.tierTooLow, `enclave isolation class ${snapshot.enclave.isolation_class} is below --min-tier ${d.options.minTier}`);
     }
 
     // 2. Which API.
-    const inferenceFormat = req.method === 'POST' ? INFERENCE_ROUTES[call.path] : undefined;
+    const inferenceFormat = req.method === 'POST' ? own(INFERENCE_ROUTES, call.path) : undefined;
     // Only the providers' /v1 APIs, in normal form (formats.ts: the platform key never travels to
     // `/v1/../admin`, and `/v1/messages/` is no way around the inference route's checks).
     if (!isNormalApiPath(call.path)) {
       req.resume();
-      return this.#reply(res, call, ERRORS.notFound);
+      return this.#refuse(res, call, ERRORS.notFound, 'no such route (not a provider /v1 path in normal form)');
     }
     const coding = req.headers['content-encoding'];
     if (coding !== undefined && coding.trim().toLowerCase() !== 'identity') {
       req.resume();
-      return this.#reply(res, call, ERRORS.encodedBody, { connection: 'close' });
+      return this.#refuse(res, call, ERRORS.encodedBody, `content-encoding ${coding} refused`, { connection: 'close' });
     }
     const format = inferenceFormat ?? passThroughFormat(call.path, req.headers);
     call.format = format;
@@ -204,14 +210,14 @@ export class LlmProxy {
     const contentType = req.headers['content-type'];
     if (inferenceFormat && contentType !== undefined && !/^application\/(?:[\w.+-]*\+)?json\s*(?:;|$)/i.test(contentType)) {
       req.resume();
-      return this.#reply(res, call, ERRORS.unsupportedMediaType);
+      return this.#refuse(res, call, ERRORS.unsupportedMediaType, `content-type ${contentType} refused`);
     }
     let body: Buffer;
     try {
       // Room for the prefix, JSON-escaped, plus the wrapper around it, so it is spliced in place.
       body = await readBody(req, MAX_BODY_BYTES, DEFAULT_INLINE_THRESHOLD_BYTES, inferenceFormat && !translated ? Buffer.byteLength(JSON.stringify(prefix)) + 64 : 0);
     } catch (err) {
-      if (err instanceof TooLargeError) return this.#reply(res, call, ERRORS.tooLarge, { connection: 'close' });
+      if (err instanceof TooLargeError) return this.#refuse(res, call, ERRORS.tooLarge, 'request body exceeds 32 MB', { connection: 'close' });
       throw err;
     }
     call.requestBytes = body.length;
@@ -224,7 +230,7 @@ export class LlmProxy {
       try {
         body = translateRequest(format, upstreamFormat, body);
       } catch (err) {
-        if (err instanceof TranslationError) return this.#reply(res, call, badRequest(err.message));
+        if (err instanceof TranslationError) return this.#refuse(res, call, badRequest(err.message), err.message);
         throw err;
       }
     }
@@ -232,11 +238,11 @@ export class LlmProxy {
       try {
         body = injectPrefix(upstreamFormat, body, prefix);
       } catch (err) {
-        if (err instanceof BodyShapeError) return this.#reply(res, call, badRequest(err.message));
+        if (err instanceof BodyShapeError) return this.#refuse(res, call, badRequest(err.message), err.message);
         throw err;
       }
       call.model = topLevelString(body, 'model');
-      if (call.model === null) return this.#reply(res, call, ERRORS.modelRequired);
+      if (call.model === null) return this.#refuse(res, call, ERRORS.modelRequired, 'model: a string model is required');
     } else if (body.length > 0) {
       call.model = topLevelString(body, 'model');
     }
@@ -259,7 +265,7 @@ export class LlmProxy {
     // 5. The upstream credential.
     const mode = resolveSnapshotSetting(snapshot, 'credential_mode', identity.orgId, identity.groupId, identity.agentId) ?? 'platform';
     const credential = resolveCredential(mode, identity, req.headers, d.secrets);
-    if (credential === null) return this.#reply(res, call, ERRORS.noCredential);
+    if (credential === null) return this.#refuse(res, call, ERRORS.noCredential, `no LLM API credential configured (credential_mode ${mode})`);
 
     // 6. Upstream.
     const base = resolveSnapshotSetting(snapshot, 'upstream', identity.orgId, identity.groupId, identity.agentId)?.[upstreamFormat]
@@ -286,7 +292,7 @@ export class LlmProxy {
       });
     } catch (err) {
       call.upstreamMs = performance.now() - upstreamStarted;
-      d.log.warn({ request_id: call.id, upstream: target.origin, err: (err as Error).message }, 'upstream request failed');
+      this.#upstreamFailed(call, err as Error, 'upstream request failed', target.origin);
       return this.#reply(res, call, ERRORS.upstreamFailed);
     }
     call.upstreamMs = performance.now() - upstreamStarted;
@@ -324,7 +330,7 @@ export class LlmProxy {
         if (res.destroyed) return;
       }
     } catch (err) {
-      call.error = `upstream response failed: ${(err as Error).message}`;
+      this.#upstreamFailed(call, err as Error, 'upstream response failed');
       res.destroy();
       return;
     }
@@ -340,7 +346,7 @@ export class LlmProxy {
     try {
       body = await collect(upstream.body);
     } catch (err) {
-      this.#d.log.warn({ request_id: call.id, err: (err as Error).message }, 'upstream response failed mid-body');
+      this.#upstreamFailed(call, err as Error, 'upstream response failed mid-body');
       return this.#reply(res, call, ERRORS.upstreamFailed);
     }
     call.responseBytes = body.length;
@@ -388,8 +394,8 @@ export class LlmProxy {
         if (res.destroyed) break;
       }
     } catch (err) {
-      call.error = `upstream stream failed: ${(err as Error).message}`;
-      this.#d.log.warn({ request_id: call.id, err: (err as Error).message }, 'upstream stream failed mid-response');
+      // Headers are sent: the agent sees the stream cut short (its SDK raises), never a stream left open.
+      this.#upstreamFailed(call, err as Error, 'upstream stream failed');
       res.destroy();
     }
     let tail = translator && !res.destroyed ? Buffer.from(translator.end()) : Buffer.alloc(0);
@@ -433,6 +439,21 @@ export class LlmProxy {
     }
   }
 
+  /**
+   * An upstream failure, named in the call's record (`error`) and the log; a dead upstream cut by one of
+   * the dispatcher's timers (upstream.ts) says which, and is counted.
+   */
+  #upstreamFailed(call: CallRecord, err: Error, what: string, upstream?: string): void {
+    const d = this.#d;
+    const phase = upstreamTimeoutPhase(err);
+    if (phase !== null) d.metrics.upstreamTimeouts.inc({ phase });
+    const reason = phase === 'headers' ? `no response headers within ${d.options.upstreamTimeout} ms (--upstream-timeout)`
+      : phase === 'idle' ? `nothing received for ${d.options.upstreamIdleTimeout} ms (--upstream-idle-timeout)`
+      : err.message;
+    call.error = `${what}: ${reason}`;
+    d.log.warn({ request_id: call.id, upstream, timeout: phase, err }, what);
+  }
+
   async #inspectResponse(call: CallRecord, body: Buffer): Promise<void> {
     const identity = call.identity!;
     const snapshot = this.#d.snapshot();
@@ -462,6 +483,22 @@ export class LlmProxy {
   #send(res: ServerResponse, error: ProxyError, extra: Record<string, string> = {}): void {
     res.writeHead(error.status, { 'content-type': error.contentType, 'content-length': String(error.body.length), ...extra });
     res.end(error.body);
+  }
+
+  /** The call is that agent's from here on: its record goes to its org's log, if the org audits. */
+  #identify(call: CallRecord, snapshot: Snapshot, identity: AgentIdentity): void {
+    call.identity = identity;
+    call.audit = orgFlag(snapshot, identity.orgId, 'audit:llm');
+  }
+
+  /**
+   * A refusal of our own before anything reaches the upstream: recorded (once an identity is known, as
+   * every refusal is) with decision `deny` and its reason in `error`.
+   */
+  #refuse(res: ServerResponse, call: CallRecord, error: ProxyError, reason: string, extra: Record<string, string> = {}): void {
+    call.decision = 'deny';
+    call.error = reason;
+    this.#reply(res, call, error, extra);
   }
 
   /** An answer of our own; its record (a refusal's findings above all) is appended before it leaves. */

@@ -105,7 +105,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
   const upstreamCa = options.upstreamCa ? await readFile(options.upstreamCa).catch((err: NodeJS.ErrnoException) => {
     throw new Error(`cannot read --upstream-ca ${options.upstreamCa}: ${err.code ?? err.message}`);
   }) : undefined;
-  const dispatcher = upstreamDispatcher({ ca: upstreamCa });
+  const dispatcher = upstreamDispatcher({ ca: upstreamCa, headersTimeoutMs: options.upstreamTimeout, bodyTimeoutMs: options.upstreamIdleTimeout });
   // Audit: the WAL shipped to --audit-dsn, or stdout lines with "stream":"audit".
   const audit = start.audit ?? (options.auditDsn
     ? await WalSink.open({ dir: options.auditWalDir, dsn: options.auditDsn, maxBytes: options.auditWalMaxBytes, log, registry, tables: ['llm_audit_log'] })

@@ -4,9 +4,13 @@ import { createBrotliDecompress, createGunzip, createInflate, createInflateRaw, 
 import { Agent, type Dispatcher } from 'undici';
 import type { WireFormat } from '../../pipeline/policy/snapshot.ts';
 import { isAnthropic } from './formats.ts';
+import { own } from '../../core/own.ts';
 
 // The upstream side: one keep-alive undici Agent (a pool per origin) for every provider, trusting
-// --upstream-ca in addition to the system roots when given.
+// --upstream-ca in addition to the system roots when given. Its two timers bound a dead upstream
+// (docs/decisions.md, "P7.5"): `headersTimeout` (--upstream-timeout) runs from the request's last byte
+// sent to the answer's headers, `bodyTimeout` (--upstream-idle-timeout) between two chunks of the
+// answer, an event stream's included, and never while the agent's side holds the stream back.
 
 export const DEFAULT_UPSTREAMS: Record<WireFormat, string> = {
   'anthropic-messages': 'https://api.anthropic.com',
@@ -14,15 +18,24 @@ export const DEFAULT_UPSTREAMS: Record<WireFormat, string> = {
   'openai-responses': 'https://api.openai.com',
 };
 
-export function upstreamDispatcher(options: { ca?: Buffer; headersTimeoutMs?: number; bodyTimeoutMs?: number } = {}): Dispatcher {
+export function upstreamDispatcher(options: { ca?: Buffer; headersTimeoutMs: number; bodyTimeoutMs: number }): Dispatcher {
   return new Agent({
     keepAliveTimeout: 30_000,
     connections: 256,
     pipelining: 1,
-    headersTimeout: options.headersTimeoutMs ?? 600_000,
-    bodyTimeout: options.bodyTimeoutMs ?? 600_000,
+    headersTimeout: options.headersTimeoutMs,
+    bodyTimeout: options.bodyTimeoutMs,
     connect: options.ca ? { ca: options.ca } : undefined,
   });
+}
+
+/** Which of the dispatcher's timers cut an upstream call (`err` or its cause), or null for any other failure. */
+export function upstreamTimeoutPhase(err: unknown): 'headers' | 'idle' | null {
+  for (let e = err as { code?: unknown; cause?: unknown } | undefined, depth = 0; e && depth < 4; e = e.cause as typeof e, depth++) {
+    if (e.code === 'UND_ERR_HEADERS_TIMEOUT') return 'headers';
+    if (e.code === 'UND_ERR_BODY_TIMEOUT') return 'idle';
+  }
+  return null;
 }
 
 // The few upstream bases in use, parsed once (URL parsing is a visible share of a call's CPU).
@@ -127,7 +140,7 @@ export function readableAnswer(answer: Dispatcher.ResponseData, method: string):
   const plain = { statusCode: answer.statusCode, headers: answer.headers, body: answer.body as AsyncIterable<Buffer>, unreadable: null };
   const bodiless = method === 'HEAD' || answer.statusCode < 200 || answer.statusCode === 204 || answer.statusCode === 304;
   if (coding === '' || coding === 'identity' || bodiless) return plain;
-  const make = DECODERS[coding];
+  const make = own(DECODERS, coding);
   if (!make) return { ...plain, unreadable: coding };
   const headers = { ...answer.headers };
   delete headers['content-encoding'];

@@ -1,4 +1,5 @@
 import { formatSse } from '../../../core/sse.ts';
+import { own } from '../../../core/own.ts';
 import {
   DEFAULT_MAX_TOKENS, mergeRoles, parseArguments, syntheticId, textOf, TranslationError,
   type CBlock, type CEvent, type CMessage, type CRequest, type CResponse, type CStopReason, type CToolChoice,
@@ -60,7 +61,7 @@ export function requestToCanonical(body: Obj): CRequest {
     });
   }
   const choice = body.tool_choice;
-  if (typeof choice === 'string' && CHOICE_IN[choice]) req.tool_choice = CHOICE_IN[choice];
+  if (typeof choice === 'string' && own(CHOICE_IN, choice)) req.tool_choice = own(CHOICE_IN, choice);
   else if (choice && typeof choice === 'object') req.tool_choice = { type: 'tool', name: String(((choice as Obj).function as Obj)?.name) };
   return req;
 }
@@ -121,7 +122,7 @@ export function responseToCanonical(body: Obj): CResponse {
     id: String(body.id ?? syntheticId('chatcmpl-')),
     model: String(body.model ?? ''),
     content,
-    stop_reason: FINISH_IN[String(choice.finish_reason)] ?? null,
+    stop_reason: own(FINISH_IN, String(choice.finish_reason)) ?? null,
     usage: { input_tokens: Number(usage.prompt_tokens ?? 0), output_tokens: Number(usage.completion_tokens ?? 0) },
   };
 }
@@ -137,7 +138,7 @@ export function responseFromCanonical(res: CResponse): Obj {
     object: 'chat.completion',
     created: Math.floor(Date.now() / 1000),
     model: res.model,
-    choices: [{ index: 0, message: { role: 'assistant', content: text || (calls.length ? null : ''), refusal: null, ...(calls.length ? { tool_calls: calls } : {}) }, finish_reason: FINISH_OUT[res.stop_reason ?? 'end_turn'] ?? 'stop', logprobs: null }],
+    choices: [{ index: 0, message: { role: 'assistant', content: text || (calls.length ? null : ''), refusal: null, ...(calls.length ? { tool_calls: calls } : {}) }, finish_reason: own(FINISH_OUT, res.stop_reason ?? 'end_turn') ?? 'stop', logprobs: null }],
     usage: { prompt_tokens: res.usage.input_tokens, completion_tokens: res.usage.output_tokens, total_tokens: res.usage.input_tokens + res.usage.output_tokens },
   };
 }
@@ -181,7 +182,7 @@ export class ChatParser {
           out.push({ type: 'content_block_delta', index: this.#toolBlock.get(k)!, delta: { type: 'input_json_delta', partial_json: fn.arguments } });
         }
       }
-      if (typeof choice.finish_reason === 'string') this.#stop = FINISH_IN[choice.finish_reason] ?? 'end_turn';
+      if (typeof choice.finish_reason === 'string') this.#stop = own(FINISH_IN, choice.finish_reason) ?? 'end_turn';
     }
     return out;
   }
@@ -243,7 +244,7 @@ export class ChatEmitter {
       case 'message_delta':
         if (e.usage.input_tokens) this.#usage.input_tokens = e.usage.input_tokens;
         this.#usage.output_tokens = e.usage.output_tokens;
-        this.#finish = FINISH_OUT[e.delta.stop_reason ?? 'end_turn'] ?? 'stop';
+        this.#finish = own(FINISH_OUT, e.delta.stop_reason ?? 'end_turn') ?? 'stop';
         return this.#chunk({}, this.#finish);
       case 'message_stop': {
         const usage = { prompt_tokens: this.#usage.input_tokens, completion_tokens: this.#usage.output_tokens, total_tokens: this.#usage.input_tokens + this.#usage.output_tokens };

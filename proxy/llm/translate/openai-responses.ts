@@ -1,4 +1,5 @@
 import { formatSse } from '../../../core/sse.ts';
+import { own } from '../../../core/own.ts';
 import {
   DEFAULT_MAX_TOKENS, mergeRoles, parseArguments, syntheticId, textOf, TranslationError,
   type CBlock, type CEvent, type CMessage, type CRequest, type CResponse, type CStopReason, type CToolChoice,
@@ -56,7 +57,7 @@ export function requestToCanonical(body: Obj): CRequest {
     }));
   }
   const choice = body.tool_choice;
-  if (typeof choice === 'string' && CHOICE_IN[choice]) req.tool_choice = CHOICE_IN[choice];
+  if (typeof choice === 'string' && own(CHOICE_IN, choice)) req.tool_choice = own(CHOICE_IN, choice);
   else if (choice && typeof choice === 'object' && (choice as Obj).type === 'function') req.tool_choice = { type: 'tool', name: String((choice as Obj).name) };
   return req;
 }

@@ -1,0 +1,22 @@
+import t from 'tap';
+import { runDvx } from '../fixtures/run-dvx.ts';
+
+// `dvx serve llmproxy` flags that take a duration read the flag, then DVX_*, and refuse what they
+// cannot use before anything starts (the flags exist only on the command line: this runs the binary).
+const base = ['serve', 'llmproxy', '--tls-cert', 'cert.pem', '--tls-key', 'key.pem', '--agent-jwks', 'jwks.json'];
+
+t.test('--upstream-timeout and --upstream-idle-timeout: flag or environment, checked', async (t) => {
+  for (const [args, env, message] of [
+    [['--upstream-timeout', 'soon'], {}, /--upstream-timeout <duration>' argument 'soon' is invalid/],
+    [[], { DVX_UPSTREAM_IDLE_TIMEOUT: 'soon' }, /--upstream-idle-timeout <duration>'.*'soon'.*DVX_UPSTREAM_IDLE_TIMEOUT.*invalid/],
+    [['--upstream-timeout', '0s'], {}, /--upstream-timeout must be positive/],
+    [[], { DVX_UPSTREAM_IDLE_TIMEOUT: '0s' }, /--upstream-idle-timeout must be positive/],
+  ] as [string[], Record<string, string>, RegExp][]) {
+    const r = await runDvx([...base, ...args], { env });
+    t.equal(r.code, 2, `${args.join(' ')} ${JSON.stringify(env)}`);
+    t.match(r.stderr, message);
+  }
+  const help = (await runDvx(['serve', 'llmproxy', '--help'])).stdout.replace(/\s+/g, ' ');
+  t.match(help, /--upstream-timeout <duration> .*?\(default: 600000, env: DVX_UPSTREAM_TIMEOUT\)/);
+  t.match(help, /--upstream-idle-timeout <duration> .*?\(default: 300000, env: DVX_UPSTREAM_IDLE_TIMEOUT\)/);
+});
