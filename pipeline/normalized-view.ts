@@ -1,0 +1,451 @@
+import { isAscii } from 'node:buffer';
+
+// Evasion must not hide content (docs/decisions.md, "P7 evasion"): a key with a zero-width space in
+// it, an address written with a full-width `＠` or `&commat;`, a card in full-width digits all read
+// the same to whoever receives them, and not at all to a detector matching bytes. The normalized view
+// is the text as a reader sees it:
+//
+//   view ──prefilter: all ASCII and no `&`──▶ null (the view is the input: nothing to build)
+//        └▶ walk: ASCII bytes kept ─┬─ `&…;` an HTML entity ──▶ its character ─┐
+//                                   └─ a run of non-ASCII ─────▶ NFKC ─────────┴─▶ invisibles dropped ─▶ view
+//           (again, at most twice more, while a decoded `&` can start another entity)
+//
+// The view is built from the bytes a detector would read otherwise (the body, or its decoded JSON
+// view when escapes can hide characters), so `\u200b` inside a JSON string is decoded first and then
+// dropped here. Every step is bounded per input byte, so the whole view is linear in the input:
+// - an entity reads at most 32 name characters, and a numeric one its digit run (digit runs after
+//   different `&` never overlap);
+// - NFKC runs on chunks of at most 96 code points, cut before a starter once 64 are gathered. ICU
+//   reorders combining marks by insertion, quadratic in a run of them: 80 KB of alternating marks
+//   took over a second in one `normalize` call. 96 is Unicode's stream-safe limit (UAX #15: 30
+//   non-starters in a row) with room to spare;
+// - a character whose compatibility form is more than twice its own UTF-8 length (U+FDFA, the squared
+//   katakana words) is kept as it is, so the view is never more than twice the input.
+// Invisible characters are Unicode's Default_Ignorable_Code_Point (zero-width space, joiners, word
+// joiner, BOM, soft hyphen, variation selectors, tags, the combining grapheme joiner, the Mongolian
+// vowel separator and free variation selectors, the Hangul fillers, bidi controls) plus general
+// category Cf (format characters not in that set: U+0600–0605, U+06DD, U+FFF9–FFFB...). A combining
+// mark left on an ASCII letter or digit after NFKC (`A\u0336K\u0336…`, strike-through text) is dropped
+// too, and the hyphens U+2010–2013 and the minus sign U+2212 read as `-` (keys are spelled with
+// hyphen-minus: `sk-ant-`).
+
+/** Maps spans of a view back to the bytes they came from. */
+export class SpanMap {
+  // Segment k covers view bytes [out[k], out[k+1]) and input bytes [src[k], src[k+1]); `same[k]` when
+  // they are the same bytes (one to one), otherwise the view bytes replace the whole input span.
+  #out: number[] = [0];
+  #src: number[] = [0];
+  #same: boolean[] = [];
+
+  /** Appends a segment ending at view offset `outEnd` and input offset `srcEnd`. */
+  push(outEnd: number, srcEnd: number, same: boolean): void {
+    const k = this.#same.length - 1;
+    const outStart = this.#out[this.#out.length - 1];
+    const srcStart = this.#src[this.#src.length - 1];
+    if (outEnd === outStart && srcEnd === srcStart) return;
+    // Adjacent segments of one kind merge: the map grows with the edits, not with the input.
+    if (k >= 0 && this.#same[k] === same) {
+      this.#out[k + 1] = outEnd;
+      this.#src[k + 1] = srcEnd;
+      return;
+    }
+    this.#out.push(outEnd);
+    this.#src.push(srcEnd);
+    this.#same.push(same);
+  }
+
+  /** The input span that view bytes [start, end) came from (0 ≤ start ≤ end ≤ view length). */
+  span(start: number, end: number): { start: number; end: number } {
+    const out = this.#out;
+    const last = out.length - 1;
+    if (last === 0) return { start: 0, end: 0 };
+    start = Math.max(0, Math.min(start, out[last]));
+    end = Math.max(start, Math.min(end, out[last]));
+    // Start: the segment holding byte `start`; end: the one holding byte `end - 1`.
+    const a = this.#find(start, false);
+    const s = this.#same[a] ? this.#src[a] + Math.min(start - out[a], this.#src[a + 1] - this.#src[a]) : this.#src[a];
+    if (end === start) return { start: s, end: s };
+    const b = this.#find(end, true);
+    const e = this.#same[b] ? this.#src[b] + (end - out[b]) : this.#src[b + 1];
+    return { start: s, end: Math.max(s, e) };
+  }
+
+  // The last segment k with out[k] ≤ at (or < at when `before`), clamped to a real segment.
+  #find(at: number, before: boolean): number {
+    const out = this.#out;
+    let lo = 0;
+    let hi = out.length - 2;
+    while (lo < hi) {
+      const mid = (lo + hi + 1) >> 1;
+      if (before ? out[mid] < at : out[mid] <= at) lo = mid;
+      else hi = mid - 1;
+    }
+    return lo;
+  }
+}
+
+export interface NormalizedView {
+  /** The normalized text, UTF-8. */
+  bytes: Buffer;
+  /** The input span (byte offsets) that view bytes [start, end) came from. */
+  span(start: number, end: number): { start: number; end: number };
+}
+
+const AMP = 0x26;
+const MAX_ENTITY_NAME = 32;
+const ENTITY_LEVELS = 3;
+const RUN_SOFT = 64;
+const RUN_HARD = 96;
+
+/** Whether the view of these bytes can differ from them at all: one native pass each, no copy. */
+export function mayNormalize(bytes: Buffer): boolean {
+  return !isAscii(bytes) || bytes.indexOf(AMP) >= 0;
+}
+
+/**
+ * The normalized view of `input`, or null when it would be the input itself. HTML entities are
+ * decoded up to three levels (`&amp;#64;` is `&#64;` once and `@` twice: a reader told to unescape
+ * keeps going), each level only where a decoded `&` remains.
+ */
+export function normalizedView(input: Buffer): NormalizedView | null {
+  const ascii = isAscii(input);
+  if (ascii && input.indexOf(AMP) < 0) return null;
+  const first = pass(input, ascii, true);
+  if (first === null) return null;
+  const maps = [first.map];
+  let bytes = first.bytes;
+  for (let level = 1; level < ENTITY_LEVELS && bytes.indexOf(AMP) >= 0; level++) {
+    const next = pass(bytes, true, false);
+    if (next === null) break;
+    maps.push(next.map);
+    bytes = next.bytes;
+  }
+  return {
+    bytes,
+    span(start, end) {
+      let s = { start, end };
+      for (let k = maps.length - 1; k >= 0; k--) s = maps[k].span(s.start, s.end);
+      return s;
+    },
+  };
+}
+
+/** The normalized form of a string (a secret's value, to look for it in the view). */
+export function normalizeText(text: string): string {
+  const view = normalizedView(Buffer.from(text, 'utf8'));
+  return view === null ? text : view.bytes.toString('utf8');
+}
+
+/**
+ * Text in one letter case, to match a secret whatever case it is written in: Unicode's default
+ * lower-casing (String.prototype.toLowerCase, full mappings), with the final sigma read as σ (lower-
+ * casing picks ς or σ by position, case folding does not). Applied alike to the needle and the view.
+ */
+export function caseFold(text: string): string {
+  const lower = text.toLowerCase();
+  return lower.indexOf('\u03c2') < 0 ? lower : lower.replaceAll('\u03c2', '\u03c3');
+}
+
+/** caseFold of a view's text; an ASCII view is read as latin1, at native speed. */
+export function foldedText(view: Buffer): string {
+  return isAscii(view) ? view.toString('latin1').toLowerCase() : caseFold(view.toString('utf8'));
+}
+
+// ---------- character classes ----------
+
+const DROP = 1; // invisible: dropped
+const STABLE = 2; // NFKC leaves it alone, on its own and next to anything: kept without normalizing
+const STARTER = 4; // not a combining mark or a Hangul vowel/final jamo: a chunk may end before it
+const MARK = 8; // a combining mark (Mn, Me)
+const KNOWN = 128;
+
+const INVISIBLE = /^[\p{Default_Ignorable_Code_Point}\p{Cf}]$/u;
+const COMBINING = /^[\p{Mn}\p{Me}]$/u;
+const ANY_MARK = /^\p{M}$/u;
+// Code points below 0x20000 (BMP and plane 1) are classified on first sight and remembered.
+const classes = new Uint8Array(0x20000);
+
+function classify(cp: number): number {
+  if (cp < 0x20000) {
+    const known = classes[cp];
+    if (known !== 0) return known;
+  } else if (cp >= 0xe0000 && cp <= 0xe0fff) {
+    return KNOWN | DROP | STARTER; // tags, variation selectors supplement: default ignorable
+  } else if (cp < 0x2f800 || cp > 0x2fa1f) {
+    return KNOWN | STABLE | STARTER; // CJK extensions, private use: no compatibility forms
+  }
+  const ch = String.fromCodePoint(cp);
+  let c = KNOWN;
+  if (INVISIBLE.test(ch)) c |= DROP;
+  const mark = ANY_MARK.test(ch);
+  if (COMBINING.test(ch)) c |= MARK;
+  const jamo = (cp >= 0x1161 && cp <= 0x1175) || (cp >= 0x11a8 && cp <= 0x11c2);
+  if (!mark && !jamo) c |= STARTER;
+  if (!(c & DROP) && !mark && !jamo && ch.normalize('NFKC') === ch && HYPHENS.get(cp) === undefined) c |= STABLE;
+  if (cp < 0x20000) classes[cp] = c;
+  return c;
+}
+
+const HYPHENS = new Map([[0x2010, '-'], [0x2011, '-'], [0x2012, '-'], [0x2013, '-'], [0x2212, '-']]);
+
+function isAsciiAlnum(b: number): boolean {
+  return (b >= 0x30 && b <= 0x39) || ((b | 0x20) >= 0x61 && (b | 0x20) <= 0x7a);
+}
+
+/**
+ * NFKC text with invisibles dropped, marks on ASCII letters and digits dropped, hyphens folded.
+ * `prevAlnum`: the character before `text` is an ASCII letter or digit.
+ */
+function clean(text: string, prevAlnum: boolean): string {
+  let out = '';
+  let alnum = prevAlnum;
+  for (const ch of text.normalize('NFKC')) {
+    const cp = ch.codePointAt(0)!;
+    if (cp < 0x80) {
+      out += ch;
+      alnum = isAsciiAlnum(cp);
+      continue;
+    }
+    const c = classify(cp);
+    if (c & DROP) continue;
+    if (c & MARK && alnum) continue;
+    out += HYPHENS.get(cp) ?? ch;
+    if (!(c & MARK)) alnum = false;
+  }
+  return out;
+}
+
+/** `clean`, one code point at a time, keeping any whose compatibility form would more than double it. */
+function cleanEach(text: string, prevAlnum: boolean): string {
+  let out = '';
+  let alnum = prevAlnum;
+  for (const ch of text) {
+    let next = clean(ch, alnum);
+    if (Buffer.byteLength(next) > 2 * Buffer.byteLength(ch)) next = ch;
+    out += next;
+    if (next.length > 0) alnum = isAsciiAlnum(next.charCodeAt(next.length - 1));
+  }
+  return out;
+}
+
+// ---------- HTML entities ----------
+
+// Windows-1252 for the C1 range, as HTML reads `&#128;`–`&#159;` (WHATWG "numeric character reference end state").
+const C1 = [0x20ac, 0x81, 0x201a, 0x192, 0x201e, 0x2026, 0x2020, 0x2021, 0x2c6, 0x2030, 0x160, 0x2039, 0x152, 0x8d, 0x17d, 0x8f,
+  0x90, 0x2018, 0x2019, 0x201c, 0x201d, 0x2022, 0x2013, 0x2014, 0x2dc, 0x2122, 0x161, 0x203a, 0x153, 0x9d, 0x17e, 0x178];
+
+// The HTML5 names an attacker spells text with: every ASCII punctuation and symbol that has one, the
+// spaces and invisibles, the dashes, and the letter-like mathematical letters (added below). The
+// whole 2,231-name table would cost memory for characters no key, address or number is made of.
+const NAMED = new Map<string, string>(Object.entries({
+  excl: '!', quot: '"', QUOT: '"', num: '#', dollar: '$', percnt: '%', amp: '&', AMP: '&', apos: "'", lpar: '(', rpar: ')',
+  ast: '*', midast: '*', plus: '+', comma: ',', period: '.', sol: '/', colon: ':', semi: ';', lt: '<', LT: '<', equals: '=',
+  gt: '>', GT: '>', quest: '?', commat: '@', lsqb: '[', lbrack: '[', bsol: '\\', rsqb: ']', rbrack: ']', Hat: '^', lowbar: '_',
+  UnderBar: '_', grave: '`', DiacriticalGrave: '`', lcub: '{', lbrace: '{', verbar: '|', vert: '|', VerticalLine: '|',
+  rcub: '}', rbrace: '}', Tab: '\t', NewLine: '\n', nbsp: '\u00a0', NonBreakingSpace: '\u00a0', shy: '\u00ad',
+  hyphen: '\u2010', dash: '\u2010', ndash: '\u2013', mdash: '\u2014', minus: '\u2212', horbar: '\u2015',
+  ZeroWidthSpace: '\u200b', NegativeVeryThinSpace: '\u200b', NegativeThinSpace: '\u200b', NegativeMediumSpace: '\u200b',
+  NegativeThickSpace: '\u200b', zwnj: '\u200c', zwj: '\u200d', lrm: '\u200e', rlm: '\u200f', NoBreak: '\u2060',
+  af: '\u2061', ApplyFunction: '\u2061', it: '\u2062', InvisibleTimes: '\u2062', ic: '\u2063', InvisibleComma: '\u2063',
+  ensp: '\u2002', emsp: '\u2003', emsp13: '\u2004', emsp14: '\u2005', numsp: '\u2007', puncsp: '\u2008', thinsp: '\u2009',
+  ThinSpace: '\u2009', hairsp: '\u200a', VeryThinSpace: '\u200a', MediumSpace: '\u205f', lsquo: '\u2018', rsquo: '\u2019',
+  ldquo: '\u201c', rdquo: '\u201d', middot: '\u00b7', centerdot: '\u00b7', bull: '\u2022', hellip: '\u2026', copy: '\u00a9',
+  reg: '\u00ae', trade: '\u2122', times: '\u00d7', divide: '\u00f7', sup1: '\u00b9', sup2: '\u00b2', sup3: '\u00b3',
+}));
+// `&Aopf;` 𝔸, `&afr;` 𝔞, `&Ascr;` 𝒜…: all 52 letters in each style exist in HTML5, and NFKC reads each
+// as its plain letter, which is what the table holds.
+for (let k = 0; k < 26; k++) {
+  for (const letter of [String.fromCharCode(0x41 + k), String.fromCharCode(0x61 + k)]) {
+    for (const style of ['opf', 'fr', 'scr']) NAMED.set(letter + style, letter);
+  }
+}
+// Names HTML also reads without the `;` (its legacy list), of those in the table.
+const LEGACY = ['amp', 'AMP', 'lt', 'LT', 'gt', 'GT', 'quot', 'QUOT', 'nbsp', 'shy', 'copy', 'reg', 'middot', 'times', 'divide', 'sup1', 'sup2', 'sup3'];
+
+function hexDigit(b: number): number {
+  if (b >= 0x30 && b <= 0x39) return b - 0x30;
+  const l = b | 0x20;
+  if (l >= 0x61 && l <= 0x66) return l - 0x57;
+  return -1;
+}
+
+interface Entity {
+  text: string;
+  end: number;
+}
+
+/** The entity starting at the `&` at `at`, or null. */
+function entityAt(input: Buffer, at: number): Entity | null {
+  const n = input.length;
+  let j = at + 1;
+  if (input[j] === 0x23) {
+    j++;
+    const hex = input[j] === 0x78 || input[j] === 0x58;
+    if (hex) j++;
+    const from = j;
+    let value = 0;
+    for (; j < n; j++) {
+      const d = hex ? hexDigit(input[j]) : input[j] >= 0x30 && input[j] <= 0x39 ? input[j] - 0x30 : -1;
+      if (d < 0) break;
+      value = value * (hex ? 16 : 10) + d;
+      if (value > 0x10ffff) value = 0x110000; // leading zeros are fine, overflow is U+FFFD
+    }
+    if (j === from) return null;
+    if (input[j] === 0x3b) j++;
+    let cp = value;
+    if (cp === 0 || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) cp = 0xfffd;
+    else if (cp >= 0x80 && cp <= 0x9f) cp = C1[cp - 0x80];
+    return { text: String.fromCodePoint(cp), end: j };
+  }
+  const limit = Math.min(n, j + MAX_ENTITY_NAME);
+  while (j < limit && isAsciiAlnum(input[j])) j++;
+  if (j < n && input[j] === 0x3b && j > at + 1) {
+    const text = NAMED.get(input.toString('latin1', at + 1, j));
+    if (text !== undefined) return { text, end: j + 1 };
+  }
+  for (const name of LEGACY) {
+    if (at + 1 + name.length > n || input[at + 1] !== name.charCodeAt(0)) continue;
+    let k = 0;
+    while (k < name.length && input[at + 1 + k] === name.charCodeAt(k)) k++;
+    if (k === name.length) return { text: NAMED.get(name)!, end: at + 1 + k };
+  }
+  return null;
+}
+
+// ---------- the walk ----------
+
+/** A growable output buffer and the map from it back to its input. */
+class Writer {
+  bytes: Buffer;
+  length = 0;
+  map = new SpanMap();
+  /** Input bytes before this are written (or replaced). */
+  done = 0;
+  #input: Buffer;
+
+  constructor(input: Buffer) {
+    this.#input = input;
+    this.bytes = Buffer.allocUnsafe(input.length + 64);
+  }
+
+  #room(extra: number): void {
+    if (this.length + extra <= this.bytes.length) return;
+    const bigger = Buffer.allocUnsafe(Math.max(this.bytes.length * 2, this.length + extra));
+    this.bytes.copy(bigger, 0, 0, this.length);
+    this.bytes = bigger;
+  }
+
+  /** Copies the input up to `to` as it is. */
+  keep(to: number): void {
+    if (to <= this.done) return;
+    this.#room(to - this.done);
+    this.length += this.#input.copy(this.bytes, this.length, this.done, to);
+    this.map.push(this.length, to, true);
+    this.done = to;
+  }
+
+  /** Input [from, to) reads as `text`. */
+  replace(from: number, to: number, text: string): void {
+    this.keep(from);
+    this.#room(3 * text.length);
+    this.length += this.bytes.write(text, this.length, 'utf8');
+    this.map.push(this.length, to, false);
+    this.done = to;
+  }
+
+  /** The character before input offset `at`, as it reads in the view: is it an ASCII letter or digit? */
+  alnumBefore(at: number): boolean {
+    if (at > this.done) return isAsciiAlnum(this.#input[at - 1]);
+    return this.length > 0 && isAsciiAlnum(this.bytes[this.length - 1]);
+  }
+}
+
+/** Decodes one UTF-8 code point at `i`: (cp << 3) | length; an invalid byte reads as itself, length 1. */
+function decodeAt(input: Buffer, i: number): number {
+  const n = input.length;
+  const b = input[i];
+  if (b >= 0xc2 && b <= 0xdf && i + 1 < n && (input[i + 1] & 0xc0) === 0x80) return (((b & 0x1f) << 6) | (input[i + 1] & 0x3f)) * 8 + 2;
+  if (b >= 0xe0 && b <= 0xef && i + 2 < n && (input[i + 1] & 0xc0) === 0x80 && (input[i + 2] & 0xc0) === 0x80) {
+    const cp = ((b & 0x0f) << 12) | ((input[i + 1] & 0x3f) << 6) | (input[i + 2] & 0x3f);
+    if (cp >= 0x800 && (cp < 0xd800 || cp > 0xdfff)) return cp * 8 + 3;
+  }
+  if (b >= 0xf0 && b <= 0xf4 && i + 3 < n && (input[i + 1] & 0xc0) === 0x80 && (input[i + 2] & 0xc0) === 0x80 && (input[i + 3] & 0xc0) === 0x80) {
+    const cp = ((b & 0x07) << 18) | ((input[i + 1] & 0x3f) << 12) | ((input[i + 2] & 0x3f) << 6) | (input[i + 3] & 0x3f);
+    if (cp >= 0x10000 && cp <= 0x10ffff) return cp * 8 + 4;
+  }
+  return -1; // invalid: kept as a byte
+}
+
+/**
+ * One level: entities decoded, and with `unicode` the non-ASCII runs normalized. Null when nothing
+ * changed: nothing is allocated before the first change.
+ */
+function pass(input: Buffer, asciiOnly: boolean, unicode: boolean): { bytes: Buffer; map: SpanMap } | null {
+  const n = input.length;
+  // Without non-ASCII runs to normalize, only `&` can change anything.
+  const ascii = asciiOnly || !unicode;
+  let w: Writer | null = null;
+  let i = 0;
+  while (i < n) {
+    if (ascii) {
+      // Only `&` can change anything: jump from one to the next at memchr speed.
+      i = input.indexOf(AMP, i);
+      if (i < 0) break;
+    } else {
+      const b = input[i];
+      if (b < 0x80 && b !== AMP) {
+        i++;
+        continue;
+      }
+    }
+    if (input[i] === AMP) {
+      const e = entityAt(input, i);
+      if (e === null) {
+        i++;
+        continue;
+      }
+      w ??= new Writer(input);
+      let text = e.text;
+      if (text.length > 1 || text.charCodeAt(0) >= 0x80) {
+        text = clean(text, w.alnumBefore(i));
+        if (Buffer.byteLength(text) > 2 * (e.end - i)) text = e.text;
+      }
+      w.replace(i, e.end, text);
+      i = e.end;
+      continue;
+    }
+    if (!unicode) {
+      i++;
+      continue;
+    }
+    // A run of non-ASCII code points, with the ASCII letter before it (a base that marks may compose
+    // with), cut into chunks NFKC handles in bounded time.
+    const head = i > 0 && isAsciiAlnum(input[i - 1]) && (w === null || i - 1 >= w.done) ? i - 1 : i;
+    let j = i;
+    let count = 0;
+    let stable = true;
+    while (j < n && input[j] >= 0x80) {
+      const d = decodeAt(input, j);
+      const cp = d < 0 ? 0xfffd : Math.floor(d / 8);
+      const c = d < 0 ? KNOWN | STABLE | STARTER : classify(cp);
+      if (count >= RUN_HARD || (count >= RUN_SOFT && c & STARTER)) break;
+      if (!(c & STABLE)) stable = false;
+      j += d < 0 ? 1 : d & 7;
+      count++;
+    }
+    if (!stable) {
+      const before = input.toString('utf8', head, j);
+      const prevAlnum = head === i && (w === null ? i > 0 && isAsciiAlnum(input[i - 1]) : w.alnumBefore(i));
+      let after = clean(before, prevAlnum);
+      if (Buffer.byteLength(after) > 2 * (j - head)) after = cleanEach(before, prevAlnum);
+      if (after !== before) {
+        w ??= new Writer(input);
+        w.replace(head, j, after);
+      }
+    }
+    i = j;
+  }
+  if (w === null) return null;
+  w.keep(n);
+  return { bytes: w.bytes.subarray(0, w.length), map: w.map };
+}
