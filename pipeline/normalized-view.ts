@@ -20,7 +20,8 @@ import { isAscii } from 'node:buffer';
 //   took over a second in one `normalize` call. 96 is Unicode's stream-safe limit (UAX #15: 30
 //   non-starters in a row) with room to spare;
 // - a character whose compatibility form is more than twice its own UTF-8 length (U+FDFA, the squared
-//   katakana words) is kept as it is, so the view is never more than twice the input.
+//   katakana words) is kept as it is, so the view is at most three times the input (twice, plus an
+//   invalid UTF-8 byte in a changed run reading as the three bytes of U+FFFD).
 // Invisible characters are Unicode's Default_Ignorable_Code_Point (zero-width space, joiners, word
 // joiner, BOM, soft hyphen, variation selectors, tags, the combining grapheme joiner, the Mongolian
 // vowel separator and free variation selectors, the Hangul fillers, bidi controls) plus general
@@ -440,7 +441,9 @@ function pass(input: Buffer, asciiOnly: boolean, unicode: boolean): { bytes: Buf
       if (Buffer.byteLength(after) > 2 * (j - head)) after = cleanEach(before, prevAlnum);
       if (after !== before) {
         w ??= new Writer(input);
-        w.replace(head, j, after);
+        // A base letter that came through unchanged stays mapped to itself.
+        if (head < i && after.charCodeAt(0) === input[head]) w.replace(i, j, after.slice(1));
+        else w.replace(head, j, after);
       }
     }
     i = j;
