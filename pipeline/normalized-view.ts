@@ -97,6 +97,7 @@ const MAX_ENTITY_NAME = 32;
 const ENTITY_LEVELS = 3;
 const RUN_SOFT = 64;
 const RUN_HARD = 96;
+const GAP = 16;
 
 /** Whether the view of these bytes can differ from them at all: one native pass each, no copy. */
 export function mayNormalize(bytes: Buffer): boolean {
@@ -157,11 +158,10 @@ export function foldedText(view: Buffer): string {
 const DROP = 1; // invisible: dropped
 const STABLE = 2; // NFKC leaves it alone, on its own and next to anything: kept without normalizing
 const STARTER = 4; // not a combining mark or a Hangul vowel/final jamo: a chunk may end before it
-const MARK = 8; // a combining mark (Mn, Me)
+const EXPANDS = 16; // NFKC more than doubles its UTF-8 length (U+FDFA, squared words): kept as it is
 const KNOWN = 128;
 
 const INVISIBLE = /^[\p{Default_Ignorable_Code_Point}\p{Cf}]$/u;
-const COMBINING = /^[\p{Mn}\p{Me}]$/u;
 const ANY_MARK = /^\p{M}$/u;
 // Code points below 0x20000 (BMP and plane 1) are classified on first sight and remembered.
 const classes = new Uint8Array(0x20000);
@@ -179,54 +179,35 @@ function classify(cp: number): number {
   let c = KNOWN;
   if (INVISIBLE.test(ch)) c |= DROP;
   const mark = ANY_MARK.test(ch);
-  if (COMBINING.test(ch)) c |= MARK;
   const jamo = (cp >= 0x1161 && cp <= 0x1175) || (cp >= 0x11a8 && cp <= 0x11c2);
   if (!mark && !jamo) c |= STARTER;
-  if (!(c & DROP) && !mark && !jamo && ch.normalize('NFKC') === ch && HYPHENS.get(cp) === undefined) c |= STABLE;
+  const nfkc = ch.normalize('NFKC');
+  if (!(c & DROP) && !mark && !jamo && nfkc === ch && !(cp >= 0x2010 && cp <= 0x2013) && cp !== 0x2212) c |= STABLE;
+  if (Buffer.byteLength(nfkc) > 2 * Buffer.byteLength(ch)) c |= EXPANDS;
   if (cp < 0x20000) classes[cp] = c;
   return c;
 }
-
-const HYPHENS = new Map([[0x2010, '-'], [0x2011, '-'], [0x2012, '-'], [0x2013, '-'], [0x2212, '-']]);
 
 function isAsciiAlnum(b: number): boolean {
   return (b >= 0x30 && b <= 0x39) || ((b | 0x20) >= 0x61 && (b | 0x20) <= 0x7a);
 }
 
+const NON_ASCII = /[^\x00-\x7f]/;
+const INVISIBLES = /[\p{Default_Ignorable_Code_Point}\p{Cf}]/gu;
+const LEADING_MARKS = /^[\p{Mn}\p{Me}]+/u;
+const MARKS_ON_ALNUM = /([A-Za-z0-9])[\p{Mn}\p{Me}]+/gu;
+const HYPHEN_LIKE = /[\u2010-\u2013\u2212]/g;
+
 /**
- * NFKC text with invisibles dropped, marks on ASCII letters and digits dropped, hyphens folded.
- * `prevAlnum`: the character before `text` is an ASCII letter or digit.
+ * NFKC text with invisibles dropped, marks on ASCII letters and digits dropped, hyphens folded (each a
+ * native regex pass over a bounded chunk). `prevAlnum`: the character before is an ASCII letter or digit.
  */
 function clean(text: string, prevAlnum: boolean): string {
-  let out = '';
-  let alnum = prevAlnum;
-  for (const ch of text.normalize('NFKC')) {
-    const cp = ch.codePointAt(0)!;
-    if (cp < 0x80) {
-      out += ch;
-      alnum = isAsciiAlnum(cp);
-      continue;
-    }
-    const c = classify(cp);
-    if (c & DROP) continue;
-    if (c & MARK && alnum) continue;
-    out += HYPHENS.get(cp) ?? ch;
-    if (!(c & MARK)) alnum = false;
-  }
-  return out;
-}
-
-/** `clean`, one code point at a time, keeping any whose compatibility form would more than double it. */
-function cleanEach(text: string, prevAlnum: boolean): string {
-  let out = '';
-  let alnum = prevAlnum;
-  for (const ch of text) {
-    let next = clean(ch, alnum);
-    if (Buffer.byteLength(next) > 2 * Buffer.byteLength(ch)) next = ch;
-    out += next;
-    if (next.length > 0) alnum = isAsciiAlnum(next.charCodeAt(next.length - 1));
-  }
-  return out;
+  let s = text.normalize('NFKC');
+  if (!NON_ASCII.test(s)) return s;
+  s = s.replace(INVISIBLES, '');
+  if (prevAlnum) s = s.replace(LEADING_MARKS, '');
+  return s.replace(MARKS_ON_ALNUM, '$1').replace(HYPHEN_LIKE, '-');
 }
 
 // ---------- HTML entities ----------
@@ -262,6 +243,8 @@ for (let k = 0; k < 26; k++) {
 }
 // Names HTML also reads without the `;` (its legacy list), of those in the table.
 const LEGACY = ['amp', 'AMP', 'lt', 'LT', 'gt', 'GT', 'quot', 'QUOT', 'nbsp', 'shy', 'copy', 'reg', 'middot', 'times', 'divide', 'sup1', 'sup2', 'sup3'];
+const LEGACY_FIRST = new Uint8Array(128);
+for (const name of LEGACY) LEGACY_FIRST[name.charCodeAt(0)] = 1;
 
 function hexDigit(b: number): number {
   if (b >= 0x30 && b <= 0x39) return b - 0x30;
@@ -304,6 +287,7 @@ function entityAt(input: Buffer, at: number): Entity | null {
     const text = NAMED.get(input.toString('latin1', at + 1, j));
     if (text !== undefined) return { text, end: j + 1 };
   }
+  if (at + 1 >= n || input[at + 1] >= 0x80 || !LEGACY_FIRST[input[at + 1]]) return null;
   for (const name of LEGACY) {
     if (at + 1 + name.length > n || input[at + 1] !== name.charCodeAt(0)) continue;
     let k = 0;
@@ -378,20 +362,25 @@ function decodeAt(input: Buffer, i: number): number {
 }
 
 /**
- * One level: entities decoded, and with `unicode` the non-ASCII runs normalized. Null when nothing
+ * One level: entities decoded, and with `unicode` the non-ASCII text normalized. Null when nothing
  * changed: nothing is allocated before the first change.
  */
 function pass(input: Buffer, asciiOnly: boolean, unicode: boolean): { bytes: Buffer; map: SpanMap } | null {
   const n = input.length;
-  // Without non-ASCII runs to normalize, only `&` can change anything.
+  // Without non-ASCII text to normalize, only `&` can change anything.
   const ascii = asciiOnly || !unicode;
   let w: Writer | null = null;
   let i = 0;
   while (i < n) {
     if (ascii) {
-      // Only `&` can change anything: jump from one to the next at memchr speed.
-      i = input.indexOf(AMP, i);
-      if (i < 0) break;
+      // From one `&` to the next: a short gap in this loop, a long one at memchr speed (a native call
+      // per `&` of an `&` flood cost more than the rest of the walk).
+      const limit = i + 16 < n ? i + 16 : n;
+      while (i < limit && input[i] !== AMP) i++;
+      if (i === limit) {
+        i = input.indexOf(AMP, i);
+        if (i < 0) break;
+      }
     } else {
       const b = input[i];
       if (b < 0x80 && b !== AMP) {
@@ -419,34 +408,60 @@ function pass(input: Buffer, asciiOnly: boolean, unicode: boolean): { bytes: Buf
       i++;
       continue;
     }
-    // A run of non-ASCII code points, with the ASCII letter before it (a base that marks may compose
-    // with), cut into chunks NFKC handles in bounded time.
+    // A chunk of text holding non-ASCII characters, from the ASCII letter before the first (a base
+    // that marks may compose with) to the last, through ASCII gaps shorter than GAP (so accented
+    // prose is one chunk, not one per accent), never across an `&`; cut before a starter once it
+    // holds RUN_SOFT code points, and anywhere at RUN_HARD: NFKC's time on it is bounded.
     const head = i > 0 && isAsciiAlnum(input[i - 1]) && (w === null || i - 1 >= w.done) ? i - 1 : i;
     let j = i;
+    let last = i; // just past the last non-ASCII character of the chunk
     let count = 0;
     let stable = true;
-    while (j < n && input[j] >= 0x80) {
+    let invalid = false;
+    while (j < n) {
+      const b = input[j];
+      if (b < 0x80) {
+        if (b === AMP || j - last >= GAP || count >= RUN_SOFT) break;
+        j++;
+        count++;
+        continue;
+      }
       const d = decodeAt(input, j);
-      const cp = d < 0 ? 0xfffd : Math.floor(d / 8);
-      const c = d < 0 ? KNOWN | STABLE | STARTER : classify(cp);
-      if (count >= RUN_HARD || (count >= RUN_SOFT && c & STARTER)) break;
+      const c = d < 0 ? KNOWN | STABLE | STARTER : classify(Math.floor(d / 8));
+      if (c & EXPANDS || count >= RUN_HARD || (count >= RUN_SOFT && c & STARTER)) break;
       if (!(c & STABLE)) stable = false;
+      if (d < 0) invalid = true;
       j += d < 0 ? 1 : d & 7;
+      last = j;
       count++;
     }
+    if (last === i) {
+      i += decodeAt(input, i) & 7; // a character NFKC would blow up: kept as it is
+      continue;
+    }
     if (!stable) {
-      const before = input.toString('utf8', head, j);
+      const before = input.toString('utf8', head, last);
       const prevAlnum = head === i && (w === null ? i > 0 && isAsciiAlnum(input[i - 1]) : w.alnumBefore(i));
-      let after = clean(before, prevAlnum);
-      if (Buffer.byteLength(after) > 2 * (j - head)) after = cleanEach(before, prevAlnum);
+      const after = clean(before, prevAlnum);
       if (after !== before) {
         w ??= new Writer(input);
-        // A base letter that came through unchanged stays mapped to itself.
-        if (head < i && after.charCodeAt(0) === input[head]) w.replace(i, j, after.slice(1));
-        else w.replace(head, j, after);
+        // Only the part that changed is replaced, so what came through stays mapped to itself (not
+        // when an invalid byte makes the text's UTF-8 differ from the input's).
+        let p = 0;
+        let s = 0;
+        if (!invalid) {
+          const m = Math.min(before.length, after.length);
+          while (p < m && before.charCodeAt(p) === after.charCodeAt(p)) p++;
+          if (p > 0 && (before.charCodeAt(p - 1) & 0xfc00) === 0xd800) p--;
+          while (s < m - p && before.charCodeAt(before.length - 1 - s) === after.charCodeAt(after.length - 1 - s)) s++;
+          if (s > 0 && (before.charCodeAt(before.length - s) & 0xfc00) === 0xdc00) s--;
+        }
+        const from = head + (p === 0 ? 0 : Buffer.byteLength(before.slice(0, p)));
+        const to = last - (s === 0 ? 0 : Buffer.byteLength(before.slice(before.length - s)));
+        w.replace(from, to, after.slice(p, after.length - s));
       }
     }
-    i = j;
+    i = last;
   }
   if (w === null) return null;
   w.keep(n);
