@@ -6,22 +6,24 @@ import { isAscii } from 'node:buffer';
 // is the text as a reader sees it:
 //
 //   view ──prefilter: all ASCII and no `&`──▶ null (the view is the input: nothing to build)
-//        └▶ walk: ASCII bytes kept ─┬─ `&…;` an HTML entity ──▶ its character ─┐
-//                                   └─ a run of non-ASCII ─────▶ NFKC ─────────┴─▶ invisibles dropped ─▶ view
-//           (again, at most twice more, while a decoded `&` can start another entity)
+//        └▶ walk: ASCII bytes kept ─┬─ `&…;` an HTML entity ──▶ its character ──────────────┐
+//                                   └─ a chunk around non-ASCII text ─▶ NFKC, only if needed ─┴─▶ invisibles dropped ─▶ view
+//           (again, entities only, at most twice more while a decoded `&` can start another entity)
 //
 // The view is built from the bytes a detector would read otherwise (the body, or its decoded JSON
 // view when escapes can hide characters), so `\u200b` inside a JSON string is decoded first and then
 // dropped here. Every step is bounded per input byte, so the whole view is linear in the input:
 // - an entity reads at most 32 name characters, and a numeric one its digit run (digit runs after
 //   different `&` never overlap);
-// - NFKC runs on chunks of at most 96 code points, cut before a starter once 64 are gathered. ICU
-//   reorders combining marks by insertion, quadratic in a run of them: 80 KB of alternating marks
-//   took over a second in one `normalize` call. 96 is Unicode's stream-safe limit (UAX #15: 30
-//   non-starters in a row) with room to spare;
+// - NFKC runs on chunks: the text from the ASCII letter before a non-ASCII character to the last
+//   non-ASCII character, through ASCII gaps under 16 bytes, never across an `&`; cut before a starter
+//   once 64 code points are gathered, and anywhere at 96. ICU reorders combining marks by insertion,
+//   quadratic in a run of them: 80 KB of alternating marks took over a second in one `normalize`
+//   call. 96 is Unicode's stream-safe limit (UAX #15: 30 non-starters in a row) with room to spare.
+//   A chunk whose every character NFKC leaves alone (CJK, most accented text) is not normalized at all;
 // - a character whose compatibility form is more than twice its own UTF-8 length (U+FDFA, the squared
 //   katakana words) is kept as it is, so the view is at most three times the input (twice, plus an
-//   invalid UTF-8 byte in a changed run reading as the three bytes of U+FFFD).
+//   invalid UTF-8 byte in a changed chunk reading as the three bytes of U+FFFD).
 // Invisible characters are Unicode's Default_Ignorable_Code_Point (zero-width space, joiners, word
 // joiner, BOM, soft hyphen, variation selectors, tags, the combining grapheme joiner, the Mongolian
 // vowel separator and free variation selectors, the Hangul fillers, bidi controls) plus general
@@ -31,7 +33,7 @@ import { isAscii } from 'node:buffer';
 // hyphen-minus: `sk-ant-`).
 
 /** Maps spans of a view back to the bytes they came from. */
-export class SpanMap {
+class SpanMap {
   // Segment k covers view bytes [out[k], out[k+1]) and input bytes [src[k], src[k+1]); `same[k]` when
   // they are the same bytes (one to one), otherwise the view bytes replace the whole input span.
   #out: number[] = [0];
