@@ -17,9 +17,10 @@ import { isAscii } from 'node:buffer';
 //   different `&` never overlap);
 // - NFKC runs on chunks: the text from the ASCII letter before a non-ASCII character to the last
 //   non-ASCII character, through ASCII gaps under 16 bytes, never across an `&`; cut before a starter
-//   once 64 code points are gathered, and anywhere at 96. ICU reorders combining marks by insertion,
-//   quadratic in a run of them: 80 KB of alternating marks took over a second in one `normalize`
-//   call. 96 is Unicode's stream-safe limit (UAX #15: 30 non-starters in a row) with room to spare.
+//   once 256 code points are gathered, and anywhere at 288. ICU reorders combining marks by
+//   insertion, quadratic in a run of them: 80 KB of alternating marks took over a second in one
+//   `normalize` call. Marks past 32 in a row are dropped unread (Unicode's stream-safe text, UAX #15,
+//   has at most 30 non-starters in a row; only a flood has more).
 //   A chunk whose every character NFKC leaves alone (CJK, most accented text) is not normalized at all;
 // - a character whose compatibility form is more than twice its own UTF-8 length (U+FDFA, the squared
 //   katakana words) is kept as it is, so the view is at most three times the input (twice, plus an
@@ -97,8 +98,9 @@ export interface NormalizedView {
 const AMP = 0x26;
 const MAX_ENTITY_NAME = 32;
 const ENTITY_LEVELS = 3;
-const RUN_SOFT = 64;
-const RUN_HARD = 96;
+const RUN_SOFT = 256;
+const RUN_HARD = 288;
+const MARKS_IN_A_ROW = 32;
 const GAP = 16;
 
 /** Whether the view of these bytes can differ from them at all: one native pass each, no copy. */
@@ -413,23 +415,32 @@ function pass(input: Buffer, asciiOnly: boolean, unicode: boolean): { bytes: Buf
     // A chunk of text holding non-ASCII characters, from the ASCII letter before the first (a base
     // that marks may compose with) to the last, through ASCII gaps shorter than GAP (so accented
     // prose is one chunk, not one per accent), never across an `&`; cut before a starter once it
-    // holds RUN_SOFT code points, and anywhere at RUN_HARD: NFKC's time on it is bounded.
+    // holds RUN_SOFT code points, anywhere at RUN_HARD, and before a mark past MARKS_IN_A_ROW in a row:
+    // NFKC's time on it is bounded.
     const head = i > 0 && isAsciiAlnum(input[i - 1]) && (w === null || i - 1 >= w.done) ? i - 1 : i;
     let j = i;
     let last = i; // just past the last non-ASCII character of the chunk
     let count = 0;
+    let marks = 0; // combining marks in a row
+    let overflow = false;
     let stable = true;
     let invalid = false;
     while (j < n) {
       const b = input[j];
       if (b < 0x80) {
         if (b === AMP || j - last >= GAP || count >= RUN_SOFT) break;
+        marks = 0;
         j++;
         count++;
         continue;
       }
       const d = decodeAt(input, j);
       const c = d < 0 ? KNOWN | STABLE | STARTER : classify(Math.floor(d / 8));
+      marks = c & STARTER ? 0 : marks + 1;
+      if (marks > MARKS_IN_A_ROW) {
+        overflow = true;
+        break;
+      }
       if (c & EXPANDS || count >= RUN_HARD || (count >= RUN_SOFT && c & STARTER)) break;
       if (!(c & STABLE)) stable = false;
       if (d < 0) invalid = true;
@@ -464,6 +475,19 @@ function pass(input: Buffer, asciiOnly: boolean, unicode: boolean): { bytes: Buf
       }
     }
     i = last;
+    if (overflow) {
+      // Marks past MARKS_IN_A_ROW in a row are dropped unread: no script stacks that many on one
+      // letter (UAX #15's stream-safe text never does), and normalizing them is all a flood would cost.
+      let k = last;
+      while (k < n && input[k] >= 0x80) {
+        const d = decodeAt(input, k);
+        if (d < 0 || classify(Math.floor(d / 8)) & STARTER) break;
+        k += d & 7;
+      }
+      w ??= new Writer(input);
+      w.replace(last, k, '');
+      i = k;
+    }
   }
   if (w === null) return null;
   w.keep(n);

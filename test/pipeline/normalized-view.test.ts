@@ -82,6 +82,9 @@ t.test('worst cases stay bounded in size (their speed is measured in bench/pipel
   const m = view(marks)!;
   t.ok(m.bytes.length <= marks.length, 'a flood of combining marks');
   t.ok(m.bytes.toString().startsWith('á'));
+  t.ok(m.bytes.length < 100, 'marks past 32 in a row are dropped');
+  const thai = 'ก\u0e34\u0e48'.repeat(1000);
+  t.equal(text(thai + '\u0301'.repeat(40) + 'x'), thai + '\u0301'.repeat(30) + 'x', 'Thai keeps its marks; of a run, 32 in a row are kept');
   const digits = Buffer.from('&#' + '0'.repeat(500_000) + '64;');
   t.equal(text(digits), '@', 'a long run of leading zeros');
   t.equal(text('&'.repeat(300_000) + '#64;'), '&'.repeat(299_999) + '@', 'an & flood');
