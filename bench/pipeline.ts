@@ -6,6 +6,7 @@ import { compilePlan } from '../pipeline/plan.ts';
 import { scanBody } from '../pipeline/scan.ts';
 import { policyFromDocument } from '../pipeline/policy/resolve.ts';
 import { validatePolicyDocument } from '../pipeline/policy/validate.ts';
+import { normalizedViewTable } from './normalized-view.ts';
 
 // npm run bench -- pipeline [--quick]
 // Throughput of each inspector and of the full set (all built-ins + 10 RE2 patterns) on LLM-like JSON
@@ -132,4 +133,6 @@ export async function main(args: string[]): Promise<void> {
     '',
   ].join('\n');
   process.stdout.write(out + '\n');
+  // P7 evasion: what the normalized view costs, and its own worst cases (bench/normalized-view.ts).
+  process.stdout.write(await normalizedViewTable(quick) + '\n');
 }

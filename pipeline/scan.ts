@@ -1,5 +1,6 @@
 import { bodyLocation, type Finding, type Phase } from './finding.ts';
 import { deepScanView, hidesCharacters } from './json-view.ts';
+import { normalizedView } from './normalized-view.ts';
 import { sseText } from './sse-text.ts';
 import * as apiKey from './inspectors/api-key.ts';
 import * as model from './inspectors/model-restriction.ts';
@@ -20,6 +21,10 @@ import type { ScanPlan } from './plan.ts';
 //   bytes, and secrets also look for their JSON-escaped form) unless `\u` or `\/` escapes could hide a
 //   character of what they look for, in which case they read the decoded view too. The decode, the
 //   most expensive step, happens at most once per body and only when something needs it.
+// Every one of them also reads the normalized view (normalized-view.ts: NFKC, invisibles dropped, HTML
+// entities decoded) of what it reads, when that differs: built at most once per body, on the decoded
+// view when custom patterns run (they read it anyway) and on the builtin view otherwise; an ASCII
+// body without `&` is turned away by one native pass each of isAscii and indexOf.
 // An inspector that throws is reported as a failure, never as a clean pass (STYLE.md rule 10).
 
 /** Which inspectors a scan runs: all of them, or one half of a body split across two workers. */
@@ -55,6 +60,9 @@ export function hasBuiltinWork(plan: ScanPlan, phase: Phase, secretCount: number
   return plan.patterns !== null || (plan.secrets !== null && secretCount > 0);
 }
 
+/** The failure name of the normalized view (it feeds several inspectors). */
+export const NORMALIZED_VIEW = 'normalized_view';
+
 function findingKey(f: Finding): string {
   return `${f.inspector_type}\u0000${f.description}\u0000${f.match}\u0000${f.severity}`;
 }
@@ -88,22 +96,40 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
 
   let decoded: Buffer | null = null;
   const decodedView = () => (decoded ??= deepScanView(body));
-  const builtinView = () => (hidesCharacters(body) ? decodedView() : body);
+  let builtin: Buffer | null = null;
+  const builtinView = () => (builtin ??= hidesCharacters(body) ? decodedView() : body);
+  // A view that fails to build is a recorded failure (fail open or 503), as an inspector's would be.
+  const normalize = (view: Buffer): Buffer | null => {
+    try {
+      return normalizedView(view)?.bytes ?? null;
+    } catch (err) {
+      failures.push({ inspector: NORMALIZED_VIEW, reason: (err as Error).message || String(err) });
+      return null;
+    }
+  };
+  let normalized: Buffer | null | undefined;
+  const normalizedOf = () => (normalized === undefined ? (normalized = normalize(part !== 'others' && plan.patterns ? decodedView() : builtinView())) : normalized);
   // A streamed response is also read as the text the agent receives (sse-text.ts).
   const extra = phase === 'response' && (plan.secrets || plan.patterns) ? sseText(body) : null;
+  const extraNormalized = extra ? normalize(extra) : null;
 
   // One RE2.Set pass over the decoded view: the custom patterns that hit, and (request phase) which
   // built-in detectors can have anything to find. Without custom patterns every detector runs.
   let setHits: patterns.SetHits | null = null;
+  // The same pass over the normalized view, when there is one: its hits count for the prefilters too.
+  let normalizedHits: patterns.SetHits | null = null;
   // (The 'others' half of a split body skips it: the 'patterns' half pays for that pass.)
   if (plan.patterns && part !== 'others') {
     try {
       setHits = patterns.hits(decodedView(), plan.patterns);
+      const view = normalizedOf();
+      if (view) normalizedHits = patterns.hits(view, plan.patterns);
     } catch (err) {
       failures.push({ inspector: patterns.id, reason: (err as Error).message || String(err) });
     }
   }
-  const prefiltered = phase === 'request' ? setHits?.prefilters ?? null : null;
+  let prefiltered = phase === 'request' ? setHits?.prefilters ?? null : null;
+  if (prefiltered && normalizedHits) prefiltered = normalizedHits.prefilters && new Set([...prefiltered, ...normalizedHits.prefilters]);
 
   if (others && plan.secrets && request.secrets.length > 0) {
     const needles = secrets.needles(request.secrets);
@@ -112,21 +138,29 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
     // would turn its `\n` into a newline.
     run(secrets.id, () => secrets.scan(body, plan.secrets!, needles, location));
     if (builtinView() !== body) run(secrets.id, () => secrets.scan(builtinView(), plan.secrets!, needles, location));
+    if (normalizedOf()) run(secrets.id, () => secrets.scan(normalizedOf()!, plan.secrets!, needles, location));
     if (extra) run(secrets.id, () => secrets.scan(extra, plan.secrets!, needles, location));
+    if (extraNormalized) run(secrets.id, () => secrets.scan(extraNormalized, plan.secrets!, needles, location));
   }
   if (others && phase === 'request' && plan.pii) {
     const p = prefiltered
       ? { ...plan.pii, email: plan.pii.email && prefiltered.has('email'), creditCard: plan.pii.creditCard && prefiltered.has('card'), ssn: plan.pii.ssn && prefiltered.has('ssn') }
       : plan.pii;
-    if (p.email || p.creditCard || p.ssn) run(pii.id, () => pii.scan(builtinView(), p, location));
+    if (p.email || p.creditCard || p.ssn) {
+      run(pii.id, () => pii.scan(builtinView(), p, location));
+      if (normalizedOf()) run(pii.id, () => pii.scan(normalizedOf()!, p, location));
+    }
   }
   if (others && phase === 'request' && plan.apiKey && (!prefiltered || prefiltered.has('api_key'))) {
     run(apiKey.id, () => apiKey.scan(builtinView(), plan.apiKey!, location));
+    if (normalizedOf()) run(apiKey.id, () => apiKey.scan(normalizedOf()!, plan.apiKey!, location));
   }
   if (part !== 'others' && plan.patterns && setHits) {
     const candidates = setHits.patterns;
     run(patterns.id, () => patterns.scan(decodedView(), plan.patterns!, location, candidates));
+    if (normalizedHits && normalizedHits.patterns.length > 0) run(patterns.id, () => patterns.scan(normalizedOf()!, plan.patterns!, location, normalizedHits!.patterns));
     if (extra) run(patterns.id, () => patterns.scan(extra, plan.patterns!, location));
+    if (extraNormalized) run(patterns.id, () => patterns.scan(extraNormalized, plan.patterns!, location));
   }
   return { findings, failures };
 }

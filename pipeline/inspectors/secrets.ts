@@ -1,17 +1,33 @@
 import { MAX_FINDINGS_PER_INSPECTOR, redact, type Finding, type FindingLocation } from '../finding.ts';
+import { caseFold, foldedText, normalizeText } from '../normalized-view.ts';
 import { recordedSeverity } from '../policy/severity.ts';
 import type { Toggle } from '../policy/types.ts';
 
-// secrets: the agent's own secret values (≥ 8 characters) as needles, raw and in JSON-escaped form
-// (spec: "Secrets filter"). A match is reported as its first 4 characters + `****`; the value itself
-// never leaves this function: not in a finding, a log line or an error.
+// secrets: the agent's own secret values (≥ 8 characters) as needles, raw, in JSON-escaped form and
+// normalized (normalized-view.ts), matched in any letter case (spec: "Secrets filter"; docs/decisions.md,
+// "P7 evasion"). A match is reported as its first 4 characters + `****`; the value itself never leaves
+// this function: not in a finding, a log line or an error.
+//
+// Any case, at indexOf speed: an ASCII form is looked for by its longest run of bytes that have no
+// case (digits, punctuation: `-2026` in `s3cr3t-db-password-2026`), and each hit compared in any case
+// around it. When hits cost more than folding the whole view would (an anchor of one common byte), or
+// a form has no such run or is not ASCII, the view is folded once (ASCII at native speed) and searched.
 
 export const id = 'secrets';
 export const MIN_SECRET_LENGTH = 8;
 
+export interface SecretForm {
+  /** The form in lower case (caseFold). */
+  folded: string;
+  /** ASCII forms: the lower-case bytes, and the longest run without letters, where it starts. */
+  bytes: Buffer | null;
+  anchor: Buffer | null;
+  anchorAt: number;
+}
+
 export interface SecretNeedle {
   redacted: string;
-  forms: Buffer[];
+  forms: SecretForm[];
 }
 
 // An agent's secrets change rarely and are scanned on every call: their needles are kept, keyed by
@@ -43,19 +59,72 @@ function build(values: readonly string[]): SecretNeedle[] {
   for (const value of values) {
     if (typeof value !== 'string' || [...value].length < MIN_SECRET_LENGTH || seen.has(value)) continue;
     seen.add(value);
-    const forms = [Buffer.from(value, 'utf8')];
-    const escaped = JSON.stringify(value).slice(1, -1);
-    if (escaped !== value) forms.push(Buffer.from(escaped, 'utf8'));
-    out.push({ redacted: redact(value), forms });
+    const folded = new Set([value, JSON.stringify(value).slice(1, -1), normalizeText(value)].map(caseFold));
+    out.push({ redacted: redact(value), forms: [...folded].map(form) });
   }
   return out;
+}
+
+function isLetter(b: number): boolean {
+  return (b | 0x20) >= 0x61 && (b | 0x20) <= 0x7a;
+}
+
+function form(folded: string): SecretForm {
+  const ascii = /^[\x00-\x7f]*$/.test(folded);
+  if (!ascii) return { folded, bytes: null, anchor: null, anchorAt: 0 };
+  const bytes = Buffer.from(folded, 'latin1');
+  let best = -1;
+  let bestLength = 0;
+  for (let i = 0; i < bytes.length;) {
+    if (isLetter(bytes[i])) {
+      i++;
+      continue;
+    }
+    let j = i;
+    while (j < bytes.length && !isLetter(bytes[j])) j++;
+    if (j - i > bestLength) [best, bestLength] = [i, j - i];
+    i = j;
+  }
+  return { folded, bytes, anchor: best < 0 ? null : bytes.subarray(best, best + bestLength), anchorAt: best < 0 ? 0 : best };
+}
+
+/** Whether `view` holds the ASCII form in any case; null when its hits spent the budget first. */
+function anchored(view: Buffer, f: SecretForm, budget: { left: number }): boolean | null {
+  const bytes = f.bytes!;
+  const anchor = f.anchor!;
+  const m = bytes.length;
+  for (let i = view.indexOf(anchor); i >= 0; i = view.indexOf(anchor, i + 1)) {
+    budget.left -= 32 + m;
+    if (budget.left < 0) return null;
+    const start = i - f.anchorAt;
+    if (start < 0 || start + m > view.length) continue;
+    let k = 0;
+    while (k < m) {
+      let b = view[start + k];
+      if (b >= 0x41 && b <= 0x5a) b |= 0x20;
+      if (b !== bytes[k]) break;
+      k++;
+    }
+    if (k === m) return true;
+  }
+  return false;
 }
 
 export function scan(view: Buffer, toggle: Toggle, secretNeedles: readonly SecretNeedle[], location: FindingLocation): Finding[] {
   const findings: Finding[] = [];
   const severity = recordedSeverity(toggle.severity);
+  // Verifying anchor hits may cost about as much as folding the view once; past that, fold.
+  const budget = { left: view.length + 4096 };
+  let text: string | null = null;
+  const holds = (f: SecretForm): boolean => {
+    if (f.anchor !== null && budget.left >= 0) {
+      const found = anchored(view, f, budget);
+      if (found !== null) return found;
+    }
+    return (text ??= foldedText(view)).includes(f.folded);
+  };
   for (const needle of secretNeedles) {
-    if (needle.forms.some((form) => view.indexOf(form) >= 0)) {
+    if (needle.forms.some(holds)) {
       findings.push({ inspector_type: id, severity, description: 'value of one of the agent\'s secrets', match: needle.redacted, location });
       if (findings.length >= MAX_FINDINGS_PER_INSPECTOR) break;
     }

@@ -28,3 +28,21 @@ t.test('non-ASCII secrets redact by character', async (t) => {
   const f = find('{"c":"Пароль-секрет-2026"}', ['Пароль-секрет-2026']);
   t.equal(f[0].match, 'Паро****');
 });
+
+t.test('a secret is found in any letter case (docs/decisions.md, "P7 evasion")', async (t) => {
+  t.equal(find('{"c":"HUNTER2HUNTER2"}', ['hunter2hunter2']).length, 1, 'upper case');
+  t.equal(find('{"c":"hUnTeR2-hUnTeR2"}', ['Hunter2-Hunter2']).length, 1, 'mixed case');
+  t.equal(find('say CORRECTHORSEBATTERY', ['correcthorsebattery']).length, 1, 'a value with no digit or sign to anchor on');
+  t.equal(find('{"c":"ПАРОЛЬ-СЕКРЕТ-2026"}', ['Пароль-секрет-2026']).length, 1, 'Unicode letters');
+  t.equal(find('κωδικος-μυστικος', ['ΚΩΔΙΚΟΣ-ΜΥΣΤΙΚΟΣ']).length, 1, 'final sigma');
+  t.equal(find('{"c":"P@SS\\"WORD"}', ['p@ss"word']).length, 1, 'JSON-escaped form in another case');
+  t.same(find('HUNTER2-HUNTER and hunter2hunter', ['hunter2hunter2']), [], 'part of it is no match');
+  t.equal(find('x'.repeat(10) + 'HUNTER2HUNTER2', ['hunter2hunter2'])[0].match, 'hunt****', 'the match is the secret\'s own redaction');
+});
+
+t.test('an anchor that hits everywhere falls back to folding the view, and still finds the value', async (t) => {
+  // `-` is the longest caseless run of the value: 200,000 hits cost more than folding once.
+  const body = '-a'.repeat(200_000) + 'AB-CDEFGH';
+  t.equal(find(body, ['ab-cdefgh']).length, 1);
+  t.same(find('-a'.repeat(200_000), ['ab-cdefgh']), []);
+});

@@ -1,0 +1,40 @@
+import t from 'tap';
+import { InspectionEngine } from '../../pipeline/engine.ts';
+import { policyFromDocument } from '../../pipeline/policy/resolve.ts';
+import { validatePolicyDocument } from '../../pipeline/policy/validate.ts';
+
+// P7 evasion through the engine: the normalized view is read inline, on a pool worker, and when a
+// large body is split across two workers (each half builds the view it needs), with the same findings.
+const policy = policyFromDocument(validatePolicyDocument({
+  content_inspection: {
+    secrets_filter: { enabled: true },
+    pii_detection: { enabled: true },
+    api_key_detection: { enabled: true, severity: 'block' },
+    patterns: [{ pattern: 'project-[0-9]+', description: 'codename', severity: 'warn' }],
+  },
+}));
+const SECRETS = ['hunter2hunter2'];
+const EVASIVE = 'mail a＠example&period;com key AKIA&#x200b;IOSFODNN7EXAMPLE secret HUNTER2\u200bhunter2 ｐｒｏｊｅｃｔ－７';
+const body = (pad: number) => Buffer.from(JSON.stringify({ model: 'claude-sonnet-4-5', messages: [{ role: 'user', content: EVASIVE + ' lorem ipsum'.repeat(pad) }] }));
+const summary = (findings: { inspector_type: string; match: string }[]) => findings.map((f) => `${f.inspector_type}:${f.match}`).sort();
+const EXPECTED = ['api_key:AKIA****', 'patterns:proj****', 'pii:a@ex****', 'secrets:hunt****'];
+
+t.test('inline, pool and split runs find what the evasions hid', async (t) => {
+  const inline = new InspectionEngine({ threads: 0 });
+  const pool = new InspectionEngine({ threads: 2, inlineThresholdBytes: 4096, timeoutMs: 60_000 });
+  t.teardown(async () => {
+    await inline.close();
+    await pool.close();
+  });
+  const small = await inline.inspect({ body: body(0), phase: 'request', policy, secrets: SECRETS });
+  t.same(summary(small.findings), EXPECTED, 'inline');
+  t.equal(small.decision, 'block');
+  const pooled = await pool.inspect({ body: body(1000), phase: 'request', policy, secrets: SECRETS });
+  t.equal(pooled.mode, 'pool');
+  t.same(summary(pooled.findings), EXPECTED, 'on a pool worker');
+  const big = body(400_000);
+  t.ok(big.length >= 4 * 1024 * 1024, 'large enough to be split');
+  const split = await pool.inspect({ body: big, phase: 'request', policy, secrets: SECRETS });
+  t.same(split.failures, []);
+  t.same(summary(split.findings), EXPECTED, 'split across two workers');
+});
