@@ -1,9 +1,10 @@
 import type { LogFormat, LogLevel } from '../core/logger.ts';
 import { AUDIT_DEFAULTS, auditOptionsProblem, type AuditOptions } from '../audit-wal/options.ts';
+import { SERVER_LIMIT_DEFAULTS, serverLimitsProblem, type ServerLimitOptions } from '../core/server-limits.ts';
 
 // The control plane's options: one defaults object, one validation (STYLE.md rule 4).
 
-export interface ControlPlaneOptions extends AuditOptions {
+export interface ControlPlaneOptions extends AuditOptions, ServerLimitOptions {
   addr: string;
   tlsCert: string;
   tlsKey: string;
@@ -78,6 +79,7 @@ export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
   configOrg: '',
   configEnclaveId: '',
   ...AUDIT_DEFAULTS,
+  ...SERVER_LIMIT_DEFAULTS,
 };
 
 export class OptionsError extends Error {
@@ -115,6 +117,8 @@ export function validateOptions(input: Partial<ControlPlaneOptions>): ControlPla
   if (o.kmsProvider === 'local' && !o.kmsConfig) throw new OptionsError('--kms-provider local needs --kms-config FILE (the master key; created if absent)');
   const audit = auditOptionsProblem(o);
   if (audit) throw new OptionsError(audit);
+  const limits = serverLimitsProblem(o);
+  if (limits) throw new OptionsError(limits);
   return o;
 }
 

@@ -5,9 +5,11 @@ import { parseAddr } from '../core/addr.ts';
 import { createLogger, type Logger } from '../core/logger.ts';
 import { newId } from '../core/ids.ts';
 import { loadTls } from '../core/tls.ts';
+import { PROBLEM_CONTENT_TYPE } from '../core/problem.ts';
+import { ServerLimiter, serverOptions } from '../core/server-limits.ts';
 import { OidcAuthenticator, AuthenticationError, type Principal } from './auth/oidc.ts';
 import { callerGrants } from './authz/capabilities.ts';
-import { ApiError, PROBLEMS, sendProblem } from './errors.ts';
+import { ApiError, entryForStatus, PROBLEMS, problemOf, sendProblem } from './errors.ts';
 import { isSkeleton, OptionsError, validateOptions, type ControlPlaneOptions } from './options.ts';
 import { openDb, type Db } from '../core/sql.ts';
 import { migrate } from './store/migrate.ts';
@@ -76,13 +78,36 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
   const log = start.logger ?? createLogger({ level: options.logLevel, format: options.logFormat, component: 'controlplane' });
   const tls = await loadTls({ cert: options.tlsCert, key: options.tlsKey });
   const listen = parseAddr(options.addr);
-  const app = Fastify({ https: { cert: tls.cert, key: tls.key }, logger: false, genReqId: () => newId(), bodyLimit: 1024 * 1024 });
+  const registry = createRegistry();
+  // Connection bounds (core/server-limits.ts); a request node refuses before fastify sees it
+  // (oversized headers, malformed, too slow) is answered as a Problem like every other error.
+  const limiter = new ServerLimiter(options, {
+    listener: 'controlplane', registry, log,
+    answer: (status) => ({ contentType: PROBLEM_CONTENT_TYPE, body: JSON.stringify(problemOf(entryForStatus(status), undefined)) }),
+  });
+  const app = Fastify({
+    https: { cert: tls.cert, key: tls.key, ...serverOptions(options) },
+    keepAliveTimeout: options.keepAliveTimeout,
+    requestTimeout: options.requestTimeout,
+    clientErrorHandler: limiter.clientError,
+    // Errors the router raises before any hook (a path segment past maxParamLength, a bad URL encoding).
+    frameworkErrors: (err, req, reply) => {
+      const status = err.code === 'FST_ERR_MAX_PARAM_LENGTH' ? 414 : err.code === 'FST_ERR_BAD_URL' ? 400 : 500;
+      if (status === 500) log.error({ err, url: req.url }, 'controlplane router failed');
+      return sendProblem(reply, entryForStatus(status), err.message, req.url.split('?')[0]);
+    },
+    logger: false, genReqId: () => newId(), bodyLimit: 1024 * 1024,
+  });
+  limiter.attach(app.server, { clientErrors: false });
 
-  app.setErrorHandler((err: Error & { validation?: unknown; statusCode?: number }, req, reply) => {
+  app.setErrorHandler((err: Error & { validation?: unknown; statusCode?: number; code?: string }, req, reply) => {
     if (err instanceof ApiError) return sendProblem(reply, err.entry, err.detail, req.url);
-    if (err.validation || err.statusCode === 400 || err.statusCode === 415) return sendProblem(reply, PROBLEMS.badRequest, err.message, req.url);
-    if (err.statusCode === 413) return sendProblem(reply, PROBLEMS.badRequest, 'request body too large', req.url);
-    log.error({ err: err.message, request_id: req.id, url: req.url }, 'controlplane request failed');
+    if (err.validation) return sendProblem(reply, PROBLEMS.badRequest, err.message, req.url);
+    if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE') return sendProblem(reply, PROBLEMS.payloadTooLarge, `request body exceeds ${app.initialConfig.bodyLimit} bytes`, req.url);
+    // fastify's own refusals of a request (content type, content length, JSON syntax) keep their status.
+    if (err.code?.startsWith('FST_') && err.statusCode && err.statusCode >= 400 && err.statusCode < 500) return sendProblem(reply, entryForStatus(err.statusCode), err.message, req.url);
+    if (err.statusCode === 400) return sendProblem(reply, PROBLEMS.badRequest, err.message, req.url);
+    log.error({ err, request_id: req.id, url: req.url }, 'controlplane request failed');
     return sendProblem(reply, PROBLEMS.internal, undefined, req.url);
   });
 

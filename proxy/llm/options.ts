@@ -2,11 +2,12 @@ import { ISOLATION_CLASSES, WIRE_FORMATS, type IsolationClass, type WireFormat }
 import { DEFAULT_INSPECT_TIMEOUT_MS } from '../../pipeline/engine.ts';
 import type { LogFormat, LogLevel } from '../../core/logger.ts';
 import { AUDIT_DEFAULTS, auditOptionsProblem, type AuditOptions } from '../../audit-wal/options.ts';
+import { SERVER_LIMIT_DEFAULTS, serverLimitsProblem, type ServerLimitOptions } from '../../core/server-limits.ts';
 
 // llmproxy's options: one defaults object, one validation (STYLE.md rule 4). cli/ maps flags and
 // DVX_* variables onto it; nothing else reads the environment.
 
-export interface LlmProxyOptions extends AuditOptions {
+export interface LlmProxyOptions extends AuditOptions, ServerLimitOptions {
   addr: string;
   tlsCert: string;
   tlsKey: string;
@@ -32,10 +33,6 @@ export interface LlmProxyOptions extends AuditOptions {
   /** Translate between wire formats when the agent's differs from translateUpstreamFormat. */
   translate: boolean;
   translateUpstreamFormat: WireFormat;
-  /** Slow clients: request headers must arrive within this (not a flag; tests shorten it). */
-  headersTimeoutMs: number;
-  /** Slow clients: the whole request must arrive within this. */
-  requestTimeoutMs: number;
 }
 
 export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
@@ -60,8 +57,7 @@ export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
   translate: false,
   translateUpstreamFormat: 'anthropic-messages',
   ...AUDIT_DEFAULTS,
-  headersTimeoutMs: 30_000,
-  requestTimeoutMs: 120_000,
+  ...SERVER_LIMIT_DEFAULTS,
 };
 
 export class OptionsError extends Error {
@@ -89,6 +85,8 @@ export function validateOptions(input: Partial<LlmProxyOptions>): LlmProxyOption
   const audit = auditOptionsProblem(o);
   if (audit) throw new OptionsError(audit);
   if (!(o.inspectTimeout > 0)) throw new OptionsError('--inspect-timeout must be positive');
+  const limits = serverLimitsProblem(o);
+  if (limits) throw new OptionsError(limits);
   return o;
 }
 

@@ -5,6 +5,7 @@ import type { Registry } from 'prom-client';
 import { parseAddr } from '../../core/addr.ts';
 import { createLogger, type Logger } from '../../core/logger.ts';
 import { createRegistry } from '../../core/metrics.ts';
+import { ServerLimiter, serverOptions } from '../../core/server-limits.ts';
 import { loadTls } from '../../core/tls.ts';
 import { WatchedJsonFile } from '../../core/watched-file.ts';
 import { StoreSnapshotSource } from './store-source.ts';
@@ -17,6 +18,7 @@ import { PolicyCache } from '../../pipeline/policy/cache.ts';
 import { EMPTY_SNAPSHOT, validateSnapshot, type Snapshot } from '../../pipeline/policy/snapshot.ts';
 import type { ResolvedPolicy } from '../../pipeline/policy/types.ts';
 import { AgentAuthenticator, jwksFromDocument, jwksFromUrl } from './auth.ts';
+import { clientErrorAnswer } from './errors.ts';
 import { proxyMetrics } from './metrics.ts';
 import { validateOptions, type LlmProxyOptions } from './options.ts';
 import { LlmProxy } from './proxy.ts';
@@ -128,17 +130,15 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
     capture: { captureOrDeny: durableAudit && options.auditCaptureOrDeny, timeoutMs: options.auditCaptureTimeout },
   });
 
+  const limiter = new ServerLimiter(options, { listener: 'llmproxy', registry, log, answer: clientErrorAnswer });
   const server = https.createServer({
     cert: tls.cert,
     key: tls.key,
     ...(tls.ca ? { ca: tls.ca, requestCert: true, rejectUnauthorized: false } : {}),
-    // Slow clients: the headers within 30 s, the whole request within 120 s (defaults).
-    headersTimeout: options.headersTimeoutMs,
-    requestTimeout: options.requestTimeoutMs,
-    // node checks those timeouts on this interval (30 s by default, which would double them).
-    connectionsCheckingInterval: Math.max(50, Math.min(1000, Math.floor(options.headersTimeoutMs / 4))),
-    keepAliveTimeout: 65_000,
+    // Slow or silent clients: handshake, headers, whole request, keep-alive (core/server-limits.ts).
+    ...serverOptions(options),
   }, proxy.handle);
+  limiter.attach(server);
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
     server.listen(listen.port, listen.host, () => resolve());
@@ -146,7 +146,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
 
   let metricsServer: https.Server | null = null;
   if (metricsListen) {
-    metricsServer = https.createServer({ cert: tls.cert, key: tls.key }, (req, res) => {
+    metricsServer = https.createServer({ cert: tls.cert, key: tls.key, ...serverOptions(options) }, (req, res) => {
       if (req.url !== '/metrics') {
         res.writeHead(404).end();
         return;
@@ -156,6 +156,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
         res.end(text);
       }, (err: Error) => res.writeHead(500).end(err.message));
     });
+    new ServerLimiter(options, { listener: 'metrics', registry, log, answer: clientErrorAnswer }).attach(metricsServer);
     await new Promise<void>((resolve, reject) => {
       metricsServer!.once('error', reject);
       metricsServer!.listen(metricsListen.port, metricsListen.host, () => resolve());
