@@ -46,6 +46,8 @@ export interface ControlPlaneOptions extends AuditOptions, ServerLimitOptions {
   auditStreamPollMs: number;
   /** Heartbeat of the broker event stream (spec: 30 s); not a flag, tests shorten it. */
   brokerHeartbeatMs: number;
+  /** How often an open stream re-checks its authorization besides after every change (not a flag). */
+  streamRecheckMs: number;
   /** Subjects granted the platform administrator role at start. */
   seedAdmin: string[];
 }
@@ -67,6 +69,7 @@ export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
   seedAdmin: [],
   idpKey: '',
   brokerHeartbeatMs: 30_000,
+  streamRecheckMs: 5_000,
   auditStreamPollMs: 1000,
   kmsProvider: '',
   kmsConfig: '',
@@ -117,6 +120,7 @@ export function validateOptions(input: Partial<ControlPlaneOptions>): ControlPla
   if (o.kmsProvider === 'local' && !o.kmsConfig) throw new OptionsError('--kms-provider local needs --kms-config FILE (the master key; created if absent)');
   const audit = auditOptionsProblem(o);
   if (audit) throw new OptionsError(audit);
+  if (!(o.streamRecheckMs > 0)) throw new OptionsError('streamRecheckMs must be positive');
   const limits = serverLimitsProblem(o);
   if (limits) throw new OptionsError(limits);
   return o;

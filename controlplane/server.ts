@@ -36,6 +36,7 @@ import { erasureRoutes } from './routes/erasure.ts';
 import { enclaveRoutes } from './routes/enclaves.ts';
 import { brokerRoutes } from './routes/broker.ts';
 import { EventHub } from './events.ts';
+import { streamGuardDeps } from './stream-guard.ts';
 import { startPublisher } from './publish.ts';
 import { enclaveConfig, enclaveSnapshot } from '../pipeline/policy/store-snapshot.ts';
 import { idpConnectorRoutes } from './routes/idp-connectors.ts';
@@ -185,12 +186,13 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     erasureDeps = { db: store, keys, auditStore, audit: audit!, log };
     // The OpenAPI document describes the full surface, including route families this process did not
     // wire (spec: Versioning): it is collected from a never-listening instance with every family.
-    const document = openApiDocument(await surfaceOperations((api) => mountApi(api, deps, { agentIssuer: {} as AgentOperatorIssuer, idp: {} as IdpProvisioner, accountStatus, events, auditStore: {} as AuditStore, auditRead: { pollMs: 0, heartbeatMs: 0 }, erasure: erasureDeps!, erasureJobs })));
+    const guard = streamGuardDeps(registry, log, options.streamRecheckMs);
+    const document = openApiDocument(await surfaceOperations((api) => mountApi(api, deps, { agentIssuer: {} as AgentOperatorIssuer, idp: {} as IdpProvisioner, accountStatus, events, auditStore: {} as AuditStore, auditRead: { pollMs: 0, heartbeatMs: 0, guard, accountStatus }, erasure: erasureDeps!, erasureJobs })));
     await app.register(async (api) => {
       api.get('/openapi.json', { config: { requiredCapability: null } }, async () => document);
-      await mountApi(api, deps, { agentIssuer, idp, accountStatus, events, auditStore, auditRead: { pollMs: options.auditStreamPollMs, heartbeatMs: 15_000 }, erasure: erasureDeps!, erasureJobs });
+      await mountApi(api, deps, { agentIssuer, idp, accountStatus, events, auditStore, auditRead: { pollMs: options.auditStreamPollMs, heartbeatMs: 15_000, guard, accountStatus }, erasure: erasureDeps!, erasureJobs });
     }, { prefix: '/api/v1' });
-    await app.register(brokerRoutes(deps, events, { heartbeatMs: options.brokerHeartbeatMs, agentIssuer }));
+    await app.register(brokerRoutes(deps, events, { heartbeatMs: options.brokerHeartbeatMs, agentIssuer, guard }));
     if (options.policyPublish) {
       stopPublishers.push(await startPublisher({ db: store, hub: events, dir: options.policyPublishDir, file: 'policy-snapshot.json', enclaveId: options.policyEnclaveId, org: options.policyOrg, build: enclaveSnapshot, log }));
     }

@@ -1,4 +1,5 @@
 import t from 'tap';
+import type tap from 'tap';
 import { startCpHarness } from '../fixtures/controlplane-harness.ts';
 import { openTls, parseRawAnswer } from '../fixtures/raw-tls.ts';
 
@@ -10,7 +11,7 @@ const h = await startCpHarness([{ clientId: 'root', org: 'org-a', human: true }]
 t.teardown(() => h.close());
 const token = await h.issuer.token('root');
 
-const isProblem = (t: Tap.Test, r: { status: number; headers: Record<string, string>; body: string }, status: number, slug: string) => {
+const isProblem = (t: Pick<typeof tap, 'equal' | 'match'>, r: { status: number; headers: Record<string, string>; body: string }, status: number, slug: string) => {
   t.equal(r.status, status, `status ${status}`);
   t.match(r.headers['content-type'], /^application\/problem\+json/, 'a problem document');
   t.match(JSON.parse(r.body), { type: `https://dvx.dev/problems/${slug}`, status });
