@@ -5,7 +5,7 @@ import { runUntilSignal } from '../core/shutdown.ts';
 import { CONTROLPLANE_DEFAULTS, OptionsError, type ControlPlaneOptions } from '../controlplane/options.ts';
 import { startControlPlane } from '../controlplane/server.ts';
 import { CliError } from './exit-codes.ts';
-import { addAuditFlags, addCommonFlags } from './server-flags.ts';
+import { addAuditFlags, addCommonFlags, addConnectionFlags } from './server-flags.ts';
 
 // `dvx serve controlplane`: the operator API (spec: Server components, controlplane row). The flags
 // here are the ones built so far; the rest of the row arrives with the features they configure.
@@ -43,6 +43,7 @@ export function registerControlPlane(serve: Command): void {
     });
   addBooleanFlag(command, 'policy-publish', 'write the policy snapshot of a co-located enclave into --policy-publish-dir', d.policyPublish);
   addBooleanFlag(command, 'config-publish', 'write the config values of a co-located enclave into --config-publish-dir', d.configPublish);
+  addConnectionFlags(command, d);
   addAuditFlags(command, d, 'a change');
   serve.addCommand(command);
 }
