@@ -13,6 +13,7 @@ export function registerControlPlane(serve: Command): void {
   const d = CONTROLPLANE_DEFAULTS;
   const command = addCommonFlags(new Cmd('controlplane')
     .description('operator API: identity, governance, config, agents, enclaves, audit read'), d)
+    .addOption(flag('--metrics-addr <addr>', { description: 'TLS Prometheus listener; empty disables it', default: d.metricsAddr }))
     .addOption(flag('--oidc-issuer <url>', { description: 'OIDC issuer of operator tokens; empty: skeleton mode', default: d.oidcIssuer }))
     .addOption(flag('--oidc-audience <aud>', { description: 'expected audience of operator tokens', default: d.oidcAudience }))
     .addOption(flag('--oidc-ca <file>', { description: 'extra CA bundle for the issuer', default: d.oidcCa }))

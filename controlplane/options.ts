@@ -10,6 +10,8 @@ export interface ControlPlaneOptions extends AuditOptions, ServerLimitOptions {
   tlsKey: string;
   logFormat: LogFormat;
   logLevel: LogLevel;
+  /** Dedicated TLS Prometheus listener; empty disables it. */
+  metricsAddr: string;
   /** OIDC issuer for human and machine principals; empty selects skeleton mode. */
   oidcIssuer: string;
   /** Expected `aud` of operator tokens; empty skips the audience check. */
@@ -58,6 +60,7 @@ export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
   tlsKey: '',
   logFormat: 'json',
   logLevel: 'info',
+  metricsAddr: '',
   oidcIssuer: '',
   oidcAudience: '',
   oidcCa: '',

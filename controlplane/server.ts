@@ -7,6 +7,7 @@ import { newId } from '../core/ids.ts';
 import { loadTls } from '../core/tls.ts';
 import { PROBLEM_CONTENT_TYPE } from '../core/problem.ts';
 import { ServerLimiter, serverOptions } from '../core/server-limits.ts';
+import { startMetricsServer } from '../core/metrics-server.ts';
 import { OidcAuthenticator, AuthenticationError, type Principal } from './auth/oidc.ts';
 import { callerGrants } from './authz/capabilities.ts';
 import { ApiError, entryForStatus, PROBLEMS, problemOf, sendProblem } from './errors.ts';
@@ -62,6 +63,7 @@ import pkg from '../package.json' with { type: 'json' };
 
 export interface RunningControlPlane {
   port: number;
+  metricsPort: number | null;
   app: FastifyInstance;
   close(): Promise<void>;
 }
@@ -79,7 +81,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
   const log = start.logger ?? createLogger({ level: options.logLevel, format: options.logFormat, component: 'controlplane' });
   const tls = await loadTls({ cert: options.tlsCert, key: options.tlsKey });
   const listen = parseAddr(options.addr);
-  const registry = createRegistry();
+  const registry = createRegistry({ defaultMetrics: Boolean(options.metricsAddr) });
   // Connection bounds (core/server-limits.ts); a request node refuses before fastify sees it
   // (oversized headers, malformed, too slow) is answered as a Problem like every other error.
   const limiter = new ServerLimiter(options, {
@@ -160,7 +162,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     auditStore = options.auditDsn ? await openStore(options.auditDsn) : null;
     if (auditStore) await auditStore.ensureSchema().catch((err: Error) => log.warn({ err: err.message }, 'audit store unreachable at start; reads fail until it answers'));
     audit = start.audit ?? (options.auditDsn
-      ? await WalSink.open({ dir: options.auditWalDir, dsn: options.auditDsn, maxBytes: options.auditWalMaxBytes, log, registry: createRegistry(), tables: ['audit_events'], store: auditStore! })
+      ? await WalSink.open({ dir: options.auditWalDir, dsn: options.auditDsn, maxBytes: options.auditWalMaxBytes, log, registry, tables: ['audit_events'], store: auditStore! })
       : new StdoutAuditSink());
     closeStore = Boolean(start.audit) && auditStore !== null; // otherwise the WAL sink closes it
     const capture = { captureOrDeny: options.auditCaptureOrDeny, timeoutMs: options.auditCaptureTimeout };
@@ -204,6 +206,12 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
   }
 
   await app.listen({ port: listen.port, host: listen.host ?? '::' });
+  const metricsServer = options.metricsAddr
+    ? await startMetricsServer({ addr: options.metricsAddr, cert: tls.cert, key: tls.key, registry, limits: options, log }).catch(async (err: Error) => {
+      await app.close();
+      throw err;
+    })
+    : null;
   if (erasureDeps) {
     // An erasure a crash interrupted runs again from the top (every step is idempotent).
     const deps = erasureDeps;
@@ -211,15 +219,17 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     erasureJobs.add(job);
     void job.finally(() => erasureJobs.delete(job));
   }
-  log.info({ addr: app.server.address(), skeleton: isSkeleton(options) }, 'controlplane listening');
+  log.info({ addr: app.server.address(), metrics_port: metricsServer?.port ?? null, skeleton: isSkeleton(options) }, 'controlplane listening');
   return {
     port: (app.server.address() as AddressInfo).port,
+    metricsPort: metricsServer?.port ?? null,
     app,
     close: async () => {
       if (purge) clearInterval(purge);
       await Promise.allSettled([...erasureJobs]);
       for (const stop of stopPublishers) stop();
       await app.close();
+      await metricsServer?.close();
       await hub?.close();
       await audit?.close();
       if (closeStore) await auditStore?.close();

@@ -5,6 +5,7 @@ import type { Registry } from 'prom-client';
 import { parseAddr } from '../../core/addr.ts';
 import { createLogger, type Logger } from '../../core/logger.ts';
 import { createRegistry } from '../../core/metrics.ts';
+import { startMetricsServer } from '../../core/metrics-server.ts';
 import { ServerLimiter, serverOptions } from '../../core/server-limits.ts';
 import { loadTls } from '../../core/tls.ts';
 import { WatchedJsonFile } from '../../core/watched-file.ts';
@@ -52,7 +53,6 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
   const registry = start.registry ?? createRegistry({ defaultMetrics: true });
   const tls = await loadTls({ cert: options.tlsCert, key: options.tlsKey, ca: options.agentCa || undefined });
   const listen = parseAddr(options.addr);
-  const metricsListen = options.metricsAddr ? parseAddr(options.metricsAddr) : null;
 
   const policies = new PolicyCache<ResolvedPolicy>();
   const store = options.databaseDsn
@@ -144,30 +144,15 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
     server.listen(listen.port, listen.host, () => resolve());
   });
 
-  let metricsServer: https.Server | null = null;
-  if (metricsListen) {
-    metricsServer = https.createServer({ cert: tls.cert, key: tls.key, ...serverOptions(options) }, (req, res) => {
-      if (req.url !== '/metrics') {
-        res.writeHead(404).end();
-        return;
-      }
-      registry.metrics().then((text) => {
-        res.writeHead(200, { 'content-type': registry.contentType });
-        res.end(text);
-      }, (err: Error) => res.writeHead(500).end(err.message));
-    });
-    new ServerLimiter(options, { listener: 'metrics', registry, log, answer: clientErrorAnswer }).attach(metricsServer);
-    await new Promise<void>((resolve, reject) => {
-      metricsServer!.once('error', reject);
-      metricsServer!.listen(metricsListen.port, metricsListen.host, () => resolve());
-    });
-  }
-  log.info({ addr: server.address(), metrics: metricsServer?.address() ?? null, snapshot: options.policySnapshot || null }, 'llmproxy listening');
+  const metricsServer = options.metricsAddr
+    ? await startMetricsServer({ addr: options.metricsAddr, cert: tls.cert, key: tls.key, registry, limits: options, log })
+    : null;
+  log.info({ addr: server.address(), metrics_port: metricsServer?.port ?? null, snapshot: options.policySnapshot || null }, 'llmproxy listening');
 
   let closing: Promise<void> | null = null;
   return {
     port: (server.address() as AddressInfo).port,
-    metricsPort: metricsServer ? (metricsServer.address() as AddressInfo).port : null,
+    metricsPort: metricsServer?.port ?? null,
     proxy,
     close: () => (closing ??= (async () => {
       const stopped = new Promise<void>((resolve) => server.close(() => resolve()));
@@ -175,7 +160,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
       await proxy.drain();
       server.closeAllConnections();
       await stopped;
-      metricsServer?.close();
+      await metricsServer?.close();
       snapshotFile?.close();
       await store?.close();
       secretsFile?.close();

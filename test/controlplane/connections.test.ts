@@ -3,6 +3,7 @@ import net from 'node:net';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { request, Agent } from 'undici';
 import { createLogger } from '../../core/logger.ts';
 import { generateCa, issueCertificate } from '../../core/tls.ts';
 import { startControlPlane } from '../../controlplane/server.ts';
@@ -21,7 +22,7 @@ await writeFile(join(dir, 'key.pem'), leaf.keyPem);
 const quiet = createLogger({ level: 'error', destination: { write: () => {} } });
 const cp = await startControlPlane({
   addr: '127.0.0.1:0', tlsCert: join(dir, 'cert.pem'), tlsKey: join(dir, 'key.pem'),
-  tlsHandshakeTimeout: 300, idleTimeout: 300, headersTimeout: 1_000, requestTimeout: 2_000, keepAliveTimeout: 300, maxConnectionsPerClient: 3,
+  tlsHandshakeTimeout: 300, idleTimeout: 300, headersTimeout: 1_000, requestTimeout: 2_000, keepAliveTimeout: 300, maxConnectionsPerClient: 3, metricsAddr: '127.0.0.1:0',
 }, { logger: quiet });
 t.teardown(() => cp.close());
 
@@ -62,4 +63,17 @@ t.test('connections from one address past the bound are closed at accept', async
   const other = await openTls(cp.port, { ca: ca.certPem, localAddress: '127.0.0.2' });
   t.ok(other.socket.authorized, 'another address still gets in');
   for (const c of [...held, other]) c.socket.destroy();
+});
+
+t.test('the metrics listener is bounded too, and the control plane\'s connections are counted', async (t) => {
+  const c = await openTls(cp.metricsPort!, { ca: ca.certPem });
+  t.ok((await c.closed(10_000)).closed, 'a silent connection to the metrics listener is closed');
+  const dispatcher = new Agent({ connect: { ca: ca.certPem } });
+  t.teardown(() => dispatcher.close());
+  const text = await (await request(`https://127.0.0.1:${cp.metricsPort}/metrics`, { dispatcher })).body.text();
+  t.match(text, /dvx_connections_refused_total\{listener="controlplane",reason="per_client"\} 1/);
+  t.match(text, /dvx_connections_reaped_total\{listener="controlplane",reason="handshake_timeout"\} [1-9]/);
+  t.match(text, /dvx_connections_reaped_total\{listener="controlplane",reason="idle"\} [1-9]/);
+  t.match(text, /dvx_connections_open\{listener="controlplane"\} \d/);
+  t.match(text, /dvx_connections_reaped_total\{listener="metrics",reason="idle"\} [1-9]/);
 });
