@@ -19,6 +19,7 @@ import { freshPgDatabase } from '../fixtures/pg-database.ts';
 const h = await startCpHarness([
   { clientId: 'root', org: 'org-a', human: true }, { clientId: 'alice', org: 'org-a', human: true },
   { clientId: 'bob', org: 'org-a', human: true }, { clientId: 'carol', org: 'org-a', human: true },
+  { clientId: 'dave', org: 'org-z', human: true },
 ]);
 t.teardown(() => h.close());
 const dispatcher = new Agent({ connect: { rejectUnauthorized: false } });
@@ -88,6 +89,14 @@ t.test('offboarding the member ends her stream', async (t) => {
   const s = await auditStream(t, await h.issuer.token('bob'));
   t.equal((await call('root', 'POST', '/orgs/org-a/members/bob/offboard')).status, 200);
   t.same(await s.endedWithin(5_000), { reason: 'grant_revoked' });
+});
+
+t.test('erasing the org ends the streams of its members', async (t) => {
+  await call('root', 'POST', '/orgs', { id: 'org-z', name: 'Z' });
+  await call('root', 'POST', '/orgs/org-z/grants', { principal: 'user:dave', capability: 'audit:read:all' });
+  const s = await auditStream(t, await h.issuer.token('dave'));
+  t.equal((await call('root', 'POST', '/orgs/org-z/erasure')).status, 202);
+  t.same(await s.endedWithin(10_000), { reason: 'grant_revoked' });
 });
 
 t.test('a change of scope ends the stream opened with the old one', async (t) => {

@@ -69,9 +69,19 @@ t.test('oversized headers: 431 in the agent format', async (t) => {
   t.ok(r.closed);
 });
 
+t.test('a malformed request: 400 in the agent format', async (t) => {
+  const c = await openTls(port, { ca });
+  c.socket.write('NOT HTTP AT ALL\r\n\r\n');
+  const r = await c.closed(10_000);
+  const a = parseRawAnswer(r.text);
+  t.equal(a.status, 400);
+  t.same(JSON.parse(a.body), { type: 'error', error: { type: 'invalid_request_error', message: 'malformed HTTP request' } });
+  t.ok(r.closed);
+});
+
 t.test('the reaped connections are counted', async (t) => {
   const text = await metrics(slow);
-  for (const reason of ['handshake_timeout', 'request_timeout', 'idle', 'header_overflow']) {
+  for (const reason of ['handshake_timeout', 'request_timeout', 'idle', 'header_overflow', 'malformed']) {
     t.match(text, new RegExp(`dvx_connections_reaped_total\\{listener="llmproxy",reason="${reason}"\\} [1-9]`), reason);
   }
   t.match(text, /dvx_connections_reaped_total\{listener="metrics",reason="handshake_timeout"\} [1-9]/);
