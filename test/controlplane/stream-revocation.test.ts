@@ -29,7 +29,9 @@ const cp = await h.start({
   seedAdmin: ['root'], auditDsn: `pglite://${join(h.dir, 'audit')}`, auditWalDir: join(h.dir, 'wal'), auditStreamPollMs: 100,
   agentTokenIssuerUrl: 'https://cp.dvx.test', agentTokenTtl: 2_000, streamRecheckMs: 600_000, tokenEndpointOverride: `${h.issuer.issuer}/token`,
 });
-t.teardown(() => cp.close());
+let closing: Promise<void> | null = null;
+const closeCp = () => (closing ??= cp.close());
+t.teardown(closeCp);
 const call = (who: string, method: string, path: string, body?: unknown) => h.callAt(cp.port, who, method, path, body);
 await call('root', 'POST', '/orgs', { id: 'org-a', name: 'A' });
 
@@ -160,13 +162,11 @@ t.test('another replica\'s change is caught by the periodic re-check', async (t)
   t.same(await s.endedWithin(20_000), { reason: 'grant_revoked' }, 'within the grant cache TTL and a re-check');
 });
 
+// Last: it stops the control plane the other tests share.
 t.test('shutting down ends open streams with their reason', async (t) => {
   await call('root', 'POST', '/orgs/org-a/grants', { principal: 'user:alice', capability: 'audit:read' });
-  const closing = await h.start({ seedAdmin: ['root'], auditDsn: `pglite://${join(h.dir, 'audit3')}`, auditWalDir: join(h.dir, 'wal3') });
-  await h.callAt(closing.port, 'root', 'POST', '/orgs', { id: 'org-a', name: 'A' });
-  await h.callAt(closing.port, 'root', 'POST', '/orgs/org-a/grants', { principal: 'user:alice', capability: 'audit:read' });
-  const s = await openStream(closing.port, '/api/v1/audit/stream', await h.issuer.token('alice'));
-  const closed = closing.close();
+  const s = await auditStream(t, await h.issuer.token('alice'));
+  const closed = closeCp();
   t.same(await s.endedWithin(10_000), { reason: 'shutdown' });
   await closed;
 });
