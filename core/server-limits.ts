@@ -118,11 +118,16 @@ export class ServerLimiter {
     return this.#open;
   }
 
-  /** Installs the bounds on a server not yet listening; `clientErrors: false` when the framework owns that event (fastify: pass `clientError` as its clientErrorHandler). */
+  /**
+   * Installs the bounds on a server created with serverOptions() and not yet listening;
+   * `clientErrors: false` when the framework owns that event (fastify: pass `clientError` as its
+   * clientErrorHandler).
+   */
   attach(server: HttpsServer, { clientErrors = true }: { clientErrors?: boolean } = {}): void {
     const o = this.#o;
     const listener = this.#deps.listener;
-    // The TLS bound is also set here for a server created without serverOptions().
+    // The handshake, header, request and keep-alive bounds are constructor options (serverOptions());
+    // the idle bound and the caps are set here.
     server.setTimeout(o.idleTimeout);
     server.maxConnections = o.maxConnections;
     server.on('drop', () => this.#metrics.refused.inc({ listener, reason: 'max_connections' }));
