@@ -5,7 +5,7 @@ import { runUntilSignal } from '../core/shutdown.ts';
 import { CONTROLPLANE_DEFAULTS, OptionsError, type ControlPlaneOptions } from '../controlplane/options.ts';
 import { startControlPlane } from '../controlplane/server.ts';
 import { CliError } from './exit-codes.ts';
-import { addAuditFlags, addCommonFlags } from './server-flags.ts';
+import { addAuditFlags, addCommonFlags, addConnectionFlags } from './server-flags.ts';
 
 // `dvx serve controlplane`: the operator API (spec: Server components, controlplane row). The flags
 // here are the ones built so far; the rest of the row arrives with the features they configure.
@@ -13,6 +13,7 @@ export function registerControlPlane(serve: Command): void {
   const d = CONTROLPLANE_DEFAULTS;
   const command = addCommonFlags(new Cmd('controlplane')
     .description('operator API: identity, governance, config, agents, enclaves, audit read'), d)
+    .addOption(flag('--metrics-addr <addr>', { description: 'TLS Prometheus listener; empty disables it', default: d.metricsAddr }))
     .addOption(flag('--oidc-issuer <url>', { description: 'OIDC issuer of operator tokens; empty: skeleton mode', default: d.oidcIssuer }))
     .addOption(flag('--oidc-audience <aud>', { description: 'expected audience of operator tokens', default: d.oidcAudience }))
     .addOption(flag('--oidc-ca <file>', { description: 'extra CA bundle for the issuer', default: d.oidcCa }))
@@ -43,6 +44,7 @@ export function registerControlPlane(serve: Command): void {
     });
   addBooleanFlag(command, 'policy-publish', 'write the policy snapshot of a co-located enclave into --policy-publish-dir', d.policyPublish);
   addBooleanFlag(command, 'config-publish', 'write the config values of a co-located enclave into --config-publish-dir', d.configPublish);
+  addConnectionFlags(command, d);
   addAuditFlags(command, d, 'a change');
   serve.addCommand(command);
 }

@@ -7,7 +7,7 @@ import { ISOLATION_CLASSES, WIRE_FORMATS } from '../pipeline/policy/snapshot.ts'
 import { LLMPROXY_DEFAULTS, OptionsError, type LlmProxyOptions } from '../proxy/llm/options.ts';
 import { startLlmProxy } from '../proxy/llm/server.ts';
 import { CliError } from './exit-codes.ts';
-import { addAuditFlags, addCommonFlags } from './server-flags.ts';
+import { addAuditFlags, addCommonFlags, addConnectionFlags } from './server-flags.ts';
 
 // `dvx serve llmproxy`: the inference gateway (spec: Server components, llmproxy row).
 export function registerLlmProxy(serve: Command): void {
@@ -41,6 +41,7 @@ export function registerLlmProxy(serve: Command): void {
     });
   addBooleanFlag(command, 'inspect-fail-closed', 'refuse with 503 when request inspection fails', d.inspectFailClosed);
   addBooleanFlag(command, 'translate', 'translate between anthropic-messages, openai-chat and openai-responses', d.translate);
+  addConnectionFlags(command, d);
   addAuditFlags(command, d, 'an answer');
   serve.addCommand(command);
 }

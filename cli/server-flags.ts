@@ -2,6 +2,7 @@ import type { Command } from 'commander';
 import { LOG_FORMATS, LOG_LEVELS, type LogFormat, type LogLevel } from '../core/logger.ts';
 import { addBooleanFlag, flag, parseDurationFlag, parsePositiveInt } from '../core/options.ts';
 import type { AuditOptions } from '../audit-wal/options.ts';
+import type { ServerLimitOptions } from '../core/server-limits.ts';
 
 // The flags every server component shares (spec: Server components, "Common flags"), once.
 export function addCommonFlags(command: Command, defaults: { addr: string; logFormat: LogFormat; logLevel: LogLevel }): Command {
@@ -21,4 +22,16 @@ export function addAuditFlags(command: Command, d: AuditOptions, effect: string)
     .addOption(flag('--audit-wal-max-bytes <bytes>', { description: 'unshipped bytes per table before records are dropped; 0 = 1 GiB', default: d.auditWalMaxBytes, parse: parsePositiveInt }))
     .addOption(flag('--audit-capture-timeout <duration>', { description: `how long ${effect} waits for its audit record to be durable`, default: d.auditCaptureTimeout, parse: parseDurationFlag }));
   return addBooleanFlag(command, 'audit-capture-or-deny', `refuse ${effect} when its audit record cannot be made durable in time`, d.auditCaptureOrDeny);
+}
+
+/** The connection bounds of every TLS listener (core/server-limits.ts). */
+export function addConnectionFlags(command: Command, d: ServerLimitOptions): Command {
+  return command
+    .addOption(flag('--tls-handshake-timeout <duration>', { description: 'time from accept to a completed TLS handshake', default: d.tlsHandshakeTimeout, parse: parseDurationFlag }))
+    .addOption(flag('--headers-timeout <duration>', { description: 'time to receive a complete request header', default: d.headersTimeout, parse: parseDurationFlag }))
+    .addOption(flag('--request-timeout <duration>', { description: 'time to receive a whole request, body included', default: d.requestTimeout, parse: parseDurationFlag }))
+    .addOption(flag('--keep-alive-timeout <duration>', { description: 'idle time between two requests on one connection', default: d.keepAliveTimeout, parse: parseDurationFlag }))
+    .addOption(flag('--idle-timeout <duration>', { description: 'a connection with no traffic and no response in flight is closed after this', default: d.idleTimeout, parse: parseDurationFlag }))
+    .addOption(flag('--max-connections <n>', { description: 'open connections per listener; more are closed at accept', default: d.maxConnections, parse: parsePositiveInt }))
+    .addOption(flag('--max-connections-per-client <n>', { description: 'open connections per client address; more are closed at accept', default: d.maxConnectionsPerClient, parse: parsePositiveInt }));
 }

@@ -26,6 +26,11 @@ export const PROBLEMS = {
   notImplemented: entry('not-implemented', 'The operator API is not yet implemented', 501),
   auditUnavailable: entry('audit-unavailable', 'The change was refused: its audit record could not be made durable', 503),
   internal: entry('internal', 'Internal error', 500),
+  requestTimeout: entry('request-timeout', 'The request did not arrive in time', 408),
+  payloadTooLarge: entry('payload-too-large', 'The request body is too large', 413),
+  unsupportedMediaType: entry('unsupported-media-type', 'The request body is not of a supported media type', 415),
+  uriTooLong: entry('uri-too-long', 'The request URI or a path segment is too long', 414),
+  headersTooLarge: entry('headers-too-large', 'The request header fields are too large', 431),
 } as const satisfies Record<string, CatalogueEntry>;
 
 export class ApiError extends Error {
@@ -38,11 +43,24 @@ export class ApiError extends Error {
   }
 }
 
-export function problemOf(e: CatalogueEntry, detail: string | undefined, instance: string): Problem {
+export function problemOf(e: CatalogueEntry, detail: string | undefined, instance?: string): Problem {
   return problem({ type: e.type, title: e.title, status: e.status, detail, instance });
 }
 
 export function sendProblem(reply: FastifyReply, e: CatalogueEntry, detail: string | undefined, instance: string): FastifyReply {
   if (e.status === 401) reply.header('www-authenticate', 'Bearer');
   return reply.code(e.status).type(PROBLEM_CONTENT_TYPE).send(problemOf(e, detail, instance));
+}
+
+/** The catalogue entry of a status fastify or node gave a request refused before any route ran. */
+export function entryForStatus(status: number): CatalogueEntry {
+  switch (status) {
+    case 408: return PROBLEMS.requestTimeout;
+    case 413: return PROBLEMS.payloadTooLarge;
+    case 414: return PROBLEMS.uriTooLong;
+    case 415: return PROBLEMS.unsupportedMediaType;
+    case 431: return PROBLEMS.headersTooLarge;
+    case 404: return PROBLEMS.notFound;
+    default: return status >= 400 && status < 500 ? PROBLEMS.badRequest : PROBLEMS.internal;
+  }
 }

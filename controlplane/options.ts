@@ -1,14 +1,17 @@
 import type { LogFormat, LogLevel } from '../core/logger.ts';
 import { AUDIT_DEFAULTS, auditOptionsProblem, type AuditOptions } from '../audit-wal/options.ts';
+import { SERVER_LIMIT_DEFAULTS, serverLimitsProblem, type ServerLimitOptions } from '../core/server-limits.ts';
 
 // The control plane's options: one defaults object, one validation (STYLE.md rule 4).
 
-export interface ControlPlaneOptions extends AuditOptions {
+export interface ControlPlaneOptions extends AuditOptions, ServerLimitOptions {
   addr: string;
   tlsCert: string;
   tlsKey: string;
   logFormat: LogFormat;
   logLevel: LogLevel;
+  /** Dedicated TLS Prometheus listener; empty disables it. */
+  metricsAddr: string;
   /** OIDC issuer for human and machine principals; empty selects skeleton mode. */
   oidcIssuer: string;
   /** Expected `aud` of operator tokens; empty skips the audience check. */
@@ -45,6 +48,8 @@ export interface ControlPlaneOptions extends AuditOptions {
   auditStreamPollMs: number;
   /** Heartbeat of the broker event stream (spec: 30 s); not a flag, tests shorten it. */
   brokerHeartbeatMs: number;
+  /** How often an open stream re-checks its authorization besides after every change (not a flag). */
+  streamRecheckMs: number;
   /** Subjects granted the platform administrator role at start. */
   seedAdmin: string[];
 }
@@ -55,6 +60,7 @@ export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
   tlsKey: '',
   logFormat: 'json',
   logLevel: 'info',
+  metricsAddr: '',
   oidcIssuer: '',
   oidcAudience: '',
   oidcCa: '',
@@ -66,6 +72,7 @@ export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
   seedAdmin: [],
   idpKey: '',
   brokerHeartbeatMs: 30_000,
+  streamRecheckMs: 5_000,
   auditStreamPollMs: 1000,
   kmsProvider: '',
   kmsConfig: '',
@@ -78,6 +85,7 @@ export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
   configOrg: '',
   configEnclaveId: '',
   ...AUDIT_DEFAULTS,
+  ...SERVER_LIMIT_DEFAULTS,
 };
 
 export class OptionsError extends Error {
@@ -115,6 +123,9 @@ export function validateOptions(input: Partial<ControlPlaneOptions>): ControlPla
   if (o.kmsProvider === 'local' && !o.kmsConfig) throw new OptionsError('--kms-provider local needs --kms-config FILE (the master key; created if absent)');
   const audit = auditOptionsProblem(o);
   if (audit) throw new OptionsError(audit);
+  if (!(o.streamRecheckMs > 0)) throw new OptionsError('streamRecheckMs must be positive');
+  const limits = serverLimitsProblem(o);
+  if (limits) throw new OptionsError(limits);
   return o;
 }
 

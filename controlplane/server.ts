@@ -5,9 +5,12 @@ import { parseAddr } from '../core/addr.ts';
 import { createLogger, type Logger } from '../core/logger.ts';
 import { newId } from '../core/ids.ts';
 import { loadTls } from '../core/tls.ts';
+import { PROBLEM_CONTENT_TYPE } from '../core/problem.ts';
+import { ServerLimiter, serverOptions } from '../core/server-limits.ts';
+import { startMetricsServer } from '../core/metrics-server.ts';
 import { OidcAuthenticator, AuthenticationError, type Principal } from './auth/oidc.ts';
 import { callerGrants } from './authz/capabilities.ts';
-import { ApiError, PROBLEMS, sendProblem } from './errors.ts';
+import { ApiError, entryForStatus, PROBLEMS, problemOf, sendProblem } from './errors.ts';
 import { isSkeleton, OptionsError, validateOptions, type ControlPlaneOptions } from './options.ts';
 import { openDb, type Db } from '../core/sql.ts';
 import { migrate } from './store/migrate.ts';
@@ -34,6 +37,7 @@ import { erasureRoutes } from './routes/erasure.ts';
 import { enclaveRoutes } from './routes/enclaves.ts';
 import { brokerRoutes } from './routes/broker.ts';
 import { EventHub } from './events.ts';
+import { streamGuardDeps } from './stream-guard.ts';
 import { startPublisher } from './publish.ts';
 import { enclaveConfig, enclaveSnapshot } from '../pipeline/policy/store-snapshot.ts';
 import { idpConnectorRoutes } from './routes/idp-connectors.ts';
@@ -59,6 +63,7 @@ import pkg from '../package.json' with { type: 'json' };
 
 export interface RunningControlPlane {
   port: number;
+  metricsPort: number | null;
   app: FastifyInstance;
   close(): Promise<void>;
 }
@@ -76,13 +81,36 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
   const log = start.logger ?? createLogger({ level: options.logLevel, format: options.logFormat, component: 'controlplane' });
   const tls = await loadTls({ cert: options.tlsCert, key: options.tlsKey });
   const listen = parseAddr(options.addr);
-  const app = Fastify({ https: { cert: tls.cert, key: tls.key }, logger: false, genReqId: () => newId(), bodyLimit: 1024 * 1024 });
+  const registry = createRegistry({ defaultMetrics: Boolean(options.metricsAddr) });
+  // Connection bounds (core/server-limits.ts); a request node refuses before fastify sees it
+  // (oversized headers, malformed, too slow) is answered as a Problem like every other error.
+  const limiter = new ServerLimiter(options, {
+    listener: 'controlplane', registry, log,
+    answer: (status) => ({ contentType: PROBLEM_CONTENT_TYPE, body: JSON.stringify(problemOf(entryForStatus(status), undefined)) }),
+  });
+  const app = Fastify({
+    https: { cert: tls.cert, key: tls.key, ...serverOptions(options) },
+    keepAliveTimeout: options.keepAliveTimeout,
+    requestTimeout: options.requestTimeout,
+    clientErrorHandler: limiter.clientError,
+    // Errors the router raises before any hook (a path segment past maxParamLength, a bad URL encoding).
+    frameworkErrors: (err, req, reply) => {
+      const status = err.code === 'FST_ERR_MAX_PARAM_LENGTH' ? 414 : err.code === 'FST_ERR_BAD_URL' ? 400 : 500;
+      if (status === 500) log.error({ err, url: req.url }, 'controlplane router failed');
+      return sendProblem(reply, entryForStatus(status), err.message, req.url.split('?')[0]);
+    },
+    logger: false, genReqId: () => newId(), bodyLimit: 1024 * 1024,
+  });
+  limiter.attach(app.server, { clientErrors: false });
 
-  app.setErrorHandler((err: Error & { validation?: unknown; statusCode?: number }, req, reply) => {
+  app.setErrorHandler((err: Error & { validation?: unknown; statusCode?: number; code?: string }, req, reply) => {
     if (err instanceof ApiError) return sendProblem(reply, err.entry, err.detail, req.url);
-    if (err.validation || err.statusCode === 400 || err.statusCode === 415) return sendProblem(reply, PROBLEMS.badRequest, err.message, req.url);
-    if (err.statusCode === 413) return sendProblem(reply, PROBLEMS.badRequest, 'request body too large', req.url);
-    log.error({ err: err.message, request_id: req.id, url: req.url }, 'controlplane request failed');
+    if (err.validation) return sendProblem(reply, PROBLEMS.badRequest, err.message, req.url);
+    if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE') return sendProblem(reply, PROBLEMS.payloadTooLarge, `request body exceeds ${app.initialConfig.bodyLimit} bytes`, req.url);
+    // fastify's own refusals of a request (content type, content length, JSON syntax) keep their status.
+    if (err.code?.startsWith('FST_') && err.statusCode && err.statusCode >= 400 && err.statusCode < 500) return sendProblem(reply, entryForStatus(err.statusCode), err.message, req.url);
+    if (err.statusCode === 400) return sendProblem(reply, PROBLEMS.badRequest, err.message, req.url);
+    log.error({ err, request_id: req.id, url: req.url }, 'controlplane request failed');
     return sendProblem(reply, PROBLEMS.internal, undefined, req.url);
   });
 
@@ -134,7 +162,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     auditStore = options.auditDsn ? await openStore(options.auditDsn) : null;
     if (auditStore) await auditStore.ensureSchema().catch((err: Error) => log.warn({ err: err.message }, 'audit store unreachable at start; reads fail until it answers'));
     audit = start.audit ?? (options.auditDsn
-      ? await WalSink.open({ dir: options.auditWalDir, dsn: options.auditDsn, maxBytes: options.auditWalMaxBytes, log, registry: createRegistry(), tables: ['audit_events'], store: auditStore! })
+      ? await WalSink.open({ dir: options.auditWalDir, dsn: options.auditDsn, maxBytes: options.auditWalMaxBytes, log, registry, tables: ['audit_events'], store: auditStore! })
       : new StdoutAuditSink());
     closeStore = Boolean(start.audit) && auditStore !== null; // otherwise the WAL sink closes it
     const capture = { captureOrDeny: options.auditCaptureOrDeny, timeoutMs: options.auditCaptureTimeout };
@@ -160,12 +188,13 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     erasureDeps = { db: store, keys, auditStore, audit: audit!, log };
     // The OpenAPI document describes the full surface, including route families this process did not
     // wire (spec: Versioning): it is collected from a never-listening instance with every family.
-    const document = openApiDocument(await surfaceOperations((api) => mountApi(api, deps, { agentIssuer: {} as AgentOperatorIssuer, idp: {} as IdpProvisioner, accountStatus, events, auditStore: {} as AuditStore, auditRead: { pollMs: 0, heartbeatMs: 0 }, erasure: erasureDeps!, erasureJobs })));
+    const guard = streamGuardDeps(registry, log, options.streamRecheckMs);
+    const document = openApiDocument(await surfaceOperations((api) => mountApi(api, deps, { agentIssuer: {} as AgentOperatorIssuer, idp: {} as IdpProvisioner, accountStatus, events, auditStore: {} as AuditStore, auditRead: { pollMs: 0, heartbeatMs: 0, guard, accountStatus }, erasure: erasureDeps!, erasureJobs })));
     await app.register(async (api) => {
       api.get('/openapi.json', { config: { requiredCapability: null } }, async () => document);
-      await mountApi(api, deps, { agentIssuer, idp, accountStatus, events, auditStore, auditRead: { pollMs: options.auditStreamPollMs, heartbeatMs: 15_000 }, erasure: erasureDeps!, erasureJobs });
+      await mountApi(api, deps, { agentIssuer, idp, accountStatus, events, auditStore, auditRead: { pollMs: options.auditStreamPollMs, heartbeatMs: 15_000, guard, accountStatus }, erasure: erasureDeps!, erasureJobs });
     }, { prefix: '/api/v1' });
-    await app.register(brokerRoutes(deps, events, { heartbeatMs: options.brokerHeartbeatMs, agentIssuer }));
+    await app.register(brokerRoutes(deps, events, { heartbeatMs: options.brokerHeartbeatMs, agentIssuer, guard }));
     if (options.policyPublish) {
       stopPublishers.push(await startPublisher({ db: store, hub: events, dir: options.policyPublishDir, file: 'policy-snapshot.json', enclaveId: options.policyEnclaveId, org: options.policyOrg, build: enclaveSnapshot, log }));
     }
@@ -177,6 +206,12 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
   }
 
   await app.listen({ port: listen.port, host: listen.host ?? '::' });
+  const metricsServer = options.metricsAddr
+    ? await startMetricsServer({ addr: options.metricsAddr, cert: tls.cert, key: tls.key, registry, limits: options, log }).catch(async (err: Error) => {
+      await app.close();
+      throw err;
+    })
+    : null;
   if (erasureDeps) {
     // An erasure a crash interrupted runs again from the top (every step is idempotent).
     const deps = erasureDeps;
@@ -184,15 +219,17 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     erasureJobs.add(job);
     void job.finally(() => erasureJobs.delete(job));
   }
-  log.info({ addr: app.server.address(), skeleton: isSkeleton(options) }, 'controlplane listening');
+  log.info({ addr: app.server.address(), metrics_port: metricsServer?.port ?? null, skeleton: isSkeleton(options) }, 'controlplane listening');
   return {
     port: (app.server.address() as AddressInfo).port,
+    metricsPort: metricsServer?.port ?? null,
     app,
     close: async () => {
       if (purge) clearInterval(purge);
       await Promise.allSettled([...erasureJobs]);
       for (const stop of stopPublishers) stop();
       await app.close();
+      await metricsServer?.close();
       await hub?.close();
       await audit?.close();
       if (closeStore) await auditStore?.close();

@@ -16,9 +16,10 @@ export class ServiceAccountStatus {
     this.#db = db;
   }
 
-  async disabled(subject: string): Promise<boolean> {
+  /** `fresh`: read the store even on a cache hit (an open stream re-checking after a change). */
+  async disabled(subject: string, fresh = false): Promise<boolean> {
     const hit = this.#cache.get(subject);
-    if (hit && hit.until > Date.now()) return hit.disabled;
+    if (hit && hit.until > Date.now() && !fresh) return hit.disabled;
     const { rows } = await this.#db.query<{ status: string }>('SELECT status FROM service_accounts WHERE id = $1', [subject]);
     const disabled = rows[0]?.status === 'disabled';
     if (this.#cache.size >= MAX_ENTRIES) this.#cache.clear();

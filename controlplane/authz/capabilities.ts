@@ -75,12 +75,24 @@ const CACHE_MAX = 10_000;
 interface CacheState { generation: number; entries: Map<string, { generation: number; until: number; groups: string[]; grants: EffectiveGrant[] }> }
 const caches = new WeakMap<object, CacheState>();
 
+// Who is told after the cache is dropped: open streams re-check their authorization (stream-guard.ts).
+const changeListeners = new WeakMap<object, Set<() => void>>();
+
 export function grantsChanged(db: object): void {
   const state = caches.get(db);
   if (state) {
     state.generation++;
     state.entries.clear();
   }
+  for (const fn of changeListeners.get(db) ?? []) fn();
+}
+
+/** Calls `fn` after every change committed through this process on `db` (auditedChange, erasure); returns the unsubscribe. */
+export function onGrantsChanged(db: object, fn: () => void): () => void {
+  let set = changeListeners.get(db);
+  if (!set) changeListeners.set(db, (set = new Set()));
+  set.add(fn);
+  return () => set.delete(fn);
 }
 
 /** The caller's groups in its org and its effective grants (roles expanded), cached per store. */

@@ -1,5 +1,4 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import type { ServerResponse } from 'node:http';
 import { newId } from '../../core/ids.ts';
 import { formatSse, startSseResponse } from '../../core/sse.ts';
 import { gated } from '../../audit-wal/gate.ts';
@@ -11,12 +10,15 @@ import type { ChangeDeps } from '../audited-change.ts';
 import { auditScope, type AuditScope } from '../authz/audit-scope.ts';
 import { requireCapability } from '../authz/guard.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
+import type { ServiceAccountStatus } from '../auth/service-account-status.ts';
+import { StreamGuard, type StreamEndReason, type StreamGuardDeps } from '../stream-guard.ts';
 import { isSealed, OrgKeyShredded, type OrgKeys } from '../crypto/org-keys.ts';
 
 // The audit read API (operator-api.md: the audit routes, Audit rules 1–3, Events "Audit tail"),
 // mounted when an audit store is configured (--audit-dsn):
 //   GET /api/v1/audit/events   RecordPage {records, next_offset}, (event_time, id) order
-//   GET /api/v1/audit/stream   SSE, one AuditRecord per `data`, `id` the resume cursor; Last-Event-ID
+//   GET /api/v1/audit/stream   SSE, one AuditRecord per `data`, `id` the resume cursor; Last-Event-ID;
+//                              ends with `event: end` when the caller's authorization does (stream-guard.ts)
 //   GET /api/v1/agents/{id}/audit-log   an agent's LLM audit entries, with findings
 // The caller's scope (authz/audit-scope.ts) is ANDed into every query and every poll. A platform
 // operator's read of another org writes an audit record into that org's own view, before answering.
@@ -24,6 +26,10 @@ import { isSealed, OrgKeyShredded, type OrgKeys } from '../crypto/org-keys.ts';
 export interface AuditReadOptions {
   pollMs: number;
   heartbeatMs: number;
+  /** Re-checks the stream's authorization while it runs. */
+  guard: StreamGuardDeps;
+  /** A disabled service account's stream ends. */
+  accountStatus: ServiceAccountStatus;
 }
 
 /** How far back each poll of the stream looks for records the store received late (shipping delay). */
@@ -50,7 +56,7 @@ async function openAttrs(keys: OrgKeys | null, record: ReadRecord): Promise<Read
 
 export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditReadOptions) {
   const { db } = deps;
-  const streams = new Set<ServerResponse>();
+  const streams = new Set<StreamGuard>();
 
   const params = (req: FastifyRequest) => {
     try {
@@ -82,8 +88,8 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
   };
 
   return async (api: FastifyInstance) => {
-    api.addHook('onClose', async () => {
-      for (const res of streams) res.end();
+    api.addHook('preClose', async () => {
+      for (const guard of streams) guard.end('shutdown');
     });
 
     api.get('/audit/events', { config: { requiredCapability: 'audit:read', target: 'caller-org', agentOperator: true } }, async (req) => {
@@ -113,8 +119,29 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
       reply.hijack();
       const res = reply.raw;
       startSseResponse(res);
-      streams.add(res);
+      // The scope this stream was opened with must still be the caller's, unchanged, for it to go on.
+      const opened = JSON.stringify([scope.predicate, scope.filters, scope.platform]);
+      const p = req.principal!;
+      const guard = new StreamGuard({
+        stream: 'audit', res, db, expiresAt: typeof p.claims.exp === 'number' ? p.claims.exp * 1000 : null,
+        recheck: async (): Promise<StreamEndReason | null> => {
+          if (p.kind === 'service' && await options.accountStatus.disabled(p.subject, true)) return 'account_disabled';
+          try {
+            const now = await auditScope(db, req, filters);
+            return JSON.stringify([now.predicate, now.filters, now.platform]) === opened ? null : 'scope_changed';
+          } catch (err) {
+            if (err instanceof ApiError && err.entry.status === 403) return 'grant_revoked';
+            throw err;
+          }
+        },
+      }, options.guard);
+      streams.add(guard);
       let closed = false;
+      // Nothing is written once the client left or the guard ended the stream (its `end` is the last event).
+      const live = () => !closed && !guard.stopped;
+      const write = (chunk: string) => {
+        if (live()) res.write(chunk);
+      };
       // Records already sent within the late window (the store may receive a record after a later one).
       const sent = new Map<string, number>();
       let high: AuditCursor | null = cursor;
@@ -124,31 +151,32 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
       };
       const poll = async () => {
         const floor = (high?.ms ?? startMs) - LATE_WINDOW_MS;
-        for (let offset = 0; !closed; offset += MAX_LIMIT) {
+        for (let offset = 0; live(); offset += MAX_LIMIT) {
           const rows = await store.readEvents({ predicate: scope.predicate, filters: { ...scope.filters, since: new Date(Math.max(floor, scope.filters.since?.getTime() ?? 0)) }, limit: MAX_LIMIT, offset });
           for (const r of rows) {
+            if (!live()) return;
             if (sent.has(r.id) || (cursor && !isAfter(r, cursor))) continue;
             const ms = new Date(String(r.event_time)).getTime();
             if (!cursor && ms < startMs) continue;
             sent.set(r.id, ms);
             if (!high || isAfter(r, high)) high = { ms, id: r.id };
-            res.write(formatSse(null, strip(await openAttrs(deps.keys ?? null, r)), `${high.ms}.${high.id}`));
+            write(formatSse(null, strip(await openAttrs(deps.keys ?? null, r)), `${high.ms}.${high.id}`));
           }
           if (rows.length < MAX_LIMIT) break;
         }
         if (high) for (const [id, ms] of sent) if (ms < high.ms - LATE_WINDOW_MS) sent.delete(id);
       };
-      const heartbeat = setInterval(() => res.write(': heartbeat\n\n'), options.heartbeatMs);
+      const heartbeat = setInterval(() => write(': heartbeat\n\n'), options.heartbeatMs);
       res.on('close', () => {
         closed = true;
-        streams.delete(res);
+        streams.delete(guard);
         clearInterval(heartbeat);
       });
-      while (!closed) {
+      while (live()) {
         try {
           await poll();
         } catch (err) {
-          res.write(`: store unavailable (${(err as Error).message.slice(0, 100)}); retrying\n\n`);
+          write(`: store unavailable (${(err as Error).message.slice(0, 100)}); retrying\n\n`);
         }
         await new Promise((r) => setTimeout(r, options.pollMs));
       }

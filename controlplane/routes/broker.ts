@@ -1,5 +1,4 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import type { ServerResponse } from 'node:http';
 import { coalesced } from '../../core/coalesce.ts';
 import { formatSse, startSseResponse } from '../../core/sse.ts';
 import type { ChangeDeps } from '../audited-change.ts';
@@ -10,12 +9,14 @@ import { enclaveConfig, enclaveSnapshot } from '../../pipeline/policy/store-snap
 import { hashBrokerKey, setAddress, type EnclaveRow } from './enclaves.ts';
 import type { AgentOperatorIssuer } from '../auth/agent-operator-issuer.ts';
 import { auditedChange } from '../audited-change.ts';
+import { StreamGuard, type StreamGuardDeps } from '../stream-guard.ts';
 
 // The enclave-facing surface, authenticated by the broker key (not an operator token):
 //   GET /v1/broker/snapshot  the desired state of this enclave (docs/snapshot.md)
 //   GET /v1/broker/config    the config values it serves (docs/snapshot.md, "Config values")
 //   GET /v1/broker/events    SSE of this enclave's events (spec: Broker events), resumable with
-//                            Last-Event-ID, a heartbeat comment every 30 s
+//                            Last-Event-ID, a heartbeat comment every 30 s; ends with `event: end`
+//                            when the key it was opened with is rotated or its enclave deleted
 //   PUT /v1/broker/address   the broker reports its own addresses (addressReq → enclaveView)
 //   POST /v1/broker/agents/{uid}/operator-token   a 60 s agent-operator token for an agent this enclave
 //                            runs (spec: Agent operators); a contained agent is refused (403)
@@ -25,18 +26,24 @@ export interface BrokerOptions {
   heartbeatMs: number;
   /** The agent-operator issuer (--agent-token-issuer-url); without it, no mint route. */
   agentIssuer: AgentOperatorIssuer | null;
+  /** Re-checks an open event stream's key while it runs. */
+  guard: StreamGuardDeps;
 }
 
 export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: BrokerOptions) {
   const { db } = deps;
-  const streams = new Set<ServerResponse>();
+  const streams = new Set<StreamGuard>();
 
-  const authenticate = async (req: FastifyRequest): Promise<EnclaveRow> => {
+  const keyHash = (req: FastifyRequest): string => {
     const header = req.headers.authorization;
     const token = typeof header === 'string' && /^bearer\s+/i.test(header) ? header.replace(/^bearer\s+/i, '').trim() : '';
     if (!token) throw new ApiError(PROBLEMS.unauthenticated, 'missing broker key');
+    return hashBrokerKey(token);
+  };
+
+  const authenticate = async (req: FastifyRequest): Promise<EnclaveRow> => {
     const { rows } = await db.query<EnclaveRow>(
-      'SELECT id, name, owning_org_id, status, isolation_class, broker_url, relay_url, address_source, address_updated_at FROM enclaves WHERE broker_key_hash = $1', [hashBrokerKey(token)],
+      'SELECT id, name, owning_org_id, status, isolation_class, broker_url, relay_url, address_source, address_updated_at FROM enclaves WHERE broker_key_hash = $1', [keyHash(req)],
     );
     if (rows.length === 0) throw new ApiError(PROBLEMS.unauthenticated, 'unknown broker key');
     req.principal = { kind: 'service', subject: `enclave:${rows[0].id}`, orgId: rows[0].owning_org_id, claims: {} };
@@ -44,8 +51,8 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
   };
 
   return async (app: FastifyInstance) => {
-    app.addHook('onClose', async () => {
-      for (const res of streams) res.end();
+    app.addHook('preClose', async () => {
+      for (const guard of streams) guard.end('shutdown');
     });
 
     app.get('/v1/broker/snapshot', async (req, reply) => {
@@ -88,26 +95,36 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
       reply.hijack();
       const res = reply.raw;
       startSseResponse(res);
-      streams.add(res);
+      // The stream lives as long as the key it was opened with is the enclave's key.
+      const hash = keyHash(req);
+      const guard = new StreamGuard({
+        stream: 'broker_events', res, db, expiresAt: null,
+        recheck: async () => {
+          const { rows } = await db.query<{ broker_key_hash: string }>('SELECT broker_key_hash FROM enclaves WHERE id = $1', [e.id]);
+          if (rows.length === 0) return 'enclave_deleted';
+          return rows[0].broker_key_hash === hash ? null : 'key_rotated';
+        },
+      }, options.guard);
+      streams.add(guard);
       let closed = false;
       // One sender at a time; a wake-up while sending makes it look once more.
       const send = coalesced(async () => {
         const batch = await events.since(db, e.id, cursor);
         for (const ev of batch) {
-          if (closed) return false;
+          if (closed || guard.stopped) return false;
           res.write(formatSse(ev.kind, { kind: ev.kind, ...ev.payload }, ev.id));
           cursor = ev.id;
         }
         return batch.length === 500;
-      }, () => closed);
+      }, () => closed || guard.stopped);
       const guarded = () => send().catch(() => {
         res.destroy();
       });
       const off = events.onWake(() => void guarded());
-      const heartbeat = setInterval(() => res.write(': heartbeat\n\n'), options.heartbeatMs);
+      const heartbeat = setInterval(() => !closed && !guard.stopped && res.write(': heartbeat\n\n'), options.heartbeatMs);
       res.on('close', () => {
         closed = true;
-        streams.delete(res);
+        streams.delete(guard);
         off();
         clearInterval(heartbeat);
       });

@@ -36,3 +36,10 @@ export const ERRORS = {
 export function badRequest(message: string): ProxyError {
   return jsonError(400, 'invalid_request_error', message);
 }
+
+/** The answer to a request node refused before it reached the proxy (oversized headers, a malformed request, one that did not arrive in time), in the same shape. */
+export function clientErrorAnswer(status: number): { contentType: string; body: string } {
+  const [type, message] = status === 431 ? ['request_too_large', 'request header fields too large']
+    : status === 408 ? ['timeout_error', 'request not received in time'] : ['invalid_request_error', 'malformed HTTP request'];
+  return { contentType: 'application/json', body: JSON.stringify({ type: 'error', error: { type, message } }) };
+}

@@ -2,6 +2,7 @@ import { ISOLATION_CLASSES, WIRE_FORMATS, type IsolationClass, type WireFormat }
 import { DEFAULT_INSPECT_TIMEOUT_MS } from '../../pipeline/engine.ts';
 import type { LogFormat, LogLevel } from '../../core/logger.ts';
 import { AUDIT_DEFAULTS, auditOptionsProblem, type AuditOptions } from '../../audit-wal/options.ts';
+import { SERVER_LIMIT_DEFAULTS, serverLimitsProblem, type ServerLimitOptions } from '../../core/server-limits.ts';
 
 // llmproxy's options: one defaults object, one validation (STYLE.md rule 4). cli/ maps flags and
 // DVX_* variables onto it; nothing else reads the environment.
@@ -13,7 +14,7 @@ import { AUDIT_DEFAULTS, auditOptionsProblem, type AuditOptions } from '../../au
 export const DEFAULT_UPSTREAM_TIMEOUT_MS = 600_000;
 export const DEFAULT_UPSTREAM_IDLE_TIMEOUT_MS = 300_000;
 
-export interface LlmProxyOptions extends AuditOptions {
+export interface LlmProxyOptions extends AuditOptions, ServerLimitOptions {
   addr: string;
   tlsCert: string;
   tlsKey: string;
@@ -43,10 +44,6 @@ export interface LlmProxyOptions extends AuditOptions {
   /** Translate between wire formats when the agent's differs from translateUpstreamFormat. */
   translate: boolean;
   translateUpstreamFormat: WireFormat;
-  /** Slow clients: request headers must arrive within this (not a flag; tests shorten it). */
-  headersTimeoutMs: number;
-  /** Slow clients: the whole request must arrive within this. */
-  requestTimeoutMs: number;
 }
 
 export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
@@ -73,8 +70,7 @@ export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
   translate: false,
   translateUpstreamFormat: 'anthropic-messages',
   ...AUDIT_DEFAULTS,
-  headersTimeoutMs: 30_000,
-  requestTimeoutMs: 120_000,
+  ...SERVER_LIMIT_DEFAULTS,
 };
 
 export class OptionsError extends Error {
@@ -104,6 +100,8 @@ export function validateOptions(input: Partial<LlmProxyOptions>): LlmProxyOption
   if (!(o.inspectTimeout > 0)) throw new OptionsError('--inspect-timeout must be positive');
   if (!(o.upstreamTimeout > 0)) throw new OptionsError('--upstream-timeout must be positive');
   if (!(o.upstreamIdleTimeout > 0)) throw new OptionsError('--upstream-idle-timeout must be positive');
+  const limits = serverLimitsProblem(o);
+  if (limits) throw new OptionsError(limits);
   return o;
 }
 

@@ -5,6 +5,8 @@ import type { Registry } from 'prom-client';
 import { parseAddr } from '../../core/addr.ts';
 import { createLogger, type Logger } from '../../core/logger.ts';
 import { createRegistry } from '../../core/metrics.ts';
+import { startMetricsServer } from '../../core/metrics-server.ts';
+import { ServerLimiter, serverOptions } from '../../core/server-limits.ts';
 import { loadTls } from '../../core/tls.ts';
 import { WatchedJsonFile } from '../../core/watched-file.ts';
 import { StoreSnapshotSource } from './store-source.ts';
@@ -17,6 +19,7 @@ import { PolicyCache } from '../../pipeline/policy/cache.ts';
 import { EMPTY_SNAPSHOT, validateSnapshot, type Snapshot } from '../../pipeline/policy/snapshot.ts';
 import type { ResolvedPolicy } from '../../pipeline/policy/types.ts';
 import { AgentAuthenticator, jwksFromDocument, jwksFromUrl } from './auth.ts';
+import { clientErrorAnswer } from './errors.ts';
 import { proxyMetrics } from './metrics.ts';
 import { validateOptions, type LlmProxyOptions } from './options.ts';
 import { LlmProxy } from './proxy.ts';
@@ -50,7 +53,6 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
   const registry = start.registry ?? createRegistry({ defaultMetrics: true });
   const tls = await loadTls({ cert: options.tlsCert, key: options.tlsKey, ca: options.agentCa || undefined });
   const listen = parseAddr(options.addr);
-  const metricsListen = options.metricsAddr ? parseAddr(options.metricsAddr) : null;
 
   const policies = new PolicyCache<ResolvedPolicy>();
   const store = options.databaseDsn
@@ -128,45 +130,29 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
     capture: { captureOrDeny: durableAudit && options.auditCaptureOrDeny, timeoutMs: options.auditCaptureTimeout },
   });
 
+  const limiter = new ServerLimiter(options, { listener: 'llmproxy', registry, log, answer: clientErrorAnswer });
   const server = https.createServer({
     cert: tls.cert,
     key: tls.key,
     ...(tls.ca ? { ca: tls.ca, requestCert: true, rejectUnauthorized: false } : {}),
-    // Slow clients: the headers within 30 s, the whole request within 120 s (defaults).
-    headersTimeout: options.headersTimeoutMs,
-    requestTimeout: options.requestTimeoutMs,
-    // node checks those timeouts on this interval (30 s by default, which would double them).
-    connectionsCheckingInterval: Math.max(50, Math.min(1000, Math.floor(options.headersTimeoutMs / 4))),
-    keepAliveTimeout: 65_000,
+    // Slow or silent clients: handshake, headers, whole request, keep-alive (core/server-limits.ts).
+    ...serverOptions(options),
   }, proxy.handle);
+  limiter.attach(server);
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
     server.listen(listen.port, listen.host, () => resolve());
   });
 
-  let metricsServer: https.Server | null = null;
-  if (metricsListen) {
-    metricsServer = https.createServer({ cert: tls.cert, key: tls.key }, (req, res) => {
-      if (req.url !== '/metrics') {
-        res.writeHead(404).end();
-        return;
-      }
-      registry.metrics().then((text) => {
-        res.writeHead(200, { 'content-type': registry.contentType });
-        res.end(text);
-      }, (err: Error) => res.writeHead(500).end(err.message));
-    });
-    await new Promise<void>((resolve, reject) => {
-      metricsServer!.once('error', reject);
-      metricsServer!.listen(metricsListen.port, metricsListen.host, () => resolve());
-    });
-  }
-  log.info({ addr: server.address(), metrics: metricsServer?.address() ?? null, snapshot: options.policySnapshot || null }, 'llmproxy listening');
+  const metricsServer = options.metricsAddr
+    ? await startMetricsServer({ addr: options.metricsAddr, cert: tls.cert, key: tls.key, registry, limits: options, log })
+    : null;
+  log.info({ addr: server.address(), metrics_port: metricsServer?.port ?? null, snapshot: options.policySnapshot || null }, 'llmproxy listening');
 
   let closing: Promise<void> | null = null;
   return {
     port: (server.address() as AddressInfo).port,
-    metricsPort: metricsServer ? (metricsServer.address() as AddressInfo).port : null,
+    metricsPort: metricsServer?.port ?? null,
     proxy,
     close: () => (closing ??= (async () => {
       const stopped = new Promise<void>((resolve) => server.close(() => resolve()));
@@ -174,7 +160,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
       await proxy.drain();
       server.closeAllConnections();
       await stopped;
-      metricsServer?.close();
+      await metricsServer?.close();
       snapshotFile?.close();
       await store?.close();
       secretsFile?.close();

@@ -220,7 +220,7 @@ t.test('a body just under 32 MB is served even though the prefix takes it past 3
 });
 
 t.test('slow clients: headers and bodies that do not arrive in time are cut off', async (t) => {
-  const slow = await startHarness({ proxy: { headersTimeoutMs: 300, requestTimeoutMs: 600 } });
+  const slow = await startHarness({ proxy: { headersTimeout: 300, requestTimeout: 600 } });
   t.teardown(() => slow.close());
   const open = () => new Promise<import('node:tls').TLSSocket>((resolve, reject) => {
     const s = tls.connect({ host: '127.0.0.1', port: slow.proxy.port, ca: slow.ca.certPem }, () => resolve(s));

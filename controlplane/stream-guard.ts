@@ -1,0 +1,110 @@
+import type { ServerResponse } from 'node:http';
+import type { Registry } from 'prom-client';
+import { coalesced } from '../core/coalesce.ts';
+import type { Logger } from '../core/logger.ts';
+import { counter, type Counter } from '../core/metrics.ts';
+import { formatSse } from '../core/sse.ts';
+import { onGrantsChanged } from './authz/capabilities.ts';
+
+// A long-lived stream (the audit tail, the broker events) stays authorized for as long as it runs, not
+// only when it opens: it lives exactly as long as the same request, made again now, would be answered.
+//
+//   open ─▶ timer at the credential's `exp`                          ─▶ end "token_expired"
+//        ─▶ every change committed through this process (grantsChanged,
+//           after the grant cache is dropped) ─▶ recheck()             ─▶ end <its reason>
+//        ─▶ every recheckMs (another replica's change, a row edited by hand) ─▶ recheck()
+//
+// Ending writes one last SSE event, then closes the response (docs/api.md, "Stream end"):
+//   event: end
+//   data: {"reason":"grant_revoked"}
+// A re-check that fails (the store is down) ends the stream too, "authorization_unavailable": a new
+// request could not be authorized either, and the client's reconnect finds out when it can.
+
+export type StreamEndReason =
+  | 'token_expired' | 'grant_revoked' | 'scope_changed' | 'account_disabled'
+  | 'key_rotated' | 'enclave_deleted' | 'authorization_unavailable' | 'shutdown';
+
+export interface StreamGuardDeps {
+  log: Logger;
+  /** How often an open stream re-checks with no change seen in this process. */
+  recheckMs: number;
+  ended: Counter<'stream' | 'reason'>;
+}
+
+export function streamGuardDeps(registry: Registry, log: Logger, recheckMs: number): StreamGuardDeps {
+  return { log, recheckMs, ended: counter(registry, 'dvx_controlplane_streams_ended_total', 'Long-lived streams the control plane ended, by stream and reason', ['stream', 'reason']) };
+}
+
+export interface GuardedStream {
+  /** `audit` or `broker_events`, for metrics and logs. */
+  stream: string;
+  res: ServerResponse;
+  /** The store whose committed changes wake a re-check. */
+  db: object;
+  /** When the credential expires (ms since the epoch); null when it does not. */
+  expiresAt: number | null;
+  /** Whether the stream is still authorized: null, or the reason to end it. */
+  recheck(): Promise<StreamEndReason | null>;
+}
+
+/** setTimeout's ceiling; a later expiry is caught by the periodic re-check. */
+const MAX_TIMER_MS = 2_147_483_647;
+
+export class StreamGuard {
+  readonly #s: GuardedStream;
+  readonly #deps: StreamGuardDeps;
+  #stopped = false;
+  readonly #cleanup: (() => void)[] = [];
+
+  constructor(s: GuardedStream, deps: StreamGuardDeps) {
+    this.#s = s;
+    this.#deps = deps;
+    const check = coalesced(async () => {
+      if (this.#stopped) return;
+      if (s.expiresAt !== null && s.expiresAt <= Date.now()) return this.end('token_expired');
+      let reason: StreamEndReason | null;
+      try {
+        reason = await s.recheck();
+      } catch (err) {
+        deps.log.warn({ err, stream: s.stream }, 'stream authorization re-check failed; ending the stream');
+        reason = 'authorization_unavailable';
+      }
+      if (reason) this.end(reason);
+    }, () => this.#stopped);
+    this.#cleanup.push(onGrantsChanged(s.db, () => void check()));
+    const interval = setInterval(() => void check(), deps.recheckMs);
+    interval.unref();
+    this.#cleanup.push(() => clearInterval(interval));
+    if (s.expiresAt !== null) {
+      const ms = s.expiresAt - Date.now();
+      if (ms <= MAX_TIMER_MS) {
+        const timer = setTimeout(() => this.end('token_expired'), Math.max(0, ms));
+        timer.unref();
+        this.#cleanup.push(() => clearTimeout(timer));
+      }
+    }
+    s.res.once('close', () => this.#stop());
+  }
+
+  get stopped(): boolean {
+    return this.#stopped;
+  }
+
+  /** Ends the stream with its final event (once; a no-op after the client left). */
+  end(reason: StreamEndReason): void {
+    if (this.#stopped) return;
+    this.#stop();
+    this.#deps.ended.inc({ stream: this.#s.stream, reason });
+    if (reason !== 'shutdown') this.#deps.log.info({ stream: this.#s.stream, reason }, 'stream ended');
+    const res = this.#s.res;
+    if (res.destroyed || res.writableEnded) return;
+    res.write(formatSse('end', { reason }));
+    res.end();
+  }
+
+  #stop(): void {
+    if (this.#stopped) return;
+    this.#stopped = true;
+    for (const fn of this.#cleanup) fn();
+  }
+}
