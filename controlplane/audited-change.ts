@@ -7,6 +7,8 @@ import { ApiError, PROBLEMS } from './errors.ts';
 import { grantsChanged } from './authz/capabilities.ts';
 import type { OrgKeys } from './crypto/org-keys.ts';
 import type { Db, Queryable } from '../core/sql.ts';
+import type { Logger } from '../core/logger.ts';
+import type { ControlPlaneMetrics } from './metrics.ts';
 
 // Every change of the operator API goes through here (spec: operator-api rule 4 and "Audit durability
 // flags"): the change runs in a transaction, its audit_events record is made durable before the
@@ -18,6 +20,8 @@ export interface ChangeDeps {
   capture: Omit<CaptureOptions, 'log'>;
   /** Per-org data keys sealing sensitive columns; null without a KMS (stored unsealed). */
   keys?: OrgKeys | null;
+  log: Logger;
+  metrics: ControlPlaneMetrics;
 }
 
 export async function auditedChange<T>(

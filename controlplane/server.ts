@@ -35,7 +35,8 @@ import { enclaveRoutes } from './routes/enclaves.ts';
 import { brokerRoutes } from './routes/broker.ts';
 import { EventHub } from './events.ts';
 import { startPublisher } from './publish.ts';
-import { enclaveConfig, enclaveSnapshot } from '../pipeline/policy/store-snapshot.ts';
+import { enclaveConfig, enclaveSnapshot, storeSnapshotDocument } from '../pipeline/policy/store-snapshot.ts';
+import { reportSkipped } from './skipped-rows.ts';
 import { idpConnectorRoutes } from './routes/idp-connectors.ts';
 import { ServiceAccountStatus } from './auth/service-account-status.ts';
 import { DcrProvisioner, type IdpProvisioner } from './idp/provisioner.ts';
@@ -45,6 +46,8 @@ import type { AuditSink } from '../audit-wal/sink.ts';
 import { StdoutAuditSink } from '../audit-wal/stdout-sink.ts';
 import { WalSink } from '../audit-wal/wal-sink.ts';
 import { createRegistry } from '../core/metrics.ts';
+import type { Registry } from 'prom-client';
+import { controlPlaneMetrics } from './metrics.ts';
 import pkg from '../package.json' with { type: 'json' };
 
 // `dvx serve controlplane`: the operator API on fastify over TLS.
@@ -60,6 +63,7 @@ import pkg from '../package.json' with { type: 'json' };
 export interface RunningControlPlane {
   port: number;
   app: FastifyInstance;
+  registry: Registry;
   close(): Promise<void>;
 }
 
@@ -71,9 +75,11 @@ declare module 'fastify' {
 
 const SKELETON_DETAIL = 'the operator API is not yet implemented here: this control plane runs in skeleton mode (configure --oidc-issuer and --database-dsn)';
 
-export async function startControlPlane(input: Partial<ControlPlaneOptions>, start: { logger?: Logger; audit?: AuditSink } = {}): Promise<RunningControlPlane> {
+export async function startControlPlane(input: Partial<ControlPlaneOptions>, start: { logger?: Logger; audit?: AuditSink; registry?: Registry } = {}): Promise<RunningControlPlane> {
   const options = validateOptions(input);
   const log = start.logger ?? createLogger({ level: options.logLevel, format: options.logFormat, component: 'controlplane' });
+  const registry = start.registry ?? createRegistry();
+  const metrics = controlPlaneMetrics(registry);
   const tls = await loadTls({ cert: options.tlsCert, key: options.tlsKey });
   const listen = parseAddr(options.addr);
   const app = Fastify({ https: { cert: tls.cert, key: tls.key }, logger: false, genReqId: () => newId(), bodyLimit: 1024 * 1024 });
@@ -156,7 +162,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
       }
     });
     const keys = kms ? new OrgKeys(store, kms) : null;
-    const deps = { db: store, audit: audit!, capture, keys };
+    const deps = { db: store, audit: audit!, capture, keys, log, metrics };
     erasureDeps = { db: store, keys, auditStore, audit: audit!, log };
     // The OpenAPI document describes the full surface, including route families this process did not
     // wire (spec: Versioning): it is collected from a never-listening instance with every family.
@@ -167,7 +173,11 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     }, { prefix: '/api/v1' });
     await app.register(brokerRoutes(deps, events, { heartbeatMs: options.brokerHeartbeatMs, agentIssuer }));
     if (options.policyPublish) {
-      stopPublishers.push(await startPublisher({ db: store, hub: events, dir: options.policyPublishDir, file: 'policy-snapshot.json', enclaveId: options.policyEnclaveId, org: options.policyOrg, build: enclaveSnapshot, log }));
+      stopPublishers.push(await startPublisher({ db: store, hub: events, dir: options.policyPublishDir, file: 'policy-snapshot.json', enclaveId: options.policyEnclaveId, org: options.policyOrg, build: async (db, id, org) => {
+        const s = await enclaveSnapshot(db, id, org);
+        if (s) reportSkipped(deps, `enclave:${id}`, s.skipped);
+        return s && storeSnapshotDocument(s);
+      }, log }));
     }
     if (options.configPublish) {
       stopPublishers.push(await startPublisher({ db: store, hub: events, dir: options.configPublishDir, file: 'config.json', enclaveId: options.configEnclaveId, org: options.configOrg, build: (db, id, org) => enclaveConfig(db, id, org, keys ? (o, v) => keys.open(o, v) : undefined), log }));
@@ -188,6 +198,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
   return {
     port: (app.server.address() as AddressInfo).port,
     app,
+    registry,
     close: async () => {
       if (purge) clearInterval(purge);
       await Promise.allSettled([...erasureJobs]);

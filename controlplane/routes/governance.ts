@@ -2,6 +2,7 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { Queryable } from '../../core/sql.ts';
 import { PolicyValidationError } from '../../pipeline/errors.ts';
 import { validatePacks } from '../../pipeline/policy/snapshot.ts';
+import { policyDocumentJson } from '../../pipeline/policy/validate.ts';
 import {
   resolveGovernance, validateGovernance, validateRules,
   type GovernanceKind, type GovernanceRows, type PackRules,
@@ -141,7 +142,7 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
         await tx.query(
           `INSERT INTO policy_packs (name, allow, deny, config, created_by) VALUES ($1, $2, $3, $4, $5)
            ON CONFLICT (name) DO UPDATE SET allow = EXCLUDED.allow, deny = EXCLUDED.deny, config = EXCLUDED.config, updated_at = now()`,
-          [name, JSON.stringify(allow), JSON.stringify(deny), JSON.stringify(config), req.principal!.subject],
+          [name, JSON.stringify(allow), JSON.stringify(deny), JSON.stringify(policyDocumentJson(config)), req.principal!.subject],
         );
         let published = false;
         const { rows } = await tx.query<{ scope_kind: string; org_id: string; group_id: string; agent_id: string }>('SELECT scope_kind, org_id, group_id, agent_id FROM pack_installs WHERE pack = $1', [name]);
