@@ -5,6 +5,7 @@ import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import type { ServiceAccountStatus } from '../auth/service-account-status.ts';
 import { BUILT_IN_ROLES, CAPABILITIES, groupsOf, type Capability, type ScopeKind } from '../authz/capabilities.ts';
 import { describe, holds, requireCapability, type Target } from '../authz/guard.ts';
+import { conferredBy, requireConferrable, requireHoldsAllOf } from '../authz/confer.ts';
 import { bad, object, strings, text } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import { IdpError, serviceAccountMetadata, type IdpProvisioner, type Registration } from '../idp/provisioner.ts';
@@ -215,6 +216,7 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       const account = await loadManaged(req);
       object(req.body ?? {}, []);
       if (account.status !== 'active') throw new ApiError(PROBLEMS.conflict, `service account ${account.id} is ${account.status}`);
+      await requireHoldsAllOf(db, req, account.id, account.org_id, `a key of service account ${account.id}`);
       const key = await newKey();
       const { rows } = await db.query<{ public_jwk: string }>('SELECT public_jwk FROM service_account_keys WHERE account_id = $1 ORDER BY created_at, key_id', [account.id]);
       await changeKeys(req, account, [...rows.map((r) => JSON.parse(r.public_jwk) as JWK), key.publicJwk], 'service-account.key.create', async (tx) => {
@@ -241,6 +243,7 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       const owner = text(object(req.body, ['owner']), 'owner', true)!;
       if ((await db.query('SELECT 1 FROM members WHERE org_id = $1 AND subject = $2', [account.org_id, owner])).rows.length === 0) bad('owner', `${owner} is not a member of org ${account.org_id}`);
       if (owner === account.id) bad('owner', 'a service account cannot own itself');
+      await requireHoldsAllOf(db, req, account.id, account.org_id, `ownership of service account ${account.id}`);
       return auditedChange(deps, req, 'service-account.transfer', account.org_id, async (tx) => {
         const { rows } = await tx.query<AccountRow>('UPDATE service_accounts SET owner = $2 WHERE id = $1 RETURNING *', [account.id, owner]);
         return { result: view(rows[0]), resource: `service-account:${account.id}` };
@@ -276,7 +279,9 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       if ((role === null) === (capability === null)) bad('role', 'exactly one of role and capability is required');
       if (role === 'platform-admin') bad('role', 'platform-admin is granted at platform scope only');
       if (role !== null && !(role in BUILT_IN_ROLES) && (await db.query('SELECT 1 FROM roles WHERE name = $1', [role])).rows.length === 0) bad('role', `unknown role "${role}"`);
-      const s = scopeOf(grantTarget(account.org_id, body, ''));
+      const target = grantTarget(account.org_id, body, '');
+      await requireConferrable(db, req, await conferredBy(db, role, capability), target, 'this grant');
+      const s = scopeOf(target);
       const created = await auditedChange(deps, req, 'service-account.grant.create', account.org_id, async (tx) => {
         const { rows } = await tx.query<GrantRow>(
           `INSERT INTO grants (principal, role, capability, scope_kind, org_id, group_id, agent_id, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING ${GRANT_COLUMNS}`,

@@ -145,6 +145,27 @@ t.test('other orgs and bad input', async (t) => {
   t.match((await call('admin-a', 'POST', '/orgs/org-a/service-accounts/self-service', { name: 'x', grants: [{ capability: 'audit:read', group: 'ops', agent: 'a1' }] })).body, { status: 400, detail: /^grants\[0\]\.agent:/ });
 });
 
+t.test('a service account\'s grant confers only what the granting caller holds (P7.7)', async (t) => {
+  const created = await call('admin-a', 'POST', '/orgs/org-a/service-accounts', { name: 'escalator' });
+  t.equal(created.status, 201);
+  const path = `/orgs/org-a/service-accounts/${created.body.id}/grants`;
+  for (const body of [{ capability: 'platform:config' }, { capability: 'platform:audit:read', group: 'ops' }]) {
+    const r = await call('admin-a', 'POST', path, body);
+    t.equal(r.status, 403, JSON.stringify(body));
+    t.match(r.body, { type: 'https://dvx.dev/problems/forbidden', detail: new RegExp(`confers ${body.capability} over`) });
+  }
+  t.same((await call('admin-a', 'GET', path)).body, [], 'nothing was granted');
+  t.equal((await call('admin-a', 'POST', path, { role: 'auditor' })).status, 201, 'what the caller holds, it may grant');
+  t.equal((await call('root', 'POST', path, { capability: 'platform:config' })).status, 201, 'the platform admin holds it');
+  // Acting as the account is holding what it holds: no key, no ownership for a caller who does not.
+  const key = await call('admin-a', 'POST', `/orgs/org-a/service-accounts/${created.body.id}/keys`, {});
+  t.equal(key.status, 403, 'a key of an account holding platform:config');
+  t.match(key.body.detail, /confers platform:config over org org-a, which you do not hold/);
+  await call('root', 'PUT', '/orgs/org-a/members/admin-a', {});
+  t.equal((await call('admin-a', 'POST', `/orgs/org-a/service-accounts/${created.body.id}/transfer`, { owner: 'admin-a' })).status, 403, 'nor its ownership');
+  t.equal((await call('root', 'POST', `/orgs/org-a/service-accounts/${created.body.id}/keys`, {})).status, 201, 'the platform admin may');
+});
+
 t.test('a change whose audit record cannot be made durable leaves no client behind at the IdP', async (t) => {
   let stall = false;
   const sink: AuditSink = { append: () => (stall ? new Promise(() => {}) : Promise.resolve()), flush: async () => {}, close: async () => {} };
