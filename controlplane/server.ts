@@ -48,6 +48,7 @@ import { WalSink } from '../audit-wal/wal-sink.ts';
 import { createRegistry } from '../core/metrics.ts';
 import type { Registry } from 'prom-client';
 import { controlPlaneMetrics } from './metrics.ts';
+import { refuseNul } from './nul-guard.ts';
 import pkg from '../package.json' with { type: 'json' };
 
 // `dvx serve controlplane`: the operator API on fastify over TLS.
@@ -91,6 +92,8 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     log.error({ err: err.message, request_id: req.id, url: req.url }, 'controlplane request failed');
     return sendProblem(reply, PROBLEMS.internal, undefined, req.url);
   });
+
+  app.addHook('preValidation', refuseNul);
 
   app.get('/healthz', async () => ({ component: 'controlplane', status: 'ok', version: pkg.version }));
 
