@@ -49,6 +49,7 @@ import { createRegistry } from '../core/metrics.ts';
 import type { Registry } from 'prom-client';
 import { controlPlaneMetrics } from './metrics.ts';
 import { refuseNul } from './nul-guard.ts';
+import { retryPendingUndos } from './idp/pending-undo.ts';
 import pkg from '../package.json' with { type: 'json' };
 
 // `dvx serve controlplane`: the operator API on fastify over TLS.
@@ -106,6 +107,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
   const erasureJobs = new Set<Promise<void>>();
   let purge: NodeJS.Timeout | null = null;
   const stopPublishers: (() => void)[] = [];
+  let retryUndos: (() => Promise<void>) | null = null;
   if (isSkeleton(options)) {
     app.setNotFoundHandler((req, reply) => sendProblem(reply, PROBLEMS.notImplemented, SKELETON_DETAIL, req.url));
     log.warn({ issuer: options.oidcIssuer || null, database: Boolean(options.databaseDsn) }, 'controlplane in skeleton mode');
@@ -167,6 +169,8 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     const keys = kms ? new OrgKeys(store, kms) : null;
     const deps = { db: store, audit: audit!, capture, keys, log, metrics };
     erasureDeps = { db: store, keys, auditStore, audit: audit!, log };
+    // IdP undos a failure left pending (a client registered for an account never stored, …) run again.
+    if (idp) retryUndos = () => retryPendingUndos(deps, idp).then(({ failed }) => void (failed > 0 && log.warn({ failed }, 'IdP undos still pending after the retry at start')), (err: Error) => log.error({ err }, 'retrying pending IdP undos failed'));
     // The OpenAPI document describes the full surface, including route families this process did not
     // wire (spec: Versioning): it is collected from a never-listening instance with every family.
     const document = openApiDocument(await surfaceOperations((api) => mountApi(api, deps, { agentIssuer: {} as AgentOperatorIssuer, idp: {} as IdpProvisioner, accountStatus, events, auditStore: {} as AuditStore, auditRead: { pollMs: 0, heartbeatMs: 0 }, erasure: erasureDeps!, erasureJobs })));
@@ -197,6 +201,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     erasureJobs.add(job);
     void job.finally(() => erasureJobs.delete(job));
   }
+  const undoJob = retryUndos?.();
   log.info({ addr: app.server.address(), skeleton: isSkeleton(options) }, 'controlplane listening');
   return {
     port: (app.server.address() as AddressInfo).port,
@@ -204,7 +209,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     registry,
     close: async () => {
       if (purge) clearInterval(purge);
-      await Promise.allSettled([...erasureJobs]);
+      await Promise.allSettled([...erasureJobs, undoJob]);
       for (const stop of stopPublishers) stop();
       await app.close();
       await hub?.close();

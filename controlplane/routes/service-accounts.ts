@@ -1,7 +1,7 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { exportJWK, generateKeyPair, type JWK } from 'jose';
 import { newId } from '../../core/ids.ts';
-import { auditedChange, type ChangeDeps } from '../audited-change.ts';
+import { auditedChange, type ChangeActor, type ChangeDeps } from '../audited-change.ts';
 import type { ServiceAccountStatus } from '../auth/service-account-status.ts';
 import { BUILT_IN_ROLES, CAPABILITIES, groupsOf, type Capability, type ScopeKind } from '../authz/capabilities.ts';
 import { describe, holds, requireCapability, type Target } from '../authz/guard.ts';
@@ -10,6 +10,7 @@ import { bad, object, strings, text } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import { IdpError, serviceAccountMetadata, type IdpProvisioner, type Registration } from '../idp/provisioner.ts';
 import type { ServiceAccountKey } from '../idp/service-account-key.ts';
+import { undoIdpStep } from '../idp/pending-undo.ts';
 import type { Queryable } from '../../core/sql.ts';
 
 // Service accounts of an org (spec: "Service accounts"), provisioned at the OIDC identity provider so
@@ -20,7 +21,8 @@ import type { Queryable } from '../../core/sql.ts';
 // The account's key (a private JWK) is returned once, at creation or when a key is added, and never
 // again: the store keeps only public keys. Disabling removes the client at the IdP and refuses the
 // account's still-valid tokens. Every change is audited; an IdP step that succeeded is undone when the
-// change that follows it fails, so nothing is left half-done.
+// change that follows it fails, so nothing is left half-done; an undo that fails is kept, logged,
+// counted, audited and retried at the next start (idp/pending-undo.ts).
 
 interface AccountRow {
   id: string; org_id: string; name: string; owner: string; level: string; status: string;
@@ -64,6 +66,8 @@ const scopeOf = (t: Target) => ({
   group_id: t.kind === 'group' ? t.group : '',
   agent_id: t.kind === 'agent' ? t.agent : '',
 });
+
+const actorOf = (req: FastifyRequest): ChangeActor => ({ subject: req.principal!.subject, kind: req.principal!.kind, traceId: String(req.id) });
 
 export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, status: ServiceAccountStatus) {
   const { db } = deps;
@@ -129,15 +133,13 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       });
       return { ...view(row), credential: keyFile(reg.client_id, key) };
     } catch (err) {
-      await idp.remove(reg).catch(() => {});
+      await undoIdpStep(deps, idp, actorOf(req), 'remove', org, reg, err);
       throw err;
     }
   }
 
   /** Replaces the account's key set at the IdP around a store change; the IdP is put back if it fails. */
   async function changeKeys(req: FastifyRequest, account: AccountRow, next: JWK[], action: string, store: (tx: Queryable) => Promise<void>) {
-    const { rows } = await db.query<{ public_jwk: string }>('SELECT public_jwk FROM service_account_keys WHERE account_id = $1 ORDER BY created_at, key_id', [account.id]);
-    const before = rows.map((r) => JSON.parse(r.public_jwk) as JWK);
     await idpStep(() => idp.update(registration(account), serviceAccountMetadata(account.name, account.org_id, next)));
     try {
       await auditedChange(deps, req, action, account.org_id, async (tx) => {
@@ -145,7 +147,8 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
         return { result: null, resource: `service-account:${account.id}` };
       });
     } catch (err) {
-      await idp.update(registration(account), serviceAccountMetadata(account.name, account.org_id, before)).catch(() => {});
+      // The IdP is put back to the keys the store holds (`before`, unchanged by the failed change).
+      await undoIdpStep(deps, idp, actorOf(req), 'update', account.org_id, registration(account), err);
       throw err;
     }
   }

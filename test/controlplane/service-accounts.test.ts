@@ -3,6 +3,8 @@ import type { AuditSink } from '../../audit-wal/sink.ts';
 import { parseServiceAccountKey, tokenRequestForm, type ServiceAccountKey } from '../../controlplane/idp/service-account-key.ts';
 import { startCpHarness } from '../fixtures/controlplane-harness.ts';
 import { AUDIENCE } from '../fixtures/oidc-issuer.ts';
+import pg from 'pg';
+import { freshPgDatabase } from '../fixtures/pg-database.ts';
 
 // Service accounts end to end against a real IdP (oidc-provider, dynamic client registration): the key
 // handed out once mints a token through the control plane's own POST /oauth/token facade, and that
@@ -179,4 +181,61 @@ t.test('a change whose audit record cannot be made durable leaves no client behi
   t.equal(h.issuer.registeredClients(), before, 'the registration was undone');
   stall = false;
   t.same((await h.callAt(strict.port, 'root', 'GET', '/orgs/org-a/service-accounts')).body, [], 'and nothing stored');
+});
+
+t.test('an undo the IdP refuses is kept, logged, counted, audited, and done at the next start (P7.8)', async (t) => {
+  const pgDb = await freshPgDatabase('dvx_idp_undo');
+  if (!pgDb) {
+    if (process.env.CI) t.fail('no PostgreSQL at 127.0.0.1:5432');
+    return;
+  }
+  t.teardown(() => pgDb.drop());
+  // The store change after the registration is refused (its audit record never becomes durable), and
+  // at that very moment the IdP stops answering: the undo (removing the client) fails for real.
+  let stallNext = false;
+  const records: Record<string, unknown>[] = [];
+  const sink: AuditSink = {
+    append: async (_table, record) => {
+      if (stallNext) {
+        stallNext = false;
+        await h.issuer.pause();
+        return new Promise(() => {});
+      }
+      records.push(record as Record<string, unknown>);
+    },
+    flush: async () => {}, close: async () => {},
+  };
+  const first = await h.start({ seedAdmin: ['root'], auditCaptureTimeout: 300, databaseDsn: pgDb.dsn }, sink);
+  let firstOpen = true;
+  t.teardown(async () => {
+    if (firstOpen) await first.close();
+  });
+  t.equal((await h.callAt(first.port, 'root', 'POST', '/orgs', { id: 'org-a', name: 'A' })).status, 201);
+  const before = h.issuer.registeredClients();
+  stallNext = true;
+  const refused = await h.callAt(first.port, 'root', 'POST', '/orgs/org-a/service-accounts', { name: 'orphan' });
+  t.equal(refused.status, 503, 'the change is refused');
+  t.equal(h.issuer.registeredClients(), before + 1, 'and the client it registered is still at the IdP');
+
+  const db = new pg.Client({ connectionString: pgDb.dsn });
+  await db.connect();
+  t.teardown(() => db.end());
+  const pending = (await db.query('SELECT step, org_id, client_id, attempts, last_error, cause FROM idp_pending_undo')).rows;
+  t.equal(pending.length, 1, 'the undo is pending in the store');
+  t.match(pending[0], { step: 'remove', org_id: 'org-a', client_id: /\S/, attempts: 1, last_error: /fetch failed|ECONNREFUSED/, cause: /audit record/ });
+  const failures = (await first.registry.getSingleMetric('dvx_controlplane_idp_undo_failures_total')!.get()).values;
+  t.same(failures.map((v) => [v.labels.step, v.value]), [['remove', 1]], 'counted');
+  t.match(records.at(-1), { action: 'service-account.idp-undo', actor: 'root', org_id: 'org-a', outcome: 'deny', resource: `idp-client:${pending[0].client_id}`, reason: /IdP remove of client .* failed/ }, 'audited');
+
+  await first.close();
+  firstOpen = false;
+  await h.issuer.resume();
+  const second = await h.start({ seedAdmin: ['root'], databaseDsn: pgDb.dsn });
+  t.teardown(() => second.close());
+  for (let i = 0; i < 100 && (await db.query('SELECT 1 FROM idp_pending_undo')).rows.length > 0; i++) await new Promise((r) => setTimeout(r, 50));
+  t.same((await db.query('SELECT * FROM idp_pending_undo')).rows, [], 'the restarted control plane did the undo');
+  t.equal(h.issuer.registeredClients(), before, 'the orphan client is gone from the IdP');
+  t.ok(h.audit.some((r) => r.action === 'service-account.idp-undo' && r.actor === 'controlplane' && r.outcome === 'allow' && r.resource === `idp-client:${pending[0].client_id}`), 'and the retry is audited');
+  const retries = (await second.registry.getSingleMetric('dvx_controlplane_idp_undo_retries_total')!.get()).values;
+  t.same(retries.map((v) => [v.labels.step, v.labels.outcome, v.value]), [['remove', 'done', 1]]);
 });
