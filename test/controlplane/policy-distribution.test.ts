@@ -182,8 +182,15 @@ t.test('a stored row that does not validate is skipped, logged, counted and name
   const effective = await at('GET', '/agents/bot-1/effective-policy');
   t.equal(effective.status, 200, 'the effective-policy read too');
   t.equal(effective.body.skipped.length, 2);
+  // The effective-governance read skips (and names) a governance row or pack that does not validate the same way.
+  await db.query(`INSERT INTO governance_policy (kind, scope_kind, org_id, group_id, agent_id, value, locked, updated_by) VALUES ('destination', 'org', 'org-a', '', '', '{"allow": "everything"}', false, 'dba'), ('exec', 'platform', '', '', '', 'not json', false, 'dba')`);
+  t.equal((await at('PUT', '/policies/ssh?scope=org&org=org-a', { enabled: true })).status, 200);
+  const gov = await at('GET', '/agents/bot-1/effective-governance');
+  t.equal(gov.status, 200, 'the effective-governance read is served');
+  t.equal(gov.body.ssh, true, 'with the good rows');
+  t.match(gov.body.skipped, [{ scope: 'platform', key: 'exec', reason: /JSON/ }, { scope: 'org:org-a', key: 'destination', reason: /allow: must be an array/ }]);
   const counted = (await cp.registry.getSingleMetric('dvx_controlplane_policy_rows_skipped_total')!.get()).values;
-  t.same(counted.map((v) => [v.labels.key, v.value]).sort(), [['content_inspection', 2], ['model_policy', 2]], 'counted on every build that skips them');
+  t.same(counted.map((v) => [v.labels.key, v.value]).sort(), [['content_inspection', 2], ['destination', 1], ['exec', 1], ['model_policy', 2]], 'counted on every build that skips them');
 
   // The migration rewrites what the old writer stored to what it meant ("types" omitted: every type).
   await db.query(`DELETE FROM schema_migrations WHERE version = '0010'`);
