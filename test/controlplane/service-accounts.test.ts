@@ -238,4 +238,29 @@ t.test('an undo the IdP refuses is kept, logged, counted, audited, and done at t
   t.ok(h.audit.some((r) => r.action === 'service-account.idp-undo' && r.actor === 'controlplane' && r.outcome === 'allow' && r.resource === `idp-client:${pending[0].client_id}`), 'and the retry is audited');
   const retries = (await second.registry.getSingleMetric('dvx_controlplane_idp_undo_retries_total')!.get()).values;
   t.same(retries.map((v) => [v.labels.step, v.labels.outcome, v.value]), [['remove', 'done', 1]]);
+
+  // A key removal whose store change fails while the IdP goes away: the IdP is left refusing a key
+  // the store still holds until the next start puts the store's key set back.
+  const atIdp = async (key: ServiceAccountKey) => (await fetch(`${h.issuer.issuer}/token`, { method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded' }, body: await tokenRequestForm(key, { resource: AUDIENCE, scope: 'api' }) })).status;
+  const account = await h.callAt(second.port, 'root', 'POST', '/orgs/org-a/service-accounts', { name: 'keyed' });
+  const k1 = parseServiceAccountKey(account.body.credential);
+  const k2 = parseServiceAccountKey((await h.callAt(second.port, 'root', 'POST', `/orgs/org-a/service-accounts/${account.body.id}/keys`)).body.credential);
+  const third = await h.start({ seedAdmin: ['root'], auditCaptureTimeout: 300, databaseDsn: pgDb.dsn }, sink);
+  let thirdOpen = true;
+  t.teardown(async () => {
+    if (thirdOpen) await third.close();
+  });
+  stallNext = true;
+  t.equal((await h.callAt(third.port, 'root', 'DELETE', `/orgs/org-a/service-accounts/${account.body.id}/keys/${k1.key_id}`)).status, 503);
+  t.match((await db.query('SELECT step, client_id, attempts FROM idp_pending_undo')).rows, [{ step: 'update', client_id: account.body.id, attempts: 1 }]);
+  await third.close();
+  thirdOpen = false;
+  await h.issuer.resume();
+  t.equal(await atIdp(k1), 401, 'the IdP refuses the key the store still holds');
+  const fourth = await h.start({ seedAdmin: ['root'], databaseDsn: pgDb.dsn });
+  t.teardown(() => fourth.close());
+  for (let i = 0; i < 100 && (await db.query('SELECT 1 FROM idp_pending_undo')).rows.length > 0; i++) await new Promise((r) => setTimeout(r, 50));
+  t.same((await db.query('SELECT * FROM idp_pending_undo')).rows, []);
+  t.equal(await atIdp(k1), 200, 'after the restart the IdP holds the store\'s keys again');
+  t.equal(await atIdp(k2), 200);
 });
