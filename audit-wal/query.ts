@@ -74,7 +74,11 @@ export class AuditQueryError extends Error {
 }
 
 const TEXT_FILTERS = ['org', 'scope', 'agent_id', 'action', 'outcome', 'actor_kind', 'proto', 'dst_host'] as const;
-const RFC3339 = /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$/i;
+const RFC3339 = /^(\d{4})-(\d\d)-(\d\d)T\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$/i;
+// The instants both stores can compare against: years 0001–9999 in UTC. PostgreSQL refuses the ISO
+// text of year 0 ("0000-…") and of years past 9999 ("+010000-…"); ClickHouse clamps (read.ts).
+export const MIN_TIME_MS = -62_135_596_800_000; // 0001-01-01T00:00:00Z
+export const MAX_TIME_MS = 253_402_300_799_999; // 9999-12-31T23:59:59.999Z
 
 /** The query parameters of /audit/events and /audit/stream, validated (400 on anything malformed). */
 export function parseAuditParams(raw: Record<string, unknown>): { filters: AuditFilters; limit: number; offset: number } {
@@ -97,7 +101,12 @@ export function parseAuditParams(raw: Record<string, unknown>): { filters: Audit
     const v = one(k);
     if (v === undefined || v === '') continue;
     const t = new Date(v);
-    if (!RFC3339.test(v) || Number.isNaN(t.getTime())) throw new AuditQueryError(k, 'must be an RFC 3339 date-time (e.g. 2026-11-22T10:00:00Z)');
+    const m = RFC3339.exec(v);
+    // Date rolls "02-30" over into March: the day must exist in its month (RFC 3339 §5.7).
+    if (!m || Number.isNaN(t.getTime()) || Number(m[3]) > daysIn(Number(m[1]), Number(m[2]))) {
+      throw new AuditQueryError(k, 'must be an RFC 3339 date-time (e.g. 2026-11-22T10:00:00Z)');
+    }
+    if (t.getTime() < MIN_TIME_MS || t.getTime() > MAX_TIME_MS) throw new AuditQueryError(k, 'must be between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z');
     filters[k] = t;
   }
   if (filters.since && filters.until && filters.since > filters.until) throw new AuditQueryError('since', 'is after until');
@@ -140,5 +149,11 @@ export function conditions(q: Pick<AuditQuery, 'predicate' | 'filters' | 'after'
 
 export function parseCursor(text: string): AuditCursor | null {
   const m = /^(\d{1,15})\.(.{1,200})$/.exec(text);
-  return m ? { ms: Number(m[1]), id: m[2] } : null;
+  return m && Number(m[1]) <= MAX_TIME_MS ? { ms: Number(m[1]), id: m[2] } : null;
+}
+
+const DAYS = [31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+function daysIn(year: number, month: number): number {
+  const leap = (year % 4 === 0 && year % 100 !== 0) || year % 400 === 0;
+  return month === 2 && leap ? 29 : DAYS[month - 1] ?? 0;
 }

@@ -49,16 +49,21 @@ export function chString(v: string): string {
 
 const CH_MS = '(toUInt64(toUnixTimestamp(event_time)) * 1000 + event_time_ms)';
 
+// DateTime holds 1970-01-01 to 2106-02-07 and toDateTime wraps outside it (a 1900 `since` became
+// 2042): the bare-column bound is clamped into range; the milliseconds comparison stays exact.
+const CH_MAX_SECONDS = 4_294_967_295;
+
 export function clickhouseWhere(q: Pick<AuditQuery, 'predicate' | 'filters' | 'after'>): string {
   const ms = (n: number) => String(Math.trunc(n));
+  const seconds = (msValue: number) => ms(Math.min(Math.max(Math.floor(msValue / 1000), 0), CH_MAX_SECONDS));
   const parts = conditions(q).map((c: Condition) => {
     switch (c.kind) {
       case 'eq': return `${column(c.col)} = ${chString(c.value)}`;
       case 'in': return `${column(c.col)} IN (${c.values.map(chString).join(', ')})`;
       // The bare column first (partition pruning and the sorting key), then the milliseconds.
-      case 'since': return `event_time >= toDateTime(${ms(Math.floor(c.ms / 1000))}) AND ${CH_MS} >= ${ms(c.ms)}`;
-      case 'until': return `event_time <= toDateTime(${ms(Math.floor(c.ms / 1000))}) AND ${CH_MS} <= ${ms(c.ms)}`;
-      case 'after': return `event_time >= toDateTime(${ms(Math.floor(c.cursor.ms / 1000))}) AND (${CH_MS} > ${ms(c.cursor.ms)} OR (${CH_MS} = ${ms(c.cursor.ms)} AND id > ${chString(c.cursor.id)}))`;
+      case 'since': return `event_time >= toDateTime(${seconds(c.ms)}) AND ${CH_MS} >= ${ms(c.ms)}`;
+      case 'until': return `event_time <= toDateTime(${seconds(c.ms)}) AND ${CH_MS} <= ${ms(c.ms)}`;
+      case 'after': return `event_time >= toDateTime(${seconds(c.cursor.ms)}) AND (${CH_MS} > ${ms(c.cursor.ms)} OR (${CH_MS} = ${ms(c.cursor.ms)} AND id > ${chString(c.cursor.id)}))`;
       case 'attributed': return `(actor = ${chString(`agent:${c.agent}`)} OR agent_id = ${chString(c.agent)})`;
       case 'none': return '0';
     }

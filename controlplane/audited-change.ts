@@ -7,6 +7,8 @@ import { ApiError, PROBLEMS } from './errors.ts';
 import { grantsChanged } from './authz/capabilities.ts';
 import type { OrgKeys } from './crypto/org-keys.ts';
 import type { Db, Queryable } from '../core/sql.ts';
+import type { Logger } from '../core/logger.ts';
+import type { ControlPlaneMetrics } from './metrics.ts';
 
 // Every change of the operator API goes through here (spec: operator-api rule 4 and "Audit durability
 // flags"): the change runs in a transaction, its audit_events record is made durable before the
@@ -18,19 +20,35 @@ export interface ChangeDeps {
   capture: Omit<CaptureOptions, 'log'>;
   /** Per-org data keys sealing sensitive columns; null without a KMS (stored unsealed). */
   keys?: OrgKeys | null;
+  log: Logger;
+  metrics: ControlPlaneMetrics;
 }
+
+/** Who a change is attributed to: a request's principal, or the control plane itself for work it does on its own (at start). */
+export interface ChangeActor { subject: string; kind: string; traceId: string }
+
+export const CONTROL_PLANE_ACTOR = (): ChangeActor => ({ subject: 'controlplane', kind: 'service', traceId: newId() });
 
 export async function auditedChange<T>(
   deps: ChangeDeps, req: FastifyRequest, action: string, orgId: string,
   change: (tx: Queryable) => Promise<{ result: T; resource: string }>,
 ): Promise<T> {
   const p = req.principal!;
+  return auditedChangeBy(deps, { subject: p.subject, kind: p.kind, traceId: String(req.id) }, action, orgId, change);
+}
+
+/** `auditedChange` for an actor named outright; `outcome`/`reason` record a failure the change stores. */
+export async function auditedChangeBy<T>(
+  deps: ChangeDeps, actor: ChangeActor, action: string, orgId: string,
+  change: (tx: Queryable) => Promise<{ result: T; resource: string; outcome?: 'allow' | 'deny'; reason?: string }>,
+): Promise<T> {
   try {
     const out = await deps.db.transaction(async (tx) => {
-      const { result, resource } = await change(tx);
+      const { result, resource, outcome, reason } = await change(tx);
       const record = {
-        id: newId(), event_time: new Date().toISOString(), kind: 'event', action, actor: p.subject, actor_kind: p.kind,
-        org_id: orgId, outcome: 'allow', resource, scope: orgId ? `org:${orgId}` : 'platform', trace_id: String(req.id),
+        id: newId(), event_time: new Date().toISOString(), kind: 'event', action, actor: actor.subject, actor_kind: actor.kind,
+        org_id: orgId, outcome: outcome ?? 'allow', resource, scope: orgId ? `org:${orgId}` : 'platform', trace_id: actor.traceId,
+        ...(reason === undefined ? {} : { reason }),
       };
       await gated(deps.audit, 'audit_events', record, () => undefined, deps.capture);
       return result;

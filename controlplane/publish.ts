@@ -36,7 +36,7 @@ export async function startPublisher(o: PublisherOptions): Promise<() => void> {
       last = key;
       o.log.info({ path, version: (doc as { version?: string }).version }, 'published');
     } catch (err) {
-      o.log.error({ err: (err as Error).message, path }, 'publish failed');
+      o.log.error({ err, path }, 'publish failed');
     }
   });
   await publish();

@@ -39,7 +39,8 @@ import { brokerRoutes } from './routes/broker.ts';
 import { EventHub } from './events.ts';
 import { streamGuardDeps } from './stream-guard.ts';
 import { startPublisher } from './publish.ts';
-import { enclaveConfig, enclaveSnapshot } from '../pipeline/policy/store-snapshot.ts';
+import { enclaveConfig, enclaveSnapshot, storeSnapshotDocument } from '../pipeline/policy/store-snapshot.ts';
+import { reportSkipped } from './skipped-rows.ts';
 import { idpConnectorRoutes } from './routes/idp-connectors.ts';
 import { ServiceAccountStatus } from './auth/service-account-status.ts';
 import { DcrProvisioner, type IdpProvisioner } from './idp/provisioner.ts';
@@ -49,6 +50,10 @@ import type { AuditSink } from '../audit-wal/sink.ts';
 import { StdoutAuditSink } from '../audit-wal/stdout-sink.ts';
 import { WalSink } from '../audit-wal/wal-sink.ts';
 import { createRegistry } from '../core/metrics.ts';
+import type { Registry } from 'prom-client';
+import { controlPlaneMetrics } from './metrics.ts';
+import { refuseNul } from './nul-guard.ts';
+import { retryPendingUndos } from './idp/pending-undo.ts';
 import pkg from '../package.json' with { type: 'json' };
 
 // `dvx serve controlplane`: the operator API on fastify over TLS.
@@ -65,6 +70,7 @@ export interface RunningControlPlane {
   port: number;
   metricsPort: number | null;
   app: FastifyInstance;
+  registry: Registry;
   close(): Promise<void>;
 }
 
@@ -76,12 +82,13 @@ declare module 'fastify' {
 
 const SKELETON_DETAIL = 'the operator API is not yet implemented here: this control plane runs in skeleton mode (configure --oidc-issuer and --database-dsn)';
 
-export async function startControlPlane(input: Partial<ControlPlaneOptions>, start: { logger?: Logger; audit?: AuditSink } = {}): Promise<RunningControlPlane> {
+export async function startControlPlane(input: Partial<ControlPlaneOptions>, start: { logger?: Logger; audit?: AuditSink; registry?: Registry } = {}): Promise<RunningControlPlane> {
   const options = validateOptions(input);
   const log = start.logger ?? createLogger({ level: options.logLevel, format: options.logFormat, component: 'controlplane' });
+  const registry = start.registry ?? createRegistry({ defaultMetrics: Boolean(options.metricsAddr) });
+  const metrics = controlPlaneMetrics(registry);
   const tls = await loadTls({ cert: options.tlsCert, key: options.tlsKey });
   const listen = parseAddr(options.addr);
-  const registry = createRegistry({ defaultMetrics: Boolean(options.metricsAddr) });
   // Connection bounds (core/server-limits.ts); a request node refuses before fastify sees it
   // (oversized headers, malformed, too slow) is answered as a Problem like every other error.
   const limiter = new ServerLimiter(options, {
@@ -114,6 +121,8 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     return sendProblem(reply, PROBLEMS.internal, undefined, req.url);
   });
 
+  app.addHook('preValidation', refuseNul);
+
   app.get('/healthz', async () => ({ component: 'controlplane', status: 'ok', version: pkg.version }));
 
   let db: Db | null = null;
@@ -125,6 +134,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
   const erasureJobs = new Set<Promise<void>>();
   let purge: NodeJS.Timeout | null = null;
   const stopPublishers: (() => void)[] = [];
+  let retryUndos: (() => Promise<void>) | null = null;
   if (isSkeleton(options)) {
     app.setNotFoundHandler((req, reply) => sendProblem(reply, PROBLEMS.notImplemented, SKELETON_DETAIL, req.url));
     log.warn({ issuer: options.oidcIssuer || null, database: Boolean(options.databaseDsn) }, 'controlplane in skeleton mode');
@@ -184,8 +194,10 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
       }
     });
     const keys = kms ? new OrgKeys(store, kms) : null;
-    const deps = { db: store, audit: audit!, capture, keys };
+    const deps = { db: store, audit: audit!, capture, keys, log, metrics };
     erasureDeps = { db: store, keys, auditStore, audit: audit!, log };
+    // IdP undos a failure left pending (a client registered for an account never stored, …) run again.
+    if (idp) retryUndos = () => retryPendingUndos(deps, idp).then(({ failed }) => void (failed > 0 && log.warn({ failed }, 'IdP undos still pending after the retry at start')), (err: Error) => log.error({ err }, 'retrying pending IdP undos failed'));
     // The OpenAPI document describes the full surface, including route families this process did not
     // wire (spec: Versioning): it is collected from a never-listening instance with every family.
     const guard = streamGuardDeps(registry, log, options.streamRecheckMs);
@@ -196,7 +208,11 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     }, { prefix: '/api/v1' });
     await app.register(brokerRoutes(deps, events, { heartbeatMs: options.brokerHeartbeatMs, agentIssuer, guard }));
     if (options.policyPublish) {
-      stopPublishers.push(await startPublisher({ db: store, hub: events, dir: options.policyPublishDir, file: 'policy-snapshot.json', enclaveId: options.policyEnclaveId, org: options.policyOrg, build: enclaveSnapshot, log }));
+      stopPublishers.push(await startPublisher({ db: store, hub: events, dir: options.policyPublishDir, file: 'policy-snapshot.json', enclaveId: options.policyEnclaveId, org: options.policyOrg, build: async (db, id, org) => {
+        const s = await enclaveSnapshot(db, id, org);
+        if (s) reportSkipped(deps, `enclave:${id}`, s.skipped);
+        return s && storeSnapshotDocument(s);
+      }, log }));
     }
     if (options.configPublish) {
       stopPublishers.push(await startPublisher({ db: store, hub: events, dir: options.configPublishDir, file: 'config.json', enclaveId: options.configEnclaveId, org: options.configOrg, build: (db, id, org) => enclaveConfig(db, id, org, keys ? (o, v) => keys.open(o, v) : undefined), log }));
@@ -219,14 +235,16 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     erasureJobs.add(job);
     void job.finally(() => erasureJobs.delete(job));
   }
+  const undoJob = retryUndos?.();
   log.info({ addr: app.server.address(), metrics_port: metricsServer?.port ?? null, skeleton: isSkeleton(options) }, 'controlplane listening');
   return {
     port: (app.server.address() as AddressInfo).port,
     metricsPort: metricsServer?.port ?? null,
     app,
+    registry,
     close: async () => {
       if (purge) clearInterval(purge);
-      await Promise.allSettled([...erasureJobs]);
+      await Promise.allSettled([...erasureJobs, undoJob]);
       for (const stop of stopPublishers) stop();
       await app.close();
       await metricsServer?.close();

@@ -5,7 +5,8 @@ import type { ChangeDeps } from '../audited-change.ts';
 import { object, url } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
-import { enclaveConfig, enclaveSnapshot } from '../../pipeline/policy/store-snapshot.ts';
+import { enclaveConfig, enclaveSnapshot, storeSnapshotDocument } from '../../pipeline/policy/store-snapshot.ts';
+import { reportSkipped } from '../skipped-rows.ts';
 import { hashBrokerKey, setAddress, type EnclaveRow } from './enclaves.ts';
 import type { AgentOperatorIssuer } from '../auth/agent-operator-issuer.ts';
 import { auditedChange } from '../audited-change.ts';
@@ -58,7 +59,8 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
     app.get('/v1/broker/snapshot', async (req, reply) => {
       const e = await authenticate(req);
       const snapshot = await enclaveSnapshot(db, e.id);
-      return reply.header('cache-control', 'no-store').send(snapshot);
+      if (snapshot) reportSkipped(deps, `enclave:${e.id}`, snapshot.skipped);
+      return reply.header('cache-control', 'no-store').send(snapshot && storeSnapshotDocument(snapshot));
     });
 
     app.get('/v1/broker/config', async (req, reply) => {

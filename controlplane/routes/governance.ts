@@ -2,11 +2,14 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { Queryable } from '../../core/sql.ts';
 import { PolicyValidationError } from '../../pipeline/errors.ts';
 import { validatePacks } from '../../pipeline/policy/snapshot.ts';
+import { policyDocumentJson } from '../../pipeline/policy/validate.ts';
 import {
   resolveGovernance, validateGovernance, validateRules,
   type GovernanceKind, type GovernanceRows, type PackRules,
 } from '../../pipeline/policy/governance.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
+import { reportSkipped } from '../skipped-rows.ts';
+import type { SkippedRow } from '../../pipeline/policy/store-snapshot.ts';
 import { requireCapability } from '../authz/guard.ts';
 import { bad, object, text } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
@@ -26,15 +29,30 @@ import { broaderScopes, rowKey, scopeChange, scopeMustExist, scopeName, scopeOf,
 const KIND_OF_PATH: Record<string, GovernanceKind> = { llm: 'llm', destination: 'destination', exec: 'exec', ssh: 'ssh', tunnel: 'tunnel', 'tunnel-ports': 'tunnel_ports' };
 const PACK = /^[a-z0-9][a-z0-9_.-]{0,62}$/;
 
-/** Every governance row and installed pack that applies to an agent, resolved. */
+/** Parses and validates a stored value; one that does not is named in `skipped` (like the snapshot builder's) and left out. */
+function stored<T>(skipped: SkippedRow[], scope: string, key: string, read: () => T): T | null {
+  try {
+    return read();
+  } catch (err) {
+    if (!(err instanceof PolicyValidationError) && !(err instanceof SyntaxError)) throw err;
+    skipped.push({ scope, key, reason: err.message });
+    return null;
+  }
+}
+
+/** Every governance row and installed pack that applies to an agent, resolved; stored rows that do not validate are skipped and named. */
 export async function effectiveGovernance(db: Queryable, agent: { uid: string; org_id: string; group_id: string }) {
   const scope: Scope = { kind: 'agent', org: agent.org_id, group: agent.group_id, agent: agent.uid };
   const rows: GovernanceRows = {};
+  const skipped: SkippedRow[] = [];
   for (const s of broaderScopes(scope, true)) {
     const { rows: found } = await db.query<{ kind: GovernanceKind; value: string; locked: boolean }>(
       'SELECT kind, value, locked FROM governance_policy WHERE scope_kind = $1 AND org_id = $2 AND group_id = $3 AND agent_id = $4', rowKey(s),
     );
-    for (const r of found) ((rows[r.kind] ??= {}) as Record<string, unknown>)[s.kind] = { value: JSON.parse(r.value), locked: r.locked };
+    for (const r of found) {
+      const row = stored(skipped, scopeName(s), r.kind, () => validateGovernance(r.kind, { ...JSON.parse(r.value), locked: r.locked }));
+      if (row) ((rows[r.kind] ??= {}) as Record<string, unknown>)[s.kind] = row;
+    }
   }
   const packs: PackRules[] = [];
   for (const s of broaderScopes(scope, true)) {
@@ -42,9 +60,13 @@ export async function effectiveGovernance(db: Queryable, agent: { uid: string; o
       `SELECT p.name, p.allow, p.deny FROM pack_installs i JOIN policy_packs p ON p.name = i.pack
         WHERE i.scope_kind = $1 AND i.org_id = $2 AND i.group_id = $3 AND i.agent_id = $4 ORDER BY p.name`, rowKey(s),
     );
-    for (const p of found) if (!packs.some((q) => q.name === p.name)) packs.push({ name: p.name, allow: JSON.parse(p.allow), deny: JSON.parse(p.deny) });
+    for (const p of found) {
+      if (packs.some((q) => q.name === p.name) || skipped.some((k) => k.scope === `pack:${p.name}`)) continue;
+      const pack = stored(skipped, `pack:${p.name}`, 'rules', () => ({ name: p.name, allow: validateRules(JSON.parse(p.allow), 'allow'), deny: validateRules(JSON.parse(p.deny), 'deny') }));
+      if (pack) packs.push(pack);
+    }
   }
-  return resolveGovernance(rows, packs);
+  return { ...resolveGovernance(rows, packs), skipped };
 }
 
 export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
@@ -141,7 +163,7 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
         await tx.query(
           `INSERT INTO policy_packs (name, allow, deny, config, created_by) VALUES ($1, $2, $3, $4, $5)
            ON CONFLICT (name) DO UPDATE SET allow = EXCLUDED.allow, deny = EXCLUDED.deny, config = EXCLUDED.config, updated_at = now()`,
-          [name, JSON.stringify(allow), JSON.stringify(deny), JSON.stringify(config), req.principal!.subject],
+          [name, JSON.stringify(allow), JSON.stringify(deny), JSON.stringify(policyDocumentJson(config)), req.principal!.subject],
         );
         let published = false;
         const { rows } = await tx.query<{ scope_kind: string; org_id: string; group_id: string; agent_id: string }>('SELECT scope_kind, org_id, group_id, agent_id FROM pack_installs WHERE pack = $1', [name]);
@@ -183,7 +205,9 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
         throw new ApiError(PROBLEMS.notFound, `no agent ${id}`);
       }
       await requireCapability(db, req, 'agents:manage', { kind: 'org', org: rows[0].org_id });
-      return { agent: id, org_id: rows[0].org_id, group_id: rows[0].group_id, ...(await effectiveGovernance(db, rows[0])) };
+      const effective = await effectiveGovernance(db, rows[0]);
+      reportSkipped(deps, `agent:${id}`, effective.skipped);
+      return { agent: id, org_id: rows[0].org_id, group_id: rows[0].group_id, ...effective };
     });
   };
 }

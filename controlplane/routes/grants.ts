@@ -2,13 +2,16 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { BUILT_IN_ROLES, CAPABILITIES, type ScopeKind } from '../authz/capabilities.ts';
 import { requireCapability, type Target } from '../authz/guard.ts';
+import { conferredBy, grantScope, requireConferrable } from '../authz/confer.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { Queryable } from '../../core/sql.ts';
 
 // Grants (spec: createGrantReq, grantView): platform-scope grants under /api/v1/grants (platform:config),
 // an org's grants under /api/v1/orgs/{org}/grants (members:* over that org). The body names what is
 // granted (principal, a role or a capability, and within an org optionally a group or an agent); who
-// may grant is decided by the path alone. Every change is audited before it is committed.
+// may grant is decided by the path, and what it may grant by what it holds: a grant confers only
+// capabilities the caller holds over the grant's scope (authz/confer.ts). Every change is audited
+// before it is committed.
 
 export interface GrantView {
   id: number;
@@ -105,6 +108,7 @@ export function grantRoutes(deps: ChangeDeps) {
         const target = r.target(req);
         await requireCapability(db, req, r.capability, target);
         const grant = await parseGrant(db, req.body, target);
+        await requireConferrable(db, req, await conferredBy(db, grant.role, grant.capability), grantScope(grant), 'this grant');
         const created = await audited(req, 'grant.create', grant.org_id, async (tx) => {
           const { rows } = await tx.query<GrantRow>(
             `INSERT INTO grants (principal, role, capability, scope_kind, org_id, group_id, agent_id, created_by)

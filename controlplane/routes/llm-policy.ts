@@ -1,6 +1,6 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { PolicyValidationError } from '../../pipeline/errors.ts';
-import { orgFlag, policyLayers, resolveSnapshotSetting, SETTING_KEYS, validateSetting, type SettingKey } from '../../pipeline/policy/snapshot.ts';
+import { orgFlag, policyLayers, resolveSnapshotSetting, SETTING_KEYS, settingJson, validateSetting, type SettingKey } from '../../pipeline/policy/snapshot.ts';
 import { resolvePolicy } from '../../pipeline/policy/resolve.ts';
 import { patternProblem } from '../../pipeline/inspectors/patterns.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
@@ -9,6 +9,7 @@ import { bad, bool, object } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { ChangeTarget, EventHub } from '../events.ts';
 import { agentSnapshot } from '../../pipeline/policy/store-snapshot.ts';
+import { reportSkipped } from '../skipped-rows.ts';
 import type { Queryable } from '../../core/sql.ts';
 
 // LLM content policy and settings of service `llmproxy` (llm-content-policy.md: Endpoints, Policy
@@ -56,7 +57,8 @@ export function policyBody(raw: unknown, key: SettingKey, lockable: boolean, ext
   const locked = bool(body, 'locked') ?? false;
   if (locked && !lockable) bad('locked', 'is refused at agent scope');
   if (!lockable && (valid as { immutable?: unknown } | null)?.immutable === true) bad('value', `${key}.immutable is refused at agent scope`);
-  return { value: JSON.stringify(valid), locked };
+  // Stored in the form that validates back to the same value (never the validated form as such).
+  return { value: JSON.stringify(settingJson(key, valid)), locked };
 }
 
 const isLock = (r: { value: string; locked: boolean }) => r.locked || (JSON.parse(r.value) as { immutable?: unknown } | null)?.immutable === true;
@@ -199,6 +201,7 @@ export function llmPolicyRoutes(deps: ChangeDeps, events: EventHub) {
     api.get('/agents/:id/effective-policy', { config: { requiredCapability: 'agents:manage', target: 'agent-org' } }, async (req) => {
       const agent = await agentOf(req);
       const snapshot = await agentSnapshot(db, agent.org_id, agent);
+      reportSkipped(deps, `agent:${agent.uid}`, snapshot.skipped);
       const group = agent.group_id || null;
       const policy = resolvePolicy(policyLayers(snapshot, agent.org_id, group, agent.uid));
       return {
@@ -208,6 +211,7 @@ export function llmPolicyRoutes(deps: ChangeDeps, events: EventHub) {
         credential_mode: resolveSnapshotSetting(snapshot, 'credential_mode', agent.org_id, group, agent.uid) ?? 'platform',
         downstream_url: resolveSnapshotSetting(snapshot, 'downstream_url', agent.org_id, group, agent.uid),
         upstream: resolveSnapshotSetting(snapshot, 'upstream', agent.org_id, group, agent.uid) ?? {},
+        skipped: snapshot.skipped,
       };
     });
 

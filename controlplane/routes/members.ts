@@ -1,5 +1,6 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import { effectiveCapabilities, groupsOf } from '../authz/capabilities.ts';
+import { effectiveCapabilities, groupsOf, type ScopeKind } from '../authz/capabilities.ts';
+import { conferredBy, grantScope, requireConferrable } from '../authz/confer.ts';
 import { requireCapability } from '../authz/guard.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
@@ -59,6 +60,11 @@ export function memberRoutes(deps: ChangeDeps) {
       const { org, group, subject } = params(req);
       if ((await db.query('SELECT 1 FROM org_groups WHERE org_id = $1 AND id = $2', [org, group])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no group ${group} in org ${org}`);
       if ((await db.query('SELECT 1 FROM members WHERE org_id = $1 AND subject = $2', [org, subject])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `${subject} is not a member of org ${org}`);
+      // A membership confers the group's grants: only a caller holding all of them may add one.
+      const { rows: carried } = await db.query<{ role: string | null; capability: string | null; scope_kind: ScopeKind; org_id: string; group_id: string; agent_id: string }>(
+        'SELECT role, capability, scope_kind, org_id, group_id, agent_id FROM grants WHERE principal = $1 ORDER BY id', [`group:${org}:${group}`],
+      );
+      for (const g of carried) await requireConferrable(db, req, await conferredBy(db, g.role, g.capability), grantScope(g), `membership of group ${group}`);
       await auditedChange(deps, req, 'membership.put', org, async (tx) => {
         await tx.query('INSERT INTO memberships (org_id, group_id, subject) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING', [org, group, subject]);
         return { result: null, resource: `membership:${org}:${group}:${subject}` };

@@ -1,5 +1,6 @@
 import type { FastifyInstance } from 'fastify';
-import { BUILT_IN_ROLES, CAPABILITIES } from '../authz/capabilities.ts';
+import { BUILT_IN_ROLES, CAPABILITIES, type Capability } from '../authz/capabilities.ts';
+import { requireConferrable } from '../authz/confer.ts';
 import { requireCapability } from '../authz/guard.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
@@ -52,6 +53,7 @@ export function roleRoutes(deps: ChangeDeps) {
       if (typeof name !== 'string' || !NAME.test(name)) bad('name', 'must be 2–63 lowercase letters, digits or dashes, starting with a letter');
       if (name in BUILT_IN_ROLES) throw new ApiError(PROBLEMS.conflict, `"${name}" is a built-in role`);
       const capabilities = capabilitiesOf(body);
+      await requireConferrable(db, req, capabilities as Capability[], platform, `role ${name}`);
       const role = await auditedChange(deps, req, 'role.create', '', async (tx) => {
         await tx.query('INSERT INTO roles (name, capabilities, created_by) VALUES ($1, $2, $3)', [name, capabilities, req.principal!.subject]);
         return { result: { name, capabilities }, resource: `role:${name}` };
@@ -64,6 +66,8 @@ export function roleRoutes(deps: ChangeDeps) {
       const name = (req.params as { name: string }).name;
       if (name in BUILT_IN_ROLES) throw new ApiError(PROBLEMS.conflict, `"${name}" is a built-in role and cannot be changed`);
       const capabilities = capabilitiesOf(object(req.body, ['capabilities']));
+      // A role's definition reaches every holder of the role: it may carry only what the caller holds.
+      await requireConferrable(db, req, capabilities as Capability[], platform, `role ${name}`);
       return auditedChange(deps, req, 'role.update', '', async (tx) => {
         const { rows } = await tx.query('UPDATE roles SET capabilities = $2 WHERE name = $1 RETURNING name', [name, capabilities]);
         if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no role ${name}`);

@@ -1,14 +1,16 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { exportJWK, generateKeyPair, type JWK } from 'jose';
 import { newId } from '../../core/ids.ts';
-import { auditedChange, type ChangeDeps } from '../audited-change.ts';
+import { auditedChange, type ChangeActor, type ChangeDeps } from '../audited-change.ts';
 import type { ServiceAccountStatus } from '../auth/service-account-status.ts';
 import { BUILT_IN_ROLES, CAPABILITIES, groupsOf, type Capability, type ScopeKind } from '../authz/capabilities.ts';
 import { describe, holds, requireCapability, type Target } from '../authz/guard.ts';
+import { conferredBy, requireConferrable, requireHoldsAllOf } from '../authz/confer.ts';
 import { bad, object, strings, text } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import { IdpError, serviceAccountMetadata, type IdpProvisioner, type Registration } from '../idp/provisioner.ts';
 import type { ServiceAccountKey } from '../idp/service-account-key.ts';
+import { undoIdpStep } from '../idp/pending-undo.ts';
 import type { Queryable } from '../../core/sql.ts';
 
 // Service accounts of an org (spec: "Service accounts"), provisioned at the OIDC identity provider so
@@ -19,7 +21,8 @@ import type { Queryable } from '../../core/sql.ts';
 // The account's key (a private JWK) is returned once, at creation or when a key is added, and never
 // again: the store keeps only public keys. Disabling removes the client at the IdP and refuses the
 // account's still-valid tokens. Every change is audited; an IdP step that succeeded is undone when the
-// change that follows it fails, so nothing is left half-done.
+// change that follows it fails, so nothing is left half-done; an undo that fails is kept, logged,
+// counted, audited and retried at the next start (idp/pending-undo.ts).
 
 interface AccountRow {
   id: string; org_id: string; name: string; owner: string; level: string; status: string;
@@ -63,6 +66,8 @@ const scopeOf = (t: Target) => ({
   group_id: t.kind === 'group' ? t.group : '',
   agent_id: t.kind === 'agent' ? t.agent : '',
 });
+
+const actorOf = (req: FastifyRequest): ChangeActor => ({ subject: req.principal!.subject, kind: req.principal!.kind, traceId: String(req.id) });
 
 export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, status: ServiceAccountStatus) {
   const { db } = deps;
@@ -128,15 +133,13 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       });
       return { ...view(row), credential: keyFile(reg.client_id, key) };
     } catch (err) {
-      await idp.remove(reg).catch(() => {});
+      await undoIdpStep(deps, idp, actorOf(req), 'remove', org, reg, err);
       throw err;
     }
   }
 
   /** Replaces the account's key set at the IdP around a store change; the IdP is put back if it fails. */
   async function changeKeys(req: FastifyRequest, account: AccountRow, next: JWK[], action: string, store: (tx: Queryable) => Promise<void>) {
-    const { rows } = await db.query<{ public_jwk: string }>('SELECT public_jwk FROM service_account_keys WHERE account_id = $1 ORDER BY created_at, key_id', [account.id]);
-    const before = rows.map((r) => JSON.parse(r.public_jwk) as JWK);
     await idpStep(() => idp.update(registration(account), serviceAccountMetadata(account.name, account.org_id, next)));
     try {
       await auditedChange(deps, req, action, account.org_id, async (tx) => {
@@ -144,7 +147,8 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
         return { result: null, resource: `service-account:${account.id}` };
       });
     } catch (err) {
-      await idp.update(registration(account), serviceAccountMetadata(account.name, account.org_id, before)).catch(() => {});
+      // The IdP is put back to the keys the store holds (`before`, unchanged by the failed change).
+      await undoIdpStep(deps, idp, actorOf(req), 'update', account.org_id, registration(account), err);
       throw err;
     }
   }
@@ -215,6 +219,7 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       const account = await loadManaged(req);
       object(req.body ?? {}, []);
       if (account.status !== 'active') throw new ApiError(PROBLEMS.conflict, `service account ${account.id} is ${account.status}`);
+      await requireHoldsAllOf(db, req, account.id, account.org_id, `a key of service account ${account.id}`);
       const key = await newKey();
       const { rows } = await db.query<{ public_jwk: string }>('SELECT public_jwk FROM service_account_keys WHERE account_id = $1 ORDER BY created_at, key_id', [account.id]);
       await changeKeys(req, account, [...rows.map((r) => JSON.parse(r.public_jwk) as JWK), key.publicJwk], 'service-account.key.create', async (tx) => {
@@ -241,6 +246,7 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       const owner = text(object(req.body, ['owner']), 'owner', true)!;
       if ((await db.query('SELECT 1 FROM members WHERE org_id = $1 AND subject = $2', [account.org_id, owner])).rows.length === 0) bad('owner', `${owner} is not a member of org ${account.org_id}`);
       if (owner === account.id) bad('owner', 'a service account cannot own itself');
+      await requireHoldsAllOf(db, req, account.id, account.org_id, `ownership of service account ${account.id}`);
       return auditedChange(deps, req, 'service-account.transfer', account.org_id, async (tx) => {
         const { rows } = await tx.query<AccountRow>('UPDATE service_accounts SET owner = $2 WHERE id = $1 RETURNING *', [account.id, owner]);
         return { result: view(rows[0]), resource: `service-account:${account.id}` };
@@ -276,7 +282,9 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       if ((role === null) === (capability === null)) bad('role', 'exactly one of role and capability is required');
       if (role === 'platform-admin') bad('role', 'platform-admin is granted at platform scope only');
       if (role !== null && !(role in BUILT_IN_ROLES) && (await db.query('SELECT 1 FROM roles WHERE name = $1', [role])).rows.length === 0) bad('role', `unknown role "${role}"`);
-      const s = scopeOf(grantTarget(account.org_id, body, ''));
+      const target = grantTarget(account.org_id, body, '');
+      await requireConferrable(db, req, await conferredBy(db, role, capability), target, 'this grant');
+      const s = scopeOf(target);
       const created = await auditedChange(deps, req, 'service-account.grant.create', account.org_id, async (tx) => {
         const { rows } = await tx.query<GrantRow>(
           `INSERT INTO grants (principal, role, capability, scope_kind, org_id, group_id, agent_id, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING ${GRANT_COLUMNS}`,

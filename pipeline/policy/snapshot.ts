@@ -1,8 +1,8 @@
 import { PolicyValidationError } from '../errors.ts';
-import { isPolicyKey, validatePolicyValue } from './validate.ts';
+import { isPolicyKey, policyDocumentJson, policyValueJson, validatePolicyValue } from './validate.ts';
 import type { PolicyLayers, PolicyPack, PolicyRow, RowsByScope, ScopeRows } from './resolve.ts';
 import { resolveSetting } from './resolve.ts';
-import type { PolicyDocument, PolicyKey } from './types.ts';
+import type { PolicyDocument, PolicyKey, PolicyValues } from './types.ts';
 import { dict, own } from '../../core/own.ts';
 
 // The policy snapshot: the desired state an enclave's proxies enforce, written by `dvx policy-pull`
@@ -117,23 +117,55 @@ export function validateSetting(key: SettingKey, value: unknown, path: string): 
   }
 }
 
+/** A setting's validated value as the JSON that validates back to it (`policyValueJson` for the policy keys). */
+export function settingJson(key: SettingKey, value: unknown): unknown {
+  return isPolicyKey(key) ? policyValueJson(key, value as PolicyValues[PolicyKey]) : value;
+}
+
+/** One row `KEY: {value, locked}` of a scope (`lockable` false at agent scope), validated. */
+export function validateConfigRow(key: string, raw: unknown, p: string, lockable: boolean): PolicyRow<unknown> {
+  if (!(SETTING_KEYS as readonly string[]).includes(key)) fail(p, `unknown key (one of ${SETTING_KEYS.join(', ')})`);
+  const row = obj(raw, p);
+  for (const k of Object.keys(row)) if (k !== 'value' && k !== 'locked') fail(`${p}.${k}`, 'unknown field (value, locked)');
+  if (!('value' in row)) fail(`${p}.value`, 'is required');
+  if (row.locked !== undefined && typeof row.locked !== 'boolean') fail(`${p}.locked`, 'must be a boolean');
+  if (!lockable && row.locked) fail(`${p}.locked`, 'locked is refused at agent scope');
+  const v = validateSetting(key as SettingKey, row.value, `${p}.value`);
+  if (!lockable && (v as { immutable?: unknown } | null)?.immutable === true) fail(`${p}.value.immutable`, 'refused at agent scope');
+  return { value: v, locked: row.locked === true };
+}
+
 function configRows(value: unknown, path: string, lockable: boolean): ConfigRows {
   if (value === undefined) return {};
   const o = obj(value, path);
   const rows: ConfigRows = {};
-  for (const [key, raw] of Object.entries(o)) {
-    const p = `${path}.${key}`;
-    if (!(SETTING_KEYS as readonly string[]).includes(key)) fail(p, `unknown key (one of ${SETTING_KEYS.join(', ')})`);
-    const row = obj(raw, p);
-    for (const k of Object.keys(row)) if (k !== 'value' && k !== 'locked') fail(`${p}.${k}`, 'unknown field (value, locked)');
-    if (!('value' in row)) fail(`${p}.value`, 'is required');
-    if (row.locked !== undefined && typeof row.locked !== 'boolean') fail(`${p}.locked`, 'must be a boolean');
-    if (!lockable && row.locked) fail(`${p}.locked`, 'locked is refused at agent scope');
-    const v = validateSetting(key as SettingKey, row.value, `${p}.value`);
-    if (!lockable && (v as { immutable?: unknown } | null)?.immutable === true) fail(`${p}.value.immutable`, 'refused at agent scope');
-    rows[key as SettingKey] = { value: v, locked: row.locked === true };
-  }
+  for (const [key, raw] of Object.entries(o)) rows[key as SettingKey] = validateConfigRow(key, raw, `${path}.${key}`, lockable);
   return rows;
+}
+
+function rowsJson(rows: ConfigRows, lockable: boolean): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [key, row] of Object.entries(rows) as [SettingKey, PolicyRow<unknown>][]) {
+    out[key] = lockable ? { value: settingJson(key, row.value), locked: row.locked } : { value: settingJson(key, row.value) };
+  }
+  return out;
+}
+
+/**
+ * A validated snapshot as the JSON document `validateSnapshot` accepts back (docs/snapshot.md): what
+ * the control plane serves and publishes. `JSON.stringify` of the validated form is not that document
+ * (an omitted `pii_detection.types` is `null` in it, which the validator refuses).
+ */
+export function snapshotDocument(s: Snapshot): Record<string, unknown> {
+  const orgs: Record<string, unknown> = {};
+  for (const [id, o] of Object.entries(s.orgs)) {
+    const groups: Record<string, unknown> = {};
+    for (const [g, group] of Object.entries(o.groups)) groups[g] = { config: rowsJson(group.config, true) };
+    orgs[id] = { config: rowsJson(o.config, true), flags: o.flags, groups, packs: o.packs.map((p) => ({ name: p.name, config: policyDocumentJson(p.config) })) };
+  }
+  const agents: Record<string, unknown> = {};
+  for (const [id, a] of Object.entries(s.agents)) agents[id] = { ...a, config: rowsJson(a.config, false) };
+  return { version: s.version, enclave: s.enclave, platform: rowsJson(s.platform, true), orgs, agents };
 }
 
 export function validatePacks(value: unknown, path: string): PolicyPack[] {

@@ -174,6 +174,25 @@ export function validatePolicyValue<K extends PolicyKey>(key: K, value: unknown,
   return VALIDATORS[key](value, pathPrefix === undefined ? key : prefix(pathPrefix, key)) as PolicyValues[K];
 }
 
+/**
+ * A validated value as the JSON that validates back to it: what authoring stores and the snapshot
+ * carries. The one field the validated form holds that the wire form cannot is `pii_detection.types:
+ * null` ("every type", from an omitted field): it is written as an absent field again.
+ */
+export function policyValueJson<K extends PolicyKey>(key: K, value: PolicyValues[K]): unknown {
+  if (key !== 'content_inspection') return value;
+  const ci = value as ContentInspection;
+  const { types, ...pii } = ci.pii_detection;
+  return { ...ci, pii_detection: types === null ? pii : { ...pii, types } };
+}
+
+/** `policyValueJson` of every key a document holds. */
+export function policyDocumentJson(doc: PolicyDocument): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const key of POLICY_KEYS) if (doc[key] !== undefined) out[key] = policyValueJson(key, doc[key]);
+  return out;
+}
+
 /** A document with any subset of the three keys (`dvx inspect --policy`, a pack's config). */
 export function validatePolicyDocument(value: unknown, path = ''): PolicyDocument {
   const obj = object(value, path, POLICY_KEYS);

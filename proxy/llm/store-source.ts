@@ -38,7 +38,7 @@ export class StoreSnapshotSource {
     const db = await openDb(options.dsn);
     let first: Snapshot;
     try {
-      first = await StoreSnapshotSource.#load(db, options.enclaveId);
+      first = await StoreSnapshotSource.#load(db, options.enclaveId, options.log);
     } catch (err) {
       await db.close();
       throw new Error(`--database-dsn: cannot read the policy store: ${(err as Error).message}`);
@@ -48,10 +48,11 @@ export class StoreSnapshotSource {
     return source;
   }
 
-  static async #load(db: Db, enclaveId: string): Promise<Snapshot> {
-    if (!enclaveId) return wholeSnapshot(db);
-    const s = await enclaveSnapshot(db, enclaveId);
+  static async #load(db: Db, enclaveId: string, log: Logger): Promise<Snapshot> {
+    const s = enclaveId ? await enclaveSnapshot(db, enclaveId) : await wholeSnapshot(db);
     if (!s) throw new Error(`no enclave ${enclaveId} in the store`);
+    // A stored row that does not validate is left out (the rest is served), never silently.
+    for (const row of s.skipped) log.warn({ scope: row.scope, key: row.key, reason: row.reason }, 'stored policy row does not validate: left out of the snapshot');
     return s;
   }
 
@@ -78,7 +79,7 @@ export class StoreSnapshotSource {
 
   #reload = coalesced(async () => {
     try {
-      this.#value = await StoreSnapshotSource.#load(this.#db, this.#enclaveId);
+      this.#value = await StoreSnapshotSource.#load(this.#db, this.#enclaveId, this.#log);
       this.#onChange();
     } catch (err) {
       if (!this.#closed) this.#log.error({ err: (err as Error).message }, 'policy store reload failed; keeping the last good state');

@@ -98,11 +98,21 @@ for (const [name, dsn] of stores) {
     });
 
     t.test('malformed parameters are 400 problems', async (t) => {
-      for (const q of ['since=yesterday', 'until=2026-13-01T00:00:00Z', 'limit=-1', 'limit=abc', 'limit=0', 'limit=100000', 'offset=x', 'outcome=maybe', 'actor_kind=robot', 'colour=red', 'since=2026-11-22T00:00:00Z&until=2026-11-21T00:00:00Z']) {
+      for (const q of ['since=yesterday', 'until=2026-13-01T00:00:00Z', 'limit=-1', 'limit=abc', 'limit=0', 'limit=100000', 'offset=x', 'outcome=maybe', 'actor_kind=robot', 'colour=red', 'since=2026-11-22T00:00:00Z&until=2026-11-21T00:00:00Z',
+        // P7.11: year 0000 (and instants outside 0001–9999 once in UTC), a day its month lacks, a NUL in a filter.
+        'since=0000-01-01T00:00:00Z', 'until=0001-01-01T00:30:00%2B01:00', 'until=9999-12-31T23:59:59-01:00', 'since=2026-02-30T00:00:00Z',
+        'agent_id=bot%001', 'action=%00', 'org=org-a%00']) {
         const r = await call('admin-a', `/audit/events?${q}`);
         t.equal(r.status, 400, q);
         t.equal(r.body.type, 'https://dvx.dev/problems/bad-request');
       }
+      const stream = await call('admin-a', '/audit/stream?since=0000-01-01T00:00:00Z');
+      t.equal(stream.status, 400, 'the stream too');
+      t.match(stream.body.detail, /^since: must be between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z/);
+      t.equal((await call('admin-a', '/audit/stream?dst_host=a%00b')).status, 400);
+      const bounds = `since=0001-01-01T00:00:00Z&until=${encodeURIComponent('9999-12-31T23:59:59Z')}`;
+      t.same(seeded((await call('admin-a', `/audit/events?${bounds}`)).body), seeded((await call('admin-a', `/audit/events?${window}`)).body), 'the widest window still finds every record (ClickHouse clamps it)');
+      t.same(seeded((await call('admin-a', '/audit/events?since=1900-01-01T00:00:00Z&until=1960-01-01T00:00:00Z')).body), [], 'a window before 1970 finds none');
     });
 
     t.test('pagination with next_offset, across inserts', async (t) => {

@@ -9,6 +9,7 @@ const h = await startCpHarness([
   { clientId: 'platform-admin', org: 'org-1' },
   { clientId: 'org1-admin', org: 'org-1' },
   { clientId: 'nobody', org: 'org-1' },
+  { clientId: 'cfg-admin', org: 'org-1' },
 ], { seedAdmin: ['platform-admin'] });
 t.teardown(() => h.close());
 const { call, audit } = h;
@@ -36,6 +37,47 @@ t.test('the platform admin appoints an org admin; the org admin manages its org 
   t.equal(forbidden.status, 403);
   t.match(forbidden.body, { type: 'https://dvx.dev/problems/forbidden', detail: /members:\* over org org-1/ });
   t.equal(forbidden.type, 'application/problem+json; charset=utf-8');
+});
+
+t.test('a grant confers only what its grantor holds over that scope (P7.7)', async (t) => {
+  await call('platform-admin', 'POST', '/orgs', { id: 'org-1', name: 'One' });
+  const before = (await call('platform-admin', 'GET', '/orgs/org-1/grants')).body.length;
+  const refused = async (who: string, path: string, body: unknown, capability: string) => {
+    const r = await call(who, 'POST', path, body);
+    t.equal(r.status, 403, `${who} ${path} ${JSON.stringify(body)}`);
+    t.match(r.body, { type: 'https://dvx.dev/problems/forbidden', detail: new RegExp(`confers ${capability} over .*which you do not hold`) });
+  };
+  // The org admin, to itself included: neither platform capability, not even narrowed to its org.
+  await refused('org1-admin', '/orgs/org-1/grants', { principal: 'user:org1-admin', capability: 'platform:config' }, 'platform:config');
+  await refused('org1-admin', '/orgs/org-1/grants', { principal: 'user:org1-admin', capability: 'platform:audit:read' }, 'platform:audit:read');
+  await refused('org1-admin', '/orgs/org-1/grants', { principal: 'user:bob', capability: 'platform:config', group: 'builders' }, 'platform:config');
+  // Nor through a custom role carrying one.
+  t.equal((await call('platform-admin', 'POST', '/roles', { name: 'policy-writer', capabilities: ['platform:config', 'agents:manage'] })).status, 201);
+  await refused('org1-admin', '/orgs/org-1/grants', { principal: 'user:org1-admin', role: 'policy-writer' }, 'platform:config');
+  t.equal((await call('platform-admin', 'GET', '/orgs/org-1/grants')).body.length, before, 'nothing was stored');
+  t.equal((await call('org1-admin', 'PUT', '/policies/exec?scope=org&org=org-1', { enabled: true })).status, 403, 'and governance policy stays out of reach');
+  // What it holds, it may pass on.
+  t.equal((await call('org1-admin', 'POST', '/orgs/org-1/grants', { principal: 'user:bob', role: 'auditor' })).status, 201);
+
+  // A group membership confers the group's grants.
+  t.equal((await call('platform-admin', 'POST', '/orgs/org-1/groups', { id: 'ops', name: 'Ops' })).status, 201);
+  t.equal((await call('platform-admin', 'POST', '/orgs/org-1/grants', { principal: 'group:org-1:ops', capability: 'platform:config' })).status, 201);
+  t.equal((await call('org1-admin', 'PUT', '/orgs/org-1/members/org1-admin', {})).status, 200);
+  const join = await call('org1-admin', 'PUT', '/orgs/org-1/groups/ops/members/org1-admin');
+  t.equal(join.status, 403, 'joining a group that holds platform:config');
+  t.match(join.body.detail, /membership of group ops confers platform:config over org org-1/);
+  t.equal((await call('platform-admin', 'PUT', '/orgs/org-1/groups/ops/members/org1-admin')).status, 204, 'the platform admin holds it');
+
+  // Platform scope and role definitions: a holder of platform:config alone passes on nothing else.
+  t.equal((await call('platform-admin', 'POST', '/grants', { principal: 'user:cfg-admin', capability: 'platform:config' })).status, 201);
+  await refused('cfg-admin', '/grants', { principal: 'user:cfg-admin', capability: 'platform:audit:read' }, 'platform:audit:read');
+  await refused('cfg-admin', '/grants', { principal: 'user:cfg-admin', role: 'platform-admin' }, 'enclaves:read');
+  await refused('cfg-admin', '/roles', { name: 'reader', capabilities: ['platform:audit:read'] }, 'platform:audit:read');
+  const put = await call('cfg-admin', 'PUT', '/roles/policy-writer', { capabilities: ['platform:config', 'platform:audit:read'] });
+  t.equal(put.status, 403, 'nor widen a role it may edit');
+  t.equal((await call('cfg-admin', 'POST', '/roles', { name: 'cfg-only', capabilities: ['platform:config'] })).status, 201, 'what it holds it may');
+  t.same((await call('cfg-admin', 'GET', '/whoami')).body.capabilities, ['platform:config']);
+  for (const role of ['cfg-only', 'policy-writer']) t.equal((await call('platform-admin', 'DELETE', `/roles/${role}`)).status, 204);
 });
 
 t.test('bad bodies are 400 problems naming the field; nothing is stored', async (t) => {

@@ -3,6 +3,8 @@ import type { AuditSink } from '../../audit-wal/sink.ts';
 import { parseServiceAccountKey, tokenRequestForm, type ServiceAccountKey } from '../../controlplane/idp/service-account-key.ts';
 import { startCpHarness } from '../fixtures/controlplane-harness.ts';
 import { AUDIENCE } from '../fixtures/oidc-issuer.ts';
+import pg from 'pg';
+import { freshPgDatabase } from '../fixtures/pg-database.ts';
 
 // Service accounts end to end against a real IdP (oidc-provider, dynamic client registration): the key
 // handed out once mints a token through the control plane's own POST /oauth/token facade, and that
@@ -145,6 +147,27 @@ t.test('other orgs and bad input', async (t) => {
   t.match((await call('admin-a', 'POST', '/orgs/org-a/service-accounts/self-service', { name: 'x', grants: [{ capability: 'audit:read', group: 'ops', agent: 'a1' }] })).body, { status: 400, detail: /^grants\[0\]\.agent:/ });
 });
 
+t.test('a service account\'s grant confers only what the granting caller holds (P7.7)', async (t) => {
+  const created = await call('admin-a', 'POST', '/orgs/org-a/service-accounts', { name: 'escalator' });
+  t.equal(created.status, 201);
+  const path = `/orgs/org-a/service-accounts/${created.body.id}/grants`;
+  for (const body of [{ capability: 'platform:config' }, { capability: 'platform:audit:read', group: 'ops' }]) {
+    const r = await call('admin-a', 'POST', path, body);
+    t.equal(r.status, 403, JSON.stringify(body));
+    t.match(r.body, { type: 'https://dvx.dev/problems/forbidden', detail: new RegExp(`confers ${body.capability} over`) });
+  }
+  t.same((await call('admin-a', 'GET', path)).body, [], 'nothing was granted');
+  t.equal((await call('admin-a', 'POST', path, { role: 'auditor' })).status, 201, 'what the caller holds, it may grant');
+  t.equal((await call('root', 'POST', path, { capability: 'platform:config' })).status, 201, 'the platform admin holds it');
+  // Acting as the account is holding what it holds: no key, no ownership for a caller who does not.
+  const key = await call('admin-a', 'POST', `/orgs/org-a/service-accounts/${created.body.id}/keys`, {});
+  t.equal(key.status, 403, 'a key of an account holding platform:config');
+  t.match(key.body.detail, /confers platform:config over org org-a, which you do not hold/);
+  await call('root', 'PUT', '/orgs/org-a/members/admin-a', {});
+  t.equal((await call('admin-a', 'POST', `/orgs/org-a/service-accounts/${created.body.id}/transfer`, { owner: 'admin-a' })).status, 403, 'nor its ownership');
+  t.equal((await call('root', 'POST', `/orgs/org-a/service-accounts/${created.body.id}/keys`, {})).status, 201, 'the platform admin may');
+});
+
 t.test('a change whose audit record cannot be made durable leaves no client behind at the IdP', async (t) => {
   let stall = false;
   const sink: AuditSink = { append: () => (stall ? new Promise(() => {}) : Promise.resolve()), flush: async () => {}, close: async () => {} };
@@ -158,4 +181,86 @@ t.test('a change whose audit record cannot be made durable leaves no client behi
   t.equal(h.issuer.registeredClients(), before, 'the registration was undone');
   stall = false;
   t.same((await h.callAt(strict.port, 'root', 'GET', '/orgs/org-a/service-accounts')).body, [], 'and nothing stored');
+});
+
+t.test('an undo the IdP refuses is kept, logged, counted, audited, and done at the next start (P7.8)', async (t) => {
+  const pgDb = await freshPgDatabase('dvx_idp_undo');
+  if (!pgDb) {
+    if (process.env.CI) t.fail('no PostgreSQL at 127.0.0.1:5432');
+    return;
+  }
+  t.teardown(() => pgDb.drop());
+  // The store change after the registration is refused (its audit record never becomes durable), and
+  // at that very moment the IdP stops answering: the undo (removing the client) fails for real.
+  let stallNext = false;
+  const records: Record<string, unknown>[] = [];
+  const sink: AuditSink = {
+    append: async (_table, record) => {
+      if (stallNext) {
+        stallNext = false;
+        await h.issuer.pause();
+        return new Promise(() => {});
+      }
+      records.push(record as Record<string, unknown>);
+    },
+    flush: async () => {}, close: async () => {},
+  };
+  const first = await h.start({ seedAdmin: ['root'], auditCaptureTimeout: 300, databaseDsn: pgDb.dsn }, sink);
+  let firstOpen = true;
+  t.teardown(async () => {
+    if (firstOpen) await first.close();
+  });
+  t.equal((await h.callAt(first.port, 'root', 'POST', '/orgs', { id: 'org-a', name: 'A' })).status, 201);
+  const before = h.issuer.registeredClients();
+  stallNext = true;
+  const refused = await h.callAt(first.port, 'root', 'POST', '/orgs/org-a/service-accounts', { name: 'orphan' });
+  t.equal(refused.status, 503, 'the change is refused');
+  t.equal(h.issuer.registeredClients(), before + 1, 'and the client it registered is still at the IdP');
+
+  const db = new pg.Client({ connectionString: pgDb.dsn });
+  await db.connect();
+  t.teardown(() => db.end());
+  const pending = (await db.query('SELECT step, org_id, client_id, attempts, last_error, cause FROM idp_pending_undo')).rows;
+  t.equal(pending.length, 1, 'the undo is pending in the store');
+  t.match(pending[0], { step: 'remove', org_id: 'org-a', client_id: /\S/, attempts: 1, last_error: /fetch failed|ECONNREFUSED/, cause: /audit record/ });
+  const failures = (await first.registry.getSingleMetric('dvx_controlplane_idp_undo_failures_total')!.get()).values;
+  t.same(failures.map((v) => [v.labels.step, v.value]), [['remove', 1]], 'counted');
+  t.match(records.at(-1), { action: 'service-account.idp-undo', actor: 'root', org_id: 'org-a', outcome: 'deny', resource: `idp-client:${pending[0].client_id}`, reason: /IdP remove of client .* failed/ }, 'audited');
+
+  await first.close();
+  firstOpen = false;
+  await h.issuer.resume();
+  const second = await h.start({ seedAdmin: ['root'], databaseDsn: pgDb.dsn });
+  t.teardown(() => second.close());
+  for (let i = 0; i < 100 && (await db.query('SELECT 1 FROM idp_pending_undo')).rows.length > 0; i++) await new Promise((r) => setTimeout(r, 50));
+  t.same((await db.query('SELECT * FROM idp_pending_undo')).rows, [], 'the restarted control plane did the undo');
+  t.equal(h.issuer.registeredClients(), before, 'the orphan client is gone from the IdP');
+  t.ok(h.audit.some((r) => r.action === 'service-account.idp-undo' && r.actor === 'controlplane' && r.outcome === 'allow' && r.resource === `idp-client:${pending[0].client_id}`), 'and the retry is audited');
+  const retries = (await second.registry.getSingleMetric('dvx_controlplane_idp_undo_retries_total')!.get()).values;
+  t.same(retries.map((v) => [v.labels.step, v.labels.outcome, v.value]), [['remove', 'done', 1]]);
+
+  // A key removal whose store change fails while the IdP goes away: the IdP is left refusing a key
+  // the store still holds until the next start puts the store's key set back.
+  const atIdp = async (key: ServiceAccountKey) => (await fetch(`${h.issuer.issuer}/token`, { method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded' }, body: await tokenRequestForm(key, { resource: AUDIENCE, scope: 'api' }) })).status;
+  const account = await h.callAt(second.port, 'root', 'POST', '/orgs/org-a/service-accounts', { name: 'keyed' });
+  const k1 = parseServiceAccountKey(account.body.credential);
+  const k2 = parseServiceAccountKey((await h.callAt(second.port, 'root', 'POST', `/orgs/org-a/service-accounts/${account.body.id}/keys`)).body.credential);
+  const third = await h.start({ seedAdmin: ['root'], auditCaptureTimeout: 300, databaseDsn: pgDb.dsn }, sink);
+  let thirdOpen = true;
+  t.teardown(async () => {
+    if (thirdOpen) await third.close();
+  });
+  stallNext = true;
+  t.equal((await h.callAt(third.port, 'root', 'DELETE', `/orgs/org-a/service-accounts/${account.body.id}/keys/${k1.key_id}`)).status, 503);
+  t.match((await db.query('SELECT step, client_id, attempts FROM idp_pending_undo')).rows, [{ step: 'update', client_id: account.body.id, attempts: 1 }]);
+  await third.close();
+  thirdOpen = false;
+  await h.issuer.resume();
+  t.equal(await atIdp(k1), 401, 'the IdP refuses the key the store still holds');
+  const fourth = await h.start({ seedAdmin: ['root'], databaseDsn: pgDb.dsn });
+  t.teardown(() => fourth.close());
+  for (let i = 0; i < 100 && (await db.query('SELECT 1 FROM idp_pending_undo')).rows.length > 0; i++) await new Promise((r) => setTimeout(r, 50));
+  t.same((await db.query('SELECT * FROM idp_pending_undo')).rows, []);
+  t.equal(await atIdp(k1), 200, 'after the restart the IdP holds the store\'s keys again');
+  t.equal(await atIdp(k2), 200);
 });
