@@ -10,8 +10,9 @@ import * as secrets from './inspectors/secrets.ts';
 import type { ScanPlan } from './plan.ts';
 
 // The synchronous half of the pipeline: every built-in inspector over one body, the same code inline on
-// the main thread and inside a pool worker. Which inspectors run in which phase follows the spec's flow:
-//   request:  model restriction (raw body) │ secrets │ pii │ api_key │ patterns
+// the main thread and inside a pool worker. Which inspectors run in which phase follows the spec's flow
+// (in this order: the cheap ones that block most often first, so a deadline finds them done):
+//   request:  model restriction (raw body) │ secrets │ api_key │ pii │ patterns
 //   response: secrets │ patterns            (plus the joined delta text of a streamed response)
 //
 // Which bytes each one reads (DESIGN.md, "JSON escapes must not hide content"):
@@ -37,6 +38,11 @@ export interface ScanRequest {
   modelsAnywhere?: { contentType: string | null };
   /** Model restriction already ran (the engine checks a pooled inference body's model first). */
   skipModel?: boolean;
+  /**
+   * Called as each inspector of `builtinInspectors` finishes, with what it found: a pool worker
+   * reports these as it goes, so a deadline keeps what finished (engine.ts). Not set inline.
+   */
+  onInspector?: (inspector: string, result: ScanResult) => void;
 }
 
 export interface InspectorFailure {
@@ -55,6 +61,24 @@ export function hasBuiltinWork(plan: ScanPlan, phase: Phase, secretCount: number
   return plan.patterns !== null || (plan.secrets !== null && secretCount > 0);
 }
 
+/**
+ * The built-in inspectors a scan runs, in the order it runs them: the cheap ones that block most
+ * often first (model, secrets, api_key), then pii and the custom patterns. An inspector named here
+ * reports once through `onInspector`, even when a prefilter finds it has nothing to look at.
+ */
+export function builtinInspectors(plan: ScanPlan, phase: Phase, secretCount: number, part: ScanPart = 'all', skipModel = false): string[] {
+  const out: string[] = [];
+  const others = part !== 'patterns';
+  if (others && phase === 'request' && plan.model && !skipModel) out.push(model.id);
+  if (others && plan.secrets && secretCount > 0) out.push(secrets.id);
+  if (others && phase === 'request' && plan.apiKey) out.push(apiKey.id);
+  if (others && phase === 'request' && plan.pii) out.push(pii.id);
+  if (part !== 'others' && plan.patterns) out.push(patterns.id);
+  return out;
+}
+
+function unreported(_inspector: string): void {}
+
 function findingKey(f: Finding): string {
   return `${f.inspector_type}\u0000${f.description}\u0000${f.match}\u0000${f.severity}`;
 }
@@ -67,6 +91,15 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
   const part = request.part ?? 'all';
   const others = part !== 'patterns';
   const location = bodyLocation(phase);
+  const onInspector = request.onInspector;
+  let reportedFindings = 0;
+  let reportedFailures = 0;
+  // (Inline, with no one to report to, no closure is made for it.)
+  const done = onInspector ? (inspector: string) => {
+    onInspector(inspector, { findings: findings.slice(reportedFindings), failures: failures.slice(reportedFailures) });
+    reportedFindings = findings.length;
+    reportedFailures = failures.length;
+  } : unreported;
   const run = (inspector: string, fn: () => Finding[]) => {
     try {
       for (const f of fn()) {
@@ -84,6 +117,7 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
   if (others && phase === 'request' && plan.model && !request.skipModel) {
     const anywhere = request.modelsAnywhere;
     run(model.id, () => (anywhere ? model.check(namedModels(body, anywhere.contentType), plan.model!) : model.scan(body, plan.model!)));
+    done(model.id);
   }
 
   let decoded: Buffer | null = null;
@@ -92,6 +126,16 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
   // A streamed response is also read as the text the agent receives (sse-text.ts).
   const extra = phase === 'response' && (plan.secrets || plan.patterns) ? sseText(body) : null;
 
+  if (others && plan.secrets && request.secrets.length > 0) {
+    const needles = secrets.needles(request.secrets);
+    // As sent (raw and JSON-escaped needles), and decoded when escapes could hide a value. Both: a
+    // secret holding a backslash (`Pa\ss\nw0rd`) is found as sent, and decoding a level further
+    // would turn its `\n` into a newline.
+    run(secrets.id, () => secrets.scan(body, plan.secrets!, needles, location));
+    if (builtinView() !== body) run(secrets.id, () => secrets.scan(builtinView(), plan.secrets!, needles, location));
+    if (extra) run(secrets.id, () => secrets.scan(extra, plan.secrets!, needles, location));
+    done(secrets.id);
+  }
   // One RE2.Set pass over the decoded view: the custom patterns that hit, and (request phase) which
   // built-in detectors can have anything to find. Without custom patterns every detector runs.
   let setHits: patterns.SetHits | null = null;
@@ -105,28 +149,24 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
   }
   const prefiltered = phase === 'request' ? setHits?.prefilters ?? null : null;
 
-  if (others && plan.secrets && request.secrets.length > 0) {
-    const needles = secrets.needles(request.secrets);
-    // As sent (raw and JSON-escaped needles), and decoded when escapes could hide a value. Both: a
-    // secret holding a backslash (`Pa\ss\nw0rd`) is found as sent, and decoding a level further
-    // would turn its `\n` into a newline.
-    run(secrets.id, () => secrets.scan(body, plan.secrets!, needles, location));
-    if (builtinView() !== body) run(secrets.id, () => secrets.scan(builtinView(), plan.secrets!, needles, location));
-    if (extra) run(secrets.id, () => secrets.scan(extra, plan.secrets!, needles, location));
+  if (others && phase === 'request' && plan.apiKey) {
+    if (!prefiltered || prefiltered.has('api_key')) run(apiKey.id, () => apiKey.scan(builtinView(), plan.apiKey!, location));
+    done(apiKey.id);
   }
   if (others && phase === 'request' && plan.pii) {
     const p = prefiltered
       ? { ...plan.pii, email: plan.pii.email && prefiltered.has('email'), creditCard: plan.pii.creditCard && prefiltered.has('card'), ssn: plan.pii.ssn && prefiltered.has('ssn') }
       : plan.pii;
     if (p.email || p.creditCard || p.ssn) run(pii.id, () => pii.scan(builtinView(), p, location));
+    done(pii.id);
   }
-  if (others && phase === 'request' && plan.apiKey && (!prefiltered || prefiltered.has('api_key'))) {
-    run(apiKey.id, () => apiKey.scan(builtinView(), plan.apiKey!, location));
-  }
-  if (part !== 'others' && plan.patterns && setHits) {
-    const candidates = setHits.patterns;
-    run(patterns.id, () => patterns.scan(decodedView(), plan.patterns!, location, candidates));
-    if (extra) run(patterns.id, () => patterns.scan(extra, plan.patterns!, location));
+  if (part !== 'others' && plan.patterns) {
+    if (setHits) {
+      const candidates = setHits.patterns;
+      run(patterns.id, () => patterns.scan(decodedView(), plan.patterns!, location, candidates));
+      if (extra) run(patterns.id, () => patterns.scan(extra, plan.patterns!, location));
+    }
+    done(patterns.id);
   }
   return { findings, failures };
 }
