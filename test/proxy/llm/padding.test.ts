@@ -1,7 +1,7 @@
 import t from 'tap';
 import { AGENT_SECRET, baseSnapshot, startHarness, type Harness } from '../../fixtures/llmproxy-harness.ts';
 
-// P7.1: padding must not turn fail-open into a bypass. ~12 MB of card-like digit groups (a near miss
+// P7.1: padding must not turn fail-open into a bypass. Megabytes of card-like digit groups (a near miss
 // of a card, re-scanned from every group) ahead of a secret and a key used to run the built-in group
 // past --inspect-timeout, and the secret and key went upstream with `findings: []`. Now every
 // inspector is linear on it (default deadline, real proxy), and an inspector that does miss the
@@ -36,12 +36,14 @@ async function warm(h: Harness) {
   }
 }
 
-t.test('12 MB of card near misses ahead of a secret and a key: 403, both found, nothing failed', async (t) => {
+// The issue's body was ~12 MB; the old scan took ~2 s on it here, at the edge of the deadline, so the
+// test pads twice that (the old code fails open on it every time; the new one takes a fraction).
+t.test('24 MB of card near misses ahead of a secret and a key: 403, both found, nothing failed', async (t) => {
   const h = await startHarness({ snapshot });
   t.teardown(() => h.close());
   await warm(h);
   const before = h.upstream.received.length;
-  const r = await post(h, padded());
+  const r = await post(h, padded('', 24));
   t.equal(r.status, 403);
   t.equal(h.upstream.received.length, before, 'nothing went upstream');
   const record = h.audit.at(-1)!;
