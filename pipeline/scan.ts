@@ -79,6 +79,9 @@ export function builtinInspectors(plan: ScanPlan, phase: Phase, secretCount: num
 
 function unreported(_inspector: string): void {}
 
+/** The failure named when a stream's joined delta text was given up on (sse-text.ts, MAX_BAD_LINES). */
+export const SSE_TEXT = 'sse_text';
+
 function findingKey(f: Finding): string {
   return `${f.inspector_type}\u0000${f.description}\u0000${f.match}\u0000${f.severity}`;
 }
@@ -124,7 +127,7 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
   const decodedView = () => (decoded ??= deepScanView(body));
   const builtinView = () => (hidesCharacters(body) ? decodedView() : body);
   // A streamed response is also read as the text the agent receives (sse-text.ts).
-  const extra = phase === 'response' && (plan.secrets || plan.patterns) ? sseText(body) : null;
+  const extra = phase === 'response' && (plan.secrets || plan.patterns) ? sseText(body, () => failures.push({ inspector: SSE_TEXT, reason: 'unparsable_lines' })) : null;
 
   if (others && plan.secrets && request.secrets.length > 0) {
     const needles = secrets.needles(request.secrets);

@@ -18,8 +18,9 @@ const NEWLINE = Buffer.from('\n');
 // A line JSON.parse refuses costs it microseconds (the SyntaxError), a thousand times the bytes it
 // read: a stream of `data:{"delta"}` lines would take seconds per megabyte. Only lines that can carry
 // a delta are parsed (every known delta field is named `delta`; a `\u` escape could spell it), and
-// past this many refused lines the rest of the stream is left to the scan of the body as sent.
-const MAX_BAD_LINES = 256;
+// past this many refused lines the rest of the stream is left to the scan of the body as sent, and
+// the scan reports that it gave up (a named failure: the record says the joined text was not read).
+export const MAX_BAD_LINES = 1024;
 
 interface Piece {
   key: string;
@@ -76,8 +77,11 @@ function mayCarryDelta(body: Buffer, start: number, stop: number): boolean {
   return false;
 }
 
-/** The joined delta text of an SSE body, or null when the body is not an event stream of deltas. */
-export function sseText(body: Buffer): Buffer | null {
+/**
+ * The joined delta text of an SSE body, or null when the body is not an event stream of deltas.
+ * `onGiveUp` is called when the stream held more than MAX_BAD_LINES lines JSON.parse refused.
+ */
+export function sseText(body: Buffer, onGiveUp?: () => void): Buffer | null {
   let at = body.indexOf(DATA);
   if (at < 0) return null;
   const parts: Piece[] = [];
@@ -93,7 +97,8 @@ export function sseText(body: Buffer): Buffer | null {
         try {
           pieces(JSON.parse(body.toString('utf8', start, stop)), parts);
         } catch {
-          bad++; // not JSON: nothing to join
+          // not JSON: nothing to join
+          if (++bad === MAX_BAD_LINES) onGiveUp?.();
         }
       }
       at = body.indexOf(DATA, end);
