@@ -104,7 +104,7 @@ export function isSsn(text: string): boolean {
  * share one walk of at most 19 digits, with the Luhn sum kept for both parities as it goes, so each
  * byte is looked at a bounded number of times however long the run.
  */
-function cardsInRun(view: Buffer, start: number, end: number, found: (from: number, to: number) => void): void {
+function cardsInRun(view: Buffer, start: number, end: number, add: (description: string, value: string) => void): void {
   for (let g = start; g < end;) {
     let match = -1;
     const first = view[g] - 48;
@@ -143,7 +143,7 @@ function cardsInRun(view: Buffer, start: number, end: number, found: (from: numb
       }
     }
     if (match >= 0) {
-      found(g, match);
+      add('credit card number', view.toString('latin1', g, match));
       g = match + 1;
     } else {
       while (g < end && isDigit(view[g])) g++;
@@ -153,11 +153,11 @@ function cardsInRun(view: Buffer, start: number, end: number, found: (from: numb
 }
 
 /** SSNs in a run: the space-separated parts written exactly XXX-XX-XXXX, checked on the bytes. */
-function ssnsInRun(view: Buffer, start: number, end: number, found: (from: number, to: number) => void): void {
+function ssnsInRun(view: Buffer, start: number, end: number, add: (description: string, value: string) => void): void {
   for (let p = start; p < end;) {
     let e = p;
     while (e < end && view[e] !== SPACE) e++;
-    if (e - p === 11 && view[p + 3] === DASH && view[p + 6] === DASH && ssnBytes(view, p)) found(p, e);
+    if (e - p === 11 && view[p + 3] === DASH && view[p + 6] === DASH && ssnBytes(view, p)) add('US social security number', view.toString('latin1', p, e));
     p = e + 1;
   }
 }
@@ -193,8 +193,6 @@ export function scan(view: Buffer, plan: PiiPlan, location: FindingLocation): Fi
   }
 
   if (plan.creditCard || plan.ssn) {
-    const addSsn = (from: number, to: number) => add('US social security number', view.toString('latin1', from, to));
-    const addCard = (from: number, to: number) => add('credit card number', view.toString('latin1', from, to));
     const n = view.length;
     const STRIDE = 11;
     for (let probe = STRIDE - 1; probe < n; probe += STRIDE) {
@@ -209,8 +207,8 @@ export function scan(view: Buffer, plan: PiiPlan, location: FindingLocation): Fi
       if (end - start < STRIDE) continue;
       // A run glued to letters or digits is part of an identifier or hash, not a number on its own.
       if (wordBefore(view, start) || isAlnum(view[end])) continue;
-      if (plan.ssn) ssnsInRun(view, start, end, addSsn);
-      if (plan.creditCard) cardsInRun(view, start, end, addCard);
+      if (plan.ssn) ssnsInRun(view, start, end, add);
+      if (plan.creditCard) cardsInRun(view, start, end, add);
     }
   }
   return findings;
