@@ -29,7 +29,14 @@ export function carriesJsonEscapes(body: Buffer): boolean {
   return SSE_STARTS.some((p) => body.length - i >= p.length && body.compare(p, 0, p.length, i, i + p.length) === 0);
 }
 
+const HEX = new Int8Array(256).fill(-1);
+for (let b = 0; b < 256; b++) HEX[b] = hexDigit(b);
+
 function hex(b: number): number {
+  return HEX[b];
+}
+
+function hexDigit(b: number): number {
   if (b >= 0x30 && b <= 0x39) return b - 0x30;
   if (b >= 0x41 && b <= 0x46) return b - 0x37;
   if (b >= 0x61 && b <= 0x66) return b - 0x57;
@@ -97,7 +104,8 @@ export function scanView(body: Buffer): Buffer {
       i += 2;
       decoded = true;
     } else if (c === 0x75) {
-      let cp = readHex4(body, i + 2);
+      // A `\u` flood with no hex digits gives up here, at the first byte, without a call.
+      let cp = i + 2 < n && HEX[body[i + 2]] >= 0 ? readHex4(body, i + 2) : -1;
       if (cp < 0) {
         out[to++] = BACKSLASH; // not an escape: keep the bytes as sent
         i += 1;
