@@ -40,12 +40,6 @@ const FILE_EXTENSIONS = new Set(['png', 'jpg', 'jpeg', 'gif', 'svg', 'webp', 'ic
 
 /** The email around the `@` at `at`, or null. */
 export function emailAt(view: Buffer, at: number): string | null {
-  let start = at;
-  while (start > 0 && CLASS[view[start - 1]] & EMAIL_LOCAL) start--;
-  // In a body scanned as sent, `\nbob@…` starts at `b`: the `n` belongs to the escape.
-  if (start < at && isEscapeLetter(view, start)) start++;
-  while (start < at && (view[start] === DOT || view[start] === DASH)) start++;
-  if (start === at) return null;
   let end = at + 1;
   while (end < view.length && CLASS[view[end]] & EMAIL_DOMAIN) end++;
   while (end > at + 1 && (view[end - 1] === DOT || view[end - 1] === DASH)) end--;
@@ -60,6 +54,13 @@ export function emailAt(view: Buffer, at: number): string | null {
   for (let i = from + 1; i < lastDot; i++) if (view[i] === DOT && view[i + 1] === DOT) return null;
   // `icon@2x.png`, `pkg@1.2.tgz`: a file name, not an address (none of these is a top-level domain).
   if (FILE_EXTENSIONS.has(view.toString('latin1', lastDot + 1, end).toLowerCase())) return null;
+  // The local part last: an `@` flood is refused by its domain, before any look back.
+  let start = at;
+  while (start > 0 && CLASS[view[start - 1]] & EMAIL_LOCAL) start--;
+  // In a body scanned as sent, `\nbob@…` starts at `b`: the `n` belongs to the escape.
+  if (start < at && isEscapeLetter(view, start)) start++;
+  while (start < at && (view[start] === DOT || view[start] === DASH)) start++;
+  if (start === at) return null;
   return view.toString('latin1', start, end);
 }
 
