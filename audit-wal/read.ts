@@ -104,6 +104,7 @@ export function toLlmEntry(row: Record<string, unknown>): Record<string, unknown
     decision: row.decision, outcome: row.decision === 'block' || row.decision === 'deny' ? 'deny' : 'allow',
     findings: typeof row.findings === 'string' ? JSON.parse(row.findings || '[]') : row.findings ?? [],
     inspection_failopen: row.inspection_failopen === true || row.inspection_failopen === 1,
+    inspection_failures: typeof row.inspection_failures === 'string' ? JSON.parse(row.inspection_failures || '[]') : row.inspection_failures ?? [],
     error: row.error || null,
   };
 }

@@ -7,7 +7,7 @@ import type { AuditTable } from './sink.ts';
 export const COLUMNS: Record<AuditTable, readonly string[]> = {
   llm_audit_log: ['id', 'event_time', 'org_id', 'agent_id', 'agent_name', 'enclave_id', 'format', 'upstream_format', 'path', 'model', 'status',
     'upstream_status', 'latency_ms', 'upstream_latency_ms', 'overhead_ms', 'request_bytes', 'response_bytes', 'input_tokens', 'output_tokens', 'decision',
-    'findings', 'inspection_failopen', 'error'],
+    'findings', 'inspection_failopen', 'inspection_failures', 'error'],
   audit_events: ['id', 'event_time', 'kind', 'action', 'actor', 'actor_kind', 'agent_id', 'agent_name', 'attrs', 'dst', 'dst_host', 'dst_ip',
     'dst_port', 'enclave_id', 'enclave_name', 'group_id', 'identified', 'namespace', 'org_id', 'outcome', 'proto', 'reason', 'resource', 'scope',
     'security_id', 'session_id', 'source', 'src', 'src_ip', 'trace_id'],
@@ -29,7 +29,7 @@ export function postgresRow(table: AuditTable, record: Row): Row {
   for (const col of COLUMNS[table]) {
     const v = record[col];
     if (col === 'event_time') row[col] = time(record).toISOString();
-    else if (col === 'findings') row[col] = Array.isArray(v) ? v : [];
+    else if (col === 'findings' || col === 'inspection_failures') row[col] = Array.isArray(v) ? v : [];
     else if (col === 'attrs') row[col] = v && typeof v === 'object' ? v : {};
     else if (col === 'kind') row[col] = v ?? 'event';
     else if (col === 'decision') row[col] = v ?? 'allow';
@@ -48,7 +48,7 @@ export function clickhouseRow(table: AuditTable, record: Row): Row {
     if (col === 'event_time') {
       row.event_time = t.toISOString().slice(0, 19).replace('T', ' ');
       row.event_time_ms = t.getUTCMilliseconds();
-    } else if (col === 'findings') row.findings = JSON.stringify(v);
+    } else if (col === 'findings' || col === 'inspection_failures') row[col] = JSON.stringify(v);
     else if (col === 'attrs') {
       const entries = Object.entries(v as Row);
       row.attrs_keys = entries.map(([k]) => k);

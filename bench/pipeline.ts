@@ -1,5 +1,6 @@
 import { createRequire } from 'node:module';
 import { BENCH_PATTERNS, BENCH_SECRETS, llmRequestBody } from './corpus.ts';
+import { WORST_CASES, WORST_PATTERNS, WORST_SECRET, combinedWorstBody, worstBody } from './worst-case.ts';
 import { conditions, formatMs, mbPerSec, measure, sizeLabel, table } from './measure.ts';
 import { InspectionEngine } from '../pipeline/engine.ts';
 import { compilePlan } from '../pipeline/plan.ts';
@@ -8,11 +9,13 @@ import { policyFromDocument } from '../pipeline/policy/resolve.ts';
 import { validatePolicyDocument } from '../pipeline/policy/validate.ts';
 import { normalizedViewTable } from './normalized-view.ts';
 
-// npm run bench -- pipeline [--quick]
+// npm run bench -- pipeline [--quick] [--worst-only]
 // Throughput of each inspector and of the full set (all built-ins + 10 RE2 patterns) on LLM-like JSON
 // bodies of 4 KB, 64 KB, 1 MB and 32 MB; inline vs pool; p50/p99 of a 4 KB request-phase run; side by
 // side with the floor (Buffer.indexOf), V8 RegExp on the same patterns, and the npm peers redact-pii and
-// @openai/guardrails (PII check) on the same bodies.
+// @openai/guardrails (PII check) on the same bodies. Then each inspector on its own worst case
+// (bench/worst-case.ts), and every worst case in one 32 MB body through the engine, against the
+// default --inspect-timeout.
 
 const require = createRequire(import.meta.url);
 
@@ -57,6 +60,10 @@ function v8Scan(regexes: RegExp[], body: Buffer): number {
 
 export async function main(args: string[]): Promise<void> {
   const quick = args.includes('--quick');
+  if (args.includes('--worst-only')) {
+    process.stdout.write(await worstCases(quick) + '\n');
+    return;
+  }
   const sizes = [4 * 1024, 64 * 1024, 1024 * 1024, 32 * 1024 * 1024];
   const bodies = new Map(sizes.map((s) => [s, llmRequestBody(s)]));
   const budget = quick ? 300 : 1500;
@@ -131,8 +138,82 @@ export async function main(args: string[]): Promise<void> {
     '',
     table(['body', 'inline p50', 'pool p50', 'pool overhead'], cross),
     '',
+    await worstCases(quick),
   ].join('\n');
   process.stdout.write(out + '\n');
   // P7 evasion: what the normalized view costs, and its own worst cases (bench/normalized-view.ts).
   process.stdout.write(await normalizedViewTable(quick) + '\n');
+}
+
+/**
+ * Each inspector alone on its own worst case (8 MB), against V8 RegExp running the same detection
+ * (the baseline a naive implementation is) and, for PII, redact-pii; then every worst case in one
+ * 32 MB body through the engine (two workers, as deployed) and the padding attack of P7.1.
+ */
+async function worstCases(quick: boolean): Promise<string> {
+  const { SyncRedactor } = require('redact-pii') as { SyncRedactor: new (o: unknown) => { redact(s: string): string } };
+  const off = { enabled: false };
+  const redactor = new SyncRedactor({ builtInRedactors: {
+    names: off, streetAddress: off, zipcode: off, phoneNumber: off, ipAddress: off, username: off, password: off, credentials: off, digits: off, url: off,
+  } });
+  const plans = {
+    pii: only({ pii_detection: { enabled: true } }),
+    api_key: only({ api_key_detection: { enabled: true } }),
+    secrets: only({ secrets_filter: { enabled: true } }),
+    patterns: only({ patterns: WORST_PATTERNS }),
+  };
+  const v8 = {
+    pii: V8_BUILTINS.slice(0, 3),
+    api_key: V8_BUILTINS.slice(3),
+    secrets: [new RegExp(WORST_SECRET.replace(/[.*+?^${}()|[\]\\-]/g, '\\$&'), 'g')],
+    patterns: WORST_PATTERNS.map((p) => new RegExp(p.pattern.replace('(?i)', ''), p.pattern.startsWith('(?i)') ? 'gi' : 'g')),
+  };
+  // Ours on 8 MB; the baseline and the peer once on 16 KB of the same case, compared by MB/s: both
+  // are quadratic on some of these bodies (card-like dash groups: 0.4 s at 16 KB, 7 s at 64 KB, so
+  // about half an hour at 1 MB).
+  const size = 8 * 1024 * 1024;
+  const small = 16 * 1024;
+  const once = { budgetMs: 1, minRuns: 1, warmup: 0 };
+  const rows: string[][] = [];
+  for (const c of WORST_CASES) {
+    const body = worstBody(c, size);
+    const part = worstBody(c, small);
+    const ours = await measure(() => scanBody(plans[c.inspector], { body, phase: c.phase, secrets: [WORST_SECRET] }), { budgetMs: quick ? 300 : 1500, minRuns: 3, warmup: 1 });
+    const oursMbs = mbPerSec(body.length, ours.p50);
+    const contenders: [string, number, { p50: number; p99: number; n: number }][] = [[`ours: ${c.inspector}`, body.length, ours]];
+    contenders.push(['V8 RegExp: same detection (16 KB)', part.length, await measure(() => v8Scan(v8[c.inspector], part), once)]);
+    if (c.inspector === 'pii') contenders.push(['peer: redact-pii (email, card, ssn; 16 KB)', part.length, await measure(() => redactor.redact(part.toString('utf8')), once)]);
+    for (const [name, bytes, m] of contenders) {
+      const mbs = mbPerSec(bytes, m.p50);
+      rows.push([c.name, name, mbs.toFixed(0), formatMs(m.p50), formatMs(m.p99), String(m.n), (oursMbs / mbs).toFixed(2) + '×']);
+    }
+    process.stderr.write(`worst case done: ${c.name}\n`);
+  }
+
+  // End to end through the engine: two workers (split from 4 MB), the deadline lifted to see the time.
+  const engine = new InspectionEngine({ threads: 2, timeoutMs: 60_000 });
+  const policy = policyFromDocument(validatePolicyDocument({ content_inspection: {
+    secrets_filter: { enabled: true, severity: 'block' }, pii_detection: { enabled: true, severity: 'warn' },
+    api_key_detection: { enabled: true, severity: 'block' }, patterns: WORST_PATTERNS,
+  } }));
+  const padding = Buffer.from(JSON.stringify({ model: 'claude-sonnet-4-5', messages: [{ role: 'user', content: '4111 1111 1111 111 '.repeat(Math.ceil(32 * 1024 * 1024 / 19) - 8) + ` password ${WORST_SECRET} key AKIAIOSFODNN7EXAMPLE` }] }));
+  const e2e: string[][] = [];
+  for (const [name, body] of [['every worst case in one body', combinedWorstBody(32 * 1024 * 1024 - 4096)], ['the P7.1 padding (card near misses, then a secret and a key)', padding]] as const) {
+    let last = { decision: '', failures: 0, findings: 0 };
+    const m = await measure(async () => {
+      const out = await engine.inspect({ body, phase: 'request', policy, secrets: [WORST_SECRET] });
+      last = { decision: out.decision, failures: out.failures.length, findings: out.findings.length };
+    }, { budgetMs: quick ? 1000 : 5000, minRuns: 3, warmup: 1 });
+    e2e.push([name, sizeLabel(body.length), formatMs(m.p50), formatMs(m.p99), String(m.n), (m.p50 / 2000).toFixed(2) + '×', `${last.decision}, ${last.findings} findings, ${last.failures} failures`]);
+  }
+  await engine.close();
+
+  return [
+    `## pipeline, worst cases — ${conditions('8 MB per case (bench/worst-case.ts), each inspector alone, inline; V8 RegExp and the peer run once on 16 KB of the case; ratio = time per MB / ours (lower is faster)')}`,
+    '',
+    table(['worst case', 'contender', 'MB/s (p50)', 'p50', 'p99', 'runs', 'time per MB vs ours'], rows),
+    '',
+    table(['32 MB body through the engine (2 workers, full set + 3 patterns)', 'body', 'p50', 'p99', 'runs', 'p50 / default 2 s deadline', 'outcome'], e2e),
+    '',
+  ].join('\n');
 }

@@ -1,5 +1,6 @@
 import { availableParallelism } from 'node:os';
 import { performance } from 'node:perf_hooks';
+import { MessageChannel, receiveMessageOnPort, type MessagePort } from 'node:worker_threads';
 import { Piscina } from 'piscina';
 import type { Registry } from 'prom-client';
 import { counter, createRegistry, gauge, histogram } from '../core/metrics.ts';
@@ -11,8 +12,8 @@ import { callSidecar, type SidecarIdentity } from './inspectors/sidecar.ts';
 import { PlanCache, type ScanPlan } from './plan.ts';
 import { isInert } from './policy/resolve.ts';
 import type { ResolvedPolicy, Sidecar } from './policy/types.ts';
-import { hasBuiltinWork, scanBody, type InspectorFailure, type ScanResult } from './scan.ts';
-import type { WorkerTask } from './worker.ts';
+import { builtinInspectors, hasBuiltinWork, scanBody, type InspectorFailure, type ScanResult } from './scan.ts';
+import type { InspectorReport, WorkerTask } from './worker.ts';
 
 // The inspection engine (DESIGN.md, "The hot path"):
 //
@@ -26,7 +27,8 @@ import type { WorkerTask } from './worker.ts';
 // inspector that failed or missed the deadline is a recorded fail-open (`inspection failopen`, logged
 // and counted), or with failClosed a request-path `unavailable` (the 503 of the spec). Sidecars always
 // fail open. Findings of the inspectors that did finish still count: a known leak is never let through
-// because another inspector failed.
+// because another inspector failed. In the pool each built-in inspector reports as it finishes, so at
+// the deadline the ones that finished count and the ones that did not are named, one failure each.
 
 export const MAX_BODY_BYTES = 32 * 1024 * 1024;
 // The proxy limits what the agent sends to 32 MB; what it inspects is that body plus the
@@ -222,18 +224,23 @@ export class InspectionEngine {
 
   async #onPool(policy: ResolvedPolicy, body: Buffer, phase: Phase, secrets: readonly string[], modelsAnywhere: InspectRequest['modelsAnywhere'], signal: AbortSignal, skipModel = false): Promise<ScanResult> {
     const shared = toShared(body);
+    const plan = this.#plans.get(policy);
     const split = this.#threads >= 2 && body.length >= SPLIT_THRESHOLD_BYTES && policy.content !== null && policy.content.patterns.length > 0;
     const parts: WorkerTask['part'][] = split ? ['patterns', 'others'] : ['all'];
     this.#metrics.queue.set(this.#pool!.queueSize);
     const results = await Promise.all(parts.map(async (part): Promise<ScanResult> => {
-      const task: WorkerTask = { body: shared, policy, phase, secrets: [...secrets], part, ...(modelsAnywhere ? { modelsAnywhere } : {}), ...(skipModel ? { skipModel } : {}) };
+      // The worker posts each inspector's result here as it finishes; read only if the task fails.
+      const { port1, port2 } = new MessageChannel();
+      const task: WorkerTask = { body: shared, policy, phase, secrets: [...secrets], part, port: port2, ...(modelsAnywhere ? { modelsAnywhere } : {}), ...(skipModel ? { skipModel } : {}) };
       try {
         // On abort piscina terminates the worker running the task and starts a fresh one: a hung
         // worker is replaced, never waited on.
-        return (await this.#pool!.run(task, { signal })) as ScanResult;
+        return (await this.#pool!.run(task, { signal, transferList: [port2] })) as ScanResult;
       } catch (err) {
         const reason = signal.aborted ? 'timeout' : (err as Error).message || 'worker error';
-        return { findings: [], failures: [{ inspector: BUILTINS, reason }] };
+        return finishedBefore(port1, builtinInspectors(plan, phase, secrets.length, part, skipModel), reason);
+      } finally {
+        port1.close();
       }
     }));
     if (results.length === 1) return results[0];
@@ -286,6 +293,24 @@ export class InspectionEngine {
     await this.#pool?.destroy();
     this.#pool = null;
   }
+}
+
+/**
+ * What a pool task that failed (the deadline, a crash) had reported: the results of the inspectors
+ * that finished, and a failure naming each one that did not.
+ */
+function finishedBefore(port: MessagePort, expected: readonly string[], reason: string): ScanResult {
+  const findings: Finding[] = [];
+  const failures: InspectorFailure[] = [];
+  const finished = new Set<string>();
+  for (let m = receiveMessageOnPort(port); m !== undefined; m = receiveMessageOnPort(port)) {
+    const report = m.message as InspectorReport;
+    finished.add(report.inspector);
+    for (const f of report.result.findings) findings.push(f);
+    for (const f of report.result.failures) failures.push(f);
+  }
+  for (const inspector of expected) if (!finished.has(inspector)) failures.push({ inspector, reason });
+  return { findings, failures };
 }
 
 /** Failure reasons become label values: keep them to a small fixed set. */

@@ -29,7 +29,14 @@ export function carriesJsonEscapes(body: Buffer): boolean {
   return SSE_STARTS.some((p) => body.length - i >= p.length && body.compare(p, 0, p.length, i, i + p.length) === 0);
 }
 
+const HEX = new Int8Array(256).fill(-1);
+for (let b = 0; b < 256; b++) HEX[b] = hexDigit(b);
+
 function hex(b: number): number {
+  return HEX[b];
+}
+
+function hexDigit(b: number): number {
   if (b >= 0x30 && b <= 0x39) return b - 0x30;
   if (b >= 0x41 && b <= 0x46) return b - 0x37;
   if (b >= 0x61 && b <= 0x66) return b - 0x57;
@@ -38,8 +45,11 @@ function hex(b: number): number {
 
 function readHex4(body: Uint8Array, at: number): number {
   if (at + 4 > body.length) return -1;
-  const a = hex(body[at]), b = hex(body[at + 1]), c = hex(body[at + 2]), d = hex(body[at + 3]);
-  if ((a | b | c | d) < 0) return -1;
+  // Digit by digit: a flood of `\u` with no digits gives up at the first byte.
+  const a = hex(body[at]);
+  if (a < 0) return -1;
+  const b = hex(body[at + 1]), c = hex(body[at + 2]), d = hex(body[at + 3]);
+  if ((b | c | d) < 0) return -1;
   return (a << 12) | (b << 8) | (c << 4) | d;
 }
 
@@ -70,13 +80,18 @@ function writeCodePoint(out: Buffer, at: number, cp: number): number {
 const SIMPLE = new Int16Array(256).fill(-1);
 for (const [letter, byte] of [[0x22, 0x22], [0x5c, 0x5c], [0x2f, 0x2f], [0x62, 0x08], [0x66, 0x0c], [0x6e, 0x0a], [0x72, 0x0d], [0x74, 0x09]]) SIMPLE[letter] = byte;
 
-/** The decoded view of a JSON body, or the body itself when nothing needs decoding. Never longer than the body. */
+/**
+ * The decoded view of a JSON body, or the body itself when nothing needs decoding (no backslash, or
+ * none that starts a valid escape: then the view would be the same bytes, and a deeper level would
+ * decode nothing more, so `\u` floods cost one pass, not three). Never longer than the body.
+ */
 export function scanView(body: Buffer): Buffer {
   let i = body.indexOf(BACKSLASH);
   if (i < 0 || !carriesJsonEscapes(body)) return body;
   const n = body.length;
   const out = Buffer.allocUnsafe(n);
   let to = body.copy(out, 0, 0, i);
+  let decoded = false;
   // Escapes come every few dozen bytes in real bodies (`\n` in prompts and code): a native call per gap
   // costs more than copying a short gap here, so short gaps are copied in this loop and only long ones
   // go through indexOf + copy (bench/RESULTS.md).
@@ -87,8 +102,10 @@ export function scanView(body: Buffer): Buffer {
     if (simple >= 0) {
       out[to++] = simple;
       i += 2;
+      decoded = true;
     } else if (c === 0x75) {
-      let cp = readHex4(body, i + 2);
+      // A `\u` flood with no hex digits gives up here, at the first byte, without a call.
+      let cp = i + 2 < n && HEX[body[i + 2]] >= 0 ? readHex4(body, i + 2) : -1;
       if (cp < 0) {
         out[to++] = BACKSLASH; // not an escape: keep the bytes as sent
         i += 1;
@@ -104,6 +121,7 @@ export function scanView(body: Buffer): Buffer {
         if (cp >= 0xd800 && cp <= 0xdfff) cp = 0xfffd; // a lone surrogate
         to = writeCodePoint(out, to, cp);
         i = next;
+        decoded = true;
       }
     } else {
       out[to++] = BACKSLASH;
@@ -126,7 +144,7 @@ export function scanView(body: Buffer): Buffer {
     to += body.copy(out, to, i, next);
     i = next;
   }
-  return out.subarray(0, to);
+  return decoded ? out.subarray(0, to) : body;
 }
 
 export interface Span {

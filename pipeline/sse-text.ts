@@ -15,6 +15,12 @@ import { deepScanView } from './json-view.ts';
 
 const DATA = Buffer.from('data:');
 const NEWLINE = Buffer.from('\n');
+// A line JSON.parse refuses costs it microseconds (the SyntaxError), a thousand times the bytes it
+// read: a stream of `data:{"delta"}` lines would take seconds per megabyte. Only lines that can carry
+// a delta are parsed (every known delta field is named `delta`; a `\u` escape could spell it), and
+// past this many refused lines the rest of the stream is left to the scan of the body as sent, and
+// the scan reports that it gave up (a named failure: the record says the joined text was not read).
+export const MAX_BAD_LINES = 1024;
 
 interface Piece {
   key: string;
@@ -58,23 +64,41 @@ function pieces(event: unknown, out: Piece[]): void {
   }
 }
 
-/** The joined delta text of an SSE body, or null when the body is not an event stream of deltas. */
-export function sseText(body: Buffer): Buffer | null {
+/**
+ * Whether the line can name a delta field: `delta` in it, or a `\u` escape that could spell it.
+ * Looked for byte by byte within the line (lines are short; a native call per line costs more).
+ */
+function mayCarryDelta(body: Buffer, start: number, stop: number): boolean {
+  for (let i = start; i < stop - 1; i++) {
+    const b = body[i];
+    if (b === 0x5c && body[i + 1] === 0x75) return true;
+    if (b === 0x64 && i + 5 <= stop && body[i + 1] === 0x65 && body[i + 2] === 0x6c && body[i + 3] === 0x74 && body[i + 4] === 0x61) return true;
+  }
+  return false;
+}
+
+/**
+ * The joined delta text of an SSE body, or null when the body is not an event stream of deltas.
+ * `onGiveUp` is called when the stream held more than MAX_BAD_LINES lines JSON.parse refused.
+ */
+export function sseText(body: Buffer, onGiveUp?: () => void): Buffer | null {
   let at = body.indexOf(DATA);
   if (at < 0) return null;
   const parts: Piece[] = [];
+  let bad = 0;
   while (at >= 0) {
     if (at === 0 || body[at - 1] === 0x0a || body[at - 1] === 0x0d) {
       let end = body.indexOf(0x0a, at);
       if (end < 0) end = body.length;
       let start = at + DATA.length;
       if (body[start] === 0x20) start++;
-      const line = body.toString('utf8', start, body[end - 1] === 0x0d ? end - 1 : end);
-      if (line.length > 0 && line[0] === '{') {
+      const stop = body[end - 1] === 0x0d ? end - 1 : end;
+      if (body[start] === 0x7b && bad < MAX_BAD_LINES && mayCarryDelta(body, start, stop)) {
         try {
-          pieces(JSON.parse(line), parts);
+          pieces(JSON.parse(body.toString('utf8', start, stop)), parts);
         } catch {
           // not JSON: nothing to join
+          if (++bad === MAX_BAD_LINES) onGiveUp?.();
         }
       }
       at = body.indexOf(DATA, end);

@@ -1,3 +1,4 @@
+import type { MessagePort } from 'node:worker_threads';
 import { PlanCache } from './plan.ts';
 import { scanBody, type ScanPart, type ScanResult } from './scan.ts';
 import type { Phase } from './finding.ts';
@@ -5,6 +6,8 @@ import type { ResolvedPolicy } from './policy/types.ts';
 
 // Piscina worker entry: the built-in scan over a body the main thread shares with us (a view over a
 // SharedArrayBuffer: not copied on the way in). Each worker compiles a policy once per version.
+// Each inspector's result is posted on the task's port as soon as it finishes: when the deadline
+// terminates this thread, the engine still has what finished (engine.ts).
 
 export interface WorkerTask {
   body: Uint8Array;
@@ -14,11 +17,28 @@ export interface WorkerTask {
   part: ScanPart;
   modelsAnywhere?: { contentType: string | null };
   skipModel?: boolean;
+  /** Where each inspector's result goes as it finishes (an `InspectorReport` per inspector). */
+  port?: MessagePort;
+}
+
+export interface InspectorReport {
+  inspector: string;
+  result: ScanResult;
 }
 
 const plans = new PlanCache({ capacity: 64 });
 
 export default function inspect(task: WorkerTask): ScanResult {
+  const port = task.port;
+  return inspectReporting(task, port ? (inspector, result) => port.postMessage({ inspector, result } satisfies InspectorReport) : undefined);
+}
+
+/** The scan, with each inspector's result handed to `onInspector` as it finishes (tests wrap it). */
+export function inspectReporting(task: WorkerTask, onInspector?: (inspector: string, result: ScanResult) => void): ScanResult {
   const body = Buffer.from(task.body.buffer, task.body.byteOffset, task.body.byteLength);
-  return scanBody(plans.get(task.policy), { body, phase: task.phase, secrets: task.secrets, part: task.part, modelsAnywhere: task.modelsAnywhere, skipModel: task.skipModel });
+  try {
+    return scanBody(plans.get(task.policy), { body, phase: task.phase, secrets: task.secrets, part: task.part, modelsAnywhere: task.modelsAnywhere, skipModel: task.skipModel, onInspector });
+  } finally {
+    task.port?.close();
+  }
 }

@@ -52,6 +52,18 @@ export function classifyClickHouseError(err: unknown): StoreRejectedError | Stor
   return new StoreUnavailableError(`clickhouse unavailable: ${message.split('\n')[0]}`, storeCode, err);
 }
 
+interface AddedColumn {
+  table: AuditTable;
+  name: string;
+  type: string;
+  after: string;
+}
+
+// Columns added after the first release (the schema file creates them in new tables).
+const ADDED_COLUMNS: readonly AddedColumn[] = [
+  { table: 'llm_audit_log', name: 'inspection_failures', type: "String DEFAULT '[]'", after: 'inspection_failopen' },
+];
+
 export class ClickHouseStore implements AuditStore {
   readonly kind = 'clickhouse' as const;
   #client: ClickHouseClient;
@@ -75,6 +87,25 @@ export class ClickHouseStore implements AuditStore {
     const sql = (await readFile(SCHEMA, 'utf8')).replaceAll('{db}', this.#db);
     for (const statement of sql.split(/^;\s*$/m).map((s) => s.replace(/^--.*$/gm, '').trim()).filter(Boolean)) {
       await this.#client.command({ query: statement });
+    }
+    for (const c of ADDED_COLUMNS) await this.#addColumn(c);
+  }
+
+  /**
+   * An additive migration for a table created before the column existed. ClickHouse 18.16 has no
+   * `ADD COLUMN IF NOT EXISTS`: look in system.columns, add it, and if another process added it
+   * first, its "already exists" is fine once system.columns shows it.
+   */
+  async #addColumn(c: AddedColumn): Promise<void> {
+    const has = async () => ((await (await this.#client.query({
+      query: `SELECT name FROM system.columns WHERE database = ${chString(this.#db)} AND table = ${chString(c.table)} AND name = ${chString(c.name)}`,
+      format: 'JSONEachRow',
+    })).json()) as unknown[]).length > 0;
+    if (await has()) return;
+    try {
+      await this.#client.command({ query: `ALTER TABLE ${this.#db}.${c.table} ADD COLUMN ${c.name} ${c.type} AFTER ${c.after}` });
+    } catch (err) {
+      if (!(await has())) throw err;
     }
   }
 

@@ -28,6 +28,7 @@ CREATE TABLE IF NOT EXISTS {db}.llm_audit_log (
   decision            String,
   findings            String,
   inspection_failopen UInt8,
+  inspection_failures String DEFAULT '[]',
   error               String
 ) ENGINE = ReplacingMergeTree()
 PARTITION BY toYYYYMM(event_time)

@@ -24,8 +24,11 @@ CREATE TABLE IF NOT EXISTS llm_audit_log (
   decision            text NOT NULL DEFAULT 'allow',
   findings            jsonb NOT NULL DEFAULT '[]'::jsonb,
   inspection_failopen boolean NOT NULL DEFAULT false,
+  inspection_failures jsonb NOT NULL DEFAULT '[]'::jsonb,
   error               text
 );
+-- Added after the first release: tables created before it gain the column.
+ALTER TABLE llm_audit_log ADD COLUMN IF NOT EXISTS inspection_failures jsonb NOT NULL DEFAULT '[]'::jsonb;
 CREATE INDEX IF NOT EXISTS llm_audit_log_org_time ON llm_audit_log (org_id, event_time);
 
 CREATE TABLE IF NOT EXISTS audit_events (

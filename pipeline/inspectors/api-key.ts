@@ -1,7 +1,7 @@
 import { MAX_FINDINGS_PER_INSPECTOR, redact, type Finding, type FindingLocation } from '../finding.ts';
 import { recordedSeverity } from '../policy/severity.ts';
 import type { Toggle } from '../policy/types.ts';
-import { CLASS, DIGIT, KEY_BODY, ALPHA, isAlnum, wordBefore } from './byte-class.ts';
+import { CLASS, DIGIT, KEY_BODY, ALPHA, isAlnum, keyRunEnd, nextByte, wordBefore } from './byte-class.ts';
 
 // api_key: the spec's 11 prefixes (AKIA, ghp_, ghs_, github_pat_, sk-ant-, AIza, sk-, sk_test_,
 // sk_live_, pk_test_, pk_live_), each followed by a plausible key body, so a prefix named in prose
@@ -84,6 +84,10 @@ function keyAt(view: Buffer, start: number, bodyStart: number, shape: KeyShape):
   return view.toString('latin1', start, end);
 }
 
+function past(view: Buffer, i: number): number {
+  return view[i - 1] === 0x5c ? i + 1 : keyRunEnd(view, i + 1);
+}
+
 export function scan(view: Buffer, plan: ApiKeyPlan, location: FindingLocation): Finding[] {
   const findings: Finding[] = [];
   const seen = new Set<string>();
@@ -93,18 +97,23 @@ export function scan(view: Buffer, plan: ApiKeyPlan, location: FindingLocation):
     findings.push({ inspector_type: id, severity: plan.severity, description: shape.description, match: redact(key), location });
   };
 
-  for (let i = view.indexOf('AKIA'); i >= 0; i = view.indexOf('AKIA', i + 1)) add(SHAPES.aws, keyAt(view, i, i + 4, SHAPES.aws));
-  for (let i = view.indexOf('AIza'); i >= 0; i = view.indexOf('AIza', i + 1)) add(SHAPES.google, keyAt(view, i, i + 4, SHAPES.google));
+  // A key starts where a run of key bytes ([A-Za-z0-9_-]) starts (or just after the letter of an
+  // escape that starts one: `\nAKIA…`), so once a prefix has been tried, no later prefix in the same
+  // run can start a key: the search goes on past the run. A prefix flood (`AKIAAKIA…`, `sk-sk-…`,
+  // `ghp_ghp_…`) is one run, looked at once. (A hit that is itself an escape letter, `\-sk-…`, can
+  // have a key start right after it: the search goes on from the next byte.)
+  for (let i = view.indexOf('AKIA'); i >= 0; i = view.indexOf('AKIA', past(view, i))) add(SHAPES.aws, keyAt(view, i, i + 4, SHAPES.aws));
+  for (let i = view.indexOf('AIza'); i >= 0; i = view.indexOf('AIza', past(view, i))) add(SHAPES.google, keyAt(view, i, i + 4, SHAPES.google));
 
   // `-`: sk-ant-… and sk-…
-  for (let i = view.indexOf(0x2d); i >= 0; i = view.indexOf(0x2d, i + 1)) {
+  for (let i = view.indexOf(0x2d); i >= 0; i = nextByte(view, 0x2d, past(view, i))) {
     if (view[i - 1] !== 0x6b || view[i - 2] !== 0x73) continue; // "sk-"
     if (at(view, i + 1, 'ant-')) add(SHAPES.anthropic, keyAt(view, i - 2, i + 5, SHAPES.anthropic));
     else add(SHAPES.openai, keyAt(view, i - 2, i + 1, SHAPES.openai));
   }
 
   // `_`: ghp_, ghs_, github_pat_, sk_test_, sk_live_, pk_test_, pk_live_
-  for (let i = view.indexOf(0x5f); i >= 0; i = view.indexOf(0x5f, i + 1)) {
+  for (let i = view.indexOf(0x5f); i >= 0; i = nextByte(view, 0x5f, past(view, i))) {
     const p1 = view[i - 1];
     if ((p1 === 0x70 || p1 === 0x73) && view[i - 2] === 0x68 && view[i - 3] === 0x67) {
       add(SHAPES.github, keyAt(view, i - 3, i + 1, SHAPES.github));

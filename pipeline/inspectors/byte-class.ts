@@ -39,3 +39,20 @@ export function wordBefore(view: Uint8Array, i: number, extra: readonly number[]
   if (!isAlnum(b) && !extra.includes(b)) return false;
   return !isEscapeLetter(view, i - 1);
 }
+
+/**
+ * The next `byte` at or after `from`, or -1: Buffer.indexOf, which runs at memchr speed between hits
+ * but costs a native call per hit. A body dense with the byte (`@@@@…`, `____…`) would pay that call
+ * per byte, so the few bytes after `from` are looked at here first.
+ */
+export function nextByte(view: Uint8Array, byte: number, from: number): number {
+  const stop = from + 32 < view.length ? from + 32 : view.length;
+  for (let i = from; i < stop; i++) if (view[i] === byte) return i;
+  return stop < view.length ? view.indexOf(byte, stop) : -1;
+}
+
+/** Where the run of key bytes ([A-Za-z0-9_-]) containing `i` ends. */
+export function keyRunEnd(view: Uint8Array, i: number): number {
+  while (i < view.length && CLASS[view[i]] & KEY_BODY) i++;
+  return i;
+}

@@ -94,12 +94,19 @@ export function hits(view: Buffer, plan: PatternPlan): SetHits {
   };
 }
 
+/**
+ * Matches looked at per regex run. Findings are distinct values, so a body repeating one match
+ * (`INC-123456 ` for megabytes) would make a match object, microseconds each, for nothing new: past
+ * this many the pattern has long since reported its severity, and the run stops.
+ */
+export const MAX_MATCHES_PER_PATTERN = 4096;
+
 type Match = Buffer[] & { index: number; groups?: Record<string, Buffer | undefined> };
 
 /** Every match of `regex` over `view`, empty matches skipped. */
 function* matches(regex: RE2, view: Buffer): Generator<Match> {
   regex.lastIndex = 0;
-  for (;;) {
+  for (let n = 0; n < MAX_MATCHES_PER_PATTERN; n++) {
     const m = regex.exec(view) as unknown as Match | null;
     if (m === null) return;
     if (m[0].length === 0) {

@@ -1,7 +1,7 @@
 import { MAX_FINDINGS_PER_INSPECTOR, redact, type Finding, type FindingLocation } from '../finding.ts';
 import { recordedSeverity } from '../policy/severity.ts';
 import type { PiiToggle } from '../policy/types.ts';
-import { ALPHA, CLASS, EMAIL_DOMAIN, EMAIL_LOCAL, isAlnum, isDigit, isEscapeLetter, wordBefore } from './byte-class.ts';
+import { ALPHA, CLASS, EMAIL_DOMAIN, EMAIL_LOCAL, isAlnum, isDigit, isEscapeLetter, nextByte, wordBefore } from './byte-class.ts';
 
 // pii: email, credit_card (13–19 digits, single spaces or dashes between digits, Luhn-valid, issuer
 // digit 2–6), ssn (XXX-XX-XXXX, no area 000/666/9xx, no group 00, no serial 0000). Prefilters keep the
@@ -40,24 +40,27 @@ const FILE_EXTENSIONS = new Set(['png', 'jpg', 'jpeg', 'gif', 'svg', 'webp', 'ic
 
 /** The email around the `@` at `at`, or null. */
 export function emailAt(view: Buffer, at: number): string | null {
+  let end = at + 1;
+  while (end < view.length && CLASS[view[end]] & EMAIL_DOMAIN) end++;
+  while (end > at + 1 && (view[end - 1] === DOT || view[end - 1] === DASH)) end--;
+  // The domain: labels of [A-Za-z0-9-], no empty label, a last label of 2+ letters. (Checked on the
+  // bytes in place: an `@` flood must not cost an allocation per `@`.)
+  const from = at + 1;
+  if (end - from < 4 || view[from] === DOT || view[from] === DASH) return null;
+  let lastDot = end - 1;
+  while (lastDot > from && view[lastDot] !== DOT) lastDot--;
+  if (lastDot <= from || end - lastDot - 1 < 2) return null;
+  for (let i = lastDot + 1; i < end; i++) if (!(CLASS[view[i]] & ALPHA)) return null;
+  for (let i = from + 1; i < lastDot; i++) if (view[i] === DOT && view[i + 1] === DOT) return null;
+  // `icon@2x.png`, `pkg@1.2.tgz`: a file name, not an address (none of these is a top-level domain).
+  if (FILE_EXTENSIONS.has(view.toString('latin1', lastDot + 1, end).toLowerCase())) return null;
+  // The local part last: an `@` flood is refused by its domain, before any look back.
   let start = at;
   while (start > 0 && CLASS[view[start - 1]] & EMAIL_LOCAL) start--;
   // In a body scanned as sent, `\nbob@…` starts at `b`: the `n` belongs to the escape.
   if (start < at && isEscapeLetter(view, start)) start++;
   while (start < at && (view[start] === DOT || view[start] === DASH)) start++;
   if (start === at) return null;
-  let end = at + 1;
-  while (end < view.length && CLASS[view[end]] & EMAIL_DOMAIN) end++;
-  while (end > at + 1 && (view[end - 1] === DOT || view[end - 1] === DASH)) end--;
-  // The domain: labels of [A-Za-z0-9-], no empty label, a last label of 2+ letters.
-  const domain = view.subarray(at + 1, end);
-  if (domain.length < 4 || domain[0] === DOT || domain[0] === DASH) return null;
-  const lastDot = domain.lastIndexOf(DOT);
-  if (lastDot < 1 || domain.length - lastDot - 1 < 2) return null;
-  for (let i = lastDot + 1; i < domain.length; i++) if (!(CLASS[domain[i]] & ALPHA)) return null;
-  if (domain.indexOf('..') >= 0) return null;
-  // `icon@2x.png`, `pkg@1.2.tgz`: a file name, not an address (none of these is a top-level domain).
-  if (FILE_EXTENSIONS.has(domain.toString('latin1', lastDot + 1).toLowerCase())) return null;
   return view.toString('latin1', start, end);
 }
 
@@ -92,30 +95,82 @@ export function isSsn(text: string): boolean {
   return true;
 }
 
+// A run is walked as bytes, never as a string: the groups of a card-like run (`4111 1111 1111 111 `
+// repeated for megabytes) are each visited a bounded number of times, and only a match becomes a string.
+
 /**
  * Card numbers in a maximal run of digit groups joined by single spaces or dashes. Cards are written
  * whole or in groups ("4111 1111 1111 1111"); a run longer than a card (a card next to another number)
- * is tried as windows of consecutive groups, keeping the text as written.
+ * is tried as windows of consecutive groups, keeping the text as written. The windows from one group
+ * share one walk of at most 19 digits, with the Luhn sum kept for both parities as it goes, so each
+ * byte is looked at a bounded number of times however long the run.
  */
-function cardsInRun(run: string): string[] {
-  const groups = [...run.matchAll(/\d+/g)].map((m) => ({ at: m.index, end: m.index + m[0].length, digits: m[0] }));
-  const found: string[] = [];
-  for (let i = 0; i < groups.length; i++) {
-    let digits = '';
-    for (let j = i; j < groups.length; j++) {
-      // Cards are grouped in fours to sixes (4-4-4-4, 4-6-5) with a shorter last group: a list of
-      // small numbers (`2 3 5 7 11 13 …`) is no card, though one window in ten passes Luhn.
-      if (j > i && (groups[j - 1].digits.length < 4 || groups[j - 1].digits.length > 6)) break;
-      digits += groups[j].digits;
-      if (digits.length > 19) break;
-      if (digits.length >= 13 && isCardNumber(digits)) {
-        found.push(run.slice(groups[i].at, groups[j].end));
-        i = j;
-        break;
+function cardsInRun(view: Buffer, start: number, end: number, add: (description: string, value: string) => void): void {
+  for (let g = start; g < end;) {
+    let match = -1;
+    const first = view[g] - 48;
+    // Issuer (major industry) digit 2–6: other starts are no card, and cost nothing more.
+    if (first >= 2 && first <= 6) {
+      let k = 0;
+      let group = 0;
+      let even = 0; // the Luhn sum if the window's length is even (its first digit doubled)
+      let odd = 0; //  … and if it is odd
+      for (let i = g; i < end; i++) {
+        const b = view[i];
+        if (b === SPACE || b === DASH) {
+          // Cards are grouped in fours to sixes (4-4-4-4, 4-6-5) with a shorter last group: a list of
+          // small numbers (`2 3 5 7 11 13 …`) is no card, though one window in ten passes Luhn.
+          if (group < 4 || group > 6) break;
+          group = 0;
+          continue;
+        }
+        const d = b - 48;
+        const doubled = d > 4 ? d * 2 - 9 : d * 2;
+        if (k & 1) {
+          even += d;
+          odd += doubled;
+        } else {
+          even += doubled;
+          odd += d;
+        }
+        k++;
+        group++;
+        if (k > 19) break;
+        // A window ends where a group ends.
+        if (k >= 13 && (i + 1 === end || view[i + 1] === SPACE || view[i + 1] === DASH) && (k & 1 ? odd : even) % 10 === 0) {
+          match = i + 1;
+          break;
+        }
       }
     }
+    if (match >= 0) {
+      add('credit card number', view.toString('latin1', g, match));
+      g = match + 1;
+    } else {
+      while (g < end && isDigit(view[g])) g++;
+      g++;
+    }
   }
-  return found;
+}
+
+/** SSNs in a run: the space-separated parts written exactly XXX-XX-XXXX, checked on the bytes. */
+function ssnsInRun(view: Buffer, start: number, end: number, add: (description: string, value: string) => void): void {
+  for (let p = start; p < end;) {
+    let e = p;
+    while (e < end && view[e] !== SPACE) e++;
+    if (e - p === 11 && view[p + 3] === DASH && view[p + 6] === DASH && ssnBytes(view, p)) add('US social security number', view.toString('latin1', p, e));
+    p = e + 1;
+  }
+}
+
+const SSN_DIGITS = [0, 1, 2, 4, 5, 7, 8, 9, 10];
+
+function ssnBytes(view: Buffer, p: number): boolean {
+  for (const k of SSN_DIGITS) if (!isDigit(view[p + k])) return false;
+  const area = (view[p] - 48) * 100 + (view[p + 1] - 48) * 10 + (view[p + 2] - 48);
+  if (area === 0 || area === 666 || area >= 900) return false;
+  if (view[p + 4] === 0x30 && view[p + 5] === 0x30) return false;
+  return !(view[p + 7] === 0x30 && view[p + 8] === 0x30 && view[p + 9] === 0x30 && view[p + 10] === 0x30);
 }
 
 function isSeparator(b: number | undefined): boolean {
@@ -132,7 +187,7 @@ export function scan(view: Buffer, plan: PiiPlan, location: FindingLocation): Fi
   };
 
   if (plan.email) {
-    for (let at = view.indexOf(AT); at >= 0; at = view.indexOf(AT, at + 1)) {
+    for (let at = view.indexOf(AT); at >= 0; at = nextByte(view, AT, at + 1)) {
       const email = emailAt(view, at);
       if (email !== null) add('email address', email);
     }
@@ -153,9 +208,8 @@ export function scan(view: Buffer, plan: PiiPlan, location: FindingLocation): Fi
       if (end - start < STRIDE) continue;
       // A run glued to letters or digits is part of an identifier or hash, not a number on its own.
       if (wordBefore(view, start) || isAlnum(view[end])) continue;
-      const run = view.toString('latin1', start, end);
-      if (plan.ssn) for (const part of run.split(' ')) if (part.length === 11 && isSsn(part)) add('US social security number', part);
-      if (plan.creditCard) for (const card of cardsInRun(run)) add('credit card number', card);
+      if (plan.ssn) ssnsInRun(view, start, end, add);
+      if (plan.creditCard) cardsInRun(view, start, end, add);
     }
   }
   return findings;

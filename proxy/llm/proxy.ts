@@ -7,7 +7,7 @@ import { newId } from '../../core/ids.ts';
 import { own } from '../../core/own.ts';
 import type { AuditSink } from '../../audit-wal/sink.ts';
 import { MAX_BODY_BYTES, DEFAULT_INLINE_THRESHOLD_BYTES, type InspectionEngine, type InspectionOutcome } from '../../pipeline/engine.ts';
-import type { Finding } from '../../pipeline/finding.ts';
+import type { Finding, Phase } from '../../pipeline/finding.ts';
 import { BodyTooLargeError } from '../../pipeline/errors.ts';
 import { topLevelString } from '../../pipeline/json-view.ts';
 import type { PolicyCache } from '../../pipeline/policy/cache.ts';
@@ -79,12 +79,21 @@ interface CallRecord {
   upstreamMs: number | null;
   findings: Finding[];
   failOpen: boolean;
+  /** The inspectors that did not finish, each with its phase and why (the record's `inspection_failures`). */
+  failures: InspectionFailure[];
   decision: string;
   usage: ReturnType<typeof usageOf>;
   audit: boolean;
   /** The record was already handed to the sink (before delivery). */
   audited: boolean;
   error: string | null;
+}
+
+/** An inspector that did not finish (`inspector: 'all'` when none could run: an unreadable answer). */
+interface InspectionFailure {
+  phase: Phase;
+  inspector: string;
+  reason: string;
 }
 
 const HEALTH_PATH = '/healthz';
@@ -125,7 +134,7 @@ export class LlmProxy {
     this.#inFlight++;
     const call: CallRecord = {
       id: newId(), started: performance.now(), identity: null, format: null, upstreamFormat: null, path, model: null, requestBytes: 0, responseBytes: 0,
-      status: 0, upstreamStatus: null, upstreamMs: null, findings: [], failOpen: false, decision: 'allow', usage: null, audit: false, audited: false, error: null,
+      status: 0, upstreamStatus: null, upstreamMs: null, findings: [], failOpen: false, failures: [], decision: 'allow', usage: null, audit: false, audited: false, error: null,
     };
     this.#serve(req, res, call)
       .catch((err: Error) => {
@@ -257,7 +266,7 @@ export class LlmProxy {
         identity: { agentId: identity.agentId, orgId: identity.orgId, agentName: identity.agentName },
         ...(inferenceFormat ? {} : { modelsAnywhere: { contentType: req.headers['content-type'] ?? null } }),
       });
-      this.#noteOutcome(call, outcome);
+      this.#noteOutcome(call, outcome, 'request');
       if (outcome.decision === 'block') return this.#reply(res, call, ERRORS.contentPolicy);
       if (outcome.decision === 'unavailable') return this.#reply(res, call, ERRORS.inspectionUnavailable);
     }
@@ -302,6 +311,7 @@ export class LlmProxy {
     const answer = readableAnswer(upstream, req.method ?? 'GET');
     if (answer.unreadable !== null && orgFlag(snapshot, identity.orgId, 'inspect:llm')) {
       call.failOpen = true;
+      call.failures.push({ phase: 'response', inspector: 'all', reason: 'content_coding' });
       d.log.warn({ request_id: call.id, content_encoding: answer.unreadable }, 'inspection failopen: the upstream answer is in a content coding we cannot read');
     }
     const responseType = String(answer.headers['content-type'] ?? '');
@@ -464,15 +474,17 @@ export class LlmProxy {
         body, phase: 'response', policy, secrets: this.#d.secrets.agentSecrets(identity.agentId),
         identity: { agentId: identity.agentId, orgId: identity.orgId, agentName: identity.agentName },
       });
-      this.#noteOutcome(call, outcome);
+      this.#noteOutcome(call, outcome, 'response');
     } catch (err) {
       call.failOpen = true;
+      call.failures.push({ phase: 'response', inspector: 'all', reason: 'error' });
       this.#d.log.warn({ request_id: call.id, phase: 'response', err: (err as Error).message }, 'inspection failopen');
     }
   }
 
-  #noteOutcome(call: CallRecord, outcome: InspectionOutcome): void {
+  #noteOutcome(call: CallRecord, outcome: InspectionOutcome, phase: Phase): void {
     for (const f of outcome.findings) call.findings.push(f);
+    for (const f of outcome.failures) call.failures.push({ phase, inspector: f.inspector, reason: f.reason });
     if (outcome.failOpen) call.failOpen = true;
     if (outcome.decision !== 'allow') call.decision = outcome.decision;
     if (outcome.findings.length > 0) {
@@ -554,6 +566,7 @@ export class LlmProxy {
       decision: call.decision,
       findings: call.findings,
       inspection_failopen: call.failOpen,
+      inspection_failures: call.failures,
       error: call.error,
     };
   }

@@ -45,6 +45,8 @@ export interface StartOptions {
   audit?: AuditSink;
   /** Treat `audit` as durable: answers wait for their record (capture-or-deny applies). */
   durableAudit?: boolean;
+  /** The inspection pool's worker module (EngineOptions.workerUrl); tests inject faults with it. */
+  inspectWorker?: URL;
 }
 
 export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: StartOptions = {}): Promise<RunningProxy> {
@@ -103,7 +105,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
     });
   }
 
-  const engine = new InspectionEngine({ timeoutMs: options.inspectTimeout, failClosed: options.inspectFailClosed, logger: log, registry });
+  const engine = new InspectionEngine({ timeoutMs: options.inspectTimeout, failClosed: options.inspectFailClosed, logger: log, registry, ...(start.inspectWorker ? { workerUrl: start.inspectWorker } : {}) });
   const upstreamCa = options.upstreamCa ? await readFile(options.upstreamCa).catch((err: NodeJS.ErrnoException) => {
     throw new Error(`cannot read --upstream-ca ${options.upstreamCa}: ${err.code ?? err.message}`);
   }) : undefined;

@@ -105,7 +105,7 @@ t.test('a hung worker is cut at the deadline and replaced; fail open by default'
   const out = await e.inspect({ body: body('HANG-WORKER ' + LEAKY), phase: 'request', policy: full });
   t.ok(Date.now() - started < 4000, 'not waited on');
   t.same([out.decision, out.failOpen, out.findings], ['allow', true, []]);
-  t.same(out.failures, [{ inspector: 'builtin', reason: 'timeout' }]);
+  t.same(out.failures, ['api_key', 'pii', 'patterns', 'normalized_view'].map((inspector) => ({ inspector, reason: 'timeout' })), 'each inspector that did not finish is named (the model was checked first, on the main thread)');
   t.ok(lines.some((l) => /"msg":"inspection failopen"/.test(l)), 'the marker is logged');
   t.equal(await timeouts(), before + 1, 'counted once');
   // The replacement thread starts in the background; on a loaded machine its start-up can outlast one
@@ -123,7 +123,38 @@ t.test('a pooled inference body has its model checked before the pool: a hung wo
   const out = await e.inspect({ body: body('HANG-WORKER', 0, 'gpt-3.5-turbo'), phase: 'request', policy: full });
   t.equal(out.decision, 'block', 'blocked by the model, though the pool timed out');
   t.match(out.findings, [{ inspector_type: 'model_restriction', severity: 'block' }]);
-  t.same(out.failures, [{ inspector: 'builtin', reason: 'timeout' }]);
+  t.same(out.failures, ['api_key', 'pii', 'patterns', 'normalized_view'].map((inspector) => ({ inspector, reason: 'timeout' })));
+});
+
+t.test('inspectors time out one by one: what finished counts, a finished block blocks, the rest are named', async (t) => {
+  const { e, lines } = engine(t, { threads: 1, inlineThresholdBytes: 0, timeoutMs: 1500, workerUrl: new URL('../fixtures/faulty-worker.ts', import.meta.url) });
+  await warm(e);
+  // The real inspectors run in order (model, secrets, api_key, pii, patterns, the normalized view); the
+  // worker hangs once api_key has reported, so pii, patterns and the normalized view miss the deadline.
+  const out = await e.inspect({ body: body('HANG-AFTER-api_key ' + LEAKY), phase: 'request', policy: full, secrets: ['hunter2hunter2'] });
+  t.equal(out.decision, 'block', 'the secret and the key that were found block');
+  t.same(out.findings.map((f) => [f.inspector_type, f.severity]), [['secrets', 'block'], ['api_key', 'block']]);
+  t.same(out.failures, [{ inspector: 'pii', reason: 'timeout' }, { inspector: 'patterns', reason: 'timeout' }, { inspector: 'normalized_view', reason: 'timeout' }]);
+  t.ok(lines.some((l) => /"msg":"inspection failopen"/.test(l) && /"inspector":"pii"/.test(l)), 'the log names them');
+
+  const { e: closed } = engine(t, { threads: 1, inlineThresholdBytes: 0, timeoutMs: 1500, failClosed: true, workerUrl: new URL('../fixtures/faulty-worker.ts', import.meta.url) });
+  await warm(closed);
+  const blocked = await closed.inspect({ body: body('HANG-AFTER-secrets ' + LEAKY), phase: 'request', policy: full, secrets: ['hunter2hunter2'] });
+  t.equal(blocked.decision, 'block', 'fail closed: a finished block is a policy match (403), not unavailable');
+  t.same(blocked.failures.map((f) => f.inspector), ['api_key', 'pii', 'patterns', 'normalized_view']);
+  const unavailable = await closed.inspect({ body: body('HANG-AFTER-secrets a@example.com'), phase: 'request', policy: full, secrets: ['hunter2hunter2'] });
+  t.equal(unavailable.decision, 'unavailable', 'nothing blocked and an inspector did not finish: fail closed');
+});
+
+t.test('split across two workers, each half reports what finished', async (t) => {
+  const { e } = engine(t, { threads: 2, inlineThresholdBytes: 4096, timeoutMs: 3000, workerUrl: new URL('../fixtures/faulty-worker.ts', import.meta.url) });
+  await warm(e);
+  const big = body('HANG-AFTER-secrets ' + LEAKY, 400_000);
+  t.ok(big.length >= 4 * 1024 * 1024);
+  const out = await e.inspect({ body: big, phase: 'request', policy: full, secrets: ['hunter2hunter2'] });
+  t.equal(out.decision, 'block');
+  t.same(out.findings.map((f) => f.inspector_type).sort(), ['patterns', 'secrets'], 'the patterns half finished, the others half got as far as secrets');
+  t.same(out.failures, [{ inspector: 'api_key', reason: 'timeout' }, { inspector: 'pii', reason: 'timeout' }, { inspector: 'normalized_view', reason: 'timeout' }]);
 });
 
 t.test('a large body under a model policy alone is checked on the main thread, with no pool round trip for nothing', async (t) => {

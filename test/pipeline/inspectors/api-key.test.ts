@@ -58,3 +58,13 @@ t.test('escaped keys are found in the decoded view', async (t) => {
 t.test('disabled is no plan', async (t) => {
   t.equal(compile({ enabled: false, severity: 'block' }), null);
 });
+
+t.test('a prefix flood is one run: skipped whole, and a key after it is still found', async (t) => {
+  for (const [flood, key] of [['AKIA', 'AKIAIOSFODNN7EXAMPLE'], ['sk-', 'sk-proj-AbCdEfGhIjKlMnOpQrSt1234567890'], ['ghp_', 'ghp_1234567890abcdefghijklmnopqrstuvwxyz'], ['AIza', 'AIzaSyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q'], ['sk_test_', 'sk_test_4eC39HqLyjWDarjtT1zdp7dc']]) {
+    t.same(found(flood.repeat(50_000) + ' ' + key).map((f) => f.split('|')[1]), [key.slice(0, 4) + '****'], flood);
+    t.same(found(flood.repeat(1000) + key), [], `${flood}: glued to the flood, no key starts there`);
+  }
+  // A hit that is itself the letter of an escape can have a key start right after it.
+  t.same(found('x \\-sk-proj-AbCdEfGhIjKlMnOpQrSt1234567890'), ['secret key (sk-)|sk-p****']);
+  t.same(found('x \\_ghp_1234567890abcdefghijklmnopqrstuvwxyz'), ['GitHub token|ghp_****']);
+});
