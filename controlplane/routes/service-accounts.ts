@@ -3,7 +3,7 @@ import { exportJWK, generateKeyPair, type JWK } from 'jose';
 import { newId } from '../../core/ids.ts';
 import { auditedChange, type ChangeActor, type ChangeDeps } from '../audited-change.ts';
 import type { ServiceAccountStatus } from '../auth/service-account-status.ts';
-import { BUILT_IN_ROLES, CAPABILITIES, groupsOf, type Capability, type ScopeKind } from '../authz/capabilities.ts';
+import { builtInRole, CAPABILITIES, groupsOf, type Capability, type ScopeKind } from '../authz/capabilities.ts';
 import { describe, holds, requireCapability, type Target } from '../authz/guard.ts';
 import { conferredBy, requireConferrable, requireHoldsAllOf } from '../authz/confer.ts';
 import { bad, object, strings, text } from '../body.ts';
@@ -281,7 +281,7 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       const capability = capabilityOf(body);
       if ((role === null) === (capability === null)) bad('role', 'exactly one of role and capability is required');
       if (role === 'platform-admin') bad('role', 'platform-admin is granted at platform scope only');
-      if (role !== null && !(role in BUILT_IN_ROLES) && (await db.query('SELECT 1 FROM roles WHERE name = $1', [role])).rows.length === 0) bad('role', `unknown role "${role}"`);
+      if (role !== null && !builtInRole(role) && (await db.query('SELECT 1 FROM roles WHERE name = $1', [role])).rows.length === 0) bad('role', `unknown role "${role}"`);
       const target = grantTarget(account.org_id, body, '');
       await requireConferrable(db, req, await conferredBy(db, role, capability), target, 'this grant');
       const s = scopeOf(target);
