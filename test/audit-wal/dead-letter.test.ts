@@ -10,7 +10,8 @@ import { createRegistry } from '../../core/metrics.ts';
 import { newId } from '../../core/ids.ts';
 import { WalSink } from '../../audit-wal/wal-sink.ts';
 import { openStore } from '../../audit-wal/store.ts';
-import { StoreRejectedError, StoreUnavailableError } from '../../audit-wal/errors.ts';
+import { StoreRefusesAllError, StoreRejectedError, StoreUnavailableError } from '../../audit-wal/errors.ts';
+import { insertBisecting } from '../../audit-wal/bisect.ts';
 import { freshPgDatabase } from '../fixtures/pg-database.ts';
 import { startTcpProxy } from '../fixtures/tcp-proxy.ts';
 import { runDvx } from '../fixtures/run-dvx.ts';
@@ -264,7 +265,13 @@ t.test('PostgreSQL: records with objects where text is meant ship; a store refus
   t.ok(await until(async () => (await metric(registry, 'dvx_audit_ship_failures_total', { table: 'llm_audit_log', reason: 'refused_all' })) >= 2), 'counted as refused_all and retried');
   t.equal(await metric(registry, 'dvx_audit_dead_letter_records_total', { table: 'llm_audit_log', reason: 'rejected' }), 0, 'nothing dead-lettered');
   t.ok(llm.stats().unshippedBytes > 0, 'the records wait in the WAL');
+  // Without a record shipped before (a fresh start), 8 records probed across the batch decide.
+  const store = await openStore(pgdb.dsn);
+  t.teardown(() => store.close());
+  t.type(await insertBisecting(store, 'llm_audit_log', batch, { probe: 8 }).catch((e: unknown) => e), StoreRefusesAllError, 'probed: the store refuses all');
   await c.query('ALTER TABLE llm_audit_log DROP CONSTRAINT closed');
+  const probed = [...Array.from({ length: 12 }, (_, i) => record(i)), record(0, { input_tokens: 1e19 })];
+  t.same((await insertBisecting(store, 'llm_audit_log', probed, { probe: 8 })).map((r) => r.row.id), [probed[12].id], 'probed: one taken, the batch is bisected');
   t.ok(await until(() => llm.stats().unshippedBytes === 0), 'shipped once the schema is put right');
   t.equal((await c.query('SELECT count(*)::int AS n FROM llm_audit_log WHERE id = ANY($1)', [batch.map((r) => r.id)])).rows[0].n, 20);
   t.equal(await metric(registry, 'dvx_audit_dead_letter_pending', { table: 'llm_audit_log' }), 0);
