@@ -1,4 +1,4 @@
-import { StoreRejectedError } from './errors.ts';
+import { StoreRefusesAllError, StoreRejectedError } from './errors.ts';
 import type { AuditTable } from './sink.ts';
 import type { AuditWriter } from './store.ts';
 
@@ -6,6 +6,18 @@ import type { AuditWriter } from './store.ts';
 // refuses: the good halves ship, the refused records come back with the store's own error for each.
 // k bad records among n cost at most 2·k·⌈log2 n⌉ extra inserts, in ⌈log2 n⌉ rounds of halving. A
 // half that went in before a later failure is inserted again on the retry: stores deduplicate by id.
+//
+// A store that refuses everything (an operator changed a column's type, so every insert fails with a
+// data error) would otherwise have the whole WAL dead-lettered at full speed. So before a batch the
+// store rejects whole is split, the store itself is tested:
+//   - with `canary`, a record the store took before (the shipper's last shipped one) is inserted
+//     again (stores deduplicate by id): refused, the store changed, not the records;
+//   - without one (nothing shipped since start), a batch of at least `probe` records is probed with
+//     that many of its records spread evenly over it, one by one: none taken, the same conclusion.
+// The conclusion is StoreRefusesAllError, an unavailability: the shipper backs off and retries, the
+// records wait in the WAL. Either test passing proves the store sound, and bisection proceeds. The test
+// costs one insert (at most `probe` without a canary), where bisecting a batch refused whole costs
+// 2·len.
 
 export interface Refused {
   row: Record<string, unknown>;
@@ -16,13 +28,22 @@ export interface Refused {
  * Inserts `rows`; resolves with the records the store refuses (none when the batch went in whole).
  * Any error other than a rejection (the store went away mid-split) propagates: the caller retries.
  */
-export async function insertBisecting(store: AuditWriter, table: AuditTable, rows: Record<string, unknown>[]): Promise<Refused[]> {
+export async function insertBisecting(store: AuditWriter, table: AuditTable, rows: Record<string, unknown>[], options: { probe?: number; canary?: Record<string, unknown> } = {}): Promise<Refused[]> {
   const refused: Refused[] = [];
+  const probe = options.probe ?? 0;
+  const storeRefusesAll = async (): Promise<boolean> => {
+    if (options.canary) return !(await takesAny(store, table, [options.canary], 1));
+    return probe > 0 && rows.length >= probe && !(await takesAny(store, table, rows, probe));
+  };
   const attempt = async (part: Record<string, unknown>[]): Promise<void> => {
     try {
       await store.insert(table, part);
     } catch (err) {
       if (!(err instanceof StoreRejectedError)) throw err;
+      if (part === rows && (await storeRefusesAll())) {
+        const tested = options.canary ? 'a record it took before' : `all ${probe} records probed one by one`;
+        throw new StoreRefusesAllError(`${store.kind} refused a batch of ${rows.length} and ${tested}: suspected a store or schema problem, not the records; retrying`, err.storeCode, err);
+      }
       if (part.length === 1) {
         refused.push({ row: part[0], err });
         return;
@@ -34,4 +55,18 @@ export async function insertBisecting(store: AuditWriter, table: AuditTable, row
   };
   if (rows.length > 0) await attempt(rows);
   return refused;
+}
+
+/** Whether the store takes any of `n` records spread evenly over `rows` (the first and the last among them). */
+async function takesAny(store: AuditWriter, table: AuditTable, rows: Record<string, unknown>[], n: number): Promise<boolean> {
+  const picks = new Set(Array.from({ length: n }, (_, i) => Math.round((i * (rows.length - 1)) / Math.max(1, n - 1))));
+  for (const i of picks) {
+    try {
+      await store.insert(table, [rows[i]]);
+      return true;
+    } catch (err) {
+      if (!(err instanceof StoreRejectedError)) throw err;
+    }
+  }
+  return false;
 }

@@ -29,7 +29,7 @@ export class AuditUnavailableError extends Error {
 /** The store could not take the batch now (down, unreachable, timed out, overloaded): retry later. */
 export class StoreUnavailableError extends Error {
   override name = 'StoreUnavailableError';
-  readonly code = 'DVX_AUDIT_STORE_UNAVAILABLE';
+  readonly code: string = 'DVX_AUDIT_STORE_UNAVAILABLE';
   /** The store's own code (SQLSTATE, ClickHouse error code, errno) when it gave one. */
   readonly storeCode: string | undefined;
   constructor(message: string, storeCode: string | undefined, cause: unknown) {
@@ -47,6 +47,16 @@ export class StoreRejectedError extends Error {
     super(message, { cause });
     this.storeCode = storeCode;
   }
+}
+
+/**
+ * The store refused every record of a batch probed one by one (P7.6): that is the store or its schema
+ * (a column an operator changed), not the records, so the batch waits in the WAL and is retried like a
+ * store that is down instead of being dead-lettered whole. `cause` is the store's rejection.
+ */
+export class StoreRefusesAllError extends StoreUnavailableError {
+  override name = 'StoreRefusesAllError';
+  override readonly code = 'DVX_AUDIT_STORE_REFUSES_ALL';
 }
 
 /** Another process holds the dead-letter spool (a `dvx wal dead-letter replay` in progress). */

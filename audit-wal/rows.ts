@@ -1,8 +1,14 @@
+import { StoreRejectedError } from './errors.ts';
 import type { AuditTable } from './sink.ts';
 
 // Audit records as each store's rows. Records carry `event_time` as an ISO 8601 string; ClickHouse
 // gets `DateTime` ("YYYY-MM-DD hh:mm:ss", UTC) plus the milliseconds apart; maps become key/value
 // arrays there and jsonb in Postgres.
+//
+// Mapping is total: a record is any JSON object (the WAL holds what producers wrote), so a column's
+// value may be an object where a string was meant. Text columns take primitives as they are and
+// anything else as its JSON text, never through `String()` (which throws on `{"toString":1}`): a
+// mapping that threw would look like a store that is down and block the table (P7.6).
 
 export const COLUMNS: Record<AuditTable, readonly string[]> = {
   llm_audit_log: ['id', 'event_time', 'org_id', 'agent_id', 'agent_name', 'enclave_id', 'format', 'upstream_format', 'path', 'model', 'status',
@@ -18,8 +24,20 @@ type Row = Record<string, unknown>;
 const NUMERIC = new Set(['status', 'upstream_status', 'latency_ms', 'upstream_latency_ms', 'overhead_ms', 'request_bytes', 'response_bytes', 'input_tokens', 'output_tokens', 'dst_port']);
 const NULLABLE = new Set(['upstream_status', 'upstream_latency_ms', 'overhead_ms', 'input_tokens', 'output_tokens', 'dst_port', 'model', 'format', 'upstream_format', 'error']);
 
+/** A text column's value from any JSON value. */
+function text(v: unknown): string {
+  if (typeof v === 'string') return v;
+  if (typeof v === 'number' || typeof v === 'boolean' || typeof v === 'bigint') return String(v);
+  try {
+    return JSON.stringify(v) ?? '';
+  } catch {
+    return ''; // not JSON data (a cycle): nothing of it can be stored as text
+  }
+}
+
 function time(record: Row): Date {
-  const t = new Date(String(record.event_time ?? ''));
+  const v = record.event_time;
+  const t = typeof v === 'string' ? new Date(v) : new Date(NaN);
   return Number.isNaN(t.getTime()) ? new Date() : t;
 }
 
@@ -30,12 +48,12 @@ export function postgresRow(table: AuditTable, record: Row): Row {
     const v = record[col];
     if (col === 'event_time') row[col] = time(record).toISOString();
     else if (col === 'findings' || col === 'inspection_failures') row[col] = Array.isArray(v) ? v : [];
-    else if (col === 'attrs') row[col] = v && typeof v === 'object' ? v : {};
-    else if (col === 'kind') row[col] = v ?? 'event';
-    else if (col === 'decision') row[col] = v ?? 'allow';
+    else if (col === 'attrs') row[col] = v && typeof v === 'object' && !Array.isArray(v) ? v : {};
+    else if (col === 'kind') row[col] = text(v ?? 'event');
+    else if (col === 'decision') row[col] = text(v ?? 'allow');
     else if (col === 'inspection_failopen' || col === 'identified') row[col] = v === true;
     else if (NUMERIC.has(col)) row[col] = typeof v === 'number' ? v : NULLABLE.has(col) ? null : 0;
-    else row[col] = v === undefined || v === null ? (NULLABLE.has(col) ? null : '') : String(v);
+    else row[col] = v === undefined || v === null ? (NULLABLE.has(col) ? null : '') : text(v);
   }
   return row;
 }
@@ -52,10 +70,23 @@ export function clickhouseRow(table: AuditTable, record: Row): Row {
     else if (col === 'attrs') {
       const entries = Object.entries(v as Row);
       row.attrs_keys = entries.map(([k]) => k);
-      row.attrs_values = entries.map(([, x]) => String(x));
+      row.attrs_values = entries.map(([, x]) => text(x));
     } else if (col === 'inspection_failopen' || col === 'identified') row[col] = v ? 1 : 0;
     else if (v === null && !NUMERIC.has(col)) row[col] = '';
     else row[col] = v;
   }
   return row;
+}
+
+/**
+ * `records` as rows by `map`; a record that cannot be mapped (mapping is total, so this is a bug) is a
+ * rejection of the batch, which bisection narrows down to that record and dead-letters, never an
+ * error the shipper would take for a store that is down and retry forever.
+ */
+export function mapRows(table: AuditTable, records: Row[], map: (table: AuditTable, record: Row) => Row): Row[] {
+  try {
+    return records.map((r) => map(table, r));
+  } catch (err) {
+    throw new StoreRejectedError(`a record cannot be mapped to a ${table} row: ${(err as Error)?.message ?? String(err)}`, undefined, err);
+  }
 }

@@ -2,6 +2,7 @@ import type { Logger } from '../core/logger.ts';
 import { silentLogger } from '../core/logger.ts';
 import { insertBisecting } from './bisect.ts';
 import { DeadLetterSpool, type DeadLetter } from './dead-letter.ts';
+import { StoreRefusesAllError } from './errors.ts';
 import type { AuditWriter } from './store.ts';
 import type { AuditTable } from './sink.ts';
 import type { WalRecord, WalTable } from './wal-table.ts';
@@ -15,10 +16,15 @@ import type { WalRecord, WalTable } from './wal-table.ts';
 // retried, because retrying cannot succeed and would hold back the whole table: a record that is not a
 // JSON object, and a record the store rejects (the batch is split down to it, see bisect.ts). Those
 // move to the table's dead-letter spool, durably, before the checkpoint passes them. Retrying a batch
-// the store already took (wholly or in part) duplicates nothing: rows are keyed by id.
+// the store already took (wholly or in part) duplicates nothing: rows are keyed by id. A store that
+// refuses every record it is offered is the store's problem (its schema), not the records': retried,
+// reason `refused_all` (bisect.ts), never a whole WAL dead-lettered.
 
-/** The step that failed: the `reason` label of dvx_audit_ship_failures_total. */
-export type ShipStep = 'read' | 'store' | 'dead_letter' | 'checkpoint';
+/**
+ * The step that failed: the `reason` label of dvx_audit_ship_failures_total. `refused_all`: the store
+ * rejected every record probed of a batch, a suspected store or schema problem.
+ */
+export type ShipStep = 'read' | 'store' | 'refused_all' | 'dead_letter' | 'checkpoint';
 
 export interface ShipperMetrics {
   shipped(table: string, rows: number): void;
@@ -37,6 +43,12 @@ export interface ShipperOptions {
   metrics?: ShipperMetrics;
   /** Where refused records go; by default <table dir>/dead-letter. */
   deadLetter?: DeadLetterSpool;
+  /**
+   * A rejected batch of at least this many records is probed with as many of them one by one first;
+   * none taken is a store problem, retried rather than dead-lettered (bisect.ts); once a record has
+   * shipped, that record is the test instead. Default 8.
+   */
+  refusedAllProbe?: number;
 }
 
 export class Shipper {
@@ -49,6 +61,9 @@ export class Shipper {
   #log: Logger;
   #metrics: ShipperMetrics | undefined;
   #deadLetter: DeadLetterSpool;
+  #probe: number;
+  /** The last record the store took: inserted again to tell a store refusing everything from bad records. */
+  #canary: Record<string, unknown> | undefined;
   #running = false;
   #loop: Promise<void> | null = null;
   #wake: (() => void) | null = null;
@@ -63,6 +78,7 @@ export class Shipper {
     this.#log = options.log ?? silentLogger();
     this.#metrics = options.metrics;
     this.#deadLetter = options.deadLetter ?? new DeadLetterSpool(table.dir, name, { log: this.#log });
+    this.#probe = options.refusedAllProbe ?? 8;
   }
 
   start(): void {
@@ -123,7 +139,7 @@ export class Shipper {
         const { good, unparseable } = this.#parse(records);
         rows = good.length;
         step = 'store';
-        const refused = await insertBisecting(this.#store, this.#name, good);
+        const refused = await insertBisecting(this.#store, this.#name, good, { probe: this.#probe, canary: this.#canary });
         const dead: DeadLetter[] = [...unparseable];
         const now = new Date().toISOString();
         for (const { row, err } of refused) {
@@ -139,13 +155,20 @@ export class Shipper {
         if (failures > 0) this.#log.info({ table: this.#name, after_attempts: failures + 1 }, 'audit shipping recovered');
         failures = 0;
         this.#metrics?.shipped(this.#name, good.length - refused.length);
+        const taken = new Set(refused.map((r) => r.row));
+        this.#canary = good.findLast((r) => !taken.has(r)) ?? this.#canary;
         const last = Date.parse(String(good.at(-1)?.event_time ?? ''));
         if (!Number.isNaN(last)) this.#metrics?.lag(this.#name, Math.max(0, (Date.now() - last) / 1000));
       } catch (err) {
         failures++;
         const delay = this.#delay(failures);
+        if (err instanceof StoreRefusesAllError) {
+          step = 'refused_all';
+          this.#log.error({ err, table: this.#name, reason: step, rows, attempt: failures, retry_in_ms: Math.round(delay) }, 'the audit store refuses every record it is offered (a changed schema?); the records wait in the WAL and are retried');
+        } else {
+          this.#log.warn({ err, table: this.#name, reason: step, rows, attempt: failures, retry_in_ms: Math.round(delay) }, `audit shipping failed (${step}); will retry`);
+        }
         this.#metrics?.failed(this.#name, step);
-        this.#log.warn({ err, table: this.#name, reason: step, rows, attempt: failures, retry_in_ms: Math.round(delay) }, `audit shipping failed (${step}); will retry`);
         await this.#sleep(delay);
       }
     }

@@ -23,7 +23,7 @@ export interface WalSinkOptions {
   segmentBytes?: number;
   log: Logger;
   registry: Registry;
-  shipper?: { batchRows?: number; idleMs?: number; backoffMs?: { base: number; max: number } };
+  shipper?: { batchRows?: number; idleMs?: number; backoffMs?: { base: number; max: number }; refusedAllProbe?: number };
   /** Tables this component writes; others are not opened. */
   tables?: readonly AuditTable[];
   /** The store, when the component also reads it (one PGlite instance per directory); closed with the sink. */
@@ -38,7 +38,7 @@ export function walMetrics(registry: Registry): WalMetrics & ShipperMetrics {
   const unshipped = gauge(registry, 'dvx_audit_wal_unshipped_bytes', 'WAL bytes not yet shipped', ['table']);
   const shipped = counter(registry, 'dvx_audit_shipped_total', 'Audit rows acknowledged by the store', ['table']);
   const lag = gauge(registry, 'dvx_audit_ship_lag_seconds', 'Age of the newest shipped record when shipped', ['table']);
-  const failed = counter(registry, 'dvx_audit_ship_failures_total', 'Failed shipping attempts, by the step that failed (read, store, dead_letter, checkpoint)', ['table', 'reason']);
+  const failed = counter(registry, 'dvx_audit_ship_failures_total', 'Failed shipping attempts, by the step that failed (read, store, refused_all, dead_letter, checkpoint)', ['table', 'reason']);
   const deadLettered = counter(registry, 'dvx_audit_dead_letter_records_total', 'Audit records moved to the dead-letter spool (rejected by the store, or unparseable)', ['table', 'reason']);
   const deadLetterPending = gauge(registry, 'dvx_audit_dead_letter_pending', 'Records in the dead-letter spool, as of its last change in this process', ['table']);
   return {

@@ -50,6 +50,11 @@ export interface ControlPlaneOptions extends AuditOptions, ServerLimitOptions {
   brokerHeartbeatMs: number;
   /** How often an open stream re-checks its authorization besides after every change (not a flag). */
   streamRecheckMs: number;
+  /**
+   * How long a pending IdP undo is left to the request that wrote it before the sweep (at start and
+   * every half of it) takes it over; longer than any request holds one (not a flag, tests shorten it).
+   */
+  idpUndoGraceMs: number;
   /** Subjects granted the platform administrator role at start. */
   seedAdmin: string[];
 }
@@ -73,6 +78,7 @@ export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
   idpKey: '',
   brokerHeartbeatMs: 30_000,
   streamRecheckMs: 5_000,
+  idpUndoGraceMs: 600_000,
   auditStreamPollMs: 1000,
   kmsProvider: '',
   kmsConfig: '',
@@ -124,6 +130,7 @@ export function validateOptions(input: Partial<ControlPlaneOptions>): ControlPla
   const audit = auditOptionsProblem(o);
   if (audit) throw new OptionsError(audit);
   if (!(o.streamRecheckMs > 0)) throw new OptionsError('streamRecheckMs must be positive');
+  if (!(o.idpUndoGraceMs > 0)) throw new OptionsError('idpUndoGraceMs must be positive');
   const limits = serverLimitsProblem(o);
   if (limits) throw new OptionsError(limits);
   return o;

@@ -11,7 +11,7 @@ import { startMetricsServer } from '../core/metrics-server.ts';
 import { OidcAuthenticator, AuthenticationError, type Principal } from './auth/oidc.ts';
 import { callerGrants } from './authz/capabilities.ts';
 import { ApiError, entryForStatus, PROBLEMS, problemOf, sendProblem } from './errors.ts';
-import { isSkeleton, OptionsError, validateOptions, type ControlPlaneOptions } from './options.ts';
+import { CONTROLPLANE_DEFAULTS, isSkeleton, OptionsError, validateOptions, type ControlPlaneOptions } from './options.ts';
 import { openDb, type Db } from '../core/sql.ts';
 import { migrate } from './store/migrate.ts';
 import { grantRoutes } from './routes/grants.ts';
@@ -53,7 +53,7 @@ import { createRegistry } from '../core/metrics.ts';
 import type { Registry } from 'prom-client';
 import { controlPlaneMetrics } from './metrics.ts';
 import { refuseNul } from './nul-guard.ts';
-import { retryPendingUndos } from './idp/pending-undo.ts';
+import { startUndoSweeper } from './idp/pending-undo.ts';
 import pkg from '../package.json' with { type: 'json' };
 
 // `dvx serve controlplane`: the operator API on fastify over TLS.
@@ -134,7 +134,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
   const erasureJobs = new Set<Promise<void>>();
   let purge: NodeJS.Timeout | null = null;
   const stopPublishers: (() => void)[] = [];
-  let retryUndos: (() => Promise<void>) | null = null;
+  let startUndos: (() => { stop(): Promise<void> }) | null = null;
   if (isSkeleton(options)) {
     app.setNotFoundHandler((req, reply) => sendProblem(reply, PROBLEMS.notImplemented, SKELETON_DETAIL, req.url));
     log.warn({ issuer: options.oidcIssuer || null, database: Boolean(options.databaseDsn) }, 'controlplane in skeleton mode');
@@ -196,15 +196,16 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     const keys = kms ? new OrgKeys(store, kms) : null;
     const deps = { db: store, audit: audit!, capture, keys, log, metrics };
     erasureDeps = { db: store, keys, auditStore, audit: audit!, log };
-    // IdP undos a failure left pending (a client registered for an account never stored, …) run again.
-    if (idp) retryUndos = () => retryPendingUndos(deps, idp).then(({ failed }) => void (failed > 0 && log.warn({ failed }, 'IdP undos still pending after the retry at start')), (err: Error) => log.error({ err }, 'retrying pending IdP undos failed'));
+    // IdP undos a failure or a crash left pending (a client registered for an account never stored, …)
+    // run again, at start and then periodically (idp/pending-undo.ts).
+    if (idp) startUndos = () => startUndoSweeper(deps, idp, options.idpUndoGraceMs);
     // The OpenAPI document describes the full surface, including route families this process did not
     // wire (spec: Versioning): it is collected from a never-listening instance with every family.
     const guard = streamGuardDeps(registry, log, options.streamRecheckMs);
     const document = openApiDocument(await surfaceOperations((api) => mountApi(api, deps, { agentIssuer: {} as AgentOperatorIssuer, idp: {} as IdpProvisioner, accountStatus, events, auditStore: {} as AuditStore, auditRead: { pollMs: 0, heartbeatMs: 0, guard, accountStatus }, erasure: erasureDeps!, erasureJobs })));
     await app.register(async (api) => {
       api.get('/openapi.json', { config: { requiredCapability: null } }, async () => document);
-      await mountApi(api, deps, { agentIssuer, idp, accountStatus, events, auditStore, auditRead: { pollMs: options.auditStreamPollMs, heartbeatMs: 15_000, guard, accountStatus }, erasure: erasureDeps!, erasureJobs });
+      await mountApi(api, deps, { agentIssuer, idp, accountStatus, events, auditStore, auditRead: { pollMs: options.auditStreamPollMs, heartbeatMs: 15_000, guard, accountStatus }, erasure: erasureDeps!, erasureJobs, idpUndoGraceMs: options.idpUndoGraceMs });
     }, { prefix: '/api/v1' });
     await app.register(brokerRoutes(deps, events, { heartbeatMs: options.brokerHeartbeatMs, agentIssuer, guard }));
     if (options.policyPublish) {
@@ -235,7 +236,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     erasureJobs.add(job);
     void job.finally(() => erasureJobs.delete(job));
   }
-  const undoJob = retryUndos?.();
+  const undoSweeper = startUndos?.();
   log.info({ addr: app.server.address(), metrics_port: metricsServer?.port ?? null, skeleton: isSkeleton(options) }, 'controlplane listening');
   return {
     port: (app.server.address() as AddressInfo).port,
@@ -244,7 +245,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     registry,
     close: async () => {
       if (purge) clearInterval(purge);
-      await Promise.allSettled([...erasureJobs, undoJob]);
+      await Promise.allSettled([...erasureJobs, undoSweeper?.stop()]);
       for (const stop of stopPublishers) stop();
       await app.close();
       await metricsServer?.close();
@@ -277,6 +278,8 @@ interface Families {
   auditRead: AuditReadOptions;
   erasure: ErasureDeps;
   erasureJobs: Set<Promise<void>>;
+  /** Grace of a pending IdP undo (options.idpUndoGraceMs); the default where not given. */
+  idpUndoGraceMs?: number;
 }
 
 /** Every route under /api/v1; a family whose backing capability is not wired is not mounted. */
@@ -300,5 +303,5 @@ async function mountApi(api: FastifyInstance, deps: ChangeDeps, wired: Families)
   if (wired.agentIssuer) await api.register(agentOperatorRoutes(deps, wired.agentIssuer));
   await api.register(erasureRoutes(deps, wired.erasure, wired.erasureJobs));
   if (wired.auditStore) await api.register(auditRoutes(deps, wired.auditStore, wired.auditRead));
-  if (wired.idp) await api.register(serviceAccountRoutes(deps, wired.idp, wired.accountStatus));
+  if (wired.idp) await api.register(serviceAccountRoutes(deps, wired.idp, wired.accountStatus, wired.idpUndoGraceMs ?? CONTROLPLANE_DEFAULTS.idpUndoGraceMs));
 }

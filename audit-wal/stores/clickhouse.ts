@@ -3,7 +3,7 @@ import { ClickHouseLogLevel, createClient, type ClickHouseClient } from '@clickh
 import type { AuditStore } from '../store.ts';
 import { StoreRejectedError, StoreUnavailableError } from '../errors.ts';
 import type { AuditTable } from '../sink.ts';
-import { clickhouseRow } from '../rows.ts';
+import { clickhouseRow, mapRows } from '../rows.ts';
 import type { AuditQuery } from '../query.ts';
 import { CH_EVENT_SELECT, chString, clickhouseWhere, toLlmEntry, toRecord, type LlmQuery, type ReadRecord } from '../read.ts';
 
@@ -111,7 +111,7 @@ export class ClickHouseStore implements AuditStore {
 
   async insert(table: AuditTable, records: Record<string, unknown>[]): Promise<void> {
     if (records.length === 0) return;
-    const values = records.map((r) => clickhouseRow(table, r));
+    const values = mapRows(table, records, clickhouseRow);
     try {
       // One request, parsed as one block (a batch is far below max_insert_block_size): a row that fails
       // to parse fails the whole insert and nothing of it is written.

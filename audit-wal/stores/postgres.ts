@@ -4,7 +4,7 @@ import { PGlite } from '@electric-sql/pglite';
 import type { AuditStore } from '../store.ts';
 import { StoreRejectedError, StoreUnavailableError } from '../errors.ts';
 import type { AuditTable } from '../sink.ts';
-import { COLUMNS, postgresRow } from '../rows.ts';
+import { COLUMNS, mapRows, postgresRow } from '../rows.ts';
 import type { AuditQuery } from '../query.ts';
 import { postgresWhere, toLlmEntry, toRecord, type LlmQuery, type ReadRecord } from '../read.ts';
 
@@ -69,7 +69,7 @@ export class PostgresStore implements AuditStore {
   async insert(table: AuditTable, records: Record<string, unknown>[]): Promise<void> {
     if (records.length === 0) return;
     const cols = COLUMNS[table].join(', ');
-    const rows = records.map((r) => postgresRow(table, r));
+    const rows = mapRows(table, records, postgresRow);
     try {
       await this.#db.query(
         `INSERT INTO ${table} (${cols}) SELECT ${cols} FROM json_populate_recordset(NULL::${table}, $1::json) ON CONFLICT (id) DO NOTHING`,

@@ -2,7 +2,7 @@ import type { FastifyRequest } from 'fastify';
 import type { Queryable } from '../../core/sql.ts';
 import type { AuditFilters, AuditPredicate } from '../../audit-wal/query.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
-import { BUILT_IN_ROLES } from './capabilities.ts';
+import { builtInRole } from './capabilities.ts';
 import { callerGrants } from './capabilities.ts';
 import { covers } from './guard.ts';
 
@@ -34,7 +34,7 @@ export async function auditScope(db: Queryable, req: FastifyRequest, filters: Au
     const { rows } = await db.query<{ role: string | null; capability: string | null }>(
       `SELECT role, capability FROM grants WHERE principal = $1 AND scope_kind = 'org' AND org_id = $2`, [`agent:${uid}`, p.orgId],
     );
-    const held = rows.some((r) => r.capability === 'audit:read' || (BUILT_IN_ROLES[r.role ?? ''] ?? []).includes('audit:read'));
+    const held = rows.some((r) => r.capability === 'audit:read' || (r.role !== null && builtInRole(r.role)?.includes('audit:read') === true));
     if (!held) throw new ApiError(PROBLEMS.forbidden, `agent:${uid} holds no audit grant in org ${p.orgId}`);
     return { predicate: { orgs: [p.orgId], agent: uid }, filters: own, platform: false };
   }

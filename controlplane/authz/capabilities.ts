@@ -1,3 +1,4 @@
+import { dict, own } from '../../core/own.ts';
 import type { Queryable } from '../../core/sql.ts';
 
 // Capabilities (spec: "Capabilities named") and built-in roles. One function computes a principal's
@@ -11,12 +12,22 @@ export type Capability = (typeof CAPABILITIES)[number];
 
 export type ScopeKind = 'platform' | 'org' | 'group' | 'agent';
 
-export const BUILT_IN_ROLES: Record<string, readonly Capability[]> = {
+/**
+ * Looked up by names callers send (a grant's role, a role path): without a prototype, and read through
+ * `builtInRole`, so `constructor` or `__proto__` is a role name like any other, never a member of
+ * Object.prototype (a 500 once, for a grant of role `constructor`).
+ */
+export const BUILT_IN_ROLES: Readonly<Record<string, readonly Capability[]>> = Object.freeze(Object.assign(dict<readonly Capability[]>(), {
   'platform-admin': CAPABILITIES,
   'org-admin': ['org:manage', 'members:*', 'agents:manage', 'clients:manage', 'enclaves:read', 'audit:read', 'audit:read:all'],
   member: ['enclaves:read'],
   auditor: ['audit:read', 'audit:read:all'],
-};
+} satisfies Record<string, readonly Capability[]>));
+
+/** The capabilities of the built-in role `name`; undefined when it is not one. */
+export function builtInRole(name: string): readonly Capability[] | undefined {
+  return own(BUILT_IN_ROLES, name);
+}
 
 export interface EffectiveGrant {
   capability: Capability;
@@ -54,7 +65,7 @@ export async function effectiveCapabilities(db: Queryable, p: PrincipalRef): Pro
   const out: EffectiveGrant[] = [];
   const seen = new Set<string>();
   for (const row of rows) {
-    const caps = row.capability ? [row.capability] : BUILT_IN_ROLES[row.role ?? ''] ?? row.custom ?? [];
+    const caps = row.capability ? [row.capability] : (row.role === null ? undefined : builtInRole(row.role)) ?? row.custom ?? [];
     for (const capability of caps) {
       if (!(CAPABILITIES as readonly string[]).includes(capability)) continue;
       const key = [capability, row.scope_kind, row.org_id, row.group_id, row.agent_id].join('\u0000');

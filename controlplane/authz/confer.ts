@@ -1,7 +1,7 @@
 import type { FastifyRequest } from 'fastify';
 import type { Queryable } from '../../core/sql.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
-import { BUILT_IN_ROLES, CAPABILITIES, effectiveCapabilities, groupsOf, type Capability, type ScopeKind } from './capabilities.ts';
+import { builtInRole, CAPABILITIES, effectiveCapabilities, groupsOf, type Capability, type ScopeKind } from './capabilities.ts';
 import { describe, holds, type Target } from './guard.ts';
 
 // A caller may confer only what it holds (P7.7): a grant, a role's definition, a group membership that
@@ -15,7 +15,8 @@ import { describe, holds, type Target } from './guard.ts';
 export async function conferredBy(db: Queryable, role: string | null, capability: string | null): Promise<Capability[]> {
   if (capability !== null) return (CAPABILITIES as readonly string[]).includes(capability) ? [capability as Capability] : [];
   if (role === null) return [];
-  if (role in BUILT_IN_ROLES) return [...BUILT_IN_ROLES[role]];
+  const builtIn = builtInRole(role);
+  if (builtIn) return [...builtIn];
   const { rows } = await db.query<{ capabilities: string[] }>('SELECT capabilities FROM roles WHERE name = $1', [role]);
   return (rows[0]?.capabilities ?? []).filter((c): c is Capability => (CAPABILITIES as readonly string[]).includes(c));
 }

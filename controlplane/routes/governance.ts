@@ -1,4 +1,5 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
+import { own } from '../../core/own.ts';
 import type { Queryable } from '../../core/sql.ts';
 import { PolicyValidationError } from '../../pipeline/errors.ts';
 import { validatePacks } from '../../pipeline/policy/snapshot.ts';
@@ -72,7 +73,7 @@ export async function effectiveGovernance(db: Queryable, agent: { uid: string; o
 export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
   const { db } = deps;
   const kindOf = (req: FastifyRequest): GovernanceKind => {
-    const k = KIND_OF_PATH[(req.params as { kind: string }).kind];
+    const k = own(KIND_OF_PATH, (req.params as { kind: string }).kind);
     if (!k) throw new ApiError(PROBLEMS.notFound, `no policy kind ${(req.params as { kind: string }).kind} (one of ${Object.keys(KIND_OF_PATH).join(', ')})`);
     return k;
   };

@@ -1,6 +1,6 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
-import { BUILT_IN_ROLES, CAPABILITIES, type ScopeKind } from '../authz/capabilities.ts';
+import { builtInRole, CAPABILITIES, type ScopeKind } from '../authz/capabilities.ts';
 import { requireCapability, type Target } from '../authz/guard.ts';
 import { conferredBy, grantScope, requireConferrable } from '../authz/confer.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
@@ -47,7 +47,7 @@ function str(body: Record<string, unknown>, field: string): string | null {
 }
 
 async function roleExists(db: Queryable, role: string): Promise<boolean> {
-  if (role in BUILT_IN_ROLES) return true;
+  if (builtInRole(role)) return true;
   return (await db.query('SELECT 1 FROM roles WHERE name = $1', [role])).rows.length > 0;
 }
 

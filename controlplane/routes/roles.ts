@@ -1,5 +1,5 @@
 import type { FastifyInstance } from 'fastify';
-import { BUILT_IN_ROLES, CAPABILITIES, type Capability } from '../authz/capabilities.ts';
+import { BUILT_IN_ROLES, builtInRole, CAPABILITIES, type Capability } from '../authz/capabilities.ts';
 import { requireConferrable } from '../authz/confer.ts';
 import { requireCapability } from '../authz/guard.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
@@ -51,7 +51,7 @@ export function roleRoutes(deps: ChangeDeps) {
       const body = object(req.body, ['name', 'capabilities']);
       const name = body.name;
       if (typeof name !== 'string' || !NAME.test(name)) bad('name', 'must be 2–63 lowercase letters, digits or dashes, starting with a letter');
-      if (name in BUILT_IN_ROLES) throw new ApiError(PROBLEMS.conflict, `"${name}" is a built-in role`);
+      if (builtInRole(name)) throw new ApiError(PROBLEMS.conflict, `"${name}" is a built-in role`);
       const capabilities = capabilitiesOf(body);
       await requireConferrable(db, req, capabilities as Capability[], platform, `role ${name}`);
       const role = await auditedChange(deps, req, 'role.create', '', async (tx) => {
@@ -64,7 +64,7 @@ export function roleRoutes(deps: ChangeDeps) {
     api.put('/roles/:name', { config: { requiredCapability: 'platform:config' } }, async (req) => {
       await requireCapability(db, req, 'platform:config', platform);
       const name = (req.params as { name: string }).name;
-      if (name in BUILT_IN_ROLES) throw new ApiError(PROBLEMS.conflict, `"${name}" is a built-in role and cannot be changed`);
+      if (builtInRole(name)) throw new ApiError(PROBLEMS.conflict, `"${name}" is a built-in role and cannot be changed`);
       const capabilities = capabilitiesOf(object(req.body, ['capabilities']));
       // A role's definition reaches every holder of the role: it may carry only what the caller holds.
       await requireConferrable(db, req, capabilities as Capability[], platform, `role ${name}`);
@@ -78,7 +78,7 @@ export function roleRoutes(deps: ChangeDeps) {
     api.delete('/roles/:name', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
       await requireCapability(db, req, 'platform:config', platform);
       const name = (req.params as { name: string }).name;
-      if (name in BUILT_IN_ROLES) throw new ApiError(PROBLEMS.conflict, `"${name}" is a built-in role and cannot be deleted`);
+      if (builtInRole(name)) throw new ApiError(PROBLEMS.conflict, `"${name}" is a built-in role and cannot be deleted`);
       await auditedChange(deps, req, 'role.delete', '', async (tx) => {
         const used = await tx.query('SELECT 1 FROM grants WHERE role = $1 LIMIT 1', [name]);
         if (used.rows.length > 0) throw new ApiError(PROBLEMS.conflict, `role ${name} is still granted; revoke its grants first`);

@@ -3,14 +3,14 @@ import { exportJWK, generateKeyPair, type JWK } from 'jose';
 import { newId } from '../../core/ids.ts';
 import { auditedChange, type ChangeActor, type ChangeDeps } from '../audited-change.ts';
 import type { ServiceAccountStatus } from '../auth/service-account-status.ts';
-import { BUILT_IN_ROLES, CAPABILITIES, groupsOf, type Capability, type ScopeKind } from '../authz/capabilities.ts';
+import { builtInRole, CAPABILITIES, groupsOf, type Capability, type ScopeKind } from '../authz/capabilities.ts';
 import { describe, holds, requireCapability, type Target } from '../authz/guard.ts';
 import { conferredBy, requireConferrable, requireHoldsAllOf } from '../authz/confer.ts';
 import { bad, object, strings, text } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import { IdpError, serviceAccountMetadata, type IdpProvisioner, type Registration } from '../idp/provisioner.ts';
 import type { ServiceAccountKey } from '../idp/service-account-key.ts';
-import { undoIdpStep } from '../idp/pending-undo.ts';
+import { dropIntent, recordIntent, recordRegistration, settleIntent, undoIdpStep } from '../idp/pending-undo.ts';
 import type { Queryable } from '../../core/sql.ts';
 
 // Service accounts of an org (spec: "Service accounts"), provisioned at the OIDC identity provider so
@@ -21,8 +21,9 @@ import type { Queryable } from '../../core/sql.ts';
 // The account's key (a private JWK) is returned once, at creation or when a key is added, and never
 // again: the store keeps only public keys. Disabling removes the client at the IdP and refuses the
 // account's still-valid tokens. Every change is audited; an IdP step that succeeded is undone when the
-// change that follows it fails, so nothing is left half-done; an undo that fails is kept, logged,
-// counted, audited and retried at the next start (idp/pending-undo.ts).
+// change that follows it fails, so nothing is left half-done. The undo is persisted before the IdP is
+// called and settled in the store change's own transaction, so a crash at any point leaves it behind;
+// an undo that fails or is left by a crash is logged, counted, audited and retried (idp/pending-undo.ts).
 
 interface AccountRow {
   id: string; org_id: string; name: string; owner: string; level: string; status: string;
@@ -69,7 +70,7 @@ const scopeOf = (t: Target) => ({
 
 const actorOf = (req: FastifyRequest): ChangeActor => ({ subject: req.principal!.subject, kind: req.principal!.kind, traceId: String(req.id) });
 
-export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, status: ServiceAccountStatus) {
+export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, status: ServiceAccountStatus, undoGraceMs: number) {
   const { db } = deps;
   const params = (req: FastifyRequest) => req.params as { org: string; id: string; key: string; grant: string };
   const orgTarget = (req: FastifyRequest): Target => ({ kind: 'org', org: params(req).org });
@@ -115,11 +116,20 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
 
   /**
    * Registers the account at the IdP, then stores it (with its key, groups and grants) in one audited
-   * transaction; if that fails, the IdP client is removed again.
+   * transaction; if that fails, the IdP client is removed again. The undo is on record before the
+   * registration and is settled by the transaction that stores the account.
    */
   async function create(req: FastifyRequest, org: string, name: string, level: 'org' | 'self-service', extra: (tx: Queryable, id: string) => Promise<void>) {
     const key = await newKey();
-    const reg = await idpStep(() => idp.register(serviceAccountMetadata(name, org, [key.publicJwk])));
+    const intent = await recordIntent(deps, undoGraceMs, 'remove', org, name, null);
+    let reg: Registration;
+    try {
+      reg = await idpStep(() => idp.register(serviceAccountMetadata(name, org, [key.publicJwk])));
+    } catch (err) {
+      await dropIntent(deps, intent);
+      throw err;
+    }
+    const pending = await recordRegistration(deps, idp, intent, reg);
     try {
       const row = await auditedChange(deps, req, 'service-account.create', org, async (tx) => {
         const { rows } = await tx.query<AccountRow>(
@@ -129,26 +139,34 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
         );
         await tx.query('INSERT INTO service_account_keys (account_id, key_id, public_jwk) VALUES ($1, $2, $3)', [reg.client_id, key.kid, JSON.stringify(key.publicJwk)]);
         await extra(tx, reg.client_id);
+        await settleIntent(tx, pending);
         return { result: rows[0], resource: `service-account:${reg.client_id}` };
       });
       return { ...view(row), credential: keyFile(reg.client_id, key) };
     } catch (err) {
-      await undoIdpStep(deps, idp, actorOf(req), 'remove', org, reg, err);
+      await undoIdpStep(deps, idp, actorOf(req), pending, err);
       throw err;
     }
   }
 
   /** Replaces the account's key set at the IdP around a store change; the IdP is put back if it fails. */
   async function changeKeys(req: FastifyRequest, account: AccountRow, next: JWK[], action: string, store: (tx: Queryable) => Promise<void>) {
-    await idpStep(() => idp.update(registration(account), serviceAccountMetadata(account.name, account.org_id, next)));
+    const intent = await recordIntent(deps, undoGraceMs, 'update', account.org_id, account.name, registration(account));
+    try {
+      await idpStep(() => idp.update(registration(account), serviceAccountMetadata(account.name, account.org_id, next)));
+    } catch (err) {
+      await dropIntent(deps, intent);
+      throw err;
+    }
     try {
       await auditedChange(deps, req, action, account.org_id, async (tx) => {
         await store(tx);
+        await settleIntent(tx, intent);
         return { result: null, resource: `service-account:${account.id}` };
       });
     } catch (err) {
       // The IdP is put back to the keys the store holds (`before`, unchanged by the failed change).
-      await undoIdpStep(deps, idp, actorOf(req), 'update', account.org_id, registration(account), err);
+      await undoIdpStep(deps, idp, actorOf(req), intent, err);
       throw err;
     }
   }
@@ -281,7 +299,7 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       const capability = capabilityOf(body);
       if ((role === null) === (capability === null)) bad('role', 'exactly one of role and capability is required');
       if (role === 'platform-admin') bad('role', 'platform-admin is granted at platform scope only');
-      if (role !== null && !(role in BUILT_IN_ROLES) && (await db.query('SELECT 1 FROM roles WHERE name = $1', [role])).rows.length === 0) bad('role', `unknown role "${role}"`);
+      if (role !== null && !builtInRole(role) && (await db.query('SELECT 1 FROM roles WHERE name = $1', [role])).rows.length === 0) bad('role', `unknown role "${role}"`);
       const target = grantTarget(account.org_id, body, '');
       await requireConferrable(db, req, await conferredBy(db, role, capability), target, 'this grant');
       const s = scopeOf(target);

@@ -1,5 +1,6 @@
 import type { FastifyInstance } from 'fastify';
 import { Agent, request } from 'undici';
+import { dict } from '../../core/own.ts';
 
 // POST /oauth/token (spec: "Token facade"): no bearer, not under /api/v1. The request (TokenRequest:
 // grant_type, assertion, scope, as a form or JSON) goes to the issuer's token endpoint,
@@ -29,7 +30,8 @@ export function tokenFacade(options: TokenFacadeOptions) {
       const body = req.body;
       const fail = (e: ReturnType<typeof oauthError>) => reply.code(e.status).header('cache-control', 'no-store').send(e.body);
       if (body === null || typeof body !== 'object' || Array.isArray(body)) return fail(oauthError(400, 'invalid_request', 'the body must be a form or a JSON object (TokenRequest)'));
-      const fields: Record<string, string> = {};
+      // Keys are the caller's: `__proto__` must be a field like any other, not the object's prototype.
+      const fields = dict<string>();
       for (const [k, v] of Object.entries(body as Record<string, unknown>)) {
         if (typeof v !== 'string') return fail(oauthError(400, 'invalid_request', `${k} must be a string`));
         fields[k] = v;

@@ -10,7 +10,8 @@ import { createRegistry } from '../../core/metrics.ts';
 import { newId } from '../../core/ids.ts';
 import { WalSink } from '../../audit-wal/wal-sink.ts';
 import { openStore } from '../../audit-wal/store.ts';
-import { StoreRejectedError, StoreUnavailableError } from '../../audit-wal/errors.ts';
+import { StoreRefusesAllError, StoreRejectedError, StoreUnavailableError } from '../../audit-wal/errors.ts';
+import { insertBisecting } from '../../audit-wal/bisect.ts';
 import { freshPgDatabase } from '../fixtures/pg-database.ts';
 import { startTcpProxy } from '../fixtures/tcp-proxy.ts';
 import { runDvx } from '../fixtures/run-dvx.ts';
@@ -222,4 +223,102 @@ t.test('ClickHouse: a batch that fails mid-way inserts nothing; errors are class
   const refused = await down.insert('llm_audit_log', [record(1)]).catch((e: unknown) => e);
   await down.close();
   t.type(refused, StoreUnavailableError, 'connection refused is unavailable');
+});
+
+// P7.6 review: a record that is a JSON object with objects where strings are meant (`{"toString":1}`
+// as a text column, an object as event_time) once threw in the row mapping, outside the store's error
+// classification: the shipper took it for a store that is down and retried it forever. Mapping is
+// total now: such a record ships, its odd values as their JSON text.
+const odd = (i: number) => ({ ...record(i), model: { toString: 1 }, path: ['x'], agent_name: { valueOf: {} }, event_time: { toString: 1 } });
+const oddEvent = () => ({ id: newId(), event_time: { toString: 1 }, kind: { a: 1 }, action: { toString: 1 }, org_id: 'org-1', attrs: { k: { toString: 1 }, n: 2 } });
+
+// And the opposite case: a store that refuses every record (an operator's schema change) is a store
+// problem, not a few bad records: the batch is retried (reason `refused_all`), never dead-lettered
+// whole, and ships once the schema is put right.
+
+t.test('PostgreSQL: records with objects where text is meant ship; a store refusing everything is retried, not dead-lettered', async (t) => {
+  const pgdb = await freshPgDatabase('dvx_dead');
+  if (!pgdb) return t.plan(0, 'PostgreSQL not reachable');
+  t.teardown(pgdb.drop);
+  const dir = await tempDir();
+  const registry = createRegistry();
+  const sink = await WalSink.open({ dir, dsn: pgdb.dsn, log: quiet, registry, shipper: ship });
+  const c = new pg.Client({ connectionString: pgdb.dsn });
+  await c.connect();
+  t.teardown(() => c.end());
+  const a = odd(1);
+  const e = oddEvent();
+  await sink.append('llm_audit_log', a);
+  await sink.append('audit_events', e);
+  const llm = sink.table('llm_audit_log')!;
+  const events = sink.table('audit_events')!;
+  t.ok(await until(() => llm.stats().unshippedBytes === 0 && events.stats().unshippedBytes === 0), 'both shipped');
+  t.same((await c.query('SELECT model, path, agent_name FROM llm_audit_log WHERE id = $1', [a.id])).rows, [{ model: '{"toString":1}', path: '["x"]', agent_name: '{"valueOf":{}}' }]);
+  t.same((await c.query('SELECT kind, action, attrs FROM audit_events WHERE id = $1', [e.id])).rows, [{ kind: '{"a":1}', action: '{"toString":1}', attrs: { k: { toString: 1 }, n: 2 } }]);
+  t.equal(await metric(registry, 'dvx_audit_dead_letter_records_total', { table: 'llm_audit_log', reason: 'rejected' }), 0);
+  t.equal(await metric(registry, 'dvx_audit_ship_failures_total', { table: 'llm_audit_log', reason: 'store' }), 0, 'no failed attempt at all');
+
+  // Every insert now fails with a data error (23514), whatever the record.
+  await c.query('ALTER TABLE llm_audit_log ADD CONSTRAINT closed CHECK (false) NOT VALID');
+  const batch = Array.from({ length: 20 }, (_, i) => record(i));
+  await Promise.all(batch.map((r) => sink.append('llm_audit_log', r)));
+  t.ok(await until(async () => (await metric(registry, 'dvx_audit_ship_failures_total', { table: 'llm_audit_log', reason: 'refused_all' })) >= 2), 'counted as refused_all and retried');
+  t.equal(await metric(registry, 'dvx_audit_dead_letter_records_total', { table: 'llm_audit_log', reason: 'rejected' }), 0, 'nothing dead-lettered');
+  t.ok(llm.stats().unshippedBytes > 0, 'the records wait in the WAL');
+  // Without a record shipped before (a fresh start), 8 records probed across the batch decide.
+  const store = await openStore(pgdb.dsn);
+  t.teardown(() => store.close());
+  t.type(await insertBisecting(store, 'llm_audit_log', batch, { probe: 8 }).catch((e: unknown) => e), StoreRefusesAllError, 'probed: the store refuses all');
+  await c.query('ALTER TABLE llm_audit_log DROP CONSTRAINT closed');
+  const probed = [...Array.from({ length: 12 }, (_, i) => record(i)), record(0, { input_tokens: 1e19 })];
+  t.same((await insertBisecting(store, 'llm_audit_log', probed, { probe: 8 })).map((r) => r.row.id), [probed[12].id], 'probed: one taken, the batch is bisected');
+  t.ok(await until(() => llm.stats().unshippedBytes === 0), 'shipped once the schema is put right');
+  t.equal((await c.query('SELECT count(*)::int AS n FROM llm_audit_log WHERE id = ANY($1)', [batch.map((r) => r.id)])).rows[0].n, 20);
+  t.equal(await metric(registry, 'dvx_audit_dead_letter_pending', { table: 'llm_audit_log' }), 0);
+
+  // A few bad records among good ones are still the records: dead-lettered, the rest ship.
+  const mixed = [...Array.from({ length: 10 }, (_, i) => record(i)), record(0, { model: 'a\u0000b' }), ...Array.from({ length: 10 }, (_, i) => record(i))];
+  await Promise.all(mixed.map((r) => sink.append('llm_audit_log', r)));
+  t.ok(await until(() => llm.stats().unshippedBytes === 0));
+  t.equal(await metric(registry, 'dvx_audit_dead_letter_records_total', { table: 'llm_audit_log', reason: 'rejected' }), 1);
+  await sink.close();
+});
+
+t.test('ClickHouse: records with objects where text is meant ship; a store refusing everything is retried, not dead-lettered', async (t) => {
+  if (!(await clickhouseUp())) return t.plan(0, 'ClickHouse not running on 127.0.0.1:8123');
+  const db = `dvx_dead_${Date.now().toString(36)}c`;
+  const admin = createClient({ url: 'http://127.0.0.1:8123' });
+  t.teardown(async () => {
+    await admin.command({ query: `DROP DATABASE IF EXISTS ${db}` });
+    await admin.close();
+  });
+  const dir = await tempDir();
+  const registry = createRegistry();
+  const sink = await WalSink.open({ dir, dsn: `clickhouse://default@127.0.0.1:8123/${db}`, log: quiet, registry, shipper: ship });
+  const a = odd(1);
+  const e = oddEvent();
+  await sink.append('llm_audit_log', a);
+  await sink.append('audit_events', e);
+  const llm = sink.table('llm_audit_log')!;
+  const events = sink.table('audit_events')!;
+  t.ok(await until(() => llm.stats().unshippedBytes === 0 && events.stats().unshippedBytes === 0), 'both shipped');
+  const q = async (query: string) => (await admin.query({ query, format: 'JSONEachRow' })).json();
+  t.same(await q(`SELECT model, path FROM ${db}.llm_audit_log WHERE id = '${a.id}'`), [{ model: '{"toString":1}', path: '["x"]' }]);
+  t.same(await q(`SELECT action, attrs_keys, attrs_values FROM ${db}.audit_events WHERE id = '${e.id}'`), [{ action: '{"toString":1}', attrs_keys: ['k', 'n'], attrs_values: ['{"toString":1}', '2'] }]);
+  t.equal(await metric(registry, 'dvx_audit_ship_failures_total', { table: 'llm_audit_log', reason: 'store' }), 0, 'no failed attempt at all');
+
+  // The operator turns path into a number: every record's path now fails to parse.
+  await admin.command({ query: `ALTER TABLE ${db}.llm_audit_log MODIFY COLUMN path UInt8` }).catch(async () => {
+    await admin.command({ query: `TRUNCATE TABLE ${db}.llm_audit_log` });
+    await admin.command({ query: `ALTER TABLE ${db}.llm_audit_log MODIFY COLUMN path UInt8` });
+  });
+  const batch = Array.from({ length: 20 }, (_, i) => record(i));
+  await Promise.all(batch.map((r) => sink.append('llm_audit_log', r)));
+  t.ok(await until(async () => (await metric(registry, 'dvx_audit_ship_failures_total', { table: 'llm_audit_log', reason: 'refused_all' })) >= 2), 'counted as refused_all and retried');
+  t.equal(await metric(registry, 'dvx_audit_dead_letter_records_total', { table: 'llm_audit_log', reason: 'rejected' }), 0, 'nothing dead-lettered');
+  t.ok(llm.stats().unshippedBytes > 0, 'the records wait in the WAL');
+  await admin.command({ query: `ALTER TABLE ${db}.llm_audit_log MODIFY COLUMN path String` });
+  t.ok(await until(() => llm.stats().unshippedBytes === 0), 'shipped once the schema is put right');
+  t.same(await q(`SELECT count() AS n FROM (SELECT DISTINCT id FROM ${db}.llm_audit_log WHERE id IN (${batch.map((r) => `'${r.id}'`).join(', ')}))`), [{ n: '20' }]);
+  await sink.close();
 });
