@@ -19,9 +19,9 @@ import { isAscii } from 'node:buffer';
 // dropped; a combining mark on an ASCII letter or digit is dropped, decomposed first, so `é` reads as
 // `e` and `A\u0301K\u0301…` as `AK…` whether or not NFKC would compose the pair; the hyphens and the
 // minus sign read as `-`. NFKC is NFC of the NFKD forms of the code points, so every code point that is
-// not a mark is mapped on its own, once per process (a table), and only marks kept on another base
-// (Greek, Cyrillic, Indic, Thai text) need ICU: the text from the mark's base on, recomposed with one
-// NFC call per batch of up to REGION bytes.
+// not a mark is mapped on its own, once per process (a table); Hangul jamo compose by Unicode's
+// arithmetic; only marks kept on another base (Greek, Cyrillic, Indic, Thai text) need ICU: the text
+// from the mark's base on, recomposed with one NFC call per batch of about REGION bytes.
 //
 // Linear with a small constant on its own worst cases (bench/normalized-view.ts): a table lookup and
 // a few byte writes per code point; an entity reads at most 32 name characters, or its digit run (runs
@@ -95,11 +95,13 @@ export function foldedText(view: Buffer): string {
 
 const DROP = 1; // invisible: dropped
 const MARK = 2; // a combining mark (its NFKD form starts with one): dropped after an ASCII character
-const COMPOSES = 4; // may compose with what precedes it (marks, Hangul vowel and final jamo): recomposed
+const COMPOSES = 4; // may compose with what precedes it: marks (recomposed by ICU), Hangul vowel and final jamo
 const MAPPED = 8; // written as its mapping (the pool), not as it came
 const ASCII_END = 16; // its mapping ends with an ASCII character
 const AMP_IN = 32; // its mapping holds an `&` (`＆`): another entity level may be needed
+const HANGUL_BASE = 64; // it ends with a Hangul initial or syllable, which a vowel or final jamo composes with
 const KNOWN = 128;
+const VOWEL = 256; // a Hangul vowel jamo (its mapping starts with one): a final may compose after it
 
 const INVISIBLE = /^[\p{Default_Ignorable_Code_Point}\p{Cf}]$/u;
 const INVISIBLES = /[\p{Default_Ignorable_Code_Point}\p{Cf}]/gu;
@@ -111,7 +113,7 @@ const ENDS_ASCII = /[\x00-\x7f]$/;
 // Code points below TABLE are classified on first sight and remembered; their mappings are packed in
 // one growing pool (a few KB for the code points real text and floods use).
 const TABLE = 0x30000;
-const classes = new Uint8Array(TABLE);
+const classes = new Uint16Array(TABLE);
 const mapAt = new Int32Array(TABLE);
 const mapLength = new Uint8Array(TABLE);
 let pool = new Uint8Array(4096);
@@ -151,12 +153,16 @@ function classify(cp: number): number {
     return remember(cp, KNOWN | MARK | COMPOSES | (nfkd === ch ? 0 : MAPPED), nfkd === ch ? null : nfkd);
   }
   if ((first >= 0x1161 && first <= 0x1175) || (first >= 0x11a8 && first <= 0x11c2)) {
-    return remember(cp, KNOWN | COMPOSES | (nfkd === ch ? 0 : MAPPED), nfkd === ch ? null : nfkd);
+    const vowel = first <= 0x1175 ? VOWEL : 0;
+    return remember(cp, KNOWN | COMPOSES | vowel | (nfkd === ch ? 0 : MAPPED), nfkd === ch ? null : nfkd);
   }
   const mapping = nfkd.replace(MARKS_ON_ASCII, '$1').replace(HYPHEN_LIKE, '-').normalize('NFC');
   // Kept as it is: what NFKC leaves alone, and what it would blow up (U+FDFA is 18 characters).
-  if (mapping === ch || Buffer.byteLength(mapping) > 2 * Buffer.byteLength(ch)) return remember(cp, KNOWN, null);
-  let c = KNOWN | MAPPED;
+  const last = mapping.codePointAt(mapping.length - 1)!;
+  const hangul = (last >= 0x1100 && last <= 0x1112) || (last >= 0xac00 && last <= 0xd7a3) ? HANGUL_BASE : 0;
+  if (mapping === ch) return remember(cp, KNOWN | hangul, null);
+  if (Buffer.byteLength(mapping) > 2 * Buffer.byteLength(ch)) return remember(cp, KNOWN, null);
+  let c = KNOWN | MAPPED | hangul;
   if (ENDS_ASCII.test(mapping)) c |= ASCII_END;
   if (mapping.includes('&')) c |= AMP_IN;
   return remember(cp, c, mapping);
@@ -427,6 +433,7 @@ function pass(input: Buffer, ascii: boolean): Level | null {
   let onAscii = false; // the last character written is ASCII: marks after it are dropped
   let base = 0; // view offset where the last starter's text begins (what a mark recomposes with)
   let marks = 0; // marks kept in a row
+  let hangul = false; // the last character can take a Hangul vowel or final jamo
   // The open batch of text to recompose (view offsets), from the base of its first mark on.
   let region = -1;
   let lastMark = 0;
@@ -472,6 +479,7 @@ function pass(input: Buffer, ascii: boolean): Level | null {
         state = i;
         onAscii = false;
         marks = 0;
+        hangul = false;
         base = viewAt(w, i);
         continue;
       }
@@ -483,6 +491,7 @@ function pass(input: Buffer, ascii: boolean): Level | null {
       onAscii = true;
       base = viewAt(w, i - 1);
       marks = 0;
+      hangul = false;
     }
     state = end;
     if (cp < 0x80) {
@@ -498,6 +507,7 @@ function pass(input: Buffer, ascii: boolean): Level | null {
       onAscii = true;
       if (cp === AMP) decodedAmp = true;
       marks = 0;
+      hangul = false;
       i = end;
       continue;
     }
@@ -510,10 +520,10 @@ function pass(input: Buffer, ascii: boolean): Level | null {
       i = end;
       continue;
     }
-    if (c & COMPOSES) {
+    if (c & MARK) {
       // Kept, and recomposed with its base in the next batch.
       if (region < 0) region = base;
-      if (c & MARK) marks++;
+      marks++;
       if (entity || c & MAPPED) {
         w ??= new Writer(input);
         w.skip(i, end);
@@ -522,10 +532,32 @@ function pass(input: Buffer, ascii: boolean): Level | null {
       }
       lastMark = viewAt(w, end);
       onAscii = false;
+      hangul = false;
       i = end;
       continue;
     }
-    // A starter: mapped on its own.
+    if (c & COMPOSES && hangul) {
+      // A Hangul vowel after an initial, or a final after a syllable without one: composed by
+      // Unicode's arithmetic (UAX #15, "Hangul"), the only compositions these jamo take part in.
+      const jamo = c & MAPPED ? (mapLength[cp] === 3 ? ((pool[mapAt[cp]] & 0x0f) << 12) | ((pool[mapAt[cp] + 1] & 0x3f) << 6) | (pool[mapAt[cp] + 2] & 0x3f) : -1) : cp;
+      w ??= new Writer(input);
+      w.keep(i);
+      const p = w.length - 3;
+      const out = w.bytes;
+      const prev = p >= 0 ? ((out[p] & 0x0f) << 12) | ((out[p + 1] & 0x3f) << 6) | (out[p + 2] & 0x3f) : -1;
+      let syllable = -1;
+      if (c & VOWEL && jamo >= 0x1161 && jamo <= 0x1175 && prev >= 0x1100 && prev <= 0x1112) syllable = 0xac00 + ((prev - 0x1100) * 21 + (jamo - 0x1161)) * 28;
+      else if (jamo >= 0x11a8 && jamo <= 0x11c2 && prev >= 0xac00 && prev <= 0xd7a3 && (prev - 0xac00) % 28 === 0) syllable = prev + (jamo - 0x11a7);
+      if (syllable >= 0) {
+        w.length = p;
+        w.codePoint(syllable);
+        w.done = end;
+        hangul = (syllable - 0xac00) % 28 === 0; // an LV syllable still takes a final
+        i = end;
+        continue;
+      }
+    }
+    // A starter (or a Hangul vowel or final with nothing to compose with): mapped on its own.
     if (region >= 0) {
       const here = viewAt(w, i);
       if (here - lastMark >= GAP || here - region >= REGION) {
@@ -546,6 +578,7 @@ function pass(input: Buffer, ascii: boolean): Level | null {
       base = viewAt(w, i);
       onAscii = false;
     }
+    hangul = (c & HANGUL_BASE) !== 0;
     i = end;
   }
   if (region >= 0) w = recompose(input, w, region, n);
