@@ -9,15 +9,15 @@ import { isAscii } from 'node:buffer';
 //        └▶ one walk over code points ─┬─ ASCII byte ─────────────────────────▶ kept
 //                                      ├─ `&…;` an HTML entity ──▶ its code point ─┐
 //                                      └─ a non-ASCII code point ──────────────────┴▶ its class (a table):
-//             invisible ▶ dropped │ a mark after an ASCII letter or digit ▶ dropped │ other mark ▶ kept, and the
+//             invisible ▶ dropped │ a mark after an ASCII character ▶ dropped │ other mark ▶ kept, and the
 //             text from its base on recomposed (NFC, in batches) │ else ▶ its own NFKC form (cached per code point)
 //           (again, at most twice more, while a decoded `&` can start another entity)
 //
 // The view is built from the bytes a detector would read otherwise (the body, or its decoded JSON
 // view when escapes can hide characters), so `\u200b` inside a JSON string is decoded first and then
 // dropped here. It is NFKC with three reader's rules (docs/decisions.md): invisible characters are
-// dropped; a combining mark on an ASCII letter or digit is dropped, decomposed first, so `é` reads as
-// `e` and `A\u0301K\u0301…` as `AK…` whether or not NFKC would compose the pair; the hyphens and the
+// dropped; a combining mark on an ASCII character is dropped, decomposed first, so `é` reads as `e`
+// and `A\u0301K\u0301…` as `AK…` whether or not NFKC would compose the pair; the hyphens and the
 // minus sign read as `-`. NFKC is NFC of the NFKD forms of the code points, so every code point that is
 // not a mark is mapped on its own, once per process (a table); Hangul jamo compose by Unicode's
 // arithmetic; only marks kept on another base (Greek, Cyrillic, Indic, Thai text) need ICU: the text
@@ -540,15 +540,19 @@ function pass(input: Buffer, ascii: boolean): Level | null {
       // A Hangul vowel after an initial, or a final after a syllable without one: composed by
       // Unicode's arithmetic (UAX #15, "Hangul"), the only compositions these jamo take part in.
       const jamo = c & MAPPED ? (mapLength[cp] === 3 ? ((pool[mapAt[cp]] & 0x0f) << 12) | ((pool[mapAt[cp] + 1] & 0x3f) << 6) | (pool[mapAt[cp] + 2] & 0x3f) : -1) : cp;
-      w ??= new Writer(input);
-      w.keep(i);
-      const p = w.length - 3;
-      const out = w.bytes;
+      // The character it follows is the view's last three bytes (Hangul is all three-byte UTF-8).
+      if (w !== null) w.keep(i);
+      const out = w === null ? input : w.bytes;
+      const p = (w === null ? i : w.length) - 3;
       const prev = p >= 0 ? ((out[p] & 0x0f) << 12) | ((out[p + 1] & 0x3f) << 6) | (out[p + 2] & 0x3f) : -1;
       let syllable = -1;
       if (c & VOWEL && jamo >= 0x1161 && jamo <= 0x1175 && prev >= 0x1100 && prev <= 0x1112) syllable = 0xac00 + ((prev - 0x1100) * 21 + (jamo - 0x1161)) * 28;
       else if (jamo >= 0x11a8 && jamo <= 0x11c2 && prev >= 0xac00 && prev <= 0xd7a3 && (prev - 0xac00) % 28 === 0) syllable = prev + (jamo - 0x11a7);
       if (syllable >= 0) {
+        if (w === null) {
+          w = new Writer(input);
+          w.keep(i);
+        }
         w.length = p;
         w.codePoint(syllable);
         w.done = end;
