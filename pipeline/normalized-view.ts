@@ -149,12 +149,14 @@ function classify(cp: number): number {
   const nfkd = ch.normalize('NFKD').replace(INVISIBLES, '');
   if (nfkd === '') return remember(cp, KNOWN | DROP, null);
   const first = nfkd.codePointAt(0)!;
+  // Kept as it is when its form would more than double it (U+0F77: three marks), like any character.
+  const decomposed = nfkd !== ch && Buffer.byteLength(nfkd) <= 2 * Buffer.byteLength(ch);
   if (ANY_MARK.test(ch) || ANY_MARK.test(nfkd)) {
-    return remember(cp, KNOWN | MARK | COMPOSES | (nfkd === ch ? 0 : MAPPED), nfkd === ch ? null : nfkd);
+    return remember(cp, KNOWN | MARK | COMPOSES | (decomposed ? MAPPED : 0), decomposed ? nfkd : null);
   }
   if ((first >= 0x1161 && first <= 0x1175) || (first >= 0x11a8 && first <= 0x11c2)) {
     const vowel = first <= 0x1175 ? VOWEL : 0;
-    return remember(cp, KNOWN | COMPOSES | vowel | (nfkd === ch ? 0 : MAPPED), nfkd === ch ? null : nfkd);
+    return remember(cp, KNOWN | COMPOSES | vowel | (decomposed ? MAPPED : 0), decomposed ? nfkd : null);
   }
   const mapping = nfkd.replace(MARKS_ON_ASCII, '$1').replace(HYPHEN_LIKE, '-').normalize('NFC');
   // Kept as it is: what NFKC leaves alone, and what it would blow up (U+FDFA is 18 characters).
