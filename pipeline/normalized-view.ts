@@ -364,32 +364,20 @@ class Writer {
   }
 }
 
-/** Code point decoded by the last decodeAt. */
-let decodedCp = 0;
-
-/** The UTF-8 length of the code point at `i` (its value in decodedCp), or 0 for an invalid byte. */
+/** The code point at `i` and its UTF-8 length, as `cp * 8 + length`; 0 for an invalid byte. */
 function decodeAt(input: Buffer, i: number): number {
   const n = input.length;
   const b = input[i];
   if (b >= 0xc2 && b <= 0xdf) {
-    if (i + 1 < n && (input[i + 1] & 0xc0) === 0x80) {
-      decodedCp = ((b & 0x1f) << 6) | (input[i + 1] & 0x3f);
-      return 2;
-    }
+    if (i + 1 < n && (input[i + 1] & 0xc0) === 0x80) return ((((b & 0x1f) << 6) | (input[i + 1] & 0x3f)) << 3) | 2;
   } else if (b >= 0xe0 && b <= 0xef) {
     if (i + 2 < n && (input[i + 1] & 0xc0) === 0x80 && (input[i + 2] & 0xc0) === 0x80) {
       const cp = ((b & 0x0f) << 12) | ((input[i + 1] & 0x3f) << 6) | (input[i + 2] & 0x3f);
-      if (cp >= 0x800 && (cp < 0xd800 || cp > 0xdfff)) {
-        decodedCp = cp;
-        return 3;
-      }
+      if (cp >= 0x800 && (cp < 0xd800 || cp > 0xdfff)) return (cp << 3) | 3;
     }
   } else if (b >= 0xf0 && b <= 0xf4 && i + 3 < n && (input[i + 1] & 0xc0) === 0x80 && (input[i + 2] & 0xc0) === 0x80 && (input[i + 3] & 0xc0) === 0x80) {
     const cp = ((b & 0x07) << 18) | ((input[i + 1] & 0x3f) << 12) | ((input[i + 2] & 0x3f) << 6) | (input[i + 3] & 0x3f);
-    if (cp >= 0x10000 && cp <= 0x10ffff) {
-      decodedCp = cp;
-      return 4;
-    }
+    if (cp >= 0x10000 && cp <= 0x10ffff) return (cp << 3) | 4;
   }
   return 0;
 }
@@ -470,8 +458,8 @@ function pass(input: Buffer, ascii: boolean): Level | null {
       end = entityEnd;
       entity = true;
     } else {
-      const len = decodeAt(input, i);
-      if (len === 0) {
+      const d = decodeAt(input, i);
+      if (d === 0) {
         // An invalid byte: kept as it is, a starter no batch reaches across (its text would be U+FFFD).
         if (region >= 0) {
           w = recompose(input, w, region, i);
@@ -485,8 +473,8 @@ function pass(input: Buffer, ascii: boolean): Level | null {
         base = viewAt(w, i);
         continue;
       }
-      cp = decodedCp;
-      end = i + len;
+      cp = d >> 3;
+      end = i + (d & 7);
     }
     if (state !== i) {
       // ASCII bytes (and `&`s that start no entity) came through since the last character handled.
@@ -513,7 +501,8 @@ function pass(input: Buffer, ascii: boolean): Level | null {
       i = end;
       continue;
     }
-    const c = classify(cp);
+    const known = cp < TABLE ? classes[cp] : 0;
+    const c = known !== 0 ? known : classify(cp);
     if (c & DROP || (c & MARK && (onAscii || marks >= MARKS_IN_A_ROW))) {
       // Invisible, a mark on an ASCII character, or a mark past 32 in a row: left out, and
       // what the next mark sits on is unchanged.
