@@ -8,8 +8,11 @@ import { validatePolicyDocument } from '../pipeline/policy/validate.ts';
 
 // Part of `npm run bench -- pipeline`: what the normalized view (pipeline/normalized-view.ts) costs.
 // On an ASCII body the prefilter must make it free; on a body with non-ASCII text it is built once;
-// its own worst cases (an `&` flood, `&#` with a long digit run, combining marks NFKC reorders,
-// full-width text, a ZWSP after every character, a character NFKC expands 18-fold) must stay linear.
+// its own worst cases must stay linear with a small constant: a 32 MB body of each must leave the view
+// well inside the default 2 s deadline (P7.1). They are the pads the attacker review used (`\u200b&`,
+// `Ａ&`, `a&#x301;`, `&#8203;x`: each `&` once cut a chunk and cost an NFKC call), entity floods, digit
+// runs after `&#`, combining-mark floods on ASCII and on other letters, full-width and 4-byte floods,
+// ASCII alternating with non-ASCII, invalid UTF-8, and a character NFKC expands 18-fold.
 
 const plan = compilePlan(policyFromDocument(validatePolicyDocument({
   content_inspection: {
@@ -39,6 +42,33 @@ function jsonOf(text: Buffer): Buffer {
   return Buffer.from(JSON.stringify({ model: 'claude-sonnet-4-5', max_tokens: 10, messages: [{ role: 'user', content: text.toString() }] }));
 }
 
+/** 32 MB worst cases: [name, the unit repeated, raw (not wrapped in JSON: bytes JSON cannot carry)]. */
+const WORST: [string, string | Buffer, boolean?][] = [
+  ['ZWSP & flood (`\\u200b&`)', '\u200b&'],
+  ['full width & (`Ａ&`)', 'Ａ&'],
+  ['entity mark (`a&#x301;`)', 'a&#x301;'],
+  ['entity ZWSP (`&#8203;x`)', '&#8203;x'],
+  ['ZWSP after every byte', 'a\u200b'],
+  ['`&#x200b;` flood', '&#x200b;'],
+  ['nested `&amp;amp;amp;#64;`', '&amp;amp;amp;#64;'],
+  ['`&#` + 1000-digit runs', '&#' + '0'.repeat(1000)],
+  ['`&` flood', '&'],
+  ['named-entity near misses', '&commatcommatcommatcommatcommatxx'],
+  ['marks on ASCII letters', 'a\u0301\u0316\u0301\u0316'],
+  ['marks on other letters (`ø` + 2)', 'ø\u0301\u0316'],
+  ['marks on CJK (kept)', '日\u0301'],
+  ['marks alone', '\u0301\u0316'],
+  ['full width', 'ＡＫＩＡ＠ｅｘａｍｐｌｅ．ｃｏｍ　'],
+  ['ASCII / accented alternating', 'aé'],
+  ['ASCII / marked ø alternating', 'aø\u0301 '],
+  ['4-byte math letters', '𝐀'],
+  ['4-byte emoji', '😀'],
+  ['Hangul conjoining jamo', '\u1100\u1161\u11a8'],
+  ['compatibility jamo', 'ㄱㅏ'],
+  ['U+FDFA (18× in NFKC)', '\ufdfa'],
+  ['invalid UTF-8', Buffer.from(Array.from({ length: 64 }, (_, k) => 0x80 + k)), true],
+];
+
 export async function normalizedViewTable(quick: boolean): Promise<string> {
   const budget = quick ? 300 : 1500;
   const MB = 1024 * 1024;
@@ -46,14 +76,6 @@ export async function normalizedViewTable(quick: boolean): Promise<string> {
     ['4 KB ASCII (the hot path)', llmRequestBody(4 * 1024)],
     ['1 MB ASCII', llmRequestBody(MB)],
     ['1 MB with non-ASCII text', nonAsciiBody(MB)],
-    ['1 MB worst: & flood', jsonOf(repeatTo('&', MB))],
-    ['1 MB worst: &# + digit runs', jsonOf(repeatTo('&#' + '0'.repeat(1000), MB))],
-    ['1 MB worst: named-entity near misses', jsonOf(repeatTo('&commatcommatcommatcommatcommatxx', MB))],
-    ['1 MB worst: combining marks on letters', jsonOf(repeatTo('a\u0301\u0316\u0301\u0316\u0301\u0316', MB))],
-    ['1 MB worst: alternating marks only', jsonOf(repeatTo('\u0301\u0316', MB))],
-    ['1 MB worst: full width', jsonOf(repeatTo('ＡＫＩＡ＠ｅｘａｍｐｌｅ．ｃｏｍ　', MB))],
-    ['1 MB worst: ZWSP after every byte', jsonOf(repeatTo('a\u200b', MB))],
-    ['1 MB worst: U+FDFA (18× in NFKC)', jsonOf(repeatTo('\ufdfa', MB))],
   ];
   const rows: string[][] = [];
   for (const [name, body] of bodies) {
@@ -64,10 +86,27 @@ export async function normalizedViewTable(quick: boolean): Promise<string> {
     rows.push([name, sizeLabel(body.length), built === null ? 'none' : sizeLabel(built.bytes.length),
       mbPerSec(body.length, view.p50).toFixed(0), formatMs(view.p50), mbPerSec(body.length, full.p50).toFixed(0), formatMs(full.p50), formatMs(full.p99)]);
   }
+  const worst: string[][] = [];
+  const SIZE = 32 * MB;
+  for (const [name, unit, raw] of WORST) {
+    const one = Buffer.isBuffer(unit) ? unit : Buffer.from(unit);
+    const text = Buffer.alloc(SIZE - (SIZE % one.length), one);
+    const body = raw ? text : jsonOf(text);
+    const runs = { warmup: 1, minRuns: quick ? 2 : 5, maxRuns: quick ? 2 : 5 };
+    const view = await measure(() => normalizedView(body), runs);
+    const full = await measure(() => scanBody(plan, { body, phase: 'request', secrets: BENCH_SECRETS }), { ...runs, minRuns: quick ? 1 : 3, maxRuns: quick ? 1 : 3 });
+    const built = normalizedView(body);
+    worst.push([name, sizeLabel(body.length), built === null ? 'none' : sizeLabel(built.bytes.length),
+      mbPerSec(body.length, view.p50).toFixed(0), formatMs(view.p50), formatMs(full.p50)]);
+  }
   return [
     `### normalized view — ${conditions('request phase; full set = secrets (3) + PII + API keys + 10 RE2 patterns, inline')}`,
     '',
     table(['body', 'size', 'view', 'view alone MB/s', 'view p50', 'full set MB/s', 'full set p50', 'full set p99'], rows),
+    '',
+    '#### its worst cases at 32 MB (each unit repeated, inside a JSON request; invalid UTF-8 raw)',
+    '',
+    table(['body', 'size', 'view', 'view alone MB/s', 'view p50', 'full set p50'], worst),
     '',
   ].join('\n');
 }

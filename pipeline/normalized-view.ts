@@ -6,101 +6,44 @@ import { isAscii } from 'node:buffer';
 // is the text as a reader sees it:
 //
 //   view ──prefilter: all ASCII and no `&`──▶ null (the view is the input: nothing to build)
-//        └▶ walk: ASCII bytes kept ─┬─ `&…;` an HTML entity ──▶ its character ──────────────┐
-//                                   └─ a chunk around non-ASCII text ─▶ NFKC, only if needed ─┴─▶ invisibles dropped ─▶ view
-//           (again, entities only, at most twice more while a decoded `&` can start another entity)
+//        └▶ one walk over code points ─┬─ ASCII byte ─────────────────────────▶ kept
+//                                      ├─ `&…;` an HTML entity ──▶ its code point ─┐
+//                                      └─ a non-ASCII code point ──────────────────┴▶ its class (a table):
+//             invisible ▶ dropped │ a mark after an ASCII character ▶ dropped │ other mark ▶ kept, and the
+//             text from its base on recomposed (NFC, in batches) │ else ▶ its own NFKC form (cached per code point)
+//           (again, at most twice more, while a decoded `&` can start another entity)
 //
 // The view is built from the bytes a detector would read otherwise (the body, or its decoded JSON
 // view when escapes can hide characters), so `\u200b` inside a JSON string is decoded first and then
-// dropped here. Every step is bounded per input byte, so the whole view is linear in the input:
-// - an entity reads at most 32 name characters, and a numeric one its digit run (digit runs after
-//   different `&` never overlap);
-// - NFKC runs on chunks: the text from the ASCII letter before a non-ASCII character to the last
-//   non-ASCII character, through ASCII gaps under 16 bytes, never across an `&`; cut before a starter
-//   once 256 code points are gathered, and anywhere at 288. ICU reorders combining marks by
-//   insertion, quadratic in a run of them: 80 KB of alternating marks took over a second in one
-//   `normalize` call. Marks past 32 in a row are dropped unread (Unicode's stream-safe text, UAX #15,
-//   has at most 30 non-starters in a row; only a flood has more).
-//   A chunk whose every character NFKC leaves alone (CJK, most accented text) is not normalized at all;
-// - a character whose compatibility form is more than twice its own UTF-8 length (U+FDFA, the squared
-//   katakana words) is kept as it is, so the view is at most three times the input (twice, plus an
-//   invalid UTF-8 byte in a changed chunk reading as the three bytes of U+FFFD).
-// Invisible characters are Unicode's Default_Ignorable_Code_Point (zero-width space, joiners, word
-// joiner, BOM, soft hyphen, variation selectors, tags, the combining grapheme joiner, the Mongolian
-// vowel separator and free variation selectors, the Hangul fillers, bidi controls) plus general
-// category Cf (format characters not in that set: U+0600–0605, U+06DD, U+FFF9–FFFB...). A combining
-// mark left on an ASCII letter or digit after NFKC (`A\u0336K\u0336…`, strike-through text) is dropped
-// too, and the hyphens U+2010–2013 and the minus sign U+2212 read as `-` (keys are spelled with
-// hyphen-minus: `sk-ant-`).
-
-/** Maps spans of a view back to the bytes they came from. */
-class SpanMap {
-  // Segment k covers view bytes [out[k], out[k+1]) and input bytes [src[k], src[k+1]); `same[k]` when
-  // they are the same bytes (one to one), otherwise the view bytes replace the whole input span.
-  #out: number[] = [0];
-  #src: number[] = [0];
-  #same: boolean[] = [];
-
-  /** Appends a segment ending at view offset `outEnd` and input offset `srcEnd`. */
-  push(outEnd: number, srcEnd: number, same: boolean): void {
-    const k = this.#same.length - 1;
-    const outStart = this.#out[this.#out.length - 1];
-    const srcStart = this.#src[this.#src.length - 1];
-    if (outEnd === outStart && srcEnd === srcStart) return;
-    // Adjacent segments of one kind merge: the map grows with the edits, not with the input.
-    if (k >= 0 && this.#same[k] === same) {
-      this.#out[k + 1] = outEnd;
-      this.#src[k + 1] = srcEnd;
-      return;
-    }
-    this.#out.push(outEnd);
-    this.#src.push(srcEnd);
-    this.#same.push(same);
-  }
-
-  /** The input span that view bytes [start, end) came from (0 ≤ start ≤ end ≤ view length). */
-  span(start: number, end: number): { start: number; end: number } {
-    const out = this.#out;
-    const last = out.length - 1;
-    if (last === 0) return { start: 0, end: 0 };
-    start = Math.max(0, Math.min(start, out[last]));
-    end = Math.max(start, Math.min(end, out[last]));
-    // Start: the segment holding byte `start`; end: the one holding byte `end - 1`.
-    const a = this.#find(start, false);
-    const s = this.#same[a] ? this.#src[a] + Math.min(start - out[a], this.#src[a + 1] - this.#src[a]) : this.#src[a];
-    if (end === start) return { start: s, end: s };
-    const b = this.#find(end, true);
-    const e = this.#same[b] ? this.#src[b] + (end - out[b]) : this.#src[b + 1];
-    return { start: s, end: Math.max(s, e) };
-  }
-
-  // The last segment k with out[k] ≤ at (or < at when `before`), clamped to a real segment.
-  #find(at: number, before: boolean): number {
-    const out = this.#out;
-    let lo = 0;
-    let hi = out.length - 2;
-    while (lo < hi) {
-      const mid = (lo + hi + 1) >> 1;
-      if (before ? out[mid] < at : out[mid] <= at) lo = mid;
-      else hi = mid - 1;
-    }
-    return lo;
-  }
-}
+// dropped here. It is NFKC with three reader's rules (docs/decisions.md): invisible characters are
+// dropped; a combining mark on an ASCII character is dropped, decomposed first, so `é` reads as `e`
+// and `A\u0301K\u0301…` as `AK…` whether or not NFKC would compose the pair; the hyphens and the
+// minus sign read as `-`. NFKC is NFC of the NFKD forms of the code points, so every code point that is
+// not a mark is mapped on its own, once per process (a table); Hangul jamo compose by Unicode's
+// arithmetic; only marks kept on another base (Greek, Cyrillic, Indic, Thai text) need ICU: the text
+// from the mark's base on, recomposed with one NFC call per batch of about REGION bytes.
+//
+// Linear with a small constant on its own worst cases (bench/normalized-view.ts): a table lookup and
+// a few byte writes per code point; an entity reads at most 32 name characters, or its digit run (runs
+// after different `&` never overlap); an `&` that starts no entity is an ordinary byte. ICU reorders
+// combining marks by insertion, quadratic in a run of them, so marks kept past 32 in a row are dropped
+// (Unicode's stream-safe text, UAX #15, has at most 30 non-starters in a row; only a flood has more).
+// A code point whose NFKC form is more than twice its UTF-8 length (U+FDFA, the squared katakana
+// words) is kept as it is, so the view is at most twice its input. No map back to the input is kept:
+// nothing reads one (a finding has no offset, and its `match` is taken from the view).
 
 export interface NormalizedView {
   /** The normalized text, UTF-8. */
   bytes: Buffer;
-  /** The input span (byte offsets) that view bytes [start, end) came from. */
-  span(start: number, end: number): { start: number; end: number };
 }
 
 const AMP = 0x26;
 const MAX_ENTITY_NAME = 32;
 const ENTITY_LEVELS = 3;
-const RUN_SOFT = 256;
-const RUN_HARD = 288;
 const MARKS_IN_A_ROW = 32;
+/** A batch of text to recompose ends at the next starter once it is this long (bytes)... */
+const REGION = 4096;
+/** ...or when this many bytes passed since its last mark. */
 const GAP = 16;
 
 /** Whether the view of these bytes can differ from them at all: one native pass each, no copy. */
@@ -111,29 +54,20 @@ export function mayNormalize(bytes: Buffer): boolean {
 /**
  * The normalized view of `input`, or null when it would be the input itself. HTML entities are
  * decoded up to three levels (`&amp;#64;` is `&#64;` once and `@` twice: a reader told to unescape
- * keeps going), each level only where a decoded `&` remains.
+ * keeps going), a level more only while the last one decoded an `&`.
  */
 export function normalizedView(input: Buffer): NormalizedView | null {
   const ascii = isAscii(input);
   if (ascii && input.indexOf(AMP) < 0) return null;
-  const first = pass(input, ascii, true);
-  if (first === null) return null;
-  const maps = [first.map];
-  let bytes = first.bytes;
-  for (let level = 1; level < ENTITY_LEVELS && bytes.indexOf(AMP) >= 0; level++) {
-    const next = pass(bytes, true, false);
-    if (next === null) break;
-    maps.push(next.map);
-    bytes = next.bytes;
+  let level = pass(input, ascii);
+  if (level === null) return null;
+  let bytes = level.bytes;
+  for (let k = 1; k < ENTITY_LEVELS && level.decodedAmp; k++) {
+    level = pass(bytes, isAscii(bytes));
+    if (level === null) break;
+    bytes = level.bytes;
   }
-  return {
-    bytes,
-    span(start, end) {
-      let s = { start, end };
-      for (let k = maps.length - 1; k >= 0; k--) s = maps[k].span(s.start, s.end);
-      return s;
-    },
-  };
+  return { bytes };
 }
 
 /** The normalized form of a string (a secret's value, to look for it in the view). */
@@ -157,61 +91,87 @@ export function foldedText(view: Buffer): string {
   return isAscii(view) ? view.toString('latin1').toLowerCase() : caseFold(view.toString('utf8'));
 }
 
-// ---------- character classes ----------
+// ---------- the code point table ----------
 
 const DROP = 1; // invisible: dropped
-const STABLE = 2; // NFKC leaves it alone, on its own and next to anything: kept without normalizing
-const STARTER = 4; // not a combining mark or a Hangul vowel/final jamo: a chunk may end before it
-const EXPANDS = 16; // NFKC more than doubles its UTF-8 length (U+FDFA, squared words): kept as it is
+const MARK = 2; // a combining mark (its NFKD form starts with one): dropped after an ASCII character
+const COMPOSES = 4; // may compose with what precedes it: marks (recomposed by ICU), Hangul vowel and final jamo
+const MAPPED = 8; // written as its mapping (the pool), not as it came
+const ASCII_END = 16; // its mapping ends with an ASCII character
+const AMP_IN = 32; // its mapping holds an `&` (`＆`): another entity level may be needed
+const HANGUL_BASE = 64; // it ends with a Hangul initial or syllable, which a vowel or final jamo composes with
 const KNOWN = 128;
+const VOWEL = 256; // a Hangul vowel jamo (its mapping starts with one): a final may compose after it
 
 const INVISIBLE = /^[\p{Default_Ignorable_Code_Point}\p{Cf}]$/u;
-const ANY_MARK = /^\p{M}$/u;
-// Code points below 0x20000 (BMP and plane 1) are classified on first sight and remembered.
-const classes = new Uint8Array(0x20000);
+const INVISIBLES = /[\p{Default_Ignorable_Code_Point}\p{Cf}]/gu;
+const ANY_MARK = /^\p{M}/u;
+const MARKS_ON_ASCII = /([\x00-\x7f])\p{M}+/gu;
+const HYPHEN_LIKE = /[\u2010-\u2013\u2212]/g;
+const ENDS_ASCII = /[\x00-\x7f]$/;
+
+// Code points below TABLE are classified on first sight and remembered; their mappings are packed in
+// one growing pool (a few KB for the code points real text and floods use).
+const TABLE = 0x30000;
+const classes = new Uint16Array(TABLE);
+const mapAt = new Int32Array(TABLE);
+const mapLength = new Uint8Array(TABLE);
+let pool = new Uint8Array(4096);
+let poolUsed = 0;
+
+function remember(cp: number, c: number, mapping: string | null): number {
+  classes[cp] = c;
+  if (mapping !== null) {
+    const bytes = Buffer.from(mapping, 'utf8');
+    if (poolUsed + bytes.length > pool.length) {
+      const bigger = new Uint8Array(pool.length * 2);
+      bigger.set(pool);
+      pool = bigger;
+    }
+    pool.set(bytes, poolUsed);
+    mapAt[cp] = poolUsed;
+    mapLength[cp] = bytes.length;
+    poolUsed += bytes.length;
+  }
+  return c;
+}
 
 function classify(cp: number): number {
-  if (cp < 0x20000) {
-    const known = classes[cp];
-    if (known !== 0) return known;
-  } else if (cp >= 0xe0000 && cp <= 0xe0fff) {
-    return KNOWN | DROP | STARTER; // tags, variation selectors supplement: default ignorable
-  } else if (cp < 0x2f800 || cp > 0x2fa1f) {
-    return KNOWN | STABLE | STARTER; // CJK extensions, private use: no compatibility forms
+  if (cp >= TABLE) {
+    // Tags and the variation selectors supplement are default ignorable; the rest (CJK extensions,
+    // private use) has no compatibility form.
+    return cp >= 0xe0000 && cp <= 0xe0fff ? KNOWN | DROP : KNOWN;
   }
+  const known = classes[cp];
+  if (known !== 0) return known;
   const ch = String.fromCodePoint(cp);
-  let c = KNOWN;
-  if (INVISIBLE.test(ch)) c |= DROP;
-  const mark = ANY_MARK.test(ch);
-  const jamo = (cp >= 0x1161 && cp <= 0x1175) || (cp >= 0x11a8 && cp <= 0x11c2);
-  if (!mark && !jamo) c |= STARTER;
-  const nfkc = ch.normalize('NFKC');
-  if (!(c & DROP) && !mark && !jamo && nfkc === ch && !(cp >= 0x2010 && cp <= 0x2013) && cp !== 0x2212) c |= STABLE;
-  if (Buffer.byteLength(nfkc) > 2 * Buffer.byteLength(ch)) c |= EXPANDS;
-  if (cp < 0x20000) classes[cp] = c;
-  return c;
+  if (INVISIBLE.test(ch)) return remember(cp, KNOWN | DROP, null);
+  const nfkd = ch.normalize('NFKD').replace(INVISIBLES, '');
+  if (nfkd === '') return remember(cp, KNOWN | DROP, null);
+  const first = nfkd.codePointAt(0)!;
+  // Kept as it is when its form would more than double it (U+0F77: three marks), like any character.
+  const decomposed = nfkd !== ch && Buffer.byteLength(nfkd) <= 2 * Buffer.byteLength(ch);
+  if (ANY_MARK.test(ch) || ANY_MARK.test(nfkd)) {
+    return remember(cp, KNOWN | MARK | COMPOSES | (decomposed ? MAPPED : 0), decomposed ? nfkd : null);
+  }
+  if ((first >= 0x1161 && first <= 0x1175) || (first >= 0x11a8 && first <= 0x11c2)) {
+    const vowel = first <= 0x1175 ? VOWEL : 0;
+    return remember(cp, KNOWN | COMPOSES | vowel | (decomposed ? MAPPED : 0), decomposed ? nfkd : null);
+  }
+  const mapping = nfkd.replace(MARKS_ON_ASCII, '$1').replace(HYPHEN_LIKE, '-').normalize('NFC');
+  // Kept as it is: what NFKC leaves alone, and what it would blow up (U+FDFA is 18 characters).
+  const last = mapping.codePointAt(mapping.length - 1)!;
+  const hangul = (last >= 0x1100 && last <= 0x1112) || (last >= 0xac00 && last <= 0xd7a3) ? HANGUL_BASE : 0;
+  if (mapping === ch) return remember(cp, KNOWN | hangul, null);
+  if (Buffer.byteLength(mapping) > 2 * Buffer.byteLength(ch)) return remember(cp, KNOWN, null);
+  let c = KNOWN | MAPPED | hangul;
+  if (ENDS_ASCII.test(mapping)) c |= ASCII_END;
+  if (mapping.includes('&')) c |= AMP_IN;
+  return remember(cp, c, mapping);
 }
 
 function isAsciiAlnum(b: number): boolean {
   return (b >= 0x30 && b <= 0x39) || ((b | 0x20) >= 0x61 && (b | 0x20) <= 0x7a);
-}
-
-const NON_ASCII = /[^\x00-\x7f]/;
-const INVISIBLES = /[\p{Default_Ignorable_Code_Point}\p{Cf}]/gu;
-const LEADING_MARKS = /^[\p{Mn}\p{Me}]+/u;
-const MARKS_ON_ALNUM = /([A-Za-z0-9])[\p{Mn}\p{Me}]+/gu;
-const HYPHEN_LIKE = /[\u2010-\u2013\u2212]/g;
-
-/**
- * NFKC text with invisibles dropped, marks on ASCII letters and digits dropped, hyphens folded (each a
- * native regex pass over a bounded chunk). `prevAlnum`: the character before is an ASCII letter or digit.
- */
-function clean(text: string, prevAlnum: boolean): string {
-  let s = text.normalize('NFKC');
-  if (!NON_ASCII.test(s)) return s;
-  s = s.replace(INVISIBLES, '');
-  if (prevAlnum) s = s.replace(LEADING_MARKS, '');
-  return s.replace(MARKS_ON_ALNUM, '$1').replace(HYPHEN_LIKE, '-');
 }
 
 // ---------- HTML entities ----------
@@ -223,7 +183,7 @@ const C1 = [0x20ac, 0x81, 0x201a, 0x192, 0x201e, 0x2026, 0x2020, 0x2021, 0x2c6, 
 // The HTML5 names an attacker spells text with: every ASCII punctuation and symbol that has one, the
 // spaces and invisibles, the dashes, and the letter-like mathematical letters (added below). The
 // whole 2,231-name table would cost memory for characters no key, address or number is made of.
-const NAMED = new Map<string, string>(Object.entries({
+const NAMED_TEXT: Record<string, string> = {
   excl: '!', quot: '"', QUOT: '"', num: '#', dollar: '$', percnt: '%', amp: '&', AMP: '&', apos: "'", lpar: '(', rpar: ')',
   ast: '*', midast: '*', plus: '+', comma: ',', period: '.', sol: '/', colon: ':', semi: ';', lt: '<', LT: '<', equals: '=',
   gt: '>', GT: '>', quest: '?', commat: '@', lsqb: '[', lbrack: '[', bsol: '\\', rsqb: ']', rbrack: ']', Hat: '^', lowbar: '_',
@@ -237,13 +197,27 @@ const NAMED = new Map<string, string>(Object.entries({
   ThinSpace: '\u2009', hairsp: '\u200a', VeryThinSpace: '\u200a', MediumSpace: '\u205f', lsquo: '\u2018', rsquo: '\u2019',
   ldquo: '\u201c', rdquo: '\u201d', middot: '\u00b7', centerdot: '\u00b7', bull: '\u2022', hellip: '\u2026', copy: '\u00a9',
   reg: '\u00ae', trade: '\u2122', times: '\u00d7', divide: '\u00f7', sup1: '\u00b9', sup2: '\u00b2', sup3: '\u00b3',
-}));
+};
 // `&Aopf;` 𝔸, `&afr;` 𝔞, `&Ascr;` 𝒜…: all 52 letters in each style exist in HTML5, and NFKC reads each
 // as its plain letter, which is what the table holds.
 for (let k = 0; k < 26; k++) {
   for (const letter of [String.fromCharCode(0x41 + k), String.fromCharCode(0x61 + k)]) {
-    for (const style of ['opf', 'fr', 'scr']) NAMED.set(letter + style, letter);
+    for (const style of ['opf', 'fr', 'scr']) NAMED_TEXT[letter + style] = letter;
   }
+}
+// Looked up by a hash of the name's bytes, computed while reading it (no string per candidate), and
+// then compared byte by byte.
+const nameHash = (name: string) => {
+  let h = 0;
+  for (let k = 0; k < name.length; k++) h = (Math.imul(h, 31) + name.charCodeAt(k)) | 0;
+  return h;
+};
+const NAMED = new Map<number, { name: string; cp: number }[]>();
+for (const [name, text] of Object.entries(NAMED_TEXT)) {
+  const h = nameHash(name);
+  const list = NAMED.get(h) ?? [];
+  list.push({ name, cp: text.codePointAt(0)! });
+  NAMED.set(h, list);
 }
 // Names HTML also reads without the `;` (its legacy list), of those in the table.
 const LEGACY = ['amp', 'AMP', 'lt', 'LT', 'gt', 'GT', 'quot', 'QUOT', 'nbsp', 'shy', 'copy', 'reg', 'middot', 'times', 'divide', 'sup1', 'sup2', 'sup3'];
@@ -257,13 +231,11 @@ function hexDigit(b: number): number {
   return -1;
 }
 
-interface Entity {
-  text: string;
-  end: number;
-}
+/** Just past the entity entityAt last found. */
+let entityEnd = 0;
 
-/** The entity starting at the `&` at `at`, or null. */
-function entityAt(input: Buffer, at: number): Entity | null {
+/** The code point of the entity starting at the `&` at `at` (its end in entityEnd), or -1. */
+function entityAt(input: Buffer, at: number): number {
   const n = input.length;
   let j = at + 1;
   if (input[j] === 0x23) {
@@ -278,107 +250,187 @@ function entityAt(input: Buffer, at: number): Entity | null {
       value = value * (hex ? 16 : 10) + d;
       if (value > 0x10ffff) value = 0x110000; // leading zeros are fine, overflow is U+FFFD
     }
-    if (j === from) return null;
+    if (j === from) return -1;
     if (input[j] === 0x3b) j++;
-    let cp = value;
-    if (cp === 0 || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) cp = 0xfffd;
-    else if (cp >= 0x80 && cp <= 0x9f) cp = C1[cp - 0x80];
-    return { text: String.fromCodePoint(cp), end: j };
+    entityEnd = j;
+    if (value === 0 || value > 0x10ffff || (value >= 0xd800 && value <= 0xdfff)) return 0xfffd;
+    return value >= 0x80 && value <= 0x9f ? C1[value - 0x80] : value;
   }
   const limit = Math.min(n, j + MAX_ENTITY_NAME);
-  while (j < limit && isAsciiAlnum(input[j])) j++;
+  let h = 0;
+  while (j < limit && isAsciiAlnum(input[j])) h = (Math.imul(h, 31) + input[j++]) | 0;
   if (j < n && input[j] === 0x3b && j > at + 1) {
-    const text = NAMED.get(input.toString('latin1', at + 1, j));
-    if (text !== undefined) return { text, end: j + 1 };
+    const list = NAMED.get(h);
+    if (list !== undefined) {
+      for (const { name, cp } of list) {
+        if (name.length !== j - at - 1) continue;
+        let k = 0;
+        while (k < name.length && input[at + 1 + k] === name.charCodeAt(k)) k++;
+        if (k === name.length) {
+          entityEnd = j + 1;
+          return cp;
+        }
+      }
+    }
   }
-  if (at + 1 >= n || input[at + 1] >= 0x80 || !LEGACY_FIRST[input[at + 1]]) return null;
+  if (at + 1 >= n || input[at + 1] >= 0x80 || !LEGACY_FIRST[input[at + 1]]) return -1;
   for (const name of LEGACY) {
     if (at + 1 + name.length > n || input[at + 1] !== name.charCodeAt(0)) continue;
     let k = 0;
     while (k < name.length && input[at + 1 + k] === name.charCodeAt(k)) k++;
-    if (k === name.length) return { text: NAMED.get(name)!, end: at + 1 + k };
+    if (k === name.length) {
+      entityEnd = at + 1 + k;
+      return NAMED_TEXT[name].codePointAt(0)!;
+    }
   }
-  return null;
+  return -1;
 }
 
 // ---------- the walk ----------
 
-/** A growable output buffer and the map from it back to its input. */
+/** The view being written: the input copied lazily, up to the next change. */
 class Writer {
   bytes: Buffer;
   length = 0;
-  map = new SpanMap();
   /** Input bytes before this are written (or replaced). */
   done = 0;
-  #input: Buffer;
+  readonly #input: Buffer;
 
   constructor(input: Buffer) {
     this.#input = input;
     this.bytes = Buffer.allocUnsafe(input.length + 64);
   }
 
-  #room(extra: number): void {
+  room(extra: number): void {
     if (this.length + extra <= this.bytes.length) return;
     const bigger = Buffer.allocUnsafe(Math.max(this.bytes.length * 2, this.length + extra));
     this.bytes.copy(bigger, 0, 0, this.length);
     this.bytes = bigger;
   }
 
-  /** Copies the input up to `to` as it is. */
+  /** Copies the input up to `to` as it is (short spans byte by byte: a native call costs more). */
   keep(to: number): void {
-    if (to <= this.done) return;
-    this.#room(to - this.done);
-    this.length += this.#input.copy(this.bytes, this.length, this.done, to);
-    this.map.push(this.length, to, true);
+    const from = this.done;
+    if (to <= from) return;
+    this.room(to - from);
+    const input = this.#input;
+    const out = this.bytes;
+    if (to - from < 48) {
+      let p = this.length;
+      for (let k = from; k < to; k++) out[p++] = input[k];
+      this.length = p;
+    } else {
+      this.length += input.copy(out, this.length, from, to);
+    }
     this.done = to;
   }
 
-  /** Input [from, to) reads as `text`. */
-  replace(from: number, to: number, text: string): void {
+  /** Input [from, to) is left out. */
+  skip(from: number, to: number): void {
     this.keep(from);
-    this.#room(3 * text.length);
-    this.length += this.bytes.write(text, this.length, 'utf8');
-    this.map.push(this.length, to, false);
     this.done = to;
   }
 
-  /** The character before input offset `at`, as it reads in the view: is it an ASCII letter or digit? */
-  alnumBefore(at: number): boolean {
-    if (at > this.done) return isAsciiAlnum(this.#input[at - 1]);
-    return this.length > 0 && isAsciiAlnum(this.bytes[this.length - 1]);
+  /** Writes a code point's table mapping. */
+  mapping(cp: number): void {
+    const len = mapLength[cp];
+    this.room(len);
+    const out = this.bytes;
+    let p = this.length;
+    for (let k = mapAt[cp], end = k + len; k < end; k++) out[p++] = pool[k];
+    this.length = p;
+  }
+
+  /** Writes a code point as UTF-8. */
+  codePoint(cp: number): void {
+    this.room(4);
+    const out = this.bytes;
+    let p = this.length;
+    if (cp < 0x80) out[p++] = cp;
+    else if (cp < 0x800) {
+      out[p++] = 0xc0 | (cp >> 6);
+      out[p++] = 0x80 | (cp & 0x3f);
+    } else if (cp < 0x10000) {
+      out[p++] = 0xe0 | (cp >> 12);
+      out[p++] = 0x80 | ((cp >> 6) & 0x3f);
+      out[p++] = 0x80 | (cp & 0x3f);
+    } else {
+      out[p++] = 0xf0 | (cp >> 18);
+      out[p++] = 0x80 | ((cp >> 12) & 0x3f);
+      out[p++] = 0x80 | ((cp >> 6) & 0x3f);
+      out[p++] = 0x80 | (cp & 0x3f);
+    }
+    this.length = p;
   }
 }
 
-/** Decodes one UTF-8 code point at `i`: (cp << 3) | length; an invalid byte reads as itself, length 1. */
+/** The code point at `i` and its UTF-8 length, as `cp * 8 + length`; 0 for an invalid byte. */
 function decodeAt(input: Buffer, i: number): number {
   const n = input.length;
   const b = input[i];
-  if (b >= 0xc2 && b <= 0xdf && i + 1 < n && (input[i + 1] & 0xc0) === 0x80) return (((b & 0x1f) << 6) | (input[i + 1] & 0x3f)) * 8 + 2;
-  if (b >= 0xe0 && b <= 0xef && i + 2 < n && (input[i + 1] & 0xc0) === 0x80 && (input[i + 2] & 0xc0) === 0x80) {
-    const cp = ((b & 0x0f) << 12) | ((input[i + 1] & 0x3f) << 6) | (input[i + 2] & 0x3f);
-    if (cp >= 0x800 && (cp < 0xd800 || cp > 0xdfff)) return cp * 8 + 3;
-  }
-  if (b >= 0xf0 && b <= 0xf4 && i + 3 < n && (input[i + 1] & 0xc0) === 0x80 && (input[i + 2] & 0xc0) === 0x80 && (input[i + 3] & 0xc0) === 0x80) {
+  if (b >= 0xc2 && b <= 0xdf) {
+    if (i + 1 < n && (input[i + 1] & 0xc0) === 0x80) return ((((b & 0x1f) << 6) | (input[i + 1] & 0x3f)) << 3) | 2;
+  } else if (b >= 0xe0 && b <= 0xef) {
+    if (i + 2 < n && (input[i + 1] & 0xc0) === 0x80 && (input[i + 2] & 0xc0) === 0x80) {
+      const cp = ((b & 0x0f) << 12) | ((input[i + 1] & 0x3f) << 6) | (input[i + 2] & 0x3f);
+      if (cp >= 0x800 && (cp < 0xd800 || cp > 0xdfff)) return (cp << 3) | 3;
+    }
+  } else if (b >= 0xf0 && b <= 0xf4 && i + 3 < n && (input[i + 1] & 0xc0) === 0x80 && (input[i + 2] & 0xc0) === 0x80 && (input[i + 3] & 0xc0) === 0x80) {
     const cp = ((b & 0x07) << 18) | ((input[i + 1] & 0x3f) << 12) | ((input[i + 2] & 0x3f) << 6) | (input[i + 3] & 0x3f);
-    if (cp >= 0x10000 && cp <= 0x10ffff) return cp * 8 + 4;
+    if (cp >= 0x10000 && cp <= 0x10ffff) return (cp << 3) | 4;
   }
-  return -1; // invalid: kept as a byte
+  return 0;
+}
+
+interface Level {
+  bytes: Buffer;
+  /** An entity (or `＆`) was read as `&`: the next level may find another entity. */
+  decodedAmp: boolean;
+}
+
+/** The view offset of input offset `i` (the view is the input up to the first change). */
+function viewAt(w: Writer | null, i: number): number {
+  return w === null ? i : w.length + (i - w.done);
 }
 
 /**
- * One level: entities decoded, and with `unicode` the non-ASCII text normalized. Null when nothing
- * changed: nothing is allocated before the first change.
+ * Recomposes (NFC) the batch of text from view offset `region` to input offset `to`, the tail of the
+ * view: the marks kept in it with their bases. Returns the writer, made if the text changed.
  */
-function pass(input: Buffer, asciiOnly: boolean, unicode: boolean): { bytes: Buffer; map: SpanMap } | null {
+function recompose(input: Buffer, w: Writer | null, region: number, to: number): Writer | null {
+  if (w !== null) w.keep(to);
+  const text = w === null ? input.toString('utf8', region, to) : w.bytes.toString('utf8', region, w.length);
+  const composed = text.normalize('NFC');
+  if (composed === text) return w;
+  if (w === null) {
+    w = new Writer(input);
+    w.keep(to);
+  }
+  w.length = region;
+  w.room(3 * composed.length);
+  w.length += w.bytes.write(composed, w.length, 'utf8');
+  return w;
+}
+
+/** One level: entities decoded and non-ASCII text normalized. Null when nothing changed. */
+function pass(input: Buffer, ascii: boolean): Level | null {
   const n = input.length;
-  // Without non-ASCII text to normalize, only `&` can change anything.
-  const ascii = asciiOnly || !unicode;
   let w: Writer | null = null;
+  let decodedAmp = false;
+  // The state after the last character handled here (ASCII bytes in between are passed over and
+  // accounted for when the next one comes, at `state`):
+  let state = 0; // input offset the state below holds at
+  let onAscii = false; // the last character written is ASCII: marks after it are dropped
+  let base = 0; // view offset where the last starter's text begins (what a mark recomposes with)
+  let marks = 0; // marks kept in a row
+  let hangul = false; // the last character can take a Hangul vowel or final jamo
+  // The open batch of text to recompose (view offsets), from the base of its first mark on.
+  let region = -1;
+  let lastMark = 0;
   let i = 0;
   while (i < n) {
     if (ascii) {
-      // From one `&` to the next: a short gap in this loop, a long one at memchr speed (a native call
-      // per `&` of an `&` flood cost more than the rest of the walk).
+      // From one `&` to the next: a short gap in this loop, a long one at memchr speed.
       const limit = i + 16 < n ? i + 16 : n;
       while (i < limit && input[i] !== AMP) i++;
       if (i === limit) {
@@ -392,104 +444,140 @@ function pass(input: Buffer, asciiOnly: boolean, unicode: boolean): { bytes: Buf
         continue;
       }
     }
+    let cp: number;
+    let end: number;
+    let entity = false;
     if (input[i] === AMP) {
-      const e = entityAt(input, i);
-      if (e === null) {
-        i++;
+      // Only `&#` or `&` and a letter or digit can start one: an `&` flood costs no call per byte.
+      const next = i + 1 < n ? input[i + 1] : 0;
+      cp = next === 0x23 || isAsciiAlnum(next) ? entityAt(input, i) : -1;
+      if (cp < 0) {
+        i++; // an `&` that starts no entity is an ordinary byte
         continue;
       }
-      w ??= new Writer(input);
-      let text = e.text;
-      if (text.length > 1 || text.charCodeAt(0) >= 0x80) {
-        text = clean(text, w.alnumBefore(i));
-        if (Buffer.byteLength(text) > 2 * (e.end - i)) text = e.text;
-      }
-      w.replace(i, e.end, text);
-      i = e.end;
-      continue;
-    }
-    if (!unicode) {
-      i++;
-      continue;
-    }
-    // A chunk of text holding non-ASCII characters, from the ASCII letter before the first (a base
-    // that marks may compose with) to the last, through ASCII gaps shorter than GAP (so accented
-    // prose is one chunk, not one per accent), never across an `&`; cut before a starter once it
-    // holds RUN_SOFT code points, anywhere at RUN_HARD, and before a mark past MARKS_IN_A_ROW in a row:
-    // NFKC's time on it is bounded.
-    const head = i > 0 && isAsciiAlnum(input[i - 1]) && (w === null || i - 1 >= w.done) ? i - 1 : i;
-    let j = i;
-    let last = i; // just past the last non-ASCII character of the chunk
-    let count = 0;
-    let marks = 0; // combining marks in a row
-    let overflow = false;
-    let stable = true;
-    let invalid = false;
-    while (j < n) {
-      const b = input[j];
-      if (b < 0x80) {
-        if (b === AMP || j - last >= GAP || count >= RUN_SOFT) break;
-        marks = 0;
-        j++;
-        count++;
-        continue;
-      }
-      const d = decodeAt(input, j);
-      const c = d < 0 ? KNOWN | STABLE | STARTER : classify(Math.floor(d / 8));
-      marks = c & STARTER ? 0 : marks + 1;
-      if (marks > MARKS_IN_A_ROW) {
-        overflow = true;
-        break;
-      }
-      if (c & EXPANDS || count >= RUN_HARD || (count >= RUN_SOFT && c & STARTER)) break;
-      if (!(c & STABLE)) stable = false;
-      if (d < 0) invalid = true;
-      j += d < 0 ? 1 : d & 7;
-      last = j;
-      count++;
-    }
-    if (last === i) {
-      i += decodeAt(input, i) & 7; // a character NFKC would blow up: kept as it is
-      continue;
-    }
-    if (!stable) {
-      const before = input.toString('utf8', head, last);
-      const prevAlnum = head === i && (w === null ? i > 0 && isAsciiAlnum(input[i - 1]) : w.alnumBefore(i));
-      const after = clean(before, prevAlnum);
-      if (after !== before) {
-        w ??= new Writer(input);
-        // Only the part that changed is replaced, so what came through stays mapped to itself (not
-        // when an invalid byte makes the text's UTF-8 differ from the input's).
-        let p = 0;
-        let s = 0;
-        if (!invalid) {
-          const m = Math.min(before.length, after.length);
-          while (p < m && before.charCodeAt(p) === after.charCodeAt(p)) p++;
-          if (p > 0 && (before.charCodeAt(p - 1) & 0xfc00) === 0xd800) p--;
-          while (s < m - p && before.charCodeAt(before.length - 1 - s) === after.charCodeAt(after.length - 1 - s)) s++;
-          if (s > 0 && (before.charCodeAt(before.length - s) & 0xfc00) === 0xdc00) s--;
+      end = entityEnd;
+      entity = true;
+    } else {
+      const d = decodeAt(input, i);
+      if (d === 0) {
+        // An invalid byte: kept as it is, a starter no batch reaches across (its text would be U+FFFD).
+        if (region >= 0) {
+          w = recompose(input, w, region, i);
+          region = -1;
         }
-        const from = head + (p === 0 ? 0 : Buffer.byteLength(before.slice(0, p)));
-        const to = last - (s === 0 ? 0 : Buffer.byteLength(before.slice(before.length - s)));
-        w.replace(from, to, after.slice(p, after.length - s));
+        i++;
+        state = i;
+        onAscii = false;
+        marks = 0;
+        hangul = false;
+        base = viewAt(w, i);
+        continue;
       }
+      cp = d >> 3;
+      end = i + (d & 7);
     }
-    i = last;
-    if (overflow) {
-      // Marks past MARKS_IN_A_ROW in a row are dropped unread: no script stacks that many on one
-      // letter (UAX #15's stream-safe text never does), and normalizing them is all a flood would cost.
-      let k = last;
-      while (k < n && input[k] >= 0x80) {
-        const d = decodeAt(input, k);
-        if (d < 0 || classify(Math.floor(d / 8)) & STARTER) break;
-        k += d & 7;
+    if (state !== i) {
+      // ASCII bytes (and `&`s that start no entity) came through since the last character handled.
+      onAscii = true;
+      base = viewAt(w, i - 1);
+      marks = 0;
+      hangul = false;
+    }
+    state = end;
+    if (cp < 0x80) {
+      // An entity of an ASCII character.
+      if (region >= 0 && viewAt(w, i) - lastMark >= GAP) {
+        w = recompose(input, w, region, i);
+        region = -1;
       }
       w ??= new Writer(input);
-      w.replace(last, k, '');
-      i = k;
+      w.skip(i, end);
+      base = w.length;
+      w.codePoint(cp);
+      onAscii = true;
+      if (cp === AMP) decodedAmp = true;
+      marks = 0;
+      hangul = false;
+      i = end;
+      continue;
     }
+    const known = cp < TABLE ? classes[cp] : 0;
+    const c = known !== 0 ? known : classify(cp);
+    if (c & DROP || (c & MARK && (onAscii || marks >= MARKS_IN_A_ROW))) {
+      // Invisible, a mark on an ASCII character, or a mark past 32 in a row: left out, and
+      // what the next mark sits on is unchanged.
+      w ??= new Writer(input);
+      w.skip(i, end);
+      i = end;
+      continue;
+    }
+    if (c & MARK) {
+      // Kept, and recomposed with its base in the next batch.
+      if (region < 0) region = base;
+      marks++;
+      if (entity || c & MAPPED) {
+        w ??= new Writer(input);
+        w.skip(i, end);
+        if (c & MAPPED) w.mapping(cp);
+        else w.codePoint(cp);
+      }
+      lastMark = viewAt(w, end);
+      onAscii = false;
+      hangul = false;
+      i = end;
+      continue;
+    }
+    if (c & COMPOSES && hangul) {
+      // A Hangul vowel after an initial, or a final after a syllable without one: composed by
+      // Unicode's arithmetic (UAX #15, "Hangul"), the only compositions these jamo take part in.
+      const jamo = c & MAPPED ? (mapLength[cp] === 3 ? ((pool[mapAt[cp]] & 0x0f) << 12) | ((pool[mapAt[cp] + 1] & 0x3f) << 6) | (pool[mapAt[cp] + 2] & 0x3f) : -1) : cp;
+      // The character it follows is the view's last three bytes (Hangul is all three-byte UTF-8).
+      if (w !== null) w.keep(i);
+      const out = w === null ? input : w.bytes;
+      const p = (w === null ? i : w.length) - 3;
+      const prev = p >= 0 ? ((out[p] & 0x0f) << 12) | ((out[p + 1] & 0x3f) << 6) | (out[p + 2] & 0x3f) : -1;
+      let syllable = -1;
+      if (c & VOWEL && jamo >= 0x1161 && jamo <= 0x1175 && prev >= 0x1100 && prev <= 0x1112) syllable = 0xac00 + ((prev - 0x1100) * 21 + (jamo - 0x1161)) * 28;
+      else if (jamo >= 0x11a8 && jamo <= 0x11c2 && prev >= 0xac00 && prev <= 0xd7a3 && (prev - 0xac00) % 28 === 0) syllable = prev + (jamo - 0x11a7);
+      if (syllable >= 0) {
+        if (w === null) {
+          w = new Writer(input);
+          w.keep(i);
+        }
+        w.length = p;
+        w.codePoint(syllable);
+        w.done = end;
+        hangul = (syllable - 0xac00) % 28 === 0; // an LV syllable still takes a final
+        i = end;
+        continue;
+      }
+    }
+    // A starter (or a Hangul vowel or final with nothing to compose with): mapped on its own.
+    if (region >= 0) {
+      const here = viewAt(w, i);
+      if (here - lastMark >= GAP || here - region >= REGION) {
+        w = recompose(input, w, region, i);
+        region = -1;
+      }
+    }
+    marks = 0;
+    if (entity || c & MAPPED) {
+      w ??= new Writer(input);
+      w.skip(i, end);
+      base = w.length;
+      if (c & MAPPED) w.mapping(cp);
+      else w.codePoint(cp);
+      onAscii = (c & ASCII_END) !== 0;
+      if (c & AMP_IN) decodedAmp = true;
+    } else {
+      base = viewAt(w, i);
+      onAscii = false;
+    }
+    hangul = (c & HANGUL_BASE) !== 0;
+    i = end;
   }
+  if (region >= 0) w = recompose(input, w, region, n);
   if (w === null) return null;
   w.keep(n);
-  return { bytes: w.bytes.subarray(0, w.length), map: w.map };
+  return { bytes: w.bytes.subarray(0, w.length), decodedAmp };
 }

@@ -38,3 +38,21 @@ t.test('inline, pool and split runs find what the evasions hid', async (t) => {
   t.same(split.failures, []);
   t.same(summary(split.findings), EXPECTED, 'split across two workers');
 });
+
+t.test('a pad of invisibles and & the view once choked on does not time the inspection out (P7 review)', async (t) => {
+  // 12 MB of `\u200b&` took the old view 3.5 s, past the default 2 s deadline: the body passed fail-open
+  // with no finding. Default deadline, pooled as a proxy runs it.
+  const engine = new InspectionEngine({ threads: 2 });
+  t.teardown(() => engine.close());
+  const blocking = policyFromDocument(validatePolicyDocument({
+    content_inspection: { secrets_filter: { enabled: true, severity: 'block' }, api_key_detection: { enabled: true, severity: 'block' } },
+  }));
+  const pad = '\u200b&'.repeat(3 * 1024 * 1024);
+  const padded = Buffer.from(JSON.stringify({ model: 'claude-sonnet-4-5', messages: [{ role: 'user', content: `${pad} password s3cr3t-db-password-2026 key AKIAIOSFODNN7EXAMPLE` }] }));
+  t.ok(padded.length >= 12 * 1024 * 1024);
+  const result = await engine.inspect({ body: padded, phase: 'request', policy: blocking, secrets: ['s3cr3t-db-password-2026'] });
+  t.same(result.failures, [], 'nothing timed out');
+  t.equal(result.failOpen, false);
+  t.equal(result.decision, 'block');
+  t.same([...new Set(result.findings.map((f) => f.inspector_type))].sort(), ['api_key', 'secrets']);
+});

@@ -11,7 +11,7 @@ t.test('nothing to build: ASCII without an entity, and text NFKC leaves alone', 
   t.ok(mayNormalize(Buffer.from('café')));
   t.equal(text('plain ascii, no entity'), null);
   t.equal(text('R&D, Tom & Jerry, a && b, &unknown; &#; &#x; &commat'), null, 'an & that starts no entity');
-  t.equal(text('日本語のテキスト, Ελληνικά, русский, café, 🔑'), null, 'already normal');
+  t.equal(text('日本語のテキスト, Ελληνικά, русский, ø, ß, 🔑, ไทย, हिन्दी'), null, 'already normal');
   t.equal(text(Buffer.from([0x61, 0xff, 0xfe, 0x62])), null, 'invalid UTF-8 alone is kept as sent');
 });
 
@@ -24,7 +24,8 @@ t.test('what is normalized', async (t) => {
     ['４１１１－１１１１', '4111-1111'],
     ['𝐀𝐊𝐈𝐀 ﬁle …', 'AKIA file ...'],
     ['A\u0336K\u0336', 'AK'],
-    ['e\u0301', 'é'],
+    ['e\u0301', 'e'],
+    ['café', 'cafe'],
     ['a\u00a0b\u3000c', 'a b c'],
     ['sk\u2010ant\u2212x', 'sk-ant-x'],
     ['&#64; &#x40; &#X40; &#64 &#0064; &commat; &period; &lowbar; &hyphen; &colon; &sol; &num; &excl; &lt;&gt;&quot;&apos;', '@ @ @ @ @ @ . _ - : / # ! <>"\''],
@@ -51,46 +52,68 @@ t.test('a character whose compatibility form more than doubles it is kept as it 
   t.equal(text('&#xFDFA;'), '\ufdfa');
 });
 
-t.test('spans map back to the original bytes', async (t) => {
-  const input = 'bob&#64;example.com';
-  const v = view(input)!;
-  t.equal(v.bytes.toString(), 'bob@example.com');
-  t.same(v.span(0, 3), { start: 0, end: 3 }, 'kept bytes map one to one');
-  t.same(v.span(3, 4), { start: 3, end: 8 }, 'the @ is the whole entity');
-  t.same(v.span(4, 11), { start: 8, end: 15 });
-  t.same(v.span(0, v.bytes.length), { start: 0, end: input.length });
-  t.equal(input.slice(v.span(2, 5).start, v.span(2, 5).end), 'b&#64;e');
-
-  const z = view('AKIA\u200bIOSF')!;
-  t.same(z.span(4, 8), { start: 7, end: 11 }, 'after a dropped ZWSP (3 bytes)');
-  t.same(z.span(0, 8), { start: 0, end: 11 });
-
-  const fw = view('key ＡＫＩＡ!')!;
-  t.equal(fw.bytes.toString(), 'key AKIA!');
-  t.same(fw.span(4, 8), { start: 4, end: 16 }, 'four full-width letters, 12 bytes');
-  t.same(fw.span(8, 9), { start: 16, end: 17 });
-
-  const twice = view('x&amp;#64;y')!;
-  t.equal(twice.bytes.toString(), 'x@y');
-  t.same(twice.span(1, 2), { start: 1, end: 10 }, 'two levels compose');
-  t.same(twice.span(2, 3), { start: 10, end: 11 });
-  t.same(twice.span(5, 1), { start: 11, end: 11 }, 'out-of-range spans are clamped');
+t.test('combining marks on ASCII are dropped, whether or not NFKC composes them (P7 review)', async (t) => {
+  const marked = (s: string, m: string) => [...s].map((c) => c + m).join('');
+  const key = 'AKIAIOSFODNN7EXAMPLE';
+  for (const m of ['\u0301', '\u0307', '\u0308', '\u0336', '\u0301\u0316', '\u0903']) t.equal(text(marked(key, m)), key, `after each character: ${JSON.stringify(m)}`);
+  t.equal(text(marked('hunter2-Correct-Horse-99', '\u0301')), 'hunter2-Correct-Horse-99', 'on punctuation too');
+  t.equal(text('ÁḰÏÄ'), 'AKIA', 'precomposed letters read as their base');
+  t.equal(text('Ａ\u0301Ｋ\u0301'), 'AK', 'a full-width base');
+  t.equal(text('A\u200b\u0301K'), 'AK', 'an invisible between base and mark');
+  t.equal(text('&#65;\u0336&#75;\u0336'), 'AK', 'after a decoded entity');
+  t.equal(text([...key].map((c) => `&amp;#${c.charCodeAt(0)};\u0336`).join('')), key, 'after a double-encoded entity');
+  t.equal(text([...key].map((c) => `${c}&amp;#x336;`).join('')), key, 'a double-encoded mark');
+  t.equal(text('a&#x301;b'), 'ab', 'an entity mark');
+  t.equal(text('café, naïve, Ångström, Tiếng Việt, jalapeño, Zürich'), 'cafe, naive, Angstrom, Tieng Viet, jalapeno, Zurich', 'accented Latin text reads unaccented');
+  t.equal(text('α\u0301 и\u0306 ø\u0301 か\u3099'), 'ά й ǿ が', 'marks on other letters are kept and compose');
+  t.equal(text('\u1100\u1161\u11a8 ㄱㅏ'), '각 ᄀ가'.replace('ᄀ가', '\u1100\u1161'.normalize('NFC')), 'Hangul jamo compose');
+  t.equal(text('ᄀㅏ'), '가', 'a compatibility vowel after a conjoining initial');
 });
 
-t.test('worst cases stay bounded in size (their speed is measured in bench/pipeline.ts)', async (t) => {
-  const marks = Buffer.from('a' + '\u0301\u0316'.repeat(100_000));
-  const m = view(marks)!;
-  t.ok(m.bytes.length <= marks.length, 'a flood of combining marks');
-  t.ok(m.bytes.toString().startsWith('á'));
-  t.ok(m.bytes.length < 100, 'marks past 32 in a row are dropped');
+t.test('worst cases: right output, and done, on a few MB (their speed is in bench/normalized-view.ts)', async (t) => {
+  const MB = 1024 * 1024;
+  // Each unit repeated to about 2 MB, and what each repetition reads as (null: the view is the input).
+  const cases: [string, string, string | null][] = [
+    ['ZWSP and &', '\u200b&', '&'],
+    ['full width and &', 'Ａ&', 'A&'],
+    ['an entity mark after each letter', 'a&#x301;', 'a'],
+    ['an entity ZWSP before each letter', '&#8203;x', 'x'],
+    ['entity ZWSP flood', '&#x200b;', ''],
+    ['nested &amp;', '&amp;amp;amp;#64;', '&#64;'],
+    ['digit runs after &#', '&#' + '0'.repeat(1000), '\ufffd'],
+    ['& flood', '&', null],
+    ['named-entity near misses', '&commatcommatcommatcommatxx', null],
+    ['marks on ASCII', 'a\u0301\u0316\u0301\u0316', 'a'],
+    ['marks on ø', 'ø\u0301\u0316', 'ǿ\u0316'],
+    ['full width', 'ＡＫＩＡ＠', 'AKIA@'],
+    ['ASCII and accents', 'aé', 'ae'],
+    ['ASCII and marks on ø', 'aø\u0301 ', 'aǿ '],
+    ['4-byte mathematical letters', '𝐀', 'A'],
+    ['emoji', '😀', null],
+    ['U+FDFA', '\ufdfa', null],
+    ['Hangul jamo', '\u1100\u1161\u11a8', '각'],
+  ];
+  for (const [name, unit, out] of cases) {
+    const count = Math.ceil(2 * MB / Buffer.byteLength(unit));
+    const got = text(unit.repeat(count));
+    t.ok(out === null ? got === null : got === out.repeat(count), name);
+  }
+  const marks = text('\u0301\u0316'.repeat(MB / 4));
+  t.equal(marks, '\u0301\u0316'.repeat(16).normalize('NFC'), 'marks alone: 32 in a row are kept');
+  const invalid = Buffer.alloc(2 * MB);
+  for (let k = 0; k < invalid.length; k++) invalid[k] = 0x80 + (k % 64);
+  t.equal(text(invalid), null, 'invalid UTF-8 is kept as sent');
+  const mixed = Buffer.concat([invalid.subarray(0, 1000), Buffer.from('Ａ\u200b'), invalid.subarray(0, 1000)]);
+  t.same(view(mixed)?.bytes, Buffer.concat([invalid.subarray(0, 1000), Buffer.from('A'), invalid.subarray(0, 1000)]), 'and around a change');
   const thai = 'ก\u0e34\u0e48'.repeat(1000);
-  t.equal(text(thai + '\u0301'.repeat(40) + 'x'), thai + '\u0301'.repeat(30) + 'x', 'Thai keeps its marks; of a run, 32 in a row are kept');
-  const digits = Buffer.from('&#' + '0'.repeat(500_000) + '64;');
-  t.equal(text(digits), '@', 'a long run of leading zeros');
-  t.equal(text('&'.repeat(300_000) + '#64;'), '&'.repeat(299_999) + '@', 'an & flood');
+  t.equal(text(thai + '\u0301'.repeat(40) + 'x'), thai + '\u0301'.repeat(30) + 'x', 'Thai keeps its marks; 32 in a row are kept');
+  t.equal(text('&#' + '0'.repeat(500_000) + '64;'), '@', 'a long run of leading zeros');
+  t.equal(text('&'.repeat(300_000) + '#64;'), '&'.repeat(299_999) + '@', 'an & flood, then an entity');
   t.equal(text('&#'.repeat(100_000)), null);
   const expand = Buffer.from('\ufdfa\u3300'.repeat(50_000));
-  t.ok((view(expand)?.bytes.length ?? 0) <= 3 * expand.length);
+  t.ok((view(expand)?.bytes.length ?? 0) <= 2 * expand.length);
+  const marks3 = Buffer.from(('ཀ' + '\u0f77'.repeat(32)).repeat(1000));
+  t.ok((view(marks3)?.bytes.length ?? 0) <= 2 * marks3.length, 'a mark whose form is three marks is kept as it is');
 });
 
 t.test('case folding', async (t) => {
@@ -103,46 +126,45 @@ t.test('case folding', async (t) => {
 const piece = fc.oneof(
   fc.string({ unit: 'binary', maxLength: 6 }),
   fc.constantFrom('&', '&#', '&#x', ';', '&amp;', '&#64;', '&#x200b;', '&commat;', '&lt', '&Aopf;', '\u200b', '\u00ad', '\ufe0f', '\u{e0041}',
-    '＠', 'Ａ', '４', '\u0301', '\u0316', 'e', 'A', '\ufdfa', '\u3164', '\u2010', '\ud800', '\udfff', '👨\u200d👩'),
+    '＠', 'Ａ', '４', '\u0301', '\u0316', 'e', 'A', '\ufdfa', 'ཀ', '\u0f77', 'ø', '\u1100', '\u1161', '\u3164', '\u2010', '\ud800', '\udfff', '👨\u200d👩'),
 );
 
-t.test('property: never throws; spans lie inside the original, in order; the view is at most three times the input', async (t) => {
-  fc.assert(fc.property(fc.array(piece, { maxLength: 40 }), fc.array(fc.nat(), { maxLength: 6 }), (pieces, cuts) => {
+t.test('property: without entities, the view is NFKD, invisibles out, hyphens folded, marks on ASCII out, then NFC', async (t) => {
+  // The walk maps code points one by one from a table and leaves only marks on other letters to ICU:
+  // it must give what the definition (docs/decisions.md) gives, in one pass of standard calls.
+  const invisible = /[\p{Default_Ignorable_Code_Point}\p{Cf}]/gu;
+  const reference = (s: string) => s.normalize('NFKD').replace(invisible, '').replace(/[\u2010-\u2013\u2212]/g, '-')
+    .replace(/([\x00-\x7f])\p{M}+/gu, '$1').normalize('NFC');
+  const unit = fc.constantFrom('a', 'Z', '1', ' ', '-', '=', 'é', 'ø', 'α', 'й', 'か', '\u3099', 'ｶ', 'ﾞ', '\u0301', '\u0316', '\u0336', '각', '\u11c2', 'ﾡ', '\u1112',
+    '\u0903', '\u200b', '\u00ad', 'Ａ', '𝐀', 'ﬁ', '\u1100', '\u1161', '\u11a8', 'ㄱ', 'ㅏ', '가', '\u2010', 'Ǻ', 'ǅ', '\u0344', '\u0f73',
+    'ก', '\u0e34', '①', '\u0340', 'ά', '\u0345', 'Ω', '\u212b', 'ḱ', '\u1e9b', '\u0323', '\u2212', '\u{e0041}', '\ufe0f');
+  fc.assert(fc.property(fc.array(unit, { maxLength: 16 }), (units) => {
+    const input = units.join('');
+    return (text(input) ?? input) === reference(input);
+  }), { numRuns: 5000 });
+});
+
+t.test('property: never throws; the view is at most twice the input', async (t) => {
+  fc.assert(fc.property(fc.array(piece, { maxLength: 40 }), (pieces) => {
     const input = Buffer.from(pieces.join(''));
     const v = normalizedView(input);
-    if (v === null) return true;
-    const n = v.bytes.length;
-    const whole = v.span(0, n);
-    if (whole.start < 0 || whole.end > input.length) return false;
-    const points = [0, n, ...cuts.map((c) => c % (n + 1))].sort((a, b) => a - b);
-    let last = { start: 0, end: 0 };
-    for (let k = 1; k < points.length; k++) {
-      const s = v.span(points[k - 1], points[k]);
-      if (s.start < 0 || s.end > input.length || s.start > s.end) return false;
-      if (s.start < last.start) return false;
-      last = s;
-    }
-    return v.bytes.length <= 3 * input.length + 64;
+    return v === null || v.bytes.length <= 2 * input.length;
   }), { numRuns: 2000 });
 });
 
-t.test('property: the span of a word that came through holds that word in the original', async (t) => {
-  // Plain ASCII words between entities and invisibles: each is found inside the input span its view
-  // bytes map to (exactly that span when the word borders the changed text; inside a chunk NFKC
-  // changed in several places, within the chunk's span).
+t.test('property: a word that came through is in the view, in order', async (t) => {
+  // Plain ASCII words between entities and invisibles, full-width symbols and accents.
   const word = fc.stringMatching(/^[a-z0-9]{1,8}$/);
-  const noise = fc.constantFrom('&#x200b;', '\u200b', '&amp;', '＠', '\u00ad', '&lt;', ' ');
+  const noise = fc.constantFrom('&#x200b;', '\u200b', '&amp;', '＠', '\u00ad', '&lt;', ' ', '\u0301', 'é', 'ø\u0301', '\u0336&#x301;');
   fc.assert(fc.property(fc.array(fc.tuple(word, noise), { minLength: 1, maxLength: 20 }), (parts) => {
     const input = Buffer.from(parts.map(([w, z]) => w + z).join(''));
     const v = normalizedView(input);
     if (v === null) return parts.every(([, z]) => z === ' ');
-    const out = v.bytes.toString('latin1');
+    const out = v.bytes.toString('utf8');
     let from = 0;
     for (const [w] of parts) {
       const at = out.indexOf(w, from);
       if (at < 0) return false;
-      const s = v.span(at, at + w.length);
-      if (!input.toString('latin1', s.start, s.end).includes(w)) return false;
       from = at + w.length;
     }
     return true;
