@@ -15,6 +15,12 @@ export class WalClosedError extends Error {
   readonly code = 'DVX_WAL_CLOSED';
 }
 
+/** Records durable before a flush were not all shipped to the store within its bound. */
+export class AuditFlushTimeoutError extends Error {
+  override name = 'AuditFlushTimeoutError';
+  readonly code = 'DVX_AUDIT_FLUSH_TIMEOUT';
+}
+
 /** The record could not be made durable in time: the gated effect was refused (503 where HTTP). */
 export class AuditUnavailableError extends Error {
   override name = 'AuditUnavailableError';

@@ -3,6 +3,7 @@ import type { Registry } from 'prom-client';
 import type { Logger } from '../core/logger.ts';
 import { counter, gauge, histogram } from '../core/metrics.ts';
 import { DeadLetterSpool } from './dead-letter.ts';
+import { AuditFlushTimeoutError } from './errors.ts';
 import { Shipper, type ShipperMetrics } from './shipper.ts';
 import type { AuditSink, AuditTable } from './sink.ts';
 import { openStore, type AuditStore, type AuditWriter } from './store.ts';
@@ -15,6 +16,8 @@ import { WalTable, type WalMetrics } from './wal-table.ts';
 //                             └── records the store rejects ─▶ wal/<table>/dead-letter/ (dvx wal dead-letter)
 
 export const TABLES: readonly AuditTable[] = ['llm_audit_log', 'audit_events'];
+const DEFAULT_FLUSH_TIMEOUT_MS = 60_000;
+const FLUSH_POLL_MS = 20;
 
 export interface WalSinkOptions {
   dir: string;
@@ -108,8 +111,20 @@ export class WalSink implements AuditSink {
     return this.#tables.get(name);
   }
 
-  async flush(): Promise<void> {
-    // Appends resolve only once durable: nothing is buffered in memory to flush.
+  /**
+   * Resolves once every record durable when it was called has reached the store (the shippers'
+   * checkpoints passed it; a dead-lettered record counts as passed): what erasure needs before it
+   * sweeps the store, so no record of the org ships after the sweep. Throws past `timeoutMs`.
+   */
+  async flush(timeoutMs = DEFAULT_FLUSH_TIMEOUT_MS): Promise<void> {
+    const targets = [...this.#tables.values()].map((table) => ({ table, end: table.end }));
+    const deadline = Date.now() + timeoutMs;
+    for (const { table, end } of targets) {
+      while (!table.shippedTo(end)) {
+        if (Date.now() >= deadline) throw new AuditFlushTimeoutError(`audit records of ${table.name} not shipped within ${timeoutMs} ms (is the store down?)`);
+        await new Promise((resolve) => setTimeout(resolve, FLUSH_POLL_MS));
+      }
+    }
   }
 
   async close(): Promise<void> {

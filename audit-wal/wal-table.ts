@@ -298,6 +298,18 @@ export class WalTable {
     return { ...this.#checkpoint };
   }
 
+  /** The position just past the last durable record. */
+  get end(): Position {
+    const last = this.#segments.at(-1)!;
+    return { segment: last, offset: this.#sizes.get(last)! };
+  }
+
+  /** Whether everything before `position` is shipped (the checkpoint reached it). */
+  shippedTo(position: Position): boolean {
+    const c = this.#checkpoint;
+    return c.segment > position.segment || (c.segment === position.segment && c.offset >= position.offset);
+  }
+
   /** Durable records from `from`, up to `maxRecords` / about `maxBytes`, and the position after them. */
   async read(from: Position, maxRecords: number, maxBytes = 8 * 1024 * 1024): Promise<{ records: WalRecord[]; next: Position }> {
     const records: WalRecord[] = [];

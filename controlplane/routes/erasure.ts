@@ -30,7 +30,7 @@ export function erasureRoutes(deps: ChangeDeps, erasure: ErasureDeps, running: S
         await tx.query(`INSERT INTO erasures (org_id, status, requested_by) VALUES ($1, 'running', $2)`, [org, req.principal!.subject]);
         return { result: null, resource: `org:${org}` };
       });
-      const job = runErasure(erasure, org).catch((err: Error) => erasure.log.error({ org, err: err.message }, 'erasure failed; it resumes at the next start or request'));
+      const job = runErasure(erasure, org).catch((err: Error) => erasure.log.error({ org, err }, 'erasure failed; it resumes at the next start or request'));
       running.add(job);
       void job.finally(() => running.delete(job));
       return reply.code(202).send({ org_id: org, status: 'running' });
