@@ -200,7 +200,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     if (idp) retryUndos = () => retryPendingUndos(deps, idp).then(({ failed }) => void (failed > 0 && log.warn({ failed }, 'IdP undos still pending after the retry at start')), (err: Error) => log.error({ err }, 'retrying pending IdP undos failed'));
     // The OpenAPI document describes the full surface, including route families this process did not
     // wire (spec: Versioning): it is collected from a never-listening instance with every family.
-    const guard = streamGuardDeps(registry, log, options.streamRecheckMs);
+    const guard = streamGuardDeps(registry, log, options.streamRecheckMs, options.idleTimeout);
     const document = openApiDocument(await surfaceOperations((api) => mountApi(api, deps, { agentIssuer: {} as AgentOperatorIssuer, idp: {} as IdpProvisioner, accountStatus, events, auditStore: {} as AuditStore, auditRead: { pollMs: 0, heartbeatMs: 0, guard, accountStatus }, erasure: erasureDeps!, erasureJobs })));
     await app.register(async (api) => {
       api.get('/openapi.json', { config: { requiredCapability: null } }, async () => document);
