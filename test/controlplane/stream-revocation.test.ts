@@ -162,6 +162,35 @@ t.test('another replica\'s change is caught by the periodic re-check', async (t)
   t.same(await s.endedWithin(20_000), { reason: 'grant_revoked' }, 'within the grant cache TTL and a re-check');
 });
 
+t.test('a revocation on another replica reaches this one\'s open streams through NOTIFY', async (t) => {
+  const db = await freshPgDatabase('dvx_stream_notify');
+  if (!db) {
+    if (process.env.CI) t.fail('PostgreSQL is not reachable on 127.0.0.1:5432');
+    t.comment('no PostgreSQL: skipped');
+    return;
+  }
+  t.teardown(() => db.drop());
+  // Two replicas on one store; the periodic re-check at 10 minutes, so only the nudge can end a stream.
+  const replica = (n: number) => h.start({ seedAdmin: ['root'], databaseDsn: db.dsn, auditDsn: `pglite://${join(h.dir, `audit-r${n}`)}`, auditWalDir: join(h.dir, `wal-r${n}`), auditStreamPollMs: 100, streamRecheckMs: 600_000 });
+  const a = await replica(1);
+  t.teardown(() => a.close());
+  const b = await replica(2);
+  t.teardown(() => b.close());
+  await h.callAt(a.port, 'root', 'POST', '/orgs', { id: 'org-a', name: 'A' });
+  const grant = (await h.callAt(a.port, 'root', 'POST', '/orgs/org-a/grants', { principal: 'user:alice', capability: 'audit:read' })).body;
+  const first = await openStream(b.port, '/api/v1/audit/stream', await h.issuer.token('alice'));
+  t.equal(first.status, 200, 'the stream opens on B (its grant cache now holds alice\'s grant)');
+  t.equal(await first.endedWithin(300), null, 'it runs while the grant holds');
+  const s = await openStream(b.port, '/api/v1/audit/stream', await h.issuer.token('alice'));
+  t.equal((await h.callAt(a.port, 'root', 'DELETE', `/orgs/org-a/grants/${grant.id}`)).status, 204, 'revoked on A');
+  t.same(await s.endedWithin(3_000), { reason: 'grant_revoked' }, 'B ends the stream at once: not the 10-minute re-check, not the 5 s cache');
+  const key = (await h.callAt(a.port, 'root', 'POST', '/enclaves', { name: 'e-r', enclave_id: 'enc-r', owning_org: 'org-a' })).body.key.token as string;
+  const events = await openStream(b.port, '/v1/broker/events', key);
+  t.equal(events.status, 200);
+  t.equal((await h.callAt(a.port, 'root', 'POST', '/enclaves/enc-r/broker-key')).status, 201, 'the key rotated on A');
+  t.same(await events.endedWithin(3_000), { reason: 'key_rotated' }, 'B ends its broker events stream');
+});
+
 // Last: it stops the control plane the other tests share.
 t.test('shutting down ends open streams with their reason', async (t) => {
   await call('root', 'POST', '/orgs/org-a/grants', { principal: 'user:alice', capability: 'audit:read' });
