@@ -10,9 +10,9 @@ import { onGrantsChanged } from './authz/capabilities.ts';
 // only when it opens: it lives exactly as long as the same request, made again now, would be answered.
 //
 //   open ─▶ timer at the credential's `exp`                          ─▶ end "token_expired"
-//        ─▶ every change committed through this process (grantsChanged,
-//           after the grant cache is dropped) ─▶ recheck()             ─▶ end <its reason>
-//        ─▶ every recheckMs (another replica's change, a row edited by hand) ─▶ recheck()
+//        ─▶ every change committed by any replica (grantsChanged, after the grant cache is dropped:
+//           this process's at once, another's on its NOTIFY, events.ts) ─▶ recheck() ─▶ end <its reason>
+//        ─▶ every recheckMs (a row edited by hand, the LISTEN connection down) ─▶ recheck()
 //
 // Ending writes one last SSE event, then closes the response (docs/api.md, "Stream end"):
 //   event: end
