@@ -8,6 +8,7 @@ import { parseServiceAccountKey, tokenRequestForm } from '../../controlplane/idp
 import { startCpHarness } from '../fixtures/controlplane-harness.ts';
 import { AUDIENCE } from '../fixtures/oidc-issuer.ts';
 import { freshPgDatabase } from '../fixtures/pg-database.ts';
+import { CHANGES_CHANNEL } from '../../pipeline/policy/store-snapshot.ts';
 
 // Long-lived streams stay authorized only as long as their caller is: real SSE clients on the audit
 // tail and the broker events of a real control plane, ended with `event: end` and the reason when
@@ -189,6 +190,30 @@ t.test('a revocation on another replica reaches this one\'s open streams through
   t.equal(events.status, 200);
   t.equal((await h.callAt(a.port, 'root', 'POST', '/enclaves/enc-r/broker-key')).status, 201, 'the key rotated on A');
   t.same(await events.endedWithin(3_000), { reason: 'key_rotated' }, 'B ends its broker events stream');
+});
+
+t.test('a broker events stream whose events cannot be read ends with store_unavailable, counted (not destroyed silently)', async (t) => {
+  const db = await freshPgDatabase('dvx_stream_store');
+  if (!db) {
+    if (process.env.CI) t.fail('PostgreSQL is not reachable on 127.0.0.1:5432');
+    t.comment('no PostgreSQL: skipped');
+    return;
+  }
+  t.teardown(() => db.drop());
+  const c = await h.start({ seedAdmin: ['root'], databaseDsn: db.dsn, auditDsn: `pglite://${join(h.dir, 'audit-s')}`, auditWalDir: join(h.dir, 'wal-s'), streamRecheckMs: 600_000 });
+  t.teardown(() => c.close());
+  await h.callAt(c.port, 'root', 'POST', '/orgs', { id: 'org-a', name: 'A' });
+  const key = (await h.callAt(c.port, 'root', 'POST', '/enclaves', { name: 'e-s', enclave_id: 'enc-s', owning_org: 'org-a' })).body.key.token as string;
+  const s = await openStream(c.port, '/v1/broker/events', key);
+  t.equal(s.status, 200);
+  // The events table goes away behind the control plane's back; a nudge makes the stream read it.
+  const client = new pg.Client({ connectionString: db.dsn });
+  await client.connect();
+  await client.query('ALTER TABLE events RENAME TO events_gone');
+  await client.query(`SELECT pg_notify('${CHANGES_CHANNEL}', '')`);
+  await client.end();
+  t.same(await s.endedWithin(5_000), { reason: 'store_unavailable' }, 'ended with its reason, not destroyed');
+  t.match(await c.registry.metrics(), /dvx_controlplane_streams_ended_total\{stream="broker_events",reason="store_unavailable"\} 1/, 'counted');
 });
 
 // Last: it stops the control plane the other tests share.
