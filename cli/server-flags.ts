@@ -31,7 +31,7 @@ export function addConnectionFlags(command: Command, d: ServerLimitOptions): Com
     .addOption(flag('--headers-timeout <duration>', { description: 'time to receive a complete request header', default: d.headersTimeout, parse: parseDurationFlag }))
     .addOption(flag('--request-timeout <duration>', { description: 'time to receive a whole request, body included', default: d.requestTimeout, parse: parseDurationFlag }))
     .addOption(flag('--keep-alive-timeout <duration>', { description: 'idle time between two requests on one connection', default: d.keepAliveTimeout, parse: parseDurationFlag }))
-    .addOption(flag('--idle-timeout <duration>', { description: 'a connection with no traffic and no response in flight is closed after this', default: d.idleTimeout, parse: parseDurationFlag }))
+    .addOption(flag('--idle-timeout <duration>', { description: 'a connection with no traffic and no response in flight is closed after this, and one whose client takes none of its response for this long', default: d.idleTimeout, parse: parseDurationFlag }))
     .addOption(flag('--max-connections <n>', { description: 'open connections per listener; more are closed at accept', default: d.maxConnections, parse: parsePositiveInt }))
     .addOption(flag('--max-connections-per-client <n>', { description: 'open connections per client address; more are closed at accept', default: d.maxConnectionsPerClient, parse: parsePositiveInt }));
 }

@@ -4,7 +4,7 @@ import { gated, type CaptureOptions } from '../audit-wal/gate.ts';
 import { AuditUnavailableError } from '../audit-wal/errors.ts';
 import type { AuditSink } from '../audit-wal/sink.ts';
 import { ApiError, PROBLEMS } from './errors.ts';
-import { grantsChanged } from './authz/capabilities.ts';
+import { announceGrantsChanged, grantsChanged } from './authz/capabilities.ts';
 import type { OrgKeys } from './crypto/org-keys.ts';
 import type { Db, Queryable } from '../core/sql.ts';
 import type { Logger } from '../core/logger.ts';
@@ -51,6 +51,8 @@ export async function auditedChangeBy<T>(
         ...(reason === undefined ? {} : { reason }),
       };
       await gated(deps.audit, 'audit_events', record, () => undefined, deps.capture);
+      // Other replicas drop their grant caches and re-check their open streams when this commits.
+      await announceGrantsChanged(tx);
       return result;
     });
     grantsChanged(deps.db);

@@ -3,7 +3,7 @@ import type { Db } from '../core/sql.ts';
 import type { AuditSink } from '../audit-wal/sink.ts';
 import type { AuditStore } from '../audit-wal/store.ts';
 import type { OrgKeys } from './crypto/org-keys.ts';
-import { grantsChanged } from './authz/capabilities.ts';
+import { announceGrantsChanged, grantsChanged } from './authz/capabilities.ts';
 
 // Per-org erasure (crypto-shred), restart-safe: every step is idempotent and the `erasures` row says
 // where it is, so a sweep interrupted by a crash is run again from the top at the next start.
@@ -54,6 +54,7 @@ export async function runErasure(deps: ErasureDeps, org: string): Promise<void> 
       const { rows } = await tx.query<{ n: number }>(`WITH gone AS (DELETE FROM ${table} WHERE ${where} RETURNING 1) SELECT count(*)::int AS n FROM gone`, [org]);
       n += Number(rows[0].n);
     }
+    await announceGrantsChanged(tx);
     return n;
   });
   grantsChanged(db); // the org's grants are gone: no cached authorization outlives them

@@ -1,12 +1,21 @@
 import { EventEmitter } from 'node:events';
 import pg from 'pg';
+import type { Logger } from '../core/logger.ts';
+import type { Counter } from '../core/metrics.ts';
 import type { Queryable } from '../core/sql.ts';
 import { CHANGES_CHANNEL } from '../pipeline/policy/store-snapshot.ts';
+import { AUTHZ_CHANNEL } from './authz/capabilities.ts';
 
 // Events to enclaves (spec: Events, facts 1–3): stored with an auto-incrementing cursor inside the
 // change's own transaction, so an event exists exactly when its change committed. After the commit the
 // publisher wakes the SSE handlers of this process; on PostgreSQL the transaction also NOTIFYs, and
 // every replica LISTENing wakes its own handlers when it commits.
+//
+// The same LISTEN connection hears AUTHZ_CHANNEL: every committed change of any replica
+// (authz/capabilities.ts, `announceGrantsChanged`), for `onAuthzChange` (the grant cache and the open
+// streams' re-check, server.ts). A LISTEN connection that fails is logged, counted and reconnected with
+// backoff (100 ms doubling to 30 s); once back, everything is told to look again, since a
+// notification sent meanwhile was lost.
 
 export interface EnclaveEvent {
   id: number;
@@ -31,23 +40,83 @@ export async function affectedEnclaves(db: Queryable, target: ChangeTarget): Pro
   return rows.map((r) => r.id);
 }
 
+const RECONNECT_MIN_MS = 100;
+const RECONNECT_MAX_MS = 30_000;
+
+export interface ListenDeps {
+  log: Logger;
+  /** Failures of the LISTEN connection (label `connection: listen`). */
+  failures: Counter<'connection'>;
+}
+
 export class EventHub {
   #bus = new EventEmitter();
   #listener: pg.Client | null = null;
+  #closed = false;
+  #retry: NodeJS.Timeout | null = null;
+  #deps: ListenDeps | null = null;
 
   constructor() {
     this.#bus.setMaxListeners(0);
   }
 
-  /** On PostgreSQL, a dedicated connection LISTENs so other replicas' commits wake this one's handlers. */
-  async listen(dsn: string): Promise<void> {
+  /**
+   * On PostgreSQL, a dedicated connection LISTENs so other replicas' commits wake this one's handlers
+   * and reach its authorization checks. The first connection must succeed (a bad DSN fails the start);
+   * after that it is kept up.
+   */
+  async listen(dsn: string, deps: ListenDeps): Promise<void> {
     if (!/^postgres(ql)?:\/\//.test(dsn)) return;
+    this.#deps = deps;
+    await this.#connect(dsn, deps, RECONNECT_MIN_MS, true);
+  }
+
+  async #connect(dsn: string, deps: ListenDeps, backoff: number, first = false): Promise<void> {
     const client = new pg.Client({ connectionString: dsn });
-    client.on('error', () => {});
-    await client.connect();
-    client.on('notification', () => this.wake());
-    await client.query(`LISTEN ${CHANNEL}`);
+    let lost = false;
+    const reconnect = (err: Error) => {
+      if (lost || this.#closed) return;
+      lost = true;
+      deps.failures.inc({ connection: 'listen' });
+      deps.log.warn({ err, retry_ms: backoff }, 'the store LISTEN connection failed; reconnecting (changes of other replicas wait until then)');
+      if (this.#listener === client) this.#listener = null;
+      client.end().catch(() => undefined); // already broken: its end has nothing to report
+      this.#retry = setTimeout(() => {
+        this.#retry = null;
+        this.#connect(dsn, deps, Math.min(backoff * 2, RECONNECT_MAX_MS)).then(() => {
+          deps.log.info('the store LISTEN connection is back');
+          // Whatever was announced while it was down: look again.
+          this.wake();
+          this.#bus.emit('authz');
+        }, () => undefined); // the failed attempt scheduled the next one
+      }, backoff);
+      this.#retry.unref();
+    };
+    client.on('error', reconnect);
+    client.on('end', () => reconnect(new Error('the LISTEN connection ended')));
+    client.on('notification', (n) => (n.channel === AUTHZ_CHANNEL ? this.#bus.emit('authz') : this.wake()));
+    try {
+      await client.connect();
+      await client.query(`LISTEN ${CHANNEL}`);
+      await client.query(`LISTEN ${AUTHZ_CHANNEL}`);
+    } catch (err) {
+      if (first) {
+        lost = true;
+        await client.end().catch(() => undefined); // the connect error below says what went wrong
+      } else reconnect(err as Error);
+      throw err;
+    }
+    if (this.#closed) {
+      await client.end();
+      return;
+    }
     this.#listener = client;
+  }
+
+  /** Calls `fn` when any replica committed a change (AUTHZ_CHANNEL), or the LISTEN connection came back. */
+  onAuthzChange(fn: () => void): () => void {
+    this.#bus.on('authz', fn);
+    return () => this.#bus.off('authz', fn);
   }
 
   /** Stores one event per enclave inside the caller's transaction; true when at least one was stored. */
@@ -96,7 +165,11 @@ export class EventHub {
   }
 
   async close(): Promise<void> {
+    this.#closed = true;
+    if (this.#retry) clearTimeout(this.#retry);
     this.#bus.removeAllListeners();
-    await this.#listener?.end().catch(() => {});
+    const listener = this.#listener;
+    this.#listener = null;
+    await listener?.end().catch((err: Error) => this.#deps?.log.warn({ err }, 'closing the store LISTEN connection failed'));
   }
 }

@@ -9,7 +9,7 @@ import { PROBLEM_CONTENT_TYPE } from '../core/problem.ts';
 import { ServerLimiter, serverOptions } from '../core/server-limits.ts';
 import { startMetricsServer } from '../core/metrics-server.ts';
 import { OidcAuthenticator, AuthenticationError, type Principal } from './auth/oidc.ts';
-import { callerGrants } from './authz/capabilities.ts';
+import { callerGrants, grantsChanged } from './authz/capabilities.ts';
 import { ApiError, entryForStatus, PROBLEMS, problemOf, sendProblem } from './errors.ts';
 import { CONTROLPLANE_DEFAULTS, isSkeleton, OptionsError, validateOptions, type ControlPlaneOptions } from './options.ts';
 import { openDb, type Db } from '../core/sql.ts';
@@ -144,7 +144,12 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     const kms = options.kmsProvider ? await openKms(options.kmsProvider, options.kmsConfig).catch((err: Error) => {
       throw new OptionsError(err.message);
     }) : null;
-    db = await openDb(options.databaseDsn);
+    db = await openDb(options.databaseDsn, {
+      onPoolError: (err) => {
+        metrics.storeConnectionErrors.inc({ connection: 'pool' });
+        log.warn({ err }, 'an idle store connection failed; the pool replaces it');
+      },
+    });
     const applied = await migrate(db);
     if (applied.length > 0) log.info({ migrations: applied }, 'store migrated');
     for (const subject of options.seedAdmin) {
@@ -156,9 +161,11 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     const oidc = new OidcAuthenticator({ issuer: options.oidcIssuer, audience: options.oidcAudience || undefined, orgClaim: options.orgClaim, ca: issuerCa });
     const accountStatus = new ServiceAccountStatus(db);
     hub = new EventHub();
-    await hub.listen(options.databaseDsn);
+    await hub.listen(options.databaseDsn, { log, failures: metrics.storeConnectionErrors });
     const events = hub;
     const store = db;
+    // A change any replica committed: the grant cache is dropped and open streams re-check at once.
+    events.onAuthzChange(() => grantsChanged(store));
     // The hourly purge of consumed events and of deleted enclaves' (spec: Events, fact 3).
     purge = setInterval(() => void events.purge(store).then((n) => n > 0 && log.info({ purged: n }, 'events purged')).catch((err: Error) => log.warn({ err: err.message }, 'event purge failed')), 3_600_000);
     purge.unref();
@@ -201,7 +208,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     if (idp) startUndos = () => startUndoSweeper(deps, idp, options.idpUndoGraceMs);
     // The OpenAPI document describes the full surface, including route families this process did not
     // wire (spec: Versioning): it is collected from a never-listening instance with every family.
-    const guard = streamGuardDeps(registry, log, options.streamRecheckMs);
+    const guard = streamGuardDeps(registry, log, options.streamRecheckMs, options.idleTimeout);
     const document = openApiDocument(await surfaceOperations((api) => mountApi(api, deps, { agentIssuer: {} as AgentOperatorIssuer, idp: {} as IdpProvisioner, accountStatus, events, auditStore: {} as AuditStore, auditRead: { pollMs: 0, heartbeatMs: 0, guard, accountStatus }, erasure: erasureDeps!, erasureJobs })));
     await app.register(async (api) => {
       api.get('/openapi.json', { config: { requiredCapability: null } }, async () => document);

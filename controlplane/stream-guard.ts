@@ -10,29 +10,37 @@ import { onGrantsChanged } from './authz/capabilities.ts';
 // only when it opens: it lives exactly as long as the same request, made again now, would be answered.
 //
 //   open ─▶ timer at the credential's `exp`                          ─▶ end "token_expired"
-//        ─▶ every change committed through this process (grantsChanged,
-//           after the grant cache is dropped) ─▶ recheck()             ─▶ end <its reason>
-//        ─▶ every recheckMs (another replica's change, a row edited by hand) ─▶ recheck()
+//        ─▶ every change committed by any replica (grantsChanged, after the grant cache is dropped:
+//           this process's at once, another's on its NOTIFY, events.ts) ─▶ recheck() ─▶ end <its reason>
+//        ─▶ every recheckMs (a row edited by hand, the LISTEN connection down) ─▶ recheck()
 //
 // Ending writes one last SSE event, then closes the response (docs/api.md, "Stream end"):
 //   event: end
 //   data: {"reason":"grant_revoked"}
 // A re-check that fails (the store is down) ends the stream too, "authorization_unavailable": a new
 // request could not be authorized either, and the client's reconnect finds out when it can.
+//
+// Every write goes through `write`, which waits for the client to take what was sent (backpressure),
+// so a stream never buffers more than a little for a client that does not read. A client that takes
+// nothing for `stallMs` (--idle-timeout), or lets more than MAX_BUFFERED_BYTES pile up from writers
+// that do not wait (heartbeats), ends the stream: "client_not_reading", the response destroyed (its
+// final event could not be read either).
 
 export type StreamEndReason =
   | 'token_expired' | 'grant_revoked' | 'scope_changed' | 'account_disabled'
-  | 'key_rotated' | 'enclave_deleted' | 'authorization_unavailable' | 'shutdown';
+  | 'key_rotated' | 'enclave_deleted' | 'authorization_unavailable' | 'store_unavailable' | 'client_not_reading' | 'shutdown';
 
 export interface StreamGuardDeps {
   log: Logger;
   /** How often an open stream re-checks with no change seen in this process. */
   recheckMs: number;
+  /** How long a stream may wait for its client to take anything of what was sent (--idle-timeout). */
+  stallMs: number;
   ended: Counter<'stream' | 'reason'>;
 }
 
-export function streamGuardDeps(registry: Registry, log: Logger, recheckMs: number): StreamGuardDeps {
-  return { log, recheckMs, ended: counter(registry, 'dvx_controlplane_streams_ended_total', 'Long-lived streams the control plane ended, by stream and reason', ['stream', 'reason']) };
+export function streamGuardDeps(registry: Registry, log: Logger, recheckMs: number, stallMs: number): StreamGuardDeps {
+  return { log, recheckMs, stallMs, ended: counter(registry, 'dvx_controlplane_streams_ended_total', 'Long-lived streams the control plane ended, by stream and reason', ['stream', 'reason']) };
 }
 
 export interface GuardedStream {
@@ -50,10 +58,15 @@ export interface GuardedStream {
 /** setTimeout's ceiling; a later expiry is caught by the periodic re-check. */
 const MAX_TIMER_MS = 2_147_483_647;
 
+/** What a stream may hold for its client past node's own buffer, from writes that do not wait. */
+export const MAX_BUFFERED_BYTES = 1024 * 1024;
+
 export class StreamGuard {
   readonly #s: GuardedStream;
   readonly #deps: StreamGuardDeps;
   #stopped = false;
+  /** The wait for the client to take what was sent, shared by every writer meanwhile. */
+  #draining: Promise<boolean> | null = null;
   readonly #cleanup: (() => void)[] = [];
 
   constructor(s: GuardedStream, deps: StreamGuardDeps) {
@@ -90,16 +103,72 @@ export class StreamGuard {
     return this.#stopped;
   }
 
-  /** Ends the stream with its final event (once; a no-op after the client left). */
+  /**
+   * Writes one SSE chunk; resolves true once the client has room for more, false when the stream is
+   * over (ended, the client gone, or the client not reading: see the header).
+   */
+  write(chunk: string): Promise<boolean> {
+    const res = this.#s.res;
+    if (this.#stopped || res.destroyed) return Promise.resolve(false);
+    if (res.writableLength > 0 && res.writableLength + Buffer.byteLength(chunk) > MAX_BUFFERED_BYTES) {
+      this.end('client_not_reading');
+      return Promise.resolve(false);
+    }
+    if (res.write(chunk)) return Promise.resolve(true);
+    return (this.#draining ??= this.#drained());
+  }
+
+  /** Resolves when the response drains; ends the stream when the client takes nothing for stallMs. */
+  #drained(): Promise<boolean> {
+    const res = this.#s.res;
+    return new Promise((resolve) => {
+      const done = (ok: boolean) => {
+        clearTimeout(timer);
+        res.off('drain', drained);
+        res.off('close', closed);
+        this.#draining = null;
+        resolve(ok && !this.#stopped);
+      };
+      const drained = () => done(true);
+      const closed = () => done(false);
+      // 'drain' comes only once the whole buffer is gone: a buffer that shrinks is progress too.
+      let left = res.writableLength;
+      const timer = setTimeout(() => {
+        if (res.writableLength < left) {
+          left = res.writableLength;
+          timer.refresh();
+          return;
+        }
+        this.end('client_not_reading');
+        done(false);
+      }, this.#deps.stallMs);
+      res.on('drain', drained);
+      res.on('close', closed);
+    });
+  }
+
+  /**
+   * Ends the stream with its final event (once; a no-op after the client left). A client that is not
+   * reading could not read the final event either: its response is destroyed; one whose final event
+   * does not get through within stallMs likewise.
+   */
   end(reason: StreamEndReason): void {
     if (this.#stopped) return;
     this.#stop();
     this.#deps.ended.inc({ stream: this.#s.stream, reason });
-    if (reason !== 'shutdown') this.#deps.log.info({ stream: this.#s.stream, reason }, 'stream ended');
+    if (reason !== 'shutdown') this.#deps.log.info({ stream: this.#s.stream, reason, unsent_bytes: this.#s.res.writableLength }, 'stream ended');
     const res = this.#s.res;
     if (res.destroyed || res.writableEnded) return;
+    if (reason === 'client_not_reading' || res.writableNeedDrain) {
+      res.destroy();
+      return;
+    }
     res.write(formatSse('end', { reason }));
     res.end();
+    if (res.writableFinished) return;
+    const timer = setTimeout(() => res.destroy(), this.#deps.stallMs);
+    timer.unref();
+    res.once('close', () => clearTimeout(timer));
   }
 
   #stop(): void {

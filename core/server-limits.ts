@@ -14,6 +14,7 @@ import { counter, gauge } from './metrics.ts';
 //          ─▶ complete request headers within headersTimeout, whole request within requestTimeout
 //             (node checks both every connectionsCheckingInterval, so that interval is kept small)
 //          ─▶ between requests: keepAliveTimeout; no traffic and no response in flight: idleTimeout
+//          ─▶ a response the client stops reading (bytes unsent, none taken for idleTimeout): closed
 //
 // A client error (oversized headers, a malformed request, a request that did not arrive in time) is
 // answered in the listener's own format (`answer`), then the connection is closed.
@@ -27,7 +28,10 @@ export interface ServerLimitOptions {
   requestTimeout: number;
   /** Idle time between two requests on a kept-alive connection. */
   keepAliveTimeout: number;
-  /** A connection with no traffic and no response in flight for this long is closed. */
+  /**
+   * A connection with no traffic and no response in flight for this long is closed; so is one whose
+   * client has taken none of its response's unsent bytes for this long.
+   */
   idleTimeout: number;
   /** Open connections per listener; past it a new one is closed at accept. */
   maxConnections: number;
@@ -94,6 +98,15 @@ function clientOf(socket: Socket): string {
   return addr.startsWith('::ffff:') ? addr.slice(7) : addr;
 }
 
+// Connections closed because their client stopped reading, so that the handler whose response was cut
+// can say so in its record (`closedForSendStall`).
+const sendStalled = new WeakSet<object>();
+
+/** Whether the limiter closed this connection because its client stopped reading its response. */
+export function closedForSendStall(socket: object | null | undefined): boolean {
+  return socket != null && sendStalled.has(socket);
+}
+
 export class ServerLimiter {
   readonly #o: ServerLimitOptions;
   readonly #deps: ServerLimitDeps;
@@ -108,7 +121,7 @@ export class ServerLimiter {
     this.#metrics = {
       open: gauge(deps.registry, 'dvx_connections_open', 'Open client connections by listener', ['listener']),
       refused: counter(deps.registry, 'dvx_connections_refused_total', 'Connections closed at accept, by listener and reason (max_connections, per_client)', ['listener', 'reason']),
-      closed: counter(deps.registry, 'dvx_connections_reaped_total', 'Connections the server closed, by listener and reason (handshake_timeout, request_timeout, idle, header_overflow, malformed)', ['listener', 'reason']),
+      closed: counter(deps.registry, 'dvx_connections_reaped_total', 'Connections the server closed, by listener and reason (handshake_timeout, request_timeout, idle, send_stall, header_overflow, malformed)', ['listener', 'reason']),
     };
     this.#metrics.open.set({ listener: deps.listener }, 0);
   }
@@ -163,8 +176,21 @@ export class ServerLimiter {
     });
     // With a listener here node no longer closes a timed-out socket itself: keep-alive and idle
     // timeouts both land here.
+    //
+    // The timer restarts on every write that starts and every one that completes, so when it fires on
+    // a connection with bytes still unsent, the client has taken nothing for the whole bound: it
+    // stopped reading. Its response would hold the connection (and what feeds it: an upstream, a
+    // buffer) for ever, since node does not re-arm the timer without activity: closed ("send_stall").
+    // A slow reader that keeps taking bytes restarts the timer and is never cut.
     server.on('timeout', (socket: Duplex) => {
-      if ((this.#inFlight.get(socket) ?? 0) > 0) return;
+      if ((this.#inFlight.get(socket) ?? 0) > 0) {
+        if (socket.writableLength === 0) return;
+        this.#metrics.closed.inc({ listener, reason: 'send_stall' });
+        this.#deps.log.info({ listener, unsent_bytes: socket.writableLength, idle_ms: o.idleTimeout }, 'client stopped reading its response; connection closed');
+        sendStalled.add(socket);
+        socket.destroy();
+        return;
+      }
       this.#metrics.closed.inc({ listener, reason: 'idle' });
       socket.destroy();
     });

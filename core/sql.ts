@@ -14,7 +14,15 @@ export interface Db extends Queryable {
   close(): Promise<void>;
 }
 
-export async function openDb(dsn: string): Promise<Db> {
+export interface OpenDbOptions {
+  /**
+   * An idle pooled connection failed (the server restarted, the network dropped it): the pool replaces
+   * it, and the caller logs and counts it. Without one, a process warning says it.
+   */
+  onPoolError?: (err: Error) => void;
+}
+
+export async function openDb(dsn: string, options: OpenDbOptions = {}): Promise<Db> {
   if (dsn.startsWith('pglite://')) {
     const db = new PGlite(dsn.slice('pglite://'.length));
     await db.waitReady;
@@ -26,7 +34,7 @@ export async function openDb(dsn: string): Promise<Db> {
     };
   }
   const pool = new pg.Pool({ connectionString: dsn, max: 10, connectionTimeoutMillis: 5000 });
-  pool.on('error', () => {});
+  pool.on('error', options.onPoolError ?? ((err) => process.emitWarning(err)));
   return {
     kind: 'postgres',
     query: async <R>(sql: string, params?: unknown[]) => ({ rows: (await pool.query(sql, params)).rows as R[] }),

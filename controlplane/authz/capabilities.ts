@@ -80,7 +80,9 @@ export async function effectiveCapabilities(db: Queryable, p: PrincipalRef): Pro
 // The grants of a caller, cached per store: every request of an authenticated caller needs them, and
 // they change only through the operator API. Any change committed through this process bumps the
 // store's generation and so drops every entry at once (auditedChange calls `grantsChanged`); a change
-// made by another replica is seen within CACHE_TTL_MS.
+// committed by another replica does the same here when its NOTIFY on AUTHZ_CHANNEL arrives (events.ts
+// LISTENs, server.ts calls `grantsChanged`), and at worst (a row edited by hand, the LISTEN connection
+// down) is seen within CACHE_TTL_MS.
 const CACHE_TTL_MS = 5_000;
 const CACHE_MAX = 10_000;
 interface CacheState { generation: number; entries: Map<string, { generation: number; until: number; groups: string[]; grants: EffectiveGrant[] }> }
@@ -88,6 +90,17 @@ const caches = new WeakMap<object, CacheState>();
 
 // Who is told after the cache is dropped: open streams re-check their authorization (stream-guard.ts).
 const changeListeners = new WeakMap<object, Set<() => void>>();
+
+/** The PostgreSQL channel every committed change is announced on, to every replica. */
+export const AUTHZ_CHANNEL = 'dvx_authz_changes';
+
+/**
+ * Announces a change inside its own transaction: PostgreSQL delivers the NOTIFY to every replica
+ * LISTENing when, and only if, the transaction commits (PGlite: this process only).
+ */
+export async function announceGrantsChanged(tx: Queryable): Promise<void> {
+  await tx.query(`SELECT pg_notify('${AUTHZ_CHANNEL}', '')`);
+}
 
 export function grantsChanged(db: object): void {
   const state = caches.get(db);

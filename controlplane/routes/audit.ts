@@ -137,11 +137,9 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
       }, options.guard);
       streams.add(guard);
       let closed = false;
-      // Nothing is written once the client left or the guard ended the stream (its `end` is the last event).
+      // Nothing is written once the client left or the guard ended the stream (its `end` is the last
+      // event); each write waits for the client to take it (a client that does not read ends the stream).
       const live = () => !closed && !guard.stopped;
-      const write = (chunk: string) => {
-        if (live()) res.write(chunk);
-      };
       // Records already sent within the late window (the store may receive a record after a later one).
       const sent = new Map<string, number>();
       let high: AuditCursor | null = cursor;
@@ -160,13 +158,13 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
             if (!cursor && ms < startMs) continue;
             sent.set(r.id, ms);
             if (!high || isAfter(r, high)) high = { ms, id: r.id };
-            write(formatSse(null, strip(await openAttrs(deps.keys ?? null, r)), `${high.ms}.${high.id}`));
+            if (!(await guard.write(formatSse(null, strip(await openAttrs(deps.keys ?? null, r)), `${high.ms}.${high.id}`)))) return;
           }
           if (rows.length < MAX_LIMIT) break;
         }
         if (high) for (const [id, ms] of sent) if (ms < high.ms - LATE_WINDOW_MS) sent.delete(id);
       };
-      const heartbeat = setInterval(() => write(': heartbeat\n\n'), options.heartbeatMs);
+      const heartbeat = setInterval(() => void guard.write(': heartbeat\n\n'), options.heartbeatMs);
       res.on('close', () => {
         closed = true;
         streams.delete(guard);
@@ -176,7 +174,7 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
         try {
           await poll();
         } catch (err) {
-          write(`: store unavailable (${(err as Error).message.slice(0, 100)}); retrying\n\n`);
+          await guard.write(`: store unavailable (${(err as Error).message.slice(0, 100)}); retrying\n\n`);
         }
         await new Promise((r) => setTimeout(r, options.pollMs));
       }

@@ -113,17 +113,20 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
       const send = coalesced(async () => {
         const batch = await events.since(db, e.id, cursor);
         for (const ev of batch) {
-          if (closed || guard.stopped) return false;
-          res.write(formatSse(ev.kind, { kind: ev.kind, ...ev.payload }, ev.id));
+          // Each event waits for the client to take it (a client that does not read ends the stream).
+          if (closed || !(await guard.write(formatSse(ev.kind, { kind: ev.kind, ...ev.payload }, ev.id)))) return false;
           cursor = ev.id;
         }
         return batch.length === 500;
       }, () => closed || guard.stopped);
-      const guarded = () => send().catch(() => {
-        res.destroy();
+      // The events could not be read: the stream ends with its reason, and the client's reconnect
+      // (Last-Event-ID) resumes where it was once the store answers.
+      const guarded = () => send().catch((err: Error) => {
+        options.guard.log.warn({ err, stream: 'broker_events', enclave: e.id }, 'broker events could not be read; ending the stream');
+        guard.end('store_unavailable');
       });
       const off = events.onWake(() => void guarded());
-      const heartbeat = setInterval(() => !closed && !guard.stopped && res.write(': heartbeat\n\n'), options.heartbeatMs);
+      const heartbeat = setInterval(() => !closed && void guard.write(': heartbeat\n\n'), options.heartbeatMs);
       res.on('close', () => {
         closed = true;
         streams.delete(guard);

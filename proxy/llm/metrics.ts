@@ -13,6 +13,7 @@ export function proxyMetrics(registry: Registry) {
     requestBytes: histogram(registry, 'dvx_llmproxy_request_body_bytes', 'Request body size', ['format'], BYTES),
     responseBytes: histogram(registry, 'dvx_llmproxy_response_body_bytes', 'Response body size', ['format'], BYTES),
     upstreamTimeouts: counter(registry, 'dvx_llmproxy_upstream_timeouts_total', 'Upstream calls cut by --upstream-timeout (phase headers) or --upstream-idle-timeout (phase idle)', ['phase']),
+    agentStalls: counter(registry, 'dvx_llmproxy_agent_stalls_total', 'Answers cut because the agent stopped reading them (nothing taken for --idle-timeout); their upstream is released', []),
     authFailures: counter(registry, 'dvx_llmproxy_auth_failures_total', 'Refused agent credentials', ['reason']),
   };
 }

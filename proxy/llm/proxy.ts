@@ -23,6 +23,7 @@ import type { LlmProxyOptions } from './options.ts';
 import { tierRank } from './options.ts';
 import { readBody, TooLargeError } from './read-body.ts';
 import type { SecretSource } from './secrets-file.ts';
+import { closedForSendStall } from '../../core/server-limits.ts';
 import { agentHeaders, DEFAULT_UPSTREAMS, readableAnswer, upstreamHeaders, upstreamTarget, upstreamTimeoutPhase, type UpstreamAnswer } from './upstream.ts';
 import { usageOf } from './usage.ts';
 import { FinalEventGuard } from './final-event.ts';
@@ -336,8 +337,8 @@ export class LlmProxy {
           copy.push(chunk);
           kept += chunk.length;
         }
-        await send(res, chunk);
-        if (res.destroyed) return;
+        const sent = await send(res, chunk, this.#d.options.idleTimeout);
+        if (sent !== 'sent') return this.#agentGone(call, res, sent);
       }
     } catch (err) {
       this.#upstreamFailed(call, err as Error, 'upstream response failed');
@@ -400,8 +401,11 @@ export class LlmProxy {
         }
         const translated = translator ? Buffer.from(translator.push(chunk)) : chunk;
         const out = guard ? guard.push(translated) : translated;
-        if (out.length > 0) await send(res, out);
-        if (res.destroyed) break;
+        const sent = out.length > 0 ? await send(res, out, this.#d.options.idleTimeout) : res.destroyed ? 'closed' : 'sent';
+        if (sent !== 'sent') {
+          this.#agentGone(call, res, sent);
+          break;
+        }
       }
     } catch (err) {
       // Headers are sent: the agent sees the stream cut short (its SDK raises), never a stream left open.
@@ -447,6 +451,22 @@ export class LlmProxy {
       });
       return false;
     }
+  }
+
+  /**
+   * The agent's side of the answer ended before its last byte: the agent stopped reading (nothing taken
+   * for --idle-timeout, by this call's own bound or the listener's, core/server-limits.ts) or left.
+   * Said in the record; leaving the relay loop releases the upstream (undici's body is destroyed and
+   * `abort` fires on the response's close), so no upstream connection waits on an agent that reads nothing.
+   */
+  #agentGone(call: CallRecord, res: ServerResponse, how: 'closed' | 'stalled'): void {
+    const stalled = how === 'stalled';
+    call.error = stalled
+      ? `the agent stopped reading: none of the answer was taken for ${this.#d.options.idleTimeout} ms (--idle-timeout); answer cut after ${call.responseBytes} upstream bytes`
+      : 'the agent closed the connection before the answer was delivered';
+    if (stalled) this.#d.metrics.agentStalls.inc();
+    this.#d.log.info({ request_id: call.id, agent_id: call.identity?.agentId, stalled }, call.error);
+    res.destroy();
   }
 
   /**
@@ -590,17 +610,39 @@ async function collect(body: AsyncIterable<Buffer>): Promise<Buffer> {
   return chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, size);
 }
 
-/** Writes a chunk, waiting for the agent's socket to drain (or close) when its buffer is full. */
-async function send(res: ServerResponse, chunk: Buffer): Promise<void> {
-  if (res.write(chunk)) return;
-  await new Promise<void>((resolve) => {
-    const done = () => {
-      res.off('drain', done);
-      res.off('close', done);
-      resolve();
+/**
+ * Writes a chunk, waiting for the agent's socket to drain when its buffer is full: 'sent', 'closed' when
+ * the response closed first, 'stalled' when the agent took nothing for `stallMs` (the response is then
+ * destroyed, which releases the upstream feeding it).
+ */
+async function send(res: ServerResponse, chunk: Buffer, stallMs: number): Promise<'sent' | 'closed' | 'stalled'> {
+  if (res.destroyed) return 'closed';
+  const socket = res.socket;
+  if (res.write(chunk)) return 'sent';
+  return new Promise((resolve) => {
+    const done = (how: 'sent' | 'closed' | 'stalled') => {
+      clearTimeout(timer);
+      res.off('drain', drained);
+      res.off('close', closed);
+      resolve(how);
     };
-    res.on('drain', done);
-    res.on('close', done);
+    const drained = () => done('sent');
+    // Closed by the listener's own send-stall bound (core/server-limits.ts) is a stall too.
+    const closed = () => done(closedForSendStall(socket) ? 'stalled' : 'closed');
+    // Progress (a write completing) makes node emit 'drain' only once the whole buffer is gone, so the
+    // bound restarts while the buffered bytes shrink: a slow reader that keeps reading is not cut.
+    let left = res.writableLength;
+    const timer = setTimeout(function check() {
+      if (res.writableLength < left) {
+        left = res.writableLength;
+        timer.refresh();
+        return;
+      }
+      done('stalled');
+      res.destroy();
+    }, stallMs);
+    res.on('drain', drained);
+    res.on('close', closed);
   });
 }
 

@@ -6,6 +6,18 @@ import { EventHub } from '../../controlplane/events.ts';
 import { openDb } from '../../core/sql.ts';
 import { migrate } from '../../controlplane/store/migrate.ts';
 import { freshPgDatabase } from '../fixtures/pg-database.ts';
+import { createLogger } from '../../core/logger.ts';
+import { createRegistry } from '../../core/metrics.ts';
+import { controlPlaneMetrics } from '../../controlplane/metrics.ts';
+import { announceGrantsChanged } from '../../controlplane/authz/capabilities.ts';
+
+const logs: Record<string, unknown>[] = [];
+const registry = createRegistry();
+const listenDeps = { log: createLogger({ level: 'debug', destination: { write: (s: string) => void logs.push(JSON.parse(s)) } }), failures: controlPlaneMetrics(registry).storeConnectionErrors };
+const until = async (ms: number, ok: () => boolean) => {
+  for (const end = Date.now() + ms; !ok() && Date.now() < end;) await new Promise((r) => setTimeout(r, 20));
+  return ok();
+};
 
 // The event store: cursors, consumption, the hourly purge; and the wake-up across replicas through
 // PostgreSQL LISTEN/NOTIFY (two hubs on two connections, as two control-plane processes would be).
@@ -48,7 +60,7 @@ if (pgDb) {
     await a.query(`INSERT INTO enclaves (id, name, owning_org_id, broker_key_hash, created_by) VALUES ('enc-1', 'e', 'org-a', 'h', 't')`);
     const publisher = new EventHub();
     const replica = new EventHub();
-    await replica.listen(pgDb.dsn);
+    await replica.listen(pgDb.dsn, listenDeps);
     t.teardown(() => replica.close());
     let woke = 0;
     replica.onWake(() => woke++);
@@ -61,5 +73,49 @@ if (pgDb) {
     for (let i = 0; i < 50 && woke === 0; i++) await new Promise((r) => setTimeout(r, 20));
     t.ok(woke >= 1, 'woken after the commit');
     t.equal((await replica.since(a, 'enc-1', 0)).length, 1);
+  });
+
+  t.test('a committed change is announced to every replica; not before its commit, never on rollback', async (t) => {
+    const a = await openDb(pgDb.dsn);
+    t.teardown(() => a.close());
+    const replica = new EventHub();
+    await replica.listen(pgDb.dsn, listenDeps);
+    t.teardown(() => replica.close());
+    let told = 0;
+    replica.onAuthzChange(() => told++);
+    await a.transaction(async (tx) => {
+      await announceGrantsChanged(tx);
+      await new Promise((r) => setTimeout(r, 300));
+      t.equal(told, 0, 'not before the commit');
+    });
+    t.ok(await until(2_000, () => told === 1), 'told after the commit');
+    await a.transaction(async (tx) => {
+      await announceGrantsChanged(tx);
+      throw new Error('rolled back');
+    }).catch(() => undefined);
+    await new Promise((r) => setTimeout(r, 300));
+    t.equal(told, 1, 'a rolled-back change is never announced');
+  });
+
+  t.test('a LISTEN connection that fails is logged, counted and reconnected; everyone looks again', async (t) => {
+    const a = await openDb(pgDb.dsn);
+    t.teardown(() => a.close());
+    const replica = new EventHub();
+    await replica.listen(pgDb.dsn, listenDeps);
+    t.teardown(() => replica.close());
+    let told = 0;
+    let woke = 0;
+    replica.onAuthzChange(() => told++);
+    replica.onWake(() => woke++);
+    const { rows } = await a.query<{ n: number }>(
+      `SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %' AND pid <> pg_backend_pid()`);
+    t.ok(rows[0].n >= 1, 'the LISTEN connection is killed');
+    t.ok(await until(10_000, () => told >= 1 && woke >= 1), 'once back, the authorization checks and the event handlers look again');
+    const failed = logs.find((l) => l.msg === 'the store LISTEN connection failed; reconnecting (changes of other replicas wait until then)');
+    t.ok((failed?.err as { stack?: string } | undefined)?.stack, 'logged with the error object');
+    t.match(await registry.metrics(), /dvx_controlplane_store_connection_errors_total\{connection="listen"\} [1-9]/, 'counted');
+    const before = told;
+    await a.transaction((tx) => announceGrantsChanged(tx));
+    t.ok(await until(5_000, () => told > before), 'and it hears the next change');
   });
 }

@@ -8,6 +8,7 @@ import { parseServiceAccountKey, tokenRequestForm } from '../../controlplane/idp
 import { startCpHarness } from '../fixtures/controlplane-harness.ts';
 import { AUDIENCE } from '../fixtures/oidc-issuer.ts';
 import { freshPgDatabase } from '../fixtures/pg-database.ts';
+import { CHANGES_CHANNEL } from '../../pipeline/policy/store-snapshot.ts';
 
 // Long-lived streams stay authorized only as long as their caller is: real SSE clients on the audit
 // tail and the broker events of a real control plane, ended with `event: end` and the reason when
@@ -160,6 +161,59 @@ t.test('another replica\'s change is caught by the periodic re-check', async (t)
   await client.query(`DELETE FROM grants WHERE principal = 'user:alice'`);
   await client.end();
   t.same(await s.endedWithin(20_000), { reason: 'grant_revoked' }, 'within the grant cache TTL and a re-check');
+});
+
+t.test('a revocation on another replica reaches this one\'s open streams through NOTIFY', async (t) => {
+  const db = await freshPgDatabase('dvx_stream_notify');
+  if (!db) {
+    if (process.env.CI) t.fail('PostgreSQL is not reachable on 127.0.0.1:5432');
+    t.comment('no PostgreSQL: skipped');
+    return;
+  }
+  t.teardown(() => db.drop());
+  // Two replicas on one store; the periodic re-check at 10 minutes, so only the nudge can end a stream.
+  const replica = (n: number) => h.start({ seedAdmin: ['root'], databaseDsn: db.dsn, auditDsn: `pglite://${join(h.dir, `audit-r${n}`)}`, auditWalDir: join(h.dir, `wal-r${n}`), auditStreamPollMs: 100, streamRecheckMs: 600_000 });
+  const a = await replica(1);
+  t.teardown(() => a.close());
+  const b = await replica(2);
+  t.teardown(() => b.close());
+  await h.callAt(a.port, 'root', 'POST', '/orgs', { id: 'org-a', name: 'A' });
+  const grant = (await h.callAt(a.port, 'root', 'POST', '/orgs/org-a/grants', { principal: 'user:alice', capability: 'audit:read' })).body;
+  const first = await openStream(b.port, '/api/v1/audit/stream', await h.issuer.token('alice'));
+  t.equal(first.status, 200, 'the stream opens on B (its grant cache now holds alice\'s grant)');
+  t.equal(await first.endedWithin(300), null, 'it runs while the grant holds');
+  const s = await openStream(b.port, '/api/v1/audit/stream', await h.issuer.token('alice'));
+  t.equal((await h.callAt(a.port, 'root', 'DELETE', `/orgs/org-a/grants/${grant.id}`)).status, 204, 'revoked on A');
+  t.same(await s.endedWithin(3_000), { reason: 'grant_revoked' }, 'B ends the stream at once: not the 10-minute re-check, not the 5 s cache');
+  const key = (await h.callAt(a.port, 'root', 'POST', '/enclaves', { name: 'e-r', enclave_id: 'enc-r', owning_org: 'org-a' })).body.key.token as string;
+  const events = await openStream(b.port, '/v1/broker/events', key);
+  t.equal(events.status, 200);
+  t.equal((await h.callAt(a.port, 'root', 'POST', '/enclaves/enc-r/broker-key')).status, 201, 'the key rotated on A');
+  t.same(await events.endedWithin(3_000), { reason: 'key_rotated' }, 'B ends its broker events stream');
+});
+
+t.test('a broker events stream whose events cannot be read ends with store_unavailable, counted (not destroyed silently)', async (t) => {
+  const db = await freshPgDatabase('dvx_stream_store');
+  if (!db) {
+    if (process.env.CI) t.fail('PostgreSQL is not reachable on 127.0.0.1:5432');
+    t.comment('no PostgreSQL: skipped');
+    return;
+  }
+  t.teardown(() => db.drop());
+  const c = await h.start({ seedAdmin: ['root'], databaseDsn: db.dsn, auditDsn: `pglite://${join(h.dir, 'audit-s')}`, auditWalDir: join(h.dir, 'wal-s'), streamRecheckMs: 600_000 });
+  t.teardown(() => c.close());
+  await h.callAt(c.port, 'root', 'POST', '/orgs', { id: 'org-a', name: 'A' });
+  const key = (await h.callAt(c.port, 'root', 'POST', '/enclaves', { name: 'e-s', enclave_id: 'enc-s', owning_org: 'org-a' })).body.key.token as string;
+  const s = await openStream(c.port, '/v1/broker/events', key);
+  t.equal(s.status, 200);
+  // The events table goes away behind the control plane's back; a nudge makes the stream read it.
+  const client = new pg.Client({ connectionString: db.dsn });
+  await client.connect();
+  await client.query('ALTER TABLE events RENAME TO events_gone');
+  await client.query(`SELECT pg_notify('${CHANGES_CHANNEL}', '')`);
+  await client.end();
+  t.same(await s.endedWithin(5_000), { reason: 'store_unavailable' }, 'ended with its reason, not destroyed');
+  t.match(await c.registry.metrics(), /dvx_controlplane_streams_ended_total\{stream="broker_events",reason="store_unavailable"\} 1/, 'counted');
 });
 
 // Last: it stops the control plane the other tests share.
