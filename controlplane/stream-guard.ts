@@ -171,6 +171,19 @@ export class StreamGuard {
     res.once('close', () => clearTimeout(timer));
   }
 
+  /**
+   * Resolves once the response is handed to the OS whole or gone: the server's close waits for it, or
+   * it would destroy the connection under a final event still buffered (it did, one run in two).
+   */
+  settled(): Promise<void> {
+    const res = this.#s.res;
+    if (res.writableFinished || res.destroyed) return Promise.resolve();
+    return new Promise((resolve) => {
+      res.once('finish', resolve);
+      res.once('close', resolve);
+    });
+  }
+
   #stop(): void {
     if (this.#stopped) return;
     this.#stopped = true;

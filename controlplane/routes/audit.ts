@@ -90,6 +90,7 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
   return async (api: FastifyInstance) => {
     api.addHook('preClose', async () => {
       for (const guard of streams) guard.end('shutdown');
+      await Promise.all([...streams].map((guard) => guard.settled()));
     });
 
     api.get('/audit/events', { config: { requiredCapability: 'audit:read', target: 'caller-org', agentOperator: true } }, async (req) => {

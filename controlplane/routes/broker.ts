@@ -54,6 +54,7 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
   return async (app: FastifyInstance) => {
     app.addHook('preClose', async () => {
       for (const guard of streams) guard.end('shutdown');
+      await Promise.all([...streams].map((guard) => guard.settled()));
     });
 
     app.get('/v1/broker/snapshot', async (req, reply) => {
