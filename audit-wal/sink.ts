@@ -8,5 +8,10 @@ export interface AuditSink {
   append(table: AuditTable, record: Record<string, unknown>): Promise<void>;
   /** Waits for every appended record to be written out (graceful shutdown). */
   flush(): Promise<void>;
+  /**
+   * Sinks that ship to a store: resolves once every record durable at the call is in the store (or
+   * dead-lettered), throws past `timeoutMs`. Erasure waits for it before it sweeps the store.
+   */
+  shipped?(timeoutMs?: number): Promise<void>;
   close(): Promise<void>;
 }

@@ -16,8 +16,8 @@ import { WalTable, type WalMetrics } from './wal-table.ts';
 //                             └── records the store rejects ─▶ wal/<table>/dead-letter/ (dvx wal dead-letter)
 
 export const TABLES: readonly AuditTable[] = ['llm_audit_log', 'audit_events'];
-const DEFAULT_FLUSH_TIMEOUT_MS = 60_000;
-const FLUSH_POLL_MS = 20;
+const DEFAULT_SHIPPED_TIMEOUT_MS = 60_000;
+const SHIPPED_POLL_MS = 20;
 
 export interface WalSinkOptions {
   dir: string;
@@ -111,18 +111,22 @@ export class WalSink implements AuditSink {
     return this.#tables.get(name);
   }
 
+  async flush(): Promise<void> {
+    // Appends resolve only once durable: nothing is buffered in memory to flush.
+  }
+
   /**
    * Resolves once every record durable when it was called has reached the store (the shippers'
    * checkpoints passed it; a dead-lettered record counts as passed): what erasure needs before it
    * sweeps the store, so no record of the org ships after the sweep. Throws past `timeoutMs`.
    */
-  async flush(timeoutMs = DEFAULT_FLUSH_TIMEOUT_MS): Promise<void> {
+  async shipped(timeoutMs = DEFAULT_SHIPPED_TIMEOUT_MS): Promise<void> {
     const targets = [...this.#tables.values()].map((table) => ({ table, end: table.end }));
     const deadline = Date.now() + timeoutMs;
     for (const { table, end } of targets) {
       while (!table.shippedTo(end)) {
         if (Date.now() >= deadline) throw new AuditFlushTimeoutError(`audit records of ${table.name} not shipped within ${timeoutMs} ms (is the store down?)`);
-        await new Promise((resolve) => setTimeout(resolve, FLUSH_POLL_MS));
+        await new Promise((resolve) => setTimeout(resolve, SHIPPED_POLL_MS));
       }
     }
   }

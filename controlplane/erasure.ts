@@ -8,7 +8,7 @@ import { announceGrantsChanged, grantsChanged } from './authz/capabilities.ts';
 // Per-org erasure (crypto-shred), restart-safe: every step is idempotent and the `erasures` row says
 // where it is, so a sweep interrupted by a crash is run again from the top at the next start.
 //   1. destroy the org's data key (everything sealed under it is unreadable from here on)
-//   2. flush this process's audit spool (so no record of the org ships after the sweep)
+//   2. wait until this process's audit spool has shipped (so no record of the org ships after the sweep)
 //   3. sweep the org's rows from the control plane's store, in one transaction
 //   4. sweep them from the audit store (both tables)
 //   5. mark the erasure complete with the number of rows swept
@@ -47,7 +47,7 @@ export async function runErasure(deps: ErasureDeps, org: string): Promise<void> 
   const { db, log } = deps;
   const shredded = deps.keys ? await deps.keys.shred(org) : false;
   await db.query('UPDATE erasures SET key_shredded = $2 WHERE org_id = $1', [org, shredded]);
-  await deps.audit.flush();
+  await (deps.audit.shipped ? deps.audit.shipped() : deps.audit.flush());
   const swept = await db.transaction(async (tx) => {
     let n = 0;
     for (const [table, where] of ORG_TABLES) {

@@ -11,13 +11,13 @@ import { AuditFlushTimeoutError } from '../../audit-wal/errors.ts';
 import { freshPgDatabase } from '../fixtures/pg-database.ts';
 import { startTcpProxy } from '../fixtures/tcp-proxy.ts';
 
-// flush() resolves only once every record durable when it was called is in the store: erasure flushes
+// shipped() resolves only once every record durable when it was called is in the store: erasure waits for it
 // before it sweeps the audit store, so a record of the org still in the WAL cannot ship after the sweep
-// (it did, under load: the old flush returned at once). A store that stays down makes it throw.
+// (it did, under load: erasure called flush(), which returns at once). A store that stays down makes it throw.
 
 const quiet = createLogger({ level: 'error', destination: { write: () => {} } });
 
-t.test('flush waits for the store, and gives up past its bound while the store is down', async (t) => {
+t.test('shipped() waits for the store, and gives up past its bound while the store is down', async (t) => {
   const pgdb = await freshPgDatabase('dvx_flush');
   if (!pgdb) return t.plan(0, 'PostgreSQL not reachable');
   t.teardown(pgdb.drop);
@@ -26,8 +26,7 @@ t.test('flush waits for the store, and gives up past its bound while the store i
   const relay = await startTcpProxy(5432);
   t.teardown(() => relay.close());
   const dsn = pgdb.dsn.replace('127.0.0.1:5432', `127.0.0.1:${relay.port}`);
-  // A shipper that looks for new records only every 5 s: a flush that did not wait would return first.
-  const sink = await WalSink.open({ dir, dsn, log: quiet, registry: createRegistry(), tables: ['audit_events'], shipper: { idleMs: 5000, backoffMs: { base: 20, max: 200 } } });
+    const sink = await WalSink.open({ dir, dsn, log: quiet, registry: createRegistry(), tables: ['audit_events'], shipper: { idleMs: 5000, backoffMs: { base: 20, max: 200 } } });
   t.teardown(() => sink.close());
   const count = async () => {
     const c = new pg.Client({ connectionString: pgdb.dsn });
@@ -41,13 +40,13 @@ t.test('flush waits for the store, and gives up past its bound while the store i
   const event = () => ({ id: newId(), event_time: new Date().toISOString(), kind: 'event', action: 'config.put', actor: 'root', org_id: 'org-x' });
 
   await Promise.all(Array.from({ length: 5 }, () => sink.append('audit_events', event())));
-  await sink.flush();
-  t.equal(await count(), 5, 'every record durable before the flush is in the store when it resolves');
+  await sink.shipped();
+  t.equal(await count(), 5, 'every record durable before the call is in the store when it resolves');
 
   await relay.cut();
   await Promise.all(Array.from({ length: 3 }, () => sink.append('audit_events', event())));
-  await t.rejects(sink.flush(300), AuditFlushTimeoutError, 'a store that stays down: the flush gives up, it does not pretend');
+  await t.rejects(sink.shipped(300), AuditFlushTimeoutError, 'a store that stays down: shipped() gives up, it does not pretend');
   await relay.restore();
-  await sink.flush(30_000);
+  await sink.shipped(30_000);
   t.equal(await count(), 8, 'and completes once the store is back');
 });
