@@ -147,15 +147,26 @@ function combined(plan: PatternPlan, candidates: readonly number[]): RE2 | null 
 export function scan(view: Buffer, plan: PatternPlan, location: FindingLocation, candidates: readonly number[] = hits(view, plan).patterns): Finding[] {
   const findings: Finding[] = [];
   const seen = new Set<string>();
+  // The findings bound is shared out per pattern, never spent by one: 64 distinct matches of a `log`
+  // pattern must not hide the one match of a `block` pattern after them (every candidate the set
+  // reported yields at least one finding).
+  const perPattern = Math.max(1, Math.floor(MAX_FINDINGS_PER_INSPECTOR / Math.max(1, candidates.length)));
+  const counts = new Map<number, number>();
+  let full = 0;
+  /** Records a match; false once this pattern has its share. */
   const add = (index: number, text: Buffer): boolean => {
+    const n = counts.get(index) ?? 0;
+    if (n >= perPattern) return false;
     const p = plan.patterns[index];
     const value = text.toString('utf8');
     const key = `${index}\u0000${value}`;
     if (!seen.has(key)) {
       seen.add(key);
       findings.push({ inspector_type: id, severity: p.severity, description: p.description, match: redact(value), location });
+      counts.set(index, n + 1);
+      if (n + 1 === perPattern) full++;
     }
-    return findings.length < MAX_FINDINGS_PER_INSPECTOR;
+    return n + 1 < perPattern;
   };
   let alone = candidates;
   const together = candidates.length > 1 ? combined(plan, candidates) : null;
@@ -165,12 +176,15 @@ export function scan(view: Buffer, plan: PatternPlan, location: FindingLocation,
       const index = candidates.find((i) => m.groups?.[`dvx${i}`] !== undefined);
       if (index === undefined) continue;
       found.add(index);
-      if (!add(index, m[0])) return findings;
+      add(index, m[0]);
+      if (full === candidates.length) break;
     }
+    // A candidate the combined run did not reach (another pattern's matches used up its match bound,
+    // or matched the same text first) runs alone.
     alone = candidates.filter((i) => !found.has(i));
   }
   for (const index of alone) {
-    for (const m of matches(plan.patterns[index].regex, view)) if (!add(index, m[0])) return findings;
+    for (const m of matches(plan.patterns[index].regex, view)) if (!add(index, m[0])) break;
   }
   return findings;
 }

@@ -54,3 +54,18 @@ t.test('several hitting patterns: one combined pass, and none loses its findings
   const two = compile([{ pattern: 'foo[0-9]+', description: 'a', severity: 'warn' }, { pattern: 'bar', description: 'b', severity: 'warn' }])!;
   t.same(scan(Buffer.from('foo1 bar foo2 bar'), two, 'request_body').map((f) => f.match), ['foo1****', 'bar****', 'foo2****'], 'in order of appearance');
 });
+
+t.test('the findings bound is shared per pattern: many matches of one pattern do not hide another', async (t) => {
+  const plan = compile([
+    { pattern: 'INC-[0-9]{6}', description: 'incident', severity: 'log' },
+    { pattern: 'corp-secret-[a-z]{4}', description: 'corp secret', severity: 'block' },
+  ])!;
+  // 200 distinct incidents first, then one secret: the old scan stopped the whole inspector at 64.
+  const padding = Array.from({ length: 200 }, (_, i) => `INC-${String(100000 + i)}`).join(' ');
+  const found = scan(Buffer.from(`${padding} corp-secret-abcd`), plan, 'request_body');
+  t.ok(found.some((f) => f.severity === 'block' && f.description === 'corp secret'), 'the block pattern after the padding is found');
+  t.ok(found.length <= 64 + 2, `bounded (${found.length})`);
+  t.equal(found.filter((f) => f.description === 'incident').length, 32, 'each pattern keeps its share');
+  const alone = compile([{ pattern: 'INC-[0-9]{6}', description: 'incident', severity: 'log' }])!;
+  t.equal(scan(Buffer.from(padding), alone, 'request_body').length, 64, 'one pattern alone may use the whole bound');
+});
