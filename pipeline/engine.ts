@@ -69,6 +69,11 @@ export interface InspectionOutcome {
 
 export interface EngineOptions {
   timeoutMs?: number;
+  /**
+   * How long a pooled scan may wait for a free worker before it counts as not run (`queue_timeout`).
+   * Default: 10× timeoutMs, at least 20 s.
+   */
+  queueTimeoutMs?: number;
   failClosed?: boolean;
   inlineThresholdBytes?: number;
   /** Worker threads for large bodies; 0 runs everything inline. Default: one per core. */
@@ -101,6 +106,7 @@ export function allocShared(size: number): Buffer {
 
 export class InspectionEngine {
   #timeoutMs: number;
+  #queueTimeoutMs: number;
   #failClosed: boolean;
   #inlineThreshold: number;
   #pool: Piscina | null;
@@ -112,6 +118,7 @@ export class InspectionEngine {
 
   constructor(options: EngineOptions = {}) {
     this.#timeoutMs = options.timeoutMs ?? DEFAULT_INSPECT_TIMEOUT_MS;
+    this.#queueTimeoutMs = options.queueTimeoutMs ?? Math.max(10 * this.#timeoutMs, 20_000);
     this.#failClosed = options.failClosed ?? false;
     this.#inlineThreshold = options.inlineThresholdBytes ?? DEFAULT_INLINE_THRESHOLD_BYTES;
     this.#log = options.logger ?? silentLogger();
@@ -183,7 +190,7 @@ export class InspectionEngine {
       if (pooled) {
         mode = 'pool';
         if (modelFirst) waited.push(Promise.resolve(this.#modelOnly(plan, body)));
-        builtins = this.#onPool(policy, body, phase, secrets, request.modelsAnywhere, deadline.signal, modelFirst);
+        builtins = this.#onPool(policy, body, phase, secrets, request.modelsAnywhere, modelFirst);
       } else if (builtinWork) {
         builtins = Promise.resolve(this.#inline(plan, body, phase, secrets, request.modelsAnywhere));
       }
@@ -222,7 +229,13 @@ export class InspectionEngine {
     }
   }
 
-  async #onPool(policy: ResolvedPolicy, body: Buffer, phase: Phase, secrets: readonly string[], modelsAnywhere: InspectRequest['modelsAnywhere'], signal: AbortSignal, skipModel = false): Promise<ScanResult> {
+  /**
+   * A pooled scan's deadline runs from the moment a worker starts it, not from the request: time spent
+   * waiting for a free worker is not inspection time, and counting it let a crowd of large bodies push
+   * every other request's scan past the deadline before it ran (fail open with nothing inspected). The
+   * wait has its own, longer bound (`queue_timeout`). The worker flags its start in shared memory.
+   */
+  async #onPool(policy: ResolvedPolicy, body: Buffer, phase: Phase, secrets: readonly string[], modelsAnywhere: InspectRequest['modelsAnywhere'], skipModel = false): Promise<ScanResult> {
     const shared = toShared(body);
     const plan = this.#plans.get(policy);
     const split = this.#threads >= 2 && body.length >= SPLIT_THRESHOLD_BYTES && policy.content !== null && policy.content.patterns.length > 0;
@@ -231,15 +244,29 @@ export class InspectionEngine {
     const results = await Promise.all(parts.map(async (part): Promise<ScanResult> => {
       // The worker posts each inspector's result here as it finishes; read only if the task fails.
       const { port1, port2 } = new MessageChannel();
-      const task: WorkerTask = { body: shared, policy, phase, secrets: [...secrets], part, port: port2, ...(modelsAnywhere ? { modelsAnywhere } : {}), ...(skipModel ? { skipModel } : {}) };
+      const started = new Int32Array(new SharedArrayBuffer(4));
+      const task: WorkerTask = { body: shared, policy, phase, secrets: [...secrets], part, port: port2, started, ...(modelsAnywhere ? { modelsAnywhere } : {}), ...(skipModel ? { skipModel } : {}) };
+      const abort = new AbortController();
+      let deadline: NodeJS.Timeout | undefined;
+      let settled = false;
+      const wait = Atomics.waitAsync(started, 0, 0, this.#queueTimeoutMs);
+      void Promise.resolve(wait.value).then((outcome) => {
+        if (settled) return;
+        if (outcome === 'timed-out') abort.abort('queue_timeout');
+        else if (!abort.signal.aborted) deadline = setTimeout(() => abort.abort('timeout'), this.#timeoutMs);
+      });
       try {
         // On abort piscina terminates the worker running the task and starts a fresh one: a hung
         // worker is replaced, never waited on.
-        return (await this.#pool!.run(task, { signal, transferList: [port2] })) as ScanResult;
+        return (await this.#pool!.run(task, { signal: abort.signal, transferList: [port2] })) as ScanResult;
       } catch (err) {
-        const reason = signal.aborted ? 'timeout' : (err as Error).message || 'worker error';
+        const reason = abort.signal.aborted ? String(abort.signal.reason) : (err as Error).message || 'worker error';
         return finishedBefore(port1, builtinInspectors(plan, phase, secrets.length, part, skipModel), reason);
       } finally {
+        settled = true;
+        clearTimeout(deadline);
+        // A task that failed before a worker took it: wake the waiter rather than leave it to time out.
+        if (Atomics.load(started, 0) === 0) Atomics.notify(started, 0);
         port1.close();
       }
     }));
@@ -315,5 +342,5 @@ function finishedBefore(port: MessagePort, expected: readonly string[], reason: 
 
 /** Failure reasons become label values: keep them to a small fixed set. */
 function metricReason(reason: string): string {
-  return ['timeout', 'deadline', 'network', 'status', 'bad_json', 'too_large'].includes(reason) ? reason : 'error';
+  return ['timeout', 'queue_timeout', 'deadline', 'network', 'status', 'bad_json', 'too_large'].includes(reason) ? reason : 'error';
 }

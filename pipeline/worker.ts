@@ -19,6 +19,8 @@ export interface WorkerTask {
   skipModel?: boolean;
   /** Where each inspector's result goes as it finishes (an `InspectorReport` per inspector). */
   port?: MessagePort;
+  /** Set to 1 (and notified) when a worker starts the task: its deadline runs from then (engine.ts). */
+  started?: Int32Array;
 }
 
 export interface InspectorReport {
@@ -28,7 +30,15 @@ export interface InspectorReport {
 
 const plans = new PlanCache({ capacity: 64 });
 
+/** Tells the engine a worker took the task: the deadline starts now. */
+export function markStarted(task: WorkerTask): void {
+  if (!task.started) return;
+  Atomics.store(task.started, 0, 1);
+  Atomics.notify(task.started, 0);
+}
+
 export default function inspect(task: WorkerTask): ScanResult {
+  markStarted(task);
   const port = task.port;
   return inspectReporting(task, port ? (inspector, result) => port.postMessage({ inspector, result } satisfies InspectorReport) : undefined);
 }

@@ -237,3 +237,25 @@ t.test('invalid custom patterns and malformed globs are logged once per policy v
   t.equal(lines.filter((l) => /invalid custom pattern skipped/.test(l)).length, 1);
   t.equal(lines.filter((l) => /malformed model glob/.test(l)).length, 1);
 });
+
+t.test('the deadline runs from when a worker starts the scan: a crowded pool does not fail a scan open before it ran', async (t) => {
+  // One thread, three scans ahead that hang until their own deadline (1 s each): the leaky body waits
+  // ~3 s for the worker. Counted from the request, its deadline passed while it queued, and it went
+  // through with nothing inspected (fail open).
+  const { e } = engine(t, { threads: 1, inlineThresholdBytes: 0, timeoutMs: 1000, workerUrl: new URL('../fixtures/faulty-worker.ts', import.meta.url) });
+  await warm(e);
+  const ahead = [1, 2, 3].map(() => e.inspect({ body: body('HANG-WORKER'), phase: 'request', policy: full }));
+  const leaky = await e.inspect({ body: body(LEAKY), phase: 'request', policy: full, secrets: ['hunter2hunter2'] });
+  t.equal(leaky.decision, 'block', 'scanned once it reached the worker, and blocked');
+  t.same(leaky.failures, []);
+  t.same((await Promise.all(ahead)).map((o) => o.failures.some((f) => f.reason === 'timeout')), [true, true, true], 'the hung ones still time out, each on its own deadline');
+
+  // The wait for a worker has its own bound: past it the scan did not run, and says so.
+  const { e: short } = engine(t, { threads: 1, inlineThresholdBytes: 0, timeoutMs: 1000, queueTimeoutMs: 500, failClosed: true, workerUrl: new URL('../fixtures/faulty-worker.ts', import.meta.url) });
+  await warm(short);
+  const hung = short.inspect({ body: body('HANG-WORKER'), phase: 'request', policy: full });
+  const queued = await short.inspect({ body: body(LEAKY), phase: 'request', policy: full, secrets: ['hunter2hunter2'] });
+  t.equal(queued.decision, 'unavailable', 'fail closed: a scan that never ran is a 503, never a pass');
+  t.ok(queued.failures.length > 0 && queued.failures.every((f) => f.reason === 'queue_timeout'), 'every inspector named, as queue_timeout');
+  await hung;
+});
