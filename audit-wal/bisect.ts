@@ -8,16 +8,14 @@ import type { AuditWriter } from './store.ts';
 // half that went in before a later failure is inserted again on the retry: stores deduplicate by id.
 //
 // A store that refuses everything (an operator changed a column's type, so every insert fails with a
-// data error) would otherwise have the whole WAL dead-lettered at full speed. So before a batch the
-// store rejects whole is split, the store itself is tested:
-//   - with `canary`, a record the store took before (the shipper's last shipped one) is inserted
-//     again (stores deduplicate by id): refused, the store changed, not the records;
-//   - without one (nothing shipped since start), a batch of at least `probe` records is probed with
-//     that many of its records spread evenly over it, one by one: none taken, the same conclusion.
+// data error) would otherwise have the whole WAL dead-lettered at full speed. So before a batch of at
+// least `probe` records that the store rejects whole is split, it is probed with that many of its
+// records spread evenly over it, one by one: none taken suggests the store changed, not the records.
 // The conclusion is StoreRefusesAllError, an unavailability: the shipper backs off and retries, the
-// records wait in the WAL. Either test passing proves the store sound, and bisection proceeds. The test
-// costs one insert (at most `probe` without a canary), where bisecting a batch refused whole costs
-// 2·len.
+// records wait in the WAL. The probe costs at most `probe` inserts, where bisecting a batch refused
+// whole costs 2·len. Only the batch's own records are offered: re-inserting one the store took before
+// would bring back a row erasure has since removed. The records being an agent's, a batch can be made
+// to fail every probe; the shipper therefore probes a batch a bounded number of times (shipper.ts).
 
 export interface Refused {
   row: Record<string, unknown>;
@@ -28,21 +26,17 @@ export interface Refused {
  * Inserts `rows`; resolves with the records the store refuses (none when the batch went in whole).
  * Any error other than a rejection (the store went away mid-split) propagates: the caller retries.
  */
-export async function insertBisecting(store: AuditWriter, table: AuditTable, rows: Record<string, unknown>[], options: { probe?: number; canary?: Record<string, unknown> } = {}): Promise<Refused[]> {
+export async function insertBisecting(store: AuditWriter, table: AuditTable, rows: Record<string, unknown>[], options: { probe?: number } = {}): Promise<Refused[]> {
   const refused: Refused[] = [];
   const probe = options.probe ?? 0;
-  const storeRefusesAll = async (): Promise<boolean> => {
-    if (options.canary) return !(await takesAny(store, table, [options.canary], 1));
-    return probe > 0 && rows.length >= probe && !(await takesAny(store, table, rows, probe));
-  };
+  const storeRefusesAll = async (): Promise<boolean> => probe > 0 && rows.length >= probe && !(await takesAny(store, table, rows, probe));
   const attempt = async (part: Record<string, unknown>[]): Promise<void> => {
     try {
       await store.insert(table, part);
     } catch (err) {
       if (!(err instanceof StoreRejectedError)) throw err;
       if (part === rows && (await storeRefusesAll())) {
-        const tested = options.canary ? 'a record it took before' : `all ${probe} records probed one by one`;
-        throw new StoreRefusesAllError(`${store.kind} refused a batch of ${rows.length} and ${tested}: suspected a store or schema problem, not the records; retrying`, err.storeCode, err);
+        throw new StoreRefusesAllError(`${store.kind} refused a batch of ${rows.length} and all ${probe} records probed one by one: suspected a store or schema problem, not the records; retrying`, err.storeCode, err);
       }
       if (part.length === 1) {
         refused.push({ row: part[0], err });

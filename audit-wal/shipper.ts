@@ -45,10 +45,11 @@ export interface ShipperOptions {
   deadLetter?: DeadLetterSpool;
   /**
    * A rejected batch of at least this many records is probed with as many of them one by one first;
-   * none taken is a store problem, retried rather than dead-lettered (bisect.ts); once a record has
-   * shipped, that record is the test instead. Default 8.
+   * none taken is a store problem, retried rather than dead-lettered (bisect.ts). Default 8.
    */
   refusedAllProbe?: number;
+  /** How many times in a row one batch may fail every probe before it is split and dead-lettered. Default 10. */
+  refusedAllRounds?: number;
 }
 
 export class Shipper {
@@ -62,8 +63,7 @@ export class Shipper {
   #metrics: ShipperMetrics | undefined;
   #deadLetter: DeadLetterSpool;
   #probe: number;
-  /** The last record the store took: inserted again to tell a store refusing everything from bad records. */
-  #canary: Record<string, unknown> | undefined;
+  #refusedAllRounds: number;
   #running = false;
   #loop: Promise<void> | null = null;
   #wake: (() => void) | null = null;
@@ -79,6 +79,7 @@ export class Shipper {
     this.#metrics = options.metrics;
     this.#deadLetter = options.deadLetter ?? new DeadLetterSpool(table.dir, name, { log: this.#log });
     this.#probe = options.refusedAllProbe ?? 8;
+    this.#refusedAllRounds = options.refusedAllRounds ?? 10;
   }
 
   start(): void {
@@ -126,6 +127,10 @@ export class Shipper {
 
   async #run(): Promise<void> {
     let failures = 0;
+    // A batch whose every probed record the store refuses is retried as a suspected store problem, but
+    // not for ever: the records are an agent's, and hostile ones can fail every probe. After this many
+    // rounds (minutes, with the backoff) the batch is split and what is refused dead-lettered.
+    let refusedAll = 0;
     await this.#refreshPending();
     while (this.#running) {
       let step: ShipStep = 'read';
@@ -139,7 +144,9 @@ export class Shipper {
         const { good, unparseable } = this.#parse(records);
         rows = good.length;
         step = 'store';
-        const refused = await insertBisecting(this.#store, this.#name, good, { probe: this.#probe, canary: this.#canary });
+        const probe = refusedAll < this.#refusedAllRounds ? this.#probe : 0;
+        if (probe === 0) this.#log.error({ table: this.#name, rows, rounds: refusedAll }, 'the audit store refused every probed record of this batch round after round; splitting it and dead-lettering what it refuses (dvx wal dead-letter replay once the store is fixed)');
+        const refused = await insertBisecting(this.#store, this.#name, good, { probe });
         const dead: DeadLetter[] = [...unparseable];
         const now = new Date().toISOString();
         for (const { row, err } of refused) {
@@ -154,9 +161,8 @@ export class Shipper {
         await this.#table.commit(next);
         if (failures > 0) this.#log.info({ table: this.#name, after_attempts: failures + 1 }, 'audit shipping recovered');
         failures = 0;
+        refusedAll = 0;
         this.#metrics?.shipped(this.#name, good.length - refused.length);
-        const taken = new Set(refused.map((r) => r.row));
-        this.#canary = good.findLast((r) => !taken.has(r)) ?? this.#canary;
         const last = Date.parse(String(good.at(-1)?.event_time ?? ''));
         if (!Number.isNaN(last)) this.#metrics?.lag(this.#name, Math.max(0, (Date.now() - last) / 1000));
       } catch (err) {
@@ -164,6 +170,7 @@ export class Shipper {
         const delay = this.#delay(failures);
         if (err instanceof StoreRefusesAllError) {
           step = 'refused_all';
+          refusedAll++;
           this.#log.error({ err, table: this.#name, reason: step, rows, attempt: failures, retry_in_ms: Math.round(delay) }, 'the audit store refuses every record it is offered (a changed schema?); the records wait in the WAL and are retried');
         } else {
           this.#log.warn({ err, table: this.#name, reason: step, rows, attempt: failures, retry_in_ms: Math.round(delay) }, `audit shipping failed (${step}); will retry`);

@@ -26,7 +26,7 @@ export interface WalSinkOptions {
   segmentBytes?: number;
   log: Logger;
   registry: Registry;
-  shipper?: { batchRows?: number; idleMs?: number; backoffMs?: { base: number; max: number }; refusedAllProbe?: number };
+  shipper?: { batchRows?: number; idleMs?: number; backoffMs?: { base: number; max: number }; refusedAllProbe?: number; refusedAllRounds?: number };
   /** Tables this component writes; others are not opened. */
   tables?: readonly AuditTable[];
   /** The store, when the component also reads it (one PGlite instance per directory); closed with the sink. */

@@ -242,7 +242,8 @@ t.test('PostgreSQL: records with objects where text is meant ship; a store refus
   t.teardown(pgdb.drop);
   const dir = await tempDir();
   const registry = createRegistry();
-  const sink = await WalSink.open({ dir, dsn: pgdb.dsn, log: quiet, registry, shipper: ship });
+  // Every batch probed (a group commit may hand the shipper a batch of one), for a bounded 200 rounds.
+  const sink = await WalSink.open({ dir, dsn: pgdb.dsn, log: quiet, registry, shipper: { ...ship, refusedAllProbe: 1, refusedAllRounds: 200 } });
   const c = new pg.Client({ connectionString: pgdb.dsn });
   await c.connect();
   t.teardown(() => c.end());
@@ -284,6 +285,40 @@ t.test('PostgreSQL: records with objects where text is meant ship; a store refus
   await sink.close();
 });
 
+t.test('PostgreSQL: a batch of hostile records that fails every probe is retried a bounded number of rounds, then dead-lettered; nothing is re-inserted', async (t) => {
+  const pgdb = await freshPgDatabase('dvx_dead');
+  if (!pgdb) return t.plan(0, 'PostgreSQL not reachable');
+  t.teardown(pgdb.drop);
+  const dir = await tempDir();
+  const registry = createRegistry();
+  const c = new pg.Client({ connectionString: pgdb.dsn });
+  await c.connect();
+  t.teardown(() => c.end());
+  const relay = await startTcpProxy(5432);
+  t.teardown(() => relay.close());
+  const sink = await WalSink.open({ dir, dsn: pgdb.dsn.replace('127.0.0.1:5432', `127.0.0.1:${relay.port}`), log: quiet, registry, shipper: { ...ship, refusedAllRounds: 3 } });
+  // One record of an org that is then erased from the store: the shipper must never bring it back.
+  const erased = record(1, { org_id: 'org-erased' });
+  await sink.append('llm_audit_log', erased);
+  await sink.shipped();
+  t.equal((await c.query(`DELETE FROM llm_audit_log WHERE org_id = 'org-erased'`)).rowCount, 1, 'erased from the store');
+  // An agent's records that PostgreSQL refuses (a NUL in model), spooled while the store is away, so
+  // they reach it as one batch of 30 whose every probed record is refused.
+  await relay.cut();
+  const hostile = Array.from({ length: 30 }, (_, i) => record(i, { model: 'x\u0000y' }));
+  await Promise.all(hostile.map((r) => sink.append('llm_audit_log', r)));
+  await relay.restore();
+  t.ok(await until(async () => (await metric(registry, 'dvx_audit_dead_letter_records_total', { table: 'llm_audit_log', reason: 'rejected' })) === 30), 'the hostile records are dead-lettered');
+  t.equal(await metric(registry, 'dvx_audit_ship_failures_total', { table: 'llm_audit_log', reason: 'refused_all' }), 3, 'after 3 rounds of probes, not for ever');
+  const later = record(99);
+  await sink.append('llm_audit_log', later);
+  const wal = sink.table('llm_audit_log')!;
+  t.ok(await until(() => wal.stats().unshippedBytes === 0), 'the table moves on');
+  t.same((await c.query('SELECT id FROM llm_audit_log WHERE id = $1', [later.id])).rows.length, 1, 'a later record shipped');
+  t.equal((await c.query(`SELECT count(*)::int AS n FROM llm_audit_log WHERE org_id = 'org-erased'`)).rows[0].n, 0, 'no record of the erased org came back');
+  await sink.close();
+});
+
 t.test('ClickHouse: records with objects where text is meant ship; a store refusing everything is retried, not dead-lettered', async (t) => {
   if (!(await clickhouseUp())) return t.plan(0, 'ClickHouse not running on 127.0.0.1:8123');
   const db = `dvx_dead_${Date.now().toString(36)}c`;
@@ -294,7 +329,7 @@ t.test('ClickHouse: records with objects where text is meant ship; a store refus
   });
   const dir = await tempDir();
   const registry = createRegistry();
-  const sink = await WalSink.open({ dir, dsn: `clickhouse://default@127.0.0.1:8123/${db}`, log: quiet, registry, shipper: ship });
+  const sink = await WalSink.open({ dir, dsn: `clickhouse://default@127.0.0.1:8123/${db}`, log: quiet, registry, shipper: { ...ship, refusedAllProbe: 1, refusedAllRounds: 200 } });
   const a = odd(1);
   const e = oddEvent();
   await sink.append('llm_audit_log', a);
