@@ -41,10 +41,8 @@ const AMP = 0x26;
 const MAX_ENTITY_NAME = 32;
 const ENTITY_LEVELS = 3;
 const MARKS_IN_A_ROW = 32;
-/** A batch of text to recompose ends at the next starter once it is this long (bytes)... */
-const REGION = 4096;
-/** ...or when this many bytes passed since its last mark. */
-const GAP = 16;
+/** A batch of text to recompose ends at the next starter once it is this long (bytes). */
+const REGION = 65536;
 
 /** Whether the view of these bytes can differ from them at all: one native pass each, no copy. */
 export function mayNormalize(bytes: Buffer): boolean {
@@ -59,15 +57,40 @@ export function mayNormalize(bytes: Buffer): boolean {
 export function normalizedView(input: Buffer): NormalizedView | null {
   const ascii = isAscii(input);
   if (ascii && input.indexOf(AMP) < 0) return null;
-  let level = pass(input, ascii);
+  let level = pass(input, ascii, 0);
   if (level === null) return null;
   let bytes = level.bytes;
-  for (let k = 1; k < ENTITY_LEVELS && level.decodedAmp; k++) {
-    level = pass(bytes, isAscii(bytes));
+  for (let k = 1; k < ENTITY_LEVELS && level.firstAmp >= 0; k++) {
+    // The view before the first decoded `&` is already its own view: the next level starts there
+    // (a `&amp;amp;` tail does not walk a padded view twice more), from the starter before it.
+    const from = levelStart(bytes, level.firstAmp);
+    level = pass(bytes, isAscii(bytes.subarray(from)), from);
     if (level === null) break;
     bytes = level.bytes;
   }
   return { bytes };
+}
+
+/**
+ * Where the next level's walk starts, for a decoded `&` at `amp`: at the last character before it that
+ * nothing after it composes with or sits on (an ASCII or invalid byte, a starter that is no mark or
+ * Hangul jamo), so the walk there starts as the whole walk would have. Kept marks run at most 32 in a
+ * row, so this looks back a few bytes; the start of the view otherwise.
+ */
+function levelStart(bytes: Buffer, amp: number): number {
+  let p = amp;
+  while (p > 0 && amp - p < 256) {
+    p--;
+    const b = bytes[p];
+    if (b < 0x80) return p;
+    if ((b & 0xc0) === 0x80) continue;
+    const d = decodeAt(bytes, p);
+    if (d === 0) return p;
+    const cp = d >> 3;
+    const c = cp < TABLE && classes[cp] !== 0 ? classes[cp] : classify(cp);
+    if (!(c & (MARK | COMPOSES))) return p;
+  }
+  return 0;
 }
 
 /** The normalized form of a string (a secret's value, to look for it in the view). */
@@ -168,6 +191,56 @@ function classify(cp: number): number {
   if (ENDS_ASCII.test(mapping)) c |= ASCII_END;
   if (mapping.includes('&')) c |= AMP_IN;
   return remember(cp, c, mapping);
+}
+
+// Which kept marks may change when recomposed (NFC), built on the first one seen (about 15 ms): a
+// mark composes only with a starter that is the first code point of some canonical decomposition or
+// has one itself (FIRST), and only if it appears after the first code point of one (COMPOSER: 72 code
+// points). A single mark on a starter where either is missing is left as it is: nothing can compose,
+// and one mark cannot be reordered. Over-approximations both: one too many only costs an NFC call.
+let FIRST: Uint8Array | null = null;
+let COMPOSER: Uint8Array | null = null;
+
+function buildComposition(): void {
+  const first = new Uint8Array(0x110000);
+  const composer = new Uint8Array(0x110000);
+  for (let cp = 0xc0; cp < TABLE; cp++) {
+    if ((cp >= 0xac00 && cp <= 0xd7a3) || (cp >= 0xd800 && cp <= 0xdfff)) continue; // Hangul: by arithmetic
+    const ch = String.fromCodePoint(cp);
+    const nfd = ch.normalize('NFD');
+    if (nfd === ch) continue;
+    first[cp] = 1;
+    const cps = Array.from(nfd, (c) => c.codePointAt(0)!);
+    first[cps[0]] = 1;
+    for (let k = 1; k < cps.length; k++) composer[cps[k]] = 1;
+  }
+  FIRST = first;
+  COMPOSER = composer;
+}
+
+/** The pair's NFC when it composes to one code point, else -1: per starter, per mark (bounded by FIRST × COMPOSER). */
+const composedPairs = new Map<number, Map<number, number>>();
+
+function composePair(starter: number, mark: number): number {
+  let byMark = composedPairs.get(starter);
+  if (byMark === undefined) composedPairs.set(starter, byMark = new Map());
+  let composed = byMark.get(mark);
+  if (composed === undefined) {
+    const nfc = (String.fromCodePoint(starter) + String.fromCodePoint(mark)).normalize('NFC');
+    const c = nfc.codePointAt(0)!;
+    composed = nfc.length === (c > 0xffff ? 2 : 1) ? c : -1;
+    byMark.set(mark, composed);
+  }
+  return composed;
+}
+
+/** The last code point of out[0, end) and its start as `cp * 8 + length`, or 0 when it is not valid UTF-8. */
+function lastCodePoint(out: Buffer, end: number): number {
+  let p = end - 1;
+  while (p >= 0 && end - p < 4 && (out[p] & 0xc0) === 0x80) p--;
+  if (p < 0) return 0;
+  const d = decodeAt(out, p);
+  return d !== 0 && p + (d & 7) === end ? d : 0;
 }
 
 function isAsciiAlnum(b: number): boolean {
@@ -365,7 +438,7 @@ class Writer {
 }
 
 /** The code point at `i` and its UTF-8 length, as `cp * 8 + length`; 0 for an invalid byte. */
-function decodeAt(input: Buffer, i: number): number {
+function decodeAt(input: Uint8Array, i: number): number {
   const n = input.length;
   const b = input[i];
   if (b >= 0xc2 && b <= 0xdf) {
@@ -384,8 +457,8 @@ function decodeAt(input: Buffer, i: number): number {
 
 interface Level {
   bytes: Buffer;
-  /** An entity (or `＆`) was read as `&`: the next level may find another entity. */
-  decodedAmp: boolean;
+  /** Where an entity (or `＆`) was first read as `&` (the next level may find another entity there), or -1. */
+  firstAmp: number;
 }
 
 /** The view offset of input offset `i` (the view is the input up to the first change). */
@@ -393,13 +466,47 @@ function viewAt(w: Writer | null, i: number): number {
   return w === null ? i : w.length + (i - w.done);
 }
 
+/** A noncharacter: a starter NFC neither moves, composes nor decomposes, standing for an invalid byte. */
+const HELD = 0xfdd0;
+
 /**
  * Recomposes (NFC) the batch of text from view offset `region` to input offset `to`, the tail of the
- * view: the marks kept in it with their bases. Returns the writer, made if the text changed.
+ * view: the marks kept in it with their bases. Returns the writer, made if the text changed. A batch
+ * with invalid bytes in it (`invalid`) is read with each held by U+FDD0, which NFC leaves where it is
+ * and no mark reaches across (like the byte), and the bytes are put back after: one NFC call for the
+ * batch, not one per byte (a genuine U+FDD0 is held as itself).
  */
-function recompose(input: Buffer, w: Writer | null, region: number, to: number): Writer | null {
+function recompose(input: Buffer, w: Writer | null, region: number, to: number, invalid: boolean): Writer | null {
   if (w !== null) w.keep(to);
-  const text = w === null ? input.toString('utf8', region, to) : w.bytes.toString('utf8', region, w.length);
+  const src = w === null ? input : w.bytes;
+  const end = w === null ? to : w.length;
+  let held: number[] | null = null;
+  let text: string;
+  if (!invalid) text = src.toString('utf8', region, end);
+  else {
+    held = [];
+    const tmp = Buffer.allocUnsafe(3 * (end - region));
+    let q = 0;
+    for (let p = region; p < end;) {
+      const b = src[p];
+      if (b < 0x80) {
+        tmp[q++] = b;
+        p++;
+        continue;
+      }
+      const d = decodeAt(src, p);
+      if (d === 0 || d >> 3 === HELD) {
+        held.push(d === 0 ? b : -1);
+        tmp[q++] = 0xef;
+        tmp[q++] = 0xb7;
+        tmp[q++] = 0x90;
+        p += d === 0 ? 1 : 3;
+        continue;
+      }
+      for (let k = d & 7; k > 0; k--) tmp[q++] = src[p++];
+    }
+    text = tmp.toString('utf8', 0, q);
+  }
   const composed = text.normalize('NFC');
   if (composed === text) return w;
   if (w === null) {
@@ -408,26 +515,44 @@ function recompose(input: Buffer, w: Writer | null, region: number, to: number):
   }
   w.length = region;
   w.room(3 * composed.length);
-  w.length += w.bytes.write(composed, w.length, 'utf8');
+  if (held === null) {
+    w.length += w.bytes.write(composed, w.length, 'utf8');
+    return w;
+  }
+  const tmp = Buffer.from(composed, 'utf8');
+  const out = w.bytes;
+  let p = w.length;
+  let k = 0;
+  for (let q = 0; q < tmp.length;) {
+    if (tmp[q] === 0xef && tmp[q + 1] === 0xb7 && tmp[q + 2] === 0x90 && held[k] >= 0) {
+      out[p++] = held[k++];
+      q += 3;
+      continue;
+    }
+    if (tmp[q] === 0xef && tmp[q + 1] === 0xb7 && tmp[q + 2] === 0x90) k++;
+    out[p++] = tmp[q++];
+  }
+  w.length = p;
   return w;
 }
 
 /** One level: entities decoded and non-ASCII text normalized. Null when nothing changed. */
-function pass(input: Buffer, ascii: boolean): Level | null {
+function pass(input: Buffer, ascii: boolean, from: number): Level | null {
   const n = input.length;
   let w: Writer | null = null;
-  let decodedAmp = false;
+  let firstAmp = -1;
   // The state after the last character handled here (ASCII bytes in between are passed over and
   // accounted for when the next one comes, at `state`):
-  let state = 0; // input offset the state below holds at
+  let state = from; // input offset the state below holds at
   let onAscii = false; // the last character written is ASCII: marks after it are dropped
-  let base = 0; // view offset where the last starter's text begins (what a mark recomposes with)
+  let base = from; // view offset where the last starter's text begins (what a mark recomposes with)
   let marks = 0; // marks kept in a row
   let hangul = false; // the last character can take a Hangul vowel or final jamo
   // The open batch of text to recompose (view offsets), from the base of its first mark on.
   let region = -1;
+  let regionInvalid = false; // it holds an invalid byte
   let lastMark = 0;
-  let i = 0;
+  let i = from;
   while (i < n) {
     if (ascii) {
       // From one `&` to the next: a short gap in this loop, a long one at memchr speed.
@@ -460,11 +585,8 @@ function pass(input: Buffer, ascii: boolean): Level | null {
     } else {
       const d = decodeAt(input, i);
       if (d === 0) {
-        // An invalid byte: kept as it is, a starter no batch reaches across (its text would be U+FFFD).
-        if (region >= 0) {
-          w = recompose(input, w, region, i);
-          region = -1;
-        }
+        // An invalid byte: kept as it is, a starter no mark reaches across (held apart in its batch).
+        if (region >= 0) regionInvalid = true;
         i++;
         state = i;
         onAscii = false;
@@ -486,16 +608,12 @@ function pass(input: Buffer, ascii: boolean): Level | null {
     state = end;
     if (cp < 0x80) {
       // An entity of an ASCII character.
-      if (region >= 0 && viewAt(w, i) - lastMark >= GAP) {
-        w = recompose(input, w, region, i);
-        region = -1;
-      }
       w ??= new Writer(input);
       w.skip(i, end);
       base = w.length;
       w.codePoint(cp);
       onAscii = true;
-      if (cp === AMP) decodedAmp = true;
+      if (cp === AMP && firstAmp < 0) firstAmp = base;
       marks = 0;
       hangul = false;
       i = end;
@@ -512,6 +630,53 @@ function pass(input: Buffer, ascii: boolean): Level | null {
       continue;
     }
     if (c & MARK) {
+      if (region < 0 && marks === 0) {
+        // The first mark on its starter: it changes only if the two compose (at most once per pair
+        // is ICU asked), so no batch is opened for it; a second mark may reorder, and is batched.
+        if (FIRST === null) buildComposition();
+        const m = c & MAPPED ? decodeAt(pool, mapAt[cp]) : (cp << 3) | (end - i);
+        const written = m >> 3;
+        const single = m !== 0 && (c & MAPPED ? (m & 7) === mapLength[cp] : true);
+        if (w !== null) w.keep(i);
+        const out = w === null ? input : w.bytes;
+        const at = w === null ? i : w.length;
+        const last = at > base ? lastCodePoint(out, at) : 0;
+        const starter = last >> 3;
+        const starterIsMark = last !== 0 && (starter < TABLE ? (classes[starter] || classify(starter)) : classify(starter)) & MARK;
+        if (last === 0 || (!starterIsMark && single && !(FIRST![starter] && COMPOSER![written]))) {
+          // Nothing to compose with (an invalid byte, the start), or nothing composes: kept as it is.
+          marks++;
+          if (entity || c & MAPPED) {
+            w ??= new Writer(input);
+            w.skip(i, end);
+            if (c & MAPPED) w.mapping(cp);
+            else w.codePoint(cp);
+          }
+          lastMark = viewAt(w, end);
+          onAscii = false;
+          hangul = false;
+          i = end;
+          continue;
+        }
+        if (!starterIsMark && single) {
+          const composed = composePair(starter, written);
+          if (composed >= 0) {
+            if (w === null) {
+              w = new Writer(input);
+              w.keep(i);
+            }
+            w.length = at - (last & 7);
+            w.codePoint(composed);
+            w.done = end;
+            marks++;
+            lastMark = w.length;
+            onAscii = false;
+            hangul = false;
+            i = end;
+            continue;
+          }
+        }
+      }
       // Kept, and recomposed with its base in the next batch.
       if (region < 0) region = base;
       marks++;
@@ -555,9 +720,10 @@ function pass(input: Buffer, ascii: boolean): Level | null {
     // A starter (or a Hangul vowel or final with nothing to compose with): mapped on its own.
     if (region >= 0) {
       const here = viewAt(w, i);
-      if (here - lastMark >= GAP || here - region >= REGION) {
-        w = recompose(input, w, region, i);
+      if (here - region >= REGION) {
+        w = recompose(input, w, region, i, regionInvalid);
         region = -1;
+        regionInvalid = false;
       }
     }
     marks = 0;
@@ -568,7 +734,7 @@ function pass(input: Buffer, ascii: boolean): Level | null {
       if (c & MAPPED) w.mapping(cp);
       else w.codePoint(cp);
       onAscii = (c & ASCII_END) !== 0;
-      if (c & AMP_IN) decodedAmp = true;
+      if (c & AMP_IN && firstAmp < 0) firstAmp = base;
     } else {
       base = viewAt(w, i);
       onAscii = false;
@@ -576,8 +742,8 @@ function pass(input: Buffer, ascii: boolean): Level | null {
     hangul = (c & HANGUL_BASE) !== 0;
     i = end;
   }
-  if (region >= 0) w = recompose(input, w, region, n);
+  if (region >= 0) w = recompose(input, w, region, n, regionInvalid);
   if (w === null) return null;
   w.keep(n);
-  return { bytes: w.bytes.subarray(0, w.length), decodedAmp };
+  return { bytes: w.bytes.subarray(0, w.length), firstAmp };
 }
