@@ -234,8 +234,27 @@ function composePair(starter: number, mark: number): number {
   return composed;
 }
 
+/** Whether NFC puts mark `b` before mark `a` it follows (a canonical reordering), per pair, up to a bound. */
+const reordered = new Map<number, Map<number, boolean>>();
+let reorderedPairs = 0;
+const MAX_PAIRS = 1 << 16;
+
+function reorders(a: number, b: number): boolean {
+  let byNext = reordered.get(a);
+  let r = byNext?.get(b);
+  if (r !== undefined) return r;
+  // Past the bound a pair is assumed to reorder: its batch's NFC call gives the answer.
+  if (reorderedPairs >= MAX_PAIRS) return true;
+  const pair = String.fromCodePoint(a) + String.fromCodePoint(b);
+  r = pair.normalize('NFD') !== pair;
+  if (byNext === undefined) reordered.set(a, byNext = new Map());
+  byNext.set(b, r);
+  reorderedPairs++;
+  return r;
+}
+
 /** The last code point of out[0, end) and its start as `cp * 8 + length`, or 0 when it is not valid UTF-8. */
-function lastCodePoint(out: Buffer, end: number): number {
+function lastCodePoint(out: Uint8Array, end: number): number {
   let p = end - 1;
   while (p >= 0 && end - p < 4 && (out[p] & 0xc0) === 0x80) p--;
   if (p < 0) return 0;
@@ -371,7 +390,9 @@ class Writer {
 
   constructor(input: Buffer) {
     this.#input = input;
-    this.bytes = Buffer.allocUnsafe(input.length + 64);
+    // Room for the largest view (twice the input) at once: a view that grows past its input is not
+    // copied again, and the pages it does not reach are never touched.
+    this.bytes = Buffer.allocUnsafe(2 * input.length + 64);
   }
 
   room(extra: number): void {
@@ -439,16 +460,21 @@ class Writer {
 
 /** The code point at `i` and its UTF-8 length, as `cp * 8 + length`; 0 for an invalid byte. */
 function decodeAt(input: Uint8Array, i: number): number {
-  const n = input.length;
   const b = input[i];
   if (b >= 0xc2 && b <= 0xdf) {
-    if (i + 1 < n && (input[i + 1] & 0xc0) === 0x80) return ((((b & 0x1f) << 6) | (input[i + 1] & 0x3f)) << 3) | 2;
+    if (i + 1 < input.length && (input[i + 1] & 0xc0) === 0x80) return ((((b & 0x1f) << 6) | (input[i + 1] & 0x3f)) << 3) | 2;
   } else if (b >= 0xe0 && b <= 0xef) {
-    if (i + 2 < n && (input[i + 1] & 0xc0) === 0x80 && (input[i + 2] & 0xc0) === 0x80) {
+    if (i + 2 < input.length && (input[i + 1] & 0xc0) === 0x80 && (input[i + 2] & 0xc0) === 0x80) {
       const cp = ((b & 0x0f) << 12) | ((input[i + 1] & 0x3f) << 6) | (input[i + 2] & 0x3f);
       if (cp >= 0x800 && (cp < 0xd800 || cp > 0xdfff)) return (cp << 3) | 3;
     }
-  } else if (b >= 0xf0 && b <= 0xf4 && i + 3 < n && (input[i + 1] & 0xc0) === 0x80 && (input[i + 2] & 0xc0) === 0x80 && (input[i + 3] & 0xc0) === 0x80) {
+  } else if (b >= 0xf0 && b <= 0xf4) return decode4(input, i, b);
+  return 0;
+}
+
+/** decodeAt for a four-byte sequence (kept apart: a small decodeAt is inlined into the walk). */
+function decode4(input: Uint8Array, i: number, b: number): number {
+  if (i + 3 < input.length && (input[i + 1] & 0xc0) === 0x80 && (input[i + 2] & 0xc0) === 0x80 && (input[i + 3] & 0xc0) === 0x80) {
     const cp = ((b & 0x07) << 18) | ((input[i + 1] & 0x3f) << 12) | ((input[i + 2] & 0x3f) << 6) | (input[i + 3] & 0x3f);
     if (cp >= 0x10000 && cp <= 0x10ffff) return (cp << 3) | 4;
   }
@@ -547,11 +573,12 @@ function pass(input: Buffer, ascii: boolean, from: number): Level | null {
   let onAscii = false; // the last character written is ASCII: marks after it are dropped
   let base = from; // view offset where the last starter's text begins (what a mark recomposes with)
   let marks = 0; // marks kept in a row
+  let cluster = 0; // marks kept as they are since the starter (or the composition) they sit on
+  let lastMarkCp = -1; // the last of them (its last code point as written)
   let hangul = false; // the last character can take a Hangul vowel or final jamo
   // The open batch of text to recompose (view offsets), from the base of its first mark on.
   let region = -1;
   let regionInvalid = false; // it holds an invalid byte
-  let lastMark = 0;
   let i = from;
   while (i < n) {
     if (ascii) {
@@ -591,6 +618,7 @@ function pass(input: Buffer, ascii: boolean, from: number): Level | null {
         state = i;
         onAscii = false;
         marks = 0;
+      cluster = 0;
         hangul = false;
         base = viewAt(w, i);
         continue;
@@ -603,6 +631,7 @@ function pass(input: Buffer, ascii: boolean, from: number): Level | null {
       onAscii = true;
       base = viewAt(w, i - 1);
       marks = 0;
+      cluster = 0;
       hangul = false;
     }
     state = end;
@@ -615,12 +644,70 @@ function pass(input: Buffer, ascii: boolean, from: number): Level | null {
       onAscii = true;
       if (cp === AMP && firstAmp < 0) firstAmp = base;
       marks = 0;
+      cluster = 0;
       hangul = false;
       i = end;
       continue;
     }
     const known = cp < TABLE ? classes[cp] : 0;
     const c = known !== 0 ? known : classify(cp);
+    if ((c & (MAPPED | DROP | MARK | COMPOSES | AMP_IN)) === MAPPED && region < 0 && !entity) {
+      // A run of starters written as their table mappings (full width, compatibility forms: the bulk
+      // of non-ASCII text that changes), copied in this tight loop; what ends it is handled below.
+      w ??= new Writer(input);
+      w.keep(i);
+      const table = pool;
+      let out = w.bytes;
+      let p = w.length;
+      let at = cp;
+      let last = c;
+      let start = p;
+      let j = end;
+      for (;;) {
+        const len = mapLength[at];
+        if (p + len > out.length) {
+          w.length = p;
+          w.room(len);
+          out = w.bytes;
+        }
+        start = p;
+        for (let k = mapAt[at], e = k + len; k < e; k++) out[p++] = table[k];
+        if (j + 1 >= n) break;
+        const b0 = input[j];
+        const b1 = input[j + 1];
+        let next: number;
+        let size: number;
+        if (b0 >= 0xc2 && b0 <= 0xdf && (b1 & 0xc0) === 0x80) {
+          next = ((b0 & 0x1f) << 6) | (b1 & 0x3f);
+          size = 2;
+        } else if (b0 >= 0xe0 && b0 <= 0xef && j + 2 < n && (b1 & 0xc0) === 0x80 && (input[j + 2] & 0xc0) === 0x80) {
+          next = ((b0 & 0x0f) << 12) | ((b1 & 0x3f) << 6) | (input[j + 2] & 0x3f);
+          if (next < 0x800 || (next >= 0xd800 && next <= 0xdfff)) break;
+          size = 3;
+        } else if (b0 >= 0xf0) {
+          const d = decodeAt(input, j);
+          if (d === 0) break;
+          next = d >> 3;
+          size = d & 7;
+        } else break;
+        if (next >= TABLE) break;
+        const nc = classes[next];
+        if ((nc & (MAPPED | DROP | MARK | COMPOSES | AMP_IN)) !== MAPPED) break;
+        at = next;
+        last = nc;
+        j += size;
+      }
+      w.length = p;
+      w.done = j;
+      base = start;
+      onAscii = (last & ASCII_END) !== 0;
+      hangul = (last & HANGUL_BASE) !== 0;
+      marks = 0;
+      cluster = 0;
+      state = j;
+      i = j;
+      continue;
+    }
     if (c & DROP || (c & MARK && (onAscii || marks >= MARKS_IN_A_ROW))) {
       // Invisible, a mark on an ASCII character, or a mark past 32 in a row: left out, and
       // what the next mark sits on is unchanged.
@@ -630,51 +717,60 @@ function pass(input: Buffer, ascii: boolean, from: number): Level | null {
       continue;
     }
     if (c & MARK) {
-      if (region < 0 && marks === 0) {
-        // The first mark on its starter: it changes only if the two compose (at most once per pair
-        // is ICU asked), so no batch is opened for it; a second mark may reorder, and is batched.
+      if (region < 0) {
+        // No batch open: a mark is kept as it is when nothing can change it, and composed at once when
+        // it composes with its starter (ICU is asked once per pair); the rest open a batch.
         if (FIRST === null) buildComposition();
         const m = c & MAPPED ? decodeAt(pool, mapAt[cp]) : (cp << 3) | (end - i);
         const written = m >> 3;
         const single = m !== 0 && (c & MAPPED ? (m & 7) === mapLength[cp] : true);
-        if (w !== null) w.keep(i);
-        const out = w === null ? input : w.bytes;
-        const at = w === null ? i : w.length;
-        const last = at > base ? lastCodePoint(out, at) : 0;
-        const starter = last >> 3;
-        const starterIsMark = last !== 0 && (starter < TABLE ? (classes[starter] || classify(starter)) : classify(starter)) & MARK;
-        if (last === 0 || (!starterIsMark && single && !(FIRST![starter] && COMPOSER![written]))) {
+        let keep = false;
+        if (cluster === 0) {
+          // The first mark on its starter: it changes only if the two compose.
+          if (w !== null) w.keep(i);
+          const out = w === null ? input : w.bytes;
+          const at = w === null ? i : w.length;
+          const last = at > base ? lastCodePoint(out, at) : 0;
+          const starter = last >> 3;
+          const starterIsMark = last !== 0 && (starter < TABLE ? (classes[starter] || classify(starter)) : classify(starter)) & MARK;
           // Nothing to compose with (an invalid byte, the start), or nothing composes: kept as it is.
+          if (last === 0 || (!starterIsMark && single && !(FIRST![starter] && COMPOSER![written]))) keep = true;
+          else if (!starterIsMark && single) {
+            const composed = composePair(starter, written);
+            if (composed >= 0) {
+              // The pair is one code point: the starter a next mark sits on (and composes with).
+              if (w === null) {
+                w = new Writer(input);
+                w.keep(i);
+              }
+              w.length = at - (last & 7);
+              w.codePoint(composed);
+              w.done = end;
+              marks++;
+              onAscii = false;
+              hangul = false;
+              i = end;
+              continue;
+            }
+          }
+        } else if (single && lastMarkCp >= 0 && !COMPOSER![written] && !reorders(lastMarkCp, written)) {
+          // A later mark that composes with nothing and comes in canonical order after the last: kept.
+          keep = true;
+        }
+        if (keep) {
           marks++;
+          cluster++;
+          lastMarkCp = m === 0 ? -1 : c & MAPPED ? lastCodePoint(pool, mapAt[cp] + mapLength[cp]) >> 3 : cp;
           if (entity || c & MAPPED) {
             w ??= new Writer(input);
             w.skip(i, end);
             if (c & MAPPED) w.mapping(cp);
             else w.codePoint(cp);
           }
-          lastMark = viewAt(w, end);
           onAscii = false;
           hangul = false;
           i = end;
           continue;
-        }
-        if (!starterIsMark && single) {
-          const composed = composePair(starter, written);
-          if (composed >= 0) {
-            if (w === null) {
-              w = new Writer(input);
-              w.keep(i);
-            }
-            w.length = at - (last & 7);
-            w.codePoint(composed);
-            w.done = end;
-            marks++;
-            lastMark = w.length;
-            onAscii = false;
-            hangul = false;
-            i = end;
-            continue;
-          }
         }
       }
       // Kept, and recomposed with its base in the next batch.
@@ -686,7 +782,6 @@ function pass(input: Buffer, ascii: boolean, from: number): Level | null {
         if (c & MAPPED) w.mapping(cp);
         else w.codePoint(cp);
       }
-      lastMark = viewAt(w, end);
       onAscii = false;
       hangul = false;
       i = end;
@@ -727,6 +822,7 @@ function pass(input: Buffer, ascii: boolean, from: number): Level | null {
       }
     }
     marks = 0;
+      cluster = 0;
     if (entity || c & MAPPED) {
       w ??= new Writer(input);
       w.skip(i, end);
