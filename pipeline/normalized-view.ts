@@ -9,9 +9,10 @@ import { isAscii } from 'node:buffer';
 //        └▶ one walk over code points ─┬─ ASCII byte ─────────────────────────▶ kept
 //                                      ├─ `&…;` an HTML entity ──▶ its code point ─┐
 //                                      └─ a non-ASCII code point ──────────────────┴▶ its class (a table):
-//             invisible ▶ dropped │ a mark after an ASCII character ▶ dropped │ other mark ▶ kept, and the
+//             invisible ▶ dropped │ a mark after an ASCII character ▶ dropped │ other mark ▶ kept as it is
+//             when nothing can compose or reorder it, composed with its starter when the pair composes, else the
 //             text from its base on recomposed (NFC, in batches) │ else ▶ its own NFKC form (cached per code point)
-//           (again, at most twice more, while a decoded `&` can start another entity)
+//           (again, at most twice more from the first decoded `&`, while one can start another entity)
 //
 // The view is built from the bytes a detector would read otherwise (the body, or its decoded JSON
 // view when escapes can hide characters), so `\u200b` inside a JSON string is decoded first and then
@@ -20,8 +21,12 @@ import { isAscii } from 'node:buffer';
 // and `A\u0301K\u0301…` as `AK…` whether or not NFKC would compose the pair; the hyphens and the
 // minus sign read as `-`. NFKC is NFC of the NFKD forms of the code points, so every code point that is
 // not a mark is mapped on its own, once per process (a table); Hangul jamo compose by Unicode's
-// arithmetic; only marks kept on another base (Greek, Cyrillic, Indic, Thai text) need ICU: the text
-// from the mark's base on, recomposed with one NFC call per batch of about REGION bytes.
+// arithmetic; only marks kept on another base (Greek, Cyrillic, Indic, Thai text) may need ICU, and
+// most do not (P7 second review: an NFC call per mark, or per invalid byte, ran at 10-20 MB/s): a mark
+// that cannot compose with its starter (two tables of what composes at all) and does not reorder after
+// the mark before it is kept as it is; a first mark that composes is composed by a per-pair cache; only
+// the rest (a second mark that composes or reorders) recompose the text from the mark's base on, one
+// NFC call per batch of up to REGION bytes, invalid bytes in it held apart by U+FDD0.
 //
 // Linear with a small constant on its own worst cases (bench/normalized-view.ts): a table lookup and
 // a few byte writes per code point; an entity reads at most 32 name characters, or its digit run (runs
@@ -29,7 +34,8 @@ import { isAscii } from 'node:buffer';
 // combining marks by insertion, quadratic in a run of them, so marks kept past 32 in a row are dropped
 // (Unicode's stream-safe text, UAX #15, has at most 30 non-starters in a row; only a flood has more).
 // A code point whose NFKC form is more than twice its UTF-8 length (U+FDFA, the squared katakana
-// words) is kept as it is, so the view is at most twice its input. No map back to the input is kept:
+// words) is kept as it is, so the view is at most twice its input. A decoded `&` makes the next entity
+// level walk again only from it on. No map back to the input is kept:
 // nothing reads one (a finding has no offset, and its `match` is taken from the view).
 
 export interface NormalizedView {
@@ -218,38 +224,94 @@ function buildComposition(): void {
   COMPOSER = composer;
 }
 
-/** The pair's NFC when it composes to one code point, else -1: per starter, per mark (bounded by FIRST × COMPOSER). */
+/** A starter and a mark's NFC: the code point they compose to, UNCHANGED, or OTHER. Per pair, up to a bound. */
 const composedPairs = new Map<number, Map<number, number>>();
+const UNCHANGED = -1;
+const OTHER = -2;
+// In front of each cache, a small direct-mapped one (no Map lookup for the few a text repeats).
+const RECENT = 256;
+const recentPair = new Int32Array(RECENT * 3).fill(-1);
 
 function composePair(starter: number, mark: number): number {
+  const slot = ((Math.imul(starter, 31) + mark) & (RECENT - 1)) * 3;
+  if (recentPair[slot] === starter && recentPair[slot + 1] === mark) return recentPair[slot + 2];
   let byMark = composedPairs.get(starter);
-  if (byMark === undefined) composedPairs.set(starter, byMark = new Map());
-  let composed = byMark.get(mark);
+  let composed = byMark?.get(mark);
   if (composed === undefined) {
-    const nfc = (String.fromCodePoint(starter) + String.fromCodePoint(mark)).normalize('NFC');
+    // Past the bound a pair is OTHER: its batch's NFC call gives the answer.
+    if (cachedPairs >= MAX_PAIRS) return OTHER;
+    const pair = String.fromCodePoint(starter) + String.fromCodePoint(mark);
+    const nfc = pair.normalize('NFC');
     const c = nfc.codePointAt(0)!;
-    composed = nfc.length === (c > 0xffff ? 2 : 1) ? c : -1;
+    composed = nfc === pair ? UNCHANGED : nfc.length === (c > 0xffff ? 2 : 1) ? c : OTHER;
+    if (byMark === undefined) composedPairs.set(starter, byMark = new Map());
     byMark.set(mark, composed);
+    cachedPairs++;
   }
+  recentPair[slot] = starter;
+  recentPair[slot + 1] = mark;
+  recentPair[slot + 2] = composed;
+  return composed;
+}
+
+/** A starter and two marks' NFC (UTF-8), or null when it is the three as they are; undefined past the bound. */
+const composedTriples = new Map<number, Map<number, Map<number, Buffer | null>>>();
+
+const recentTriple = new Int32Array(RECENT * 3).fill(-1);
+const recentTripleResult: (Buffer | null)[] = new Array(RECENT).fill(null);
+
+function composeTriple(starter: number, first: number, second: number): Buffer | null | undefined {
+  const at = (Math.imul(Math.imul(starter, 31) + first, 31) + second) & (RECENT - 1);
+  if (recentTriple[at * 3] === starter && recentTriple[at * 3 + 1] === first && recentTriple[at * 3 + 2] === second) return recentTripleResult[at];
+  let byFirst = composedTriples.get(starter);
+  let bySecond = byFirst?.get(first);
+  let composed = bySecond?.get(second);
+  if (composed === undefined) {
+    if (cachedPairs >= MAX_PAIRS) return undefined;
+    const text = String.fromCodePoint(starter, first, second);
+    const nfc = text.normalize('NFC');
+    composed = nfc === text ? null : Buffer.from(nfc, 'utf8');
+    if (byFirst === undefined) composedTriples.set(starter, byFirst = new Map());
+    if (bySecond === undefined) byFirst.set(first, bySecond = new Map());
+    bySecond.set(second, composed);
+    cachedPairs++;
+  }
+  recentTriple[at * 3] = starter;
+  recentTriple[at * 3 + 1] = first;
+  recentTriple[at * 3 + 2] = second;
+  recentTripleResult[at] = composed;
   return composed;
 }
 
 /** Whether NFC puts mark `b` before mark `a` it follows (a canonical reordering), per pair, up to a bound. */
 const reordered = new Map<number, Map<number, boolean>>();
-let reorderedPairs = 0;
+/** Pairs and triples cached, all caches together: what an attacker cycling through them can make us hold. */
+let cachedPairs = 0;
 const MAX_PAIRS = 1 << 16;
 
+const recentOrder = new Int32Array(RECENT * 3).fill(-1);
+
 function reorders(a: number, b: number): boolean {
+  const slot = ((Math.imul(a, 31) + b) & (RECENT - 1)) * 3;
+  if (recentOrder[slot] === a && recentOrder[slot + 1] === b) return recentOrder[slot + 2] === 1;
+  const r = reordersCached(a, b);
+  recentOrder[slot] = a;
+  recentOrder[slot + 1] = b;
+  recentOrder[slot + 2] = r ? 1 : 0;
+  return r;
+}
+
+function reordersCached(a: number, b: number): boolean {
   let byNext = reordered.get(a);
   let r = byNext?.get(b);
   if (r !== undefined) return r;
   // Past the bound a pair is assumed to reorder: its batch's NFC call gives the answer.
-  if (reorderedPairs >= MAX_PAIRS) return true;
+  if (cachedPairs >= MAX_PAIRS) return true;
   const pair = String.fromCodePoint(a) + String.fromCodePoint(b);
   r = pair.normalize('NFD') !== pair;
   if (byNext === undefined) reordered.set(a, byNext = new Map());
   byNext.set(b, r);
-  reorderedPairs++;
+  cachedPairs++;
   return r;
 }
 
@@ -575,6 +637,9 @@ function pass(input: Buffer, ascii: boolean, from: number): Level | null {
   let marks = 0; // marks kept in a row
   let cluster = 0; // marks kept as they are since the starter (or the composition) they sit on
   let lastMarkCp = -1; // the last of them (its last code point as written)
+  let clusterFirst = false; // something in the cluster may be composed with (FIRST)
+  let clusterAt = -1; // view offset of the cluster's starter, when it is one code point and its first mark one too
+  let clusterStarter = 0;
   let hangul = false; // the last character can take a Hangul vowel or final jamo
   // The open batch of text to recompose (view offsets), from the base of its first mark on.
   let region = -1;
@@ -733,11 +798,15 @@ function pass(input: Buffer, ascii: boolean, from: number): Level | null {
           const last = at > base ? lastCodePoint(out, at) : 0;
           const starter = last >> 3;
           const starterIsMark = last !== 0 && (starter < TABLE ? (classes[starter] || classify(starter)) : classify(starter)) & MARK;
+          clusterAt = last !== 0 && !starterIsMark && single ? at - (last & 7) : -1;
+          clusterStarter = starter;
+          clusterFirst = last !== 0 && (FIRST![starter] === 1 || !single);
           // Nothing to compose with (an invalid byte, the start), or nothing composes: kept as it is.
           if (last === 0 || (!starterIsMark && single && !(FIRST![starter] && COMPOSER![written]))) keep = true;
           else if (!starterIsMark && single) {
             const composed = composePair(starter, written);
-            if (composed >= 0) {
+            if (composed === UNCHANGED) keep = true;
+            else if (composed >= 0) {
               // The pair is one code point: the starter a next mark sits on (and composes with).
               if (w === null) {
                 w = new Writer(input);
@@ -753,14 +822,37 @@ function pass(input: Buffer, ascii: boolean, from: number): Level | null {
               continue;
             }
           }
-        } else if (single && lastMarkCp >= 0 && !COMPOSER![written] && !reorders(lastMarkCp, written)) {
+        } else if (single && lastMarkCp >= 0 && (!clusterFirst || !COMPOSER![written]) && !reorders(lastMarkCp, written)) {
           // A later mark that composes with nothing and comes in canonical order after the last: kept.
           keep = true;
+        } else if (single && cluster === 1 && clusterAt >= 0 && lastMarkCp >= 0) {
+          // A second mark that may compose or reorder, on a starter and one mark: their NFC, per triple.
+          const composed = composeTriple(clusterStarter, lastMarkCp, written);
+          if (composed === null) keep = true;
+          else if (composed !== undefined) {
+            if (w === null) {
+              w = new Writer(input);
+              w.keep(i);
+            }
+            w.keep(i);
+            w.length = clusterAt;
+            w.room(composed.length);
+            w.length += composed.copy(w.bytes, w.length);
+            w.done = end;
+            marks++;
+            cluster = 2;
+            lastMarkCp = -1; // a third mark opens a batch
+            onAscii = false;
+            hangul = false;
+            i = end;
+            continue;
+          }
         }
         if (keep) {
           marks++;
           cluster++;
           lastMarkCp = m === 0 ? -1 : c & MAPPED ? lastCodePoint(pool, mapAt[cp] + mapLength[cp]) >> 3 : cp;
+          if (!single || FIRST![written] === 1) clusterFirst = true; // a mark that is a starter something composes with
           if (entity || c & MAPPED) {
             w ??= new Writer(input);
             w.skip(i, end);
