@@ -208,8 +208,9 @@ let FIRST: Uint8Array | null = null;
 let COMPOSER: Uint8Array | null = null;
 
 function buildComposition(): void {
-  const first = new Uint8Array(0x110000);
-  const composer = new Uint8Array(0x110000);
+  // Every composition (and what it decomposes to) is below TABLE; a code point past it reads as 0.
+  const first = new Uint8Array(TABLE);
+  const composer = new Uint8Array(TABLE);
   for (let cp = 0xc0; cp < TABLE; cp++) {
     if ((cp >= 0xac00 && cp <= 0xd7a3) || (cp >= 0xd800 && cp <= 0xdfff)) continue; // Hangul: by arithmetic
     const ch = String.fromCodePoint(cp);
