@@ -12,7 +12,9 @@ import { validatePolicyDocument } from '../pipeline/policy/validate.ts';
 // well inside the default 2 s deadline (P7.1). They are the pads the attacker review used (`\u200b&`,
 // `Ａ&`, `a&#x301;`, `&#8203;x`: each `&` once cut a chunk and cost an NFKC call), entity floods, digit
 // runs after `&#`, combining-mark floods on ASCII and on other letters, full-width and 4-byte floods,
-// ASCII alternating with non-ASCII, invalid UTF-8, and a character NFKC expands 18-fold.
+// ASCII alternating with non-ASCII, invalid UTF-8, a character NFKC expands 18-fold, and the second
+// review's pads (marks on other letters between expanding characters or invalid bytes, a nested `&amp;`
+// after them). An ASCII body with `&` is the first row: the machine is shared, the ratio is what counts.
 
 const plan = compilePlan(policyFromDocument(validatePolicyDocument({
   content_inspection: {
@@ -42,8 +44,11 @@ function jsonOf(text: Buffer): Buffer {
   return Buffer.from(JSON.stringify({ model: 'claude-sonnet-4-5', max_tokens: 10, messages: [{ role: 'user', content: text.toString() }] }));
 }
 
-/** 32 MB worst cases: [name, the unit repeated, raw (not wrapped in JSON: bytes JSON cannot carry)]. */
-const WORST: [string, string | Buffer, boolean?][] = [
+const ff = (text: string) => Buffer.concat([Buffer.from(text), Buffer.from([0xff])]);
+
+/** 32 MB worst cases: [name, the unit repeated, raw (not wrapped in JSON: bytes JSON cannot carry), a tail]. */
+const WORST: [string, string | Buffer, boolean?, string?][] = [
+  ['ASCII text with `&` (the baseline to compare with)', 'lorem ipsum & dolor '],
   ['ZWSP & flood (`\\u200b&`)', '\u200b&'],
   ['full width & (`Ａ&`)', 'Ａ&'],
   ['entity mark (`a&#x301;`)', 'a&#x301;'],
@@ -67,6 +72,18 @@ const WORST: [string, string | Buffer, boolean?][] = [
   ['compatibility jamo', 'ㄱㅏ'],
   ['U+FDFA (18× in NFKC)', '\ufdfa'],
   ['invalid UTF-8', Buffer.from(Array.from({ length: 64 }, (_, k) => 0x80 + k)), true],
+  // The second attacker review's pads: an NFC call per mark on another letter (every 16 bytes, or at
+  // every invalid byte), and a nested `&amp;` after a view twice its input walked twice more.
+  ['`α` + U+0316 + `և`×8, then `&amp;amp;amp;`', 'α\u0316' + '\u0587'.repeat(8), false, '&amp;amp;amp;'],
+  ['`ᾀ` + U+0316 + `և`×8, then `&amp;amp;amp;`', 'ᾀ\u0316' + '\u0587'.repeat(8), false, '&amp;amp;amp;'],
+  ['`α` + U+0301 (composes) + 16 `x`', 'α\u0301' + 'x'.repeat(16)],
+  ['`α` + U+0301 + invalid byte', ff('α\u0301'), true],
+  ['invalid byte + U+0301 (bytes FF CC 81)', Buffer.from([0xff, 0xcc, 0x81]), true],
+  ['`α` + U+0316 + U+0301 + invalid byte', ff('α\u0316\u0301'), true],
+  ['`α` + U+0301 ×2 + invalid byte', ff('α\u0301\u0301'), true],
+  ['`日` + U+0301 + U+0316 (reordered) + invalid byte', ff('日\u0301\u0316'), true],
+  ['Thai with marks + invalid byte', ff('ก\u0e34\u0e48'), true],
+  ['`և` (view twice the input)', '\u0587'],
 ];
 
 export async function normalizedViewTable(quick: boolean): Promise<string> {
@@ -88,9 +105,11 @@ export async function normalizedViewTable(quick: boolean): Promise<string> {
   }
   const worst: string[][] = [];
   const SIZE = 32 * MB;
-  for (const [name, unit, raw] of WORST) {
+  for (const [name, unit, raw, tail] of WORST) {
     const one = Buffer.isBuffer(unit) ? unit : Buffer.from(unit);
-    const text = Buffer.alloc(SIZE - (SIZE % one.length), one);
+    const end = Buffer.from(tail ?? '');
+    const fill = SIZE - end.length;
+    const text = Buffer.concat([Buffer.alloc(fill - (fill % one.length), one), end]);
     const body = raw ? text : jsonOf(text);
     const runs = { warmup: 1, minRuns: quick ? 2 : 5, maxRuns: quick ? 2 : 5 };
     const view = await measure(() => normalizedView(body), runs);
@@ -104,7 +123,7 @@ export async function normalizedViewTable(quick: boolean): Promise<string> {
     '',
     table(['body', 'size', 'view', 'view alone MB/s', 'view p50', 'full set MB/s', 'full set p50', 'full set p99'], rows),
     '',
-    '#### its worst cases at 32 MB (each unit repeated, inside a JSON request; invalid UTF-8 raw)',
+    '#### its worst cases at 32 MB (each unit repeated, inside a JSON request; invalid UTF-8 raw; compare with the ASCII row of the same run)',
     '',
     table(['body', 'size', 'view', 'view alone MB/s', 'view p50', 'full set p50'], worst),
     '',

@@ -9,9 +9,10 @@ import { isAscii } from 'node:buffer';
 //        └▶ one walk over code points ─┬─ ASCII byte ─────────────────────────▶ kept
 //                                      ├─ `&…;` an HTML entity ──▶ its code point ─┐
 //                                      └─ a non-ASCII code point ──────────────────┴▶ its class (a table):
-//             invisible ▶ dropped │ a mark after an ASCII character ▶ dropped │ other mark ▶ kept, and the
+//             invisible ▶ dropped │ a mark after an ASCII character ▶ dropped │ other mark ▶ kept as it is
+//             when nothing can compose or reorder it, composed with its starter when the pair composes, else the
 //             text from its base on recomposed (NFC, in batches) │ else ▶ its own NFKC form (cached per code point)
-//           (again, at most twice more, while a decoded `&` can start another entity)
+//           (again, at most twice more from the first decoded `&`, while one can start another entity)
 //
 // The view is built from the bytes a detector would read otherwise (the body, or its decoded JSON
 // view when escapes can hide characters), so `\u200b` inside a JSON string is decoded first and then
@@ -20,8 +21,12 @@ import { isAscii } from 'node:buffer';
 // and `A\u0301K\u0301…` as `AK…` whether or not NFKC would compose the pair; the hyphens and the
 // minus sign read as `-`. NFKC is NFC of the NFKD forms of the code points, so every code point that is
 // not a mark is mapped on its own, once per process (a table); Hangul jamo compose by Unicode's
-// arithmetic; only marks kept on another base (Greek, Cyrillic, Indic, Thai text) need ICU: the text
-// from the mark's base on, recomposed with one NFC call per batch of about REGION bytes.
+// arithmetic; only marks kept on another base (Greek, Cyrillic, Indic, Thai text) may need ICU, and
+// most do not (P7 second review: an NFC call per mark, or per invalid byte, ran at 10-20 MB/s): a mark
+// that cannot compose with its starter (two tables of what composes at all) and does not reorder after
+// the mark before it is kept as it is; a first mark that composes is composed by a per-pair cache; only
+// the rest (a second mark that composes or reorders) recompose the text from the mark's base on, one
+// NFC call per batch of up to REGION bytes, invalid bytes in it held apart by U+FDD0.
 //
 // Linear with a small constant on its own worst cases (bench/normalized-view.ts): a table lookup and
 // a few byte writes per code point; an entity reads at most 32 name characters, or its digit run (runs
@@ -29,7 +34,8 @@ import { isAscii } from 'node:buffer';
 // combining marks by insertion, quadratic in a run of them, so marks kept past 32 in a row are dropped
 // (Unicode's stream-safe text, UAX #15, has at most 30 non-starters in a row; only a flood has more).
 // A code point whose NFKC form is more than twice its UTF-8 length (U+FDFA, the squared katakana
-// words) is kept as it is, so the view is at most twice its input. No map back to the input is kept:
+// words) is kept as it is, so the view is at most twice its input. A decoded `&` makes the next entity
+// level walk again only from it on. No map back to the input is kept:
 // nothing reads one (a finding has no offset, and its `match` is taken from the view).
 
 export interface NormalizedView {
@@ -41,10 +47,8 @@ const AMP = 0x26;
 const MAX_ENTITY_NAME = 32;
 const ENTITY_LEVELS = 3;
 const MARKS_IN_A_ROW = 32;
-/** A batch of text to recompose ends at the next starter once it is this long (bytes)... */
-const REGION = 4096;
-/** ...or when this many bytes passed since its last mark. */
-const GAP = 16;
+/** A batch of text to recompose ends at the next starter once it is this long (bytes). */
+const REGION = 65536;
 
 /** Whether the view of these bytes can differ from them at all: one native pass each, no copy. */
 export function mayNormalize(bytes: Buffer): boolean {
@@ -59,15 +63,40 @@ export function mayNormalize(bytes: Buffer): boolean {
 export function normalizedView(input: Buffer): NormalizedView | null {
   const ascii = isAscii(input);
   if (ascii && input.indexOf(AMP) < 0) return null;
-  let level = pass(input, ascii);
+  let level = pass(input, ascii, 0);
   if (level === null) return null;
   let bytes = level.bytes;
-  for (let k = 1; k < ENTITY_LEVELS && level.decodedAmp; k++) {
-    level = pass(bytes, isAscii(bytes));
+  for (let k = 1; k < ENTITY_LEVELS && level.firstAmp >= 0; k++) {
+    // The view before the first decoded `&` is already its own view: the next level starts there
+    // (a `&amp;amp;` tail does not walk a padded view twice more), from the starter before it.
+    const from = levelStart(bytes, level.firstAmp);
+    level = pass(bytes, isAscii(bytes.subarray(from)), from);
     if (level === null) break;
     bytes = level.bytes;
   }
   return { bytes };
+}
+
+/**
+ * Where the next level's walk starts, for a decoded `&` at `amp`: at the last character before it that
+ * nothing after it composes with or sits on (an ASCII or invalid byte, a starter that is no mark or
+ * Hangul jamo), so the walk there starts as the whole walk would have. Kept marks run at most 32 in a
+ * row, so this looks back a few bytes; the start of the view otherwise.
+ */
+function levelStart(bytes: Buffer, amp: number): number {
+  let p = amp;
+  while (p > 0 && amp - p < 256) {
+    p--;
+    const b = bytes[p];
+    if (b < 0x80) return p;
+    if ((b & 0xc0) === 0x80) continue;
+    const d = decodeAt(bytes, p);
+    if (d === 0) return p;
+    const cp = d >> 3;
+    const c = cp < TABLE && classes[cp] !== 0 ? classes[cp] : classify(cp);
+    if (!(c & (MARK | COMPOSES))) return p;
+  }
+  return 0;
 }
 
 /** The normalized form of a string (a secret's value, to look for it in the view). */
@@ -168,6 +197,132 @@ function classify(cp: number): number {
   if (ENDS_ASCII.test(mapping)) c |= ASCII_END;
   if (mapping.includes('&')) c |= AMP_IN;
   return remember(cp, c, mapping);
+}
+
+// Which kept marks may change when recomposed (NFC), built on the first one seen (about 15 ms): a
+// mark composes only with a starter that is the first code point of some canonical decomposition or
+// has one itself (FIRST), and only if it appears after the first code point of one (COMPOSER: 72 code
+// points). A single mark on a starter where either is missing is left as it is: nothing can compose,
+// and one mark cannot be reordered. Over-approximations both: one too many only costs an NFC call.
+let FIRST: Uint8Array | null = null;
+let COMPOSER: Uint8Array | null = null;
+
+function buildComposition(): void {
+  // Every composition (and what it decomposes to) is below TABLE; a code point past it reads as 0.
+  const first = new Uint8Array(TABLE);
+  const composer = new Uint8Array(TABLE);
+  for (let cp = 0xc0; cp < TABLE; cp++) {
+    if ((cp >= 0xac00 && cp <= 0xd7a3) || (cp >= 0xd800 && cp <= 0xdfff)) continue; // Hangul: by arithmetic
+    const ch = String.fromCodePoint(cp);
+    const nfd = ch.normalize('NFD');
+    if (nfd === ch) continue;
+    first[cp] = 1;
+    const cps = Array.from(nfd, (c) => c.codePointAt(0)!);
+    first[cps[0]] = 1;
+    for (let k = 1; k < cps.length; k++) composer[cps[k]] = 1;
+  }
+  FIRST = first;
+  COMPOSER = composer;
+}
+
+/** A starter and a mark's NFC: the code point they compose to, UNCHANGED, or OTHER. Per pair, up to a bound. */
+const composedPairs = new Map<number, Map<number, number>>();
+const UNCHANGED = -1;
+const OTHER = -2;
+// In front of each cache, a small direct-mapped one (no Map lookup for the few a text repeats).
+const RECENT = 256;
+const recentPair = new Int32Array(RECENT * 3).fill(-1);
+
+function composePair(starter: number, mark: number): number {
+  const slot = ((Math.imul(starter, 31) + mark) & (RECENT - 1)) * 3;
+  if (recentPair[slot] === starter && recentPair[slot + 1] === mark) return recentPair[slot + 2];
+  let byMark = composedPairs.get(starter);
+  let composed = byMark?.get(mark);
+  if (composed === undefined) {
+    // Past the bound a pair is OTHER: its batch's NFC call gives the answer.
+    if (cachedPairs >= MAX_PAIRS) return OTHER;
+    const pair = String.fromCodePoint(starter) + String.fromCodePoint(mark);
+    const nfc = pair.normalize('NFC');
+    const c = nfc.codePointAt(0)!;
+    composed = nfc === pair ? UNCHANGED : nfc.length === (c > 0xffff ? 2 : 1) ? c : OTHER;
+    if (byMark === undefined) composedPairs.set(starter, byMark = new Map());
+    byMark.set(mark, composed);
+    cachedPairs++;
+  }
+  recentPair[slot] = starter;
+  recentPair[slot + 1] = mark;
+  recentPair[slot + 2] = composed;
+  return composed;
+}
+
+/** A starter and two marks' NFC (UTF-8), or null when it is the three as they are; undefined past the bound. */
+const composedTriples = new Map<number, Map<number, Map<number, Buffer | null>>>();
+
+const recentTriple = new Int32Array(RECENT * 3).fill(-1);
+const recentTripleResult: (Buffer | null)[] = new Array(RECENT).fill(null);
+
+function composeTriple(starter: number, first: number, second: number): Buffer | null | undefined {
+  const at = (Math.imul(Math.imul(starter, 31) + first, 31) + second) & (RECENT - 1);
+  if (recentTriple[at * 3] === starter && recentTriple[at * 3 + 1] === first && recentTriple[at * 3 + 2] === second) return recentTripleResult[at];
+  let byFirst = composedTriples.get(starter);
+  let bySecond = byFirst?.get(first);
+  let composed = bySecond?.get(second);
+  if (composed === undefined) {
+    if (cachedPairs >= MAX_PAIRS) return undefined;
+    const text = String.fromCodePoint(starter, first, second);
+    const nfc = text.normalize('NFC');
+    composed = nfc === text ? null : Buffer.from(nfc, 'utf8');
+    if (byFirst === undefined) composedTriples.set(starter, byFirst = new Map());
+    if (bySecond === undefined) byFirst.set(first, bySecond = new Map());
+    bySecond.set(second, composed);
+    cachedPairs++;
+  }
+  recentTriple[at * 3] = starter;
+  recentTriple[at * 3 + 1] = first;
+  recentTriple[at * 3 + 2] = second;
+  recentTripleResult[at] = composed;
+  return composed;
+}
+
+/** Whether NFC puts mark `b` before mark `a` it follows (a canonical reordering), per pair, up to a bound. */
+const reordered = new Map<number, Map<number, boolean>>();
+/** Pairs and triples cached, all caches together: what an attacker cycling through them can make us hold. */
+let cachedPairs = 0;
+const MAX_PAIRS = 1 << 16;
+
+const recentOrder = new Int32Array(RECENT * 3).fill(-1);
+
+function reorders(a: number, b: number): boolean {
+  const slot = ((Math.imul(a, 31) + b) & (RECENT - 1)) * 3;
+  if (recentOrder[slot] === a && recentOrder[slot + 1] === b) return recentOrder[slot + 2] === 1;
+  const r = reordersCached(a, b);
+  recentOrder[slot] = a;
+  recentOrder[slot + 1] = b;
+  recentOrder[slot + 2] = r ? 1 : 0;
+  return r;
+}
+
+function reordersCached(a: number, b: number): boolean {
+  let byNext = reordered.get(a);
+  let r = byNext?.get(b);
+  if (r !== undefined) return r;
+  // Past the bound a pair is assumed to reorder: its batch's NFC call gives the answer.
+  if (cachedPairs >= MAX_PAIRS) return true;
+  const pair = String.fromCodePoint(a) + String.fromCodePoint(b);
+  r = pair.normalize('NFD') !== pair;
+  if (byNext === undefined) reordered.set(a, byNext = new Map());
+  byNext.set(b, r);
+  cachedPairs++;
+  return r;
+}
+
+/** The last code point of out[0, end) and its start as `cp * 8 + length`, or 0 when it is not valid UTF-8. */
+function lastCodePoint(out: Uint8Array, end: number): number {
+  let p = end - 1;
+  while (p >= 0 && end - p < 4 && (out[p] & 0xc0) === 0x80) p--;
+  if (p < 0) return 0;
+  const d = decodeAt(out, p);
+  return d !== 0 && p + (d & 7) === end ? d : 0;
 }
 
 function isAsciiAlnum(b: number): boolean {
@@ -298,7 +453,9 @@ class Writer {
 
   constructor(input: Buffer) {
     this.#input = input;
-    this.bytes = Buffer.allocUnsafe(input.length + 64);
+    // Room for the largest view (twice the input) at once: a view that grows past its input is not
+    // copied again, and the pages it does not reach are never touched.
+    this.bytes = Buffer.allocUnsafe(2 * input.length + 64);
   }
 
   room(extra: number): void {
@@ -365,17 +522,22 @@ class Writer {
 }
 
 /** The code point at `i` and its UTF-8 length, as `cp * 8 + length`; 0 for an invalid byte. */
-function decodeAt(input: Buffer, i: number): number {
-  const n = input.length;
+function decodeAt(input: Uint8Array, i: number): number {
   const b = input[i];
   if (b >= 0xc2 && b <= 0xdf) {
-    if (i + 1 < n && (input[i + 1] & 0xc0) === 0x80) return ((((b & 0x1f) << 6) | (input[i + 1] & 0x3f)) << 3) | 2;
+    if (i + 1 < input.length && (input[i + 1] & 0xc0) === 0x80) return ((((b & 0x1f) << 6) | (input[i + 1] & 0x3f)) << 3) | 2;
   } else if (b >= 0xe0 && b <= 0xef) {
-    if (i + 2 < n && (input[i + 1] & 0xc0) === 0x80 && (input[i + 2] & 0xc0) === 0x80) {
+    if (i + 2 < input.length && (input[i + 1] & 0xc0) === 0x80 && (input[i + 2] & 0xc0) === 0x80) {
       const cp = ((b & 0x0f) << 12) | ((input[i + 1] & 0x3f) << 6) | (input[i + 2] & 0x3f);
       if (cp >= 0x800 && (cp < 0xd800 || cp > 0xdfff)) return (cp << 3) | 3;
     }
-  } else if (b >= 0xf0 && b <= 0xf4 && i + 3 < n && (input[i + 1] & 0xc0) === 0x80 && (input[i + 2] & 0xc0) === 0x80 && (input[i + 3] & 0xc0) === 0x80) {
+  } else if (b >= 0xf0 && b <= 0xf4) return decode4(input, i, b);
+  return 0;
+}
+
+/** decodeAt for a four-byte sequence (kept apart: a small decodeAt is inlined into the walk). */
+function decode4(input: Uint8Array, i: number, b: number): number {
+  if (i + 3 < input.length && (input[i + 1] & 0xc0) === 0x80 && (input[i + 2] & 0xc0) === 0x80 && (input[i + 3] & 0xc0) === 0x80) {
     const cp = ((b & 0x07) << 18) | ((input[i + 1] & 0x3f) << 12) | ((input[i + 2] & 0x3f) << 6) | (input[i + 3] & 0x3f);
     if (cp >= 0x10000 && cp <= 0x10ffff) return (cp << 3) | 4;
   }
@@ -384,8 +546,8 @@ function decodeAt(input: Buffer, i: number): number {
 
 interface Level {
   bytes: Buffer;
-  /** An entity (or `＆`) was read as `&`: the next level may find another entity. */
-  decodedAmp: boolean;
+  /** Where an entity (or `＆`) was first read as `&` (the next level may find another entity there), or -1. */
+  firstAmp: number;
 }
 
 /** The view offset of input offset `i` (the view is the input up to the first change). */
@@ -393,13 +555,47 @@ function viewAt(w: Writer | null, i: number): number {
   return w === null ? i : w.length + (i - w.done);
 }
 
+/** A noncharacter: a starter NFC neither moves, composes nor decomposes, standing for an invalid byte. */
+const HELD = 0xfdd0;
+
 /**
  * Recomposes (NFC) the batch of text from view offset `region` to input offset `to`, the tail of the
- * view: the marks kept in it with their bases. Returns the writer, made if the text changed.
+ * view: the marks kept in it with their bases. Returns the writer, made if the text changed. A batch
+ * with invalid bytes in it (`invalid`) is read with each held by U+FDD0, which NFC leaves where it is
+ * and no mark reaches across (like the byte), and the bytes are put back after: one NFC call for the
+ * batch, not one per byte (a genuine U+FDD0 is held as itself).
  */
-function recompose(input: Buffer, w: Writer | null, region: number, to: number): Writer | null {
+function recompose(input: Buffer, w: Writer | null, region: number, to: number, invalid: boolean): Writer | null {
   if (w !== null) w.keep(to);
-  const text = w === null ? input.toString('utf8', region, to) : w.bytes.toString('utf8', region, w.length);
+  const src = w === null ? input : w.bytes;
+  const end = w === null ? to : w.length;
+  let held: number[] | null = null;
+  let text: string;
+  if (!invalid) text = src.toString('utf8', region, end);
+  else {
+    held = [];
+    const tmp = Buffer.allocUnsafe(3 * (end - region));
+    let q = 0;
+    for (let p = region; p < end;) {
+      const b = src[p];
+      if (b < 0x80) {
+        tmp[q++] = b;
+        p++;
+        continue;
+      }
+      const d = decodeAt(src, p);
+      if (d === 0 || d >> 3 === HELD) {
+        held.push(d === 0 ? b : -1);
+        tmp[q++] = 0xef;
+        tmp[q++] = 0xb7;
+        tmp[q++] = 0x90;
+        p += d === 0 ? 1 : 3;
+        continue;
+      }
+      for (let k = d & 7; k > 0; k--) tmp[q++] = src[p++];
+    }
+    text = tmp.toString('utf8', 0, q);
+  }
   const composed = text.normalize('NFC');
   if (composed === text) return w;
   if (w === null) {
@@ -408,26 +604,48 @@ function recompose(input: Buffer, w: Writer | null, region: number, to: number):
   }
   w.length = region;
   w.room(3 * composed.length);
-  w.length += w.bytes.write(composed, w.length, 'utf8');
+  if (held === null) {
+    w.length += w.bytes.write(composed, w.length, 'utf8');
+    return w;
+  }
+  const tmp = Buffer.from(composed, 'utf8');
+  const out = w.bytes;
+  let p = w.length;
+  let k = 0;
+  for (let q = 0; q < tmp.length;) {
+    if (tmp[q] === 0xef && tmp[q + 1] === 0xb7 && tmp[q + 2] === 0x90 && held[k] >= 0) {
+      out[p++] = held[k++];
+      q += 3;
+      continue;
+    }
+    if (tmp[q] === 0xef && tmp[q + 1] === 0xb7 && tmp[q + 2] === 0x90) k++;
+    out[p++] = tmp[q++];
+  }
+  w.length = p;
   return w;
 }
 
 /** One level: entities decoded and non-ASCII text normalized. Null when nothing changed. */
-function pass(input: Buffer, ascii: boolean): Level | null {
+function pass(input: Buffer, ascii: boolean, from: number): Level | null {
   const n = input.length;
   let w: Writer | null = null;
-  let decodedAmp = false;
+  let firstAmp = -1;
   // The state after the last character handled here (ASCII bytes in between are passed over and
   // accounted for when the next one comes, at `state`):
-  let state = 0; // input offset the state below holds at
+  let state = from; // input offset the state below holds at
   let onAscii = false; // the last character written is ASCII: marks after it are dropped
-  let base = 0; // view offset where the last starter's text begins (what a mark recomposes with)
+  let base = from; // view offset where the last starter's text begins (what a mark recomposes with)
   let marks = 0; // marks kept in a row
+  let cluster = 0; // marks kept as they are since the starter (or the composition) they sit on
+  let lastMarkCp = -1; // the last of them (its last code point as written)
+  let clusterFirst = false; // something in the cluster may be composed with (FIRST)
+  let clusterAt = -1; // view offset of the cluster's starter, when it is one code point and its first mark one too
+  let clusterStarter = 0;
   let hangul = false; // the last character can take a Hangul vowel or final jamo
   // The open batch of text to recompose (view offsets), from the base of its first mark on.
   let region = -1;
-  let lastMark = 0;
-  let i = 0;
+  let regionInvalid = false; // it holds an invalid byte
+  let i = from;
   while (i < n) {
     if (ascii) {
       // From one `&` to the next: a short gap in this loop, a long one at memchr speed.
@@ -460,15 +678,13 @@ function pass(input: Buffer, ascii: boolean): Level | null {
     } else {
       const d = decodeAt(input, i);
       if (d === 0) {
-        // An invalid byte: kept as it is, a starter no batch reaches across (its text would be U+FFFD).
-        if (region >= 0) {
-          w = recompose(input, w, region, i);
-          region = -1;
-        }
+        // An invalid byte: kept as it is, a starter no mark reaches across (held apart in its batch).
+        if (region >= 0) regionInvalid = true;
         i++;
         state = i;
         onAscii = false;
         marks = 0;
+      cluster = 0;
         hangul = false;
         base = viewAt(w, i);
         continue;
@@ -481,28 +697,83 @@ function pass(input: Buffer, ascii: boolean): Level | null {
       onAscii = true;
       base = viewAt(w, i - 1);
       marks = 0;
+      cluster = 0;
       hangul = false;
     }
     state = end;
     if (cp < 0x80) {
       // An entity of an ASCII character.
-      if (region >= 0 && viewAt(w, i) - lastMark >= GAP) {
-        w = recompose(input, w, region, i);
-        region = -1;
-      }
       w ??= new Writer(input);
       w.skip(i, end);
       base = w.length;
       w.codePoint(cp);
       onAscii = true;
-      if (cp === AMP) decodedAmp = true;
+      if (cp === AMP && firstAmp < 0) firstAmp = base;
       marks = 0;
+      cluster = 0;
       hangul = false;
       i = end;
       continue;
     }
     const known = cp < TABLE ? classes[cp] : 0;
     const c = known !== 0 ? known : classify(cp);
+    if ((c & (MAPPED | DROP | MARK | COMPOSES | AMP_IN)) === MAPPED && region < 0 && !entity) {
+      // A run of starters written as their table mappings (full width, compatibility forms: the bulk
+      // of non-ASCII text that changes), copied in this tight loop; what ends it is handled below.
+      w ??= new Writer(input);
+      w.keep(i);
+      const table = pool;
+      let out = w.bytes;
+      let p = w.length;
+      let at = cp;
+      let last = c;
+      let start = p;
+      let j = end;
+      for (;;) {
+        const len = mapLength[at];
+        if (p + len > out.length) {
+          w.length = p;
+          w.room(len);
+          out = w.bytes;
+        }
+        start = p;
+        for (let k = mapAt[at], e = k + len; k < e; k++) out[p++] = table[k];
+        if (j + 1 >= n) break;
+        const b0 = input[j];
+        const b1 = input[j + 1];
+        let next: number;
+        let size: number;
+        if (b0 >= 0xc2 && b0 <= 0xdf && (b1 & 0xc0) === 0x80) {
+          next = ((b0 & 0x1f) << 6) | (b1 & 0x3f);
+          size = 2;
+        } else if (b0 >= 0xe0 && b0 <= 0xef && j + 2 < n && (b1 & 0xc0) === 0x80 && (input[j + 2] & 0xc0) === 0x80) {
+          next = ((b0 & 0x0f) << 12) | ((b1 & 0x3f) << 6) | (input[j + 2] & 0x3f);
+          if (next < 0x800 || (next >= 0xd800 && next <= 0xdfff)) break;
+          size = 3;
+        } else if (b0 >= 0xf0) {
+          const d = decodeAt(input, j);
+          if (d === 0) break;
+          next = d >> 3;
+          size = d & 7;
+        } else break;
+        if (next >= TABLE) break;
+        const nc = classes[next];
+        if ((nc & (MAPPED | DROP | MARK | COMPOSES | AMP_IN)) !== MAPPED) break;
+        at = next;
+        last = nc;
+        j += size;
+      }
+      w.length = p;
+      w.done = j;
+      base = start;
+      onAscii = (last & ASCII_END) !== 0;
+      hangul = (last & HANGUL_BASE) !== 0;
+      marks = 0;
+      cluster = 0;
+      state = j;
+      i = j;
+      continue;
+    }
     if (c & DROP || (c & MARK && (onAscii || marks >= MARKS_IN_A_ROW))) {
       // Invisible, a mark on an ASCII character, or a mark past 32 in a row: left out, and
       // what the next mark sits on is unchanged.
@@ -512,6 +783,89 @@ function pass(input: Buffer, ascii: boolean): Level | null {
       continue;
     }
     if (c & MARK) {
+      if (region < 0) {
+        // No batch open: a mark is kept as it is when nothing can change it, and composed at once when
+        // it composes with its starter (ICU is asked once per pair); the rest open a batch.
+        if (FIRST === null) buildComposition();
+        const m = c & MAPPED ? decodeAt(pool, mapAt[cp]) : (cp << 3) | (end - i);
+        const written = m >> 3;
+        const single = m !== 0 && (c & MAPPED ? (m & 7) === mapLength[cp] : true);
+        let keep = false;
+        if (cluster === 0) {
+          // The first mark on its starter: it changes only if the two compose.
+          if (w !== null) w.keep(i);
+          const out = w === null ? input : w.bytes;
+          const at = w === null ? i : w.length;
+          const last = at > base ? lastCodePoint(out, at) : 0;
+          const starter = last >> 3;
+          const starterIsMark = last !== 0 && (starter < TABLE ? (classes[starter] || classify(starter)) : classify(starter)) & MARK;
+          clusterAt = last !== 0 && !starterIsMark && single ? at - (last & 7) : -1;
+          clusterStarter = starter;
+          clusterFirst = last !== 0 && (FIRST![starter] === 1 || !single);
+          // Nothing to compose with (an invalid byte, the start), or nothing composes: kept as it is.
+          if (last === 0 || (!starterIsMark && single && !(FIRST![starter] && COMPOSER![written]))) keep = true;
+          else if (!starterIsMark && single) {
+            const composed = composePair(starter, written);
+            if (composed === UNCHANGED) keep = true;
+            else if (composed >= 0) {
+              // The pair is one code point: the starter a next mark sits on (and composes with).
+              if (w === null) {
+                w = new Writer(input);
+                w.keep(i);
+              }
+              w.length = at - (last & 7);
+              w.codePoint(composed);
+              w.done = end;
+              marks++;
+              onAscii = false;
+              hangul = false;
+              i = end;
+              continue;
+            }
+          }
+        } else if (single && lastMarkCp >= 0 && (!clusterFirst || !COMPOSER![written]) && !reorders(lastMarkCp, written)) {
+          // A later mark that composes with nothing and comes in canonical order after the last: kept.
+          keep = true;
+        } else if (single && cluster === 1 && clusterAt >= 0 && lastMarkCp >= 0) {
+          // A second mark that may compose or reorder, on a starter and one mark: their NFC, per triple.
+          const composed = composeTriple(clusterStarter, lastMarkCp, written);
+          if (composed === null) keep = true;
+          else if (composed !== undefined) {
+            if (w === null) {
+              w = new Writer(input);
+              w.keep(i);
+            }
+            w.keep(i);
+            w.length = clusterAt;
+            w.room(composed.length);
+            w.length += composed.copy(w.bytes, w.length);
+            w.done = end;
+            marks++;
+            cluster = 2;
+            lastMarkCp = -1; // a third mark opens a batch
+            onAscii = false;
+            hangul = false;
+            i = end;
+            continue;
+          }
+        }
+        if (keep) {
+          marks++;
+          cluster++;
+          lastMarkCp = m === 0 ? -1 : c & MAPPED ? lastCodePoint(pool, mapAt[cp] + mapLength[cp]) >> 3 : cp;
+          if (!single || FIRST![written] === 1) clusterFirst = true; // a mark that is a starter something composes with
+          if (entity || c & MAPPED) {
+            w ??= new Writer(input);
+            w.skip(i, end);
+            if (c & MAPPED) w.mapping(cp);
+            else w.codePoint(cp);
+          }
+          onAscii = false;
+          hangul = false;
+          i = end;
+          continue;
+        }
+      }
       // Kept, and recomposed with its base in the next batch.
       if (region < 0) region = base;
       marks++;
@@ -521,7 +875,6 @@ function pass(input: Buffer, ascii: boolean): Level | null {
         if (c & MAPPED) w.mapping(cp);
         else w.codePoint(cp);
       }
-      lastMark = viewAt(w, end);
       onAscii = false;
       hangul = false;
       i = end;
@@ -555,12 +908,14 @@ function pass(input: Buffer, ascii: boolean): Level | null {
     // A starter (or a Hangul vowel or final with nothing to compose with): mapped on its own.
     if (region >= 0) {
       const here = viewAt(w, i);
-      if (here - lastMark >= GAP || here - region >= REGION) {
-        w = recompose(input, w, region, i);
+      if (here - region >= REGION) {
+        w = recompose(input, w, region, i, regionInvalid);
         region = -1;
+        regionInvalid = false;
       }
     }
     marks = 0;
+      cluster = 0;
     if (entity || c & MAPPED) {
       w ??= new Writer(input);
       w.skip(i, end);
@@ -568,7 +923,7 @@ function pass(input: Buffer, ascii: boolean): Level | null {
       if (c & MAPPED) w.mapping(cp);
       else w.codePoint(cp);
       onAscii = (c & ASCII_END) !== 0;
-      if (c & AMP_IN) decodedAmp = true;
+      if (c & AMP_IN && firstAmp < 0) firstAmp = base;
     } else {
       base = viewAt(w, i);
       onAscii = false;
@@ -576,8 +931,8 @@ function pass(input: Buffer, ascii: boolean): Level | null {
     hangul = (c & HANGUL_BASE) !== 0;
     i = end;
   }
-  if (region >= 0) w = recompose(input, w, region, n);
+  if (region >= 0) w = recompose(input, w, region, n, regionInvalid);
   if (w === null) return null;
   w.keep(n);
-  return { bytes: w.bytes.subarray(0, w.length), decodedAmp };
+  return { bytes: w.bytes.subarray(0, w.length), firstAmp };
 }

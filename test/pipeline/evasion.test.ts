@@ -56,3 +56,28 @@ t.test('a pad of invisibles and & the view once choked on does not time the insp
   t.equal(result.decision, 'block');
   t.same([...new Set(result.findings.map((f) => f.inspector_type))].sort(), ['api_key', 'secrets']);
 });
+
+t.test('a pad the view once took 2 s over does not time the inspection out (P7 second review)', async (t) => {
+  // 32 MB of `α` with a mark, then `և` ×7 (its view is twice its size), and a nested `&amp;` at the
+  // end: the old view made an NFC call every 16 bytes and walked the doubled view twice more, past the
+  // default 2 s deadline (`normalized_view: timeout`, fail-open) two runs in three. Default deadline,
+  // pooled as a proxy runs it, the pool warmed first.
+  const engine = new InspectionEngine({ threads: 2 });
+  t.teardown(() => engine.close());
+  const blocking = policyFromDocument(validatePolicyDocument({
+    content_inspection: { secrets_filter: { enabled: true, severity: 'block' }, api_key_detection: { enabled: true, severity: 'block' } },
+  }));
+  const SECRET = 's3cr3t-db-password-2026';
+  const tail = ' AKIA\u200bIOSFODNN7EXAMPLE s3cr3t-db-pass\u200bword-2026 &amp;amp;amp;';
+  const request = (content: string) => Buffer.from(JSON.stringify({ model: 'claude-sonnet-4-5', messages: [{ role: 'user', content }] }));
+  const warm = await engine.inspect({ body: request('x'.repeat(200_000) + tail), phase: 'request', policy: blocking, secrets: [SECRET] });
+  t.equal(warm.decision, 'block', 'warm-up');
+  const unit = 'α\u0316' + '\u0587'.repeat(7);
+  const padded = request(unit.repeat(Math.floor(32 * 1024 * 1024 / Buffer.byteLength(unit))) + tail);
+  t.ok(padded.length >= 32 * 1024 * 1024 - 64);
+  const result = await engine.inspect({ body: padded, phase: 'request', policy: blocking, secrets: [SECRET] });
+  t.same(result.failures, [], 'nothing timed out');
+  t.equal(result.failOpen, false);
+  t.equal(result.decision, 'block');
+  t.same([...new Set(result.findings.map((f) => f.inspector_type))].sort(), ['api_key', 'secrets']);
+});

@@ -98,6 +98,32 @@ t.test('worst cases: right output, and done, on a few MB (their speed is in benc
     const got = text(unit.repeat(count));
     t.ok(out === null ? got === null : got === out.repeat(count), name);
   }
+  // The second attacker review's pads (each once 10-20 MB/s: an NFC call per few bytes), a few MB each.
+  const padded = (unit: string | Buffer, tail = '') => {
+    const one = Buffer.isBuffer(unit) ? unit : Buffer.from(unit);
+    return Buffer.concat([Buffer.alloc(one.length * Math.ceil(2 * MB / one.length), one), Buffer.from(tail)]);
+  };
+  const times = (unit: string | Buffer) => Math.ceil(2 * MB / (Buffer.isBuffer(unit) ? unit.length : Buffer.byteLength(unit)));
+  const invalidAfter = (view: string, unit: Buffer) => Buffer.concat(Array.from({ length: times(unit) }, () => [Buffer.from(view), Buffer.from([0xff])]).flat());
+  const review: [string, string | Buffer, string, Buffer | null][] = [
+    ['α, a mark that does not compose, և (its view twice its size) ×8; a nested &amp; after', 'α\u0316' + '\u0587'.repeat(8), '&amp;amp;amp;',
+      Buffer.from(('α\u0316' + '\u0565\u0582'.repeat(8)).repeat(times('α\u0316' + '\u0587'.repeat(8))) + '&')],
+    ['ᾀ (it decomposes), the same mark, և ×8', 'ᾀ\u0316' + '\u0587'.repeat(8), '&amp;amp;amp;',
+      Buffer.from(('ᾀ\u0316' + '\u0565\u0582'.repeat(8)).repeat(times('ᾀ\u0316' + '\u0587'.repeat(8))) + '&')],
+    ['α and a mark that composes, 16 x', 'α\u0301' + 'x'.repeat(16), '', Buffer.from(('ά' + 'x'.repeat(16)).repeat(times('α\u0301' + 'x'.repeat(16))))],
+    ['α, a mark that composes, an invalid byte', Buffer.from([...Buffer.from('α\u0301'), 0xff]), '', invalidAfter('ά', Buffer.from([...Buffer.from('α\u0301'), 0xff]))],
+    ['an invalid byte, a mark', Buffer.from([0xff, 0xcc, 0x81]), '', null],
+    ['α, two marks (the second composes past the first), an invalid byte', Buffer.from([...Buffer.from('α\u0316\u0301'), 0xff]), '',
+      invalidAfter('ά\u0316', Buffer.from([...Buffer.from('α\u0316\u0301'), 0xff]))],
+    ['α, two marks that do not compose, an invalid byte', Buffer.from([...Buffer.from('α\u0316\u0316'), 0xff]), '', null],
+    ['Thai with its marks, an invalid byte', Buffer.from([...Buffer.from('ก\u0e34\u0e48'), 0xff]), '', null],
+  ];
+  for (const [name, unit, tail, out] of review) {
+    const input = padded(unit, tail);
+    const got = view(input);
+    if (out === null) t.equal(got, null, name);
+    else t.ok(got !== null && got.bytes.equals(out), name);
+  }
   const marks = text('\u0301\u0316'.repeat(MB / 4));
   t.equal(marks, '\u0301\u0316'.repeat(16).normalize('NFC'), 'marks alone: 32 in a row are kept');
   const invalid = Buffer.alloc(2 * MB);
@@ -137,10 +163,20 @@ t.test('property: without entities, the view is NFKD, invisibles out, hyphens fo
     .replace(/([\x00-\x7f])\p{M}+/gu, '$1').normalize('NFC');
   const unit = fc.constantFrom('a', 'Z', '1', ' ', '-', '=', 'é', 'ø', 'α', 'й', 'か', '\u3099', 'ｶ', 'ﾞ', '\u0301', '\u0316', '\u0336', '각', '\u11c2', 'ﾡ', '\u1112',
     '\u0903', '\u200b', '\u00ad', 'Ａ', '𝐀', 'ﬁ', '\u1100', '\u1161', '\u11a8', 'ㄱ', 'ㅏ', '가', '\u2010', 'Ǻ', 'ǅ', '\u0344', '\u0f73',
-    'ก', '\u0e34', '①', '\u0340', 'ά', '\u0345', 'Ω', '\u212b', 'ḱ', '\u1e9b', '\u0323', '\u2212', '\u{e0041}', '\ufe0f');
+    'ก', '\u0e34', '①', '\u0340', 'ά', '\u0345', 'Ω', '\u212b', 'ḱ', '\u1e9b', '\u0323', '\u2212', '\u{e0041}', '\ufe0f',
+    'ᾀ', '\u0313', 'ṡ', '\u0958', '\u093c', '\u09c7', '\u09be', '\u0e48', '\ufdd0');
   fc.assert(fc.property(fc.array(unit, { maxLength: 16 }), (units) => {
     const input = units.join('');
     return (text(input) ?? input) === reference(input);
+  }), { numRuns: 5000 });
+  // An invalid byte is a starter nothing composes or reorders across (the walk holds it apart in its
+  // batch): the view is that of the text on each side of it.
+  const INVALID = '\xff';
+  const bytesOf = (parts: string[]) => Buffer.concat(parts.flatMap((p, k) => (k === 0 ? [] : [Buffer.from([0xff])]).concat([Buffer.from(p)])));
+  fc.assert(fc.property(fc.array(fc.oneof(unit, fc.constant(INVALID)), { maxLength: 20 }), (units) => {
+    const parts = units.join('').split(INVALID);
+    const input = bytesOf(parts);
+    return (view(input)?.bytes ?? input).equals(bytesOf(parts.map(reference)));
   }), { numRuns: 5000 });
 });
 
