@@ -181,7 +181,11 @@ export class ServerLimiter {
     // a connection with bytes still unsent, the client has taken nothing for the whole bound: it
     // stopped reading. Its response would hold the connection (and what feeds it: an upstream, a
     // buffer) for ever, since node does not re-arm the timer without activity: closed ("send_stall").
-    // A slow reader that keeps taking bytes restarts the timer and is never cut.
+    // A slow reader that keeps taking bytes restarts the timer and is never cut. Progress is a write
+    // *completing*, and one write completes only once the client has taken nearly all of it (past the
+    // kernel's socket buffer): a handler writes a large body in pieces (llmproxy's send(), 64 KB), or a
+    // steady slow reader of one large write is cut. (No finer signal exists: the TLS layer hands the
+    // whole write to the kernel's queue at once, whose progress node does not expose.)
     server.on('timeout', (socket: Duplex) => {
       if ((this.#inFlight.get(socket) ?? 0) > 0) {
         if (socket.writableLength === 0) return;

@@ -375,12 +375,21 @@ export class LlmProxy {
       }
     }
     call.status = upstream.statusCode;
-    const delivered = await this.#deliver(call, () => {
-      // The whole answer is here: sent with its length, not chunked.
-      res.writeHead(upstream.statusCode, { ...agentHeaders(upstream.headers), 'content-length': String(out.length) });
+    // The whole answer is here: sent with its length (not chunked encoding), once its record is written.
+    const delivered = await this.#deliver(call, () => res.writeHead(upstream.statusCode, { ...agentHeaders(upstream.headers), 'content-length': String(out.length) }));
+    if (!delivered) return this.#reply(res, call, ERRORS.auditUnavailable);
+    if (out.length <= SEND_PIECE_BYTES) {
       res.end(out);
-    });
-    if (!delivered) this.#reply(res, call, ERRORS.auditUnavailable);
+      return;
+    }
+    // In pieces through send(), not one write: progress is a piece taken by the agent, so a slow reader
+    // that keeps reading is never cut, however large the answer (one write completes only once the
+    // agent has taken nearly all of it).
+    for (let at = 0; at < out.length; at += SEND_PIECE_BYTES) {
+      const sent = await send(res, out.subarray(at, at + SEND_PIECE_BYTES), this.#d.options.idleTimeout);
+      if (sent !== 'sent') return this.#agentGone(call, res, sent);
+    }
+    res.end();
   }
 
   /** SSE: events go to the agent as they arrive; the same bytes feed the response pipeline at the end. */
@@ -597,6 +606,8 @@ export class LlmProxy {
  * small compressed answer may decode to.
  */
 const MAX_HELD_ANSWER_BYTES = 4 * MAX_BODY_BYTES;
+/** The piece a held answer is written in: each one the agent takes is progress (send()). */
+const SEND_PIECE_BYTES = 64 * 1024;
 
 /** A whole body, refused past MAX_HELD_ANSWER_BYTES. */
 async function collect(body: AsyncIterable<Buffer>): Promise<Buffer> {

@@ -79,7 +79,9 @@ t.test('a large plain answer the agent stops reading: connection closed by the l
   // A plain answer is held whole before it is replayed (proxy.ts): the upstream finished long before.
   t.equal(h.upstream.received[before]?.outcome, 'finished');
   t.ok(await within(5_000, () => h.audit.slice(auditBefore).find((a) => a.path === '/v1/messages' && a.status === 200)), 'its record was written before the answer left');
-  t.match(await metrics(), /dvx_connections_reaped_total\{listener="llmproxy",reason="send_stall"\} [1-9]/, 'the listener counts the stall');
+  // Written in pieces through send(): llmproxy's own bound or the listener's, whichever fires first.
+  const text = await metrics();
+  t.ok(/dvx_connections_reaped_total\{listener="llmproxy",reason="send_stall"\} [1-9]/.test(text) || /dvx_llmproxy_agent_stalls_total [1-9]/.test(text), 'the stall is counted');
 });
 
 t.test('a slow reader that keeps reading gets the whole answer', async (t) => {
@@ -87,7 +89,6 @@ t.test('a slow reader that keeps reading gets the whole answer', async (t) => {
   const before = h.upstream.received.length;
   const c = await openTls(h.proxy.port, { ca });
   let got = 0;
-  const ended = new Promise<void>((resolve) => c.socket.on('close', () => resolve()));
   c.socket.on('data', (d: Buffer) => {
     got += d.length;
     // About 512 KB per turn, a turn every 250 ms: the answer takes several idle bounds to arrive, and
@@ -96,9 +97,9 @@ t.test('a slow reader that keeps reading gets the whole answer', async (t) => {
   });
   c.socket.write(`GET /v1/files/file-2/content HTTP/1.1\r\nhost: x\r\nconnection: close\r\nx-api-key: ${await h.token()}\r\nx-test-size: ${size}\r\n\r\n`);
   const turns = setInterval(() => c.socket.resume(), 250);
-  await Promise.race([ended, sleep(120_000)]);
+  // Waits for the close (a pending 120 s sleep here kept the process alive past the file's timeout).
+  const r = await c.closed(120_000);
   clearInterval(turns);
-  const r = await c.closed(0);
   t.ok(got > size, `the whole answer arrived (${got} bytes with its head)`);
   t.equal(parseRawAnswer(r.text.slice(0, 2048)).status, 200);
   t.equal(h.upstream.received[before]?.outcome, 'finished', 'the upstream answered to the end');
