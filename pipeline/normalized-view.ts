@@ -850,24 +850,14 @@ function pass(input: Buffer, ascii: boolean, from: number): Level | null {
           }
         }
         if (keep) {
-          marks++;
           cluster++;
           lastMarkCp = m === 0 ? -1 : c & MAPPED ? lastCodePoint(pool, mapAt[cp] + mapLength[cp]) >> 3 : cp;
           if (!single || FIRST![written] === 1) clusterFirst = true; // a mark that is a starter something composes with
-          if (entity || c & MAPPED) {
-            w ??= new Writer(input);
-            w.skip(i, end);
-            if (c & MAPPED) w.mapping(cp);
-            else w.codePoint(cp);
-          }
-          onAscii = false;
-          hangul = false;
-          i = end;
-          continue;
+        } else {
+          region = base; // kept, and recomposed with its base in the next batch
         }
       }
-      // Kept, and recomposed with its base in the next batch.
-      if (region < 0) region = base;
+      // The mark is written as it is (mapped or entity-decoded); a batch, if open, recomposes it later.
       marks++;
       if (entity || c & MAPPED) {
         w ??= new Writer(input);
