@@ -3,7 +3,6 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
-import type { Registry } from 'prom-client';
 import { createClient } from '@clickhouse/client';
 import { createLogger } from '../../core/logger.ts';
 import { createRegistry } from '../../core/metrics.ts';
@@ -15,6 +14,7 @@ import { insertBisecting } from '../../audit-wal/bisect.ts';
 import { freshPgDatabase } from '../fixtures/pg-database.ts';
 import { startTcpProxy } from '../fixtures/tcp-proxy.ts';
 import { runDvx } from '../fixtures/run-dvx.ts';
+import { until, metric } from '../fixtures/eventually.ts';
 
 // A record the store will never take, among good ones, against the real stores: the good ones arrive,
 // the bad one goes to the dead-letter spool (metric, `dvx wal dead-letter list`), later records keep
@@ -35,22 +35,6 @@ const record = (i: number, extra: Record<string, unknown> = {}) => ({
   response_bytes: 200, input_tokens: 10, output_tokens: 5, decision: 'allow', findings: [], inspection_failopen: false, error: null, ...extra,
 });
 const ship = { idleMs: 50, batchRows: 100, backoffMs: { base: 20, max: 200 } };
-
-async function until(check: () => Promise<boolean> | boolean, ms = 20_000): Promise<boolean> {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    if (await Promise.resolve().then(check).catch(() => false)) return true;
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  return false;
-}
-
-async function metric(registry: Registry, name: string, labels: Record<string, string>): Promise<number> {
-  const m = registry.getSingleMetric(name);
-  if (!m) return 0;
-  const { values } = await m.get();
-  return values.find((v) => Object.entries(labels).every(([k, x]) => v.labels[k] === x))?.value ?? 0;
-}
 
 const jsonLines = (s: string) => s.trim().split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown> & { id: string });
 

@@ -3,7 +3,6 @@ import { mkdir, mkdtemp, rename, rm, rmdir, unlink, writeFile } from 'node:fs/pr
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import pg from 'pg';
-import type { Registry } from 'prom-client';
 import { createLogger } from '../../core/logger.ts';
 import { createRegistry } from '../../core/metrics.ts';
 import { newId } from '../../core/ids.ts';
@@ -12,6 +11,7 @@ import { WalSink } from '../../audit-wal/wal-sink.ts';
 import { freshPgDatabase } from '../fixtures/pg-database.ts';
 import { startTcpProxy } from '../fixtures/tcp-proxy.ts';
 import { runDvx } from '../fixtures/run-dvx.ts';
+import { until, metric } from '../fixtures/eventually.ts';
 
 // Each step of shipping made to fail for real, one after the other, in one running sink: records on
 // disk that are not JSON objects, a segment that cannot be read, a checkpoint that cannot be written,
@@ -28,20 +28,6 @@ const record = (extra: Record<string, unknown> = {}) => ({
   id: newId(), event_time: new Date().toISOString(), org_id: 'org-1', agent_id: 'agent-1', agent_name: 'a', enclave_id: 'e', format: 'anthropic-messages',
   path: '/v1/messages', model: 'claude', status: 200, latency_ms: 1, request_bytes: 1, response_bytes: 1, decision: 'allow', findings: [], inspection_failopen: false, ...extra,
 });
-
-async function until(check: () => Promise<boolean> | boolean, ms = 20_000): Promise<boolean> {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    if (await Promise.resolve().then(check).catch(() => false)) return true;
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  return false;
-}
-
-async function metric(registry: Registry, name: string, labels: Record<string, string>): Promise<number> {
-  const { values } = await registry.getSingleMetric(name)!.get();
-  return values.find((v) => Object.entries(labels).every(([k, x]) => v.labels[k] === x))?.value ?? 0;
-}
 
 t.test('every step of shipping fails for real and shipping goes on', async (t) => {
   const pgdb = await freshPgDatabase('dvx_faults');

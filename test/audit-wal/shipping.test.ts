@@ -10,6 +10,7 @@ import { newId } from '../../core/ids.ts';
 import { WalSink } from '../../audit-wal/wal-sink.ts';
 import { openStore } from '../../audit-wal/store.ts';
 import { startTcpProxy } from '../fixtures/tcp-proxy.ts';
+import { until } from '../fixtures/eventually.ts';
 
 // Shipping to real stores: PGlite, PostgreSQL (127.0.0.1:5432, database test) and ClickHouse
 // (127.0.0.1:8123, Debian's 18.16), with the store cut off mid-ship and restored.
@@ -28,15 +29,6 @@ const record = (i: number, extra: Record<string, unknown> = {}) => ({
   response_bytes: 200, input_tokens: 10, output_tokens: 5, decision: 'allow', findings: i % 2 ? [{ inspector_type: 'pii', severity: 'warn', description: 'email address', match: 'a@ex****', location: 'request_body' }] : [],
   inspection_failopen: false, error: null, ...extra,
 });
-
-async function until(check: () => Promise<boolean>, ms = 20_000): Promise<boolean> {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    if (await check().catch(() => false)) return true;
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  return false;
-}
 
 t.test('PGlite: appended records are shipped once, findings as JSON', async (t) => {
   const dir = await tempDir();
