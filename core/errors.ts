@@ -1,0 +1,17 @@
+// The root of every dvx error, and core's own catalogue (STYLE.md rule 2).
+//
+// Each package keeps its errors in one `errors.ts`: one class per error, each with a stable `code`
+// (`DVX_*`, never reused) declared once as a static and copied onto the instance, so the code is an
+// own enumerable property and pino's `err` serializer writes it next to the message and the stack.
+// docs/errors.md lists every code; test/core/error-catalogue.test.ts keeps the two in step.
+
+export class DvxError extends Error {
+  static readonly code: string = 'DVX_ERROR';
+  readonly code: string;
+
+  constructor(message: string, options?: ErrorOptions) {
+    super(message, options);
+    this.name = new.target.name;
+    this.code = (new.target as typeof DvxError).code;
+  }
+}
