@@ -77,6 +77,7 @@ async function acquire(path: string, waitMs: number, log: Logger): Promise<() =>
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
     }
+    // Unreadable (removed by its holder meanwhile) reads as empty: the staleness check below decides.
     const holder = Number((await readFile(path, 'utf8').catch(() => '')).trim());
     // An empty lock is a holder between create and write, unless it is old (it died in between).
     const stale = Number.isInteger(holder) && holder > 0 ? !alive(holder) : Date.now() - (await stat(path).then((s) => s.mtimeMs, () => 0)) > 5000;
@@ -159,7 +160,7 @@ export class DeadLetterSpool {
     try {
       await access(this.dir);
     } catch {
-      return 0;
+      return 0; // no spool directory: nothing was ever dead-lettered in this table
     }
     return this.#locked(2000, async (wal) => (await this.#entries(wal)).entries.length);
   }

@@ -3,6 +3,11 @@
 // and every stream poll; filters only narrow it. Both stores render the same conditions (conditions()),
 // so the predicate is written once and applied identically to ClickHouse and PostgreSQL.
 
+import { AuditQueryError } from './errors.ts';
+
+// Re-exported for the operator API's audit routes, which import it from here.
+export { AuditQueryError };
+
 export const AUDIT_RECORD_FIELDS = [
   'action', 'actor', 'actor_kind', 'agent_id', 'agent_name', 'attrs', 'dst', 'dst_host', 'dst_ip', 'dst_port', 'enclave_id', 'enclave_name',
   'event_time', 'group_id', 'identified', 'namespace', 'org_id', 'outcome', 'proto', 'reason', 'resource', 'scope', 'security_id', 'session_id',
@@ -64,14 +69,6 @@ export const MAX_LIMIT = 1000;
 export const KNOWN_ACTOR_KINDS = ['human-operator', 'agent-operator', 'service'] as const;
 export const KNOWN_OUTCOMES = ['allow', 'deny'] as const;
 
-export class AuditQueryError extends Error {
-  override name = 'AuditQueryError';
-  readonly field: string;
-  constructor(field: string, message: string) {
-    super(`${field}: ${message}`);
-    this.field = field;
-  }
-}
 
 const TEXT_FILTERS = ['org', 'scope', 'agent_id', 'action', 'outcome', 'actor_kind', 'proto', 'dst_host'] as const;
 const RFC3339 = /^(\d{4})-(\d\d)-(\d\d)T\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$/i;

@@ -1,3 +1,4 @@
+import { DsnError } from './errors.ts';
 import type { AuditTable } from './sink.ts';
 import type { AuditQuery } from './query.ts';
 import type { LlmQuery, ReadRecord } from './read.ts';
@@ -28,9 +29,6 @@ export interface AuditStore extends AuditWriter {
   eraseOrg(org: string): Promise<number>;
 }
 
-export class DsnError extends Error {
-  override name = 'DsnError';
-}
 
 export async function openStore(dsn: string): Promise<AuditStore> {
   let url: URL;

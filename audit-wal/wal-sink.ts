@@ -73,7 +73,7 @@ export class WalSink implements AuditSink {
       await store.ensureSchema();
     } catch (err) {
       // The store may be down at start: records still spool; the shipper retries (schema first).
-      options.log.warn({ err: (err as Error).message, store: store.kind }, 'audit store unreachable at start; spooling to the WAL');
+      options.log.warn({ err, store: store.kind }, 'audit store unreachable at start; spooling to the WAL');
     }
     const sink = new WalSink(store);
     const metrics = walMetrics(options.registry);

@@ -60,6 +60,7 @@ export async function readDropped(dir: string): Promise<number> {
     const n = (JSON.parse(await readFile(join(dir, DROPPED_FILE), 'utf8')) as { dropped?: unknown }).dropped;
     return typeof n === 'number' && n >= 0 ? n : 0;
   } catch {
+    // Never written (nothing dropped yet) or unreadable: the count is informational (`dvx wal stat`).
     return 0;
   }
 }
@@ -194,7 +195,9 @@ export class WalTable {
       // The count outlives the process for `dvx wal stat`; written at most once a second.
       this.#dropSave ??= setTimeout(() => {
         this.#dropSave = null;
-        writeFile(join(this.dir, DROPPED_FILE), JSON.stringify({ dropped: this.#dropped })).catch(() => {});
+        writeFile(join(this.dir, DROPPED_FILE), JSON.stringify({ dropped: this.#dropped })).catch((err: unknown) => {
+          this.#log.warn({ err, table: this.name }, 'dropped-record count not saved; `dvx wal stat` will show less');
+        });
       }, 1000);
       const now = Date.now();
       if (now - this.#lastDropLog > 10_000) {
@@ -223,8 +226,8 @@ export class WalTable {
           await this.#write(batch.map((p) => p.frame), bytes);
         } catch (err) {
           this.#writingBytes = 0;
-          const failure = new WalWriteError(`wal ${this.name} write failed: ${(err as Error).message}`);
-          this.#log.error({ table: this.name, err: (err as Error).message, records: batch.length }, 'wal write failed');
+          const failure = new WalWriteError(`wal ${this.name} write failed: ${(err as Error).message}`, { cause: err });
+          this.#log.error({ err, table: this.name, records: batch.length }, 'wal write failed');
           for (const p of batch) p.reject(failure);
           continue;
         }
@@ -385,7 +388,9 @@ export class WalTable {
     if (this.#dropSave) {
       clearTimeout(this.#dropSave);
       this.#dropSave = null;
-      await writeFile(join(this.dir, DROPPED_FILE), JSON.stringify({ dropped: this.#dropped })).catch(() => {});
+      await writeFile(join(this.dir, DROPPED_FILE), JSON.stringify({ dropped: this.#dropped })).catch((err: unknown) => {
+        this.#log.warn({ err, table: this.name }, 'dropped-record count not saved; `dvx wal stat` will show less');
+      });
     }
     await this.#flushing;
     this.#notify();

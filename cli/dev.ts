@@ -7,7 +7,7 @@ import { runUntilSignal } from '../core/shutdown.ts';
 import { ensureDevCertificates } from '../core/tls.ts';
 import { MAX_TOKEN_LIFETIME_S } from '../proxy/llm/auth.ts';
 import { startLlmProxy } from '../proxy/llm/server.ts';
-import { CliError } from './exit-codes.ts';
+import { CliError } from './errors.ts';
 
 // `dvx dev`: llmproxy on embedded defaults for a first run. Under --dir (default .dvx/) it creates, once:
 // a local CA and a localhost server certificate, an ES256 agent-token signing key and its JWKS, an

@@ -8,7 +8,8 @@ import { PolicyValidationError } from '../pipeline/errors.ts';
 import { policyFromDocument } from '../pipeline/policy/resolve.ts';
 import { validatePolicyDocument } from '../pipeline/policy/validate.ts';
 import type { Phase } from '../pipeline/finding.ts';
-import { CliError, EXIT_BLOCKED, EXIT_OK, EXIT_UNAVAILABLE } from './exit-codes.ts';
+import { CliError } from './errors.ts';
+import { EXIT_BLOCKED, EXIT_OK, EXIT_UNAVAILABLE } from './exit-codes.ts';
 
 // `dvx inspect --policy FILE [--secrets FILE] [--phase request|response] [BODY_FILE|-]`: the pipeline
 // as an offline job (CI pipelines, the benchmark). One JSON finding per line on stdout; logs on stderr.
@@ -69,7 +70,7 @@ export async function readBody(source: string): Promise<Buffer> {
       throw tooLarge();
     }
     stream = handle.createReadStream();
-    close = () => handle.close().catch(() => {});
+    close = () => handle.close().catch(() => {}); // the body is read; a failed close loses nothing
   }
   const chunks: Buffer[] = [];
   let total = 0;

@@ -4,7 +4,8 @@ import { serveCommand } from './serve.ts';
 import { devCommand } from './dev.ts';
 import { walCommand } from './wal.ts';
 import { configPullCommand, policyPullCommand, waitFileCommand } from './pull.ts';
-import { CliError, EXIT_USAGE } from './exit-codes.ts';
+import { CliError } from './errors.ts';
+import { EXIT_USAGE } from './exit-codes.ts';
 import pkg from '../package.json' with { type: 'json' };
 
 export function buildProgram(): Command {

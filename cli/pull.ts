@@ -5,7 +5,8 @@ import { createLogger, type LogFormat, type LogLevel } from '../core/logger.ts';
 import { runUntilSignal } from '../core/shutdown.ts';
 import { validateSnapshot } from '../pipeline/policy/snapshot.ts';
 import { startPuller } from '../enclave/pullers/puller.ts';
-import { CliError, EXIT_BLOCKED, EXIT_OK } from './exit-codes.ts';
+import { CliError } from './errors.ts';
+import { EXIT_BLOCKED, EXIT_OK } from './exit-codes.ts';
 
 // The pull sidecars and their helper:
 //   dvx policy-pull  --controlplane URL --broker-key FILE --snapshot FILE [--interval 30s] [--no-events]
@@ -93,7 +94,7 @@ export function waitFileCommand(): Command {
       if (!o.path) throw new CliError('--path is required');
       const until = Date.now() + o.timeout;
       for (;;) {
-        const s = await stat(o.path).catch(() => null);
+        const s = await stat(o.path).catch(() => null); // not there yet: keep polling
         if (s && s.isFile() && s.size > 0) {
           process.exitCode = EXIT_OK;
           return;

@@ -1,5 +1,5 @@
 import { Command } from 'commander';
-import { CliError } from './exit-codes.ts';
+import { CliError } from './errors.ts';
 import { registerLlmProxy } from './serve-llmproxy.ts';
 import { registerControlPlane } from './serve-controlplane.ts';
 

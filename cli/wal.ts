@@ -6,11 +6,12 @@ import { readCheckpoint } from '../audit-wal/checkpoint.ts';
 import { checkHeader, decodeFrames, HEADER_BYTES } from '../audit-wal/frame.ts';
 import { readDropped } from '../audit-wal/wal-table.ts';
 import { DEAD_LETTER_DIR, deadLetterEntry, DeadLetterSpool, type DeadLetter } from '../audit-wal/dead-letter.ts';
-import { StoreUnavailableError } from '../audit-wal/errors.ts';
 import type { AuditTable } from '../audit-wal/sink.ts';
-import { DsnError, openStore } from '../audit-wal/store.ts';
+import { openStore } from '../audit-wal/store.ts';
+import { DsnError, StoreUnavailableError } from '../audit-wal/errors.ts';
 import { createLogger } from '../core/logger.ts';
-import { CliError, EXIT_BLOCKED, EXIT_OK, EXIT_UNAVAILABLE } from './exit-codes.ts';
+import { CliError } from './errors.ts';
+import { EXIT_BLOCKED, EXIT_OK, EXIT_UNAVAILABLE } from './exit-codes.ts';
 
 // `dvx wal stat | tail | verify --dir DIR`: SRE tools over an audit spool. They only read: a running
 // component may keep appending and shipping while they look. `dvx wal dead-letter list` reads the
@@ -28,7 +29,7 @@ async function tables(dir: string, only?: string): Promise<string[]> {
   const found: string[] = [];
   for (const e of entries.sort()) {
     if (only && e !== only) continue;
-    const files = await readdir(join(dir, e)).catch(() => [] as string[]);
+    const files = await readdir(join(dir, e)).catch(() => [] as string[]); // a file, not a table directory
     if (files.some((f) => SEGMENT.test(f))) found.push(e);
   }
   if (only && found.length === 0) throw new CliError(`no table "${only}" under ${dir}`);
@@ -77,7 +78,7 @@ async function statCommand(opts: { dir: string }): Promise<number> {
         try {
           oldest = String((JSON.parse(f.payload.toString()) as { event_time?: unknown }).event_time ?? '') || null;
         } catch {
-          oldest = null;
+          oldest = null; // a damaged record: `verify` reports it, `stat` shows no date
         }
       }
       break;
@@ -135,7 +136,8 @@ async function verifyCommand(opts: { dir: string }): Promise<number> {
 async function deadLetterTables(dir: string, only?: string): Promise<string[]> {
   const found: string[] = [];
   for (const table of await tables(dir, only)) {
-    if ((await readdir(join(dir, table)).catch(() => [] as string[])).includes(DEAD_LETTER_DIR)) found.push(table);
+    const files = await readdir(join(dir, table)).catch(() => [] as string[]); // gone since listed: no spool
+    if (files.includes(DEAD_LETTER_DIR)) found.push(table);
   }
   return found;
 }

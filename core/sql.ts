@@ -46,6 +46,8 @@ export async function openDb(dsn: string, options: OpenDbOptions = {}): Promise<
         await client.query('COMMIT');
         return out;
       } catch (err) {
+        // The transaction's own error is the one worth raising; a failed ROLLBACK (a broken connection)
+        // ends the transaction anyway when the client is released.
         await client.query('ROLLBACK').catch(() => {});
         throw err;
       } finally {

@@ -3,6 +3,7 @@ import { readFile, writeFile, mkdir, access } from 'node:fs/promises';
 import { join } from 'node:path';
 import { webcrypto, X509Certificate, createPrivateKey } from 'node:crypto';
 import * as x509 from '@peculiar/x509';
+import { TlsConfigError } from './errors.ts';
 
 // Server components are TLS-only (spec: Server components). This file loads PEM material with errors
 // that name the file, and mints a local development CA plus leaf certificates (ECDSA P-256) for
@@ -23,10 +24,6 @@ export interface TlsMaterial {
 export interface PemPair {
   certPem: string;
   keyPem: string;
-}
-
-export class TlsConfigError extends Error {
-  override name = 'TlsConfigError';
 }
 
 async function readPem(path: string, what: string): Promise<Buffer> {

@@ -62,7 +62,7 @@ export function startPuller(o: PullerOptions): RunningPuller {
       }
       markReady();
     } catch (err) {
-      o.log.warn({ err: (err as Error).message, route: o.route }, 'pull failed; keeping the last good state');
+      o.log.warn({ err, route: o.route }, 'pull failed; keeping the last good state');
     }
   }, () => closed);
   let pending: Promise<void> | null = null;
@@ -96,7 +96,7 @@ export function startPuller(o: PullerOptions): RunningPuller {
         }
       } catch (err) {
         if (closed) return;
-        o.log.warn({ err: (err as Error).message }, 'event stream dropped; reconnecting');
+        o.log.warn({ err }, 'event stream dropped; reconnecting');
       }
       await new Promise((r) => setTimeout(r, backoff));
       backoff = Math.min(backoff * 2, 10_000);
@@ -112,6 +112,8 @@ export function startPuller(o: PullerOptions): RunningPuller {
       closed = true;
       clearInterval(timer);
       stream?.abort();
+      // Closing: a pull in flight has logged its own failure, and a dispatcher that fails to close
+      // holds nothing this process still needs.
       await pending?.catch(() => {});
       await dispatcher.destroy().catch(() => {});
     },

@@ -4,7 +4,8 @@ import { mkdtemp, writeFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { X509Certificate } from 'node:crypto';
-import { ensureDevCertificates, generateCa, issueCertificate, loadTls, TlsConfigError } from '../../core/tls.ts';
+import { ensureDevCertificates, generateCa, issueCertificate, loadTls } from '../../core/tls.ts';
+import { TlsConfigError } from '../../core/errors.ts';
 
 t.test('a generated CA issues a server certificate that real TLS clients trust', async (t) => {
   const ca = await generateCa('test CA');
