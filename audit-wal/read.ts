@@ -38,6 +38,7 @@ export function postgresWhere(q: Pick<AuditQuery, 'predicate' | 'filters' | 'aft
       case 'attributed': return `(actor = ${p(`agent:${c.agent}`)} OR agent_id = ${p(c.agent)})`;
       case 'none': return 'false';
     }
+    return c satisfies never; // every kind is handled above: tsc fails here when one is added
   });
   return { where: parts.length ? parts.join(' AND ') : 'true', params };
 }
@@ -67,6 +68,7 @@ export function clickhouseWhere(q: Pick<AuditQuery, 'predicate' | 'filters' | 'a
       case 'attributed': return `(actor = ${chString(`agent:${c.agent}`)} OR agent_id = ${chString(c.agent)})`;
       case 'none': return '0';
     }
+    return c satisfies never; // every kind is handled above: tsc fails here when one is added
   });
   return parts.length ? parts.join(' AND ') : '1';
 }
