@@ -95,7 +95,7 @@ export function waitFileCommand(): Command {
       const until = Date.now() + o.timeout;
       for (;;) {
         const s = await stat(o.path).catch(() => null); // not there yet: keep polling
-        if (s && s.isFile() && s.size > 0) {
+        if (s?.isFile() && s.size > 0) {
           process.exitCode = EXIT_OK;
           return;
         }

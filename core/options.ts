@@ -1,4 +1,4 @@
-import { Command, InvalidArgumentError, Option } from 'commander';
+import { type Command, InvalidArgumentError, Option } from 'commander';
 import { InvalidFlagError } from './errors.ts';
 import { parseDuration } from './duration.ts';
 

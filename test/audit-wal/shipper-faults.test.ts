@@ -62,7 +62,10 @@ t.test('every step of shipping fails for real and shipping goes on', async (t) =
   const wal = sink.table('llm_audit_log')!;
   const shipped = () => wal.stats().unshippedBytes === 0;
   const failures = (reason: string) => metric(registry, 'dvx_audit_ship_failures_total', { table: 'llm_audit_log', reason });
-  const appendSome = (n: number, extra: Record<string, unknown> = {}) => Promise.all(Array.from({ length: n }, () => record(extra)).map(async (r) => (await sink.append('llm_audit_log', r), r)));
+  const appendSome = (n: number, extra: Record<string, unknown> = {}) => Promise.all(Array.from({ length: n }, () => record(extra)).map(async (r) => {
+    await sink.append('llm_audit_log', r);
+    return r;
+  }));
 
   // 1. Unparseable records: moved aside, the good ones around them ship.
   t.ok(await until(shipped), 'the good records around the unparseable ones ship');

@@ -172,7 +172,7 @@ t.test('SIGKILL while appending under load: every acknowledged record survives e
   await table.close();
 });
 
-t.test('property: any appends then a cut at any byte recover to a prefix of what was written', async (t) => {
+t.test('property: any appends then a cut at any byte recover to a prefix of what was written', async () => {
   await fc.assert(fc.asyncProperty(fc.array(fc.string({ maxLength: 60 }), { minLength: 1, maxLength: 30 }), fc.nat(), async (values, cutSeed) => {
     const frames = values.map((v) => encodeFrame(Buffer.from(JSON.stringify({ v }))));
     const file = Buffer.concat([segmentHeader(), ...frames]);
