@@ -29,13 +29,14 @@ export interface AuditStore extends AuditWriter {
   eraseOrg(org: string): Promise<number>;
 }
 
-
 export async function openStore(dsn: string): Promise<AuditStore> {
   let url: URL;
   try {
     url = new URL(dsn);
   } catch {
-    throw new DsnError(`--audit-dsn "${dsn.replace(/\/\/[^@/]*@/, '//***@')}" is not a URL (clickhouse://…, postgres://…, pglite://DIR)`);
+    throw new DsnError(
+      `--audit-dsn "${dsn.replace(/\/\/[^@/]*@/, '//***@')}" is not a URL (clickhouse://…, postgres://…, pglite://DIR)`,
+    );
   }
   switch (url.protocol) {
     case 'clickhouse:': {

@@ -55,7 +55,9 @@ function textFormatter(out: DestinationStream): DestinationStream {
       const extras = Object.entries(rest)
         .map(([k, v]) => `${k}=${typeof v === 'string' ? v : JSON.stringify(v)}`)
         .join(' ');
-      out.write(`${String(time)} ${String(level).toUpperCase()} [${String(stream)}] ${String(msg ?? '')}${extras ? ' ' + extras : ''}\n`);
+      out.write(
+        `${String(time)} ${String(level).toUpperCase()} [${String(stream)}] ${String(msg ?? '')}${extras ? ' ' + extras : ''}\n`,
+      );
     },
   };
 }

@@ -58,7 +58,10 @@ export function addBooleanFlag(command: Command, name: string, description: stri
     try {
       command.setOptionValueWithSource(key, parseBoolean(raw), 'env');
     } catch (err) {
-      command.error(`error: environment ${envName(name)}: ${(err as Error).message}`, { exitCode: 2, code: 'commander.invalidArgument' });
+      command.error(`error: environment ${envName(name)}: ${(err as Error).message}`, {
+        exitCode: 2,
+        code: 'commander.invalidArgument',
+      });
     }
   });
   return command;

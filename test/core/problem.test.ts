@@ -4,7 +4,14 @@ import { newId } from '../../core/ids.ts';
 
 t.test('problem documents carry the RFC 9457 members and extensions that do not clash', async (t) => {
   t.equal(PROBLEM_CONTENT_TYPE, 'application/problem+json');
-  const p = problem({ type: 'https://dvx.dev/problems/x', title: 'X', status: 400, detail: 'd', instance: '/a', extensions: { field: 'f', status: 999 } });
+  const p = problem({
+    type: 'https://dvx.dev/problems/x',
+    title: 'X',
+    status: 400,
+    detail: 'd',
+    instance: '/a',
+    extensions: { field: 'f', status: 999 },
+  });
   t.same(p, { type: 'https://dvx.dev/problems/x', title: 'X', status: 400, detail: 'd', instance: '/a', field: 'f' });
 });
 
