@@ -26,17 +26,27 @@ export interface Refused {
  * Inserts `rows`; resolves with the records the store refuses (none when the batch went in whole).
  * Any error other than a rejection (the store went away mid-split) propagates: the caller retries.
  */
-export async function insertBisecting(store: AuditWriter, table: AuditTable, rows: Record<string, unknown>[], options: { probe?: number } = {}): Promise<Refused[]> {
+export async function insertBisecting(
+  store: AuditWriter,
+  table: AuditTable,
+  rows: Record<string, unknown>[],
+  options: { probe?: number } = {},
+): Promise<Refused[]> {
   const refused: Refused[] = [];
   const probe = options.probe ?? 0;
-  const storeRefusesAll = async (): Promise<boolean> => probe > 0 && rows.length >= probe && !(await takesAny(store, table, rows, probe));
+  const storeRefusesAll = async (): Promise<boolean> =>
+    probe > 0 && rows.length >= probe && !(await takesAny(store, table, rows, probe));
   const attempt = async (part: Record<string, unknown>[]): Promise<void> => {
     try {
       await store.insert(table, part);
     } catch (err) {
       if (!(err instanceof StoreRejectedError)) throw err;
       if (part === rows && (await storeRefusesAll())) {
-        throw new StoreRefusesAllError(`${store.kind} refused a batch of ${rows.length} and all ${probe} records probed one by one: suspected a store or schema problem, not the records; retrying`, err.storeCode, err);
+        throw new StoreRefusesAllError(
+          `${store.kind} refused a batch of ${rows.length} and all ${probe} records probed one by one: suspected a store or schema problem, not the records; retrying`,
+          err.storeCode,
+          err,
+        );
       }
       if (part.length === 1) {
         refused.push({ row: part[0], err });
@@ -52,7 +62,12 @@ export async function insertBisecting(store: AuditWriter, table: AuditTable, row
 }
 
 /** Whether the store takes any of `n` records spread evenly over `rows` (the first and the last among them). */
-async function takesAny(store: AuditWriter, table: AuditTable, rows: Record<string, unknown>[], n: number): Promise<boolean> {
+async function takesAny(
+  store: AuditWriter,
+  table: AuditTable,
+  rows: Record<string, unknown>[],
+  n: number,
+): Promise<boolean> {
   const picks = new Set(Array.from({ length: n }, (_, i) => Math.round((i * (rows.length - 1)) / Math.max(1, n - 1))));
   for (const i of picks) {
     try {

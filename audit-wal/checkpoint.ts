@@ -18,6 +18,8 @@ export async function readCheckpoint(dir: string): Promise<Position | null> {
     const p = JSON.parse(await readFile(join(dir, FILE), 'utf8')) as Position;
     return Number.isInteger(p.segment) && Number.isInteger(p.offset) ? p : null;
   } catch {
+    // None yet (first start) or unreadable: shipping starts from the oldest segment, which only
+    // re-ships rows the stores deduplicate by id. Nothing is lost either way.
     return null;
   }
 }

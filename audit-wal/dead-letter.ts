@@ -77,9 +77,18 @@ async function acquire(path: string, waitMs: number, log: Logger): Promise<() =>
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
     }
+    // Unreadable (removed by its holder meanwhile) reads as empty: the staleness check below decides.
     const holder = Number((await readFile(path, 'utf8').catch(() => '')).trim());
     // An empty lock is a holder between create and write, unless it is old (it died in between).
-    const stale = Number.isInteger(holder) && holder > 0 ? !alive(holder) : Date.now() - (await stat(path).then((s) => s.mtimeMs, () => 0)) > 5000;
+    const stale =
+      Number.isInteger(holder) && holder > 0
+        ? !alive(holder)
+        : Date.now() -
+            (await stat(path).then(
+              (s) => s.mtimeMs,
+              () => 0,
+            )) >
+          5000;
     if (stale) {
       log.warn({ lock: path, holder }, 'dead-letter lock of a process that is gone taken over');
       await unlink(path).catch((err: NodeJS.ErrnoException) => {
@@ -87,7 +96,8 @@ async function acquire(path: string, waitMs: number, log: Logger): Promise<() =>
       });
       continue;
     }
-    if (Date.now() >= end) throw new DeadLetterBusyError(`dead-letter spool ${path} is held by process ${holder || '?'}`);
+    if (Date.now() >= end)
+      throw new DeadLetterBusyError(`dead-letter spool ${path} is held by process ${holder || '?'}`);
     await new Promise((r) => setTimeout(r, 50));
   }
 }
@@ -101,7 +111,14 @@ export function deadLetterEntry(table: string, payload: Buffer): DeadLetter {
   } catch {
     // falls through: the frame is kept as it is
   }
-  return { id: null, table, dead_lettered_at: new Date().toISOString(), reason: 'unparseable', error: { name: 'DeadLetterEntryError', message: 'dead-letter frame is not an entry' }, raw: text };
+  return {
+    id: null,
+    table,
+    dead_lettered_at: new Date().toISOString(),
+    reason: 'unparseable',
+    error: { name: 'DeadLetterEntryError', message: 'dead-letter frame is not an entry' },
+    raw: text,
+  };
 }
 
 export class DeadLetterSpool {
@@ -123,7 +140,10 @@ export class DeadLetterSpool {
   async #locked<T>(waitMs: number, fn: (wal: WalTable) => Promise<T>): Promise<T> {
     const release = await acquire(join(this.#tableDir, LOCK_FILE), waitMs, this.#log);
     try {
-      const wal = await WalTable.open(this.dir, `${this.table}/${DEAD_LETTER_DIR}`, { log: this.#log, maxBytes: this.#maxBytes });
+      const wal = await WalTable.open(this.dir, `${this.table}/${DEAD_LETTER_DIR}`, {
+        log: this.#log,
+        maxBytes: this.#maxBytes,
+      });
       try {
         return await fn(wal);
       } finally {
@@ -159,7 +179,7 @@ export class DeadLetterSpool {
     try {
       await access(this.dir);
     } catch {
-      return 0;
+      return 0; // no spool directory: nothing was ever dead-lettered in this table
     }
     return this.#locked(2000, async (wal) => (await this.#entries(wal)).entries.length);
   }
@@ -176,13 +196,26 @@ export class DeadLetterSpool {
       const seen = new Set<string>();
       const unique = entries.filter((e) => e.id === null || (!seen.has(e.id) && seen.add(e.id)));
       const replayable = unique.filter((e) => e.record && typeof e.record === 'object');
-      const refused = new Map((await insertBisecting(store, this.table, replayable.map((e) => e.record!))).map((r) => [r.row, r.err]));
+      const refused = new Map(
+        (
+          await insertBisecting(
+            store,
+            this.table,
+            replayable.map((e) => e.record!),
+          )
+        ).map((r) => [r.row, r.err]),
+      );
       const shipped: DeadLetter[] = [];
       const kept: DeadLetter[] = unique.filter((e) => !replayable.includes(e));
       for (const e of replayable) {
         const err = refused.get(e.record!);
         if (!err) shipped.push(e);
-        else kept.push({ ...e, error: { name: err.name, message: err.message, store_code: err.storeCode }, replays: (e.replays ?? 0) + 1 });
+        else
+          kept.push({
+            ...e,
+            error: { name: err.name, message: err.message, store_code: err.storeCode },
+            replays: (e.replays ?? 0) + 1,
+          });
       }
       // The kept entries are written again past `next` before the checkpoint moves over the old ones.
       await Promise.all(kept.map((e) => wal.append(e)));

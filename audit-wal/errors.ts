@@ -1,30 +1,30 @@
-// The audit-wal error catalogue (STYLE.md rule 2): stable codes, one class each.
+import { DvxError } from '../core/errors.ts';
 
-export class WalFullError extends Error {
-  override name = 'WalFullError';
-  readonly code = 'DVX_WAL_FULL';
+// The audit-wal error catalogue (docs/errors.md, "audit-wal"): one class per error, each a stable code.
+
+/** A table's WAL holds its byte bound of unshipped records: the record is dropped (or refused). */
+export class WalFullError extends DvxError {
+  static override readonly code = 'DVX_WAL_FULL';
 }
 
-export class WalWriteError extends Error {
-  override name = 'WalWriteError';
-  readonly code = 'DVX_WAL_WRITE';
+/** A record could not be written: it exceeds the frame limit, or a write failed (the table is then unusable). */
+export class WalWriteError extends DvxError {
+  static override readonly code = 'DVX_WAL_WRITE';
 }
 
-export class WalClosedError extends Error {
-  override name = 'WalClosedError';
-  readonly code = 'DVX_WAL_CLOSED';
+/** A record was appended after the WAL was closed (shutdown). */
+export class WalClosedError extends DvxError {
+  static override readonly code = 'DVX_WAL_CLOSED';
 }
 
 /** Records durable before a flush were not all shipped to the store within its bound. */
-export class AuditFlushTimeoutError extends Error {
-  override name = 'AuditFlushTimeoutError';
-  readonly code = 'DVX_AUDIT_FLUSH_TIMEOUT';
+export class AuditFlushTimeoutError extends DvxError {
+  static override readonly code = 'DVX_AUDIT_FLUSH_TIMEOUT';
 }
 
 /** The record could not be made durable in time: the gated effect was refused (503 where HTTP). */
-export class AuditUnavailableError extends Error {
-  override name = 'AuditUnavailableError';
-  readonly code = 'DVX_AUDIT_UNAVAILABLE';
+export class AuditUnavailableError extends DvxError {
+  static override readonly code = 'DVX_AUDIT_UNAVAILABLE';
 }
 
 // A store's insert fails one of two ways, and the shipper treats them oppositely: a store that is
@@ -33,9 +33,8 @@ export class AuditUnavailableError extends Error {
 // errors (stores/*.ts); the original error is kept as `cause`, so its stack and codes reach the log.
 
 /** The store could not take the batch now (down, unreachable, timed out, overloaded): retry later. */
-export class StoreUnavailableError extends Error {
-  override name = 'StoreUnavailableError';
-  readonly code: string = 'DVX_AUDIT_STORE_UNAVAILABLE';
+export class StoreUnavailableError extends DvxError {
+  static override readonly code: string = 'DVX_AUDIT_STORE_UNAVAILABLE';
   /** The store's own code (SQLSTATE, ClickHouse error code, errno) when it gave one. */
   readonly storeCode: string | undefined;
   constructor(message: string, storeCode: string | undefined, cause: unknown) {
@@ -45,9 +44,8 @@ export class StoreUnavailableError extends Error {
 }
 
 /** The store refused the data itself (a value its column type cannot hold): retrying changes nothing. */
-export class StoreRejectedError extends Error {
-  override name = 'StoreRejectedError';
-  readonly code = 'DVX_AUDIT_STORE_REJECTED';
+export class StoreRejectedError extends DvxError {
+  static override readonly code = 'DVX_AUDIT_STORE_REJECTED';
   readonly storeCode: string | undefined;
   constructor(message: string, storeCode: string | undefined, cause: unknown) {
     super(message, { cause });
@@ -56,17 +54,30 @@ export class StoreRejectedError extends Error {
 }
 
 /**
- * The store refused every record of a batch probed one by one (P7.6): that is the store or its schema
- * (a column an operator changed), not the records, so the batch waits in the WAL and is retried like a
+ * The store refused every record of a batch probed one by one: that is the store or its schema (a
+ * column an operator changed), not the records, so the batch waits in the WAL and is retried like a
  * store that is down instead of being dead-lettered whole. `cause` is the store's rejection.
  */
 export class StoreRefusesAllError extends StoreUnavailableError {
-  override name = 'StoreRefusesAllError';
-  override readonly code = 'DVX_AUDIT_STORE_REFUSES_ALL';
+  static override readonly code = 'DVX_AUDIT_STORE_REFUSES_ALL';
 }
 
 /** Another process holds the dead-letter spool (a `dvx wal dead-letter replay` in progress). */
-export class DeadLetterBusyError extends Error {
-  override name = 'DeadLetterBusyError';
-  readonly code = 'DVX_DEAD_LETTER_BUSY';
+export class DeadLetterBusyError extends DvxError {
+  static override readonly code = 'DVX_DEAD_LETTER_BUSY';
+}
+
+/** An audit query parameter (a filter, a time bound, a limit, a cursor) is not valid; `field` names it. */
+export class AuditQueryError extends DvxError {
+  static override readonly code = 'DVX_AUDIT_QUERY_INVALID';
+  readonly field: string;
+  constructor(field: string, message: string) {
+    super(`${field}: ${message}`);
+    this.field = field;
+  }
+}
+
+/** `--audit-dsn` is not a URL or names a store dvx does not have. */
+export class DsnError extends DvxError {
+  static override readonly code = 'DVX_AUDIT_DSN_INVALID';
 }

@@ -71,10 +71,13 @@ export function decodeFrames(buf: Buffer, start: number, limit = Infinity): Deco
   while (at < buf.length && frames.length < limit) {
     if (buf.length - at < FRAME_OVERHEAD) return { frames, validEnd: at, problem: `torn frame header at byte ${at}` };
     const length = buf.readUInt32LE(at);
-    if (length > MAX_RECORD_BYTES) return { frames, validEnd: at, problem: `impossible frame length ${length} at byte ${at}` };
-    if (buf.length - at - FRAME_OVERHEAD < length) return { frames, validEnd: at, problem: `torn frame at byte ${at} (${length} bytes announced)` };
+    if (length > MAX_RECORD_BYTES)
+      return { frames, validEnd: at, problem: `impossible frame length ${length} at byte ${at}` };
+    if (buf.length - at - FRAME_OVERHEAD < length)
+      return { frames, validEnd: at, problem: `torn frame at byte ${at} (${length} bytes announced)` };
     const payload = buf.subarray(at + FRAME_OVERHEAD, at + FRAME_OVERHEAD + length);
-    if (crc32(payload) !== buf.readUInt32LE(at + 4)) return { frames, validEnd: at, problem: `crc mismatch at byte ${at}` };
+    if (crc32(payload) !== buf.readUInt32LE(at + 4))
+      return { frames, validEnd: at, problem: `crc mismatch at byte ${at}` };
     frames.push({ offset: at, next: at + FRAME_OVERHEAD + length, payload });
     at += FRAME_OVERHEAD + length;
   }

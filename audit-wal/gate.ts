@@ -18,20 +18,34 @@ export interface CaptureOptions {
 
 export const DEFAULT_CAPTURE_TIMEOUT_MS = 5000;
 
-export async function gated<T>(sink: AuditSink, table: AuditTable, record: Record<string, unknown>, effect: () => T | Promise<T>, options: CaptureOptions): Promise<T> {
+export async function gated<T>(
+  sink: AuditSink,
+  table: AuditTable,
+  record: Record<string, unknown>,
+  effect: () => T | Promise<T>,
+  options: CaptureOptions,
+): Promise<T> {
   if (!options.captureOrDeny) {
-    sink.append(table, record).catch((err: Error) => options.log?.error({ table, id: record.id, err: err.message }, 'audit record lost (capture-or-deny off)'));
+    sink.append(table, record).catch((err: unknown) => {
+      options.log?.error({ err, table, id: record.id }, 'audit record lost (capture-or-deny off)');
+    });
     return effect();
   }
   let timer: NodeJS.Timeout | undefined;
   const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new AuditUnavailableError(`audit record not durable within ${options.timeoutMs} ms`)), options.timeoutMs);
+    timer = setTimeout(
+      () => reject(new AuditUnavailableError(`audit record not durable within ${options.timeoutMs} ms`)),
+      options.timeoutMs,
+    );
   });
   try {
     await Promise.race([sink.append(table, record), timeout]);
   } catch (err) {
-    options.log?.error({ table, id: record.id, err: (err as Error).message }, 'audit capture failed: effect refused');
-    throw err instanceof AuditUnavailableError ? err : new AuditUnavailableError(`audit record could not be made durable: ${(err as Error).message}`);
+    options.log?.error({ err, table, id: record.id }, 'audit capture failed: effect refused');
+    if (err instanceof AuditUnavailableError) throw err;
+    throw new AuditUnavailableError(`audit record could not be made durable: ${(err as Error).message}`, {
+      cause: err,
+    });
   } finally {
     clearTimeout(timer);
   }

@@ -25,8 +25,10 @@ export const AUDIT_DEFAULTS: AuditOptions = {
 
 /** What is wrong with the audit options, or null. */
 export function auditOptionsProblem(o: AuditOptions): string | null {
-  if (o.auditDsn && !o.auditWalDir) return '--audit-wal-dir is required with --audit-dsn (audit spools to disk before it ships)';
-  if (o.auditWalDir && !o.auditDsn) return '--audit-wal-dir needs --audit-dsn: a spool nothing ships would only fill up';
+  if (o.auditDsn && !o.auditWalDir)
+    return '--audit-wal-dir is required with --audit-dsn (audit spools to disk before it ships)';
+  if (o.auditWalDir && !o.auditDsn)
+    return '--audit-wal-dir needs --audit-dsn: a spool nothing ships would only fill up';
   if (!(o.auditWalMaxBytes >= 0)) return '--audit-wal-max-bytes must be 0 (default) or a positive byte count';
   if (!(o.auditCaptureTimeout > 0)) return '--audit-capture-timeout must be positive';
   return null;

@@ -3,10 +3,40 @@
 // and every stream poll; filters only narrow it. Both stores render the same conditions (conditions()),
 // so the predicate is written once and applied identically to ClickHouse and PostgreSQL.
 
+import { AuditQueryError } from './errors.ts';
+
+// Re-exported for the operator API's audit routes, which import it from here.
+export { AuditQueryError };
+
 export const AUDIT_RECORD_FIELDS = [
-  'action', 'actor', 'actor_kind', 'agent_id', 'agent_name', 'attrs', 'dst', 'dst_host', 'dst_ip', 'dst_port', 'enclave_id', 'enclave_name',
-  'event_time', 'group_id', 'identified', 'namespace', 'org_id', 'outcome', 'proto', 'reason', 'resource', 'scope', 'security_id', 'session_id',
-  'source', 'src', 'src_ip', 'trace_id',
+  'action',
+  'actor',
+  'actor_kind',
+  'agent_id',
+  'agent_name',
+  'attrs',
+  'dst',
+  'dst_host',
+  'dst_ip',
+  'dst_port',
+  'enclave_id',
+  'enclave_name',
+  'event_time',
+  'group_id',
+  'identified',
+  'namespace',
+  'org_id',
+  'outcome',
+  'proto',
+  'reason',
+  'resource',
+  'scope',
+  'security_id',
+  'session_id',
+  'source',
+  'src',
+  'src_ip',
+  'trace_id',
 ] as const;
 
 export type AuditRecord = Record<(typeof AUDIT_RECORD_FIELDS)[number], unknown>;
@@ -64,15 +94,6 @@ export const MAX_LIMIT = 1000;
 export const KNOWN_ACTOR_KINDS = ['human-operator', 'agent-operator', 'service'] as const;
 export const KNOWN_OUTCOMES = ['allow', 'deny'] as const;
 
-export class AuditQueryError extends Error {
-  override name = 'AuditQueryError';
-  readonly field: string;
-  constructor(field: string, message: string) {
-    super(`${field}: ${message}`);
-    this.field = field;
-  }
-}
-
 const TEXT_FILTERS = ['org', 'scope', 'agent_id', 'action', 'outcome', 'actor_kind', 'proto', 'dst_host'] as const;
 const RFC3339 = /^(\d{4})-(\d\d)-(\d\d)T\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$/i;
 // The instants both stores can compare against: years 0001–9999 in UTC. PostgreSQL refuses the ISO
@@ -81,7 +102,11 @@ export const MIN_TIME_MS = -62_135_596_800_000; // 0001-01-01T00:00:00Z
 export const MAX_TIME_MS = 253_402_300_799_999; // 9999-12-31T23:59:59.999Z
 
 /** The query parameters of /audit/events and /audit/stream, validated (400 on anything malformed). */
-export function parseAuditParams(raw: Record<string, unknown>): { filters: AuditFilters; limit: number; offset: number } {
+export function parseAuditParams(raw: Record<string, unknown>): {
+  filters: AuditFilters;
+  limit: number;
+  offset: number;
+} {
   const known = new Set<string>([...TEXT_FILTERS, 'since', 'until', 'limit', 'offset']);
   for (const k of Object.keys(raw)) if (!known.has(k)) throw new AuditQueryError(k, 'unknown query parameter');
   const one = (k: string): string | undefined => {
@@ -95,8 +120,10 @@ export function parseAuditParams(raw: Record<string, unknown>): { filters: Audit
     const v = one(k);
     if (v !== undefined && v !== '') filters[k] = v;
   }
-  if (filters.outcome && !(KNOWN_OUTCOMES as readonly string[]).includes(filters.outcome)) throw new AuditQueryError('outcome', `must be one of ${KNOWN_OUTCOMES.join(', ')}`);
-  if (filters.actor_kind && !(KNOWN_ACTOR_KINDS as readonly string[]).includes(filters.actor_kind)) throw new AuditQueryError('actor_kind', `must be one of ${KNOWN_ACTOR_KINDS.join(', ')}`);
+  if (filters.outcome && !(KNOWN_OUTCOMES as readonly string[]).includes(filters.outcome))
+    throw new AuditQueryError('outcome', `must be one of ${KNOWN_OUTCOMES.join(', ')}`);
+  if (filters.actor_kind && !(KNOWN_ACTOR_KINDS as readonly string[]).includes(filters.actor_kind))
+    throw new AuditQueryError('actor_kind', `must be one of ${KNOWN_ACTOR_KINDS.join(', ')}`);
   for (const k of ['since', 'until'] as const) {
     const v = one(k);
     if (v === undefined || v === '') continue;
@@ -106,10 +133,12 @@ export function parseAuditParams(raw: Record<string, unknown>): { filters: Audit
     if (!m || Number.isNaN(t.getTime()) || Number(m[3]) > daysIn(Number(m[1]), Number(m[2]))) {
       throw new AuditQueryError(k, 'must be an RFC 3339 date-time (e.g. 2026-11-22T10:00:00Z)');
     }
-    if (t.getTime() < MIN_TIME_MS || t.getTime() > MAX_TIME_MS) throw new AuditQueryError(k, 'must be between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z');
+    if (t.getTime() < MIN_TIME_MS || t.getTime() > MAX_TIME_MS)
+      throw new AuditQueryError(k, 'must be between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z');
     filters[k] = t;
   }
-  if (filters.since && filters.until && filters.since > filters.until) throw new AuditQueryError('since', 'is after until');
+  if (filters.since && filters.until && filters.since > filters.until)
+    throw new AuditQueryError('since', 'is after until');
   const int = (k: string, dflt: number, max: number) => {
     const v = one(k);
     if (v === undefined || v === '') return dflt;
@@ -127,7 +156,8 @@ export function parseAuditParams(raw: Record<string, unknown>): { filters: Audit
 export function conditions(q: Pick<AuditQuery, 'predicate' | 'filters' | 'after'>): Condition[] {
   const out: Condition[] = [];
   const p = q.predicate;
-  if (p.orgs !== 'all') out.push(p.orgs.length === 0 ? { kind: 'none' } : { kind: 'in', col: 'org_id', values: p.orgs });
+  if (p.orgs !== 'all')
+    out.push(p.orgs.length === 0 ? { kind: 'none' } : { kind: 'in', col: 'org_id', values: p.orgs });
   if (p.actor !== undefined) out.push({ kind: 'eq', col: 'actor', value: p.actor });
   if (p.agent !== undefined) out.push({ kind: 'attributed', agent: p.agent });
   if (p.kinds) out.push({ kind: 'in', col: 'kind', values: p.kinds });
@@ -155,5 +185,5 @@ export function parseCursor(text: string): AuditCursor | null {
 const DAYS = [31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
 function daysIn(year: number, month: number): number {
   const leap = (year % 4 === 0 && year % 100 !== 0) || year % 400 === 0;
-  return month === 2 && leap ? 29 : DAYS[month - 1] ?? 0;
+  return month === 2 && leap ? 29 : (DAYS[month - 1] ?? 0);
 }

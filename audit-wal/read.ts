@@ -22,7 +22,10 @@ function column(col: string): string {
 }
 
 /** PostgreSQL / PGlite: `$n` parameters. */
-export function postgresWhere(q: Pick<AuditQuery, 'predicate' | 'filters' | 'after'>): { where: string; params: unknown[] } {
+export function postgresWhere(q: Pick<AuditQuery, 'predicate' | 'filters' | 'after'>): {
+  where: string;
+  params: unknown[];
+} {
   const params: unknown[] = [];
   const p = (v: unknown) => {
     params.push(v);
@@ -30,14 +33,22 @@ export function postgresWhere(q: Pick<AuditQuery, 'predicate' | 'filters' | 'aft
   };
   const parts = conditions(q).map((c: Condition) => {
     switch (c.kind) {
-      case 'eq': return `${column(c.col)} = ${p(c.value)}`;
-      case 'in': return `${column(c.col)} = ANY(${p(c.values)}::text[])`;
-      case 'since': return `event_time >= ${p(new Date(c.ms).toISOString())}::timestamptz`;
-      case 'until': return `event_time <= ${p(new Date(c.ms).toISOString())}::timestamptz`;
-      case 'after': return `(event_time, id) > (${p(new Date(c.cursor.ms).toISOString())}::timestamptz, ${p(c.cursor.id)})`;
-      case 'attributed': return `(actor = ${p(`agent:${c.agent}`)} OR agent_id = ${p(c.agent)})`;
-      case 'none': return 'false';
+      case 'eq':
+        return `${column(c.col)} = ${p(c.value)}`;
+      case 'in':
+        return `${column(c.col)} = ANY(${p(c.values)}::text[])`;
+      case 'since':
+        return `event_time >= ${p(new Date(c.ms).toISOString())}::timestamptz`;
+      case 'until':
+        return `event_time <= ${p(new Date(c.ms).toISOString())}::timestamptz`;
+      case 'after':
+        return `(event_time, id) > (${p(new Date(c.cursor.ms).toISOString())}::timestamptz, ${p(c.cursor.id)})`;
+      case 'attributed':
+        return `(actor = ${p(`agent:${c.agent}`)} OR agent_id = ${p(c.agent)})`;
+      case 'none':
+        return 'false';
     }
+    return c satisfies never; // every kind is handled above: tsc fails here when one is added
   });
   return { where: parts.length ? parts.join(' AND ') : 'true', params };
 }
@@ -58,15 +69,23 @@ export function clickhouseWhere(q: Pick<AuditQuery, 'predicate' | 'filters' | 'a
   const seconds = (msValue: number) => ms(Math.min(Math.max(Math.floor(msValue / 1000), 0), CH_MAX_SECONDS));
   const parts = conditions(q).map((c: Condition) => {
     switch (c.kind) {
-      case 'eq': return `${column(c.col)} = ${chString(c.value)}`;
-      case 'in': return `${column(c.col)} IN (${c.values.map(chString).join(', ')})`;
+      case 'eq':
+        return `${column(c.col)} = ${chString(c.value)}`;
+      case 'in':
+        return `${column(c.col)} IN (${c.values.map(chString).join(', ')})`;
       // The bare column first (partition pruning and the sorting key), then the milliseconds.
-      case 'since': return `event_time >= toDateTime(${seconds(c.ms)}) AND ${CH_MS} >= ${ms(c.ms)}`;
-      case 'until': return `event_time <= toDateTime(${seconds(c.ms)}) AND ${CH_MS} <= ${ms(c.ms)}`;
-      case 'after': return `event_time >= toDateTime(${seconds(c.cursor.ms)}) AND (${CH_MS} > ${ms(c.cursor.ms)} OR (${CH_MS} = ${ms(c.cursor.ms)} AND id > ${chString(c.cursor.id)}))`;
-      case 'attributed': return `(actor = ${chString(`agent:${c.agent}`)} OR agent_id = ${chString(c.agent)})`;
-      case 'none': return '0';
+      case 'since':
+        return `event_time >= toDateTime(${seconds(c.ms)}) AND ${CH_MS} >= ${ms(c.ms)}`;
+      case 'until':
+        return `event_time <= toDateTime(${seconds(c.ms)}) AND ${CH_MS} <= ${ms(c.ms)}`;
+      case 'after':
+        return `event_time >= toDateTime(${seconds(c.cursor.ms)}) AND (${CH_MS} > ${ms(c.cursor.ms)} OR (${CH_MS} = ${ms(c.cursor.ms)} AND id > ${chString(c.cursor.id)}))`;
+      case 'attributed':
+        return `(actor = ${chString(`agent:${c.agent}`)} OR agent_id = ${chString(c.agent)})`;
+      case 'none':
+        return '0';
     }
+    return c satisfies never; // every kind is handled above: tsc fails here when one is added
   });
   return parts.length ? parts.join(' AND ') : '1';
 }
@@ -77,12 +96,17 @@ export const CH_EVENT_SELECT = `id, ${CH_MS} AS ts, ${AUDIT_RECORD_FIELDS.filter
 export function toRecord(row: Record<string, unknown>): ReadRecord {
   const out: Record<string, unknown> = { id: String(row.id) };
   for (const f of AUDIT_RECORD_FIELDS) out[f] = row[f];
-  out.event_time = row.ts !== undefined ? new Date(Number(row.ts)).toISOString() : new Date(row.event_time as string | Date).toISOString();
+  out.event_time =
+    row.ts !== undefined
+      ? new Date(Number(row.ts)).toISOString()
+      : new Date(row.event_time as string | Date).toISOString();
   if (Array.isArray(row.attrs_keys)) {
     const values = row.attrs_values as string[];
     out.attrs = Object.fromEntries((row.attrs_keys as string[]).map((k, i) => [k, values[i] ?? '']));
   } else {
-    out.attrs = Object.fromEntries(Object.entries((row.attrs ?? {}) as Record<string, unknown>).map(([k, v]) => [k, String(v)]));
+    out.attrs = Object.fromEntries(
+      Object.entries((row.attrs ?? {}) as Record<string, unknown>).map(([k, v]) => [k, String(v)]),
+    );
   }
   out.identified = row.identified === true || row.identified === 1;
   out.dst_port = row.dst_port === null || row.dst_port === undefined ? null : Number(row.dst_port);
@@ -94,17 +118,36 @@ export function toLlmEntry(row: Record<string, unknown>): Record<string, unknown
   const num = (v: unknown) => (v === null || v === undefined ? null : Number(v));
   return {
     id: String(row.id),
-    event_time: row.ts !== undefined ? new Date(Number(row.ts)).toISOString() : new Date(row.event_time as string | Date).toISOString(),
-    org_id: row.org_id, agent_id: row.agent_id, agent_name: row.agent_name, enclave_id: row.enclave_id,
+    event_time:
+      row.ts !== undefined
+        ? new Date(Number(row.ts)).toISOString()
+        : new Date(row.event_time as string | Date).toISOString(),
+    org_id: row.org_id,
+    agent_id: row.agent_id,
+    agent_name: row.agent_name,
+    enclave_id: row.enclave_id,
     action: 'inference.request',
-    format: row.format || null, upstream_format: row.upstream_format || null, path: row.path, model: row.model || null,
-    status: num(row.status), upstream_status: num(row.upstream_status),
-    latency_ms: num(row.latency_ms), upstream_latency_ms: num(row.upstream_latency_ms), overhead_ms: num(row.overhead_ms),
-    request_bytes: num(row.request_bytes), response_bytes: num(row.response_bytes), input_tokens: num(row.input_tokens), output_tokens: num(row.output_tokens),
-    decision: row.decision, outcome: row.decision === 'block' || row.decision === 'deny' ? 'deny' : 'allow',
-    findings: typeof row.findings === 'string' ? JSON.parse(row.findings || '[]') : row.findings ?? [],
+    format: row.format || null,
+    upstream_format: row.upstream_format || null,
+    path: row.path,
+    model: row.model || null,
+    status: num(row.status),
+    upstream_status: num(row.upstream_status),
+    latency_ms: num(row.latency_ms),
+    upstream_latency_ms: num(row.upstream_latency_ms),
+    overhead_ms: num(row.overhead_ms),
+    request_bytes: num(row.request_bytes),
+    response_bytes: num(row.response_bytes),
+    input_tokens: num(row.input_tokens),
+    output_tokens: num(row.output_tokens),
+    decision: row.decision,
+    outcome: row.decision === 'block' || row.decision === 'deny' ? 'deny' : 'allow',
+    findings: typeof row.findings === 'string' ? JSON.parse(row.findings || '[]') : (row.findings ?? []),
     inspection_failopen: row.inspection_failopen === true || row.inspection_failopen === 1,
-    inspection_failures: typeof row.inspection_failures === 'string' ? JSON.parse(row.inspection_failures || '[]') : row.inspection_failures ?? [],
+    inspection_failures:
+      typeof row.inspection_failures === 'string'
+        ? JSON.parse(row.inspection_failures || '[]')
+        : (row.inspection_failures ?? []),
     error: row.error || null,
   };
 }

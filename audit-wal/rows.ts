@@ -11,18 +11,92 @@ import type { AuditTable } from './sink.ts';
 // mapping that threw would look like a store that is down and block the table (P7.6).
 
 export const COLUMNS: Record<AuditTable, readonly string[]> = {
-  llm_audit_log: ['id', 'event_time', 'org_id', 'agent_id', 'agent_name', 'enclave_id', 'format', 'upstream_format', 'path', 'model', 'status',
-    'upstream_status', 'latency_ms', 'upstream_latency_ms', 'overhead_ms', 'request_bytes', 'response_bytes', 'input_tokens', 'output_tokens', 'decision',
-    'findings', 'inspection_failopen', 'inspection_failures', 'error'],
-  audit_events: ['id', 'event_time', 'kind', 'action', 'actor', 'actor_kind', 'agent_id', 'agent_name', 'attrs', 'dst', 'dst_host', 'dst_ip',
-    'dst_port', 'enclave_id', 'enclave_name', 'group_id', 'identified', 'namespace', 'org_id', 'outcome', 'proto', 'reason', 'resource', 'scope',
-    'security_id', 'session_id', 'source', 'src', 'src_ip', 'trace_id'],
+  llm_audit_log: [
+    'id',
+    'event_time',
+    'org_id',
+    'agent_id',
+    'agent_name',
+    'enclave_id',
+    'format',
+    'upstream_format',
+    'path',
+    'model',
+    'status',
+    'upstream_status',
+    'latency_ms',
+    'upstream_latency_ms',
+    'overhead_ms',
+    'request_bytes',
+    'response_bytes',
+    'input_tokens',
+    'output_tokens',
+    'decision',
+    'findings',
+    'inspection_failopen',
+    'inspection_failures',
+    'error',
+  ],
+  audit_events: [
+    'id',
+    'event_time',
+    'kind',
+    'action',
+    'actor',
+    'actor_kind',
+    'agent_id',
+    'agent_name',
+    'attrs',
+    'dst',
+    'dst_host',
+    'dst_ip',
+    'dst_port',
+    'enclave_id',
+    'enclave_name',
+    'group_id',
+    'identified',
+    'namespace',
+    'org_id',
+    'outcome',
+    'proto',
+    'reason',
+    'resource',
+    'scope',
+    'security_id',
+    'session_id',
+    'source',
+    'src',
+    'src_ip',
+    'trace_id',
+  ],
 };
 
 type Row = Record<string, unknown>;
 
-const NUMERIC = new Set(['status', 'upstream_status', 'latency_ms', 'upstream_latency_ms', 'overhead_ms', 'request_bytes', 'response_bytes', 'input_tokens', 'output_tokens', 'dst_port']);
-const NULLABLE = new Set(['upstream_status', 'upstream_latency_ms', 'overhead_ms', 'input_tokens', 'output_tokens', 'dst_port', 'model', 'format', 'upstream_format', 'error']);
+const NUMERIC = new Set([
+  'status',
+  'upstream_status',
+  'latency_ms',
+  'upstream_latency_ms',
+  'overhead_ms',
+  'request_bytes',
+  'response_bytes',
+  'input_tokens',
+  'output_tokens',
+  'dst_port',
+]);
+const NULLABLE = new Set([
+  'upstream_status',
+  'upstream_latency_ms',
+  'overhead_ms',
+  'input_tokens',
+  'output_tokens',
+  'dst_port',
+  'model',
+  'format',
+  'upstream_format',
+  'error',
+]);
 
 /** A text column's value from any JSON value. */
 function text(v: unknown): string {
@@ -87,6 +161,10 @@ export function mapRows(table: AuditTable, records: Row[], map: (table: AuditTab
   try {
     return records.map((r) => map(table, r));
   } catch (err) {
-    throw new StoreRejectedError(`a record cannot be mapped to a ${table} row: ${(err as Error)?.message ?? String(err)}`, undefined, err);
+    throw new StoreRejectedError(
+      `a record cannot be mapped to a ${table} row: ${(err as Error)?.message ?? String(err)}`,
+      undefined,
+      err,
+    );
   }
 }

@@ -145,21 +145,37 @@ export class Shipper {
         rows = good.length;
         step = 'store';
         const probe = refusedAll < this.#refusedAllRounds ? this.#probe : 0;
-        if (probe === 0) this.#log.error({ table: this.#name, rows, rounds: refusedAll }, 'the audit store refused every probed record of this batch round after round; splitting it and dead-lettering what it refuses (dvx wal dead-letter replay once the store is fixed)');
+        if (probe === 0)
+          this.#log.error(
+            { table: this.#name, rows, rounds: refusedAll },
+            'the audit store refused every probed record of this batch round after round; splitting it and dead-lettering what it refuses (dvx wal dead-letter replay once the store is fixed)',
+          );
         const refused = await insertBisecting(this.#store, this.#name, good, { probe });
         const dead: DeadLetter[] = [...unparseable];
         const now = new Date().toISOString();
         for (const { row, err } of refused) {
-          dead.push({ id: typeof row.id === 'string' ? row.id : null, table: this.#name, dead_lettered_at: now, reason: 'rejected', error: { name: err.name, message: err.message, store_code: err.storeCode }, record: row });
+          dead.push({
+            id: typeof row.id === 'string' ? row.id : null,
+            table: this.#name,
+            dead_lettered_at: now,
+            reason: 'rejected',
+            error: { name: err.name, message: err.message, store_code: err.storeCode },
+            record: row,
+          });
         }
         if (dead.length > 0) {
           step = 'dead_letter';
           const pending = await this.#deadLetter.add(dead);
-          this.#reportDead(dead, refused.map((r) => r.err), pending);
+          this.#reportDead(
+            dead,
+            refused.map((r) => r.err),
+            pending,
+          );
         }
         step = 'checkpoint';
         await this.#table.commit(next);
-        if (failures > 0) this.#log.info({ table: this.#name, after_attempts: failures + 1 }, 'audit shipping recovered');
+        if (failures > 0)
+          this.#log.info({ table: this.#name, after_attempts: failures + 1 }, 'audit shipping recovered');
         failures = 0;
         refusedAll = 0;
         this.#metrics?.shipped(this.#name, good.length - refused.length);
@@ -171,9 +187,15 @@ export class Shipper {
         if (err instanceof StoreRefusesAllError) {
           step = 'refused_all';
           refusedAll++;
-          this.#log.error({ err, table: this.#name, reason: step, rows, attempt: failures, retry_in_ms: Math.round(delay) }, 'the audit store refuses every record it is offered (a changed schema?); the records wait in the WAL and are retried');
+          this.#log.error(
+            { err, table: this.#name, reason: step, rows, attempt: failures, retry_in_ms: Math.round(delay) },
+            'the audit store refuses every record it is offered (a changed schema?); the records wait in the WAL and are retried',
+          );
         } else {
-          this.#log.warn({ err, table: this.#name, reason: step, rows, attempt: failures, retry_in_ms: Math.round(delay) }, `audit shipping failed (${step}); will retry`);
+          this.#log.warn(
+            { err, table: this.#name, reason: step, rows, attempt: failures, retry_in_ms: Math.round(delay) },
+            `audit shipping failed (${step}); will retry`,
+          );
         }
         this.#metrics?.failed(this.#name, step);
         await this.#sleep(delay);
@@ -191,7 +213,10 @@ export class Shipper {
       let problem: Error | null = null;
       try {
         value = JSON.parse(text);
-        if (value === null || typeof value !== 'object' || Array.isArray(value)) problem = new TypeError(`audit record is JSON but not an object (${value === null ? 'null' : Array.isArray(value) ? 'array' : typeof value})`);
+        if (value === null || typeof value !== 'object' || Array.isArray(value))
+          problem = new TypeError(
+            `audit record is JSON but not an object (${value === null ? 'null' : Array.isArray(value) ? 'array' : typeof value})`,
+          );
       } catch (err) {
         problem = err as Error;
       }
@@ -199,8 +224,19 @@ export class Shipper {
         good.push(value as Record<string, unknown>);
         continue;
       }
-      this.#log.error({ err: problem, table: this.#name, wal_position: r.position, bytes: r.payload.length }, 'audit record in the WAL is not a JSON object; moving it to the dead-letter spool');
-      unparseable.push({ id: null, table: this.#name, dead_lettered_at: new Date().toISOString(), reason: 'unparseable', error: { name: problem.name, message: problem.message }, raw: text, wal_position: r.position });
+      this.#log.error(
+        { err: problem, table: this.#name, wal_position: r.position, bytes: r.payload.length },
+        'audit record in the WAL is not a JSON object; moving it to the dead-letter spool',
+      );
+      unparseable.push({
+        id: null,
+        table: this.#name,
+        dead_lettered_at: new Date().toISOString(),
+        reason: 'unparseable',
+        error: { name: problem.name, message: problem.message },
+        raw: text,
+        wal_position: r.position,
+      });
     }
     return { good, unparseable };
   }
@@ -211,7 +247,13 @@ export class Shipper {
     if (rejected.length > 0) {
       this.#metrics?.deadLettered(this.#name, 'rejected', rejected.length);
       this.#log.error(
-        { err: errors[0], table: this.#name, ids: rejected.map((d) => d.id), errors: rejected.map((d) => ({ id: d.id, store_code: d.error.store_code, message: d.error.message })), dead_letter_pending: pending },
+        {
+          err: errors[0],
+          table: this.#name,
+          ids: rejected.map((d) => d.id),
+          errors: rejected.map((d) => ({ id: d.id, store_code: d.error.store_code, message: d.error.message })),
+          dead_letter_pending: pending,
+        },
         'audit records the store rejects moved to the dead-letter spool (dvx wal dead-letter list)',
       );
     }

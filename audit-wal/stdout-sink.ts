@@ -14,7 +14,9 @@ export class StdoutAuditSink implements AuditSink {
   append(table: AuditTable, record: Record<string, unknown>): Promise<void> {
     // The record's own JSON with the two tags spliced in front (no spread copy of the record).
     const json = JSON.stringify(record);
-    this.#out.write(`{"stream":"audit","table":${JSON.stringify(table)}${json.length > 2 ? ',' : ''}${json.slice(1)}\n`);
+    this.#out.write(
+      `{"stream":"audit","table":${JSON.stringify(table)}${json.length > 2 ? ',' : ''}${json.slice(1)}\n`,
+    );
     return Promise.resolve();
   }
 

@@ -1,3 +1,4 @@
+import { DsnError } from './errors.ts';
 import type { AuditTable } from './sink.ts';
 import type { AuditQuery } from './query.ts';
 import type { LlmQuery, ReadRecord } from './read.ts';
@@ -28,16 +29,14 @@ export interface AuditStore extends AuditWriter {
   eraseOrg(org: string): Promise<number>;
 }
 
-export class DsnError extends Error {
-  override name = 'DsnError';
-}
-
 export async function openStore(dsn: string): Promise<AuditStore> {
   let url: URL;
   try {
     url = new URL(dsn);
   } catch {
-    throw new DsnError(`--audit-dsn "${dsn.replace(/\/\/[^@/]*@/, '//***@')}" is not a URL (clickhouse://…, postgres://…, pglite://DIR)`);
+    throw new DsnError(
+      `--audit-dsn "${dsn.replace(/\/\/[^@/]*@/, '//***@')}" is not a URL (clickhouse://…, postgres://…, pglite://DIR)`,
+    );
   }
   switch (url.protocol) {
     case 'clickhouse:': {

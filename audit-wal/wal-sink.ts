@@ -26,7 +26,13 @@ export interface WalSinkOptions {
   segmentBytes?: number;
   log: Logger;
   registry: Registry;
-  shipper?: { batchRows?: number; idleMs?: number; backoffMs?: { base: number; max: number }; refusedAllProbe?: number; refusedAllRounds?: number };
+  shipper?: {
+    batchRows?: number;
+    idleMs?: number;
+    backoffMs?: { base: number; max: number };
+    refusedAllProbe?: number;
+    refusedAllRounds?: number;
+  };
   /** Tables this component writes; others are not opened. */
   tables?: readonly AuditTable[];
   /** The store, when the component also reads it (one PGlite instance per directory); closed with the sink. */
@@ -35,15 +41,38 @@ export interface WalSinkOptions {
 
 export function walMetrics(registry: Registry): WalMetrics & ShipperMetrics {
   const appended = counter(registry, 'dvx_audit_wal_appended_total', 'Audit records appended', ['table']);
-  const durable = histogram(registry, 'dvx_audit_wal_durable_seconds', 'Append-to-durable latency', ['table'], [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1]);
-  const dropped = counter(registry, 'dvx_audit_wal_dropped_total', 'Audit records dropped at the WAL ceiling', ['table']);
+  const durable = histogram(
+    registry,
+    'dvx_audit_wal_durable_seconds',
+    'Append-to-durable latency',
+    ['table'],
+    [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1],
+  );
+  const dropped = counter(registry, 'dvx_audit_wal_dropped_total', 'Audit records dropped at the WAL ceiling', [
+    'table',
+  ]);
   const segments = gauge(registry, 'dvx_audit_wal_segments', 'WAL segment files', ['table']);
   const unshipped = gauge(registry, 'dvx_audit_wal_unshipped_bytes', 'WAL bytes not yet shipped', ['table']);
   const shipped = counter(registry, 'dvx_audit_shipped_total', 'Audit rows acknowledged by the store', ['table']);
   const lag = gauge(registry, 'dvx_audit_ship_lag_seconds', 'Age of the newest shipped record when shipped', ['table']);
-  const failed = counter(registry, 'dvx_audit_ship_failures_total', 'Failed shipping attempts, by the step that failed (read, store, refused_all, dead_letter, checkpoint)', ['table', 'reason']);
-  const deadLettered = counter(registry, 'dvx_audit_dead_letter_records_total', 'Audit records moved to the dead-letter spool (rejected by the store, or unparseable)', ['table', 'reason']);
-  const deadLetterPending = gauge(registry, 'dvx_audit_dead_letter_pending', 'Records in the dead-letter spool, as of its last change in this process', ['table']);
+  const failed = counter(
+    registry,
+    'dvx_audit_ship_failures_total',
+    'Failed shipping attempts, by the step that failed (read, store, refused_all, dead_letter, checkpoint)',
+    ['table', 'reason'],
+  );
+  const deadLettered = counter(
+    registry,
+    'dvx_audit_dead_letter_records_total',
+    'Audit records moved to the dead-letter spool (rejected by the store, or unparseable)',
+    ['table', 'reason'],
+  );
+  const deadLetterPending = gauge(
+    registry,
+    'dvx_audit_dead_letter_pending',
+    'Records in the dead-letter spool, as of its last change in this process',
+    ['table'],
+  );
   return {
     appended: (table) => appended.inc({ table }),
     durable: (table, s) => durable.observe({ table }, s),
@@ -68,12 +97,12 @@ export class WalSink implements AuditSink {
   }
 
   static async open(options: WalSinkOptions): Promise<WalSink> {
-    const store = options.store ?? await openStore(options.dsn);
+    const store = options.store ?? (await openStore(options.dsn));
     try {
       await store.ensureSchema();
     } catch (err) {
       // The store may be down at start: records still spool; the shipper retries (schema first).
-      options.log.warn({ err: (err as Error).message, store: store.kind }, 'audit store unreachable at start; spooling to the WAL');
+      options.log.warn({ err, store: store.kind }, 'audit store unreachable at start; spooling to the WAL');
     }
     const sink = new WalSink(store);
     const metrics = walMetrics(options.registry);
@@ -91,9 +120,17 @@ export class WalSink implements AuditSink {
       close: () => store.close(),
     };
     for (const name of options.tables ?? TABLES) {
-      const table = await WalTable.open(join(options.dir, name), name, { maxBytes: options.maxBytes, segmentBytes: options.segmentBytes, log: options.log, metrics });
+      const table = await WalTable.open(join(options.dir, name), name, {
+        maxBytes: options.maxBytes,
+        segmentBytes: options.segmentBytes,
+        log: options.log,
+        metrics,
+      });
       sink.#tables.set(name, table);
-      const deadLetter = new DeadLetterSpool(join(options.dir, name), name, { log: options.log, maxBytes: options.maxBytes });
+      const deadLetter = new DeadLetterSpool(join(options.dir, name), name, {
+        log: options.log,
+        maxBytes: options.maxBytes,
+      });
       const shipper = new Shipper(name, table, ensured, { ...options.shipper, log: options.log, metrics, deadLetter });
       shipper.start();
       sink.#shippers.push(shipper);
@@ -125,7 +162,10 @@ export class WalSink implements AuditSink {
     const deadline = Date.now() + timeoutMs;
     for (const { table, end } of targets) {
       while (!table.shippedTo(end)) {
-        if (Date.now() >= deadline) throw new AuditFlushTimeoutError(`audit records of ${table.name} not shipped within ${timeoutMs} ms (is the store down?)`);
+        if (Date.now() >= deadline)
+          throw new AuditFlushTimeoutError(
+            `audit records of ${table.name} not shipped within ${timeoutMs} ms (is the store down?)`,
+          );
         await new Promise((resolve) => setTimeout(resolve, SHIPPED_POLL_MS));
       }
     }

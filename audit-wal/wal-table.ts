@@ -5,7 +5,15 @@ import type { Logger } from '../core/logger.ts';
 import { silentLogger } from '../core/logger.ts';
 import { readCheckpoint, syncDir, writeCheckpoint, type Position } from './checkpoint.ts';
 import { WalClosedError, WalFullError, WalWriteError } from './errors.ts';
-import { checkHeader, decodeFrames, encodeJsonFrame, FRAME_OVERHEAD, HEADER_BYTES, MAX_RECORD_BYTES, segmentHeader } from './frame.ts';
+import {
+  checkHeader,
+  decodeFrames,
+  encodeJsonFrame,
+  FRAME_OVERHEAD,
+  HEADER_BYTES,
+  MAX_RECORD_BYTES,
+  segmentHeader,
+} from './frame.ts';
 
 // One audit table's write-ahead log: a directory of numbered segment files.
 //
@@ -60,6 +68,7 @@ export async function readDropped(dir: string): Promise<number> {
     const n = (JSON.parse(await readFile(join(dir, DROPPED_FILE), 'utf8')) as { dropped?: unknown }).dropped;
     return typeof n === 'number' && n >= 0 ? n : 0;
   } catch {
+    // Never written (nothing dropped yet) or unreadable: the count is informational (`dvx wal stat`).
     return 0;
   }
 }
@@ -105,7 +114,10 @@ export class WalTable {
 
   async #recover(): Promise<void> {
     await mkdir(this.dir, { recursive: true });
-    this.#segments = (await readdir(this.dir)).filter((f) => /^\d{12}\.wal$/.test(f)).map((f) => Number(f.slice(0, 12))).sort((a, b) => a - b);
+    this.#segments = (await readdir(this.dir))
+      .filter((f) => /^\d{12}\.wal$/.test(f))
+      .map((f) => Number(f.slice(0, 12)))
+      .sort((a, b) => a - b);
     for (const id of this.#segments) this.#sizes.set(id, (await stat(join(this.dir, segmentName(id)))).size);
     if (this.#segments.length === 0) await this.#createSegment(1);
     else await this.#repairTail();
@@ -115,8 +127,14 @@ export class WalTable {
     const saved = await readCheckpoint(this.dir);
     const first = this.#segments[0];
     this.#checkpoint = saved && saved.segment >= first ? saved : { segment: first, offset: HEADER_BYTES };
-    if (this.#checkpoint.segment > last || (this.#checkpoint.segment === last && this.#checkpoint.offset > this.#sizes.get(last)!)) {
-      this.#log.warn({ table: this.name, checkpoint: this.#checkpoint }, 'wal checkpoint past the end of the log; restarting from the end');
+    if (
+      this.#checkpoint.segment > last ||
+      (this.#checkpoint.segment === last && this.#checkpoint.offset > this.#sizes.get(last)!)
+    ) {
+      this.#log.warn(
+        { table: this.name, checkpoint: this.#checkpoint },
+        'wal checkpoint past the end of the log; restarting from the end',
+      );
       this.#checkpoint = { segment: last, offset: this.#sizes.get(last)! };
     }
     this.#recountUnshipped();
@@ -143,7 +161,10 @@ export class WalTable {
       }
       const { validEnd, problem } = decodeFrames(buf, HEADER_BYTES);
       if (problem !== null) {
-        this.#log.warn({ table: this.name, segment: last, offset: validEnd, dropped_bytes: size - validEnd, problem }, 'wal tail cut at the first torn or corrupt frame');
+        this.#log.warn(
+          { table: this.name, segment: last, offset: validEnd, dropped_bytes: size - validEnd, problem },
+          'wal tail cut at the first torn or corrupt frame',
+        );
         await handle.truncate(validEnd);
         await handle.datasync();
         this.#sizes.set(last, validEnd);
@@ -187,21 +208,31 @@ export class WalTable {
     if (this.#closed) return Promise.reject(new WalClosedError(`wal ${this.name} is closed`));
     if (this.#broken) return Promise.reject(new WalWriteError(`wal ${this.name} is unusable: ${this.#broken.message}`));
     const frame = encodeJsonFrame(JSON.stringify(record));
-    if (frame.length - FRAME_OVERHEAD > MAX_RECORD_BYTES) return Promise.reject(new WalWriteError(`audit record of ${frame.length - FRAME_OVERHEAD} bytes exceeds ${MAX_RECORD_BYTES}`));
+    if (frame.length - FRAME_OVERHEAD > MAX_RECORD_BYTES)
+      return Promise.reject(
+        new WalWriteError(`audit record of ${frame.length - FRAME_OVERHEAD} bytes exceeds ${MAX_RECORD_BYTES}`),
+      );
     if (this.#unshipped + this.#writingBytes + this.#pendingBytes + frame.length > this.#maxBytes) {
       this.#dropped++;
       this.#metrics.dropped(this.name);
       // The count outlives the process for `dvx wal stat`; written at most once a second.
       this.#dropSave ??= setTimeout(() => {
         this.#dropSave = null;
-        writeFile(join(this.dir, DROPPED_FILE), JSON.stringify({ dropped: this.#dropped })).catch(() => {});
+        writeFile(join(this.dir, DROPPED_FILE), JSON.stringify({ dropped: this.#dropped })).catch((err: unknown) => {
+          this.#log.warn({ err, table: this.name }, 'dropped-record count not saved; `dvx wal stat` will show less');
+        });
       }, 1000);
       const now = Date.now();
       if (now - this.#lastDropLog > 10_000) {
         this.#lastDropLog = now;
-        this.#log.error({ table: this.name, dropped_total: this.#dropped, max_bytes: this.#maxBytes }, 'wal full: audit records dropped');
+        this.#log.error(
+          { table: this.name, dropped_total: this.#dropped, max_bytes: this.#maxBytes },
+          'wal full: audit records dropped',
+        );
       }
-      return Promise.reject(new WalFullError(`wal ${this.name} holds ${this.#maxBytes} unshipped bytes; record dropped`));
+      return Promise.reject(
+        new WalFullError(`wal ${this.name} holds ${this.#maxBytes} unshipped bytes; record dropped`),
+      );
     }
     this.#metrics.appended(this.name);
     return new Promise<void>((resolve, reject) => {
@@ -220,11 +251,14 @@ export class WalTable {
         this.#pendingBytes = 0;
         this.#writingBytes = bytes;
         try {
-          await this.#write(batch.map((p) => p.frame), bytes);
+          await this.#write(
+            batch.map((p) => p.frame),
+            bytes,
+          );
         } catch (err) {
           this.#writingBytes = 0;
-          const failure = new WalWriteError(`wal ${this.name} write failed: ${(err as Error).message}`);
-          this.#log.error({ table: this.name, err: (err as Error).message, records: batch.length }, 'wal write failed');
+          const failure = new WalWriteError(`wal ${this.name} write failed: ${(err as Error).message}`, { cause: err });
+          this.#log.error({ err, table: this.name, records: batch.length }, 'wal write failed');
           for (const p of batch) p.reject(failure);
           continue;
         }
@@ -311,7 +345,11 @@ export class WalTable {
   }
 
   /** Durable records from `from`, up to `maxRecords` / about `maxBytes`, and the position after them. */
-  async read(from: Position, maxRecords: number, maxBytes = 8 * 1024 * 1024): Promise<{ records: WalRecord[]; next: Position }> {
+  async read(
+    from: Position,
+    maxRecords: number,
+    maxBytes = 8 * 1024 * 1024,
+  ): Promise<{ records: WalRecord[]; next: Position }> {
     const records: WalRecord[] = [];
     let pos = { ...from };
     let budget = maxBytes;
@@ -344,12 +382,16 @@ export class WalTable {
         await handle.close();
       }
       const { frames, validEnd, problem } = decodeFrames(buf, 0, maxRecords - records.length);
-      for (const f of frames) records.push({ position: { segment: pos.segment, offset: pos.offset + f.offset }, payload: f.payload });
+      for (const f of frames)
+        records.push({ position: { segment: pos.segment, offset: pos.offset + f.offset }, payload: f.payload });
       const consumed = validEnd;
       budget -= consumed;
       if (problem !== null && pos.offset + buf.length === size) {
         // Corruption inside durable data (not a read window boundary): skip the rest of this segment.
-        this.#log.error({ table: this.name, segment: pos.segment, offset: pos.offset + validEnd, problem }, 'wal corruption; rest of segment skipped');
+        this.#log.error(
+          { table: this.name, segment: pos.segment, offset: pos.offset + validEnd, problem },
+          'wal corruption; rest of segment skipped',
+        );
         pos = { segment: pos.segment, offset: size };
         continue;
       }
@@ -375,7 +417,12 @@ export class WalTable {
   }
 
   stats(): { segments: number; unshippedBytes: number; dropped: number; checkpoint: Position } {
-    return { segments: this.#segments.length, unshippedBytes: this.#unshipped, dropped: this.#dropped, checkpoint: this.checkpoint };
+    return {
+      segments: this.#segments.length,
+      unshippedBytes: this.#unshipped,
+      dropped: this.#dropped,
+      checkpoint: this.checkpoint,
+    };
   }
 
   /** Waits for appends in flight, then closes. */
@@ -385,7 +432,11 @@ export class WalTable {
     if (this.#dropSave) {
       clearTimeout(this.#dropSave);
       this.#dropSave = null;
-      await writeFile(join(this.dir, DROPPED_FILE), JSON.stringify({ dropped: this.#dropped })).catch(() => {});
+      await writeFile(join(this.dir, DROPPED_FILE), JSON.stringify({ dropped: this.#dropped })).catch(
+        (err: unknown) => {
+          this.#log.warn({ err, table: this.name }, 'dropped-record count not saved; `dvx wal stat` will show less');
+        },
+      );
     }
     await this.#flushing;
     this.#notify();

@@ -7,7 +7,7 @@ import { runUntilSignal } from '../core/shutdown.ts';
 import { ensureDevCertificates } from '../core/tls.ts';
 import { MAX_TOKEN_LIFETIME_S } from '../proxy/llm/auth.ts';
 import { startLlmProxy } from '../proxy/llm/server.ts';
-import { CliError } from './exit-codes.ts';
+import { CliError } from './errors.ts';
 
 // `dvx dev`: llmproxy on embedded defaults for a first run. Under --dir (default .dvx/) it creates, once:
 // a local CA and a localhost server certificate, an ES256 agent-token signing key and its JWKS, an
@@ -28,10 +28,20 @@ interface DevPaths {
 
 function paths(dir: string): DevPaths {
   const d = resolve(dir);
-  return { dir: d, signingKey: join(d, 'agent-signing-key.json'), jwks: join(d, 'agent-jwks.json'), snapshot: join(d, 'snapshot.json'), secrets: join(d, 'secrets.json') };
+  return {
+    dir: d,
+    signingKey: join(d, 'agent-signing-key.json'),
+    jwks: join(d, 'agent-jwks.json'),
+    snapshot: join(d, 'snapshot.json'),
+    secrets: join(d, 'secrets.json'),
+  };
 }
 
-const exists = (p: string) => access(p).then(() => true, () => false);
+const exists = (p: string) =>
+  access(p).then(
+    () => true,
+    () => false,
+  );
 
 async function writeOnce(path: string, content: () => Promise<string> | string, mode = 0o644): Promise<void> {
   if (!(await exists(path))) await writeFile(path, await content(), { mode });
@@ -58,28 +68,52 @@ export const EXAMPLE_SNAPSHOT = {
       packs: [],
     },
   },
-  agents: { [DEV_AGENT]: { org_id: DEV_ORG, group_id: null, name: 'dev-agent', status: 'active', contained: false, config: {} } },
+  agents: {
+    [DEV_AGENT]: { org_id: DEV_ORG, group_id: null, name: 'dev-agent', status: 'active', contained: false, config: {} },
+  },
 };
 
 /** Creates whatever of the development material is missing; never overwrites what is there. */
-export async function ensureDevMaterial(dir: string): Promise<DevPaths & { caCert: string; serverCert: string; serverKey: string }> {
+export async function ensureDevMaterial(
+  dir: string,
+): Promise<DevPaths & { caCert: string; serverCert: string; serverKey: string }> {
   const p = paths(dir);
   await mkdir(p.dir, { recursive: true, mode: 0o700 });
   const certs = await ensureDevCertificates(p.dir);
   if (!(await exists(p.signingKey))) {
     const { publicKey, privateKey } = await generateKeyPair('ES256', { extractable: true });
     const kid = `dev-${Date.now().toString(36)}`;
-    await writeFile(p.signingKey, JSON.stringify({ ...(await exportJWK(privateKey)), kid, alg: 'ES256' }), { mode: 0o600 });
-    await writeFile(p.jwks, JSON.stringify({ keys: [{ ...(await exportJWK(publicKey)), kid, alg: 'ES256', use: 'sig' }] }));
+    await writeFile(p.signingKey, JSON.stringify({ ...(await exportJWK(privateKey)), kid, alg: 'ES256' }), {
+      mode: 0o600,
+    });
+    await writeFile(
+      p.jwks,
+      JSON.stringify({ keys: [{ ...(await exportJWK(publicKey)), kid, alg: 'ES256', use: 'sig' }] }),
+    );
   }
   await writeOnce(p.snapshot, () => JSON.stringify(EXAMPLE_SNAPSHOT, null, 2) + '\n');
-  await writeOnce(p.secrets, () => JSON.stringify({
-    [`agent:${DEV_AGENT}`]: { 'agent:llmproxy.llm.api_key': 'sk-ant-replace-with-your-key', 'example-db-password': 'correct-horse-battery-staple' },
-  }, null, 2) + '\n', 0o600);
+  await writeOnce(
+    p.secrets,
+    () =>
+      JSON.stringify(
+        {
+          [`agent:${DEV_AGENT}`]: {
+            'agent:llmproxy.llm.api_key': 'sk-ant-replace-with-your-key',
+            'example-db-password': 'correct-horse-battery-staple',
+          },
+        },
+        null,
+        2,
+      ) + '\n',
+    0o600,
+  );
   return { ...p, caCert: certs.caCert, serverCert: certs.serverCert, serverKey: certs.serverKey };
 }
 
-export async function mintDevToken(dir: string, claims: { agent: string; org: string; name?: string; group?: string }): Promise<string> {
+export async function mintDevToken(
+  dir: string,
+  claims: { agent: string; org: string; name?: string; group?: string },
+): Promise<string> {
   const p = paths(dir);
   let jwk: JWK & { kid: string };
   try {
@@ -89,7 +123,11 @@ export async function mintDevToken(dir: string, claims: { agent: string; org: st
   }
   const key = await importJWK(jwk, 'ES256');
   const now = Math.floor(Date.now() / 1000);
-  return new SignJWT({ org_id: claims.org, agent_name: claims.name ?? claims.agent, ...(claims.group ? { group_id: claims.group } : {}) })
+  return new SignJWT({
+    org_id: claims.org,
+    agent_name: claims.name ?? claims.agent,
+    ...(claims.group ? { group_id: claims.group } : {}),
+  })
     .setProtectedHeader({ alg: 'ES256', kid: jwk.kid, typ: 'JWT' })
     .setSubject(claims.agent)
     .setIssuedAt(now)
@@ -122,14 +160,25 @@ export function devCommand(): Command {
     .description('run llmproxy on embedded defaults (creates a dev CA, keys, snapshot and secrets on first run)')
     .addOption(flag('--dir <dir>', { description: 'where the development material lives', default: '.dvx' }))
     .addOption(flag('--addr <addr>', { description: 'listen address', default: '127.0.0.1:8480' }))
-    .addOption(flag('--upstream-default <url>', { description: 'upstream base URL (default: the providers\' APIs)', default: '' }))
+    .addOption(
+      flag('--upstream-default <url>', {
+        description: "upstream base URL (default: the providers' APIs)",
+        default: '',
+      }),
+    )
     .action(async (opts: { dir: string; addr: string; upstreamDefault: string }) => {
       const m = await ensureDevMaterial(opts.dir);
       let running;
       try {
         running = await startLlmProxy({
-          addr: opts.addr, tlsCert: m.serverCert, tlsKey: m.serverKey, agentJwks: m.jwks, policySnapshot: m.snapshot, secretsFile: m.secrets,
-          upstreamDefault: opts.upstreamDefault, logFormat: 'text',
+          addr: opts.addr,
+          tlsCert: m.serverCert,
+          tlsKey: m.serverKey,
+          agentJwks: m.jwks,
+          policySnapshot: m.snapshot,
+          secretsFile: m.secrets,
+          upstreamDefault: opts.upstreamDefault,
+          logFormat: 'text',
         });
       } catch (err) {
         throw new CliError(`llmproxy failed to start: ${(err as Error).message}`);
@@ -138,7 +187,8 @@ export function devCommand(): Command {
       process.stderr.write(banner(`https://127.0.0.1:${running.port}`, m.caCert, token, m.dir) + '\n');
       await runUntilSignal(() => running.close());
     });
-  dev.command('token')
+  dev
+    .command('token')
     .description('mint a 5-minute agent token from the dev signing key (development only)')
     .addOption(flag('--agent <id>', { description: 'agent id (sub)', default: DEV_AGENT }))
     .addOption(flag('--org <id>', { description: 'org id', default: DEV_ORG }))
@@ -146,7 +196,7 @@ export function devCommand(): Command {
     .addOption(flag('--group <id>', { description: 'group id' }))
     .action(async (opts: { agent: string; org: string; name?: string; group?: string }) => {
       // --dir belongs to `dvx dev` and is read from there.
-      process.stdout.write(await mintDevToken((dev.opts() as { dir: string }).dir, opts) + '\n');
+      process.stdout.write((await mintDevToken((dev.opts() as { dir: string }).dir, opts)) + '\n');
     });
   return dev;
 }

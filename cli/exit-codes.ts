@@ -7,11 +7,5 @@ export const EXIT_USAGE = 2;
 /** `dvx inspect --inspect-fail-closed`: inspection could not run, so the body is refused. */
 export const EXIT_UNAVAILABLE = 3;
 
-/** An error the CLI reports as one line on stderr with its exit code, never as a stack trace. */
-export class CliError extends Error {
-  readonly exitCode: number;
-  constructor(message: string, exitCode = EXIT_USAGE) {
-    super(message);
-    this.exitCode = exitCode;
-  }
-}
+// CliError moved to cli/errors.ts; re-exported for the serve subcommands that import it from here.
+export { CliError } from './errors.ts';

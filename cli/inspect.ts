@@ -8,7 +8,8 @@ import { PolicyValidationError } from '../pipeline/errors.ts';
 import { policyFromDocument } from '../pipeline/policy/resolve.ts';
 import { validatePolicyDocument } from '../pipeline/policy/validate.ts';
 import type { Phase } from '../pipeline/finding.ts';
-import { CliError, EXIT_BLOCKED, EXIT_OK, EXIT_UNAVAILABLE } from './exit-codes.ts';
+import { CliError } from './errors.ts';
+import { EXIT_BLOCKED, EXIT_OK, EXIT_UNAVAILABLE } from './exit-codes.ts';
 
 // `dvx inspect --policy FILE [--secrets FILE] [--phase request|response] [BODY_FILE|-]`: the pipeline
 // as an offline job (CI pipelines, the benchmark). One JSON finding per line on stdout; logs on stderr.
@@ -61,7 +62,9 @@ export async function readBody(source: string): Promise<Buffer> {
     try {
       handle = await open(source, 'r');
     } catch (err) {
-      throw new CliError(`cannot read body ${source}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
+      throw new CliError(
+        `cannot read body ${source}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`,
+      );
     }
     const size = (await handle.stat()).size;
     if (size > MAX_BODY_BYTES) {
@@ -69,7 +72,7 @@ export async function readBody(source: string): Promise<Buffer> {
       throw tooLarge();
     }
     stream = handle.createReadStream();
-    close = () => handle.close().catch(() => {});
+    close = () => handle.close().catch(() => {}); // the body is read; a failed close loses nothing
   }
   const chunks: Buffer[] = [];
   let total = 0;
@@ -92,14 +95,36 @@ export function inspectCommand(): Command {
   const command = new Command('inspect')
     .description('inspect one LLM request or response body against a policy; one JSON finding per line')
     .argument('[body]', 'body file, or - for stdin', '-')
-    .addOption(flag('--policy <file>', { description: 'JSON object with any of model_policy, content_inspection, sidecar_inspection' }).makeOptionMandatory())
+    .addOption(
+      flag('--policy <file>', {
+        description: 'JSON object with any of model_policy, content_inspection, sidecar_inspection',
+      }).makeOptionMandatory(),
+    )
     .addOption(flag('--secrets <file>', { description: "JSON array of the agent's secret values" }))
-    .addOption(flag('--phase <phase>', { description: 'request or response', choices: ['request', 'response'], default: 'request' }))
-    .addOption(flag('--inspect-timeout <duration>', { description: 'deadline around the whole run', default: DEFAULT_INSPECT_TIMEOUT_MS, parse: parseDurationFlag }))
+    .addOption(
+      flag('--phase <phase>', {
+        description: 'request or response',
+        choices: ['request', 'response'],
+        default: 'request',
+      }),
+    )
+    .addOption(
+      flag('--inspect-timeout <duration>', {
+        description: 'deadline around the whole run',
+        default: DEFAULT_INSPECT_TIMEOUT_MS,
+        parse: parseDurationFlag,
+      }),
+    )
     .addOption(flag('--agent-id <id>', { description: 'agent id sent to sidecars', default: '0' }))
     .addOption(flag('--org-id <id>', { description: 'organization id sent to sidecars', default: '0' }))
     .addOption(flag('--agent-name <name>', { description: 'agent name sent to sidecars', default: '' }))
-    .addOption(flag('--log-level <level>', { description: 'log level (logs go to stderr)', choices: LOG_LEVELS, default: 'warn' }))
+    .addOption(
+      flag('--log-level <level>', {
+        description: 'log level (logs go to stderr)',
+        choices: LOG_LEVELS,
+        default: 'warn',
+      }),
+    )
     .action(async (bodySource: string, options: InspectOptions) => {
       process.exitCode = await runInspect(bodySource, options);
     });
@@ -118,7 +143,12 @@ async function runInspect(bodySource: string, options: InspectOptions): Promise<
   const body = await readBody(bodySource);
   const logger = createLogger({ level: options.logLevel, destination: process.stderr as never, component: 'inspect' });
   // One body, one process: inline is cheaper than starting a worker pool.
-  const engine = new InspectionEngine({ timeoutMs: options.inspectTimeout, failClosed: options.inspectFailClosed, threads: 0, logger });
+  const engine = new InspectionEngine({
+    timeoutMs: options.inspectTimeout,
+    failClosed: options.inspectFailClosed,
+    threads: 0,
+    logger,
+  });
   try {
     const outcome = await engine.inspect({
       body,
@@ -129,7 +159,11 @@ async function runInspect(bodySource: string, options: InspectOptions): Promise<
     });
     process.stdout.write(outcome.findings.map((f) => JSON.stringify(f) + '\n').join(''));
     if (outcome.decision === 'unavailable') {
-      process.stderr.write('dvx inspect: inspection unavailable (fail closed): ' + outcome.failures.map((f) => `${f.inspector}: ${f.reason}`).join('; ') + '\n');
+      process.stderr.write(
+        'dvx inspect: inspection unavailable (fail closed): ' +
+          outcome.failures.map((f) => `${f.inspector}: ${f.reason}`).join('; ') +
+          '\n',
+      );
       return EXIT_UNAVAILABLE;
     }
     return outcome.decision === 'block' ? EXIT_BLOCKED : EXIT_OK;
@@ -138,4 +172,3 @@ async function runInspect(bodySource: string, options: InspectOptions): Promise<
     await closeSidecarDispatcher();
   }
 }
-

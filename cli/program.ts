@@ -4,7 +4,8 @@ import { serveCommand } from './serve.ts';
 import { devCommand } from './dev.ts';
 import { walCommand } from './wal.ts';
 import { configPullCommand, policyPullCommand, waitFileCommand } from './pull.ts';
-import { CliError, EXIT_USAGE } from './exit-codes.ts';
+import { CliError } from './errors.ts';
+import { EXIT_USAGE } from './exit-codes.ts';
 import pkg from '../package.json' with { type: 'json' };
 
 export function buildProgram(): Command {
@@ -36,7 +37,8 @@ export async function run(argv: string[]): Promise<number> {
     return typeof process.exitCode === 'number' ? process.exitCode : 0;
   } catch (err) {
     if (err instanceof CommanderError) {
-      if (err.code === 'commander.helpDisplayed' || err.code === 'commander.version' || err.code === 'commander.help') return 0;
+      if (err.code === 'commander.helpDisplayed' || err.code === 'commander.version' || err.code === 'commander.help')
+        return 0;
       return EXIT_USAGE; // commander already printed the message
     }
     if (err instanceof CliError) {

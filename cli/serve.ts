@@ -1,5 +1,5 @@
 import { Command } from 'commander';
-import { CliError } from './exit-codes.ts';
+import { CliError } from './errors.ts';
 import { registerLlmProxy } from './serve-llmproxy.ts';
 import { registerControlPlane } from './serve-controlplane.ts';
 
@@ -26,7 +26,9 @@ export function serveCommand(): Command {
       if ((COMPONENTS as readonly string[]).includes(component)) {
         throw new CliError(`dvx serve: component "${component}" is not available in this build (available: ${list})`);
       }
-      throw new CliError(`dvx serve: unknown component "${component}" (known: ${COMPONENTS.join(', ')}; available: ${list})`);
+      throw new CliError(
+        `dvx serve: unknown component "${component}" (known: ${COMPONENTS.join(', ')}; available: ${list})`,
+      );
     });
   for (const register of REGISTRARS) register(serve);
   return serve;

@@ -6,11 +6,12 @@ import { readCheckpoint } from '../audit-wal/checkpoint.ts';
 import { checkHeader, decodeFrames, HEADER_BYTES } from '../audit-wal/frame.ts';
 import { readDropped } from '../audit-wal/wal-table.ts';
 import { DEAD_LETTER_DIR, deadLetterEntry, DeadLetterSpool, type DeadLetter } from '../audit-wal/dead-letter.ts';
-import { StoreUnavailableError } from '../audit-wal/errors.ts';
 import type { AuditTable } from '../audit-wal/sink.ts';
-import { DsnError, openStore } from '../audit-wal/store.ts';
+import { openStore } from '../audit-wal/store.ts';
+import { DsnError, StoreUnavailableError } from '../audit-wal/errors.ts';
 import { createLogger } from '../core/logger.ts';
-import { CliError, EXIT_BLOCKED, EXIT_OK, EXIT_UNAVAILABLE } from './exit-codes.ts';
+import { CliError } from './errors.ts';
+import { EXIT_BLOCKED, EXIT_OK, EXIT_UNAVAILABLE } from './exit-codes.ts';
 
 // `dvx wal stat | tail | verify --dir DIR`: SRE tools over an audit spool. They only read: a running
 // component may keep appending and shipping while they look. `dvx wal dead-letter list` reads the
@@ -28,7 +29,7 @@ async function tables(dir: string, only?: string): Promise<string[]> {
   const found: string[] = [];
   for (const e of entries.sort()) {
     if (only && e !== only) continue;
-    const files = await readdir(join(dir, e)).catch(() => [] as string[]);
+    const files = await readdir(join(dir, e)).catch(() => [] as string[]); // a file, not a table directory
     if (files.some((f) => SEGMENT.test(f))) found.push(e);
   }
   if (only && found.length === 0) throw new CliError(`no table "${only}" under ${dir}`);
@@ -36,13 +37,19 @@ async function tables(dir: string, only?: string): Promise<string[]> {
 }
 
 async function segments(tableDir: string): Promise<number[]> {
-  return (await readdir(tableDir)).filter((f) => SEGMENT.test(f)).map((f) => Number(f.slice(0, 12))).sort((a, b) => a - b);
+  return (await readdir(tableDir))
+    .filter((f) => SEGMENT.test(f))
+    .map((f) => Number(f.slice(0, 12)))
+    .sort((a, b) => a - b);
 }
 
 const segmentPath = (tableDir: string, id: number) => join(tableDir, `${String(id).padStart(12, '0')}.wal`);
 
 /** Every frame of a table from its checkpoint on (or from the start), with any problem found. */
-async function* frames(tableDir: string, fromCheckpoint: boolean): AsyncGenerator<{ segment: number; offset: number; payload?: Buffer; problem?: string }> {
+async function* frames(
+  tableDir: string,
+  fromCheckpoint: boolean,
+): AsyncGenerator<{ segment: number; offset: number; payload?: Buffer; problem?: string }> {
   const checkpoint = fromCheckpoint ? await readCheckpoint(tableDir) : null;
   for (const id of await segments(tableDir)) {
     if (checkpoint && id < checkpoint.segment) continue;
@@ -77,15 +84,24 @@ async function statCommand(opts: { dir: string }): Promise<number> {
         try {
           oldest = String((JSON.parse(f.payload.toString()) as { event_time?: unknown }).event_time ?? '') || null;
         } catch {
-          oldest = null;
+          oldest = null; // a damaged record: `verify` reports it, `stat` shows no date
         }
       }
       break;
     }
     const ageS = oldest ? Math.max(0, (Date.now() - Date.parse(oldest)) / 1000) : 0;
     let deadLetter = 0;
-    if ((await readdir(tableDir)).includes(DEAD_LETTER_DIR)) for await (const f of frames(join(tableDir, DEAD_LETTER_DIR), true)) if (f.payload) deadLetter++;
-    out.push({ table, segments: ids.length, unshipped_bytes: Math.max(0, unshipped), oldest_unshipped_age_s: Math.round(ageS * 10) / 10, dropped: await readDropped(tableDir), dead_letter: deadLetter, checkpoint });
+    if ((await readdir(tableDir)).includes(DEAD_LETTER_DIR))
+      for await (const f of frames(join(tableDir, DEAD_LETTER_DIR), true)) if (f.payload) deadLetter++;
+    out.push({
+      table,
+      segments: ids.length,
+      unshipped_bytes: Math.max(0, unshipped),
+      oldest_unshipped_age_s: Math.round(ageS * 10) / 10,
+      dropped: await readDropped(tableDir),
+      dead_letter: deadLetter,
+      checkpoint,
+    });
   }
   process.stdout.write(out.map((r) => JSON.stringify(r)).join('\n') + (out.length ? '\n' : ''));
   return EXIT_OK;
@@ -101,7 +117,11 @@ async function tailCommand(opts: { dir: string; table?: string; follow?: boolean
       for await (const f of frames(tableDir, !opts.all && !last)) {
         if (!f.payload) continue;
         if (last && (f.segment < last.segment || (f.segment === last.segment && f.offset <= last.offset))) continue;
-        process.stdout.write(names.length > 1 ? `{"table":${JSON.stringify(table)},"record":${f.payload.toString()}}\n` : f.payload.toString() + '\n');
+        process.stdout.write(
+          names.length > 1
+            ? `{"table":${JSON.stringify(table)},"record":${f.payload.toString()}}\n`
+            : f.payload.toString() + '\n',
+        );
         seen.set(table, { segment: f.segment, offset: f.offset });
       }
       if (!seen.has(table)) seen.set(table, { segment: 0, offset: 0 });
@@ -123,7 +143,9 @@ async function verifyCommand(opts: { dir: string }): Promise<number> {
       if (f.payload) records++;
       else {
         problems++;
-        process.stdout.write(JSON.stringify({ table, segment: f.segment, offset: f.offset, problem: f.problem }) + '\n');
+        process.stdout.write(
+          JSON.stringify({ table, segment: f.segment, offset: f.offset, problem: f.problem }) + '\n',
+        );
       }
     }
   }
@@ -135,7 +157,8 @@ async function verifyCommand(opts: { dir: string }): Promise<number> {
 async function deadLetterTables(dir: string, only?: string): Promise<string[]> {
   const found: string[] = [];
   for (const table of await tables(dir, only)) {
-    if ((await readdir(join(dir, table)).catch(() => [] as string[])).includes(DEAD_LETTER_DIR)) found.push(table);
+    const files = await readdir(join(dir, table)).catch(() => [] as string[]); // gone since listed: no spool
+    if (files.includes(DEAD_LETTER_DIR)) found.push(table);
   }
   return found;
 }
@@ -144,12 +167,26 @@ async function deadLetterTables(dir: string, only?: string): Promise<string[]> {
 function renderTable(header: string[], rows: string[][], width: number): string {
   const cut = (s: string, n: number) => (s.length > n ? `${s.slice(0, Math.max(0, n - 1))}…` : s);
   // A record is an agent's data and a store's error may quote it: no control character reaches the terminal.
-  const plain = (c: string) => c.replace(/\s+/g, ' ').replace(/[\u0000-\u001f\u007f-\u009f]/g, (ch) => `\\u${ch.charCodeAt(0).toString(16).padStart(4, '0')}`);
+  const plain = (c: string) =>
+    c
+      .replace(/\s+/g, ' ')
+      .replace(/[\u0000-\u001f\u007f-\u009f]/g, (ch) => `\\u${ch.charCodeAt(0).toString(16).padStart(4, '0')}`);
   rows = rows.map((r) => r.map(plain));
-  const widths = header.map((h, i) => Math.min(i === header.length - 1 ? Infinity : 60, Math.max(h.length, ...rows.map((r) => r[i].length))));
+  const widths = header.map((h, i) =>
+    Math.min(i === header.length - 1 ? Infinity : 60, Math.max(h.length, ...rows.map((r) => r[i].length))),
+  );
   const fixed = widths.slice(0, -1).reduce((a, b) => a + b + 2, 0);
   widths[widths.length - 1] = Math.max(20, Math.min(widths.at(-1)!, width - fixed));
-  return [header, ...rows].map((r) => r.map((c, i) => cut(c, widths[i]).padEnd(widths[i])).join('  ').trimEnd()).join('\n') + '\n';
+  return (
+    [header, ...rows]
+      .map((r) =>
+        r
+          .map((c, i) => cut(c, widths[i]).padEnd(widths[i]))
+          .join('  ')
+          .trimEnd(),
+      )
+      .join('\n') + '\n'
+  );
 }
 
 async function deadLetterListCommand(opts: { dir: string; table?: string }): Promise<number> {
@@ -157,7 +194,10 @@ async function deadLetterListCommand(opts: { dir: string; table?: string }): Pro
   for (const table of await deadLetterTables(opts.dir, opts.table)) {
     for await (const f of frames(join(opts.dir, table, DEAD_LETTER_DIR), true)) {
       if (f.payload) entries.push(deadLetterEntry(table, f.payload));
-      else process.stderr.write(`dvx wal dead-letter list: ${table}/${DEAD_LETTER_DIR} segment ${f.segment} offset ${f.offset}: ${f.problem}\n`);
+      else
+        process.stderr.write(
+          `dvx wal dead-letter list: ${table}/${DEAD_LETTER_DIR} segment ${f.segment} offset ${f.offset}: ${f.problem}\n`,
+        );
     }
   }
   if (!process.stdout.isTTY) {
@@ -169,8 +209,17 @@ async function deadLetterListCommand(opts: { dir: string; table?: string }): Pro
     process.stdout.write('no dead-lettered records\n');
     return EXIT_OK;
   }
-  const rows = entries.map((e) => [e.id ?? '-', e.table, e.dead_lettered_at, e.error.store_code ?? e.reason, e.error.message, e.record ? JSON.stringify(e.record) : (e.raw ?? '')]);
-  process.stdout.write(renderTable(['ID', 'TABLE', 'WHEN', 'CODE', 'ERROR', 'RECORD'], rows, process.stdout.columns ?? 160));
+  const rows = entries.map((e) => [
+    e.id ?? '-',
+    e.table,
+    e.dead_lettered_at,
+    e.error.store_code ?? e.reason,
+    e.error.message,
+    e.record ? JSON.stringify(e.record) : (e.raw ?? ''),
+  ]);
+  process.stdout.write(
+    renderTable(['ID', 'TABLE', 'WHEN', 'CODE', 'ERROR', 'RECORD'], rows, process.stdout.columns ?? 160),
+  );
   return EXIT_OK;
 }
 
@@ -197,13 +246,21 @@ async function deadLetterReplayCommand(opts: { dir: string; table?: string; audi
       try {
         result = await spool.replay(store);
       } catch (err) {
-        if (err instanceof StoreUnavailableError) throw new CliError(`audit store unavailable, nothing replayed for ${table}: ${err.message}`, EXIT_UNAVAILABLE);
+        if (err instanceof StoreUnavailableError)
+          throw new CliError(
+            `audit store unavailable, nothing replayed for ${table}: ${err.message}`,
+            EXIT_UNAVAILABLE,
+          );
         throw err;
       }
       kept += result.kept.length;
-      for (const e of result.shipped) process.stdout.write(JSON.stringify({ table, id: e.id, replay: 'shipped' }) + '\n');
-      for (const e of result.kept) process.stdout.write(JSON.stringify({ table, id: e.id, replay: 'kept', error: e.error }) + '\n');
-      process.stderr.write(`dvx wal dead-letter replay: ${table}: ${result.shipped.length} shipped, ${result.kept.length} kept\n`);
+      for (const e of result.shipped)
+        process.stdout.write(JSON.stringify({ table, id: e.id, replay: 'shipped' }) + '\n');
+      for (const e of result.kept)
+        process.stdout.write(JSON.stringify({ table, id: e.id, replay: 'kept', error: e.error }) + '\n');
+      process.stderr.write(
+        `dvx wal dead-letter replay: ${table}: ${result.shipped.length} shipped, ${result.kept.length} kept\n`,
+      );
     }
   } finally {
     await store.close();
@@ -213,27 +270,51 @@ async function deadLetterReplayCommand(opts: { dir: string; table?: string; audi
 
 export function walCommand(): Command {
   const wal = new Command('wal').description('inspect an audit spool (--audit-wal-dir)');
-  const dir = () => flag('--dir <dir>', { description: 'the audit WAL directory (--audit-wal-dir)' }).makeOptionMandatory();
-  wal.command('stat').description('per table: segments, unshipped bytes, oldest unshipped age, dropped count, dead-lettered records, checkpoint')
-    .addOption(dir()).action(async (o) => void (process.exitCode = await statCommand(o)));
-  wal.command('tail').description('records as JSON lines (unshipped ones unless --all)')
+  const dir = () =>
+    flag('--dir <dir>', { description: 'the audit WAL directory (--audit-wal-dir)' }).makeOptionMandatory();
+  wal
+    .command('stat')
+    .description(
+      'per table: segments, unshipped bytes, oldest unshipped age, dropped count, dead-lettered records, checkpoint',
+    )
+    .addOption(dir())
+    .action(async (o) => void (process.exitCode = await statCommand(o)));
+  wal
+    .command('tail')
+    .description('records as JSON lines (unshipped ones unless --all)')
     .addOption(dir())
     .addOption(flag('--table <name>', { description: 'only this table' }))
     .option('--all', 'from the first retained record, shipped or not')
     .option('--follow', 'keep printing new records as they are appended')
     .action(async (o) => void (process.exitCode = await tailCommand(o)));
-  wal.command('verify').description('check every frame; exit 1 with the offsets of corruption')
-    .addOption(dir()).action(async (o) => void (process.exitCode = await verifyCommand(o)));
-  const dead = wal.command('dead-letter').description('records the store rejected, kept aside under <dir>/<table>/dead-letter');
-  dead.command('list').description('dead-lettered records (id, table, when, the store\'s error, the record): a table on a terminal, JSON lines when piped')
+  wal
+    .command('verify')
+    .description('check every frame; exit 1 with the offsets of corruption')
+    .addOption(dir())
+    .action(async (o) => void (process.exitCode = await verifyCommand(o)));
+  const dead = wal
+    .command('dead-letter')
+    .description('records the store rejected, kept aside under <dir>/<table>/dead-letter');
+  dead
+    .command('list')
+    .description(
+      "dead-lettered records (id, table, when, the store's error, the record): a table on a terminal, JSON lines when piped",
+    )
     .addOption(dir())
     .addOption(flag('--table <name>', { description: 'only this table' }))
     .action(async (o) => void (process.exitCode = await deadLetterListCommand(o)));
-  dead.command('replay').description('insert the dead-lettered records again as they are; those the store takes leave the spool (exit 1 when some stay)')
+  dead
+    .command('replay')
+    .description(
+      'insert the dead-lettered records again as they are; those the store takes leave the spool (exit 1 when some stay)',
+    )
     .addOption(dir())
     .addOption(flag('--table <name>', { description: 'only this table' }))
-    .addOption(flag('--audit-dsn <dsn>', { description: 'the audit store to replay into: clickhouse://…, postgres://…, pglite://DIR' }).makeOptionMandatory())
+    .addOption(
+      flag('--audit-dsn <dsn>', {
+        description: 'the audit store to replay into: clickhouse://…, postgres://…, pglite://DIR',
+      }).makeOptionMandatory(),
+    )
     .action(async (o) => void (process.exitCode = await deadLetterReplayCommand(o)));
   return wal;
 }
-

@@ -2,7 +2,10 @@
 // coalesce), and a run that returns true ("there is more") runs again too. Used wherever a nudge
 // triggers a read or a write: the pullers, the publisher, the SSE senders, the store reload.
 
-export function coalesced(run: () => Promise<boolean | void>, stopped: () => boolean = () => false): () => Promise<void> {
+export function coalesced(
+  run: () => Promise<boolean | void>,
+  stopped: () => boolean = () => false,
+): () => Promise<void> {
   let running: Promise<void> | null = null;
   let again = false;
   return () => {

@@ -15,3 +15,16 @@ export class DvxError extends Error {
     this.code = (new.target as typeof DvxError).code;
   }
 }
+
+/** `--tls-cert`/`--tls-key`/a CA bundle is missing, unreadable, not PEM, or the key does not match. */
+export class TlsConfigError extends DvxError {
+  static override readonly code = 'DVX_TLS_CONFIG';
+}
+
+/**
+ * A flag's or a `DVX_*` variable's value does not parse (a duration, an integer, a boolean). `flag()`
+ * hands it to commander as its own invalid-argument error, so the usage line names the flag.
+ */
+export class InvalidFlagError extends DvxError {
+  static override readonly code = 'DVX_INVALID_FLAG';
+}

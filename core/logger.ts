@@ -1,7 +1,8 @@
 import { pino, type Logger, type DestinationStream } from 'pino';
 
 // Two streams share stdout and are told apart by a top-level `stream` key (spec: operator-api, rule 6):
-// `{"stream":"app",…}` for application logs, `{"stream":"audit",…}` for audit records when no store is set.
+// `{"stream":"app",…}` for application logs, `{"stream":"audit",…}` for audit records when no store is set
+// (audit-wal/stdout-sink.ts writes those).
 export type LogFormat = 'json' | 'text';
 export type LogLevel = 'debug' | 'info' | 'warn' | 'error';
 export const LOG_FORMATS: readonly LogFormat[] = ['json', 'text'];
@@ -17,7 +18,8 @@ export interface LoggerOptions {
 
 const REDACT_PATHS = ['secret', 'secrets', 'value', 'authorization', 'headers.authorization', 'headers["x-api-key"]'];
 
-function build(stream: 'app' | 'audit', options: LoggerOptions): Logger {
+export function createLogger(options: LoggerOptions = {}): Logger {
+  const stream = 'app';
   const destination = options.destination ?? pino.destination({ dest: 1, sync: false });
   const sink = options.format === 'text' ? textFormatter(destination) : destination;
   return pino(
@@ -27,18 +29,10 @@ function build(stream: 'app' | 'audit', options: LoggerOptions): Logger {
       timestamp: pino.stdTimeFunctions.isoTime,
       formatters: { level: (label) => ({ level: label }) },
       // A secret value must never reach a log line, even by accident (spec: secrets filter).
-      redact: stream === 'app' ? { paths: REDACT_PATHS, censor: '[redacted]' } : undefined,
+      redact: { paths: REDACT_PATHS, censor: '[redacted]' },
     },
     sink,
   );
-}
-
-export function createLogger(options: LoggerOptions = {}): Logger {
-  return build('app', options);
-}
-
-export function createAuditLogger(options: LoggerOptions = {}): Logger {
-  return build('audit', { ...options, level: 'info' });
 }
 
 /** A logger that drops everything: for library use where the caller passed none. */
@@ -54,14 +48,16 @@ function textFormatter(out: DestinationStream): DestinationStream {
       try {
         rec = JSON.parse(line) as Record<string, unknown>;
       } catch {
-        out.write(line);
+        out.write(line); // not a pino record: passed through as it is
         return;
       }
       const { time, level, stream, msg, ...rest } = rec;
       const extras = Object.entries(rest)
         .map(([k, v]) => `${k}=${typeof v === 'string' ? v : JSON.stringify(v)}`)
         .join(' ');
-      out.write(`${String(time)} ${String(level).toUpperCase()} [${String(stream)}] ${String(msg ?? '')}${extras ? ' ' + extras : ''}\n`);
+      out.write(
+        `${String(time)} ${String(level).toUpperCase()} [${String(stream)}] ${String(msg ?? '')}${extras ? ' ' + extras : ''}\n`,
+      );
     },
   };
 }

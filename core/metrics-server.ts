@@ -13,20 +13,32 @@ export interface MetricsServer {
   close(): Promise<void>;
 }
 
-export async function startMetricsServer(o: { addr: string; cert: Buffer; key: Buffer; registry: Registry; limits: ServerLimitOptions; log: Logger }): Promise<MetricsServer> {
+export async function startMetricsServer(o: {
+  addr: string;
+  cert: Buffer;
+  key: Buffer;
+  registry: Registry;
+  limits: ServerLimitOptions;
+  log: Logger;
+}): Promise<MetricsServer> {
   const listen = parseAddr(o.addr);
   const server = https.createServer({ cert: o.cert, key: o.key, ...serverOptions(o.limits) }, (req, res) => {
     if (req.url !== '/metrics') {
       res.writeHead(404).end();
       return;
     }
-    o.registry.metrics().then((text) => {
-      res.writeHead(200, { 'content-type': o.registry.contentType });
-      res.end(text);
-    }, (err: Error) => res.writeHead(500).end(err.message));
+    o.registry.metrics().then(
+      (text) => {
+        res.writeHead(200, { 'content-type': o.registry.contentType });
+        res.end(text);
+      },
+      (err: Error) => res.writeHead(500).end(err.message),
+    );
   });
   new ServerLimiter(o.limits, {
-    listener: 'metrics', registry: o.registry, log: o.log,
+    listener: 'metrics',
+    registry: o.registry,
+    log: o.log,
     answer: (status) => ({ contentType: 'text/plain; charset=utf-8', body: `${status}\n` }),
   }).attach(server);
   await new Promise<void>((resolve, reject) => {
@@ -35,9 +47,10 @@ export async function startMetricsServer(o: { addr: string; cert: Buffer; key: B
   });
   return {
     port: (server.address() as AddressInfo).port,
-    close: () => new Promise<void>((resolve) => {
-      server.close(() => resolve());
-      server.closeAllConnections();
-    }),
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      }),
   };
 }

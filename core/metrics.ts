@@ -153,17 +153,31 @@ function reuse<T extends { name: string }>(registry: Registry, name: string, mak
   return metric;
 }
 
-export function counter<L extends string>(registry: Registry, name: string, help: string, labelNames: readonly L[] = []): Counter<L> {
+export function counter<L extends string>(
+  registry: Registry,
+  name: string,
+  help: string,
+  labelNames: readonly L[] = [],
+): Counter<L> {
   return reuse(registry, name, () => new Counter<L>(name, help, labelNames));
 }
 
-export function gauge<L extends string>(registry: Registry, name: string, help: string, labelNames: readonly L[] = []): Gauge<L> {
+export function gauge<L extends string>(
+  registry: Registry,
+  name: string,
+  help: string,
+  labelNames: readonly L[] = [],
+): Gauge<L> {
   const existing = registry.getSingleMetric(name);
   return (existing as Gauge<L> | undefined) ?? new Gauge<L>({ name, help, labelNames, registers: [registry] });
 }
 
 export function histogram<L extends string>(
-  registry: Registry, name: string, help: string, labelNames: readonly L[] = [], buckets?: number[],
+  registry: Registry,
+  name: string,
+  help: string,
+  labelNames: readonly L[] = [],
+  buckets?: number[],
 ): Histogram<L> {
   return reuse(registry, name, () => new Histogram<L>(name, help, labelNames, buckets));
 }

@@ -1,4 +1,5 @@
-import { Command, Option } from 'commander';
+import { type Command, InvalidArgumentError, Option } from 'commander';
+import { InvalidFlagError } from './errors.ts';
 import { parseDuration } from './duration.ts';
 
 // Every flag also reads DVX_<FLAG> (upper-cased, dashes to underscores); precedence is flag, then
@@ -32,16 +33,13 @@ export function flag<T = string>(spec: string, options: FlagSpec<T>): Option {
       try {
         return parse(raw);
       } catch (err) {
-        throw new InvalidFlagError(`${(err as Error).message}`);
+        // commander reports an InvalidArgumentError as "option '--x <v>' argument 'v' is invalid. <message>".
+        throw new InvalidArgumentError((err as Error).message);
       }
     });
   }
   if (options.default !== undefined) option.default(options.default);
   return option;
-}
-
-export class InvalidFlagError extends Error {
-  code = 'commander.invalidArgument';
 }
 
 /**
@@ -60,7 +58,10 @@ export function addBooleanFlag(command: Command, name: string, description: stri
     try {
       command.setOptionValueWithSource(key, parseBoolean(raw), 'env');
     } catch (err) {
-      command.error(`error: environment ${envName(name)}: ${(err as Error).message}`, { exitCode: 2, code: 'commander.invalidArgument' });
+      command.error(`error: environment ${envName(name)}: ${(err as Error).message}`, {
+        exitCode: 2,
+        code: 'commander.invalidArgument',
+      });
     }
   });
   return command;

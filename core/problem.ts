@@ -30,13 +30,3 @@ export function problem(init: ProblemInit): Problem {
   }
   return body;
 }
-
-/** An Error that carries its Problem, so a handler can throw it and one place serializes it. */
-export class ProblemError extends Error {
-  readonly problem: Problem;
-  constructor(init: ProblemInit) {
-    super(init.detail ?? init.title);
-    this.name = 'ProblemError';
-    this.problem = problem(init);
-  }
-}

@@ -51,12 +51,20 @@ export const SERVER_LIMIT_DEFAULTS: ServerLimitOptions = {
 
 /** What is wrong with the connection bounds, or null (flag names as the operator typed them). */
 export function serverLimitsProblem(o: ServerLimitOptions): string | null {
-  for (const [key, name] of [['tlsHandshakeTimeout', 'tls-handshake-timeout'], ['headersTimeout', 'headers-timeout'], ['requestTimeout', 'request-timeout'], ['keepAliveTimeout', 'keep-alive-timeout'], ['idleTimeout', 'idle-timeout']] as const) {
+  for (const [key, name] of [
+    ['tlsHandshakeTimeout', 'tls-handshake-timeout'],
+    ['headersTimeout', 'headers-timeout'],
+    ['requestTimeout', 'request-timeout'],
+    ['keepAliveTimeout', 'keep-alive-timeout'],
+    ['idleTimeout', 'idle-timeout'],
+  ] as const) {
     if (!(o[key] > 0) || !Number.isFinite(o[key])) return `--${name} must be a positive duration`;
   }
   if (o.headersTimeout > o.requestTimeout) return '--headers-timeout must not exceed --request-timeout';
-  if (!Number.isInteger(o.maxConnections) || o.maxConnections < 1) return '--max-connections must be a positive integer';
-  if (!Number.isInteger(o.maxConnectionsPerClient) || o.maxConnectionsPerClient < 1) return '--max-connections-per-client must be a positive integer';
+  if (!Number.isInteger(o.maxConnections) || o.maxConnections < 1)
+    return '--max-connections must be a positive integer';
+  if (!Number.isInteger(o.maxConnectionsPerClient) || o.maxConnectionsPerClient < 1)
+    return '--max-connections-per-client must be a positive integer';
   return null;
 }
 
@@ -77,7 +85,11 @@ export interface ServerLimitDeps {
   answer(status: number, reason: ClientErrorReason): ClientErrorAnswer;
 }
 
-const STATUS_TEXT: Record<number, string> = { 400: 'Bad Request', 408: 'Request Timeout', 431: 'Request Header Fields Too Large' };
+const STATUS_TEXT: Record<number, string> = {
+  400: 'Bad Request',
+  408: 'Request Timeout',
+  431: 'Request Header Fields Too Large',
+};
 
 /** The node server options the bounds map to (https.createServer, or fastify's `https`). */
 export function serverOptions(o: ServerLimitOptions) {
@@ -120,8 +132,18 @@ export class ServerLimiter {
     this.#deps = deps;
     this.#metrics = {
       open: gauge(deps.registry, 'dvx_connections_open', 'Open client connections by listener', ['listener']),
-      refused: counter(deps.registry, 'dvx_connections_refused_total', 'Connections closed at accept, by listener and reason (max_connections, per_client)', ['listener', 'reason']),
-      closed: counter(deps.registry, 'dvx_connections_reaped_total', 'Connections the server closed, by listener and reason (handshake_timeout, request_timeout, idle, send_stall, header_overflow, malformed)', ['listener', 'reason']),
+      refused: counter(
+        deps.registry,
+        'dvx_connections_refused_total',
+        'Connections closed at accept, by listener and reason (max_connections, per_client)',
+        ['listener', 'reason'],
+      ),
+      closed: counter(
+        deps.registry,
+        'dvx_connections_reaped_total',
+        'Connections the server closed, by listener and reason (handshake_timeout, request_timeout, idle, send_stall, header_overflow, malformed)',
+        ['listener', 'reason'],
+      ),
     };
     this.#metrics.open.set({ listener: deps.listener }, 0);
   }
@@ -190,7 +212,10 @@ export class ServerLimiter {
       if ((this.#inFlight.get(socket) ?? 0) > 0) {
         if (socket.writableLength === 0) return;
         this.#metrics.closed.inc({ listener, reason: 'send_stall' });
-        this.#deps.log.info({ listener, unsent_bytes: socket.writableLength, idle_ms: o.idleTimeout }, 'client stopped reading its response; connection closed');
+        this.#deps.log.info(
+          { listener, unsent_bytes: socket.writableLength, idle_ms: o.idleTimeout },
+          'client stopped reading its response; connection closed',
+        );
         sendStalled.add(socket);
         socket.destroy();
         return;
@@ -204,8 +229,12 @@ export class ServerLimiter {
   /** The answer to a client error (node's `clientError` event), then the connection is closed. */
   readonly clientError = (err: NodeJS.ErrnoException, socket: Duplex): void => {
     if (err.code === 'ECONNRESET' || socket.destroyed) return;
-    const [status, reason]: [number, ClientErrorReason] = err.code === 'HPE_HEADER_OVERFLOW' ? [431, 'header_overflow']
-      : err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? [408, 'request_timeout'] : [400, 'malformed'];
+    const [status, reason]: [number, ClientErrorReason] =
+      err.code === 'HPE_HEADER_OVERFLOW'
+        ? [431, 'header_overflow']
+        : err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+          ? [408, 'request_timeout']
+          : [400, 'malformed'];
     this.#metrics.closed.inc({ listener: this.#deps.listener, reason });
     this.#deps.log.debug({ err, listener: this.#deps.listener, status }, 'client error; connection closed');
     const sent = (socket as Duplex & { _httpMessage?: { headersSent?: boolean } })._httpMessage?.headersSent;

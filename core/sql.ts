@@ -29,7 +29,12 @@ export async function openDb(dsn: string, options: OpenDbOptions = {}): Promise<
     return {
       kind: 'pglite',
       query: async <R>(sql: string, params?: unknown[]) => ({ rows: (await db.query<R>(sql, params)).rows }),
-      transaction: (fn) => db.transaction((tx) => fn({ query: async <R>(sql: string, params?: unknown[]) => ({ rows: (await tx.query<R>(sql, params)).rows }) })),
+      transaction: (fn) =>
+        db.transaction((tx) =>
+          fn({
+            query: async <R>(sql: string, params?: unknown[]) => ({ rows: (await tx.query<R>(sql, params)).rows }),
+          }),
+        ),
       close: () => db.close(),
     };
   }
@@ -42,10 +47,16 @@ export async function openDb(dsn: string, options: OpenDbOptions = {}): Promise<
       const client = await pool.connect();
       try {
         await client.query('BEGIN');
-        const out = await fn({ query: async <R>(sql: string, params?: unknown[]) => ({ rows: (await client.query(sql, params)).rows as R[] }) });
+        const out = await fn({
+          query: async <R>(sql: string, params?: unknown[]) => ({
+            rows: (await client.query(sql, params)).rows as R[],
+          }),
+        });
         await client.query('COMMIT');
         return out;
       } catch (err) {
+        // The transaction's own error is the one worth raising; a failed ROLLBACK (a broken connection)
+        // ends the transaction anyway when the client is released.
         await client.query('ROLLBACK').catch(() => {});
         throw err;
       } finally {

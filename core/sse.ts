@@ -74,8 +74,16 @@ export class SseParser {
 }
 
 /** Starts an SSE response on a raw node response: headers, and a reconnection delay for the client. */
-export function startSseResponse(res: { writeHead(status: number, headers: Record<string, string>): unknown; write(chunk: string): unknown }, retryMs = 2000): void {
-  res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-store', connection: 'keep-alive', 'x-accel-buffering': 'no' });
+export function startSseResponse(
+  res: { writeHead(status: number, headers: Record<string, string>): unknown; write(chunk: string): unknown },
+  retryMs = 2000,
+): void {
+  res.writeHead(200, {
+    'content-type': 'text/event-stream',
+    'cache-control': 'no-store',
+    connection: 'keep-alive',
+    'x-accel-buffering': 'no',
+  });
   res.write(`retry: ${retryMs}\n\n`);
 }
 

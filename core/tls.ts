@@ -3,6 +3,7 @@ import { readFile, writeFile, mkdir, access } from 'node:fs/promises';
 import { join } from 'node:path';
 import { webcrypto, X509Certificate, createPrivateKey } from 'node:crypto';
 import * as x509 from '@peculiar/x509';
+import { TlsConfigError } from './errors.ts';
 
 // Server components are TLS-only (spec: Server components). This file loads PEM material with errors
 // that name the file, and mints a local development CA plus leaf certificates (ECDSA P-256) for
@@ -25,16 +26,14 @@ export interface PemPair {
   keyPem: string;
 }
 
-export class TlsConfigError extends Error {
-  override name = 'TlsConfigError';
-}
-
 async function readPem(path: string, what: string): Promise<Buffer> {
   let data: Buffer;
   try {
     data = await readFile(path);
   } catch (err) {
-    throw new TlsConfigError(`cannot read ${what} ${path}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
+    throw new TlsConfigError(
+      `cannot read ${what} ${path}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`,
+    );
   }
   if (!data.includes('-----BEGIN ')) throw new TlsConfigError(`${what} ${path} is not PEM`);
   return data;
@@ -42,12 +41,14 @@ async function readPem(path: string, what: string): Promise<Buffer> {
 
 /** Loads and checks `--tls-cert`/`--tls-key` (and an optional CA bundle). */
 export async function loadTls(paths: { cert?: string; key?: string; ca?: string }): Promise<TlsMaterial> {
-  if (!paths.cert || !paths.key) throw new TlsConfigError('--tls-cert and --tls-key are required (server components are TLS-only)');
+  if (!paths.cert || !paths.key)
+    throw new TlsConfigError('--tls-cert and --tls-key are required (server components are TLS-only)');
   const cert = await readPem(paths.cert, 'certificate');
   const key = await readPem(paths.key, 'private key');
   try {
     const parsed = new X509Certificate(cert);
-    if (!parsed.checkPrivateKey(createPrivateKey(key))) throw new TlsConfigError(`private key ${paths.key} does not match certificate ${paths.cert}`);
+    if (!parsed.checkPrivateKey(createPrivateKey(key)))
+      throw new TlsConfigError(`private key ${paths.key} does not match certificate ${paths.cert}`);
   } catch (err) {
     if (err instanceof TlsConfigError) throw err;
     throw new TlsConfigError(`invalid TLS material (${paths.cert}, ${paths.key}): ${(err as Error).message}`);
@@ -59,7 +60,10 @@ export async function loadTls(paths: { cert?: string; key?: string; ca?: string 
 
 async function exportKeyPem(key: CryptoKey): Promise<string> {
   const der = Buffer.from(await webcrypto.subtle.exportKey('pkcs8', key));
-  return `-----BEGIN PRIVATE KEY-----\n${der.toString('base64').replace(/(.{64})/g, '$1\n').replace(/\n?$/, '\n')}-----END PRIVATE KEY-----\n`;
+  return `-----BEGIN PRIVATE KEY-----\n${der
+    .toString('base64')
+    .replace(/(.{64})/g, '$1\n')
+    .replace(/\n?$/, '\n')}-----END PRIVATE KEY-----\n`;
 }
 
 function serial(): string {
@@ -149,11 +153,19 @@ export async function ensureDevCertificates(dir: string): Promise<DevCertPaths> 
     serverCert: join(dir, 'server.pem'),
     serverKey: join(dir, 'server-key.pem'),
   };
-  const exists = async (p: string) => access(p).then(() => true, () => false);
+  const exists = async (p: string) =>
+    access(p).then(
+      () => true,
+      () => false,
+    );
   if ((await Promise.all(Object.values(paths).map(exists))).every(Boolean)) return paths;
   await mkdir(dir, { recursive: true, mode: 0o700 });
   const ca = await generateCa();
-  const server = await issueCertificate(ca, { commonName: 'localhost', dnsNames: ['localhost'], ipAddresses: ['127.0.0.1', '::1'] });
+  const server = await issueCertificate(ca, {
+    commonName: 'localhost',
+    dnsNames: ['localhost'],
+    ipAddresses: ['127.0.0.1', '::1'],
+  });
   await writeFile(paths.caCert, ca.certPem);
   await writeFile(paths.caKey, ca.keyPem, { mode: 0o600 });
   await writeFile(paths.serverCert, server.certPem);

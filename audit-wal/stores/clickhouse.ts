@@ -5,7 +5,15 @@ import { StoreRejectedError, StoreUnavailableError } from '../errors.ts';
 import type { AuditTable } from '../sink.ts';
 import { clickhouseRow, mapRows } from '../rows.ts';
 import type { AuditQuery } from '../query.ts';
-import { CH_EVENT_SELECT, chString, clickhouseWhere, toLlmEntry, toRecord, type LlmQuery, type ReadRecord } from '../read.ts';
+import {
+  CH_EVENT_SELECT,
+  chString,
+  clickhouseWhere,
+  toLlmEntry,
+  toRecord,
+  type LlmQuery,
+  type ReadRecord,
+} from '../read.ts';
 
 // ClickHouse over its HTTP interface (JSONEachRow). ReplacingMergeTree keyed on the id collapses
 // retried rows; readers use LIMIT 1 BY id to see each record once before the merge.
@@ -43,12 +51,23 @@ const CH_DATA_ERRORS = new Set([
 export function classifyClickHouseError(err: unknown): StoreRejectedError | StoreUnavailableError {
   const message = (err as Error | null)?.message ?? String(err);
   const e = err as { code?: unknown; type?: unknown } | null;
-  const code = typeof e?.code === 'string' && /^\d+$/.test(e.code) ? Number(e.code) : Number(/^Code: (\d+)[.,]/.exec(message)?.[1] ?? NaN);
+  const code =
+    typeof e?.code === 'string' && /^\d+$/.test(e.code)
+      ? Number(e.code)
+      : Number(/^Code: (\d+)[.,]/.exec(message)?.[1] ?? NaN);
   const type = typeof e?.type === 'string' ? e.type : undefined;
   if (CH_DATA_ERRORS.has(code) || type?.startsWith('CANNOT_PARSE_')) {
-    return new StoreRejectedError(`clickhouse rejected the batch: ${message.split('\n')[0]}`, `${code}${type ? ` ${type}` : ''}`, err);
+    return new StoreRejectedError(
+      `clickhouse rejected the batch: ${message.split('\n')[0]}`,
+      `${code}${type ? ` ${type}` : ''}`,
+      err,
+    );
   }
-  const storeCode = Number.isNaN(code) ? (typeof e?.code === 'string' ? e.code : undefined) : `${code}${type ? ` ${type}` : ''}`;
+  const storeCode = Number.isNaN(code)
+    ? typeof e?.code === 'string'
+      ? e.code
+      : undefined
+    : `${code}${type ? ` ${type}` : ''}`;
   return new StoreUnavailableError(`clickhouse unavailable: ${message.split('\n')[0]}`, storeCode, err);
 }
 
@@ -71,7 +90,8 @@ export class ClickHouseStore implements AuditStore {
 
   constructor(url: URL) {
     this.#db = decodeURIComponent(url.pathname.replace(/^\//, '')) || 'default';
-    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(this.#db)) throw new Error(`clickhouse database name "${this.#db}" is not a plain identifier`);
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(this.#db))
+      throw new Error(`clickhouse database name "${this.#db}" is not a plain identifier`);
     this.#client = createClient({
       url: `http://${url.host}`,
       username: decodeURIComponent(url.username) || 'default',
@@ -85,7 +105,10 @@ export class ClickHouseStore implements AuditStore {
   async ensureSchema(): Promise<void> {
     await this.#client.command({ query: `CREATE DATABASE IF NOT EXISTS ${this.#db}` });
     const sql = (await readFile(SCHEMA, 'utf8')).replaceAll('{db}', this.#db);
-    for (const statement of sql.split(/^;\s*$/m).map((s) => s.replace(/^--.*$/gm, '').trim()).filter(Boolean)) {
+    for (const statement of sql
+      .split(/^;\s*$/m)
+      .map((s) => s.replace(/^--.*$/gm, '').trim())
+      .filter(Boolean)) {
       await this.#client.command({ query: statement });
     }
     for (const c of ADDED_COLUMNS) await this.#addColumn(c);
@@ -97,13 +120,20 @@ export class ClickHouseStore implements AuditStore {
    * first, its "already exists" is fine once system.columns shows it.
    */
   async #addColumn(c: AddedColumn): Promise<void> {
-    const has = async () => ((await (await this.#client.query({
-      query: `SELECT name FROM system.columns WHERE database = ${chString(this.#db)} AND table = ${chString(c.table)} AND name = ${chString(c.name)}`,
-      format: 'JSONEachRow',
-    })).json()) as unknown[]).length > 0;
+    const has = async () =>
+      (
+        (await (
+          await this.#client.query({
+            query: `SELECT name FROM system.columns WHERE database = ${chString(this.#db)} AND table = ${chString(c.table)} AND name = ${chString(c.name)}`,
+            format: 'JSONEachRow',
+          })
+        ).json()) as unknown[]
+      ).length > 0;
     if (await has()) return;
     try {
-      await this.#client.command({ query: `ALTER TABLE ${this.#db}.${c.table} ADD COLUMN ${c.name} ${c.type} AFTER ${c.after}` });
+      await this.#client.command({
+        query: `ALTER TABLE ${this.#db}.${c.table} ADD COLUMN ${c.name} ${c.type} AFTER ${c.after}`,
+      });
     } catch (err) {
       if (!(await has())) throw err;
     }
@@ -130,22 +160,30 @@ export class ClickHouseStore implements AuditStore {
     const where = clickhouseWhere(q);
     // A platform operator's control-plane events of every org: the time-ordered view (narrowed to one
     // org, the base table's (org_id, event_time) key serves better).
-    const everyOrgEvents = q.predicate.orgs === 'all' && q.predicate.kinds?.length === 1 && q.predicate.kinds[0] === 'event' && !q.filters.org;
+    const everyOrgEvents =
+      q.predicate.orgs === 'all' &&
+      q.predicate.kinds?.length === 1 &&
+      q.predicate.kinds[0] === 'event' &&
+      !q.filters.org;
     const table = `${this.#db}.${everyOrgEvents ? 'audit_events_cp' : 'audit_events'}`;
     const order = 'ORDER BY event_time, event_time_ms, id LIMIT 1 BY id';
-    const page = (await (await this.#client.query({
-      query: `SELECT id, toUInt32(toUnixTimestamp(event_time)) AS s FROM ${table} WHERE ${where} ${order} LIMIT ${Math.trunc(q.offset)}, ${Math.trunc(q.limit)}`,
-      format: 'JSONEachRow',
-    })).json()) as { id: string; s: number }[];
+    const page = (await (
+      await this.#client.query({
+        query: `SELECT id, toUInt32(toUnixTimestamp(event_time)) AS s FROM ${table} WHERE ${where} ${order} LIMIT ${Math.trunc(q.offset)}, ${Math.trunc(q.limit)}`,
+        format: 'JSONEachRow',
+      })
+    ).json()) as { id: string; s: number }[];
     if (page.length === 0) return [];
     const lo = Math.min(...page.map((r) => Number(r.s)));
     const hi = Math.max(...page.map((r) => Number(r.s)));
-    const rows = (await (await this.#client.query({
-      query: `SELECT ${CH_EVENT_SELECT} FROM ${table}
+    const rows = (await (
+      await this.#client.query({
+        query: `SELECT ${CH_EVENT_SELECT} FROM ${table}
               WHERE ${where} AND event_time >= toDateTime(${lo}) AND event_time <= toDateTime(${hi}) AND id IN (${page.map((r) => chString(r.id)).join(', ')})
               ${order}`,
-      format: 'JSONEachRow',
-    })).json()) as Record<string, unknown>[];
+        format: 'JSONEachRow',
+      })
+    ).json()) as Record<string, unknown>[];
     return rows.map(toRecord);
   }
 
@@ -163,16 +201,25 @@ export class ClickHouseStore implements AuditStore {
   async eraseOrg(org: string): Promise<number> {
     let n = 0;
     for (const table of ['audit_events', 'llm_audit_log']) {
-      const rs = await this.#client.query({ query: `SELECT count() AS n FROM ${this.#db}.${table} WHERE org_id = ${chString(org)}`, format: 'JSONEachRow' });
+      const rs = await this.#client.query({
+        query: `SELECT count() AS n FROM ${this.#db}.${table} WHERE org_id = ${chString(org)}`,
+        format: 'JSONEachRow',
+      });
       const count = Number(((await rs.json()) as { n: string }[])[0]?.n ?? 0);
       if (count === 0) continue;
       await this.#client.command({ query: `ALTER TABLE ${this.#db}.${table} DELETE WHERE org_id = ${chString(org)}` });
       n += count;
       // The platform view holds copies of the same rows (not counted twice).
-      if (table === 'audit_events') await this.#client.command({ query: `ALTER TABLE ${this.#db}.\`.inner.audit_events_cp\` DELETE WHERE org_id = ${chString(org)}` });
+      if (table === 'audit_events')
+        await this.#client.command({
+          query: `ALTER TABLE ${this.#db}.\`.inner.audit_events_cp\` DELETE WHERE org_id = ${chString(org)}`,
+        });
     }
     for (let i = 0; i < 600; i++) {
-      const rs = await this.#client.query({ query: `SELECT count() AS n FROM system.mutations WHERE database = ${chString(this.#db)} AND is_done = 0`, format: 'JSONEachRow' });
+      const rs = await this.#client.query({
+        query: `SELECT count() AS n FROM system.mutations WHERE database = ${chString(this.#db)} AND is_done = 0`,
+        format: 'JSONEachRow',
+      });
       if (Number(((await rs.json()) as { n: string }[])[0]?.n ?? 0) === 0) return n;
       await new Promise((r) => setTimeout(r, 100));
     }

@@ -24,8 +24,13 @@ const SCHEMA = new URL('../../deploy/schema/postgres.sql', import.meta.url);
 export function classifyPostgresError(err: unknown): StoreRejectedError | StoreUnavailableError {
   const code = (err as { code?: unknown } | null)?.code;
   const message = (err as Error | null)?.message ?? String(err);
-  if (typeof code === 'string' && /^2[23][0-9A-Z]{3}$/.test(code)) return new StoreRejectedError(`postgres rejected the batch: ${message} (SQLSTATE ${code})`, code, err);
-  return new StoreUnavailableError(`postgres unavailable: ${message}${typeof code === 'string' ? ` (${code})` : ''}`, typeof code === 'string' ? code : undefined, err);
+  if (typeof code === 'string' && /^2[23][0-9A-Z]{3}$/.test(code))
+    return new StoreRejectedError(`postgres rejected the batch: ${message} (SQLSTATE ${code})`, code, err);
+  return new StoreUnavailableError(
+    `postgres unavailable: ${message}${typeof code === 'string' ? ` (${code})` : ''}`,
+    typeof code === 'string' ? code : undefined,
+    err,
+  );
 }
 
 interface Query {
@@ -83,14 +88,16 @@ export class PostgresStore implements AuditStore {
   async readEvents(q: AuditQuery): Promise<ReadRecord[]> {
     const { where, params } = postgresWhere(q);
     const { rows } = await this.#db.query(
-      `SELECT * FROM audit_events WHERE ${where} ORDER BY event_time, id LIMIT ${Math.trunc(q.limit)} OFFSET ${Math.trunc(q.offset)}`, params,
+      `SELECT * FROM audit_events WHERE ${where} ORDER BY event_time, id LIMIT ${Math.trunc(q.limit)} OFFSET ${Math.trunc(q.offset)}`,
+      params,
     );
     return (rows as Record<string, unknown>[]).map(toRecord);
   }
 
   async readLlm(q: LlmQuery): Promise<Record<string, unknown>[]> {
     const { rows } = await this.#db.query(
-      `SELECT * FROM llm_audit_log WHERE org_id = $1 AND agent_id = $2 ORDER BY event_time, id LIMIT ${Math.trunc(q.limit)} OFFSET ${Math.trunc(q.offset)}`, [q.org, q.agentId],
+      `SELECT * FROM llm_audit_log WHERE org_id = $1 AND agent_id = $2 ORDER BY event_time, id LIMIT ${Math.trunc(q.limit)} OFFSET ${Math.trunc(q.offset)}`,
+      [q.org, q.agentId],
     );
     return (rows as Record<string, unknown>[]).map(toLlmEntry);
   }
@@ -98,7 +105,10 @@ export class PostgresStore implements AuditStore {
   async eraseOrg(org: string): Promise<number> {
     let n = 0;
     for (const table of ['audit_events', 'llm_audit_log']) {
-      const { rows } = await this.#db.query(`WITH gone AS (DELETE FROM ${table} WHERE org_id = $1 RETURNING 1) SELECT count(*)::int AS n FROM gone`, [org]);
+      const { rows } = await this.#db.query(
+        `WITH gone AS (DELETE FROM ${table} WHERE org_id = $1 RETURNING 1) SELECT count(*)::int AS n FROM gone`,
+        [org],
+      );
       n += Number((rows[0] as { n: number }).n);
     }
     return n;

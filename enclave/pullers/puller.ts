@@ -36,7 +36,9 @@ const withoutVersion = (doc: unknown) => JSON.stringify({ ...(doc as object), ve
 
 export function startPuller(o: PullerOptions): RunningPuller {
   const base = o.controlplane.replace(/\/+$/, '');
-  const dispatcher = new Agent({ connect: { ...(o.ca ? { ca: o.ca } : {}), rejectUnauthorized: !o.insecureSkipVerify } });
+  const dispatcher = new Agent({
+    connect: { ...(o.ca ? { ca: o.ca } : {}), rejectUnauthorized: !o.insecureSkipVerify },
+  });
   const headers = { authorization: `Bearer ${o.brokerToken}` };
   let closed = false;
   let last: string | null = null;
@@ -46,25 +48,28 @@ export function startPuller(o: PullerOptions): RunningPuller {
   let stream: AbortController | null = null;
 
   // One pull at a time; a nudge during a pull makes it pull once more.
-  const pull = coalesced(async () => {
-    try {
-      const res = await request(`${base}${o.route}`, { dispatcher, headers });
-      const text = await res.body.text();
-      if (res.statusCode !== 200) throw new Error(`HTTP ${res.statusCode}: ${text.slice(0, 200)}`);
-      const doc = JSON.parse(text) as unknown;
-      o.validate?.(doc);
-      count++;
-      const key = withoutVersion(doc);
-      if (key !== last) {
-        await writeFileAtomic(o.out, JSON.stringify(doc, null, 2) + '\n');
-        last = key;
-        o.log.info({ out: o.out, version: (doc as { version?: string }).version }, 'desired state written');
+  const pull = coalesced(
+    async () => {
+      try {
+        const res = await request(`${base}${o.route}`, { dispatcher, headers });
+        const text = await res.body.text();
+        if (res.statusCode !== 200) throw new Error(`HTTP ${res.statusCode}: ${text.slice(0, 200)}`);
+        const doc = JSON.parse(text) as unknown;
+        o.validate?.(doc);
+        count++;
+        const key = withoutVersion(doc);
+        if (key !== last) {
+          await writeFileAtomic(o.out, JSON.stringify(doc, null, 2) + '\n');
+          last = key;
+          o.log.info({ out: o.out, version: (doc as { version?: string }).version }, 'desired state written');
+        }
+        markReady();
+      } catch (err) {
+        o.log.warn({ err, route: o.route }, 'pull failed; keeping the last good state');
       }
-      markReady();
-    } catch (err) {
-      o.log.warn({ err: (err as Error).message, route: o.route }, 'pull failed; keeping the last good state');
-    }
-  }, () => closed);
+    },
+    () => closed,
+  );
   let pending: Promise<void> | null = null;
   const nudge = () => {
     pending = pull();
@@ -81,7 +86,11 @@ export function startPuller(o: PullerOptions): RunningPuller {
     while (!closed) {
       stream = new AbortController();
       try {
-        const res = await request(`${base}/v1/broker/events`, { dispatcher, signal: stream.signal, headers: { ...headers, ...(cursor ? { 'last-event-id': cursor } : {}) } });
+        const res = await request(`${base}/v1/broker/events`, {
+          dispatcher,
+          signal: stream.signal,
+          headers: { ...headers, ...(cursor ? { 'last-event-id': cursor } : {}) },
+        });
         if (res.statusCode !== 200) {
           await res.body.dump();
           throw new Error(`events: HTTP ${res.statusCode}`);
@@ -96,7 +105,7 @@ export function startPuller(o: PullerOptions): RunningPuller {
         }
       } catch (err) {
         if (closed) return;
-        o.log.warn({ err: (err as Error).message }, 'event stream dropped; reconnecting');
+        o.log.warn({ err }, 'event stream dropped; reconnecting');
       }
       await new Promise((r) => setTimeout(r, backoff));
       backoff = Math.min(backoff * 2, 10_000);
@@ -112,6 +121,8 @@ export function startPuller(o: PullerOptions): RunningPuller {
       closed = true;
       clearInterval(timer);
       stream?.abort();
+      // Closing: a pull in flight has logged its own failure, and a dispatcher that fails to close
+      // holds nothing this process still needs.
       await pending?.catch(() => {});
       await dispatcher.destroy().catch(() => {});
     },

@@ -10,11 +10,34 @@ import { freshPgDatabase } from '../fixtures/pg-database.ts';
 // stores and comes back from the audit read: in a table created with it, and in a table created
 // before the column existed (the additive migration on start), on real PostgreSQL and ClickHouse 18.16.
 
-const FAILURES = [{ phase: 'request', inspector: 'pii', reason: 'timeout' }, { phase: 'request', inspector: 'patterns', reason: 'timeout' }];
+const FAILURES = [
+  { phase: 'request', inspector: 'pii', reason: 'timeout' },
+  { phase: 'request', inspector: 'patterns', reason: 'timeout' },
+];
 const record = () => ({
-  id: newId(), event_time: new Date().toISOString(), org_id: 'org-1', agent_id: 'agent-1', agent_name: 'a', enclave_id: 'e', format: 'anthropic-messages',
-  upstream_format: null, path: '/v1/messages', model: 'claude', status: 200, upstream_status: 200, latency_ms: 1.5, upstream_latency_ms: 1, request_bytes: 100,
-  response_bytes: 200, input_tokens: 10, output_tokens: 5, decision: 'allow', findings: [], inspection_failopen: true, inspection_failures: FAILURES, error: null,
+  id: newId(),
+  event_time: new Date().toISOString(),
+  org_id: 'org-1',
+  agent_id: 'agent-1',
+  agent_name: 'a',
+  enclave_id: 'e',
+  format: 'anthropic-messages',
+  upstream_format: null,
+  path: '/v1/messages',
+  model: 'claude',
+  status: 200,
+  upstream_status: 200,
+  latency_ms: 1.5,
+  upstream_latency_ms: 1,
+  request_bytes: 100,
+  response_bytes: 200,
+  input_tokens: 10,
+  output_tokens: 5,
+  decision: 'allow',
+  findings: [],
+  inspection_failopen: true,
+  inspection_failures: FAILURES,
+  error: null,
 });
 
 async function roundTrip(t: { same: (found: unknown, wanted: unknown) => unknown }, store: AuditStore) {
@@ -23,16 +46,28 @@ async function roundTrip(t: { same: (found: unknown, wanted: unknown) => unknown
   const r = record();
   await store.insert('llm_audit_log', [r, { ...record(), inspection_failures: undefined, inspection_failopen: false }]);
   const entries = await store.readLlm({ org: 'org-1', agentId: 'agent-1', limit: 10, offset: 0 });
-  t.same(entries.map((e) => e.inspection_failures).sort((a, b) => (b as unknown[]).length - (a as unknown[]).length), [FAILURES, []]);
+  t.same(
+    entries.map((e) => e.inspection_failures).sort((a, b) => (b as unknown[]).length - (a as unknown[]).length),
+    [FAILURES, []],
+  );
 }
 
 // The llm_audit_log table as the first release created it, without the column.
 async function oldTable(dialect: 'postgres' | 'clickhouse'): Promise<string> {
   const sql = await readFile(new URL(`../../deploy/schema/${dialect}.sql`, import.meta.url), 'utf8');
-  const create = sql.slice(sql.indexOf(dialect === 'postgres' ? 'CREATE TABLE IF NOT EXISTS llm_audit_log' : 'CREATE TABLE IF NOT EXISTS {db}.llm_audit_log'));
+  const create = sql.slice(
+    sql.indexOf(
+      dialect === 'postgres'
+        ? 'CREATE TABLE IF NOT EXISTS llm_audit_log'
+        : 'CREATE TABLE IF NOT EXISTS {db}.llm_audit_log',
+    ),
+  );
   const statement = create.slice(0, create.indexOf(dialect === 'postgres' ? ');' : '\n;') + 2);
   t.match(statement, /inspection_failures/, 'the current schema has the column');
-  return statement.split('\n').filter((l) => !l.includes('inspection_failures')).join('\n');
+  return statement
+    .split('\n')
+    .filter((l) => !l.includes('inspection_failures'))
+    .join('\n');
 }
 
 t.test('PostgreSQL: a new table, and one created before the column', async (t) => {
@@ -66,7 +101,12 @@ t.test('PGlite: a new table', async (t) => {
 t.test('ClickHouse: a new table, and one created before the column', async (t) => {
   const admin = createClient({ url: 'http://127.0.0.1:8123' });
   t.teardown(() => admin.close());
-  if (!(await admin.ping().then((p) => p.success, () => false))) {
+  if (
+    !(await admin.ping().then(
+      (p) => p.success,
+      () => false,
+    ))
+  ) {
     if (process.env.CI) t.fail('ClickHouse is not running on 127.0.0.1:8123');
     else t.plan(0, 'ClickHouse not running on 127.0.0.1:8123');
     return;

@@ -26,7 +26,14 @@ t.test('shipped() waits for the store, and gives up past its bound while the sto
   const relay = await startTcpProxy(5432);
   t.teardown(() => relay.close());
   const dsn = pgdb.dsn.replace('127.0.0.1:5432', `127.0.0.1:${relay.port}`);
-    const sink = await WalSink.open({ dir, dsn, log: quiet, registry: createRegistry(), tables: ['audit_events'], shipper: { idleMs: 5000, backoffMs: { base: 20, max: 200 } } });
+  const sink = await WalSink.open({
+    dir,
+    dsn,
+    log: quiet,
+    registry: createRegistry(),
+    tables: ['audit_events'],
+    shipper: { idleMs: 5000, backoffMs: { base: 20, max: 200 } },
+  });
   t.teardown(() => sink.close());
   const count = async () => {
     const c = new pg.Client({ connectionString: pgdb.dsn });
@@ -37,7 +44,14 @@ t.test('shipped() waits for the store, and gives up past its bound while the sto
       await c.end();
     }
   };
-  const event = () => ({ id: newId(), event_time: new Date().toISOString(), kind: 'event', action: 'config.put', actor: 'root', org_id: 'org-x' });
+  const event = () => ({
+    id: newId(),
+    event_time: new Date().toISOString(),
+    kind: 'event',
+    action: 'config.put',
+    actor: 'root',
+    org_id: 'org-x',
+  });
 
   await Promise.all(Array.from({ length: 5 }, () => sink.append('audit_events', event())));
   await sink.shipped();
@@ -45,7 +59,11 @@ t.test('shipped() waits for the store, and gives up past its bound while the sto
 
   await relay.cut();
   await Promise.all(Array.from({ length: 3 }, () => sink.append('audit_events', event())));
-  await t.rejects(sink.shipped(300), AuditFlushTimeoutError, 'a store that stays down: shipped() gives up, it does not pretend');
+  await t.rejects(
+    sink.shipped(300),
+    AuditFlushTimeoutError,
+    'a store that stays down: shipped() gives up, it does not pretend',
+  );
   await relay.restore();
   await sink.shipped(30_000);
   t.equal(await count(), 8, 'and completes once the store is back');

@@ -25,8 +25,23 @@ process.on('unhandledRejection', onRejection);
 t.teardown(() => void process.off('unhandledRejection', onRejection));
 
 const record = (extra: Record<string, unknown> = {}) => ({
-  id: newId(), event_time: new Date().toISOString(), org_id: 'org-1', agent_id: 'agent-1', agent_name: 'a', enclave_id: 'e', format: 'anthropic-messages',
-  path: '/v1/messages', model: 'claude', status: 200, latency_ms: 1, request_bytes: 1, response_bytes: 1, decision: 'allow', findings: [], inspection_failopen: false, ...extra,
+  id: newId(),
+  event_time: new Date().toISOString(),
+  org_id: 'org-1',
+  agent_id: 'agent-1',
+  agent_name: 'a',
+  enclave_id: 'e',
+  format: 'anthropic-messages',
+  path: '/v1/messages',
+  model: 'claude',
+  status: 200,
+  latency_ms: 1,
+  request_bytes: 1,
+  response_bytes: 1,
+  decision: 'allow',
+  findings: [],
+  inspection_failopen: false,
+  ...extra,
 });
 
 t.test('every step of shipping fails for real and shipping goes on', async (t) => {
@@ -44,31 +59,57 @@ t.test('every step of shipping fails for real and shipping goes on', async (t) =
   // not an object, between good ones.
   const before = [record(), record()];
   await mkdir(tableDir, { recursive: true });
-  await writeFile(segment, Buffer.concat([
-    segmentHeader(),
-    encodeJsonFrame(JSON.stringify(before[0])),
-    encodeFrame(Buffer.from('{"id":"torn', 'utf8')),
-    encodeFrame(Buffer.from('42', 'utf8')),
-    encodeFrame(Buffer.from('[{"id":"in-an-array"}]', 'utf8')),
-    encodeJsonFrame(JSON.stringify(before[1])),
-  ]));
+  await writeFile(
+    segment,
+    Buffer.concat([
+      segmentHeader(),
+      encodeJsonFrame(JSON.stringify(before[0])),
+      encodeFrame(Buffer.from('{"id":"torn', 'utf8')),
+      encodeFrame(Buffer.from('42', 'utf8')),
+      encodeFrame(Buffer.from('[{"id":"in-an-array"}]', 'utf8')),
+      encodeJsonFrame(JSON.stringify(before[1])),
+    ]),
+  );
 
   const lines: Record<string, unknown>[] = [];
-  const log = createLogger({ level: 'warn', destination: { write: (l: string) => void lines.push(JSON.parse(l) as Record<string, unknown>) } });
+  const log = createLogger({
+    level: 'warn',
+    destination: { write: (l: string) => void lines.push(JSON.parse(l) as Record<string, unknown>) },
+  });
   const registry = createRegistry();
   const dsn = pgdb.dsn.replace('127.0.0.1:5432', `127.0.0.1:${relay.port}`);
-  const sink = await WalSink.open({ dir, dsn, log, registry, tables: ['llm_audit_log'], shipper: { idleMs: 50, batchRows: 100, backoffMs: { base: 20, max: 100 } } });
+  const sink = await WalSink.open({
+    dir,
+    dsn,
+    log,
+    registry,
+    tables: ['llm_audit_log'],
+    shipper: { idleMs: 50, batchRows: 100, backoffMs: { base: 20, max: 100 } },
+  });
   t.teardown(() => sink.close());
   const wal = sink.table('llm_audit_log')!;
   const shipped = () => wal.stats().unshippedBytes === 0;
-  const failures = (reason: string) => metric(registry, 'dvx_audit_ship_failures_total', { table: 'llm_audit_log', reason });
-  const appendSome = (n: number, extra: Record<string, unknown> = {}) => Promise.all(Array.from({ length: n }, () => record(extra)).map(async (r) => (await sink.append('llm_audit_log', r), r)));
+  const failures = (reason: string) =>
+    metric(registry, 'dvx_audit_ship_failures_total', { table: 'llm_audit_log', reason });
+  const appendSome = (n: number, extra: Record<string, unknown> = {}) =>
+    Promise.all(
+      Array.from({ length: n }, () => record(extra)).map(async (r) => {
+        await sink.append('llm_audit_log', r);
+        return r;
+      }),
+    );
 
   // 1. Unparseable records: moved aside, the good ones around them ship.
   t.ok(await until(shipped), 'the good records around the unparseable ones ship');
-  t.equal(await metric(registry, 'dvx_audit_dead_letter_records_total', { table: 'llm_audit_log', reason: 'unparseable' }), 3);
+  t.equal(
+    await metric(registry, 'dvx_audit_dead_letter_records_total', { table: 'llm_audit_log', reason: 'unparseable' }),
+    3,
+  );
   const list = await runDvx(['wal', 'dead-letter', 'list', '--dir', dir]);
-  const entries = list.stdout.trim().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>);
+  const entries = list.stdout
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as Record<string, unknown>);
   t.match(entries, [
     { reason: 'unparseable', raw: '{"id":"torn', error: { name: 'SyntaxError' }, wal_position: { segment: 1 } },
     { reason: 'unparseable', raw: '42', error: { message: /not an object \(number\)/ } },
@@ -112,15 +153,23 @@ t.test('every step of shipping fails for real and shipping goes on', async (t) =
   await unlink(join(tableDir, 'dead-letter'));
   await rename(join(tableDir, 'dead-letter.away'), join(tableDir, 'dead-letter'));
   t.ok(await until(shipped), 'shipping resumes once the spool can be written');
-  t.equal(await metric(registry, 'dvx_audit_dead_letter_records_total', { table: 'llm_audit_log', reason: 'rejected' }), 1);
+  t.equal(
+    await metric(registry, 'dvx_audit_dead_letter_records_total', { table: 'llm_audit_log', reason: 'rejected' }),
+    1,
+  );
   t.equal(await metric(registry, 'dvx_audit_dead_letter_pending', { table: 'llm_audit_log' }), 4);
-  const after = (await runDvx(['wal', 'dead-letter', 'list', '--dir', dir])).stdout.trim().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>);
+  const after = (await runDvx(['wal', 'dead-letter', 'list', '--dir', dir])).stdout
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as Record<string, unknown>);
   t.match(after.at(-1), { id: rejected.id, reason: 'rejected', error: { store_code: '22P05' } });
 
   // Everything good arrived exactly once.
   const c = new pg.Client({ connectionString: pgdb.dsn });
   await c.connect();
-  const { rows } = await c.query<{ n: number; d: number }>('SELECT count(*)::int AS n, count(DISTINCT id)::int AS d FROM llm_audit_log');
+  const { rows } = await c.query<{ n: number; d: number }>(
+    'SELECT count(*)::int AS n, count(DISTINCT id)::int AS d FROM llm_audit_log',
+  );
   await c.end();
   const good = before.length + duringRead.length + duringCheckpoint.length + duringCut.length;
   t.same(rows[0], { n: good, d: good });
@@ -128,8 +177,15 @@ t.test('every step of shipping fails for real and shipping goes on', async (t) =
   // Each failure was logged with its error object, stack included, and the step.
   for (const reason of ['read', 'checkpoint', 'store', 'dead_letter']) {
     const line = lines.find((l) => l.reason === reason);
-    t.match(line, { level: 'warn', table: 'llm_audit_log', err: { message: String, stack: String } }, `the ${reason} failure is logged with its error`);
+    t.match(
+      line,
+      { level: 'warn', table: 'llm_audit_log', err: { message: String, stack: String } },
+      `the ${reason} failure is logged with its error`,
+    );
   }
-  t.match(lines.find((l) => (l.msg as string).startsWith('audit records the store rejects')), { ids: [rejected.id], errors: [{ id: rejected.id, store_code: '22P05' }] });
+  t.match(
+    lines.find((l) => (l.msg as string).startsWith('audit records the store rejects')),
+    { ids: [rejected.id], errors: [{ id: rejected.id, store_code: '22P05' }] },
+  );
   t.same(rejections, [], 'no unhandled rejection');
 });

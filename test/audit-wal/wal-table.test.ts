@@ -34,7 +34,10 @@ t.test('concurrent appends are group-committed, durable and read back in order',
   await Promise.all(Array.from({ length: 2000 }, (_, i) => table.append({ id: `r${i}` })));
   const records = await readAll(table);
   t.equal(records.length, 2000);
-  t.same(records.slice(0, 3).map((r) => r.id), ['r0', 'r1', 'r2']);
+  t.same(
+    records.slice(0, 3).map((r) => r.id),
+    ['r0', 'r1', 'r2'],
+  );
   await table.close();
   const again = await WalTable.open(dir, 'llm_audit_log');
   t.equal((await readAll(again)).length, 2000, 'still there after reopening');
@@ -51,7 +54,11 @@ t.test('segments rotate by size; commit moves the checkpoint and deletes shipped
   const { records, next } = await table.read(table.checkpoint, 60);
   t.equal(records.length, 60);
   await table.commit(next);
-  t.same((await readAll(table)).map((r) => r.id), Array.from({ length: 40 }, (_, i) => `r${60 + i}`), 'only the unshipped remain');
+  t.same(
+    (await readAll(table)).map((r) => r.id),
+    Array.from({ length: 40 }, (_, i) => `r${60 + i}`),
+    'only the unshipped remain',
+  );
   const files = (await readdir(dir)).filter((f) => f.endsWith('.wal'));
   t.equal(files.length, table.stats().segments, 'shipped segments deleted');
   await table.close();
@@ -84,10 +91,20 @@ t.test('a torn or bit-flipped tail is cut at the first bad frame, with the offse
     }
     if (damage === 'garbage') await appendFile(seg, Buffer.from([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]));
     const lines: string[] = [];
-    const reopened = await WalTable.open(dir, 't', { log: createLogger({ destination: { write: (s: string) => void lines.push(s) } }) });
+    const reopened = await WalTable.open(dir, 't', {
+      log: createLogger({ destination: { write: (s: string) => void lines.push(s) } }),
+    });
     const ids = (await readAll(reopened)).map((r) => r.id);
-    t.same(ids, damage === 'garbage' ? Array.from({ length: 10 }, (_, i) => `r${i}`) : Array.from({ length: 9 }, (_, i) => `r${i}`), `${damage}: everything before the damage`);
-    const cut = lines.map((l) => JSON.parse(l)).find((l) => l.msg === 'wal tail cut at the first torn or corrupt frame');
+    t.same(
+      ids,
+      damage === 'garbage'
+        ? Array.from({ length: 10 }, (_, i) => `r${i}`)
+        : Array.from({ length: 9 }, (_, i) => `r${i}`),
+      `${damage}: everything before the damage`,
+    );
+    const cut = lines
+      .map((l) => JSON.parse(l))
+      .find((l) => l.msg === 'wal tail cut at the first torn or corrupt frame');
     t.ok(cut && Number.isInteger(cut.offset) && cut.offset > 0, `${damage}: logged with the offset (${cut?.offset})`);
     await reopened.append({ id: 'next' });
     t.equal((await readAll(reopened)).at(-1)!.id, 'next', `${damage}: appends continue after the cut`);
@@ -98,8 +115,13 @@ t.test('a torn or bit-flipped tail is cut at the first bad frame, with the offse
 t.test('past the ceiling records are dropped and counted, without blocking', async (t) => {
   const dir = await tempDir();
   const lines: string[] = [];
-  const table = await WalTable.open(dir, 't', { maxBytes: 2000, log: createLogger({ destination: { write: (s: string) => void lines.push(s) } }) });
-  const results = await Promise.allSettled(Array.from({ length: 50 }, (_, i) => table.append({ id: `r${i}`, pad: 'x'.repeat(50) })));
+  const table = await WalTable.open(dir, 't', {
+    maxBytes: 2000,
+    log: createLogger({ destination: { write: (s: string) => void lines.push(s) } }),
+  });
+  const results = await Promise.allSettled(
+    Array.from({ length: 50 }, (_, i) => table.append({ id: `r${i}`, pad: 'x'.repeat(50) })),
+  );
   const dropped = results.filter((r) => r.status === 'rejected');
   t.ok(dropped.length > 0 && dropped.every((r) => (r as PromiseRejectedResult).reason instanceof WalFullError));
   t.equal(table.stats().dropped, dropped.length);
@@ -138,7 +160,11 @@ t.test('disk full (a real 64 KiB tmpfs): the append fails, what was acknowledged
   t.ok(failed instanceof WalWriteError, 'ENOSPC surfaces as WalWriteError');
   t.ok(ok > 10, `${ok} records fit first`);
   t.equal((await readAll(table)).length, ok, 'every acknowledged record, nothing torn after them');
-  await t.rejects(table.append({ id: 'still-full', pad: 'x'.repeat(4000) }), WalWriteError, 'still refused while the disk is full');
+  await t.rejects(
+    table.append({ id: 'still-full', pad: 'x'.repeat(4000) }),
+    WalWriteError,
+    'still refused while the disk is full',
+  );
   await table.close();
   const reopened = await WalTable.open(dir, 't');
   t.equal((await readAll(reopened)).length, ok, 'and after a restart');
@@ -172,22 +198,28 @@ t.test('SIGKILL while appending under load: every acknowledged record survives e
   await table.close();
 });
 
-t.test('property: any appends then a cut at any byte recover to a prefix of what was written', async (t) => {
-  await fc.assert(fc.asyncProperty(fc.array(fc.string({ maxLength: 60 }), { minLength: 1, maxLength: 30 }), fc.nat(), async (values, cutSeed) => {
-    const frames = values.map((v) => encodeFrame(Buffer.from(JSON.stringify({ v }))));
-    const file = Buffer.concat([segmentHeader(), ...frames]);
-    const cut = HEADER_BYTES + (cutSeed % (file.length - HEADER_BYTES + 1));
-    const dir = await mkdtemp(join(tmpdir(), 'dvx-walprop-'));
-    try {
-      await writeFile(join(dir, '000000000001.wal'), file.subarray(0, cut));
-      const table = await WalTable.open(dir, 'p');
-      const got = (await readAll(table)).map((r) => (r as unknown as { v: string }).v);
-      await table.close();
-      const whole = decodeFrames(file.subarray(0, cut), HEADER_BYTES).frames.length;
-      return got.length === whole && got.every((v, i) => v === values[i]);
-    } finally {
-      await rm(dir, { recursive: true, force: true });
-    }
-  }), { numRuns: 60 });
+t.test('property: any appends then a cut at any byte recover to a prefix of what was written', async () => {
+  await fc.assert(
+    fc.asyncProperty(
+      fc.array(fc.string({ maxLength: 60 }), { minLength: 1, maxLength: 30 }),
+      fc.nat(),
+      async (values, cutSeed) => {
+        const frames = values.map((v) => encodeFrame(Buffer.from(JSON.stringify({ v }))));
+        const file = Buffer.concat([segmentHeader(), ...frames]);
+        const cut = HEADER_BYTES + (cutSeed % (file.length - HEADER_BYTES + 1));
+        const dir = await mkdtemp(join(tmpdir(), 'dvx-walprop-'));
+        try {
+          await writeFile(join(dir, '000000000001.wal'), file.subarray(0, cut));
+          const table = await WalTable.open(dir, 'p');
+          const got = (await readAll(table)).map((r) => (r as unknown as { v: string }).v);
+          await table.close();
+          const whole = decodeFrames(file.subarray(0, cut), HEADER_BYTES).frames.length;
+          return got.length === whole && got.every((v, i) => v === values[i]);
+        } finally {
+          await rm(dir, { recursive: true, force: true });
+        }
+      },
+    ),
+    { numRuns: 60 },
+  );
 });
-

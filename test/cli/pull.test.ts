@@ -19,7 +19,10 @@ await h.call('root', 'POST', '/config/api.token?scope=org&org=org-a', { secret: 
 const base = `https://127.0.0.1:${h.cp.port}`;
 
 function sidecar(args: string[]) {
-  const child = spawn(DVX_BIN, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, DVX_LOG_LEVEL: 'warn' } });
+  const child = spawn(DVX_BIN, args, {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, DVX_LOG_LEVEL: 'warn' },
+  });
   let stderr = '';
   child.stderr.on('data', (d) => (stderr += d));
   const exited = new Promise<number | null>((r) => child.on('close', (code) => r(code)));
@@ -29,14 +32,44 @@ function sidecar(args: string[]) {
 t.test('policy-pull and config-pull write their files; wait-file sees them; SIGTERM stops cleanly', async (t) => {
   const snapshot = join(h.dir, 'policy.json');
   const config = join(h.dir, 'config.json');
-  const policy = sidecar(['policy-pull', '--controlplane', base, '--broker-key', join(h.dir, 'broker-key.json'), '--snapshot', snapshot, '--insecure-skip-verify', '--interval', '30s']);
-  const cfg = sidecar(['config-pull', '--controlplane', base, '--broker-key', join(h.dir, 'broker-key.json'), '--snapshot', config, '--insecure-skip-verify', '--no-events', '--interval', '1s']);
+  const policy = sidecar([
+    'policy-pull',
+    '--controlplane',
+    base,
+    '--broker-key',
+    join(h.dir, 'broker-key.json'),
+    '--snapshot',
+    snapshot,
+    '--insecure-skip-verify',
+    '--interval',
+    '30s',
+  ]);
+  const cfg = sidecar([
+    'config-pull',
+    '--controlplane',
+    base,
+    '--broker-key',
+    join(h.dir, 'broker-key.json'),
+    '--snapshot',
+    config,
+    '--insecure-skip-verify',
+    '--no-events',
+    '--interval',
+    '1s',
+  ]);
   t.equal((await runDvx(['wait-file', '--path', snapshot, '--poll', '100ms', '--timeout', '20s'])).code, 0);
   t.equal((await runDvx(['wait-file', '--path', config, '--poll', '100ms', '--timeout', '20s'])).code, 0);
   const snap = validateSnapshot(JSON.parse(await readFile(snapshot, 'utf8')));
   t.same(Object.keys(snap.agents), ['bot-1']);
   const values = JSON.parse(await readFile(config, 'utf8'));
-  t.same(values.orgs['org-a'].config, { region: { value: 'eu', locked: false, secret: false }, 'api.token': { value: null, locked: false, secret: true } }, 'a secret key carries no value');
+  t.same(
+    values.orgs['org-a'].config,
+    {
+      region: { value: 'eu', locked: false, secret: false },
+      'api.token': { value: null, locked: false, secret: true },
+    },
+    'a secret key carries no value',
+  );
   // A nudge re-pulls the policy puller at once.
   await h.call('root', 'PUT', '/platform/config/llmproxy/credential_mode', { value: JSON.stringify('passthrough') });
   let seen = false;
@@ -55,7 +88,15 @@ t.test('bad usage and timeouts', async (t) => {
   const missing = await runDvx(['policy-pull', '--controlplane', base]);
   t.equal(missing.code, 2);
   t.match(missing.stderr, /--broker-key is required/);
-  const badKey = await runDvx(['policy-pull', '--controlplane', base, '--broker-key', join(h.dir, 'nope.json'), '--snapshot', join(h.dir, 'x.json')]);
+  const badKey = await runDvx([
+    'policy-pull',
+    '--controlplane',
+    base,
+    '--broker-key',
+    join(h.dir, 'nope.json'),
+    '--snapshot',
+    join(h.dir, 'x.json'),
+  ]);
   t.equal(badKey.code, 2);
   t.match(badKey.stderr, /cannot read --broker-key/);
   const late = await runDvx(['wait-file', '--path', join(h.dir, 'never'), '--poll', '50ms', '--timeout', '200ms']);
@@ -65,12 +106,25 @@ t.test('bad usage and timeouts', async (t) => {
 
 t.test('--policy-publish and --config-publish write for a co-located enclave', async (t) => {
   const dir = join(h.dir, 'published');
-  t.match(((await h.start({ policyPublish: true }).catch((e: Error) => e)) as Error).message, /--policy-publish needs --policy-publish-dir and --policy-enclave-id/);
-  const cp = await h.start({ seedAdmin: ['root'], policyPublish: true, policyPublishDir: dir, policyEnclaveId: 'enc-9', configPublish: true, configPublishDir: dir, configEnclaveId: 'enc-9' });
+  t.match(
+    ((await h.start({ policyPublish: true }).catch((e: Error) => e)) as Error).message,
+    /--policy-publish needs --policy-publish-dir and --policy-enclave-id/,
+  );
+  const cp = await h.start({
+    seedAdmin: ['root'],
+    policyPublish: true,
+    policyPublishDir: dir,
+    policyEnclaveId: 'enc-9',
+    configPublish: true,
+    configPublishDir: dir,
+    configEnclaveId: 'enc-9',
+  });
   t.teardown(() => cp.close());
   await h.callAt(cp.port, 'root', 'POST', '/orgs', { id: 'org-a', name: 'A' });
   await h.callAt(cp.port, 'root', 'POST', '/enclaves', { name: 'local', enclave_id: 'enc-9', owning_org: 'org-a' });
-  await h.callAt(cp.port, 'root', 'PUT', '/platform/config/llmproxy/credential_mode', { value: JSON.stringify('passthrough') });
+  await h.callAt(cp.port, 'root', 'PUT', '/platform/config/llmproxy/credential_mode', {
+    value: JSON.stringify('passthrough'),
+  });
   await h.callAt(cp.port, 'root', 'POST', '/config/region', { value: 'eu' });
   let policy: { platform?: { credential_mode?: { value: string } } } = {};
   let config: { platform?: { region?: { value: string } } } = {};

@@ -26,9 +26,11 @@ async function catalogues(): Promise<Map<string, string>> {
       const mod = (await import(pathToFileURL(join(ROOT, file)).href)) as Record<string, unknown>;
       for (const [name, value] of Object.entries(mod)) {
         if (typeof value !== 'function' || !(value.prototype instanceof Error)) continue;
-        if (!(value.prototype instanceof DvxError) && value !== DvxError) throw new Error(`${file}: ${name} does not extend DvxError`);
+        if (!(value.prototype instanceof DvxError) && value !== DvxError)
+          throw new Error(`${file}: ${name} does not extend DvxError`);
         const code = (value as typeof DvxError).code;
-        if (value !== DvxError && code === DvxError.code) throw new Error(`${file}: ${name} declares no code of its own`);
+        if (value !== DvxError && code === DvxError.code)
+          throw new Error(`${file}: ${name} declares no code of its own`);
         const seen = codes.get(code);
         if (seen && seen !== `${file}:${name}`) {
           // A subclass that keeps its parent's code is the one accepted reuse (the same error, narrower).

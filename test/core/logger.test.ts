@@ -1,5 +1,6 @@
 import t from 'tap';
-import { createAuditLogger, createLogger } from '../../core/logger.ts';
+import { createLogger } from '../../core/logger.ts';
+import { StdoutAuditSink } from '../../audit-wal/stdout-sink.ts';
 
 function capture() {
   const lines: string[] = [];
@@ -10,7 +11,7 @@ t.test('app lines carry stream=app, audit lines stream=audit', async (t) => {
   const app = capture();
   const audit = capture();
   createLogger({ destination: app.destination, component: 'llmproxy' }).info({ a: 1 }, 'hello');
-  createAuditLogger({ destination: audit.destination }).info({ action: 'inference.request' }, 'audit');
+  await new StdoutAuditSink(audit.destination).append('audit_events', { action: 'inference.request' });
   const a = JSON.parse(app.lines[0]);
   t.equal(a.stream, 'app');
   t.equal(a.component, 'llmproxy');

@@ -21,7 +21,11 @@ t.test('a counter refuses an unknown label, a negative or a non-finite increment
   t.throws(() => c.inc({ a: '1' }, -1), /cannot add -1/);
   t.throws(() => c.inc({ a: '1' }, NaN), /cannot add NaN/);
   c.inc();
-  t.match(await registry.metrics(), /^dvx_x_total 1$/m, 'no labels: one unlabelled series, the refused updates left nothing');
+  t.match(
+    await registry.metrics(),
+    /^dvx_x_total 1$/m,
+    'no labels: one unlabelled series, the refused updates left nothing',
+  );
 });
 
 t.test('histograms keep cumulative buckets, +Inf, sum and count per label', async (t) => {

@@ -31,12 +31,23 @@ t.test('env names are DVX_ + upper-cased flag with underscores', async (t) => {
 t.test('precedence is flag, then environment, then default', async (t) => {
   t.same(parse([], {}), { inspectTimeout: 2000, logLevel: 'info', inspectFailClosed: false });
   t.same(parse([], { DVX_INSPECT_TIMEOUT: '5s', DVX_LOG_LEVEL: 'debug', DVX_INSPECT_FAIL_CLOSED: 'true' }), {
-    inspectTimeout: 5000, logLevel: 'debug', inspectFailClosed: true,
+    inspectTimeout: 5000,
+    logLevel: 'debug',
+    inspectFailClosed: true,
   });
-  t.same(parse(['--inspect-timeout', '250ms', '--log-level', 'info', '--no-inspect-fail-closed'], {
-    DVX_INSPECT_TIMEOUT: '5s', DVX_LOG_LEVEL: 'debug', DVX_INSPECT_FAIL_CLOSED: 'true',
-  }), { inspectTimeout: 250, logLevel: 'info', inspectFailClosed: false });
-  t.equal(parse(['--inspect-fail-closed'], { DVX_INSPECT_FAIL_CLOSED: 'false' }).inspectFailClosed, true, 'the flag beats the environment');
+  t.same(
+    parse(['--inspect-timeout', '250ms', '--log-level', 'info', '--no-inspect-fail-closed'], {
+      DVX_INSPECT_TIMEOUT: '5s',
+      DVX_LOG_LEVEL: 'debug',
+      DVX_INSPECT_FAIL_CLOSED: 'true',
+    }),
+    { inspectTimeout: 250, logLevel: 'info', inspectFailClosed: false },
+  );
+  t.equal(
+    parse(['--inspect-fail-closed'], { DVX_INSPECT_FAIL_CLOSED: 'false' }).inspectFailClosed,
+    true,
+    'the flag beats the environment',
+  );
   t.equal(parse([], { DVX_INSPECT_FAIL_CLOSED: 'false' }).inspectFailClosed, false);
   t.equal(parse(['--inspect-fail-closed', '-'], {}).inspectFailClosed, true, 'a boolean flag takes no value');
 });

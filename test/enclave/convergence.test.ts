@@ -16,11 +16,18 @@ if (!pgDb && process.env.CI) t.fail('PostgreSQL is not reachable on 127.0.0.1:54
 const dsn = pgDb?.dsn;
 if (pgDb) t.teardown(() => pgDb.drop());
 
-const cph = await startCpHarness([{ clientId: 'root', org: 'org-a', human: true }, { clientId: 'admin-a', org: 'org-a', human: true }], { seedAdmin: ['root'] });
+const cph = await startCpHarness(
+  [
+    { clientId: 'root', org: 'org-a', human: true },
+    { clientId: 'admin-a', org: 'org-a', human: true },
+  ],
+  { seedAdmin: ['root'] },
+);
 t.teardown(() => cph.close());
 const cp = await cph.start({ seedAdmin: ['root'], ...(dsn ? { databaseDsn: dsn } : {}) });
 t.teardown(() => cp.close());
-const call = (who: string, method: string, path: string, body?: unknown) => cph.callAt(cp.port, who, method, path, body);
+const call = (who: string, method: string, path: string, body?: unknown) =>
+  cph.callAt(cp.port, who, method, path, body);
 
 const proxy = await startHarness({ secrets: { 'agent:bot-1': { 'agent:llmproxy.llm.api_key': PLATFORM_KEY } } });
 t.teardown(() => proxy.close());
@@ -29,17 +36,33 @@ await call('root', 'POST', '/orgs', { id: 'org-a', name: 'A' });
 await call('root', 'POST', '/orgs/org-a/groups', { id: 'ops', name: 'Ops' });
 await call('root', 'POST', '/orgs/org-a/grants', { principal: 'user:admin-a', role: 'org-admin' });
 await call('root', 'POST', '/orgs/org-a/grants', { principal: 'user:admin-a', capability: 'platform:config' });
-const registered = await call('root', 'POST', '/enclaves', { name: 'eu-prod', enclave_id: 'enc-1', owning_org: 'org-a' });
+const registered = await call('root', 'POST', '/enclaves', {
+  name: 'eu-prod',
+  enclave_id: 'enc-1',
+  owning_org: 'org-a',
+});
 const brokerToken = registered.body.key.token as string;
-await call('admin-a', 'POST', '/orgs/org-a/agents', { uid: 'bot-1', name: 'builder', group: 'ops', enclave_id: 'enc-1' });
+await call('admin-a', 'POST', '/orgs/org-a/agents', {
+  uid: 'bot-1',
+  name: 'builder',
+  group: 'ops',
+  enclave_id: 'enc-1',
+});
 await call('root', 'PUT', '/platform/config/llmproxy/downstream_url', { value: JSON.stringify(proxy.upstream.url) });
 
 const quiet = createLogger({ level: 'error', destination: { write: () => {} } });
 const snapshotPath = join(proxy.dir, 'snapshot.json');
 function puller(events: boolean, intervalMs: number): RunningPuller {
   return startPuller({
-    controlplane: `https://127.0.0.1:${cp.port}`, route: '/v1/broker/snapshot', brokerToken, out: snapshotPath, intervalMs, events,
-    insecureSkipVerify: true, validate: (doc) => void validateSnapshot(doc), log: quiet,
+    controlplane: `https://127.0.0.1:${cp.port}`,
+    route: '/v1/broker/snapshot',
+    brokerToken,
+    out: snapshotPath,
+    intervalMs,
+    events,
+    insecureSkipVerify: true,
+    validate: (doc) => void validateSnapshot(doc),
+    log: quiet,
   });
 }
 
@@ -69,19 +92,35 @@ t.test('with events: every write reaches the proxy within seconds', async (t) =>
   await p.ready;
   t.equal(await ask('claude-x'), 200, 'the agent is served');
 
-  const blocked = await call('admin-a', 'PUT', '/config/llmproxy/model_policy', { value: JSON.stringify({ mode: 'blocklist', models: ['claude-x'] }) });
+  const blocked = await call('admin-a', 'PUT', '/config/llmproxy/model_policy', {
+    value: JSON.stringify({ mode: 'blocklist', models: ['claude-x'] }),
+  });
   t.equal(blocked.body.published, true, 'published to the enclave');
   const ms = await within(5000, async () => (await ask('claude-x')) === 403);
   t.pass(`a blocked model is refused ${ms} ms after the write`);
   t.equal(await ask('claude-y'), 200, 'other models still pass');
 
-  await call('admin-a', 'PUT', '/config/llmproxy/content_inspection', { value: JSON.stringify({ pii_detection: { enabled: true, severity: 'block', types: ['email'] } }) });
+  await call('admin-a', 'PUT', '/config/llmproxy/content_inspection', {
+    value: JSON.stringify({ pii_detection: { enabled: true, severity: 'block', types: ['email'] } }),
+  });
   await within(5000, async () => (await ask('claude-y', 'write to jane.doe@example.com')) === 403);
   t.equal(await ask('claude-y', 'no personal data here'), 200);
 
   // A lock at org scope: the agent override is refused at the API, and the proxy keeps the org's rule.
-  await call('admin-a', 'PUT', '/config/llmproxy/model_policy', { value: JSON.stringify({ mode: 'blocklist', models: ['claude-x'] }), locked: true });
-  t.equal((await call('admin-a', 'POST', '/agents/bot-1/config', { override_service: 'llmproxy', key: 'model_policy', value: JSON.stringify({ mode: 'allowlist', models: ['claude-*'] }) })).status, 409);
+  await call('admin-a', 'PUT', '/config/llmproxy/model_policy', {
+    value: JSON.stringify({ mode: 'blocklist', models: ['claude-x'] }),
+    locked: true,
+  });
+  t.equal(
+    (
+      await call('admin-a', 'POST', '/agents/bot-1/config', {
+        override_service: 'llmproxy',
+        key: 'model_policy',
+        value: JSON.stringify({ mode: 'allowlist', models: ['claude-*'] }),
+      })
+    ).status,
+    409,
+  );
   t.equal(await ask('claude-x'), 403);
 
   await call('admin-a', 'PUT', '/feature-flags/inspect:llm', { enabled: false });
@@ -91,7 +130,10 @@ t.test('with events: every write reaches the proxy within seconds', async (t) =>
   await within(5000, async () => (await ask('claude-x')) === 403);
 
   // A pack with LLM policy, installed at the org: its rules add on top of the base.
-  await call('root', 'POST', '/packs', { name: 'no-cards', config: { content_inspection: { pii_detection: { enabled: true, severity: 'block', types: ['credit_card'] } } } });
+  await call('root', 'POST', '/packs', {
+    name: 'no-cards',
+    config: { content_inspection: { pii_detection: { enabled: true, severity: 'block', types: ['credit_card'] } } },
+  });
   t.equal(await ask('claude-y', 'card 4111 1111 1111 1111'), 200, 'before the pack');
   t.equal((await call('root', 'PUT', '/packs/no-cards/installations?scope=org&org=org-a')).body.published, true);
   await within(5000, async () => (await ask('claude-y', 'card 4111 1111 1111 1111')) === 403);
@@ -117,7 +159,9 @@ t.test('with events off: within one interval', async (t) => {
   const p = puller(false, 400);
   t.teardown(() => p.close());
   await p.ready;
-  await call('admin-a', 'PUT', '/config/llmproxy/model_policy', { value: JSON.stringify({ mode: 'blocklist', models: ['claude-z'] }) });
+  await call('admin-a', 'PUT', '/config/llmproxy/model_policy', {
+    value: JSON.stringify({ mode: 'blocklist', models: ['claude-z'] }),
+  });
   const ms = await within(3000, async () => (await ask('claude-z')) === 403);
   t.ok(ms < 3000, `refused ${ms} ms after the write (interval 400 ms)`);
   t.equal(await ask('claude-x'), 200);
