@@ -2,7 +2,8 @@ import type { Command } from 'commander';
 import { Command as Cmd } from 'commander';
 import { addBooleanFlag, flag, parseDurationFlag } from '../core/options.ts';
 import { runUntilSignal } from '../core/shutdown.ts';
-import { CONTROLPLANE_DEFAULTS, OptionsError, type ControlPlaneOptions } from '../controlplane/options.ts';
+import { CONTROLPLANE_DEFAULTS, type ControlPlaneOptions } from '../controlplane/options.ts';
+import { ControlPlaneOptionsError } from '../controlplane/errors.ts';
 import { startControlPlane } from '../controlplane/server.ts';
 import { CliError } from './exit-codes.ts';
 import { addAuditFlags, addCommonFlags, addConnectionFlags } from './server-flags.ts';
@@ -37,7 +38,7 @@ export function registerControlPlane(serve: Command): void {
       try {
         running = await startControlPlane(opts);
       } catch (err) {
-        if (err instanceof OptionsError) throw new CliError(err.message);
+        if (err instanceof ControlPlaneOptionsError) throw new CliError(err.message);
         throw new CliError(`controlplane failed to start: ${(err as Error).message}`);
       }
       await runUntilSignal(() => running.close());

@@ -8,10 +8,10 @@ import { loadTls } from '../core/tls.ts';
 import { PROBLEM_CONTENT_TYPE } from '../core/problem.ts';
 import { ServerLimiter, serverOptions } from '../core/server-limits.ts';
 import { startMetricsServer } from '../core/metrics-server.ts';
-import { OidcAuthenticator, AuthenticationError, type Principal } from './auth/oidc.ts';
+import { OidcAuthenticator, type Principal } from './auth/oidc.ts';
 import { callerGrants, grantsChanged } from './authz/capabilities.ts';
-import { ApiError, entryForStatus, PROBLEMS, problemOf, sendProblem } from './errors.ts';
-import { CONTROLPLANE_DEFAULTS, isSkeleton, OptionsError, validateOptions, type ControlPlaneOptions } from './options.ts';
+import { ApiError, AuthenticationError, ControlPlaneOptionsError, entryForStatus, PROBLEMS, problemOf, sendProblem } from './errors.ts';
+import { CONTROLPLANE_DEFAULTS, isSkeleton, validateOptions, type ControlPlaneOptions } from './options.ts';
 import { openDb, type Db } from '../core/sql.ts';
 import { migrate } from './store/migrate.ts';
 import { grantRoutes } from './routes/grants.ts';
@@ -44,7 +44,7 @@ import { reportSkipped } from './skipped-rows.ts';
 import { idpConnectorRoutes } from './routes/idp-connectors.ts';
 import { ServiceAccountStatus } from './auth/service-account-status.ts';
 import { DcrProvisioner, type IdpProvisioner } from './idp/provisioner.ts';
-import { KeyFileError, parseServiceAccountKey } from './idp/service-account-key.ts';
+import { parseServiceAccountKey } from './idp/service-account-key.ts';
 import { fetchTrusting } from '../core/fetch.ts';
 import type { AuditSink } from '../audit-wal/sink.ts';
 import { StdoutAuditSink } from '../audit-wal/stdout-sink.ts';
@@ -142,7 +142,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     const issuerCa = options.oidcCa ? await readFile(options.oidcCa) : undefined;
     const idp = options.idpKey ? await openProvisioner(options.idpKey, options.oidcIssuer, issuerCa) : null;
     const kms = options.kmsProvider ? await openKms(options.kmsProvider, options.kmsConfig).catch((err: Error) => {
-      throw new OptionsError(err.message);
+      throw new ControlPlaneOptionsError(err.message, { cause: err });
     }) : null;
     db = await openDb(options.databaseDsn, {
       onPoolError: (err) => {
@@ -167,7 +167,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     // A change any replica committed: the grant cache is dropped and open streams re-check at once.
     events.onAuthzChange(() => grantsChanged(store));
     // The hourly purge of consumed events and of deleted enclaves' (spec: Events, fact 3).
-    purge = setInterval(() => void events.purge(store).then((n) => n > 0 && log.info({ purged: n }, 'events purged')).catch((err: Error) => log.warn({ err: err.message }, 'event purge failed')), 3_600_000);
+    purge = setInterval(() => void events.purge(store).then((n) => n > 0 && log.info({ purged: n }, 'events purged')).catch((err: Error) => log.warn({ err }, 'event purge failed')), 3_600_000);
     purge.unref();
     const agentIssuer = options.agentTokenIssuerUrl ? await AgentOperatorIssuer.open(store, options.agentTokenIssuerUrl, Math.round(options.agentTokenTtl / 1000)) : null;
     if (agentIssuer) {
@@ -177,7 +177,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     // Audit of every change: the WAL shipped to --audit-dsn, or stdout lines with "stream":"audit".
     // With an audit store, the audit read API reads the store the WAL ships to (one instance of it).
     auditStore = options.auditDsn ? await openStore(options.auditDsn) : null;
-    if (auditStore) await auditStore.ensureSchema().catch((err: Error) => log.warn({ err: err.message }, 'audit store unreachable at start; reads fail until it answers'));
+    if (auditStore) await auditStore.ensureSchema().catch((err: Error) => log.warn({ err }, 'audit store unreachable at start; reads fail until it answers'));
     audit = start.audit ?? (options.auditDsn
       ? await WalSink.open({ dir: options.auditWalDir, dsn: options.auditDsn, maxBytes: options.auditWalMaxBytes, log, registry, tables: ['audit_events'], store: auditStore! })
       : new StdoutAuditSink());
@@ -196,7 +196,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
         req.principal = agentIssuer?.claims(token) ? await agentIssuer.authenticate(token) : await oidc.authenticate(token);
         if (req.principal.kind === 'service' && await accountStatus.disabled(req.principal.subject)) throw new AuthenticationError('service account disabled');
       } catch (err) {
-        if (err instanceof AuthenticationError) throw new ApiError(PROBLEMS.unauthenticated, err.message);
+        if (err instanceof AuthenticationError) throw new ApiError(PROBLEMS.unauthenticated, err.message, { cause: err });
         throw err;
       }
     });
@@ -239,7 +239,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
   if (erasureDeps) {
     // An erasure a crash interrupted runs again from the top (every step is idempotent).
     const deps = erasureDeps;
-    const job = resumeErasures(deps).then(() => {}, (err: Error) => deps.log.error({ err: err.message }, 'resuming erasures failed'));
+    const job = resumeErasures(deps).then(() => {}, (err: Error) => deps.log.error({ err }, 'resuming erasures failed'));
     erasureJobs.add(job);
     void job.finally(() => erasureJobs.delete(job));
   }
@@ -270,9 +270,9 @@ async function openProvisioner(file: string, issuer: string, ca: Buffer | undefi
   try {
     key = parseServiceAccountKey(JSON.parse(await readFile(file, 'utf8')));
   } catch (err) {
-    throw new OptionsError(`--idp-key ${file}: ${err instanceof KeyFileError || err instanceof SyntaxError ? err.message : (err as Error).message}`);
+    throw new ControlPlaneOptionsError(`--idp-key ${file}: ${(err as Error).message}`, { cause: err });
   }
-  if (key.issuer.replace(/\/+$/, '') !== issuer.replace(/\/+$/, '')) throw new OptionsError(`--idp-key ${file} is a key of ${key.issuer}, not of --oidc-issuer ${issuer}`);
+  if (key.issuer.replace(/\/+$/, '') !== issuer.replace(/\/+$/, '')) throw new ControlPlaneOptionsError(`--idp-key ${file} is a key of ${key.issuer}, not of --oidc-issuer ${issuer}`);
   return new DcrProvisioner(issuer, key, fetchTrusting(ca));
 }
 

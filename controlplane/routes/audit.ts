@@ -9,10 +9,10 @@ import type { AuditStore } from '../../audit-wal/store.ts';
 import type { ChangeDeps } from '../audited-change.ts';
 import { auditScope, type AuditScope } from '../authz/audit-scope.ts';
 import { requireCapability } from '../authz/guard.ts';
-import { ApiError, PROBLEMS } from '../errors.ts';
+import { ApiError, OrgKeyShredded, PROBLEMS } from '../errors.ts';
 import type { ServiceAccountStatus } from '../auth/service-account-status.ts';
 import { StreamGuard, type StreamEndReason, type StreamGuardDeps } from '../stream-guard.ts';
-import { isSealed, OrgKeyShredded, type OrgKeys } from '../crypto/org-keys.ts';
+import { isSealed, type OrgKeys } from '../crypto/org-keys.ts';
 
 // The audit read API (operator-api.md: the audit routes, Audit rules 1–3, Events "Audit tail"),
 // mounted when an audit store is configured (--audit-dsn):

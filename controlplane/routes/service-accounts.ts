@@ -7,8 +7,8 @@ import { builtInRole, CAPABILITIES, groupsOf, type Capability, type ScopeKind } 
 import { describe, holds, requireCapability, type Target } from '../authz/guard.ts';
 import { conferredBy, requireConferrable, requireHoldsAllOf } from '../authz/confer.ts';
 import { bad, object, strings, text } from '../body.ts';
-import { ApiError, PROBLEMS } from '../errors.ts';
-import { IdpError, serviceAccountMetadata, type IdpProvisioner, type Registration } from '../idp/provisioner.ts';
+import { ApiError, IdpError, PROBLEMS } from '../errors.ts';
+import { serviceAccountMetadata, type IdpProvisioner, type Registration } from '../idp/provisioner.ts';
 import type { ServiceAccountKey } from '../idp/service-account-key.ts';
 import { dropIntent, recordIntent, recordRegistration, settleIntent, undoIdpStep } from '../idp/pending-undo.ts';
 import type { Queryable } from '../../core/sql.ts';
