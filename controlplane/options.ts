@@ -13,6 +13,12 @@ export interface ControlPlaneOptions extends AuditOptions, ServerLimitOptions {
   logLevel: LogLevel;
   /** Dedicated TLS Prometheus listener; empty disables it. */
   metricsAddr: string;
+  /**
+   * The enclave this control plane runs beside (spec: Server components, "Common flags"); empty: none.
+   * Carried on every log line and in /healthz so a fleet's lines are told apart.
+   */
+  enclaveId: string;
+  enclaveName: string;
   /** OIDC issuer for human and machine principals; empty selects skeleton mode. */
   oidcIssuer: string;
   /** Expected `aud` of operator tokens; empty skips the audience check. */
@@ -67,6 +73,8 @@ export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
   logFormat: 'json',
   logLevel: 'info',
   metricsAddr: '',
+  enclaveId: '',
+  enclaveName: '',
   oidcIssuer: '',
   oidcAudience: '',
   oidcCa: '',

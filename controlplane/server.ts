@@ -84,7 +84,7 @@ const SKELETON_DETAIL = 'the operator API is not yet implemented here: this cont
 
 export async function startControlPlane(input: Partial<ControlPlaneOptions>, start: { logger?: Logger; audit?: AuditSink; registry?: Registry } = {}): Promise<RunningControlPlane> {
   const options = validateOptions(input);
-  const log = start.logger ?? createLogger({ level: options.logLevel, format: options.logFormat, component: 'controlplane' });
+  const log = withEnclave(start.logger ?? createLogger({ level: options.logLevel, format: options.logFormat, component: 'controlplane' }), options);
   const registry = start.registry ?? createRegistry({ defaultMetrics: Boolean(options.metricsAddr) });
   const metrics = controlPlaneMetrics(registry);
   const tls = await loadTls({ cert: options.tlsCert, key: options.tlsKey });
@@ -123,7 +123,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
 
   app.addHook('preValidation', refuseNul);
 
-  app.get('/healthz', async () => ({ component: 'controlplane', status: 'ok', version: pkg.version }));
+  app.get('/healthz', async () => ({ component: 'controlplane', status: 'ok', version: pkg.version, ...enclaveFields(options) }));
 
   let db: Db | null = null;
   let audit: AuditSink | null = null;
@@ -262,6 +262,15 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
       await db?.close();
     },
   };
+}
+
+/** --enclave-id and --enclave-name as log and /healthz fields, each only when set. */
+function enclaveFields(o: ControlPlaneOptions): { enclave_id?: string; enclave_name?: string } {
+  return { ...(o.enclaveId ? { enclave_id: o.enclaveId } : {}), ...(o.enclaveName ? { enclave_name: o.enclaveName } : {}) };
+}
+
+function withEnclave(log: Logger, o: ControlPlaneOptions): Logger {
+  return o.enclaveId || o.enclaveName ? log.child(enclaveFields(o)) : log;
 }
 
 /** The service-account provisioner of --idp-key: the key file read and checked against --oidc-issuer. */
