@@ -14,6 +14,7 @@ import { ApiError, AuthenticationError, ControlPlaneOptionsError, entryForStatus
 import { CONTROLPLANE_DEFAULTS, isSkeleton, validateOptions, type ControlPlaneOptions } from './options.ts';
 import { openDb, type Db } from '../core/sql.ts';
 import { migrate } from './store/migrate.ts';
+import { seedPlatformAdmin } from './store/grants.ts';
 import { grantRoutes } from './routes/grants.ts';
 import { roleRoutes } from './routes/roles.ts';
 import { orgRoutes } from './routes/orgs.ts';
@@ -152,12 +153,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     });
     const applied = await migrate(db);
     if (applied.length > 0) log.info({ migrations: applied }, 'store migrated');
-    for (const subject of options.seedAdmin) {
-      await db.query(
-        `INSERT INTO grants (principal, scope_kind, role, created_by) VALUES ($1, 'platform', 'platform-admin', 'seed-admin') ON CONFLICT DO NOTHING`,
-        [`user:${subject}`],
-      );
-    }
+    for (const subject of options.seedAdmin) await seedPlatformAdmin(db, subject);
     const oidc = new OidcAuthenticator({ issuer: options.oidcIssuer, audience: options.oidcAudience || undefined, orgClaim: options.orgClaim, ca: issuerCa });
     const accountStatus = new ServiceAccountStatus(db);
     hub = new EventHub();
