@@ -111,8 +111,8 @@ export function validateOptions(input: Partial<ControlPlaneOptions>): ControlPla
     let url: URL;
     try {
       url = new URL(o.oidcIssuer);
-    } catch {
-      throw new ControlPlaneOptionsError(`--oidc-issuer "${o.oidcIssuer}" is not an absolute URL`);
+    } catch (err) {
+      throw new ControlPlaneOptionsError(`--oidc-issuer "${o.oidcIssuer}" is not an absolute URL`, { cause: err });
     }
     if (url.protocol !== 'https:' && url.hostname !== '127.0.0.1' && url.hostname !== 'localhost') {
       throw new ControlPlaneOptionsError('--oidc-issuer must be https (plain http only on loopback)');

@@ -1,6 +1,6 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
-import { builtInRole, CAPABILITIES, type ScopeKind } from '../authz/capabilities.ts';
+import { builtInRole, CAPABILITIES } from '../authz/capabilities.ts';
 import { requireCapability, type Target } from '../authz/guard.ts';
 import { conferredBy, grantScope, requireConferrable } from '../authz/confer.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
@@ -15,16 +15,7 @@ import { deleteGrant, insertGrant, listGrants, type GrantRow } from '../store/gr
 // capabilities the caller holds over the grant's scope (authz/confer.ts). Every change is audited
 // before it is committed.
 
-export interface GrantView {
-  id: number;
-  principal: string;
-  role: string | null;
-  capability: string | null;
-  scope_kind: ScopeKind;
-  org_id: string;
-  group_id: string;
-  agent_id: string;
-}
+export type GrantView = Omit<GrantRow, 'id'> & { id: number };
 
 const view = (r: GrantRow): GrantView => ({
   id: Number(r.id), principal: r.principal, role: r.role, capability: r.capability, scope_kind: r.scope_kind, org_id: r.org_id, group_id: r.group_id, agent_id: r.agent_id,

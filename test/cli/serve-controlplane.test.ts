@@ -1,30 +1,23 @@
 import t from 'tap';
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { Agent, request } from 'undici';
-import { generateCa, issueCertificate } from '../../core/tls.ts';
 import { DVX_BIN, runDvx } from '../fixtures/run-dvx.ts';
+import { tlsDir } from '../fixtures/tls-dir.ts';
 
 // `dvx serve controlplane` takes the common server flags (spec: Server components, "Common flags"):
 // --metrics-addr opens the TLS Prometheus listener, --enclave-id / --enclave-name (or DVX_*) mark every
 // log line and /healthz. The real binary in skeleton mode (no issuer, no database).
-const dir = await mkdtemp(join(tmpdir(), 'dvx-cli-cp-'));
-t.teardown(() => rm(dir, { recursive: true, force: true }));
-const ca = await generateCa();
-const leaf = await issueCertificate(ca, { commonName: 'localhost', ipAddresses: ['127.0.0.1'] });
-await writeFile(join(dir, 'cert.pem'), leaf.certPem);
-await writeFile(join(dir, 'key.pem'), leaf.keyPem);
-const dispatcher = new Agent({ connect: { ca: ca.certPem } });
+const tls = await tlsDir('dvx-cli-cp-');
+t.teardown(() => tls.remove());
+const dispatcher = new Agent({ connect: { ca: tls.ca.certPem } });
 t.teardown(() => dispatcher.close());
 
 t.test('--metrics-addr answers /metrics; --enclave-name and DVX_ENCLAVE_ID reach the logs and /healthz', async (t) => {
   const env: Record<string, string | undefined> = { ...process.env, DVX_ENCLAVE_ID: 'enc-7' };
   for (const k of Object.keys(env)) if (k.startsWith('DVX_') && k !== 'DVX_ENCLAVE_ID') delete env[k];
   const child = spawn(DVX_BIN, [
-    'serve', 'controlplane', '--addr', '127.0.0.1:0', '--tls-cert', join(dir, 'cert.pem'), '--tls-key', join(dir, 'key.pem'),
+    'serve', 'controlplane', '--addr', '127.0.0.1:0', '--tls-cert', tls.cert, '--tls-key', tls.key,
     '--metrics-addr', '127.0.0.1:0', '--enclave-name', 'edge one',
   ], { env, stdio: ['ignore', 'pipe', 'pipe'] });
   t.teardown(() => child.kill('SIGKILL'));
