@@ -59,7 +59,7 @@ export class ControlPlaneOptionsError extends DvxError {
 
 /** The KMS refused: unavailable provider, unreadable master key, a wrapped key it cannot unwrap. */
 export class KmsError extends DvxError {
-  static override readonly code = 'DVX_KMS';
+  static override readonly code = 'DVX_KMS_REFUSED';
 }
 
 /** A sealed value of an org whose data key was destroyed by erasure: it can never be opened again. */
@@ -69,7 +69,7 @@ export class OrgKeyShredded extends DvxError {
 
 /** The IdP refused or did not answer a provisioning call (discovery, token, client registration). */
 export class IdpError extends DvxError {
-  static override readonly code = 'DVX_IDP';
+  static override readonly code = 'DVX_IDP_REFUSED';
 }
 
 /** A --idp-key service-account key file that is not a valid key. */

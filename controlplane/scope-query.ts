@@ -6,7 +6,7 @@ import type { ChangeTarget } from './events.ts';
 import type { Queryable } from '../core/sql.ts';
 import { orgExists } from './store/orgs.ts';
 import { groupExists } from './store/groups.ts';
-import { agentPlacement } from './store/agents.ts';
+import { getAgent } from './store/agents.ts';
 
 // The scope a config value, a governance policy or a pack installation is authored at, from the
 // query string (targets derive from the request line, never the body): `scope` (platform | org |
@@ -36,7 +36,7 @@ export async function scopeOf(db: Queryable, req: FastifyRequest): Promise<Scope
   }
   if (kind === 'agent') {
     if (!s.agent) bad('agent', 'is required at agent scope');
-    const placed = await agentPlacement(db, s.agent);
+    const placed = await getAgent(db, s.agent);
     if (!placed) throw new ApiError(PROBLEMS.notFound, `no agent ${s.agent}`);
     if (s.org && s.org !== placed.org_id) throw new ApiError(PROBLEMS.notFound, `no agent ${s.agent} in org ${s.org}`);
     return { ...s, org: placed.org_id, group: placed.group_id };

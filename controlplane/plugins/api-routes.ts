@@ -53,7 +53,13 @@ export async function mountApi(api: FastifyInstance, deps: ChangeDeps, wired: Fa
   api.get('/whoami', { config: { requiredCapability: null } }, async (req) => {
     const p = req.principal!;
     const { groups, grants } = await callerGrants(deps.db, p.subject, p.orgId);
-    return { subject: p.subject, kind: p.kind, org_id: p.orgId, groups, capabilities: [...new Set(grants.map((g) => g.capability))].sort() };
+    return {
+      subject: p.subject,
+      kind: p.kind,
+      org_id: p.orgId,
+      groups,
+      capabilities: [...new Set(grants.map((g) => g.capability))].sort(),
+    };
   });
   await api.register(grantRoutes(deps));
   await api.register(roleRoutes(deps));
@@ -68,5 +74,13 @@ export async function mountApi(api: FastifyInstance, deps: ChangeDeps, wired: Fa
   if (wired.agentIssuer) await api.register(agentOperatorRoutes(deps, wired.agentIssuer));
   await api.register(erasureRoutes(deps, wired.erasure, wired.erasureJobs));
   if (wired.auditStore) await api.register(auditRoutes(deps, wired.auditStore, wired.auditRead));
-  if (wired.idp) await api.register(serviceAccountRoutes(deps, wired.idp, wired.accountStatus, wired.idpUndoGraceMs ?? CONTROLPLANE_DEFAULTS.idpUndoGraceMs));
+  if (wired.idp)
+    await api.register(
+      serviceAccountRoutes(
+        deps,
+        wired.idp,
+        wired.accountStatus,
+        wired.idpUndoGraceMs ?? CONTROLPLANE_DEFAULTS.idpUndoGraceMs,
+      ),
+    );
 }

@@ -18,13 +18,17 @@ export const bearerAuth = shared('controlplane-bearer-auth', async (app: Fastify
   app.addHook('onRequest', async (req: FastifyRequest) => {
     if (!req.url.startsWith('/api/v1/') && req.url !== '/api/v1') return;
     const header = req.headers.authorization;
-    const token = typeof header === 'string' && /^bearer\s+/i.test(header) ? header.replace(/^bearer\s+/i, '').trim() : '';
+    const token =
+      typeof header === 'string' && /^bearer\s+/i.test(header) ? header.replace(/^bearer\s+/i, '').trim() : '';
     if (!token) throw new ApiError(PROBLEMS.unauthenticated, 'missing bearer token');
     try {
       // The authenticator that accepts a token fixes its kind: a token of our agent-operator issuer is
       // verified by it alone (fail closed, never retried as an OIDC token), any other by the OIDC issuer.
-      req.principal = o.agentIssuer?.claims(token) ? await o.agentIssuer.authenticate(token) : await o.oidc.authenticate(token);
-      if (req.principal.kind === 'service' && await o.accountStatus.disabled(req.principal.subject)) throw new AuthenticationError('service account disabled');
+      req.principal = o.agentIssuer?.claims(token)
+        ? await o.agentIssuer.authenticate(token)
+        : await o.oidc.authenticate(token);
+      if (req.principal.kind === 'service' && (await o.accountStatus.disabled(req.principal.subject)))
+        throw new AuthenticationError('service account disabled');
     } catch (err) {
       if (err instanceof AuthenticationError) throw new ApiError(PROBLEMS.unauthenticated, err.message, { cause: err });
       throw err;

@@ -11,9 +11,16 @@ export const problems = shared('controlplane-problems', async (app: FastifyInsta
   app.setErrorHandler((err: Error & { validation?: unknown; statusCode?: number; code?: string }, req, reply) => {
     if (err instanceof ApiError) return sendProblem(reply, err.entry, err.detail, req.url);
     if (err.validation) return sendProblem(reply, PROBLEMS.badRequest, err.message, req.url);
-    if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE') return sendProblem(reply, PROBLEMS.payloadTooLarge, `request body exceeds ${app.initialConfig.bodyLimit} bytes`, req.url);
+    if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE')
+      return sendProblem(
+        reply,
+        PROBLEMS.payloadTooLarge,
+        `request body exceeds ${app.initialConfig.bodyLimit} bytes`,
+        req.url,
+      );
     // fastify's own refusals of a request (content type, content length, JSON syntax) keep their status.
-    if (err.code?.startsWith('FST_') && err.statusCode && err.statusCode >= 400 && err.statusCode < 500) return sendProblem(reply, entryForStatus(err.statusCode), err.message, req.url);
+    if (err.code?.startsWith('FST_') && err.statusCode && err.statusCode >= 400 && err.statusCode < 500)
+      return sendProblem(reply, entryForStatus(err.statusCode), err.message, req.url);
     if (err.statusCode === 400) return sendProblem(reply, PROBLEMS.badRequest, err.message, req.url);
     log.error({ err, request_id: req.id, url: req.url }, 'controlplane request failed');
     return sendProblem(reply, PROBLEMS.internal, undefined, req.url);

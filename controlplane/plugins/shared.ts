@@ -6,7 +6,10 @@ import type { FastifyPluginAsync } from 'fastify';
  * fastify reads (lib/plugin-utils.js). fastify-plugin itself is not a dependency
  * (docs/decisions.md, "P8: control-plane store modules and plugins").
  */
-export function shared<O extends Record<string, unknown>>(name: string, plugin: FastifyPluginAsync<O>): FastifyPluginAsync<O> {
+export function shared<O extends Record<string, unknown>>(
+  name: string,
+  plugin: FastifyPluginAsync<O>,
+): FastifyPluginAsync<O> {
   Object.assign(plugin, { [Symbol.for('skip-override')]: true, [Symbol.for('fastify.display-name')]: name });
   return plugin;
 }

@@ -10,7 +10,7 @@ import type { ChangeDeps } from '../audited-change.ts';
 import { auditScope, type AuditScope } from '../authz/audit-scope.ts';
 import { requireCapability } from '../authz/guard.ts';
 import { ApiError, OrgKeyShredded, PROBLEMS } from '../errors.ts';
-import { agentPlacement } from '../store/agents.ts';
+import { getAgent } from '../store/agents.ts';
 import type { ServiceAccountStatus } from '../auth/service-account-status.ts';
 import { StreamGuard, type StreamEndReason, type StreamGuardDeps } from '../stream-guard.ts';
 import { isSealed, type OrgKeys } from '../crypto/org-keys.ts';
@@ -193,7 +193,7 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
         await auditScope(db, req, {});
         org = p.orgId;
       } else {
-        org = (await agentPlacement(db, id))?.org_id ?? p.orgId;
+        org = (await getAgent(db, id))?.org_id ?? p.orgId;
         await requireCapability(db, req, 'audit:read:all', { kind: 'org', org });
       }
       const entries = await store.readLlm({ org, agentId: id, limit, offset });

@@ -9,7 +9,7 @@ import { enclaveConfig, enclaveSnapshot, storeSnapshotDocument } from '../../pip
 import { reportSkipped } from '../skipped-rows.ts';
 import { hashBrokerKey, setAddress } from './enclaves.ts';
 import { brokerKeyHash, enclaveByBrokerKey, type EnclaveRow } from '../store/enclaves.ts';
-import { agentState } from '../store/agents.ts';
+import { getAgent } from '../store/agents.ts';
 import type { AgentOperatorIssuer } from '../auth/agent-operator-issuer.ts';
 import { auditedChange } from '../audited-change.ts';
 import { StreamGuard, type StreamGuardDeps } from '../stream-guard.ts';
@@ -80,7 +80,7 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
       app.post('/v1/broker/agents/:uid/operator-token', async (req) => {
         const e = await authenticate(req);
         const uid = (req.params as { uid: string }).uid;
-        const agent = await agentState(db, uid);
+        const agent = await getAgent(db, uid);
         if (!agent || agent.enclave_id !== e.id) throw new ApiError(PROBLEMS.notFound, `enclave ${e.id} runs no agent ${uid}`);
         if (agent.contained) throw new ApiError(PROBLEMS.forbidden, `agent ${uid} is contained: no agent-operator token is minted for it`);
         return auditedChange(deps, req, 'agent-operator-token.mint', agent.org_id, async () => ({ result: await issuer.mint(agent.org_id, uid), resource: `agent:${uid}` }));

@@ -15,7 +15,7 @@ import { requireCapability } from '../authz/guard.ts';
 import { bad, object, text } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
-import { agentPlacement } from '../store/agents.ts';
+import { getAgent } from '../store/agents.ts';
 import { deletePolicy, getPolicy, policiesAt, policyLocked, upsertPolicy } from '../store/governance-policies.ts';
 import {
   installPack, listPacks, packExists, packInstallations, packRulesAt, uninstallPack, upsertPack,
@@ -182,7 +182,7 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
 
     api.get('/agents/:id/effective-governance', { config: { requiredCapability: 'agents:manage', target: 'agent-org' } }, async (req) => {
       const id = (req.params as { id: string }).id;
-      const agent = await agentPlacement(db, id);
+      const agent = await getAgent(db, id);
       if (!agent) {
         await requireCapability(db, req, 'agents:manage', { kind: 'org', org: req.principal?.orgId ?? '' });
         throw new ApiError(PROBLEMS.notFound, `no agent ${id}`);

@@ -3,22 +3,21 @@ import type { Queryable } from '../../core/sql.ts';
 // Agents in the store (spec: agentView, States and transitions).
 
 export interface AgentRow {
-  uid: string; org_id: string; name: string; image: string; command: string[]; enclave_id: string; group_id: string;
-  status: string; contained: boolean; policy_packs: string[];
+  uid: string;
+  org_id: string;
+  name: string;
+  image: string;
+  command: string[];
+  enclave_id: string;
+  group_id: string;
+  status: string;
+  contained: boolean;
+  policy_packs: string[];
 }
 
 const COLUMNS = 'uid, org_id, name, image, command, enclave_id, group_id, status, contained, policy_packs';
 
-/** Where an agent sits: its org and group; undefined when there is no such agent. */
-export async function agentPlacement(db: Queryable, uid: string): Promise<{ uid: string; org_id: string; group_id: string } | undefined> {
-  return (await db.query<{ uid: string; org_id: string; group_id: string }>('SELECT uid, org_id, group_id FROM agents WHERE uid = $1', [uid])).rows[0];
-}
-
-/** What decides whether an agent-operator token may be minted for an agent: its org, containment, enclave. */
-export async function agentState(db: Queryable, uid: string): Promise<{ org_id: string; contained: boolean; enclave_id: string } | undefined> {
-  return (await db.query<{ org_id: string; contained: boolean; enclave_id: string }>('SELECT org_id, contained, enclave_id FROM agents WHERE uid = $1', [uid])).rows[0];
-}
-
+/** An agent by uid; undefined when there is no such agent. */
 export async function getAgent(db: Queryable, uid: string): Promise<AgentRow | undefined> {
   return (await db.query<AgentRow>(`SELECT ${COLUMNS} FROM agents WHERE uid = $1`, [uid])).rows[0];
 }
@@ -32,7 +31,11 @@ export async function listAgents(db: Queryable, org: string): Promise<AgentRow[]
 }
 
 /** Sets the status and/or containment given (null keeps it). */
-export async function setAgentState(tx: Queryable, uid: string, change: { status: string | null; contained: boolean | null }): Promise<AgentRow> {
+export async function setAgentState(
+  tx: Queryable,
+  uid: string,
+  change: { status: string | null; contained: boolean | null },
+): Promise<AgentRow> {
   const { rows } = await tx.query<AgentRow>(
     `UPDATE agents SET status = coalesce($2, status), contained = coalesce($3, contained), updated_at = now() WHERE uid = $1 RETURNING ${COLUMNS}`,
     [uid, change.status, change.contained],
@@ -43,7 +46,16 @@ export async function setAgentState(tx: Queryable, uid: string, change: { status
 /** Create or update on `uid`, with the agent's packs installed at its own scope (composed at read time). */
 export async function upsertAgent(
   tx: Queryable,
-  a: { uid: string; org: string; name: string; image: string; command: string[]; enclave: string; group: string; packs: string[] },
+  a: {
+    uid: string;
+    org: string;
+    name: string;
+    image: string;
+    command: string[];
+    enclave: string;
+    group: string;
+    packs: string[];
+  },
   createdBy: string,
 ): Promise<AgentRow> {
   const { rows } = await tx.query<AgentRow>(
@@ -55,7 +67,10 @@ export async function upsertAgent(
   );
   await tx.query(`DELETE FROM pack_installs WHERE scope_kind = 'agent' AND agent_id = $1`, [a.uid]);
   for (const pack of new Set(a.packs)) {
-    await tx.query(`INSERT INTO pack_installs (pack, scope_kind, org_id, agent_id, installed_by) VALUES ($1, 'agent', $2, $3, $4)`, [pack, a.org, a.uid, createdBy]);
+    await tx.query(
+      `INSERT INTO pack_installs (pack, scope_kind, org_id, agent_id, installed_by) VALUES ($1, 'agent', $2, $3, $4)`,
+      [pack, a.org, a.uid, createdBy],
+    );
   }
   return rows[0];
 }

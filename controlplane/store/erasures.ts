@@ -3,7 +3,12 @@ import type { Queryable } from '../../core/sql.ts';
 // Per-org erasures in the store (spec: erasureView, erasureResultView): one row per erased org, kept
 // for good (an erased org's id is never reused).
 
-export interface ErasureRow { org_id: string; status: string; key_shredded: boolean; rows_swept: string | number }
+export interface ErasureRow {
+  org_id: string;
+  status: string;
+  key_shredded: boolean;
+  rows_swept: string | number;
+}
 
 export async function getErasure(db: Queryable, org: string): Promise<ErasureRow | undefined> {
   return (await db.query<ErasureRow>('SELECT * FROM erasures WHERE org_id = $1', [org])).rows[0];
@@ -18,12 +23,17 @@ export async function recordKeyShredded(db: Queryable, org: string, shredded: bo
 }
 
 export async function completeErasure(db: Queryable, org: string, swept: number): Promise<void> {
-  await db.query(`UPDATE erasures SET status = 'complete', rows_swept = rows_swept + $2, completed_at = now() WHERE org_id = $1`, [org, swept]);
+  await db.query(
+    `UPDATE erasures SET status = 'complete', rows_swept = rows_swept + $2, completed_at = now() WHERE org_id = $1`,
+    [org, swept],
+  );
 }
 
 /** The orgs whose erasure has not completed, oldest request first. */
 export async function runningErasures(db: Queryable): Promise<string[]> {
-  return (await db.query<{ org_id: string }>(`SELECT org_id FROM erasures WHERE status = 'running' ORDER BY requested_at`)).rows.map((r) => r.org_id);
+  return (
+    await db.query<{ org_id: string }>(`SELECT org_id FROM erasures WHERE status = 'running' ORDER BY requested_at`)
+  ).rows.map((r) => r.org_id);
 }
 
 // Tables holding an org's rows, with the column naming the org (children before parents).
@@ -52,7 +62,10 @@ const ORG_TABLES: [string, string][] = [
 export async function sweepOrgRows(tx: Queryable, org: string): Promise<number> {
   let n = 0;
   for (const [table, where] of ORG_TABLES) {
-    const { rows } = await tx.query<{ n: number }>(`WITH gone AS (DELETE FROM ${table} WHERE ${where} RETURNING 1) SELECT count(*)::int AS n FROM gone`, [org]);
+    const { rows } = await tx.query<{ n: number }>(
+      `WITH gone AS (DELETE FROM ${table} WHERE ${where} RETURNING 1) SELECT count(*)::int AS n FROM gone`,
+      [org],
+    );
     n += Number(rows[0].n);
   }
   return n;

@@ -3,7 +3,13 @@ import type { Queryable } from '../../core/sql.ts';
 // Orgs in the store (spec: orgView). Plain functions over a Queryable: the pool, or the transaction
 // client of an audited change (docs/decisions.md, "P8: control-plane store modules and plugins").
 
-export interface OrgView { id: string; kind: string; name: string; provider_org_ref: string; status: string }
+export interface OrgView {
+  id: string;
+  kind: string;
+  name: string;
+  provider_org_ref: string;
+  status: string;
+}
 
 const ORG_COLUMNS = 'id, kind, name, provider_org_ref, status';
 
@@ -25,7 +31,9 @@ export async function getOrg(db: Queryable, org: string): Promise<OrgView | unde
 }
 
 export async function insertOrg(
-  db: Queryable, org: { id: string; name: string; ref: string; status: string }, createdBy: string,
+  db: Queryable,
+  org: { id: string; name: string; ref: string; status: string },
+  createdBy: string,
 ): Promise<OrgView> {
   const { rows } = await db.query<OrgView>(
     `INSERT INTO orgs (id, name, provider_org_ref, status, created_by) VALUES ($1, $2, $3, $4, $5) RETURNING ${ORG_COLUMNS}`,
@@ -36,7 +44,9 @@ export async function insertOrg(
 
 /** Changes the fields given (null keeps a field); undefined when there is no such org. */
 export async function updateOrg(
-  db: Queryable, org: string, change: { name: string | null; ref: string | null; status: string | null },
+  db: Queryable,
+  org: string,
+  change: { name: string | null; ref: string | null; status: string | null },
 ): Promise<OrgView | undefined> {
   const { rows } = await db.query<OrgView>(
     `UPDATE orgs SET name = coalesce($2, name), provider_org_ref = coalesce($3, provider_org_ref), status = coalesce($4, status) WHERE id = $1 RETURNING ${ORG_COLUMNS}`,

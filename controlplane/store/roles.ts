@@ -16,12 +16,23 @@ export async function listCustomRoles(db: Queryable): Promise<RoleView[]> {
 }
 
 export async function insertRole(tx: Queryable, role: RoleView, createdBy: string): Promise<void> {
-  await tx.query('INSERT INTO roles (name, capabilities, created_by) VALUES ($1, $2, $3)', [role.name, role.capabilities, createdBy]);
+  await tx.query('INSERT INTO roles (name, capabilities, created_by) VALUES ($1, $2, $3)', [
+    role.name,
+    role.capabilities,
+    createdBy,
+  ]);
 }
 
 /** False when there is no such custom role. */
 export async function updateRole(tx: Queryable, role: RoleView): Promise<boolean> {
-  return (await tx.query('UPDATE roles SET capabilities = $2 WHERE name = $1 RETURNING name', [role.name, role.capabilities])).rows.length > 0;
+  return (
+    (
+      await tx.query('UPDATE roles SET capabilities = $2 WHERE name = $1 RETURNING name', [
+        role.name,
+        role.capabilities,
+      ])
+    ).rows.length > 0
+  );
 }
 
 export async function roleIsGranted(tx: Queryable, role: string): Promise<boolean> {

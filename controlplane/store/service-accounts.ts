@@ -5,16 +5,25 @@ import type { Queryable } from '../../core/sql.ts';
 // its client id at the IdP; the registration fields let the control plane change or remove the client.
 
 export interface AccountRow {
-  id: string; org_id: string; name: string; owner: string; level: string; status: string;
-  registration_client_uri: string; registration_access_token: string; created_at: Date | string;
+  id: string;
+  org_id: string;
+  name: string;
+  owner: string;
+  level: string;
+  status: string;
+  registration_client_uri: string;
+  registration_access_token: string;
+  created_at: Date | string;
 }
 
 export async function getServiceAccount(db: Queryable, org: string, id: string): Promise<AccountRow | undefined> {
-  return (await db.query<AccountRow>('SELECT * FROM service_accounts WHERE org_id = $1 AND id = $2', [org, id])).rows[0];
+  return (await db.query<AccountRow>('SELECT * FROM service_accounts WHERE org_id = $1 AND id = $2', [org, id]))
+    .rows[0];
 }
 
 export async function listServiceAccounts(db: Queryable, org: string): Promise<AccountRow[]> {
-  return (await db.query<AccountRow>('SELECT * FROM service_accounts WHERE org_id = $1 ORDER BY created_at, id', [org])).rows;
+  return (await db.query<AccountRow>('SELECT * FROM service_accounts WHERE org_id = $1 ORDER BY created_at, id', [org]))
+    .rows;
 }
 
 /** A new account, registered at the IdP as `reg`, owned by its creator. */
@@ -32,12 +41,24 @@ export async function insertServiceAccount(
 }
 
 export async function addServiceAccountKey(tx: Queryable, account: string, kid: string, publicJwk: JWK): Promise<void> {
-  await tx.query('INSERT INTO service_account_keys (account_id, key_id, public_jwk) VALUES ($1, $2, $3)', [account, kid, JSON.stringify(publicJwk)]);
+  await tx.query('INSERT INTO service_account_keys (account_id, key_id, public_jwk) VALUES ($1, $2, $3)', [
+    account,
+    kid,
+    JSON.stringify(publicJwk),
+  ]);
 }
 
 /** An account's public keys, oldest first. */
-export async function serviceAccountKeys(db: Queryable, account: string): Promise<{ key_id: string; public_jwk: string }[]> {
-  return (await db.query<{ key_id: string; public_jwk: string }>('SELECT key_id, public_jwk FROM service_account_keys WHERE account_id = $1 ORDER BY created_at, key_id', [account])).rows;
+export async function serviceAccountKeys(
+  db: Queryable,
+  account: string,
+): Promise<{ key_id: string; public_jwk: string }[]> {
+  return (
+    await db.query<{ key_id: string; public_jwk: string }>(
+      'SELECT key_id, public_jwk FROM service_account_keys WHERE account_id = $1 ORDER BY created_at, key_id',
+      [account],
+    )
+  ).rows;
 }
 
 export async function deleteServiceAccountKey(tx: Queryable, account: string, kid: string): Promise<void> {
@@ -45,9 +66,19 @@ export async function deleteServiceAccountKey(tx: Queryable, account: string, ki
 }
 
 export async function setServiceAccountOwner(tx: Queryable, account: string, owner: string): Promise<AccountRow> {
-  return (await tx.query<AccountRow>('UPDATE service_accounts SET owner = $2 WHERE id = $1 RETURNING *', [account, owner])).rows[0];
+  return (
+    await tx.query<AccountRow>('UPDATE service_accounts SET owner = $2 WHERE id = $1 RETURNING *', [account, owner])
+  ).rows[0];
 }
 
 export async function disableServiceAccount(tx: Queryable, account: string): Promise<AccountRow> {
-  return (await tx.query<AccountRow>(`UPDATE service_accounts SET status = 'disabled' WHERE id = $1 RETURNING *`, [account])).rows[0];
+  return (
+    await tx.query<AccountRow>(`UPDATE service_accounts SET status = 'disabled' WHERE id = $1 RETURNING *`, [account])
+  ).rows[0];
+}
+
+/** An account's status (`active`, `disabled`); undefined for a subject that is no service account. */
+export async function serviceAccountStatus(db: Queryable, id: string): Promise<string | undefined> {
+  return (await db.query<{ status: string }>('SELECT status FROM service_accounts WHERE id = $1', [id])).rows[0]
+    ?.status;
 }

@@ -16,10 +16,24 @@ t.teardown(() => dispatcher.close());
 t.test('--metrics-addr answers /metrics; --enclave-name and DVX_ENCLAVE_ID reach the logs and /healthz', async (t) => {
   const env: Record<string, string | undefined> = { ...process.env, DVX_ENCLAVE_ID: 'enc-7' };
   for (const k of Object.keys(env)) if (k.startsWith('DVX_') && k !== 'DVX_ENCLAVE_ID') delete env[k];
-  const child = spawn(DVX_BIN, [
-    'serve', 'controlplane', '--addr', '127.0.0.1:0', '--tls-cert', tls.cert, '--tls-key', tls.key,
-    '--metrics-addr', '127.0.0.1:0', '--enclave-name', 'edge one',
-  ], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(
+    DVX_BIN,
+    [
+      'serve',
+      'controlplane',
+      '--addr',
+      '127.0.0.1:0',
+      '--tls-cert',
+      tls.cert,
+      '--tls-key',
+      tls.key,
+      '--metrics-addr',
+      '127.0.0.1:0',
+      '--enclave-name',
+      'edge one',
+    ],
+    { env, stdio: ['ignore', 'pipe', 'pipe'] },
+  );
   t.teardown(() => child.kill('SIGKILL'));
   let out = '';
   const listening = new Promise<Record<string, unknown>>((resolve, reject) => {
@@ -36,10 +50,15 @@ t.test('--metrics-addr answers /metrics; --enclave-name and DVX_ENCLAVE_ID reach
   t.type(line.metrics_port, 'number');
   const metrics = await request(`https://127.0.0.1:${line.metrics_port as number}/metrics`, { dispatcher });
   t.equal(metrics.statusCode, 200);
-  t.match(await metrics.body.text(), /dvx_/, 'the control plane\'s metrics');
+  t.match(await metrics.body.text(), /dvx_/, "the control plane's metrics");
   const port = (line.addr as { port: number }).port;
   const health = await request(`https://127.0.0.1:${port}/healthz`, { dispatcher });
-  t.match(await health.body.json(), { component: 'controlplane', status: 'ok', enclave_id: 'enc-7', enclave_name: 'edge one' });
+  t.match(await health.body.json(), {
+    component: 'controlplane',
+    status: 'ok',
+    enclave_id: 'enc-7',
+    enclave_name: 'edge one',
+  });
   child.kill('SIGTERM');
   await once(child, 'close');
 });
