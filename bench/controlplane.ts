@@ -13,7 +13,7 @@ import { startControlPlane, type RunningControlPlane } from '../controlplane/ser
 import { AUDIENCE, startIssuer } from '../test/fixtures/oidc-issuer.ts';
 import { freshPgDatabase } from '../test/fixtures/pg-database.ts';
 import { conditions, formatMs, table } from './measure.ts';
-import { MEMBERS_OF_ORG } from '../controlplane/routes/members.ts';
+import { MEMBERS_OF_ORG } from '../controlplane/store/members.ts';
 
 // npm run bench -- controlplane [--seconds N]
 //

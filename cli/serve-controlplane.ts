@@ -2,10 +2,11 @@ import type { Command } from 'commander';
 import { Command as Cmd } from 'commander';
 import { addBooleanFlag, flag, parseDurationFlag } from '../core/options.ts';
 import { runUntilSignal } from '../core/shutdown.ts';
-import { CONTROLPLANE_DEFAULTS, OptionsError, type ControlPlaneOptions } from '../controlplane/options.ts';
+import { CONTROLPLANE_DEFAULTS, type ControlPlaneOptions } from '../controlplane/options.ts';
+import { ControlPlaneOptionsError } from '../controlplane/errors.ts';
 import { startControlPlane } from '../controlplane/server.ts';
 import { CliError } from './exit-codes.ts';
-import { addAuditFlags, addCommonFlags, addConnectionFlags } from './server-flags.ts';
+import { addAuditFlags, addCommonFlags, addConnectionFlags, addMetricsAndEnclaveFlags } from './server-flags.ts';
 
 // `dvx serve controlplane`: the operator API (spec: Server components, controlplane row). The flags
 // here are the ones built so far; the rest of the row arrives with the features they configure.
@@ -13,7 +14,6 @@ export function registerControlPlane(serve: Command): void {
   const d = CONTROLPLANE_DEFAULTS;
   const command = addCommonFlags(new Cmd('controlplane')
     .description('operator API: identity, governance, config, agents, enclaves, audit read'), d)
-    .addOption(flag('--metrics-addr <addr>', { description: 'TLS Prometheus listener; empty disables it', default: d.metricsAddr }))
     .addOption(flag('--oidc-issuer <url>', { description: 'OIDC issuer of operator tokens; empty: skeleton mode', default: d.oidcIssuer }))
     .addOption(flag('--oidc-audience <aud>', { description: 'expected audience of operator tokens', default: d.oidcAudience }))
     .addOption(flag('--oidc-ca <file>', { description: 'extra CA bundle for the issuer', default: d.oidcCa }))
@@ -37,13 +37,17 @@ export function registerControlPlane(serve: Command): void {
       try {
         running = await startControlPlane(opts);
       } catch (err) {
-        if (err instanceof OptionsError) throw new CliError(err.message);
+        if (err instanceof ControlPlaneOptionsError) throw new CliError(err.message);
         throw new CliError(`controlplane failed to start: ${(err as Error).message}`);
       }
       await runUntilSignal(() => running.close());
     });
   addBooleanFlag(command, 'policy-publish', 'write the policy snapshot of a co-located enclave into --policy-publish-dir', d.policyPublish);
   addBooleanFlag(command, 'config-publish', 'write the config values of a co-located enclave into --config-publish-dir', d.configPublish);
+  addMetricsAndEnclaveFlags(command, d, {
+    id: 'the enclave this control plane runs beside, on every log line and in /healthz; empty: none',
+    name: 'that enclave\'s name, on every log line and in /healthz; empty: none',
+  });
   addConnectionFlags(command, d);
   addAuditFlags(command, d, 'a change');
   serve.addCommand(command);

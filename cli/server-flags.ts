@@ -14,6 +14,21 @@ export function addCommonFlags(command: Command, defaults: { addr: string; logFo
     .addOption(flag('--log-level <level>', { description: 'debug, info, warn or error', choices: LOG_LEVELS, default: defaults.logLevel }));
 }
 
+/**
+ * The other common flags (spec: Server components, "Common flags"): the metrics listener and the enclave
+ * this component serves; `enclave` says what an empty id or name means for it.
+ */
+export function addMetricsAndEnclaveFlags(
+  command: Command,
+  d: { metricsAddr: string; enclaveId: string; enclaveName: string },
+  enclave: { id: string; name: string },
+): Command {
+  return command
+    .addOption(flag('--metrics-addr <addr>', { description: 'TLS Prometheus listener; empty disables it', default: d.metricsAddr }))
+    .addOption(flag('--enclave-id <id>', { description: enclave.id, default: d.enclaveId }))
+    .addOption(flag('--enclave-name <name>', { description: enclave.name, default: d.enclaveName }));
+}
+
 /** The audit durability flags (spec: "Audit durability flags"); `effect` names what waits for the record. */
 export function addAuditFlags(command: Command, d: AuditOptions, effect: string): Command {
   command

@@ -1,8 +1,10 @@
 import type { FastifyReply } from 'fastify';
+import { DvxError } from '../core/errors.ts';
 import { PROBLEM_CONTENT_TYPE, problem, type Problem } from '../core/problem.ts';
 
-// The operator API's error catalogue (STYLE.md rule 2): one stable `type` URI per error, documented in
-// docs/api.md. Every error the API answers is one of these as an RFC 9457 problem document.
+// The control plane's error catalogue (STYLE.md rule 2), in two parts: the operator API's problems, one
+// stable `type` URI per error (documented in docs/api.md), every answer an RFC 9457 problem document;
+// and the package's error classes, each a DvxError with a stable code (docs/errors.md, "controlplane").
 
 export const PROBLEM_BASE = 'https://dvx.dev/problems/';
 
@@ -33,14 +35,46 @@ export const PROBLEMS = {
   headersTooLarge: entry('headers-too-large', 'The request header fields are too large', 431),
 } as const satisfies Record<string, CatalogueEntry>;
 
-export class ApiError extends Error {
+/** A request the operator API refuses: answered as the problem document of its catalogue entry. */
+export class ApiError extends DvxError {
+  static override readonly code = 'DVX_CONTROLPLANE_PROBLEM';
   readonly entry: CatalogueEntry;
   readonly detail: string | undefined;
-  constructor(e: CatalogueEntry, detail?: string) {
-    super(detail ?? e.title);
+  constructor(e: CatalogueEntry, detail?: string, options?: ErrorOptions) {
+    super(detail ?? e.title, options);
     this.entry = e;
     this.detail = detail;
   }
+}
+
+/** A bearer token the control plane does not accept (bad signature, issuer, audience, org; a disabled account). */
+export class AuthenticationError extends DvxError {
+  static override readonly code = 'DVX_CONTROLPLANE_UNAUTHENTICATED';
+}
+
+/** A control-plane option (flag or DVX_* variable) that is missing, malformed or inconsistent. */
+export class ControlPlaneOptionsError extends DvxError {
+  static override readonly code = 'DVX_CONTROLPLANE_OPTIONS_INVALID';
+}
+
+/** The KMS refused: unavailable provider, unreadable master key, a wrapped key it cannot unwrap. */
+export class KmsError extends DvxError {
+  static override readonly code = 'DVX_KMS_REFUSED';
+}
+
+/** A sealed value of an org whose data key was destroyed by erasure: it can never be opened again. */
+export class OrgKeyShredded extends DvxError {
+  static override readonly code = 'DVX_ORG_KEY_SHREDDED';
+}
+
+/** The IdP refused or did not answer a provisioning call (discovery, token, client registration). */
+export class IdpError extends DvxError {
+  static override readonly code = 'DVX_IDP_REFUSED';
+}
+
+/** A --idp-key service-account key file that is not a valid key. */
+export class KeyFileError extends DvxError {
+  static override readonly code = 'DVX_IDP_KEY_FILE_INVALID';
 }
 
 export function problemOf(e: CatalogueEntry, detail: string | undefined, instance?: string): Problem {

@@ -1,4 +1,5 @@
 import type { LogFormat, LogLevel } from '../core/logger.ts';
+import { ControlPlaneOptionsError } from './errors.ts';
 import { AUDIT_DEFAULTS, auditOptionsProblem, type AuditOptions } from '../audit-wal/options.ts';
 import { SERVER_LIMIT_DEFAULTS, serverLimitsProblem, type ServerLimitOptions } from '../core/server-limits.ts';
 
@@ -12,6 +13,12 @@ export interface ControlPlaneOptions extends AuditOptions, ServerLimitOptions {
   logLevel: LogLevel;
   /** Dedicated TLS Prometheus listener; empty disables it. */
   metricsAddr: string;
+  /**
+   * The enclave this control plane runs beside (spec: Server components, "Common flags"); empty: none.
+   * Carried on every log line and in /healthz so a fleet's lines are told apart.
+   */
+  enclaveId: string;
+  enclaveName: string;
   /** OIDC issuer for human and machine principals; empty selects skeleton mode. */
   oidcIssuer: string;
   /** Expected `aud` of operator tokens; empty skips the audience check. */
@@ -66,6 +73,8 @@ export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
   logFormat: 'json',
   logLevel: 'info',
   metricsAddr: '',
+  enclaveId: '',
+  enclaveName: '',
   oidcIssuer: '',
   oidcAudience: '',
   oidcCa: '',
@@ -94,45 +103,42 @@ export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
   ...SERVER_LIMIT_DEFAULTS,
 };
 
-export class OptionsError extends Error {
-  override name = 'OptionsError';
-}
 
 export function validateOptions(input: Partial<ControlPlaneOptions>): ControlPlaneOptions {
   const o = { ...CONTROLPLANE_DEFAULTS, ...input };
-  if (!o.tlsCert || !o.tlsKey) throw new OptionsError('--tls-cert and --tls-key are required (the control plane is TLS-only)');
+  if (!o.tlsCert || !o.tlsKey) throw new ControlPlaneOptionsError('--tls-cert and --tls-key are required (the control plane is TLS-only)');
   if (o.oidcIssuer) {
     let url: URL;
     try {
       url = new URL(o.oidcIssuer);
-    } catch {
-      throw new OptionsError(`--oidc-issuer "${o.oidcIssuer}" is not an absolute URL`);
+    } catch (err) {
+      throw new ControlPlaneOptionsError(`--oidc-issuer "${o.oidcIssuer}" is not an absolute URL`, { cause: err });
     }
     if (url.protocol !== 'https:' && url.hostname !== '127.0.0.1' && url.hostname !== 'localhost') {
-      throw new OptionsError('--oidc-issuer must be https (plain http only on loopback)');
+      throw new ControlPlaneOptionsError('--oidc-issuer must be https (plain http only on loopback)');
     }
   }
-  if (o.agentTokenIssuerUrl && !/^https?:\/\/[^/]+/.test(o.agentTokenIssuerUrl)) throw new OptionsError('--agent-token-issuer-url must be an absolute URL (the control plane\'s public base URL)');
-  if (!(o.agentTokenTtl >= 0)) throw new OptionsError('--agent-token-ttl must not be negative');
+  if (o.agentTokenIssuerUrl && !/^https?:\/\/[^/]+/.test(o.agentTokenIssuerUrl)) throw new ControlPlaneOptionsError('--agent-token-issuer-url must be an absolute URL (the control plane\'s public base URL)');
+  if (!(o.agentTokenTtl >= 0)) throw new ControlPlaneOptionsError('--agent-token-ttl must not be negative');
   if (o.databaseDsn && !/^(postgres|postgresql|pglite):\/\//.test(o.databaseDsn)) {
-    throw new OptionsError('--database-dsn must be postgres://… or pglite://DIR');
+    throw new ControlPlaneOptionsError('--database-dsn must be postgres://… or pglite://DIR');
   }
-  if (!/^[A-Za-z0-9_.:/-]+$/.test(o.orgClaim)) throw new OptionsError('--org-claim must be a claim name');
-  for (const s of o.seedAdmin) if (!s.trim()) throw new OptionsError('--seed-admin needs a subject');
+  if (!/^[A-Za-z0-9_.:/-]+$/.test(o.orgClaim)) throw new ControlPlaneOptionsError('--org-claim must be a claim name');
+  for (const s of o.seedAdmin) if (!s.trim()) throw new ControlPlaneOptionsError('--seed-admin needs a subject');
   for (const kind of ['policy', 'config'] as const) {
     const on = kind === 'policy' ? o.policyPublish : o.configPublish;
     const dir = kind === 'policy' ? o.policyPublishDir : o.configPublishDir;
     const enclave = kind === 'policy' ? o.policyEnclaveId : o.configEnclaveId;
-    if (on && (!dir || !enclave)) throw new OptionsError(`--${kind}-publish needs --${kind}-publish-dir and --${kind}-enclave-id`);
+    if (on && (!dir || !enclave)) throw new ControlPlaneOptionsError(`--${kind}-publish needs --${kind}-publish-dir and --${kind}-enclave-id`);
   }
-  if (o.kmsProvider && o.kmsProvider !== 'local') throw new OptionsError(`--kms-provider ${o.kmsProvider} is not available (local)`);
-  if (o.kmsProvider === 'local' && !o.kmsConfig) throw new OptionsError('--kms-provider local needs --kms-config FILE (the master key; created if absent)');
+  if (o.kmsProvider && o.kmsProvider !== 'local') throw new ControlPlaneOptionsError(`--kms-provider ${o.kmsProvider} is not available (local)`);
+  if (o.kmsProvider === 'local' && !o.kmsConfig) throw new ControlPlaneOptionsError('--kms-provider local needs --kms-config FILE (the master key; created if absent)');
   const audit = auditOptionsProblem(o);
-  if (audit) throw new OptionsError(audit);
-  if (!(o.streamRecheckMs > 0)) throw new OptionsError('streamRecheckMs must be positive');
-  if (!(o.idpUndoGraceMs > 0)) throw new OptionsError('idpUndoGraceMs must be positive');
+  if (audit) throw new ControlPlaneOptionsError(audit);
+  if (!(o.streamRecheckMs > 0)) throw new ControlPlaneOptionsError('streamRecheckMs must be positive');
+  if (!(o.idpUndoGraceMs > 0)) throw new ControlPlaneOptionsError('idpUndoGraceMs must be positive');
   const limits = serverLimitsProblem(o);
-  if (limits) throw new OptionsError(limits);
+  if (limits) throw new ControlPlaneOptionsError(limits);
   return o;
 }
 

@@ -4,6 +4,9 @@ import { bad } from './body.ts';
 import { ApiError, PROBLEMS } from './errors.ts';
 import type { ChangeTarget } from './events.ts';
 import type { Queryable } from '../core/sql.ts';
+import { orgExists } from './store/orgs.ts';
+import { groupExists } from './store/groups.ts';
+import { getAgent } from './store/agents.ts';
 
 // The scope a config value, a governance policy or a pack installation is authored at, from the
 // query string (targets derive from the request line, never the body): `scope` (platform | org |
@@ -33,10 +36,10 @@ export async function scopeOf(db: Queryable, req: FastifyRequest): Promise<Scope
   }
   if (kind === 'agent') {
     if (!s.agent) bad('agent', 'is required at agent scope');
-    const { rows } = await db.query<{ org_id: string; group_id: string }>('SELECT org_id, group_id FROM agents WHERE uid = $1', [s.agent]);
-    if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no agent ${s.agent}`);
-    if (s.org && s.org !== rows[0].org_id) throw new ApiError(PROBLEMS.notFound, `no agent ${s.agent} in org ${s.org}`);
-    return { ...s, org: rows[0].org_id, group: rows[0].group_id };
+    const placed = await getAgent(db, s.agent);
+    if (!placed) throw new ApiError(PROBLEMS.notFound, `no agent ${s.agent}`);
+    if (s.org && s.org !== placed.org_id) throw new ApiError(PROBLEMS.notFound, `no agent ${s.agent} in org ${s.org}`);
+    return { ...s, org: placed.org_id, group: placed.group_id };
   }
   if (!s.org) bad('org', `is required at ${kind} scope`);
   if (kind === 'group' && !s.group) bad('group', 'is required at group scope');
@@ -46,8 +49,8 @@ export async function scopeOf(db: Queryable, req: FastifyRequest): Promise<Scope
 /** 404 for an org or group that does not exist (an agent scope was checked by scopeOf). */
 export async function scopeMustExist(db: Queryable, s: Scope): Promise<void> {
   if (s.kind === 'platform' || s.kind === 'agent') return;
-  if ((await db.query('SELECT 1 FROM orgs WHERE id = $1', [s.org])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${s.org}`);
-  if (s.kind === 'group' && (await db.query('SELECT 1 FROM org_groups WHERE org_id = $1 AND id = $2', [s.org, s.group])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no group ${s.group} in org ${s.org}`);
+  if (!(await orgExists(db, s.org))) throw new ApiError(PROBLEMS.notFound, `no org ${s.org}`);
+  if (s.kind === 'group' && !(await groupExists(db, s.org, s.group))) throw new ApiError(PROBLEMS.notFound, `no group ${s.group} in org ${s.org}`);
 }
 
 /** The capability target of a scope: an agent's scope is checked over its org. */

@@ -1,7 +1,8 @@
 import { exportJWK, generateKeyPair, importJWK, jwtVerify, SignJWT, errors as joseErrors, type JWK, type CryptoKey } from 'jose';
 import { newId } from '../../core/ids.ts';
 import type { Queryable } from '../../core/sql.ts';
-import { AuthenticationError, type Principal } from './oidc.ts';
+import type { Principal } from './oidc.ts';
+import { AuthenticationError } from '../errors.ts';
 
 // The control plane's own issuer for the agent-operator caller class (spec: "Agent operators"):
 // ES256 tokens living --agent-token-ttl (60 s by default), minted for `agent:<uid>` of an org, served
@@ -79,6 +80,7 @@ export class AgentOperatorIssuer {
       const payload = JSON.parse(Buffer.from(token.split('.')[1] ?? '', 'base64url').toString()) as { iss?: unknown };
       return payload.iss === this.issuer;
     } catch {
+      // Not a JWT we can read: not ours, so the OIDC authenticator judges it (and rejects it).
       return false;
     }
   }
@@ -93,7 +95,9 @@ export class AgentOperatorIssuer {
       return { kind: 'agent-operator', subject, orgId: typeof payload.org_id === 'string' ? payload.org_id : '', claims: payload };
     } catch (err) {
       if (err instanceof AuthenticationError) throw err;
-      throw new AuthenticationError(err instanceof joseErrors.JWTExpired ? 'agent-operator token expired' : 'agent-operator token rejected');
+      throw new AuthenticationError(err instanceof joseErrors.JWTExpired ? 'agent-operator token expired' : 'agent-operator token rejected', {
+        cause: err,
+      });
     }
   }
 }

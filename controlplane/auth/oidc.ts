@@ -1,5 +1,6 @@
 import { createRemoteJWKSet, jwtVerify, errors as joseErrors, customFetch, type JWTPayload } from 'jose';
 import { fetchTrusting } from '../../core/fetch.ts';
+import { AuthenticationError } from '../errors.ts';
 
 // Operator authentication by the OIDC issuer (spec: Authentication): discovery, then the issuer's JWKS
 // through jose (keys cached, re-fetched on an unknown `kid`), `iss` checked, `aud` checked when an
@@ -16,9 +17,6 @@ export interface Principal {
   claims: JWTPayload;
 }
 
-export class AuthenticationError extends Error {
-  override name = 'AuthenticationError';
-}
 
 export interface OidcOptions {
   issuer: string;
@@ -58,7 +56,7 @@ export class OidcAuthenticator {
       if (!res.ok) throw new Error(`HTTP ${res.status}`);
       doc = (await res.json()) as typeof doc;
     } catch (err) {
-      throw new AuthenticationError(`OIDC discovery failed: ${(err as Error).message}`);
+      throw new AuthenticationError(`OIDC discovery failed: ${(err as Error).message}`, { cause: err });
     }
     if (!doc.jwks_uri || !doc.issuer) throw new AuthenticationError('OIDC discovery document lacks issuer or jwks_uri');
     this.#issuer = doc.issuer;
@@ -95,6 +93,7 @@ export class OidcAuthenticator {
           : err instanceof joseErrors.JWTClaimValidationFailed ? `token claim ${err.claim} invalid`
           : err instanceof joseErrors.JWKSNoMatchingKey ? 'token signed by an unknown key'
           : 'token rejected',
+        { cause: err },
       );
     }
     const subject = String(payload.sub);

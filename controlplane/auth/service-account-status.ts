@@ -1,4 +1,5 @@
 import type { Queryable } from '../../core/sql.ts';
+import { serviceAccountStatus } from '../store/service-accounts.ts';
 
 // Whether a service account's tokens are still honoured. A disabled account's client is removed at the
 // IdP, but the access tokens it already holds stay valid until they expire; the control plane refuses
@@ -20,8 +21,7 @@ export class ServiceAccountStatus {
   async disabled(subject: string, fresh = false): Promise<boolean> {
     const hit = this.#cache.get(subject);
     if (hit && hit.until > Date.now() && !fresh) return hit.disabled;
-    const { rows } = await this.#db.query<{ status: string }>('SELECT status FROM service_accounts WHERE id = $1', [subject]);
-    const disabled = rows[0]?.status === 'disabled';
+    const disabled = (await serviceAccountStatus(this.#db, subject)) === 'disabled';
     if (this.#cache.size >= MAX_ENTRIES) this.#cache.clear();
     this.#cache.set(subject, { disabled, until: Date.now() + TTL_MS });
     return disabled;

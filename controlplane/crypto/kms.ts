@@ -1,5 +1,6 @@
 import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
 import { readFile, writeFile } from 'node:fs/promises';
+import { KmsError } from '../errors.ts';
 
 // Key management for per-org data keys (crypto-shred). A KMS wraps and unwraps data keys; the data
 // keys never leave the process unwrapped and are never stored unwrapped. Providers:
@@ -13,9 +14,6 @@ export interface Kms {
   unwrap(wrapped: string): Promise<Buffer>;
 }
 
-export class KmsError extends Error {
-  override name = 'KmsError';
-}
 
 export function seal(key: Buffer, plaintext: Buffer): string {
   const iv = randomBytes(12);
@@ -45,8 +43,8 @@ class LocalKms implements Kms {
     if (!wrapped.startsWith('local:v1:')) throw new KmsError('not a key wrapped by the local KMS');
     try {
       return open(this.#key, wrapped.slice('local:v1:'.length));
-    } catch {
-      throw new KmsError('the local KMS cannot unwrap this key (another master key?)');
+    } catch (err) {
+      throw new KmsError('the local KMS cannot unwrap this key (another master key?)', { cause: err });
     }
   }
 }
@@ -58,7 +56,7 @@ export async function openKms(provider: string, config: string): Promise<Kms> {
   try {
     text = await readFile(config, 'utf8');
   } catch (err) {
-    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw new KmsError(`cannot read --kms-config ${config}: ${(err as NodeJS.ErrnoException).code}`);
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw new KmsError(`cannot read --kms-config ${config}: ${(err as NodeJS.ErrnoException).code}`, { cause: err });
   }
   if (text === null) {
     const key = randomBytes(32);
@@ -68,8 +66,8 @@ export async function openKms(provider: string, config: string): Promise<Kms> {
   let key: Buffer;
   try {
     key = Buffer.from(String((JSON.parse(text) as { key?: unknown }).key ?? ''), 'base64');
-  } catch {
-    throw new KmsError(`--kms-config ${config} is not valid JSON ({"key": base64})`);
+  } catch (err) {
+    throw new KmsError(`--kms-config ${config} is not valid JSON ({"key": base64})`, { cause: err });
   }
   if (key.length !== 32) throw new KmsError(`--kms-config ${config}: "key" must be 32 bytes, base64`);
   return new LocalKms(key);

@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import type { Queryable } from '../../core/sql.ts';
 import { open, seal, type Kms } from './kms.ts';
+import { OrgKeyShredded } from '../errors.ts';
 
 // Per-org data keys: created on first use, stored wrapped by the KMS (`org_keys`), cached unwrapped in
 // memory. Shredding deletes the wrapped key (and the cache entry): every value sealed under it becomes
@@ -11,9 +12,6 @@ import { open, seal, type Kms } from './kms.ts';
 
 const PREFIX = 'enc:v1:';
 
-export class OrgKeyShredded extends Error {
-  override name = 'OrgKeyShredded';
-}
 
 export class OrgKeys {
   #db: Queryable;

@@ -1,5 +1,6 @@
 import type { JWK } from 'jose';
 import { tokenRequestForm, type ServiceAccountKey } from './service-account-key.ts';
+import { IdpError } from '../errors.ts';
 
 // Service accounts live at the OIDC identity provider (they are machine principals of the issuer the
 // control plane trusts). The control plane provisions them through the standard surface: dynamic
@@ -21,9 +22,6 @@ export interface IdpProvisioner {
   remove(reg: Registration): Promise<void>;
 }
 
-export class IdpError extends Error {
-  override name = 'IdpError';
-}
 
 type Fetch = (url: string, init?: RequestInit) => Promise<Response>;
 

@@ -1,5 +1,6 @@
 import { importJWK, SignJWT, type JWK } from 'jose';
 import { newId } from '../../core/ids.ts';
+import { KeyFileError } from '../errors.ts';
 
 // A service-account key file: what `--idp-key` points at, and what the service-account routes hand out
 // once as secret material. The holder mints its own token: a private_key_jwt client assertion (RFC 7523
@@ -16,9 +17,6 @@ export interface ServiceAccountKey {
   key: JWK;
 }
 
-export class KeyFileError extends Error {
-  override name = 'KeyFileError';
-}
 
 export function parseServiceAccountKey(raw: unknown): ServiceAccountKey {
   const k = raw as Partial<ServiceAccountKey> | null;

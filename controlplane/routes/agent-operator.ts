@@ -3,6 +3,7 @@ import type { AgentOperatorIssuer } from '../auth/agent-operator-issuer.ts';
 import { requireCapability } from '../authz/guard.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
+import { getAgent } from '../store/agents.ts';
 
 // Minting agent-operator tokens: the enclave's gateway, holding agents:manage over the agent's org,
 // asks for a short-lived token that it presents on the agent's behalf (spec: "Agent operators"). Each
@@ -17,9 +18,9 @@ export function agentOperatorRoutes(deps: ChangeDeps, issuer: AgentOperatorIssue
       await requireCapability(deps.db, req, 'agents:manage', { kind: 'org', org });
       if (!UID.test(agent)) throw new ApiError(PROBLEMS.badRequest, 'agent: not an agent id');
       // A contained agent is refused at the mint (spec: States and transitions, Agent operators).
-      const { rows } = await deps.db.query<{ contained: boolean; org_id: string }>('SELECT contained, org_id FROM agents WHERE uid = $1', [agent]);
-      if (rows[0]?.contained) throw new ApiError(PROBLEMS.forbidden, `agent ${agent} is contained: no agent-operator token is minted for it`);
-      if (rows[0] && rows[0].org_id !== org) throw new ApiError(PROBLEMS.notFound, `no agent ${agent} in org ${org}`);
+      const state = await getAgent(deps.db, agent);
+      if (state?.contained) throw new ApiError(PROBLEMS.forbidden, `agent ${agent} is contained: no agent-operator token is minted for it`);
+      if (state && state.org_id !== org) throw new ApiError(PROBLEMS.notFound, `no agent ${agent} in org ${org}`);
       return auditedChange(deps, req, 'agent-operator-token.mint', org, async () => ({
         result: await issuer.mint(org, agent),
         resource: `agent:${agent}`,

@@ -4,6 +4,13 @@ import { describe, holds, type Target } from '../authz/guard.ts';
 import { bad, bool, object, strings, text } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
+import { orgExists } from '../store/orgs.ts';
+import { groupExists, groupIdsOf } from '../store/groups.ts';
+import { enclaveOwner } from '../store/enclaves.ts';
+import { packExists } from '../store/packs.ts';
+import {
+  deleteAgent, getAgent, getAgentInOrg, listAgents, setAgentState, upsertAgent, type AgentRow,
+} from '../store/agents.ts';
 
 // Agents of an org (spec: createAgentReq / agentView, States and transitions, Authentication rule 4).
 // Create is an upsert on `uid`. Authorization stays path-derived (agents:manage over {org}); the body
@@ -11,12 +18,6 @@ import type { EventHub } from '../events.ts';
 // every group), and on an upsert over the stored group too. `agent.created` is published to the
 // owning enclave with the agent's id, name and org. Containment and restore nudge the enclave.
 
-interface AgentRow {
-  uid: string; org_id: string; name: string; image: string; command: string[]; enclave_id: string; group_id: string;
-  status: string; contained: boolean; policy_packs: string[];
-}
-
-const COLUMNS = 'uid, org_id, name, image, command, enclave_id, group_id, status, contained, policy_packs';
 const UID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 export const AGENT_STATUSES = ['created', 'provisioning', 'active', 'suspended', 'isolated'] as const;
 
@@ -30,43 +31,39 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
   const params = (req: FastifyRequest) => req.params as { org: string; uid: string };
   const orgTarget = (req: FastifyRequest): Target => ({ kind: 'org', org: params(req).org });
   const load = async (req: FastifyRequest): Promise<AgentRow> => {
-    const { rows } = await db.query<AgentRow>(`SELECT ${COLUMNS} FROM agents WHERE org_id = $1 AND uid = $2`, [params(req).org, params(req).uid]);
-    if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no agent ${params(req).uid} in org ${params(req).org}`);
-    return rows[0];
+    const agent = await getAgentInOrg(db, params(req).org, params(req).uid);
+    if (!agent) throw new ApiError(PROBLEMS.notFound, `no agent ${params(req).uid} in org ${params(req).org}`);
+    return agent;
   };
   /** agents:manage over the agent: its org, or its group when it has one. */
   const guardAgent = async (req: FastifyRequest): Promise<AgentRow> => {
     const org = params(req).org;
     if (await holds(db, req, 'agents:manage', orgTarget(req))) return load(req);
     if (req.principal?.kind === 'agent-operator') throw new ApiError(PROBLEMS.forbidden, 'agent operators cannot use this route');
-    const { rows } = await db.query<AgentRow>(`SELECT ${COLUMNS} FROM agents WHERE org_id = $1 AND uid = $2`, [org, params(req).uid]);
-    if (rows[0]?.group_id && await holds(db, req, 'agents:manage', { kind: 'group', org, group: rows[0].group_id })) return rows[0];
+    const agent = await getAgentInOrg(db, org, params(req).uid);
+    if (agent?.group_id && await holds(db, req, 'agents:manage', { kind: 'group', org, group: agent.group_id })) return agent;
     throw new ApiError(PROBLEMS.forbidden, `requires agents:manage over ${describe(orgTarget(req))} or the agent's group`);
   };
   /** The caller may manage agents somewhere in the org (org-wide, or over some group). */
   const anyAgentsManage = async (req: FastifyRequest) => {
     if (req.principal?.kind === 'agent-operator') throw new ApiError(PROBLEMS.forbidden, 'agent operators cannot use this route');
     if (await holds(db, req, 'agents:manage', orgTarget(req))) return;
-    const groups = (await db.query<{ id: string }>('SELECT id FROM org_groups WHERE org_id = $1', [params(req).org])).rows;
-    for (const g of groups) if (await holds(db, req, 'agents:manage', { kind: 'group', org: params(req).org, group: g.id })) return;
+    for (const g of await groupIdsOf(db, params(req).org)) if (await holds(db, req, 'agents:manage', { kind: 'group', org: params(req).org, group: g })) return;
     throw new ApiError(PROBLEMS.forbidden, `requires agents:manage over ${describe(orgTarget(req))}`);
   };
 
   const setState = async (req: FastifyRequest, agent: AgentRow, action: string, change: { status?: string; contained?: boolean }) =>
     auditedChange(deps, req, action, agent.org_id, async (tx) => {
-      const { rows } = await tx.query<AgentRow>(
-        `UPDATE agents SET status = coalesce($2, status), contained = coalesce($3, contained), updated_at = now() WHERE uid = $1 RETURNING ${COLUMNS}`,
-        [agent.uid, change.status ?? null, change.contained ?? null],
-      );
-      const published = await events.publishTo(tx, { kind: 'agent', agent: agent.uid }, 'agent.changed', { agent_id: agent.uid, org_id: agent.org_id, status: rows[0].status, contained: rows[0].contained });
-      return { result: { row: rows[0], published }, resource: `agent:${agent.uid}` };
+      const row = await setAgentState(tx, agent.uid, { status: change.status ?? null, contained: change.contained ?? null });
+      const published = await events.publishTo(tx, { kind: 'agent', agent: agent.uid }, 'agent.changed', { agent_id: agent.uid, org_id: agent.org_id, status: row.status, contained: row.contained });
+      return { result: { row, published }, resource: `agent:${agent.uid}` };
     }).finally(() => events.wake());
 
   return async (api: FastifyInstance) => {
     api.get('/orgs/:org/agents', { config: { requiredCapability: 'agents:manage' } }, async (req) => {
       await anyAgentsManage(req);
       const all = await holds(db, req, 'agents:manage', orgTarget(req));
-      const { rows } = await db.query<AgentRow>(`SELECT ${COLUMNS} FROM agents WHERE org_id = $1 ORDER BY uid`, [params(req).org]);
+      const rows = await listAgents(db, params(req).org);
       const visible: AgentRow[] = [];
       for (const r of rows) if (all || (r.group_id && await holds(db, req, 'agents:manage', { kind: 'group', org: r.org_id, group: r.group_id }))) visible.push(r);
       return visible.map(agentView);
@@ -87,17 +84,17 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
       const command = strings(body, 'command') ?? [];
       const packs = strings(body, 'policy_packs') ?? [];
       const enclave = text(body, 'enclave_id', false) ?? '';
-      if ((await db.query('SELECT 1 FROM orgs WHERE id = $1', [org])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
-      if (group && (await db.query('SELECT 1 FROM org_groups WHERE org_id = $1 AND id = $2', [org, group])).rows.length === 0) bad('group', `no group ${group} in org ${org}`);
+      if (!(await orgExists(db, org))) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
+      if (group && !(await groupExists(db, org, group))) bad('group', `no group ${group} in org ${org}`);
       if (enclave) {
-        const { rows } = await db.query<{ owning_org_id: string }>('SELECT owning_org_id FROM enclaves WHERE id = $1', [enclave]);
-        if (rows.length === 0) bad('enclave_id', `no enclave ${enclave}`);
-        if (rows[0].owning_org_id !== org) bad('enclave_id', `enclave ${enclave} belongs to another org`);
+        const owner = await enclaveOwner(db, enclave);
+        if (owner === undefined) bad('enclave_id', `no enclave ${enclave}`);
+        if (owner !== org) bad('enclave_id', `enclave ${enclave} belongs to another org`);
       }
       for (const [i, pack] of packs.entries()) {
-        if ((await db.query('SELECT 1 FROM policy_packs WHERE name = $1', [pack])).rows.length === 0) bad(`policy_packs[${i}]`, `no pack ${pack}`);
+        if (!(await packExists(db, pack))) bad(`policy_packs[${i}]`, `no pack ${pack}`);
       }
-      const existing = (await db.query<AgentRow>(`SELECT ${COLUMNS} FROM agents WHERE uid = $1`, [uid])).rows[0];
+      const existing = await getAgent(db, uid);
       if (existing && existing.org_id !== org) throw new ApiError(PROBLEMS.conflict, `agent ${uid} belongs to another org`);
       if (existing && existing.group_id && !(await holds(db, req, 'agents:manage', { kind: 'group', org, group: existing.group_id }))) {
         throw new ApiError(PROBLEMS.forbidden, `agent ${uid} is in group ${existing.group_id}, which you do not manage`);
@@ -106,22 +103,12 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
         throw new ApiError(PROBLEMS.forbidden, `agent ${uid} is in no group: updating it requires agents:manage over org ${org}`);
       }
       const result = await auditedChange(deps, req, existing ? 'agent.update' : 'agent.create', org, async (tx) => {
-        const { rows } = await tx.query<AgentRow>(
-          `INSERT INTO agents (uid, org_id, name, image, command, enclave_id, group_id, policy_packs, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-           ON CONFLICT (uid) DO UPDATE SET name = EXCLUDED.name, image = EXCLUDED.image, command = EXCLUDED.command, enclave_id = EXCLUDED.enclave_id,
-             group_id = EXCLUDED.group_id, policy_packs = EXCLUDED.policy_packs, updated_at = now()
-           RETURNING ${COLUMNS}`,
-          [uid, org, name, image, command, enclave, group, packs, req.principal!.subject],
-        );
         // The agent's packs are installed at its own scope (composed at read time with every other scope's).
-        await tx.query(`DELETE FROM pack_installs WHERE scope_kind = 'agent' AND agent_id = $1`, [uid]);
-        for (const pack of new Set(packs)) {
-          await tx.query(`INSERT INTO pack_installs (pack, scope_kind, org_id, agent_id, installed_by) VALUES ($1, 'agent', $2, $3, $4)`, [pack, org, uid, req.principal!.subject]);
-        }
+        const row = await upsertAgent(tx, { uid, org, name, image, command, enclave, group, packs }, req.principal!.subject);
         if (!existing && enclave) await events.publish(tx, [enclave], 'agent.created', { agent_id: uid, agent_name: name, org_id: org });
         else await events.publishTo(tx, { kind: 'agent', agent: uid }, 'agent.changed', { agent_id: uid, org_id: org });
         if (existing && existing.enclave_id && existing.enclave_id !== enclave) await events.publish(tx, [existing.enclave_id], 'agent.changed', { agent_id: uid, org_id: org });
-        return { result: rows[0], resource: `agent:${uid}` };
+        return { result: row, resource: `agent:${uid}` };
       }).finally(() => events.wake());
       return reply.code(existing ? 200 : 201).send(agentView(result));
     });
@@ -132,11 +119,7 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
       const agent = await guardAgent(req);
       await auditedChange(deps, req, 'agent.delete', agent.org_id, async (tx) => {
         if (agent.enclave_id) await events.publish(tx, [agent.enclave_id], 'agent.deleted', { agent_id: agent.uid, org_id: agent.org_id });
-        await tx.query('DELETE FROM agent_config WHERE agent_id = $1', [agent.uid]);
-        await tx.query(`DELETE FROM pack_installs WHERE scope_kind = 'agent' AND agent_id = $1`, [agent.uid]);
-        await tx.query(`DELETE FROM governance_policy WHERE scope_kind = 'agent' AND agent_id = $1`, [agent.uid]);
-        await tx.query(`DELETE FROM config_values WHERE scope_kind = 'agent' AND agent_id = $1`, [agent.uid]);
-        await tx.query('DELETE FROM agents WHERE uid = $1', [agent.uid]);
+        await deleteAgent(tx, agent.uid);
         return { result: null, resource: `agent:${agent.uid}` };
       }).finally(() => events.wake());
       return reply.code(204).send();

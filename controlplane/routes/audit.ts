@@ -9,10 +9,11 @@ import type { AuditStore } from '../../audit-wal/store.ts';
 import type { ChangeDeps } from '../audited-change.ts';
 import { auditScope, type AuditScope } from '../authz/audit-scope.ts';
 import { requireCapability } from '../authz/guard.ts';
-import { ApiError, PROBLEMS } from '../errors.ts';
+import { ApiError, OrgKeyShredded, PROBLEMS } from '../errors.ts';
+import { getAgent } from '../store/agents.ts';
 import type { ServiceAccountStatus } from '../auth/service-account-status.ts';
 import { StreamGuard, type StreamEndReason, type StreamGuardDeps } from '../stream-guard.ts';
-import { isSealed, OrgKeyShredded, type OrgKeys } from '../crypto/org-keys.ts';
+import { isSealed, type OrgKeys } from '../crypto/org-keys.ts';
 
 // The audit read API (operator-api.md: the audit routes, Audit rules 1–3, Events "Audit tail"),
 // mounted when an audit store is configured (--audit-dsn):
@@ -192,8 +193,7 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
         await auditScope(db, req, {});
         org = p.orgId;
       } else {
-        const { rows } = await db.query<{ org_id: string }>('SELECT org_id FROM agents WHERE uid = $1', [id]);
-        org = rows[0]?.org_id ?? p.orgId;
+        org = (await getAgent(db, id))?.org_id ?? p.orgId;
         await requireCapability(db, req, 'audit:read:all', { kind: 'org', org });
       }
       const entries = await store.readLlm({ org, agentId: id, limit, offset });

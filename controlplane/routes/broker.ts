@@ -7,7 +7,9 @@ import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
 import { enclaveConfig, enclaveSnapshot, storeSnapshotDocument } from '../../pipeline/policy/store-snapshot.ts';
 import { reportSkipped } from '../skipped-rows.ts';
-import { hashBrokerKey, setAddress, type EnclaveRow } from './enclaves.ts';
+import { hashBrokerKey, setAddress } from './enclaves.ts';
+import { brokerKeyHash, enclaveByBrokerKey, type EnclaveRow } from '../store/enclaves.ts';
+import { getAgent } from '../store/agents.ts';
 import type { AgentOperatorIssuer } from '../auth/agent-operator-issuer.ts';
 import { auditedChange } from '../audited-change.ts';
 import { StreamGuard, type StreamGuardDeps } from '../stream-guard.ts';
@@ -43,12 +45,10 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
   };
 
   const authenticate = async (req: FastifyRequest): Promise<EnclaveRow> => {
-    const { rows } = await db.query<EnclaveRow>(
-      'SELECT id, name, owning_org_id, status, isolation_class, broker_url, relay_url, address_source, address_updated_at FROM enclaves WHERE broker_key_hash = $1', [keyHash(req)],
-    );
-    if (rows.length === 0) throw new ApiError(PROBLEMS.unauthenticated, 'unknown broker key');
-    req.principal = { kind: 'service', subject: `enclave:${rows[0].id}`, orgId: rows[0].owning_org_id, claims: {} };
-    return rows[0];
+    const e = await enclaveByBrokerKey(db, keyHash(req));
+    if (!e) throw new ApiError(PROBLEMS.unauthenticated, 'unknown broker key');
+    req.principal = { kind: 'service', subject: `enclave:${e.id}`, orgId: e.owning_org_id, claims: {} };
+    return e;
   };
 
   return async (app: FastifyInstance) => {
@@ -80,10 +80,10 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
       app.post('/v1/broker/agents/:uid/operator-token', async (req) => {
         const e = await authenticate(req);
         const uid = (req.params as { uid: string }).uid;
-        const { rows } = await db.query<{ org_id: string; contained: boolean; enclave_id: string }>('SELECT org_id, contained, enclave_id FROM agents WHERE uid = $1', [uid]);
-        if (rows.length === 0 || rows[0].enclave_id !== e.id) throw new ApiError(PROBLEMS.notFound, `enclave ${e.id} runs no agent ${uid}`);
-        if (rows[0].contained) throw new ApiError(PROBLEMS.forbidden, `agent ${uid} is contained: no agent-operator token is minted for it`);
-        return auditedChange(deps, req, 'agent-operator-token.mint', rows[0].org_id, async () => ({ result: await issuer.mint(rows[0].org_id, uid), resource: `agent:${uid}` }));
+        const agent = await getAgent(db, uid);
+        if (!agent || agent.enclave_id !== e.id) throw new ApiError(PROBLEMS.notFound, `enclave ${e.id} runs no agent ${uid}`);
+        if (agent.contained) throw new ApiError(PROBLEMS.forbidden, `agent ${uid} is contained: no agent-operator token is minted for it`);
+        return auditedChange(deps, req, 'agent-operator-token.mint', agent.org_id, async () => ({ result: await issuer.mint(agent.org_id, uid), resource: `agent:${uid}` }));
       });
     }
 
@@ -103,9 +103,9 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
       const guard = new StreamGuard({
         stream: 'broker_events', res, db, expiresAt: null,
         recheck: async () => {
-          const { rows } = await db.query<{ broker_key_hash: string }>('SELECT broker_key_hash FROM enclaves WHERE id = $1', [e.id]);
-          if (rows.length === 0) return 'enclave_deleted';
-          return rows[0].broker_key_hash === hash ? null : 'key_rotated';
+          const current = await brokerKeyHash(db, e.id);
+          if (current === undefined) return 'enclave_deleted';
+          return current === hash ? null : 'key_rotated';
         },
       }, options.guard);
       streams.add(guard);

@@ -5,6 +5,7 @@ import { bad, bool, object } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
 import { broaderScopes, rowKey, scopeChange, scopeMustExist, scopeName, scopeOf, scopeTarget, type Scope } from '../scope-query.ts';
+import { configFlags, configValuesAt, deleteConfigValue, upsertConfigValue } from '../store/config-values.ts';
 import type { Queryable } from '../../core/sql.ts';
 
 // Config values (spec: POST/DELETE /api/v1/config/{key}, configValueReq → configValueView) at platform,
@@ -27,11 +28,8 @@ export function configValueRoutes(deps: ChangeDeps, events: EventHub) {
     const scopes = broaderScopes(s, self);
     const out: { scope: Scope; locked: boolean; secret: boolean }[] = [];
     for (const o of scopes) {
-      const { rows } = await tx.query<{ locked: boolean; secret: boolean }>(
-        'SELECT locked, secret FROM config_values WHERE scope_kind = $1 AND org_id = $2 AND group_id = $3 AND agent_id = $4 AND key = $5',
-        [...rowKey(o), key],
-      );
-      if (rows[0]) out.push({ scope: o, ...rows[0] });
+      const flags = await configFlags(tx, rowKey(o), key);
+      if (flags) out.push({ scope: o, ...flags });
     }
     return out;
   };
@@ -46,12 +44,8 @@ export function configValueRoutes(deps: ChangeDeps, events: EventHub) {
       const s = await scopeOf(db, req);
       await requireCapability(db, req, 'platform:config', scopeTarget(s));
       await scopeMustExist(db, s);
-      const [kind, org, group, agent] = rowKey(s);
-      const { rows } = await db.query<{ key: string; value: string | null; locked: boolean; secret: boolean }>(
-        'SELECT key, value, locked, secret FROM config_values WHERE scope_kind = $1 AND org_id = $2 AND group_id = $3 AND agent_id = $4 ORDER BY key', [kind, org, group, agent],
-      );
       const out = [];
-      for (const r of rows) {
+      for (const r of await configValuesAt(db, rowKey(s))) {
         const value = r.secret || r.value === null ? null : JSON.parse(deps.keys ? await deps.keys.open(s.org, r.value) : r.value);
         out.push({ key: r.key, scope: scopeName(s), value, locked: r.locked, secret: r.secret });
       }
@@ -78,12 +72,7 @@ export function configValueRoutes(deps: ChangeDeps, events: EventHub) {
         if (lock) throw new ApiError(PROBLEMS.conflict, `${key} is locked at ${scopeName(lock.scope)}: a more specific scope cannot override it`);
         const declared = held.find((h) => h.secret && !(h.scope.kind === s.kind && secret));
         if (hasValue && declared) throw new ApiError(PROBLEMS.conflict, `${key} is declared secret at ${scopeName(declared.scope)}: its value is authored enclave-side`);
-        const [kind, org, group, agent] = rowKey(s);
-        await tx.query(
-          `INSERT INTO config_values (scope_kind, org_id, group_id, agent_id, key, value, locked, secret, updated_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-           ON CONFLICT (scope_kind, org_id, group_id, agent_id, key) DO UPDATE SET value = EXCLUDED.value, locked = EXCLUDED.locked, secret = EXCLUDED.secret, updated_by = EXCLUDED.updated_by, updated_at = now()`,
-          [kind, org, group, agent, key, stored, locked, secret, req.principal!.subject],
-        );
+        await upsertConfigValue(tx, rowKey(s), { key, value: stored, locked, secret }, req.principal!.subject);
         const published = await events.publishTo(tx, scopeChange(s), 'config.changed', { key, scope: scopeName(s) });
         return { result: { key, scope: scopeName(s), locked, published }, resource: `config:${scopeName(s)}:${key}` };
       }).finally(() => events.wake());
@@ -97,9 +86,7 @@ export function configValueRoutes(deps: ChangeDeps, events: EventHub) {
       await auditedChange(deps, req, 'config.delete', s.org, async (tx) => {
         const lock = (await chain(tx, s, key, false)).find((h) => h.locked);
         if (lock) throw new ApiError(PROBLEMS.conflict, `${key} is locked at ${scopeName(lock.scope)}: changes below it are refused`);
-        const [kind, org, group, agent] = rowKey(s);
-        const { rows } = await tx.query('DELETE FROM config_values WHERE scope_kind = $1 AND org_id = $2 AND group_id = $3 AND agent_id = $4 AND key = $5 RETURNING key', [kind, org, group, agent, key]);
-        if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `${key} is not set at ${scopeName(s)}`);
+        if (!(await deleteConfigValue(tx, rowKey(s), key))) throw new ApiError(PROBLEMS.notFound, `${key} is not set at ${scopeName(s)}`);
         await events.publishTo(tx, scopeChange(s), 'config.changed', { key, scope: scopeName(s) });
         return { result: null, resource: `config:${scopeName(s)}:${key}` };
       }).finally(() => events.wake());

@@ -7,6 +7,11 @@ import { requireCapability } from '../authz/guard.ts';
 import { bad, object, text, url } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
+import { orgExists } from '../store/orgs.ts';
+import {
+  deleteEnclave, enclaveExists, enclaveNameTaken, getEnclave, insertEnclave, listEnclaves, setBrokerKeyHash, setEnclaveAddress,
+  setIsolationClass, type EnclaveRow,
+} from '../store/enclaves.ts';
 
 // The enclave registry (spec: registerBrokerReq / registerBrokerView, enclaveView, addressReq,
 // isoClassReq; rule 1: one owning org, a unique friendly name that never addresses anything).
@@ -14,12 +19,6 @@ import type { EventHub } from '../events.ts';
 // the store keeps its SHA-256 only. Registry changes are platform administration (platform:config);
 // reading is enclaves:read (platform-wide, or over the owning org).
 
-export interface EnclaveRow {
-  id: string; name: string; owning_org_id: string; status: string; isolation_class: string;
-  broker_url: string; relay_url: string; address_source: string; address_updated_at: Date | string | null;
-}
-
-const COLUMNS = 'id, name, owning_org_id, status, isolation_class, broker_url, relay_url, address_source, address_updated_at';
 const ID = /^[a-z0-9][a-z0-9_-]{0,62}$/;
 
 export const enclaveView = (r: EnclaveRow) => ({
@@ -38,9 +37,9 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
   const { db } = deps;
   const idOf = (req: FastifyRequest) => (req.params as { id: string }).id;
   const load = async (id: string): Promise<EnclaveRow> => {
-    const { rows } = await db.query<EnclaveRow>(`SELECT ${COLUMNS} FROM enclaves WHERE id = $1`, [id]);
-    if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no enclave ${id}`);
-    return rows[0];
+    const e = await getEnclave(db, id);
+    if (!e) throw new ApiError(PROBLEMS.notFound, `no enclave ${id}`);
+    return e;
   };
   const platform = (req: FastifyRequest) => requireCapability(db, req, 'platform:config', { kind: 'platform' });
 
@@ -52,17 +51,14 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
       if (held.length === 0) throw new ApiError(PROBLEMS.forbidden, 'requires enclaves:read');
       const all = held.some((g) => g.scope_kind === 'platform');
       const orgs = [...new Set(held.filter((g) => g.scope_kind === 'org').map((g) => g.org_id))];
-      const { rows } = all
-        ? await db.query<EnclaveRow>(`SELECT ${COLUMNS} FROM enclaves ORDER BY name`)
-        : await db.query<EnclaveRow>(`SELECT ${COLUMNS} FROM enclaves WHERE owning_org_id = ANY($1) ORDER BY name`, [orgs]);
-      return rows.map(enclaveView);
+      return (await listEnclaves(db, all ? 'all' : orgs)).map(enclaveView);
     });
 
     api.get('/enclaves/:id', { config: { requiredCapability: 'enclaves:read' } }, async (req) => {
-      const row = await db.query<EnclaveRow>(`SELECT ${COLUMNS} FROM enclaves WHERE id = $1`, [idOf(req)]);
-      await requireCapability(db, req, 'enclaves:read', row.rows[0] ? { kind: 'org', org: row.rows[0].owning_org_id } : { kind: 'platform' });
-      if (!row.rows[0]) throw new ApiError(PROBLEMS.notFound, `no enclave ${idOf(req)}`);
-      return enclaveView(row.rows[0]);
+      const row = await getEnclave(db, idOf(req));
+      await requireCapability(db, req, 'enclaves:read', row ? { kind: 'org', org: row.owning_org_id } : { kind: 'platform' });
+      if (!row) throw new ApiError(PROBLEMS.notFound, `no enclave ${idOf(req)}`);
+      return enclaveView(row);
     });
 
     api.post('/enclaves', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
@@ -72,12 +68,12 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
       const owningOrg = text(body, 'owning_org', true)!;
       const id = text(body, 'enclave_id', false) || `enc-${randomBytes(6).toString('hex')}`;
       if (!ID.test(id)) bad('enclave_id', 'must be 1–63 lowercase letters, digits, "-" or "_"');
-      if ((await db.query('SELECT 1 FROM orgs WHERE id = $1', [owningOrg])).rows.length === 0) bad('owning_org', `no org ${owningOrg}`);
-      if ((await db.query('SELECT 1 FROM enclaves WHERE name = $1', [name])).rows.length > 0) throw new ApiError(PROBLEMS.conflict, `an enclave is already named ${name}`);
-      if ((await db.query('SELECT 1 FROM enclaves WHERE id = $1', [id])).rows.length > 0) throw new ApiError(PROBLEMS.conflict, `enclave ${id} exists`);
+      if (!(await orgExists(db, owningOrg))) bad('owning_org', `no org ${owningOrg}`);
+      if (await enclaveNameTaken(db, name)) throw new ApiError(PROBLEMS.conflict, `an enclave is already named ${name}`);
+      if (await enclaveExists(db, id)) throw new ApiError(PROBLEMS.conflict, `enclave ${id} exists`);
       const minted = mintBrokerKey(id);
       await auditedChange(deps, req, 'enclave.register', owningOrg, async (tx) => {
-        await tx.query(`INSERT INTO enclaves (id, name, owning_org_id, broker_key_hash, created_by) VALUES ($1, $2, $3, $4, $5)`, [id, name, owningOrg, hashBrokerKey(minted.token), req.principal!.subject]);
+        await insertEnclave(tx, { id, name, owningOrg, brokerKeyHash: hashBrokerKey(minted.token) }, req.principal!.subject);
         return { result: null, resource: `enclave:${id}` };
       });
       return reply.code(201).send({ enclave_id: id, subject: `enclave:${id}`, key: minted.key });
@@ -89,7 +85,7 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
       const e = await load(idOf(req));
       const minted = mintBrokerKey(e.id);
       await auditedChange(deps, req, 'enclave.broker-key.rotate', e.owning_org_id, async (tx) => {
-        await tx.query('UPDATE enclaves SET broker_key_hash = $2 WHERE id = $1', [e.id, hashBrokerKey(minted.token)]);
+        await setBrokerKeyHash(tx, e.id, hashBrokerKey(minted.token));
         return { result: null, resource: `enclave:${e.id}` };
       });
       return reply.code(201).send({ enclave_id: e.id, subject: `enclave:${e.id}`, key: minted.key });
@@ -110,7 +106,7 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
       const iso = text(object(req.body, ['isolationClass']), 'isolationClass', true)!;
       if (!(ISOLATION_CLASSES as readonly string[]).includes(iso)) bad('isolationClass', `must be one of ${ISOLATION_CLASSES.join(', ')}`);
       return auditedChange(deps, req, 'enclave.isolation-class', e.owning_org_id, async (tx) => {
-        await tx.query('UPDATE enclaves SET isolation_class = $2 WHERE id = $1', [e.id, iso]);
+        await setIsolationClass(tx, e.id, iso);
         await events.publish(tx, [e.id], 'enclave.changed', { enclave_id: e.id, isolation_class: iso });
         return { result: { isolationClass: iso }, resource: `enclave:${e.id}` };
       }).finally(() => events.wake());
@@ -120,8 +116,7 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
       await platform(req);
       const e = await load(idOf(req));
       await auditedChange(deps, req, 'enclave.delete', e.owning_org_id, async (tx) => {
-        await tx.query(`UPDATE agents SET enclave_id = '' WHERE enclave_id = $1`, [e.id]);
-        await tx.query('DELETE FROM enclaves WHERE id = $1', [e.id]);
+        await deleteEnclave(tx, e.id);
         return { result: null, resource: `enclave:${e.id}` };
       });
       return reply.code(204).send();
@@ -132,11 +127,7 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
 /** Records an enclave's addresses (by an operator or by its own broker). */
 export async function setAddress(deps: ChangeDeps, req: FastifyRequest, e: EnclaveRow, broker: string | undefined, relay: string | undefined, source: string) {
   return auditedChange(deps, req, 'enclave.address', e.owning_org_id, async (tx) => {
-    const { rows } = await tx.query<EnclaveRow>(
-      `UPDATE enclaves SET broker_url = coalesce($2, broker_url), relay_url = coalesce($3, relay_url), address_source = $4, address_updated_at = now()
-       WHERE id = $1 RETURNING ${COLUMNS}`,
-      [e.id, broker ?? null, relay ?? null, source],
-    );
-    return { result: enclaveView(rows[0]), resource: `enclave:${e.id}` };
+    const row = await setEnclaveAddress(tx, e.id, { broker: broker ?? null, relay: relay ?? null, source });
+    return { result: enclaveView(row), resource: `enclave:${e.id}` };
   });
 }

@@ -4,14 +4,14 @@ import { requireCapability } from '../authz/guard.ts';
 import { object } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import { runErasure, type ErasureDeps } from '../erasure.ts';
+import { orgExists } from '../store/orgs.ts';
+import { getErasure, startErasure, type ErasureRow } from '../store/erasures.ts';
 
 // Per-org erasure (operator-api.md: erasureView, erasureResultView), platform administration:
 //   POST /api/v1/orgs/{org}/erasure  → 202 erasureView {org_id, status: "running"} (200 once complete)
 //   GET  /api/v1/orgs/{org}/erasure  → 200 erasureResultView {org_id, status, key_shredded, rows_swept}
 // The request is audited (at platform scope, so the sweep does not take its own record) before the
 // sweep starts; the sweep runs in the background and resumes after a restart.
-
-interface ErasureRow { org_id: string; status: string; key_shredded: boolean; rows_swept: string | number }
 
 export function erasureRoutes(deps: ChangeDeps, erasure: ErasureDeps, running: Set<Promise<void>>) {
   const { db } = deps;
@@ -23,11 +23,11 @@ export function erasureRoutes(deps: ChangeDeps, erasure: ErasureDeps, running: S
       await requireCapability(db, req, 'platform:config', { kind: 'platform' });
       object(req.body ?? {}, []);
       const org = orgOf(req);
-      const existing = (await db.query<ErasureRow>('SELECT * FROM erasures WHERE org_id = $1', [org])).rows[0];
+      const existing = await getErasure(db, org);
       if (existing) return reply.code(existing.status === 'complete' ? 200 : 202).send({ org_id: org, status: existing.status });
-      if ((await db.query('SELECT 1 FROM orgs WHERE id = $1', [org])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
+      if (!(await orgExists(db, org))) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
       await auditedChange(deps, req, 'org.erase', '', async (tx) => {
-        await tx.query(`INSERT INTO erasures (org_id, status, requested_by) VALUES ($1, 'running', $2)`, [org, req.principal!.subject]);
+        await startErasure(tx, org, req.principal!.subject);
         return { result: null, resource: `org:${org}` };
       });
       const job = runErasure(erasure, org).catch((err: Error) => erasure.log.error({ org, err }, 'erasure failed; it resumes at the next start or request'));
@@ -38,7 +38,7 @@ export function erasureRoutes(deps: ChangeDeps, erasure: ErasureDeps, running: S
 
     api.get('/orgs/:org/erasure', { config: { requiredCapability: 'platform:config' } }, async (req) => {
       await requireCapability(db, req, 'platform:config', { kind: 'platform' });
-      const row = (await db.query<ErasureRow>('SELECT * FROM erasures WHERE org_id = $1', [orgOf(req)])).rows[0];
+      const row = await getErasure(db, orgOf(req));
       if (!row) throw new ApiError(PROBLEMS.notFound, `org ${orgOf(req)} has not been erased`);
       return view(row);
     });

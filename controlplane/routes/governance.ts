@@ -15,6 +15,11 @@ import { requireCapability } from '../authz/guard.ts';
 import { bad, object, text } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
+import { getAgent } from '../store/agents.ts';
+import { deletePolicy, getPolicy, policiesAt, policyLocked, upsertPolicy } from '../store/governance-policies.ts';
+import {
+  installPack, listPacks, packExists, packInstallations, packRulesAt, uninstallPack, upsertPack,
+} from '../store/packs.ts';
 import { broaderScopes, rowKey, scopeChange, scopeMustExist, scopeName, scopeOf, scopeTarget, type Scope } from '../scope-query.ts';
 
 // Governance policy per scope and destination packs (operator-api.md: llmPolicyReq,
@@ -47,21 +52,14 @@ export async function effectiveGovernance(db: Queryable, agent: { uid: string; o
   const rows: GovernanceRows = {};
   const skipped: SkippedRow[] = [];
   for (const s of broaderScopes(scope, true)) {
-    const { rows: found } = await db.query<{ kind: GovernanceKind; value: string; locked: boolean }>(
-      'SELECT kind, value, locked FROM governance_policy WHERE scope_kind = $1 AND org_id = $2 AND group_id = $3 AND agent_id = $4', rowKey(s),
-    );
-    for (const r of found) {
+    for (const r of await policiesAt<GovernanceKind>(db, rowKey(s))) {
       const row = stored(skipped, scopeName(s), r.kind, () => validateGovernance(r.kind, { ...JSON.parse(r.value), locked: r.locked }));
       if (row) ((rows[r.kind] ??= {}) as Record<string, unknown>)[s.kind] = row;
     }
   }
   const packs: PackRules[] = [];
   for (const s of broaderScopes(scope, true)) {
-    const { rows: found } = await db.query<{ name: string; allow: string; deny: string }>(
-      `SELECT p.name, p.allow, p.deny FROM pack_installs i JOIN policy_packs p ON p.name = i.pack
-        WHERE i.scope_kind = $1 AND i.org_id = $2 AND i.group_id = $3 AND i.agent_id = $4 ORDER BY p.name`, rowKey(s),
-    );
-    for (const p of found) {
+    for (const p of await packRulesAt(db, rowKey(s))) {
       if (packs.some((q) => q.name === p.name) || skipped.some((k) => k.scope === `pack:${p.name}`)) continue;
       const pack = stored(skipped, `pack:${p.name}`, 'rules', () => ({ name: p.name, allow: validateRules(JSON.parse(p.allow), 'allow'), deny: validateRules(JSON.parse(p.deny), 'deny') }));
       if (pack) packs.push(pack);
@@ -84,19 +82,16 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
     return s;
   };
   const packNamed = async (name: string) => {
-    const { rows } = await db.query<{ name: string }>('SELECT name FROM policy_packs WHERE name = $1', [name]);
-    if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no pack ${name}`);
+    if (!(await packExists(db, name))) throw new ApiError(PROBLEMS.notFound, `no pack ${name}`);
   };
 
   return async (api: FastifyInstance) => {
     api.get('/policies/:kind', { config: { requiredCapability: 'platform:config' } }, async (req) => {
       const s = await scoped(req);
       const kind = kindOf(req);
-      const { rows } = await db.query<{ value: string; locked: boolean }>(
-        'SELECT value, locked FROM governance_policy WHERE kind = $1 AND scope_kind = $2 AND org_id = $3 AND group_id = $4 AND agent_id = $5', [kind, ...rowKey(s)],
-      );
-      if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no ${kind} policy at ${scopeName(s)}`);
-      return { key: kind, scope: scopeName(s), value: JSON.parse(rows[0].value), locked: rows[0].locked };
+      const found = await getPolicy(db, kind, rowKey(s));
+      if (!found) throw new ApiError(PROBLEMS.notFound, `no ${kind} policy at ${scopeName(s)}`);
+      return { key: kind, scope: scopeName(s), value: JSON.parse(found.value), locked: found.locked };
     });
 
     api.put('/policies/:kind', { config: { requiredCapability: 'platform:config' } }, async (req) => {
@@ -112,14 +107,9 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
       if (parsed.locked && s.kind === 'agent') bad('locked', 'is refused at agent scope');
       return auditedChange(deps, req, 'policy.put', s.org, async (tx) => {
         for (const b of broaderScopes(s, false)) {
-          const { rows } = await tx.query<{ locked: boolean }>('SELECT locked FROM governance_policy WHERE kind = $1 AND scope_kind = $2 AND org_id = $3 AND group_id = $4 AND agent_id = $5', [kind, ...rowKey(b)]);
-          if (rows[0]?.locked) throw new ApiError(PROBLEMS.conflict, `the ${kind} policy is locked at ${scopeName(b)}: a more specific scope cannot override it`);
+          if (await policyLocked(tx, kind, rowKey(b))) throw new ApiError(PROBLEMS.conflict, `the ${kind} policy is locked at ${scopeName(b)}: a more specific scope cannot override it`);
         }
-        await tx.query(
-          `INSERT INTO governance_policy (kind, scope_kind, org_id, group_id, agent_id, value, locked, updated_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-           ON CONFLICT (kind, scope_kind, org_id, group_id, agent_id) DO UPDATE SET value = EXCLUDED.value, locked = EXCLUDED.locked, updated_by = EXCLUDED.updated_by, updated_at = now()`,
-          [kind, ...rowKey(s), JSON.stringify(parsed.value), parsed.locked, req.principal!.subject],
-        );
+        await upsertPolicy(tx, kind, rowKey(s), { value: JSON.stringify(parsed.value), locked: parsed.locked }, req.principal!.subject);
         const published = await events.publishTo(tx, scopeChange(s), 'policy.changed', { service: 'governance', key: kind, scope: scopeName(s) });
         return { result: { key: kind, scope: scopeName(s), locked: parsed.locked, published }, resource: `policy:${kind}:${scopeName(s)}` };
       }).finally(() => events.wake());
@@ -129,8 +119,7 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
       const s = await scoped(req);
       const kind = kindOf(req);
       await auditedChange(deps, req, 'policy.delete', s.org, async (tx) => {
-        const { rows } = await tx.query('DELETE FROM governance_policy WHERE kind = $1 AND scope_kind = $2 AND org_id = $3 AND group_id = $4 AND agent_id = $5 RETURNING kind', [kind, ...rowKey(s)]);
-        if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no ${kind} policy at ${scopeName(s)}`);
+        if (!(await deletePolicy(tx, kind, rowKey(s)))) throw new ApiError(PROBLEMS.notFound, `no ${kind} policy at ${scopeName(s)}`);
         await events.publishTo(tx, scopeChange(s), 'policy.changed', { service: 'governance', key: kind, scope: scopeName(s) });
         return { result: null, resource: `policy:${kind}:${scopeName(s)}` };
       }).finally(() => events.wake());
@@ -139,8 +128,7 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
 
     api.get('/packs', { config: { requiredCapability: 'platform:config' } }, async (req) => {
       await requireCapability(db, req, 'platform:config', { kind: 'platform' });
-      const { rows } = await db.query<{ name: string; allow: string; deny: string; config: string }>('SELECT name, allow, deny, config FROM policy_packs ORDER BY name');
-      return rows.map((r) => ({ name: r.name, allow: JSON.parse(r.allow), deny: JSON.parse(r.deny), config: JSON.parse(r.config) }));
+      return (await listPacks(db)).map((r) => ({ name: r.name, allow: JSON.parse(r.allow), deny: JSON.parse(r.deny), config: JSON.parse(r.config) }));
     });
 
     // Define (or redefine) a pack; a redefinition reaches every scope it is installed at.
@@ -159,16 +147,12 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
         if (err instanceof PolicyValidationError) throw new ApiError(PROBLEMS.badRequest, err.message.replace(/^pack\[0\]\./, ''));
         throw err;
       }
-      const existed = (await db.query('SELECT 1 FROM policy_packs WHERE name = $1', [name])).rows.length > 0;
+      const existed = await packExists(db, name);
       const view = await auditedChange(deps, req, existed ? 'pack.redefine' : 'pack.define', '', async (tx) => {
-        await tx.query(
-          `INSERT INTO policy_packs (name, allow, deny, config, created_by) VALUES ($1, $2, $3, $4, $5)
-           ON CONFLICT (name) DO UPDATE SET allow = EXCLUDED.allow, deny = EXCLUDED.deny, config = EXCLUDED.config, updated_at = now()`,
-          [name, JSON.stringify(allow), JSON.stringify(deny), JSON.stringify(policyDocumentJson(config)), req.principal!.subject],
-        );
+        const definition = { name, allow: JSON.stringify(allow), deny: JSON.stringify(deny), config: JSON.stringify(policyDocumentJson(config)) };
+        await upsertPack(tx, definition, req.principal!.subject);
         let published = false;
-        const { rows } = await tx.query<{ scope_kind: string; org_id: string; group_id: string; agent_id: string }>('SELECT scope_kind, org_id, group_id, agent_id FROM pack_installs WHERE pack = $1', [name]);
-        for (const r of rows) {
+        for (const r of await packInstallations(tx, name)) {
           const s = { kind: r.scope_kind, org: r.org_id, group: r.group_id, agent: r.agent_id } as Scope;
           published = (await events.publishTo(tx, scopeChange(s), 'policy.changed', { service: 'governance', key: `pack:${name}`, scope: scopeName(s) })) || published;
         }
@@ -187,11 +171,9 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
           const s = await scoped(req);
           await packNamed(name);
           return auditedChange(deps, req, install ? 'pack.install' : 'pack.uninstall', s.org, async (tx) => {
-            const { rows } = install
-              ? await tx.query(`INSERT INTO pack_installs (pack, scope_kind, org_id, group_id, agent_id, installed_by) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING RETURNING pack`, [name, ...rowKey(s), req.principal!.subject])
-              : await tx.query('DELETE FROM pack_installs WHERE pack = $1 AND scope_kind = $2 AND org_id = $3 AND group_id = $4 AND agent_id = $5 RETURNING pack', [name, ...rowKey(s)]);
-            if (!install && rows.length === 0) throw new ApiError(PROBLEMS.notFound, `pack ${name} is not installed at ${scopeName(s)}`);
-            const published = rows.length > 0 && await events.publishTo(tx, scopeChange(s), 'policy.changed', { service: 'governance', key: `pack:${name}`, scope: scopeName(s) });
+            const changed = install ? await installPack(tx, name, rowKey(s), req.principal!.subject) : await uninstallPack(tx, name, rowKey(s));
+            if (!install && !changed) throw new ApiError(PROBLEMS.notFound, `pack ${name} is not installed at ${scopeName(s)}`);
+            const published = changed && await events.publishTo(tx, scopeChange(s), 'policy.changed', { service: 'governance', key: `pack:${name}`, scope: scopeName(s) });
             return { result: { pack: name, scope: scopeName(s), installed: install, published }, resource: `pack:${name}:${scopeName(s)}` };
           }).finally(() => events.wake());
         },
@@ -200,15 +182,15 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
 
     api.get('/agents/:id/effective-governance', { config: { requiredCapability: 'agents:manage', target: 'agent-org' } }, async (req) => {
       const id = (req.params as { id: string }).id;
-      const { rows } = await db.query<{ uid: string; org_id: string; group_id: string }>('SELECT uid, org_id, group_id FROM agents WHERE uid = $1', [id]);
-      if (rows.length === 0) {
+      const agent = await getAgent(db, id);
+      if (!agent) {
         await requireCapability(db, req, 'agents:manage', { kind: 'org', org: req.principal?.orgId ?? '' });
         throw new ApiError(PROBLEMS.notFound, `no agent ${id}`);
       }
-      await requireCapability(db, req, 'agents:manage', { kind: 'org', org: rows[0].org_id });
-      const effective = await effectiveGovernance(db, rows[0]);
+      await requireCapability(db, req, 'agents:manage', { kind: 'org', org: agent.org_id });
+      const effective = await effectiveGovernance(db, agent);
       reportSkipped(deps, `agent:${id}`, effective.skipped);
-      return { agent: id, org_id: rows[0].org_id, group_id: rows[0].group_id, ...effective };
+      return { agent: id, org_id: agent.org_id, group_id: agent.group_id, ...effective };
     });
   };
 }

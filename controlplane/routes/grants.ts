@@ -1,10 +1,12 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
-import { builtInRole, CAPABILITIES, type ScopeKind } from '../authz/capabilities.ts';
+import { builtInRole, CAPABILITIES } from '../authz/capabilities.ts';
 import { requireCapability, type Target } from '../authz/guard.ts';
 import { conferredBy, grantScope, requireConferrable } from '../authz/confer.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { Queryable } from '../../core/sql.ts';
+import { customRoleExists } from '../store/roles.ts';
+import { deleteGrant, insertGrant, listGrants, type GrantRow } from '../store/grants.ts';
 
 // Grants (spec: createGrantReq, grantView): platform-scope grants under /api/v1/grants (platform:config),
 // an org's grants under /api/v1/orgs/{org}/grants (members:* over that org). The body names what is
@@ -13,26 +15,12 @@ import type { Queryable } from '../../core/sql.ts';
 // capabilities the caller holds over the grant's scope (authz/confer.ts). Every change is audited
 // before it is committed.
 
-export interface GrantView {
-  id: number;
-  principal: string;
-  role: string | null;
-  capability: string | null;
-  scope_kind: ScopeKind;
-  org_id: string;
-  group_id: string;
-  agent_id: string;
-}
-
-interface GrantRow extends Omit<GrantView, 'id'> {
-  id: string | number;
-}
+export type GrantView = Omit<GrantRow, 'id'> & { id: number };
 
 const view = (r: GrantRow): GrantView => ({
   id: Number(r.id), principal: r.principal, role: r.role, capability: r.capability, scope_kind: r.scope_kind, org_id: r.org_id, group_id: r.group_id, agent_id: r.agent_id,
 });
 
-const COLUMNS = 'id, principal, role, capability, scope_kind, org_id, group_id, agent_id';
 const PRINCIPAL = /^(user:.+|group:[^:]+:.+|agent:.+)$/;
 
 function bad(field: string, message: string): never {
@@ -48,7 +36,7 @@ function str(body: Record<string, unknown>, field: string): string | null {
 
 async function roleExists(db: Queryable, role: string): Promise<boolean> {
   if (builtInRole(role)) return true;
-  return (await db.query('SELECT 1 FROM roles WHERE name = $1', [role])).rows.length > 0;
+  return customRoleExists(db, role);
 }
 
 /** Validates createGrantReq for a scope the path fixed; returns the row to insert. */
@@ -82,6 +70,9 @@ async function parseGrant(db: Queryable, raw: unknown, target: Target): Promise<
   };
 }
 
+/** Where a route's grants live: platform scope, or the org of the path. */
+const grantScopeOf = (t: Target) => (t.kind === 'platform' ? { kind: 'platform' as const } : { kind: 'org' as const, org: t.org });
+
 export function grantRoutes(deps: ChangeDeps) {
   const { db } = deps;
 
@@ -94,14 +85,10 @@ export function grantRoutes(deps: ChangeDeps) {
       { prefix: '/orgs/:org/grants', capability: 'members:*', target: (req) => ({ kind: 'org', org: (req.params as { org: string }).org }) },
     ];
     for (const r of routes) {
-      const scopeSql = (t: Target) => (t.kind === 'platform' ? ["scope_kind = 'platform'", []] : ['org_id = $1', [t.org]]) as [string, string[]];
-
       api.get(r.prefix, { config: { requiredCapability: r.capability } }, async (req) => {
         const target = r.target(req);
         await requireCapability(db, req, r.capability, target);
-        const [where, params] = scopeSql(target);
-        const { rows } = await db.query<GrantRow>(`SELECT ${COLUMNS} FROM grants WHERE ${where} ORDER BY id`, params);
-        return rows.map(view);
+        return (await listGrants(db, grantScopeOf(target))).map(view);
       });
 
       api.post(r.prefix, { config: { requiredCapability: r.capability } }, async (req, reply) => {
@@ -110,12 +97,8 @@ export function grantRoutes(deps: ChangeDeps) {
         const grant = await parseGrant(db, req.body, target);
         await requireConferrable(db, req, await conferredBy(db, grant.role, grant.capability), grantScope(grant), 'this grant');
         const created = await audited(req, 'grant.create', grant.org_id, async (tx) => {
-          const { rows } = await tx.query<GrantRow>(
-            `INSERT INTO grants (principal, role, capability, scope_kind, org_id, group_id, agent_id, created_by)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING ${COLUMNS}`,
-            [grant.principal, grant.role, grant.capability, grant.scope_kind, grant.org_id, grant.group_id, grant.agent_id, req.principal!.subject],
-          );
-          return { result: view(rows[0]), resource: `grant:${rows[0].id}` };
+          const row = await insertGrant(tx, grant, req.principal!.subject);
+          return { result: view(row), resource: `grant:${row.id}` };
         });
         return reply.code(201).send(created);
       });
@@ -125,10 +108,8 @@ export function grantRoutes(deps: ChangeDeps) {
         await requireCapability(db, req, r.capability, target);
         const id = (req.params as { id: string }).id;
         if (!/^\d{1,18}$/.test(id)) throw new ApiError(PROBLEMS.notFound, `no grant ${id}`);
-        const [where, params] = scopeSql(target);
         await audited(req, 'grant.delete', target.kind === 'org' ? target.org : '', async (tx) => {
-          const { rows } = await tx.query<{ id: string }>(`DELETE FROM grants WHERE id = $${params.length + 1} AND ${where} RETURNING id`, [...params, id]);
-          if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no grant ${id} here`);
+          if (!(await deleteGrant(tx, grantScopeOf(target), id))) throw new ApiError(PROBLEMS.notFound, `no grant ${id} here`);
           return { result: null, resource: `grant:${id}` };
         });
         return reply.code(204).send();

@@ -3,13 +3,13 @@ import { requireCapability } from '../authz/guard.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { bad, object, strings, text, url } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
+import { orgExists as orgStored } from '../store/orgs.ts';
+import { deleteConnector, getConnector, listConnectors, upsertConnector } from '../store/idp-connectors.ts';
 
 // An org's IdP connectors (spec: idpConnectorReq / idpConnectorView), under org:manage over the org in
 // the path. `client_secret` is write-only: stored (sealed under the org's data key), never answered; a PUT without it keeps the stored one.
 // Types: "oidc" (issuer and client_id required) and "saml" (metadata_url required).
 
-interface ConnectorRow { name: string; type: string; org_id: string; status: string; groups_attribute: string }
-const COLUMNS = 'name, type, org_id, status, groups_attribute';
 const NAME = /^[a-z0-9][a-z0-9_-]{0,62}$/;
 const FIELDS = ['name', 'type', 'issuer', 'metadata_url', 'client_id', 'client_secret', 'groups_attribute', 'scopes'];
 
@@ -18,21 +18,21 @@ export function idpConnectorRoutes(deps: ChangeDeps) {
   const params = (req: FastifyRequest) => req.params as { org: string; name: string };
   const guard = (req: FastifyRequest) => requireCapability(db, req, 'org:manage', { kind: 'org', org: params(req).org });
   const orgExists = async (org: string) => {
-    if ((await db.query('SELECT 1 FROM orgs WHERE id = $1', [org])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
+    if (!(await orgStored(db, org))) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
   };
 
   return async (api: FastifyInstance) => {
     api.get('/orgs/:org/idp-connectors', { config: { requiredCapability: 'org:manage' } }, async (req) => {
       await guard(req);
       await orgExists(params(req).org);
-      return (await db.query<ConnectorRow>(`SELECT ${COLUMNS} FROM idp_connectors WHERE org_id = $1 ORDER BY name`, [params(req).org])).rows;
+      return listConnectors(db, params(req).org);
     });
 
     api.get('/orgs/:org/idp-connectors/:name', { config: { requiredCapability: 'org:manage' } }, async (req) => {
       await guard(req);
-      const { rows } = await db.query<ConnectorRow>(`SELECT ${COLUMNS} FROM idp_connectors WHERE org_id = $1 AND name = $2`, [params(req).org, params(req).name]);
-      if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no IdP connector ${params(req).name} in org ${params(req).org}`);
-      return rows[0];
+      const connector = await getConnector(db, params(req).org, params(req).name);
+      if (!connector) throw new ApiError(PROBLEMS.notFound, `no IdP connector ${params(req).name} in org ${params(req).org}`);
+      return connector;
     });
 
     api.put('/orgs/:org/idp-connectors/:name', { config: { requiredCapability: 'org:manage' } }, async (req) => {
@@ -53,16 +53,8 @@ export function idpConnectorRoutes(deps: ChangeDeps) {
       await orgExists(org);
       const sealed = clientSecret === undefined ? undefined : deps.keys ? await deps.keys.seal(org, clientSecret) : clientSecret;
       return auditedChange(deps, req, 'idp-connector.put', org, async (tx) => {
-        const { rows } = await tx.query<ConnectorRow>(
-          `INSERT INTO idp_connectors (org_id, name, type, issuer, metadata_url, client_id, client_secret, groups_attribute, scopes, created_by)
-           VALUES ($1, $2, $3, $4, $5, $6, coalesce($7, ''), $8, $9, $10)
-           ON CONFLICT (org_id, name) DO UPDATE SET type = EXCLUDED.type, issuer = EXCLUDED.issuer, metadata_url = EXCLUDED.metadata_url,
-             client_id = EXCLUDED.client_id, client_secret = coalesce($7, idp_connectors.client_secret),
-             groups_attribute = EXCLUDED.groups_attribute, scopes = EXCLUDED.scopes
-           RETURNING ${COLUMNS}`,
-          [org, name, type, issuer, metadataUrl, clientId, sealed ?? null, groupsAttribute, scopes, req.principal!.subject],
-        );
-        return { result: rows[0], resource: `idp-connector:${org}:${name}` };
+        const connector = { org, name, type, issuer, metadataUrl, clientId, sealedSecret: sealed ?? null, groupsAttribute, scopes };
+        return { result: await upsertConnector(tx, connector, req.principal!.subject), resource: `idp-connector:${org}:${name}` };
       });
     });
 
@@ -70,8 +62,7 @@ export function idpConnectorRoutes(deps: ChangeDeps) {
       await guard(req);
       const { org, name } = params(req);
       await auditedChange(deps, req, 'idp-connector.delete', org, async (tx) => {
-        const { rows } = await tx.query('DELETE FROM idp_connectors WHERE org_id = $1 AND name = $2 RETURNING name', [org, name]);
-        if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no IdP connector ${name} in org ${org}`);
+        if (!(await deleteConnector(tx, org, name))) throw new ApiError(PROBLEMS.notFound, `no IdP connector ${name} in org ${org}`);
         return { result: null, resource: `idp-connector:${org}:${name}` };
       });
       return reply.code(204).send();

@@ -1,17 +1,19 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import { effectiveCapabilities, groupsOf, type ScopeKind } from '../authz/capabilities.ts';
+import { effectiveCapabilities, groupsOf } from '../authz/capabilities.ts';
 import { conferredBy, grantScope, requireConferrable } from '../authz/confer.ts';
 import { requireCapability } from '../authz/guard.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
+import { orgExists } from '../store/orgs.ts';
+import { groupExists } from '../store/groups.ts';
+import { grantsTo } from '../store/grants.ts';
+import {
+  addMembership, memberExists, membersOfOrg, offboardMember, removeMembership, upsertMember,
+} from '../store/members.ts';
 
 // Members of an org, their group memberships, what they may do, and offboarding (spec: memberView,
 // effectiveView, offboardUserView). All under members:* over the org in the path, except `effective`,
 // which also answers a member asking about themself.
-
-interface MemberView { subject: string; username: string; email: string }
-
-export const MEMBERS_OF_ORG = 'SELECT o.id AS org, m.subject, m.username, m.email FROM orgs o LEFT JOIN members m ON m.org_id = o.id WHERE o.id = $1 ORDER BY m.subject';
 
 function bad(field: string, message: string): never {
   throw new ApiError(PROBLEMS.badRequest, `${field}: ${message}`);
@@ -21,23 +23,23 @@ export function memberRoutes(deps: ChangeDeps) {
   const { db } = deps;
   const params = (req: FastifyRequest) => req.params as { org: string; subject: string; group: string };
   const target = (req: FastifyRequest) => ({ kind: 'org' as const, org: params(req).org });
-  const orgExists = async (org: string) => {
-    if ((await db.query('SELECT 1 FROM orgs WHERE id = $1', [org])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
+  const mustExist = async (org: string) => {
+    if (!(await orgExists(db, org))) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
   };
 
   return async (api: FastifyInstance) => {
     api.get('/orgs/:org/members', { config: { requiredCapability: 'members:*' } }, async (req) => {
       await requireCapability(db, req, 'members:*', target(req));
       // One round trip: the org (for its 404) and its members.
-      const { rows } = await db.query<MemberView & { org: string }>(MEMBERS_OF_ORG, [params(req).org]);
-      if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${params(req).org}`);
-      return rows.filter((r) => r.subject !== null).map(({ subject, username, email }) => ({ subject, username, email }));
+      const members = await membersOfOrg(db, params(req).org);
+      if (!members) throw new ApiError(PROBLEMS.notFound, `no org ${params(req).org}`);
+      return members;
     });
 
     api.put('/orgs/:org/members/:subject', { config: { requiredCapability: 'members:*' } }, async (req) => {
       await requireCapability(db, req, 'members:*', target(req));
       const { org, subject } = params(req);
-      await orgExists(org);
+      await mustExist(org);
       const raw = req.body ?? {};
       if (typeof raw !== 'object' || Array.isArray(raw)) bad('body', 'must be a JSON object');
       const body = raw as Record<string, unknown>;
@@ -45,28 +47,21 @@ export function memberRoutes(deps: ChangeDeps) {
       for (const k of ['username', 'email']) if (body[k] !== undefined && typeof body[k] !== 'string') bad(k, 'must be a string');
       if (typeof body.email === 'string' && body.email !== '' && !/^[^@\s]+@[^@\s]+$/.test(body.email)) bad('email', 'is not an email address');
       return auditedChange(deps, req, 'member.put', org, async (tx) => {
-        const { rows } = await tx.query<MemberView>(
-          `INSERT INTO members (org_id, subject, username, email, created_by) VALUES ($1, $2, $3, $4, $5)
-           ON CONFLICT (org_id, subject) DO UPDATE SET username = EXCLUDED.username, email = EXCLUDED.email
-           RETURNING subject, username, email`,
-          [org, subject, body.username ?? '', body.email ?? '', req.principal!.subject],
-        );
-        return { result: rows[0], resource: `member:${org}:${subject}` };
+        const member = { subject, username: (body.username ?? '') as string, email: (body.email ?? '') as string };
+        return { result: await upsertMember(tx, org, member, req.principal!.subject), resource: `member:${org}:${subject}` };
       });
     });
 
     api.put('/orgs/:org/groups/:group/members/:subject', { config: { requiredCapability: 'members:*' } }, async (req, reply) => {
       await requireCapability(db, req, 'members:*', target(req));
       const { org, group, subject } = params(req);
-      if ((await db.query('SELECT 1 FROM org_groups WHERE org_id = $1 AND id = $2', [org, group])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no group ${group} in org ${org}`);
-      if ((await db.query('SELECT 1 FROM members WHERE org_id = $1 AND subject = $2', [org, subject])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `${subject} is not a member of org ${org}`);
+      if (!(await groupExists(db, org, group))) throw new ApiError(PROBLEMS.notFound, `no group ${group} in org ${org}`);
+      if (!(await memberExists(db, org, subject))) throw new ApiError(PROBLEMS.notFound, `${subject} is not a member of org ${org}`);
       // A membership confers the group's grants: only a caller holding all of them may add one.
-      const { rows: carried } = await db.query<{ role: string | null; capability: string | null; scope_kind: ScopeKind; org_id: string; group_id: string; agent_id: string }>(
-        'SELECT role, capability, scope_kind, org_id, group_id, agent_id FROM grants WHERE principal = $1 ORDER BY id', [`group:${org}:${group}`],
-      );
+      const carried = await grantsTo(db, `group:${org}:${group}`);
       for (const g of carried) await requireConferrable(db, req, await conferredBy(db, g.role, g.capability), grantScope(g), `membership of group ${group}`);
       await auditedChange(deps, req, 'membership.put', org, async (tx) => {
-        await tx.query('INSERT INTO memberships (org_id, group_id, subject) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING', [org, group, subject]);
+        await addMembership(tx, org, group, subject);
         return { result: null, resource: `membership:${org}:${group}:${subject}` };
       });
       return reply.code(204).send();
@@ -76,8 +71,7 @@ export function memberRoutes(deps: ChangeDeps) {
       await requireCapability(db, req, 'members:*', target(req));
       const { org, group, subject } = params(req);
       await auditedChange(deps, req, 'membership.delete', org, async (tx) => {
-        const { rows } = await tx.query('DELETE FROM memberships WHERE org_id = $1 AND group_id = $2 AND subject = $3 RETURNING subject', [org, group, subject]);
-        if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `${subject} is not in group ${group}`);
+        if (!(await removeMembership(tx, org, group, subject))) throw new ApiError(PROBLEMS.notFound, `${subject} is not in group ${group}`);
         return { result: null, resource: `membership:${org}:${group}:${subject}` };
       });
       return reply.code(204).send();
@@ -88,10 +82,7 @@ export function memberRoutes(deps: ChangeDeps) {
       await requireCapability(db, req, 'members:*', target(req));
       const { org, subject } = params(req);
       return auditedChange(deps, req, 'member.offboard', org, async (tx) => {
-        const { rows } = await tx.query('DELETE FROM members WHERE org_id = $1 AND subject = $2 RETURNING subject', [org, subject]);
-        if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `${subject} is not a member of org ${org}`);
-        await tx.query('DELETE FROM memberships WHERE org_id = $1 AND subject = $2', [org, subject]);
-        await tx.query('DELETE FROM grants WHERE org_id = $1 AND principal = $2', [org, `user:${subject}`]);
+        if (!(await offboardMember(tx, org, subject))) throw new ApiError(PROBLEMS.notFound, `${subject} is not a member of org ${org}`);
         return { result: { subject }, resource: `member:${org}:${subject}` };
       });
     });

@@ -2,13 +2,12 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { requireCapability } from '../authz/guard.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
+import { deleteOrg, getOrg, insertOrg, listOrgs, orgExists, orgWasErased, updateOrg } from '../store/orgs.ts';
+import { deleteGroup, insertGroup, listGroups } from '../store/groups.ts';
 
 // Orgs and groups (spec: createOrgReq / orgView, createGroupReq / groupView). Creating, listing and
 // deleting orgs is platform administration (platform:config); reading and changing one org and its
 // groups is org:manage over that org (from the path).
-
-interface OrgView { id: string; kind: string; name: string; provider_org_ref: string; status: string }
-interface GroupView { id: string; name: string; org_id: string; provider_group_ref: string }
 
 const ID = /^[a-z0-9][a-z0-9_-]{0,62}$/;
 const STATUSES = ['active', 'suspended'];
@@ -34,20 +33,17 @@ function text(body: Record<string, unknown>, field: string, required: boolean): 
   return v;
 }
 
-const ORG_COLUMNS = 'id, kind, name, provider_org_ref, status';
-const GROUP_COLUMNS = 'id, name, org_id, provider_group_ref';
-
 export function orgRoutes(deps: ChangeDeps) {
   const { db } = deps;
   const orgOf = (req: FastifyRequest) => (req.params as { org: string }).org;
   const mustExist = async (org: string) => {
-    if ((await db.query('SELECT 1 FROM orgs WHERE id = $1', [org])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
+    if (!(await orgExists(db, org))) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
   };
 
   return async (api: FastifyInstance) => {
     api.get('/orgs', { config: { requiredCapability: 'platform:config' } }, async (req) => {
       await requireCapability(db, req, 'platform:config', { kind: 'platform' });
-      return (await db.query<OrgView>(`SELECT ${ORG_COLUMNS} FROM orgs ORDER BY id`)).rows;
+      return listOrgs(db);
     });
 
     api.post('/orgs', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
@@ -60,22 +56,18 @@ export function orgRoutes(deps: ChangeDeps) {
       if (!STATUSES.includes(status)) bad('status', `must be one of ${STATUSES.join(', ')}`);
       const ref = text(body, 'provider_org_ref', false) ?? '';
       // An erased org's id is never reused: its data key is gone for good.
-      if ((await db.query('SELECT 1 FROM erasures WHERE org_id = $1', [id])).rows.length > 0) throw new ApiError(PROBLEMS.conflict, `org ${id} was erased; its id is not reused`);
+      if (await orgWasErased(db, id)) throw new ApiError(PROBLEMS.conflict, `org ${id} was erased; its id is not reused`);
       const org = await auditedChange(deps, req, 'org.create', id, async (tx) => {
-        const { rows } = await tx.query<OrgView>(
-          `INSERT INTO orgs (id, name, provider_org_ref, status, created_by) VALUES ($1, $2, $3, $4, $5) RETURNING ${ORG_COLUMNS}`,
-          [id, name, ref, status, req.principal!.subject],
-        );
-        return { result: rows[0], resource: `org:${id}` };
+        return { result: await insertOrg(tx, { id, name, ref, status }, req.principal!.subject), resource: `org:${id}` };
       });
       return reply.code(201).send(org);
     });
 
     api.get('/orgs/:org', { config: { requiredCapability: 'org:manage' } }, async (req) => {
       await requireCapability(db, req, 'org:manage', { kind: 'org', org: orgOf(req) });
-      const { rows } = await db.query<OrgView>(`SELECT ${ORG_COLUMNS} FROM orgs WHERE id = $1`, [orgOf(req)]);
-      if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${orgOf(req)}`);
-      return rows[0];
+      const found = await getOrg(db, orgOf(req));
+      if (!found) throw new ApiError(PROBLEMS.notFound, `no org ${orgOf(req)}`);
+      return found;
     });
 
     api.put('/orgs/:org', { config: { requiredCapability: 'org:manage' } }, async (req) => {
@@ -88,12 +80,9 @@ export function orgRoutes(deps: ChangeDeps) {
       if (status !== undefined && !STATUSES.includes(status)) bad('status', `must be one of ${STATUSES.join(', ')}`);
       if (name !== undefined && name.trim() === '') bad('name', 'must not be empty');
       return auditedChange(deps, req, 'org.update', org, async (tx) => {
-        const { rows } = await tx.query<OrgView>(
-          `UPDATE orgs SET name = coalesce($2, name), provider_org_ref = coalesce($3, provider_org_ref), status = coalesce($4, status) WHERE id = $1 RETURNING ${ORG_COLUMNS}`,
-          [org, name ?? null, ref ?? null, status ?? null],
-        );
-        if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
-        return { result: rows[0], resource: `org:${org}` };
+        const updated = await updateOrg(tx, org, { name: name ?? null, ref: ref ?? null, status: status ?? null });
+        if (!updated) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
+        return { result: updated, resource: `org:${org}` };
       });
     });
 
@@ -101,10 +90,7 @@ export function orgRoutes(deps: ChangeDeps) {
       await requireCapability(db, req, 'platform:config', { kind: 'platform' });
       const org = orgOf(req);
       await auditedChange(deps, req, 'org.delete', org, async (tx) => {
-        const { rows } = await tx.query('DELETE FROM orgs WHERE id = $1 RETURNING id', [org]);
-        if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
-        await tx.query('DELETE FROM grants WHERE org_id = $1', [org]);
-        await tx.query('DELETE FROM memberships WHERE org_id = $1', [org]);
+        if (!(await deleteOrg(tx, org))) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
         return { result: null, resource: `org:${org}` };
       });
       return reply.code(204).send();
@@ -114,7 +100,7 @@ export function orgRoutes(deps: ChangeDeps) {
       const org = orgOf(req);
       await requireCapability(db, req, 'org:manage', { kind: 'org', org });
       await mustExist(org);
-      return (await db.query<GroupView>(`SELECT ${GROUP_COLUMNS} FROM org_groups WHERE org_id = $1 ORDER BY id`, [org])).rows;
+      return listGroups(db, org);
     });
 
     api.post('/orgs/:org/groups', { config: { requiredCapability: 'org:manage' } }, async (req, reply) => {
@@ -127,11 +113,7 @@ export function orgRoutes(deps: ChangeDeps) {
       const name = text(body, 'name', true)!;
       const ref = text(body, 'provider_group_ref', false) ?? '';
       const group = await auditedChange(deps, req, 'group.create', org, async (tx) => {
-        const { rows } = await tx.query<GroupView>(
-          `INSERT INTO org_groups (org_id, id, name, provider_group_ref, created_by) VALUES ($1, $2, $3, $4, $5) RETURNING ${GROUP_COLUMNS}`,
-          [org, id, name, ref, req.principal!.subject],
-        );
-        return { result: rows[0], resource: `group:${org}:${id}` };
+        return { result: await insertGroup(tx, org, { id, name, ref }, req.principal!.subject), resource: `group:${org}:${id}` };
       });
       return reply.code(201).send(group);
     });
@@ -141,10 +123,7 @@ export function orgRoutes(deps: ChangeDeps) {
       const group = (req.params as { group: string }).group;
       await requireCapability(db, req, 'org:manage', { kind: 'org', org });
       await auditedChange(deps, req, 'group.delete', org, async (tx) => {
-        const { rows } = await tx.query('DELETE FROM org_groups WHERE org_id = $1 AND id = $2 RETURNING id', [org, group]);
-        if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no group ${group} in org ${org}`);
-        await tx.query('DELETE FROM grants WHERE principal = $1 OR (org_id = $2 AND group_id = $3)', [`group:${org}:${group}`, org, group]);
-        await tx.query('DELETE FROM memberships WHERE org_id = $1 AND group_id = $2', [org, group]);
+        if (!(await deleteGroup(tx, org, group))) throw new ApiError(PROBLEMS.notFound, `no group ${group} in org ${org}`);
         return { result: null, resource: `group:${org}:${group}` };
       });
       return reply.code(204).send();

@@ -4,15 +4,11 @@ import { requireConferrable } from '../authz/confer.ts';
 import { requireCapability } from '../authz/guard.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
+import { deleteRole, insertRole, listCustomRoles, roleIsGranted, updateRole } from '../store/roles.ts';
 
 // Roles (spec: createRoleReq, putRoleReq, roleView): the built-in roles and custom ones, platform-wide,
 // managed with platform:config. Built-in roles are listed but cannot be changed or deleted; a custom
 // role still granted somewhere cannot be deleted (409).
-
-interface RoleView {
-  name: string;
-  capabilities: string[];
-}
 
 function bad(field: string, message: string): never {
   throw new ApiError(PROBLEMS.badRequest, `${field}: ${message}`);
@@ -41,7 +37,7 @@ export function roleRoutes(deps: ChangeDeps) {
   return async (api: FastifyInstance) => {
     api.get('/roles', { config: { requiredCapability: 'platform:config' } }, async (req) => {
       await requireCapability(db, req, 'platform:config', platform);
-      const { rows } = await db.query<RoleView>('SELECT name, capabilities FROM roles ORDER BY name');
+      const rows = await listCustomRoles(db);
       const builtIn = Object.entries(BUILT_IN_ROLES).map(([name, caps]) => ({ name, capabilities: [...caps] }));
       return [...builtIn, ...rows];
     });
@@ -55,7 +51,7 @@ export function roleRoutes(deps: ChangeDeps) {
       const capabilities = capabilitiesOf(body);
       await requireConferrable(db, req, capabilities as Capability[], platform, `role ${name}`);
       const role = await auditedChange(deps, req, 'role.create', '', async (tx) => {
-        await tx.query('INSERT INTO roles (name, capabilities, created_by) VALUES ($1, $2, $3)', [name, capabilities, req.principal!.subject]);
+        await insertRole(tx, { name, capabilities }, req.principal!.subject);
         return { result: { name, capabilities }, resource: `role:${name}` };
       });
       return reply.code(201).send(role);
@@ -69,8 +65,7 @@ export function roleRoutes(deps: ChangeDeps) {
       // A role's definition reaches every holder of the role: it may carry only what the caller holds.
       await requireConferrable(db, req, capabilities as Capability[], platform, `role ${name}`);
       return auditedChange(deps, req, 'role.update', '', async (tx) => {
-        const { rows } = await tx.query('UPDATE roles SET capabilities = $2 WHERE name = $1 RETURNING name', [name, capabilities]);
-        if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no role ${name}`);
+        if (!(await updateRole(tx, { name, capabilities }))) throw new ApiError(PROBLEMS.notFound, `no role ${name}`);
         return { result: { name, capabilities }, resource: `role:${name}` };
       });
     });
@@ -80,10 +75,8 @@ export function roleRoutes(deps: ChangeDeps) {
       const name = (req.params as { name: string }).name;
       if (builtInRole(name)) throw new ApiError(PROBLEMS.conflict, `"${name}" is a built-in role and cannot be deleted`);
       await auditedChange(deps, req, 'role.delete', '', async (tx) => {
-        const used = await tx.query('SELECT 1 FROM grants WHERE role = $1 LIMIT 1', [name]);
-        if (used.rows.length > 0) throw new ApiError(PROBLEMS.conflict, `role ${name} is still granted; revoke its grants first`);
-        const { rows } = await tx.query('DELETE FROM roles WHERE name = $1 RETURNING name', [name]);
-        if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no role ${name}`);
+        if (await roleIsGranted(tx, name)) throw new ApiError(PROBLEMS.conflict, `role ${name} is still granted; revoke its grants first`);
+        if (!(await deleteRole(tx, name))) throw new ApiError(PROBLEMS.notFound, `no role ${name}`);
         return { result: null, resource: `role:${name}` };
       });
       return reply.code(204).send();

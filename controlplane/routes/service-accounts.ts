@@ -4,14 +4,23 @@ import { newId } from '../../core/ids.ts';
 import { auditedChange, type ChangeActor, type ChangeDeps } from '../audited-change.ts';
 import type { ServiceAccountStatus } from '../auth/service-account-status.ts';
 import { builtInRole, CAPABILITIES, groupsOf, type Capability, type ScopeKind } from '../authz/capabilities.ts';
+import type { GrantRow } from '../store/grants.ts';
 import { describe, holds, requireCapability, type Target } from '../authz/guard.ts';
 import { conferredBy, requireConferrable, requireHoldsAllOf } from '../authz/confer.ts';
 import { bad, object, strings, text } from '../body.ts';
-import { ApiError, PROBLEMS } from '../errors.ts';
-import { IdpError, serviceAccountMetadata, type IdpProvisioner, type Registration } from '../idp/provisioner.ts';
+import { ApiError, IdpError, PROBLEMS } from '../errors.ts';
+import { serviceAccountMetadata, type IdpProvisioner, type Registration } from '../idp/provisioner.ts';
 import type { ServiceAccountKey } from '../idp/service-account-key.ts';
 import { dropIntent, recordIntent, recordRegistration, settleIntent, undoIdpStep } from '../idp/pending-undo.ts';
 import type { Queryable } from '../../core/sql.ts';
+import { orgExists as orgStored } from '../store/orgs.ts';
+import { customRoleExists } from '../store/roles.ts';
+import { addMemberOnce, addMembership, memberExists } from '../store/members.ts';
+import { deleteGrantOf, grantCapabilityOnce, grantsToInOrg, insertGrant } from '../store/grants.ts';
+import {
+  addServiceAccountKey, deleteServiceAccountKey, disableServiceAccount, getServiceAccount, insertServiceAccount, listServiceAccounts,
+  serviceAccountKeys, setServiceAccountOwner, type AccountRow,
+} from '../store/service-accounts.ts';
 
 // Service accounts of an org (spec: "Service accounts"), provisioned at the OIDC identity provider so
 // their tokens come from the issuer the control plane already trusts. Two ways in:
@@ -25,17 +34,10 @@ import type { Queryable } from '../../core/sql.ts';
 // called and settled in the store change's own transaction, so a crash at any point leaves it behind;
 // an undo that fails or is left by a crash is logged, counted, audited and retried (idp/pending-undo.ts).
 
-interface AccountRow {
-  id: string; org_id: string; name: string; owner: string; level: string; status: string;
-  registration_client_uri: string; registration_access_token: string; created_at: Date | string;
-}
-
 const view = (r: AccountRow) => ({ id: r.id, owner: r.owner, level: r.level, status: r.status, org_id: r.org_id, created_at: new Date(r.created_at).toISOString() });
 const registration = (r: AccountRow): Registration => ({ client_id: r.id, registration_client_uri: r.registration_client_uri, registration_access_token: r.registration_access_token });
 
-interface GrantRow { id: string | number; role: string | null; capability: string | null; scope_kind: ScopeKind; org_id: string; group_id: string; agent_id: string }
 const grantView = (r: GrantRow) => ({ id: Number(r.id), role: r.role, capability: r.capability, scope_kind: r.scope_kind, org_id: r.org_id, group_id: r.group_id, agent_id: r.agent_id });
-const GRANT_COLUMNS = 'id, role, capability, scope_kind, org_id, group_id, agent_id';
 
 async function newKey(): Promise<{ kid: string; publicJwk: JWK; privateJwk: JWK }> {
   const { publicKey, privateKey } = await generateKeyPair('ES256', { extractable: true });
@@ -77,9 +79,9 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
 
   const load = async (req: FastifyRequest): Promise<AccountRow> => {
     const { org, id } = params(req);
-    const { rows } = await db.query<AccountRow>('SELECT * FROM service_accounts WHERE org_id = $1 AND id = $2', [org, id]);
-    if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no service account ${id} in org ${org}`);
-    return rows[0];
+    const account = await getServiceAccount(db, org, id);
+    if (!account) throw new ApiError(PROBLEMS.notFound, `no service account ${id} in org ${org}`);
+    return account;
   };
   /** clients:manage over the org, or the account's owner (a member of the org acting as themself). */
   const requireManagerOrOwner = async (req: FastifyRequest, account: AccountRow) => {
@@ -100,7 +102,7 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
     return account;
   };
   const orgExists = async (org: string) => {
-    if ((await db.query('SELECT 1 FROM orgs WHERE id = $1', [org])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
+    if (!(await orgStored(db, org))) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
   };
   const idpStep = async <T>(step: () => Promise<T>): Promise<T> => {
     try {
@@ -132,15 +134,11 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
     const pending = await recordRegistration(deps, idp, intent, reg);
     try {
       const row = await auditedChange(deps, req, 'service-account.create', org, async (tx) => {
-        const { rows } = await tx.query<AccountRow>(
-          `INSERT INTO service_accounts (id, org_id, name, owner, level, registration_client_uri, registration_access_token, created_by)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $4) RETURNING *`,
-          [reg.client_id, org, name, req.principal!.subject, level, reg.registration_client_uri, reg.registration_access_token],
-        );
-        await tx.query('INSERT INTO service_account_keys (account_id, key_id, public_jwk) VALUES ($1, $2, $3)', [reg.client_id, key.kid, JSON.stringify(key.publicJwk)]);
+        const account = await insertServiceAccount(tx, { org, name, owner: req.principal!.subject, level }, reg);
+        await addServiceAccountKey(tx, reg.client_id, key.kid, key.publicJwk);
         await extra(tx, reg.client_id);
         await settleIntent(tx, pending);
-        return { result: rows[0], resource: `service-account:${reg.client_id}` };
+        return { result: account, resource: `service-account:${reg.client_id}` };
       });
       return { ...view(row), credential: keyFile(reg.client_id, key) };
     } catch (err) {
@@ -175,7 +173,7 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
     api.get('/orgs/:org/service-accounts', { config: { requiredCapability: 'clients:manage' } }, async (req) => {
       await requireCapability(db, req, 'clients:manage', orgTarget(req));
       await orgExists(params(req).org);
-      return (await db.query<AccountRow>('SELECT * FROM service_accounts WHERE org_id = $1 ORDER BY created_at, id', [params(req).org])).rows.map(view);
+      return (await listServiceAccounts(db, params(req).org)).map(view);
     });
 
     api.post('/orgs/:org/service-accounts', { config: { requiredCapability: 'clients:manage' } }, async (req, reply) => {
@@ -215,15 +213,12 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       await orgExists(org);
       return reply.code(201).send(await create(req, org, name, 'self-service', async (tx, id) => {
         if (groups.length > 0) {
-          await tx.query(`INSERT INTO members (org_id, subject, username, created_by) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`, [org, id, name, p.subject]);
-          for (const g of new Set(groups)) await tx.query('INSERT INTO memberships (org_id, group_id, subject) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING', [org, g, id]);
+          await addMemberOnce(tx, org, id, name, p.subject);
+          for (const g of new Set(groups)) await addMembership(tx, org, g, id);
         }
         for (const g of grants) {
           const s = scopeOf(g.target);
-          await tx.query(
-            `INSERT INTO grants (principal, capability, scope_kind, org_id, group_id, agent_id, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING`,
-            [`user:${id}`, g.capability, s.scope_kind, org, s.group_id, s.agent_id, p.subject],
-          );
+          await grantCapabilityOnce(tx, { principal: `user:${id}`, capability: g.capability, org_id: org, ...s }, p.subject);
         }
       }));
     });
@@ -239,20 +234,20 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       if (account.status !== 'active') throw new ApiError(PROBLEMS.conflict, `service account ${account.id} is ${account.status}`);
       await requireHoldsAllOf(db, req, account.id, account.org_id, `a key of service account ${account.id}`);
       const key = await newKey();
-      const { rows } = await db.query<{ public_jwk: string }>('SELECT public_jwk FROM service_account_keys WHERE account_id = $1 ORDER BY created_at, key_id', [account.id]);
+      const rows = await serviceAccountKeys(db, account.id);
       await changeKeys(req, account, [...rows.map((r) => JSON.parse(r.public_jwk) as JWK), key.publicJwk], 'service-account.key.create', async (tx) => {
-        await tx.query('INSERT INTO service_account_keys (account_id, key_id, public_jwk) VALUES ($1, $2, $3)', [account.id, key.kid, JSON.stringify(key.publicJwk)]);
+        await addServiceAccountKey(tx, account.id, key.kid, key.publicJwk);
       });
       return reply.code(201).send({ id: key.kid, credential: keyFile(account.id, key) });
     });
 
     api.delete('/orgs/:org/service-accounts/:id/keys/:key', { config: { requiredCapability: 'clients:manage' } }, async (req, reply) => {
       const account = await loadManaged(req);
-      const { rows } = await db.query<{ key_id: string; public_jwk: string }>('SELECT key_id, public_jwk FROM service_account_keys WHERE account_id = $1 ORDER BY created_at, key_id', [account.id]);
+      const rows = await serviceAccountKeys(db, account.id);
       const kid = params(req).key;
       if (!rows.some((r) => r.key_id === kid)) throw new ApiError(PROBLEMS.notFound, `service account ${account.id} has no key ${kid}`);
       const rest = rows.filter((r) => r.key_id !== kid).map((r) => JSON.parse(r.public_jwk) as JWK);
-      const store = async (tx: Queryable) => void (await tx.query('DELETE FROM service_account_keys WHERE account_id = $1 AND key_id = $2', [account.id, kid]));
+      const store = (tx: Queryable) => deleteServiceAccountKey(tx, account.id, kid);
       if (account.status === 'active') await changeKeys(req, account, rest, 'service-account.key.delete', store);
       else await auditedChange(deps, req, 'service-account.key.delete', account.org_id, async (tx) => ({ result: await store(tx), resource: `service-account:${account.id}` }));
       return reply.code(204).send();
@@ -262,12 +257,11 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       await requireCapability(db, req, 'clients:manage', orgTarget(req));
       const account = await load(req);
       const owner = text(object(req.body, ['owner']), 'owner', true)!;
-      if ((await db.query('SELECT 1 FROM members WHERE org_id = $1 AND subject = $2', [account.org_id, owner])).rows.length === 0) bad('owner', `${owner} is not a member of org ${account.org_id}`);
+      if (!(await memberExists(db, account.org_id, owner))) bad('owner', `${owner} is not a member of org ${account.org_id}`);
       if (owner === account.id) bad('owner', 'a service account cannot own itself');
       await requireHoldsAllOf(db, req, account.id, account.org_id, `ownership of service account ${account.id}`);
       return auditedChange(deps, req, 'service-account.transfer', account.org_id, async (tx) => {
-        const { rows } = await tx.query<AccountRow>('UPDATE service_accounts SET owner = $2 WHERE id = $1 RETURNING *', [account.id, owner]);
-        return { result: view(rows[0]), resource: `service-account:${account.id}` };
+        return { result: view(await setServiceAccountOwner(tx, account.id, owner)), resource: `service-account:${account.id}` };
       });
     });
 
@@ -278,8 +272,7 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       object(req.body ?? {}, []);
       await idpStep(() => idp.remove(registration(account)));
       const out = await auditedChange(deps, req, 'service-account.disable', account.org_id, async (tx) => {
-        const { rows } = await tx.query<AccountRow>(`UPDATE service_accounts SET status = 'disabled' WHERE id = $1 RETURNING *`, [account.id]);
-        return { result: view(rows[0]), resource: `service-account:${account.id}` };
+        return { result: view(await disableServiceAccount(tx, account.id)), resource: `service-account:${account.id}` };
       });
       status.invalidate(account.id);
       return out;
@@ -288,7 +281,7 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
     api.get('/orgs/:org/service-accounts/:id/grants', { config: { requiredCapability: 'clients:manage' } }, async (req) => {
       await requireCapability(db, req, 'clients:manage', orgTarget(req));
       const account = await load(req);
-      return (await db.query<GrantRow>(`SELECT ${GRANT_COLUMNS} FROM grants WHERE principal = $1 AND org_id = $2 ORDER BY id`, [`user:${account.id}`, account.org_id])).rows.map(grantView);
+      return (await grantsToInOrg(db, `user:${account.id}`, account.org_id)).map(grantView);
     });
 
     api.post('/orgs/:org/service-accounts/:id/grants', { config: { requiredCapability: 'clients:manage' } }, async (req, reply) => {
@@ -299,16 +292,13 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       const capability = capabilityOf(body);
       if ((role === null) === (capability === null)) bad('role', 'exactly one of role and capability is required');
       if (role === 'platform-admin') bad('role', 'platform-admin is granted at platform scope only');
-      if (role !== null && !builtInRole(role) && (await db.query('SELECT 1 FROM roles WHERE name = $1', [role])).rows.length === 0) bad('role', `unknown role "${role}"`);
+      if (role !== null && !builtInRole(role) && !(await customRoleExists(db, role))) bad('role', `unknown role "${role}"`);
       const target = grantTarget(account.org_id, body, '');
       await requireConferrable(db, req, await conferredBy(db, role, capability), target, 'this grant');
       const s = scopeOf(target);
       const created = await auditedChange(deps, req, 'service-account.grant.create', account.org_id, async (tx) => {
-        const { rows } = await tx.query<GrantRow>(
-          `INSERT INTO grants (principal, role, capability, scope_kind, org_id, group_id, agent_id, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING ${GRANT_COLUMNS}`,
-          [`user:${account.id}`, role, capability, s.scope_kind, account.org_id, s.group_id, s.agent_id, req.principal!.subject],
-        );
-        return { result: grantView(rows[0]), resource: `grant:${rows[0].id}` };
+        const row = await insertGrant(tx, { principal: `user:${account.id}`, role, capability, org_id: account.org_id, ...s }, req.principal!.subject);
+        return { result: grantView(row), resource: `grant:${row.id}` };
       });
       return reply.code(201).send(created);
     });
@@ -319,8 +309,7 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       const id = params(req).grant;
       if (!/^\d{1,18}$/.test(id)) throw new ApiError(PROBLEMS.notFound, `no grant ${id}`);
       await auditedChange(deps, req, 'service-account.grant.delete', account.org_id, async (tx) => {
-        const { rows } = await tx.query('DELETE FROM grants WHERE id = $1 AND principal = $2 AND org_id = $3 RETURNING id', [id, `user:${account.id}`, account.org_id]);
-        if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `service account ${account.id} has no grant ${id}`);
+        if (!(await deleteGrantOf(tx, `user:${account.id}`, account.org_id, id))) throw new ApiError(PROBLEMS.notFound, `service account ${account.id} has no grant ${id}`);
         return { result: null, resource: `grant:${id}` };
       });
       return reply.code(204).send();

@@ -5,7 +5,8 @@ import { join } from 'node:path';
 import { openDb } from '../../core/sql.ts';
 import { openStore } from '../../audit-wal/store.ts';
 import { openKms } from '../../controlplane/crypto/kms.ts';
-import { OrgKeys, OrgKeyShredded } from '../../controlplane/crypto/org-keys.ts';
+import { OrgKeys } from '../../controlplane/crypto/org-keys.ts';
+import { OrgKeyShredded } from '../../controlplane/errors.ts';
 import { startCpHarness } from '../fixtures/controlplane-harness.ts';
 import { freshPgDatabase } from '../fixtures/pg-database.ts';
 

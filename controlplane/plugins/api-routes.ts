@@ -1,0 +1,86 @@
+import type { FastifyInstance } from 'fastify';
+import type { AgentOperatorIssuer } from '../auth/agent-operator-issuer.ts';
+import type { ServiceAccountStatus } from '../auth/service-account-status.ts';
+import { callerGrants } from '../authz/capabilities.ts';
+import type { ChangeDeps } from '../audited-change.ts';
+import type { ErasureDeps } from '../erasure.ts';
+import type { EventHub } from '../events.ts';
+import type { IdpProvisioner } from '../idp/provisioner.ts';
+import { CONTROLPLANE_DEFAULTS } from '../options.ts';
+import type { AuditStore } from '../../audit-wal/store.ts';
+import { agentOperatorRoutes } from '../routes/agent-operator.ts';
+import { agentRoutes } from '../routes/agents.ts';
+import { auditRoutes, type AuditReadOptions } from '../routes/audit.ts';
+import { configValueRoutes } from '../routes/config-values.ts';
+import { enclaveRoutes } from '../routes/enclaves.ts';
+import { erasureRoutes } from '../routes/erasure.ts';
+import { governanceRoutes } from '../routes/governance.ts';
+import { grantRoutes } from '../routes/grants.ts';
+import { idpConnectorRoutes } from '../routes/idp-connectors.ts';
+import { llmPolicyRoutes } from '../routes/llm-policy.ts';
+import { memberRoutes } from '../routes/members.ts';
+import { orgRoutes } from '../routes/orgs.ts';
+import { roleRoutes } from '../routes/roles.ts';
+import { serviceAccountRoutes } from '../routes/service-accounts.ts';
+
+// The operator API under /api/v1: its OpenAPI document, then every route family (mountApi). The
+// document is collected by mountApi over a never-listening instance with every family (server.ts).
+
+/** The /api/v1 context: GET /openapi.json and the route families this process wired. */
+export function apiRoutes(deps: ChangeDeps, document: unknown, wired: Families) {
+  return async (api: FastifyInstance) => {
+    api.get('/openapi.json', { config: { requiredCapability: null } }, async () => document);
+    await mountApi(api, deps, wired);
+  };
+}
+
+export interface Families {
+  agentIssuer: AgentOperatorIssuer | null;
+  idp: IdpProvisioner | null;
+  accountStatus: ServiceAccountStatus;
+  events: EventHub;
+  auditStore: AuditStore | null;
+  auditRead: AuditReadOptions;
+  erasure: ErasureDeps;
+  erasureJobs: Set<Promise<void>>;
+  /** Grace of a pending IdP undo (options.idpUndoGraceMs); the default where not given. */
+  idpUndoGraceMs?: number;
+}
+
+/** Every route under /api/v1; a family whose backing capability is not wired is not mounted. */
+export async function mountApi(api: FastifyInstance, deps: ChangeDeps, wired: Families): Promise<void> {
+  // Requires only a valid token (spec: Authentication, rule 1).
+  api.get('/whoami', { config: { requiredCapability: null } }, async (req) => {
+    const p = req.principal!;
+    const { groups, grants } = await callerGrants(deps.db, p.subject, p.orgId);
+    return {
+      subject: p.subject,
+      kind: p.kind,
+      org_id: p.orgId,
+      groups,
+      capabilities: [...new Set(grants.map((g) => g.capability))].sort(),
+    };
+  });
+  await api.register(grantRoutes(deps));
+  await api.register(roleRoutes(deps));
+  await api.register(orgRoutes(deps));
+  await api.register(memberRoutes(deps));
+  await api.register(idpConnectorRoutes(deps));
+  await api.register(llmPolicyRoutes(deps, wired.events));
+  await api.register(configValueRoutes(deps, wired.events));
+  await api.register(agentRoutes(deps, wired.events));
+  await api.register(governanceRoutes(deps, wired.events));
+  await api.register(enclaveRoutes(deps, wired.events));
+  if (wired.agentIssuer) await api.register(agentOperatorRoutes(deps, wired.agentIssuer));
+  await api.register(erasureRoutes(deps, wired.erasure, wired.erasureJobs));
+  if (wired.auditStore) await api.register(auditRoutes(deps, wired.auditStore, wired.auditRead));
+  if (wired.idp)
+    await api.register(
+      serviceAccountRoutes(
+        deps,
+        wired.idp,
+        wired.accountStatus,
+        wired.idpUndoGraceMs ?? CONTROLPLANE_DEFAULTS.idpUndoGraceMs,
+      ),
+    );
+}
