@@ -5,7 +5,7 @@ import { Piscina } from 'piscina';
 import type { Registry } from 'prom-client';
 import { counter, createRegistry, gauge, histogram } from '../core/metrics.ts';
 import { silentLogger, type Logger } from '../core/logger.ts';
-import { BodyTooLargeError } from './errors.ts';
+import { BodyTooLargeError, DeadlineError } from './errors.ts';
 import type { Finding, Phase } from './finding.ts';
 import * as modelRestriction from './inspectors/model-restriction.ts';
 import { callSidecar, type SidecarIdentity } from './inspectors/sidecar.ts';
@@ -88,8 +88,6 @@ export interface EngineOptions {
 
 const EMPTY: ScanResult = { findings: [], failures: [] };
 const BUILTINS = 'builtin';
-
-class DeadlineError extends Error {}
 
 /** A body in shared memory crosses to a worker without a copy; anything else is copied once, here. */
 export function toShared(body: Buffer): Uint8Array {
@@ -281,7 +279,7 @@ export class InspectionEngine {
       return { findings, failures: [] };
     } catch (err) {
       const reason = (err as { reason?: string }).reason ?? 'error';
-      this.#log.warn({ sidecar: sidecar.name, phase: request.phase, reason, err: (err as Error).message }, 'sidecar failed');
+      this.#log.warn({ err, sidecar: sidecar.name, phase: request.phase, reason }, 'sidecar failed');
       return { findings: [], failures: [{ inspector: `sidecar:${sidecar.name}`, reason }] };
     }
   }
@@ -297,7 +295,7 @@ export class InspectionEngine {
       (err: Error & { reason?: string }) => {
         const reason = err.reason ?? 'error';
         this.#metrics.failopen.inc({ phase, inspector: `sidecar:${sidecar.name}`, reason });
-        this.#log.warn({ sidecar: sidecar.name, phase, reason, err: err.message, async: true }, 'inspection failopen');
+        this.#log.warn({ err, sidecar: sidecar.name, phase, reason, async: true }, 'inspection failopen');
       },
     );
   }

@@ -4,7 +4,7 @@ import { normalizedView } from './normalized-view.ts';
 import { sseText } from './sse-text.ts';
 import * as apiKey from './inspectors/api-key.ts';
 import * as model from './inspectors/model-restriction.ts';
-import { namedModels } from './inspectors/named-models.ts';
+import { namedModels } from './named-models.ts';
 import * as patterns from './inspectors/patterns.ts';
 import * as pii from './inspectors/pii.ts';
 import * as secrets from './inspectors/secrets.ts';
@@ -40,7 +40,7 @@ export interface ScanRequest {
   part?: ScanPart;
   /**
    * Model restriction checks every model named anywhere in the body, read by its content type
-   * (inspectors/named-models.ts), instead of the top-level `model`: the proxy's pass-through routes.
+   * (named-models.ts), instead of the top-level `model`: the proxy's pass-through routes.
    */
   modelsAnywhere?: { contentType: string | null };
   /** Model restriction already ran (the engine checks a pooled inference body's model first). */

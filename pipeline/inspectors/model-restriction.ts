@@ -1,8 +1,8 @@
 import { stringAt, topLevel, type Span } from '../json-view.ts';
 import { redact, type Finding } from '../finding.ts';
 import type { ModelPolicy } from '../policy/types.ts';
-import { isValidPattern, pathMatch } from './path-match.ts';
-import type { NamedModels } from './named-models.ts';
+import { isValidPattern, pathMatch } from '../path-match.ts';
+import type { NamedModels } from '../named-models.ts';
 
 // model_restriction: request phase only; reads the body's top-level `model` (spec: model_policy).
 // Each layer (the base winner, then every pack) must permit the model: layers compose by AND.
