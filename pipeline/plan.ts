@@ -1,40 +1,44 @@
-import * as apiKey from './inspectors/api-key.ts';
-import * as model from './inspectors/model-restriction.ts';
-import * as patterns from './inspectors/patterns.ts';
-import * as pii from './inspectors/pii.ts';
-import type { ResolvedPolicy, Toggle } from './policy/types.ts';
+import type { CompileWarning, Inspector } from './inspector.ts';
+import type { PrefilterId } from './inspectors/patterns.ts';
+import { INSPECTORS } from './inspectors/registry.ts';
+import type { ResolvedPolicy } from './policy/types.ts';
 
-// A resolved policy compiled into what the scanners run: model globs checked, regexes compiled into an
-// RE2.Set. Compiling costs far more than a scan, so plans are cached by policy version, on the main
-// thread and in every worker.
+// A resolved policy compiled into what the scanners run: each inspector of the registry compiled once
+// (model globs checked, regexes compiled into an RE2.Set). Compiling costs far more than a scan, so
+// plans are cached by policy version, on the main thread and in every worker.
+
+export interface PlannedInspector {
+  inspector: Inspector<unknown>;
+  /** What it compiled to under this policy (never null: an inspector that is off is not planned). */
+  compiled: unknown;
+}
 
 export interface ScanPlan {
   version: string;
-  model: model.ModelPlan | null;
-  secrets: Toggle | null;
-  pii: pii.PiiPlan | null;
-  apiKey: apiKey.ApiKeyPlan | null;
-  patterns: patterns.PatternPlan | null;
+  /** The inspectors this policy turns on, in the registry's order. */
+  inspectors: readonly PlannedInspector[];
+  /** What compiling found worth a log line, once per policy version. */
+  warnings: readonly CompileWarning[];
 }
 
-export function compilePlan(policy: ResolvedPolicy): ScanPlan {
-  const c = policy.content;
-  const piiPlan = c ? pii.compile(c.pii_detection) : null;
-  const apiKeyPlan = c ? apiKey.compile(c.api_key_detection) : null;
+export function compilePlan(policy: ResolvedPolicy, registry: readonly Inspector<unknown>[] = INSPECTORS): ScanPlan {
+  const inspectors: PlannedInspector[] = [];
+  const warnings: CompileWarning[] = [];
   // With custom patterns, one RE2.Set pass also prefilters the built-in detectors (patterns.ts).
-  const prefilters: patterns.PrefilterId[] = [];
-  if (piiPlan?.email) prefilters.push('email');
-  if (piiPlan?.creditCard) prefilters.push('card');
-  if (piiPlan?.ssn) prefilters.push('ssn');
-  if (apiKeyPlan) prefilters.push('api_key');
-  return {
-    version: policy.version,
-    model: model.compile(policy.models),
-    secrets: c?.secrets_filter.enabled ? c.secrets_filter : null,
-    pii: piiPlan,
-    apiKey: apiKeyPlan,
-    patterns: c ? patterns.compile(c.patterns, prefilters) : null,
-  };
+  const prefilters: PrefilterId[] = [];
+  for (const inspector of registry) {
+    const compiled = inspector.compile(policy, { prefilters });
+    if (compiled === null) continue;
+    inspectors.push({ inspector, compiled });
+    if (inspector.prefilters) prefilters.push(...inspector.prefilters(compiled));
+    if (inspector.warnings) warnings.push(...inspector.warnings(compiled));
+  }
+  return { version: policy.version, inspectors, warnings };
+}
+
+/** Whether the plan runs the inspector with this id. */
+export function plans(plan: ScanPlan, id: string): boolean {
+  return plan.inspectors.some((p) => p.inspector.id === id);
 }
 
 /** Plans by policy version, least recently used dropped past `capacity`. */

@@ -1,4 +1,5 @@
 import { MAX_FINDINGS_PER_INSPECTOR, redact, type Finding, type FindingLocation } from '../finding.ts';
+import type { Inspector } from '../inspector.ts';
 import { recordedSeverity } from '../policy/severity.ts';
 import type { Toggle } from '../policy/types.ts';
 import { CLASS, DIGIT, KEY_BODY, ALPHA, isAlnum, keyRunEnd, nextByte, wordBefore } from '../byte-class.ts';
@@ -127,3 +128,21 @@ export function scan(view: Buffer, plan: ApiKeyPlan, location: FindingLocation):
   }
   return findings;
 }
+
+/** The contract's face: the literal view, then the normalized one, each skipped when its prefilter misses. */
+export const inspector: Inspector<ApiKeyPlan> = {
+  id,
+  phases: ['request'],
+  compile: (policy) => (policy.content ? compile(policy.content.api_key_detection) : null),
+  prefilters: () => ['api_key'],
+  scan(input, plan) {
+    const prefiltered = input.prefilters('literal');
+    return !prefiltered || prefiltered.has('api_key') ? scan(input.literal(), plan, input.location) : [];
+  },
+  scanNormalized(input, plan) {
+    const view = input.normalized();
+    if (!view) return [];
+    const prefiltered = input.prefilters('normalized');
+    return !prefiltered || prefiltered.has('api_key') ? scan(view, plan, input.location) : [];
+  },
+};
