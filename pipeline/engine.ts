@@ -210,7 +210,14 @@ export class InspectionEngine {
     return this.#inline(plan, body, 'request', [], undefined, true);
   }
 
-  #inline(plan: ScanPlan, body: Buffer, phase: Phase, secrets: readonly string[], modelsAnywhere: InspectRequest['modelsAnywhere'], modelOnly = false): ScanResult {
+  #inline(
+    plan: ScanPlan,
+    body: Buffer,
+    phase: Phase,
+    secrets: readonly string[],
+    modelsAnywhere: InspectRequest['modelsAnywhere'],
+    modelOnly = false,
+  ): ScanResult {
     try {
       return scanBody(plan, { body, phase, secrets, modelsAnywhere, modelOnly });
     } catch (err) {

@@ -78,7 +78,13 @@ export function hasBuiltinWork(plan: ScanPlan, phase: Phase, secretCount: number
  * view's step when any of them reads it. Each named here reports once through `onInspector`, even
  * when a prefilter finds it has nothing to look at.
  */
-export function builtinInspectors(plan: ScanPlan, phase: Phase, secretCount: number, part: ScanPart = 'all', skipModel = false): string[] {
+export function builtinInspectors(
+  plan: ScanPlan,
+  phase: Phase,
+  secretCount: number,
+  part: ScanPart = 'all',
+  skipModel = false,
+): string[] {
   const shape = { phase, secretCount };
   const selection = { part, skipModel, modelOnly: false };
   const out: string[] = [];
@@ -104,13 +110,18 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
   const failures: InspectorFailure[] = [];
   const { body, phase } = request;
   const shape = { phase, secretCount: request.secrets.length };
-  const selection = { part: request.part ?? 'all', skipModel: request.skipModel ?? false, modelOnly: request.modelOnly ?? false };
+  const selection: Selection = {
+    part: request.part ?? 'all',
+    skipModel: request.skipModel ?? false,
+    modelOnly: request.modelOnly ?? false,
+  };
   const onInspector = request.onInspector;
   let reportedFindings = 0;
   let reportedFailures = 0;
   // (Inline, with no one to report to, no closure is made for it.)
   const done = onInspector ? (inspector: string) => {
-    onInspector(inspector, { findings: findings.slice(reportedFindings), failures: failures.slice(reportedFailures) });
+    const result = { findings: findings.slice(reportedFindings), failures: failures.slice(reportedFailures) };
+    onInspector(inspector, result);
     reportedFindings = findings.length;
     reportedFailures = failures.length;
   } : unreported;

@@ -96,7 +96,8 @@ export const inspector: Inspector<ModelPlan> = {
   id,
   phases: ['request'],
   compile: (policy) => compile(policy.models),
-  warnings: (plan) => plan.malformed.map((glob) => ({ message: 'malformed model glob matches nothing', fields: { glob } })),
+  warnings: (plan) => plan.malformed.map((glob) =>
+    ({ message: 'malformed model glob matches nothing', fields: { glob } })),
   scan(input, plan) {
     const anywhere = input.modelsAnywhere;
     return anywhere ? check(namedModels(input.raw, anywhere.contentType), plan) : scan(input.raw, plan);

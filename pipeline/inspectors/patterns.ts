@@ -200,7 +200,10 @@ export const inspector: Inspector<PatternPlan> = {
   readsDecoded: true,
   readsJoined: true,
   compile: (policy, context) => (policy.content ? compile(policy.content.patterns, context.prefilters) : null),
-  warnings: (plan) => plan.invalid.map((p) => ({ message: 'invalid custom pattern skipped', fields: { pattern: p.pattern, reason: p.reason } })),
+  warnings: (plan) => plan.invalid.map((p) => ({
+    message: 'invalid custom pattern skipped',
+    fields: { pattern: p.pattern, reason: p.reason },
+  })),
   scan(input, plan) {
     const setHits = input.setHits('literal');
     if (!setHits) return []; // the set pass failed, and said so
@@ -212,7 +215,8 @@ export const inspector: Inspector<PatternPlan> = {
   scanNormalized(input, plan) {
     const view = input.normalized();
     const viewHits = view ? input.setHits('normalized') : null;
-    const findings = view && viewHits && viewHits.patterns.length > 0 ? scan(view, plan, input.location, viewHits.patterns) : [];
+    const candidates = viewHits?.patterns ?? [];
+    const findings = view && candidates.length > 0 ? scan(view, plan, input.location, candidates) : [];
     const joined = input.normalizedJoined();
     if (joined) appendAll(findings, scan(joined, plan, input.location));
     return findings;

@@ -3,7 +3,9 @@ import type { Inspector } from '../inspector.ts';
 import type { PrefilterId } from './patterns.ts';
 import { recordedSeverity } from '../policy/severity.ts';
 import type { PiiToggle } from '../policy/types.ts';
-import { ALPHA, CLASS, EMAIL_DOMAIN, EMAIL_LOCAL, isAlnum, isDigit, isEscapeLetter, nextByte, wordBefore } from '../byte-class.ts';
+import {
+  ALPHA, CLASS, EMAIL_DOMAIN, EMAIL_LOCAL, isAlnum, isDigit, isEscapeLetter, nextByte, wordBefore,
+} from '../byte-class.ts';
 
 // pii: email, credit_card (13–19 digits, single spaces or dashes between digits, Luhn-valid, issuer
 // digit 2–6), ssn (XXX-XX-XXXX, no area 000/666/9xx, no group 00, no serial 0000). Prefilters keep the
@@ -220,12 +222,20 @@ export function scan(view: Buffer, plan: PiiPlan, location: FindingLocation): Fi
 /** The detectors whose prefilter hit (all of them when no set pass ran); null when none is left. */
 function narrowed(plan: PiiPlan, prefiltered: Set<PrefilterId> | null): PiiPlan | null {
   const p = prefiltered
-    ? { ...plan, email: plan.email && prefiltered.has('email'), creditCard: plan.creditCard && prefiltered.has('card'), ssn: plan.ssn && prefiltered.has('ssn') }
+    ? {
+      ...plan,
+      email: plan.email && prefiltered.has('email'),
+      creditCard: plan.creditCard && prefiltered.has('card'),
+      ssn: plan.ssn && prefiltered.has('ssn'),
+    }
     : plan;
   return p.email || p.creditCard || p.ssn ? p : null;
 }
 
-/** The contract's face: the literal view, then the normalized one, each with the detectors their prefilters let through. */
+/**
+ * The contract's face: the literal view, then the normalized one, each with the detectors their
+ * prefilters let through.
+ */
 export const inspector: Inspector<PiiPlan> = {
   id,
   phases: ['request'],

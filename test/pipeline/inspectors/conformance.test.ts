@@ -30,10 +30,12 @@ interface Case {
   worst: (size: number) => { name: string; body: Buffer; phase: Phase }[];
 }
 
-const request = (content: string) => Buffer.from(JSON.stringify({ model: 'claude-sonnet-4-5', messages: [{ role: 'user', content }] }));
+const request = (content: string) =>
+  Buffer.from(JSON.stringify({ model: 'claude-sonnet-4-5', messages: [{ role: 'user', content }] }));
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
 const worstOf = (inspector: string) => (size: number) =>
-  WORST_CASES.filter((c) => c.inspector === inspector).map((c) => ({ name: c.name, body: worstBody(c, size), phase: c.phase }));
+  WORST_CASES.filter((c) => c.inspector === inspector)
+    .map((c) => ({ name: c.name, body: worstBody(c, size), phase: c.phase }));
 const key = (i: number) => `AKIA${i.toString(36).toUpperCase().padStart(16, 'Q')}`;
 const secretOf = (i: number) => `agent-secret-${String(i).padStart(6, '0')}`;
 
@@ -44,11 +46,21 @@ const CASES: Record<string, Case> = {
     secrets: [],
     hit: { body: Buffer.from(JSON.stringify({ model: 'gpt-4o-mini', messages: [] })), value: 'gpt-4o-mini' },
     // Every letter case of `model` is read; one finding says the call is refused.
-    flood: (n) => ({ body: Buffer.from(`{${range(n).map((i) => `"${i % 2 ? 'Model' : 'model'}":"gpt-${i}"`).join(',')}}`) }),
+    flood: (n) => ({
+      body: Buffer.from(`{${range(n).map((i) => `"${i % 2 ? 'Model' : 'model'}":"gpt-${i}"`).join(',')}}`),
+    }),
     // The top level is walked once however many keys and however long the values.
     worst: (size) => [
-      { name: 'many top-level keys', body: Buffer.from(`{${range(Math.floor(size / 16)).map((i) => `"k${i}":"vvvvvv"`).join(',')},"model":"claude-x"}`), phase: 'request' },
-      { name: 'one long value before the model', body: Buffer.from(`{"messages":"${'x'.repeat(size)}","model":"claude-x"}`), phase: 'request' },
+      {
+        name: 'many top-level keys',
+        body: Buffer.from(`{${range(Math.floor(size / 16)).map((i) => `"k${i}":"vvvv",`).join('')}"model":"claude-x"}`),
+        phase: 'request',
+      },
+      {
+        name: 'one long value before the model',
+        body: Buffer.from(`{"messages":"${'x'.repeat(size)}","model":"claude-x"}`),
+        phase: 'request',
+      },
     ],
   },
   secrets: {
@@ -86,8 +98,11 @@ const CASES: Record<string, Case> = {
 };
 
 const policyOf = (c: Case) => policyFromDocument(validatePolicyDocument(c.policy));
-const scan = (inspectors: readonly Inspector<unknown>[], c: Case, body: Buffer, phase = c.phase, onInspector?: (id: string, r: ScanResult) => void) =>
-  scanBody(compilePlan(policyOf(c), inspectors), { body, phase, secrets: c.secrets, ...(onInspector ? { onInspector } : {}) });
+type Report = (id: string, r: ScanResult) => void;
+function scan(inspectors: readonly Inspector<unknown>[], c: Case, body: Buffer, phase = c.phase, onInspector?: Report) {
+  const plan = compilePlan(policyOf(c), inspectors);
+  return scanBody(plan, { body, phase, secrets: c.secrets, ...(onInspector ? { onInspector } : {}) });
+}
 
 /** The fastest of a few runs: the least disturbed by whatever else the machine is doing. */
 function fastest(run: () => unknown, runs = 5): number {
@@ -133,7 +148,9 @@ for (const inspector of INSPECTORS) {
     const { compiled } = plan.inspectors[0];
     // (The custom patterns read their candidates from the input's set pass, which needs their plan.)
     const patterns = inspector.id === PATTERNS ? (compiled as PatternPlan) : null;
-    const input = new InspectionInput({ raw: body, phase: c.phase, secrets, modelsAnywhere: null, failures, normalizeDecoded: false, patterns });
+    const input = new InspectionInput({
+      raw: body, phase: c.phase, secrets, modelsAnywhere: null, failures, normalizeDecoded: false, patterns,
+    });
     const found = inspector.scan(input, compiled);
     t.ok(found.length > 0, 'found');
     t.ok(found.length <= MAX_FINDINGS_PER_INSPECTOR, `${found.length} ≤ ${MAX_FINDINGS_PER_INSPECTOR}`);
