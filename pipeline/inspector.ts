@@ -9,13 +9,6 @@ import type { ResolvedPolicy } from './policy/types.ts';
 // no I/O, no state between calls beyond caches keyed by what it compiled. The sidecars are the one
 // asynchronous inspector and stay outside this contract (inspectors/sidecar.ts says why).
 
-/** What is known of a scan before its body is read: enough to say which inspectors have work. */
-export interface ScanShape {
-  phase: Phase;
-  /** How many secret values the agent has (the secrets inspector needs at least one). */
-  secretCount: number;
-}
-
 /** What an inspector's compile may read besides the policy. */
 export interface CompileContext {
   /** The prefilters the inspectors before it asked for (`prefilters` below), for the patterns' RE2.Set. */
@@ -39,8 +32,8 @@ export interface Inspector<Compiled> {
   readonly readsJoined?: boolean;
   /** What it runs under this policy; null: it is off. */
   compile(policy: ResolvedPolicy, context: CompileContext): Compiled | null;
-  /** Whether a scan of this shape gives it anything to do (absent: always). */
-  hasWork?(shape: ScanShape): boolean;
+  /** It has nothing to look for unless the agent has secret values (declared, not asked: see scan.ts). */
+  readonly needsSecrets?: boolean;
   /** Prefilters (patterns.ts, PREFILTERS) whose miss proves it has nothing to find. */
   prefilters?(compiled: Compiled): readonly PrefilterId[];
   warnings?(compiled: Compiled): CompileWarning[];
@@ -51,4 +44,23 @@ export interface Inspector<Compiled> {
    * inspector (`normalized_view`, scan.ts). Absent: it does not read them.
    */
   scanNormalized?(input: InspectionInput, compiled: Compiled): Finding[];
+}
+
+/**
+ * An inspector with every field of the contract present, in one order: all inspectors then share one
+ * object shape, and the scanner's calls through them stay cheap property loads (not megamorphic ones).
+ */
+export function defineInspector<Compiled>(spec: Inspector<Compiled>): Inspector<Compiled> {
+  return {
+    id: spec.id,
+    phases: spec.phases,
+    readsDecoded: spec.readsDecoded ?? false,
+    readsJoined: spec.readsJoined ?? false,
+    needsSecrets: spec.needsSecrets ?? false,
+    compile: spec.compile,
+    prefilters: spec.prefilters,
+    warnings: spec.warnings,
+    scan: spec.scan,
+    scanNormalized: spec.scanNormalized,
+  };
 }

@@ -1,9 +1,6 @@
 import type { Finding, Phase } from './finding.ts';
 import { failureReason, InspectionInput, NORMALIZED_VIEW, type InspectorFailure } from './inspection-input.ts';
-import type { ScanShape } from './inspector.ts';
-import { id as PATTERNS, type PatternPlan } from './inspectors/patterns.ts';
-import { MODEL_RESTRICTION, SPLIT_OFF } from './inspectors/registry.ts';
-import type { PlannedInspector, ScanPlan } from './plan.ts';
+import { runFor, type ScanPart, type ScanPlan } from './plan.ts';
 
 // The synchronous half of the pipeline: every built-in inspector of the plan over one body, the same
 // code inline on the main thread and inside a pool worker.
@@ -21,8 +18,7 @@ import type { PlannedInspector, ScanPlan } from './plan.ts';
 
 export { NORMALIZED_VIEW, SSE_TEXT, type InspectorFailure } from './inspection-input.ts';
 
-/** Which inspectors a scan runs: all of them, or one half of a body split across two workers. */
-export type ScanPart = 'all' | 'patterns' | 'others';
+export type { ScanPart } from './plan.ts';
 
 export interface ScanRequest {
   body: Buffer;
@@ -50,27 +46,9 @@ export interface ScanResult {
   failures: InspectorFailure[];
 }
 
-interface Selection {
-  part: ScanPart;
-  skipModel: boolean;
-  modelOnly: boolean;
-}
-
-/** Whether a planned inspector runs in a scan of this shape and part. */
-function runs(p: PlannedInspector, shape: ScanShape, selection: Selection): boolean {
-  const id = p.inspector.id;
-  if (selection.part !== 'all' && (selection.part === 'patterns') !== (id === SPLIT_OFF)) return false;
-  if (id === MODEL_RESTRICTION ? selection.skipModel : selection.modelOnly) return false;
-  return p.inspector.phases.includes(shape.phase) && (p.inspector.hasWork?.(shape) ?? true);
-}
-
-const ALL: Selection = { part: 'all', skipModel: false, modelOnly: false };
-
 /** Whether any built-in inspector has work in this phase (sidecars are handled by the engine). */
 export function hasBuiltinWork(plan: ScanPlan, phase: Phase, secretCount: number, skipModel = false): boolean {
-  const shape = { phase, secretCount };
-  const selection = skipModel ? { ...ALL, skipModel } : ALL;
-  return plan.inspectors.some((p) => runs(p, shape, selection));
+  return runFor(plan, phase, secretCount, 'all', skipModel, false).inspectors.length > 0;
 }
 
 /**
@@ -85,16 +63,9 @@ export function builtinInspectors(
   part: ScanPart = 'all',
   skipModel = false,
 ): string[] {
-  const shape = { phase, secretCount };
-  const selection = { part, skipModel, modelOnly: false };
-  const out: string[] = [];
-  let normalized = false;
-  for (const p of plan.inspectors) {
-    if (!runs(p, shape, selection)) continue;
-    out.push(p.inspector.id);
-    if (p.inspector.scanNormalized) normalized = true;
-  }
-  if (normalized) out.push(NORMALIZED_VIEW);
+  const run = runFor(plan, phase, secretCount, part, skipModel, false);
+  const out = run.inspectors.map((p) => p.inspector.id);
+  if (run.normalized) out.push(NORMALIZED_VIEW);
   return out;
 }
 
@@ -104,17 +75,24 @@ function findingKey(f: Finding): string {
   return `${f.inspector_type}\u0000${f.description}\u0000${f.match}\u0000${f.severity}`;
 }
 
+/** Adds the findings not already kept (the same finding from two views is one). */
+function keep(findings: Finding[], seen: Set<string>, found: readonly Finding[]): void {
+  for (const f of found) {
+    const key = findingKey(f);
+    if (!seen.has(key)) {
+      seen.add(key);
+      findings.push(f);
+    }
+  }
+}
+
 export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
   const findings: Finding[] = [];
   const seen = new Set<string>();
   const failures: InspectorFailure[] = [];
   const { body, phase } = request;
-  const shape = { phase, secretCount: request.secrets.length };
-  const selection: Selection = {
-    part: request.part ?? 'all',
-    skipModel: request.skipModel ?? false,
-    modelOnly: request.modelOnly ?? false,
-  };
+  const part = request.part ?? 'all';
+  const run = runFor(plan, phase, request.secrets.length, part, request.skipModel ?? false, request.modelOnly ?? false);
   const onInspector = request.onInspector;
   let reportedFindings = 0;
   let reportedFailures = 0;
@@ -125,60 +103,34 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
     reportedFindings = findings.length;
     reportedFailures = failures.length;
   } : unreported;
-  const keep = (found: readonly Finding[]) => {
-    for (const f of found) {
-      const key = findingKey(f);
-      if (!seen.has(key)) {
-        seen.add(key);
-        findings.push(f);
-      }
-    }
-  };
 
-  // Which planned inspectors run, and what the input must know of them: whether one reads the decoded
-  // view (the normalized view is then built on it), whether the custom patterns run (their set pass
-  // prefilters the detectors), whether a stream's joined text is wanted (built first, as the spec's
-  // flow reads the stream before any inspector).
-  const running: PlannedInspector[] = [];
-  let normalizeDecoded = false;
-  let normalized = false;
-  let patterns: PatternPlan | null = null;
-  let joined = false;
-  for (const p of plan.inspectors) {
-    if (p.inspector.readsJoined && p.inspector.phases.includes(phase)) joined = true;
-    if (!runs(p, shape, selection)) continue;
-    running.push(p);
-    if (p.inspector.readsDecoded) normalizeDecoded = true;
-    if (p.inspector.scanNormalized) normalized = true;
-    if (p.inspector.id === PATTERNS) patterns = p.compiled as PatternPlan;
-  }
   const input = new InspectionInput({
     raw: body,
     phase,
     secrets: request.secrets,
     modelsAnywhere: request.modelsAnywhere ?? null,
     failures,
-    normalizeDecoded,
-    patterns,
+    normalizeDecoded: run.normalizeDecoded,
+    patterns: run.patterns,
   });
-  if (joined && phase === 'response') input.joined();
+  if (run.joined) input.joined();
 
-  for (const p of running) {
+  for (const p of run.inspectors) {
     try {
-      keep(p.inspector.scan(input, p.compiled));
+      keep(findings, seen, p.inspector.scan(input, p.compiled));
     } catch (err) {
       failures.push({ inspector: p.inspector.id, reason: failureReason(err) });
     }
     done(p.inspector.id);
   }
-  if (!normalized) return { findings, failures };
+  if (!run.normalized) return { findings, failures };
   // Both normalized views first, as one step: a view that fails to build is a recorded failure.
   input.normalized();
   input.normalizedJoined();
-  for (const p of running) {
+  for (const p of run.inspectors) {
     if (!p.inspector.scanNormalized) continue;
     try {
-      keep(p.inspector.scanNormalized(input, p.compiled));
+      keep(findings, seen, p.inspector.scanNormalized(input, p.compiled));
     } catch (err) {
       failures.push({ inspector: p.inspector.id, reason: failureReason(err) });
     }

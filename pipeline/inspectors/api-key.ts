@@ -1,5 +1,5 @@
 import { MAX_FINDINGS_PER_INSPECTOR, redact, type Finding, type FindingLocation } from '../finding.ts';
-import type { Inspector } from '../inspector.ts';
+import { defineInspector } from '../inspector.ts';
 import { recordedSeverity } from '../policy/severity.ts';
 import type { Toggle } from '../policy/types.ts';
 import { CLASS, DIGIT, KEY_BODY, ALPHA, isAlnum, keyRunEnd, nextByte, wordBefore } from '../byte-class.ts';
@@ -130,7 +130,7 @@ export function scan(view: Buffer, plan: ApiKeyPlan, location: FindingLocation):
 }
 
 /** The contract's face: the literal view, then the normalized one, each skipped when its prefilter misses. */
-export const inspector: Inspector<ApiKeyPlan> = {
+export const inspector = defineInspector<ApiKeyPlan>({
   id,
   phases: ['request'],
   compile: (policy) => (policy.content ? compile(policy.content.api_key_detection) : null),
@@ -145,4 +145,4 @@ export const inspector: Inspector<ApiKeyPlan> = {
     const prefiltered = input.prefilters('normalized');
     return !prefiltered || prefiltered.has('api_key') ? scan(view, plan, input.location) : [];
   },
-};
+});

@@ -1,6 +1,6 @@
 import { stringAt, topLevel, type Span } from '../json-view.ts';
 import { redact, type Finding } from '../finding.ts';
-import type { Inspector } from '../inspector.ts';
+import { defineInspector } from '../inspector.ts';
 import type { ModelPolicy } from '../policy/types.ts';
 import { isValidPattern, pathMatch } from '../path-match.ts';
 import { namedModels, type NamedModels } from '../named-models.ts';
@@ -92,7 +92,7 @@ function verdict(model: string | null, plan: ModelPlan): Finding[] {
  * The contract's face: the raw body only (a model name is read as JSON, which decodes its escapes),
  * never the normalized view (a model id is matched exactly as the upstream will read it).
  */
-export const inspector: Inspector<ModelPlan> = {
+export const inspector = defineInspector<ModelPlan>({
   id,
   phases: ['request'],
   compile: (policy) => compile(policy.models),
@@ -102,4 +102,4 @@ export const inspector: Inspector<ModelPlan> = {
     const anywhere = input.modelsAnywhere;
     return anywhere ? check(namedModels(input.raw, anywhere.contentType), plan) : scan(input.raw, plan);
   },
-};
+});

@@ -1,6 +1,6 @@
 import RE2 from 're2';
 import { appendAll, MAX_FINDINGS_PER_INSPECTOR, redact, type Finding, type FindingLocation } from '../finding.ts';
-import type { Inspector } from '../inspector.ts';
+import { defineInspector } from '../inspector.ts';
 import { recordedSeverity } from '../policy/severity.ts';
 import type { CustomPattern } from '../policy/types.ts';
 
@@ -194,7 +194,7 @@ export function scan(view: Buffer, plan: PatternPlan, location: FindingLocation,
  * The contract's face: the decoded view (escapes such as `\n` and `\"` change what a regex matches),
  * candidates from its set pass, and a stream's joined text; then the normalized views likewise.
  */
-export const inspector: Inspector<PatternPlan> = {
+export const inspector = defineInspector<PatternPlan>({
   id,
   phases: ['request', 'response'],
   readsDecoded: true,
@@ -221,4 +221,4 @@ export const inspector: Inspector<PatternPlan> = {
     if (joined) appendAll(findings, scan(joined, plan, input.location));
     return findings;
   },
-};
+});

@@ -1,5 +1,5 @@
 import { MAX_FINDINGS_PER_INSPECTOR, redact, type Finding, type FindingLocation } from '../finding.ts';
-import type { Inspector } from '../inspector.ts';
+import { defineInspector } from '../inspector.ts';
 import type { PrefilterId } from './patterns.ts';
 import { recordedSeverity } from '../policy/severity.ts';
 import type { PiiToggle } from '../policy/types.ts';
@@ -236,7 +236,7 @@ function narrowed(plan: PiiPlan, prefiltered: Set<PrefilterId> | null): PiiPlan 
  * The contract's face: the literal view, then the normalized one, each with the detectors their
  * prefilters let through.
  */
-export const inspector: Inspector<PiiPlan> = {
+export const inspector = defineInspector<PiiPlan>({
   id,
   phases: ['request'],
   compile: (policy) => (policy.content ? compile(policy.content.pii_detection) : null),
@@ -257,4 +257,4 @@ export const inspector: Inspector<PiiPlan> = {
     const p = narrowed(plan, input.prefilters('normalized'));
     return p ? scan(view, p, input.location) : [];
   },
-};
+});

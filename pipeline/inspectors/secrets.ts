@@ -1,5 +1,5 @@
 import { appendAll, MAX_FINDINGS_PER_INSPECTOR, redact, type Finding, type FindingLocation } from '../finding.ts';
-import type { Inspector } from '../inspector.ts';
+import { defineInspector } from '../inspector.ts';
 import { caseFold, foldedText, normalizeText } from '../normalized-view.ts';
 import { recordedSeverity } from '../policy/severity.ts';
 import type { Toggle } from '../policy/types.ts';
@@ -138,12 +138,12 @@ export function scan(view: Buffer, toggle: Toggle, secretNeedles: readonly Secre
  * value. Both: a secret holding a backslash (`Pa\ss\nw0rd`) is found as sent, and decoding a level
  * further would turn its `\n` into a newline. A stream is also read as the text the agent receives.
  */
-export const inspector: Inspector<Toggle> = {
+export const inspector = defineInspector<Toggle>({
   id,
   phases: ['request', 'response'],
   readsJoined: true,
   compile: (policy) => (policy.content?.secrets_filter.enabled ? policy.content.secrets_filter : null),
-  hasWork: (shape) => shape.secretCount > 0,
+  needsSecrets: true,
   scan(input, toggle) {
     const secretNeedles = needles(input.secrets);
     const findings = scan(input.raw, toggle, secretNeedles, input.location);
@@ -161,4 +161,4 @@ export const inspector: Inspector<Toggle> = {
     if (joined) appendAll(findings, scan(joined, toggle, secretNeedles, input.location));
     return findings;
   },
-};
+});
