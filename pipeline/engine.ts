@@ -15,7 +15,7 @@ import type { ResolvedPolicy, Sidecar } from './policy/types.ts';
 import { builtinInspectors, hasBuiltinWork, scanBody, type InspectorFailure, type ScanResult } from './scan.ts';
 import type { InspectorReport, WorkerTask } from './worker.ts';
 
-// The inspection engine (DESIGN.md, "The hot path"):
+// The inspection engine:
 //
 //   body ─┬─ inert policy ─────────────────────────────────────────────▶ allow (no cost)
 //         ├─ sidecars (on_request / on_response) ── undici ──────────────┐  async: fire and forget

@@ -1,6 +1,6 @@
 import { DvxError } from '../core/errors.ts';
 
-// The pipeline's error catalogue: stable codes, one class each (STYLE.md rule 2; docs/errors.md).
+// The pipeline's error catalogue: stable codes, one class each (docs/errors.md, "pipeline").
 
 /** A policy document fails validation: the dotted path of the offending field is kept. */
 export class PolicyValidationError extends DvxError {

@@ -1,4 +1,4 @@
-// JSON escapes must not hide content (DESIGN.md, "The hot path"): `\u0040` is an `@`, `\/` a `/`.
+// JSON escapes must not hide content (docs/decisions.md, "Inspection"): `\u0040` is an `@`, `\/` a `/`.
 // A JSON (or SSE-of-JSON) body that contains a backslash is scanned through a decoded view: the same
 // bytes with every valid escape replaced by the character it stands for. Structure is unchanged, so
 // anything the detectors find in the body as sent they also find in the view, plus what escapes hid.

@@ -14,7 +14,8 @@ import { runFor, type ScanPart, type ScanPlan } from './plan.ts';
 // builds a view at most once per body and only when something reads it (inspection-input.ts). The
 // normalized view is a step of its own, last: what the literal views found is reported before it
 // starts, so a deadline that catches the normalized view names it (`normalized_view`) and keeps the
-// rest. An inspector that throws is reported as a failure, never as a clean pass (STYLE.md rule 13).
+// rest. An inspector that throws is reported as a failure, never as a clean pass (docs/decisions.md,
+// "Failure posture").
 
 export { NORMALIZED_VIEW, SSE_TEXT, type InspectorFailure } from './inspection-input.ts';
 
