@@ -17,7 +17,7 @@ import { runFor, type ScanPart, type ScanPlan } from './plan.ts';
 // rest. An inspector that throws is reported as a failure, never as a clean pass (docs/decisions.md,
 // "Failure posture").
 
-export { NORMALIZED_VIEW, SSE_TEXT, type InspectorFailure } from './inspection-input.ts';
+export type { InspectorFailure } from './inspection-input.ts';
 
 export type { ScanPart } from './plan.ts';
 
