@@ -18,7 +18,6 @@ import { runFor, type ScanPart, type ScanPlan } from './plan.ts';
 // "Failure posture").
 
 export type { InspectorFailure } from './inspection-input.ts';
-
 export type { ScanPart } from './plan.ts';
 
 export interface ScanRequest {
