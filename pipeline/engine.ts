@@ -9,7 +9,7 @@ import { BodyTooLargeError, DeadlineError } from './errors.ts';
 import type { Finding, Phase } from './finding.ts';
 import { MODEL_RESTRICTION } from './inspectors/registry.ts';
 import { callSidecar, type SidecarIdentity } from './inspectors/sidecar.ts';
-import { PlanCache, plans, type ScanPlan } from './plan.ts';
+import { hasInspector, PlanCache, type ScanPlan } from './plan.ts';
 import { isInert } from './policy/resolve.ts';
 import type { ResolvedPolicy, Sidecar } from './policy/types.ts';
 import { builtinInspectors, hasBuiltinWork, scanBody, type InspectorFailure, type ScanResult } from './scan.ts';
@@ -156,7 +156,7 @@ export class InspectionEngine {
     // walk of the top level, milliseconds even at 32 MB, so no body is slow enough to carry a denied
     // model past the deadline. The pool gets the rest, if there is a rest.
     const large = this.#pool !== null && body.length >= this.#inlineThreshold;
-    const modelFirst = large && phase === 'request' && plans(plan, MODEL_RESTRICTION) && !request.modelsAnywhere;
+    const modelFirst = large && phase === 'request' && hasInspector(plan, MODEL_RESTRICTION) && !request.modelsAnywhere;
     const pooled = large && (modelFirst ? hasBuiltinWork(plan, phase, secrets.length, true) : builtinWork);
     const identity = request.identity ?? { agentId: '', orgId: '', agentName: '' };
     let waitedSidecars = false;

@@ -44,7 +44,7 @@ export function compilePlan(policy: ResolvedPolicy, registry: readonly Inspector
 }
 
 /** Whether the plan runs the inspector with this id. */
-export function plans(plan: ScanPlan, id: string): boolean {
+export function hasInspector(plan: ScanPlan, id: string): boolean {
   return plan.inspectors.some((p) => p.inspector.id === id);
 }
 
