@@ -5,17 +5,17 @@ import { Piscina } from 'piscina';
 import type { Registry } from 'prom-client';
 import { counter, createRegistry, gauge, histogram } from '../core/metrics.ts';
 import { silentLogger, type Logger } from '../core/logger.ts';
-import { BodyTooLargeError } from './errors.ts';
+import { BodyTooLargeError, DeadlineError } from './errors.ts';
 import type { Finding, Phase } from './finding.ts';
-import * as modelRestriction from './inspectors/model-restriction.ts';
+import { MODEL_RESTRICTION } from './inspectors/registry.ts';
 import { callSidecar, type SidecarIdentity } from './inspectors/sidecar.ts';
-import { PlanCache, type ScanPlan } from './plan.ts';
+import { hasInspector, PlanCache, type ScanPlan } from './plan.ts';
 import { isInert } from './policy/resolve.ts';
 import type { ResolvedPolicy, Sidecar } from './policy/types.ts';
 import { builtinInspectors, hasBuiltinWork, scanBody, type InspectorFailure, type ScanResult } from './scan.ts';
 import type { InspectorReport, WorkerTask } from './worker.ts';
 
-// The inspection engine (DESIGN.md, "The hot path"):
+// The inspection engine:
 //
 //   body ─┬─ inert policy ─────────────────────────────────────────────▶ allow (no cost)
 //         ├─ sidecars (on_request / on_response) ── undici ──────────────┐  async: fire and forget
@@ -89,8 +89,6 @@ export interface EngineOptions {
 const EMPTY: ScanResult = { findings: [], failures: [] };
 const BUILTINS = 'builtin';
 
-class DeadlineError extends Error {}
-
 /** A body in shared memory crosses to a worker without a copy; anything else is copied once, here. */
 export function toShared(body: Buffer): Uint8Array {
   if (body.buffer instanceof SharedArrayBuffer) return body;
@@ -142,12 +140,7 @@ export class InspectionEngine {
   }
 
   #reportCompile(plan: ScanPlan): void {
-    for (const p of plan.patterns?.invalid ?? []) {
-      this.#log.warn({ policy_version: plan.version, pattern: p.pattern, reason: p.reason }, 'invalid custom pattern skipped');
-    }
-    for (const g of plan.model?.malformed ?? []) {
-      this.#log.warn({ policy_version: plan.version, glob: g }, 'malformed model glob matches nothing');
-    }
+    for (const w of plan.warnings) this.#log.warn({ policy_version: plan.version, ...w.fields }, w.message);
   }
 
   async inspect(request: InspectRequest): Promise<InspectionOutcome> {
@@ -163,8 +156,8 @@ export class InspectionEngine {
     // walk of the top level, milliseconds even at 32 MB, so no body is slow enough to carry a denied
     // model past the deadline. The pool gets the rest, if there is a rest.
     const large = this.#pool !== null && body.length >= this.#inlineThreshold;
-    const modelFirst = large && phase === 'request' && plan.model !== null && !request.modelsAnywhere;
-    const pooled = large && (modelFirst ? hasBuiltinWork({ ...plan, model: null }, phase, secrets.length) : builtinWork);
+    const modelFirst = large && phase === 'request' && hasInspector(plan, MODEL_RESTRICTION) && !request.modelsAnywhere;
+    const pooled = large && (modelFirst ? hasBuiltinWork(plan, phase, secrets.length, true) : builtinWork);
     const identity = request.identity ?? { agentId: '', orgId: '', agentName: '' };
     let waitedSidecars = false;
     for (const sidecar of policy.sidecars) {
@@ -214,17 +207,22 @@ export class InspectionEngine {
   }
 
   #modelOnly(plan: ScanPlan, body: Buffer): ScanResult {
-    try {
-      return { findings: modelRestriction.scan(body, plan.model!), failures: [] };
-    } catch (err) {
-      return { findings: [], failures: [{ inspector: modelRestriction.id, reason: (err as Error).message }] };
-    }
+    return this.#inline(plan, body, 'request', [], undefined, true);
   }
 
-  #inline(plan: ScanPlan, body: Buffer, phase: Phase, secrets: readonly string[], modelsAnywhere: InspectRequest['modelsAnywhere']): ScanResult {
+  #inline(
+    plan: ScanPlan,
+    body: Buffer,
+    phase: Phase,
+    secrets: readonly string[],
+    modelsAnywhere: InspectRequest['modelsAnywhere'],
+    modelOnly = false,
+  ): ScanResult {
     try {
-      return scanBody(plan, { body, phase, secrets, modelsAnywhere });
+      return scanBody(plan, { body, phase, secrets, modelsAnywhere, modelOnly });
     } catch (err) {
+      // Only a fault of the scanner itself lands here (each inspector's throw is its own failure); it
+      // is recorded, and logged with the run's other failures (#record).
       return { findings: [], failures: [{ inspector: BUILTINS, reason: (err as Error).message }] };
     }
   }
@@ -281,7 +279,7 @@ export class InspectionEngine {
       return { findings, failures: [] };
     } catch (err) {
       const reason = (err as { reason?: string }).reason ?? 'error';
-      this.#log.warn({ sidecar: sidecar.name, phase: request.phase, reason, err: (err as Error).message }, 'sidecar failed');
+      this.#log.warn({ err, sidecar: sidecar.name, phase: request.phase, reason }, 'sidecar failed');
       return { findings: [], failures: [{ inspector: `sidecar:${sidecar.name}`, reason }] };
     }
   }
@@ -297,7 +295,7 @@ export class InspectionEngine {
       (err: Error & { reason?: string }) => {
         const reason = err.reason ?? 'error';
         this.#metrics.failopen.inc({ phase, inspector: `sidecar:${sidecar.name}`, reason });
-        this.#log.warn({ sidecar: sidecar.name, phase, reason, err: err.message, async: true }, 'inspection failopen');
+        this.#log.warn({ err, sidecar: sidecar.name, phase, reason, async: true }, 'inspection failopen');
       },
     );
   }

@@ -1,8 +1,10 @@
-// The pipeline's error catalogue: stable codes, one class each (STYLE.md rule 2).
+import { DvxError } from '../core/errors.ts';
 
-export class PolicyValidationError extends Error {
-  override name = 'PolicyValidationError';
-  readonly code = 'DVX_POLICY_INVALID';
+// The pipeline's error catalogue: stable codes, one class each (docs/errors.md, "pipeline").
+
+/** A policy document fails validation: the dotted path of the offending field is kept. */
+export class PolicyValidationError extends DvxError {
+  static override readonly code = 'DVX_POLICY_INVALID';
   /** Dotted path of the offending field, e.g. `content_inspection.patterns[2].severity`. */
   readonly path: string;
   constructor(path: string, message: string) {
@@ -11,23 +13,33 @@ export class PolicyValidationError extends Error {
   }
 }
 
-export class PolicyScopeError extends Error {
-  override name = 'PolicyScopeError';
-  readonly code = 'DVX_POLICY_SCOPE';
+/** A policy row asks for what its scope cannot have (a lock or `immutable` at agent scope). */
+export class PolicyScopeError extends DvxError {
+  static override readonly code = 'DVX_POLICY_SCOPE';
 }
 
-export class BodyTooLargeError extends Error {
-  override name = 'BodyTooLargeError';
-  readonly code = 'DVX_BODY_TOO_LARGE';
+/** A body handed to the engine is larger than it inspects (MAX_INSPECTED_BYTES). */
+export class BodyTooLargeError extends DvxError {
+  static override readonly code = 'DVX_BODY_TOO_LARGE';
 }
 
-export class SidecarError extends Error {
-  override name = 'SidecarError';
-  readonly code = 'DVX_SIDECAR_FAILED';
-  /** network | timeout | status | bad_json | too_large */
+/** A sidecar call failed: network, timeout, a non-200 status, bad JSON or a response over 1 MB. */
+export class SidecarError extends DvxError {
+  static override readonly code = 'DVX_SIDECAR_FAILED';
+  /** network | timeout | deadline | status | bad_json | too_large */
   readonly reason: string;
-  constructor(reason: string, message: string) {
-    super(message);
+  constructor(reason: string, message: string, options?: ErrorOptions) {
+    super(message, options);
     this.reason = reason;
   }
+}
+
+/** The inspection deadline passed before the waited-for inspectors finished (the abort reason). */
+export class DeadlineError extends DvxError {
+  static override readonly code = 'DVX_INSPECTION_DEADLINE';
+}
+
+/** A model glob is malformed in Go's path.Match syntax (ErrBadPattern); it matches nothing. */
+export class BadGlobError extends DvxError {
+  static override readonly code = 'DVX_GLOB_MALFORMED';
 }

@@ -30,3 +30,8 @@ export function redact(value: string): string {
 export function bodyLocation(phase: Phase): FindingLocation {
   return phase === 'request' ? 'request_body' : 'response_body';
 }
+
+/** Appends `more` to `findings` in place (an inspector reading several views reports them as one list). */
+export function appendAll(findings: Finding[], more: readonly Finding[]): void {
+  for (const f of more) findings.push(f);
+}

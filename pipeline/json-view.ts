@@ -1,4 +1,4 @@
-// JSON escapes must not hide content (DESIGN.md, "The hot path"): `\u0040` is an `@`, `\/` a `/`.
+// JSON escapes must not hide content (docs/decisions.md, "Inspection"): `\u0040` is an `@`, `\/` a `/`.
 // A JSON (or SSE-of-JSON) body that contains a backslash is scanned through a decoded view: the same
 // bytes with every valid escape replaced by the character it stands for. Structure is unchanged, so
 // anything the detectors find in the body as sent they also find in the view, plus what escapes hid.
@@ -292,7 +292,7 @@ export function topLevel(body: Buffer, key: string, anyCase?: Span[]): TopLevel 
       try {
         name = JSON.parse(body.toString('utf8', i, keyEnd));
       } catch {
-        return null;
+        return null; // a key that does not parse is no object the caller can read: say so (null)
       }
       matches = name === key;
       matchesAnyCase = typeof name === 'string' && name.toLowerCase() === lower;
@@ -330,6 +330,6 @@ export function stringAt(body: Buffer, span: Span): string | null {
     const v = JSON.parse(body.toString('utf8', span.start, span.end));
     return typeof v === 'string' ? v : null;
   } catch {
-    return null;
+    return null; // not a JSON string: no value, which the caller treats as such (model: none named)
   }
 }

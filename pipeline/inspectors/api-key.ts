@@ -1,7 +1,8 @@
 import { MAX_FINDINGS_PER_INSPECTOR, redact, type Finding, type FindingLocation } from '../finding.ts';
+import { defineInspector } from '../inspector.ts';
 import { recordedSeverity } from '../policy/severity.ts';
 import type { Toggle } from '../policy/types.ts';
-import { CLASS, DIGIT, KEY_BODY, ALPHA, isAlnum, keyRunEnd, nextByte, wordBefore } from './byte-class.ts';
+import { CLASS, DIGIT, KEY_BODY, ALPHA, isAlnum, keyRunEnd, nextByte, wordBefore } from '../byte-class.ts';
 
 // api_key: the spec's 11 prefixes (AKIA, ghp_, ghs_, github_pat_, sk-ant-, AIza, sk-, sk_test_,
 // sk_live_, pk_test_, pk_live_), each followed by a plausible key body, so a prefix named in prose
@@ -127,3 +128,21 @@ export function scan(view: Buffer, plan: ApiKeyPlan, location: FindingLocation):
   }
   return findings;
 }
+
+/** The contract's face: the literal view, then the normalized one, each skipped when its prefilter misses. */
+export const inspector = defineInspector<ApiKeyPlan>({
+  id,
+  phases: ['request'],
+  compile: (policy) => (policy.content ? compile(policy.content.api_key_detection) : null),
+  prefilters: () => ['api_key'],
+  scan(input, plan) {
+    const prefiltered = input.prefilters('literal');
+    return !prefiltered || prefiltered.has('api_key') ? scan(input.literal(), plan, input.location) : [];
+  },
+  scanNormalized(input, plan) {
+    const view = input.normalized();
+    if (!view) return [];
+    const prefiltered = input.prefilters('normalized');
+    return !prefiltered || prefiltered.has('api_key') ? scan(view, plan, input.location) : [];
+  },
+});

@@ -1,8 +1,9 @@
 import { stringAt, topLevel, type Span } from '../json-view.ts';
 import { redact, type Finding } from '../finding.ts';
+import { defineInspector } from '../inspector.ts';
 import type { ModelPolicy } from '../policy/types.ts';
-import { isValidPattern, pathMatch } from './path-match.ts';
-import type { NamedModels } from './named-models.ts';
+import { isValidPattern, pathMatch } from '../path-match.ts';
+import { namedModels, type NamedModels } from '../named-models.ts';
 
 // model_restriction: request phase only; reads the body's top-level `model` (spec: model_policy).
 // Each layer (the base winner, then every pack) must permit the model: layers compose by AND.
@@ -86,3 +87,19 @@ function verdict(model: string | null, plan: ModelPlan): Finding[] {
     : denying?.mode === 'blocklist' ? 'model matches a blocklist entry of model_policy' : 'model is not on the allowlist of model_policy';
   return [{ inspector_type: id, severity: 'block', description, match: redact(model ?? ''), location: 'model' }];
 }
+
+/**
+ * The contract's face: the raw body only (a model name is read as JSON, which decodes its escapes),
+ * never the normalized view (a model id is matched exactly as the upstream will read it).
+ */
+export const inspector = defineInspector<ModelPlan>({
+  id,
+  phases: ['request'],
+  compile: (policy) => compile(policy.models),
+  warnings: (plan) => plan.malformed.map((glob) =>
+    ({ message: 'malformed model glob matches nothing', fields: { glob } })),
+  scan(input, plan) {
+    const anywhere = input.modelsAnywhere;
+    return anywhere ? check(namedModels(input.raw, anywhere.contentType), plan) : scan(input.raw, plan);
+  },
+});

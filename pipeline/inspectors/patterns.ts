@@ -1,5 +1,6 @@
 import RE2 from 're2';
-import { MAX_FINDINGS_PER_INSPECTOR, redact, type Finding, type FindingLocation } from '../finding.ts';
+import { appendAll, MAX_FINDINGS_PER_INSPECTOR, redact, type Finding, type FindingLocation } from '../finding.ts';
+import { defineInspector } from '../inspector.ts';
 import { recordedSeverity } from '../policy/severity.ts';
 import type { CustomPattern } from '../policy/types.ts';
 
@@ -188,3 +189,36 @@ export function scan(view: Buffer, plan: PatternPlan, location: FindingLocation,
   }
   return findings;
 }
+
+/**
+ * The contract's face: the decoded view (escapes such as `\n` and `\"` change what a regex matches),
+ * candidates from its set pass, and a stream's joined text; then the normalized views likewise.
+ */
+export const inspector = defineInspector<PatternPlan>({
+  id,
+  phases: ['request', 'response'],
+  readsDecoded: true,
+  readsJoined: true,
+  compile: (policy, context) => (policy.content ? compile(policy.content.patterns, context.prefilters) : null),
+  warnings: (plan) => plan.invalid.map((p) => ({
+    message: 'invalid custom pattern skipped',
+    fields: { pattern: p.pattern, reason: p.reason },
+  })),
+  scan(input, plan) {
+    const setHits = input.setHits('literal');
+    if (!setHits) return []; // the set pass failed, and said so
+    const findings = scan(input.decoded(), plan, input.location, setHits.patterns);
+    const joined = input.joined();
+    if (joined) appendAll(findings, scan(joined, plan, input.location));
+    return findings;
+  },
+  scanNormalized(input, plan) {
+    const view = input.normalized();
+    const viewHits = view ? input.setHits('normalized') : null;
+    const candidates = viewHits?.patterns ?? [];
+    const findings = view && candidates.length > 0 ? scan(view, plan, input.location, candidates) : [];
+    const joined = input.normalizedJoined();
+    if (joined) appendAll(findings, scan(joined, plan, input.location));
+    return findings;
+  },
+});

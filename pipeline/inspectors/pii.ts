@@ -1,7 +1,11 @@
 import { MAX_FINDINGS_PER_INSPECTOR, redact, type Finding, type FindingLocation } from '../finding.ts';
+import { defineInspector } from '../inspector.ts';
+import type { PrefilterId } from './patterns.ts';
 import { recordedSeverity } from '../policy/severity.ts';
 import type { PiiToggle } from '../policy/types.ts';
-import { ALPHA, CLASS, EMAIL_DOMAIN, EMAIL_LOCAL, isAlnum, isDigit, isEscapeLetter, nextByte, wordBefore } from './byte-class.ts';
+import {
+  ALPHA, CLASS, EMAIL_DOMAIN, EMAIL_LOCAL, isAlnum, isDigit, isEscapeLetter, nextByte, wordBefore,
+} from '../byte-class.ts';
 
 // pii: email, credit_card (13–19 digits, single spaces or dashes between digits, Luhn-valid, issuer
 // digit 2–6), ssn (XXX-XX-XXXX, no area 000/666/9xx, no group 00, no serial 0000). Prefilters keep the
@@ -214,3 +218,43 @@ export function scan(view: Buffer, plan: PiiPlan, location: FindingLocation): Fi
   }
   return findings;
 }
+
+/** The detectors whose prefilter hit (all of them when no set pass ran); null when none is left. */
+function narrowed(plan: PiiPlan, prefiltered: Set<PrefilterId> | null): PiiPlan | null {
+  const p = prefiltered
+    ? {
+      ...plan,
+      email: plan.email && prefiltered.has('email'),
+      creditCard: plan.creditCard && prefiltered.has('card'),
+      ssn: plan.ssn && prefiltered.has('ssn'),
+    }
+    : plan;
+  return p.email || p.creditCard || p.ssn ? p : null;
+}
+
+/**
+ * The contract's face: the literal view, then the normalized one, each with the detectors their
+ * prefilters let through.
+ */
+export const inspector = defineInspector<PiiPlan>({
+  id,
+  phases: ['request'],
+  compile: (policy) => (policy.content ? compile(policy.content.pii_detection) : null),
+  prefilters(plan) {
+    const out: PrefilterId[] = [];
+    if (plan.email) out.push('email');
+    if (plan.creditCard) out.push('card');
+    if (plan.ssn) out.push('ssn');
+    return out;
+  },
+  scan(input, plan) {
+    const p = narrowed(plan, input.prefilters('literal'));
+    return p ? scan(input.literal(), p, input.location) : [];
+  },
+  scanNormalized(input, plan) {
+    const view = input.normalized();
+    if (!view) return [];
+    const p = narrowed(plan, input.prefilters('normalized'));
+    return p ? scan(view, p, input.location) : [];
+  },
+});

@@ -1,4 +1,5 @@
-import { MAX_FINDINGS_PER_INSPECTOR, redact, type Finding, type FindingLocation } from '../finding.ts';
+import { appendAll, MAX_FINDINGS_PER_INSPECTOR, redact, type Finding, type FindingLocation } from '../finding.ts';
+import { defineInspector } from '../inspector.ts';
 import { caseFold, foldedText, normalizeText } from '../normalized-view.ts';
 import { recordedSeverity } from '../policy/severity.ts';
 import type { Toggle } from '../policy/types.ts';
@@ -131,3 +132,33 @@ export function scan(view: Buffer, toggle: Toggle, secretNeedles: readonly Secre
   }
   return findings;
 }
+
+/**
+ * The contract's face. As sent (raw and JSON-escaped needles), and decoded when escapes could hide a
+ * value. Both: a secret holding a backslash (`Pa\ss\nw0rd`) is found as sent, and decoding a level
+ * further would turn its `\n` into a newline. A stream is also read as the text the agent receives.
+ */
+export const inspector = defineInspector<Toggle>({
+  id,
+  phases: ['request', 'response'],
+  readsJoined: true,
+  compile: (policy) => (policy.content?.secrets_filter.enabled ? policy.content.secrets_filter : null),
+  needsSecrets: true,
+  scan(input, toggle) {
+    const secretNeedles = needles(input.secrets);
+    const findings = scan(input.raw, toggle, secretNeedles, input.location);
+    const literal = input.literal();
+    if (literal !== input.raw) appendAll(findings, scan(literal, toggle, secretNeedles, input.location));
+    const joined = input.joined();
+    if (joined) appendAll(findings, scan(joined, toggle, secretNeedles, input.location));
+    return findings;
+  },
+  scanNormalized(input, toggle) {
+    const secretNeedles = needles(input.secrets);
+    const view = input.normalized();
+    const findings = view ? scan(view, toggle, secretNeedles, input.location) : [];
+    const joined = input.normalizedJoined();
+    if (joined) appendAll(findings, scan(joined, toggle, secretNeedles, input.location));
+    return findings;
+  },
+});

@@ -9,6 +9,10 @@ import type { Sidecar } from '../policy/types.ts';
 // and reads {findings: [{description, match, severity}]}. The sidecar's configured severity is applied
 // to every finding it returns. Any failure (network, timeout, non-200, bad JSON, a body over 1 MB) is
 // thrown as a SidecarError; the engine turns it into a recorded fail-open with no findings.
+// Not in the inspector registry (inspectors/registry.ts): a sidecar is an asynchronous network call,
+// one per configured sidecar rather than compiled from the policy, that always fails open and has a
+// timeout of its own; the engine runs it beside the built-ins (docs/decisions.md, "P8: the inspector
+// contract").
 
 export const MAX_SIDECAR_RESPONSE_BYTES = 1024 * 1024;
 
@@ -55,7 +59,7 @@ export function recentMessages(requestBody: Buffer | undefined): { role: unknown
       .filter((m): m is Record<string, unknown> => m !== null && typeof m === 'object')
       .map((m) => ({ role: m.role, content: m.content }));
   } catch {
-    return [];
+    return []; // context is optional (spec: "Sidecar protocol"): a body that does not parse sends none
   }
 }
 
@@ -105,7 +109,7 @@ export async function callSidecar(call: SidecarCall): Promise<Finding[]> {
     if (err instanceof SidecarError) throw err;
     if (timeout.aborted) throw new SidecarError('timeout', `sidecar ${sidecar.name} timed out after ${sidecar.timeout_ms} ms`);
     if (call.signal?.aborted) throw new SidecarError('deadline', `sidecar ${sidecar.name} cut off by the inspection deadline`);
-    throw new SidecarError('network', `sidecar ${sidecar.name} unreachable: ${(err as Error).message}`);
+    throw new SidecarError('network', `sidecar ${sidecar.name} unreachable: ${(err as Error).message}`, { cause: err });
   }
   return parseSidecarFindings(sidecar, raw);
 }
@@ -114,8 +118,8 @@ export function parseSidecarFindings(sidecar: Sidecar, raw: Buffer): Finding[] {
   let parsed: unknown;
   try {
     parsed = JSON.parse(raw.toString('utf8'));
-  } catch {
-    throw new SidecarError('bad_json', `sidecar ${sidecar.name} returned malformed JSON`);
+  } catch (err) {
+    throw new SidecarError('bad_json', `sidecar ${sidecar.name} returned malformed JSON`, { cause: err });
   }
   const list = (parsed as { findings?: unknown } | null)?.findings;
   if (parsed === null || typeof parsed !== 'object' || !Array.isArray(list)) {

@@ -1,6 +1,6 @@
 import { isIP } from 'node:net';
 import { PolicyValidationError } from '../errors.ts';
-import { isValidPattern } from '../inspectors/path-match.ts';
+import { isValidPattern } from '../path-match.ts';
 import { resolveSetting, type RowsByScope, type Scope } from './resolve.ts';
 
 // Governance policy (operator-api.md: llmPolicyReq, destinationPolicyReq, exec/ssh/tunnel, tunnel

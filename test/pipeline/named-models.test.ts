@@ -1,5 +1,5 @@
 import t from 'tap';
-import { namedModels } from '../../../pipeline/inspectors/named-models.ts';
+import { namedModels } from '../../pipeline/named-models.ts';
 
 const b = (s: string | Buffer) => (typeof s === 'string' ? Buffer.from(s) : s);
 const sorted = (x: string[] | null) => (x === null ? null : [...x].sort());

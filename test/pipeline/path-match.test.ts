@@ -1,5 +1,5 @@
 import t from 'tap';
-import { isValidPattern, pathMatch } from '../../../pipeline/inspectors/path-match.ts';
+import { isValidPattern, pathMatch } from '../../pipeline/path-match.ts';
 
 // Go's own table (go/src/path/match_test.go); `bad` rows are ErrBadPattern, which match nothing.
 const GO_TABLE: [string, string, boolean, boolean?][] = [

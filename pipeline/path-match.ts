@@ -1,3 +1,5 @@
+import { BadGlobError } from './errors.ts';
+
 // Go's path.Match, ported rule for rule (go/src/path/match.go), because model policies are authored in
 // its syntax (spec: model_policy "Glob patterns in path.Match syntax"):
 //   *      any sequence of characters except '/'
@@ -7,8 +9,6 @@
 // Code points stand in for Go's runes. A malformed pattern matches nothing (callers check validity once).
 
 type Runes = readonly string[];
-
-class BadPattern extends Error {}
 
 function scanChunk(pattern: Runes): { star: boolean; chunk: Runes; rest: Runes } {
   let p = 0;
@@ -39,13 +39,13 @@ function scanChunk(pattern: Runes): { star: boolean; chunk: Runes; rest: Runes }
 }
 
 function getEsc(chunk: Runes, at: number): { r: string; next: number } {
-  if (at >= chunk.length || chunk[at] === '-' || chunk[at] === ']') throw new BadPattern();
+  if (at >= chunk.length || chunk[at] === '-' || chunk[at] === ']') throw new BadGlobError('malformed glob');
   if (chunk[at] === '\\') {
     at++;
-    if (at >= chunk.length) throw new BadPattern();
+    if (at >= chunk.length) throw new BadGlobError('malformed glob');
   }
   const r = chunk[at];
-  if (at + 1 >= chunk.length) throw new BadPattern();
+  if (at + 1 >= chunk.length) throw new BadGlobError('malformed glob');
   return { r, next: at + 1 };
 }
 
@@ -96,7 +96,7 @@ function matchChunk(chunk: Runes, s: Runes): Runes | null {
       let lit = ch;
       if (ch === '\\') {
         c++;
-        if (c >= chunk.length) throw new BadPattern();
+        if (c >= chunk.length) throw new BadGlobError('malformed glob');
         lit = chunk[c];
       }
       if (!failed) {
@@ -147,7 +147,7 @@ export function isValidPattern(pattern: string): boolean {
     }
     return true;
   } catch (err) {
-    if (err instanceof BadPattern) return false;
+    if (err instanceof BadGlobError) return false;
     throw err;
   }
 }
@@ -158,7 +158,7 @@ export function pathMatch(pattern: string, name: string): boolean {
   try {
     return match(Array.from(pattern), Array.from(name));
   } catch (err) {
-    if (err instanceof BadPattern) return false;
+    if (err instanceof BadGlobError) return false;
     throw err;
   }
 }

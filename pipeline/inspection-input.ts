@@ -1,0 +1,157 @@
+import { bodyLocation, type FindingLocation, type Phase } from './finding.ts';
+import { deepScanView, hidesCharacters } from './json-view.ts';
+import { normalizedView } from './normalized-view.ts';
+import { hits, type PatternPlan, type PrefilterId, type SetHits } from './inspectors/patterns.ts';
+import { sseText } from './sse-text.ts';
+
+// One body as the inspectors read it: the bytes as sent and the views built from them, each built at
+// most once and only when an inspector asks (the decode and the normalization are the costly steps):
+//
+//   raw ──┬── decoded()   JSON escapes decoded (json-view.ts, deepScanView)
+//         ├── literal()   raw, or decoded() when `\u` or `\/` escapes could hide a character
+//         ├── joined()    a streamed response's delta text (sse-text.ts)
+//         └── normalized(), normalizedJoined()   NFKC, invisibles dropped, entities decoded
+//                         (normalized-view.ts): of decoded() when an inspector reads it, else of literal()
+//
+// A view that cannot be built is a recorded failure (`normalized_view`, `sse_text`), never a silent
+// pass, and so is the patterns' RE2.Set pass (`patterns`), which also tells api_key and pii whether
+// they have anything to find (patterns.ts, PREFILTERS).
+
+/** The failure named when a normalized view could not be built. */
+export const NORMALIZED_VIEW = 'normalized_view';
+/** The failure named when a stream's joined delta text was given up on (sse-text.ts, MAX_BAD_LINES). */
+export const SSE_TEXT = 'sse_text';
+const PATTERNS = 'patterns';
+
+export interface InspectorFailure {
+  inspector: string;
+  reason: string;
+}
+
+export type Stage = 'literal' | 'normalized';
+
+export interface InputOptions {
+  raw: Buffer;
+  phase: Phase;
+  secrets: readonly string[];
+  modelsAnywhere: { contentType: string | null } | null;
+  /** Where view and set-pass failures are recorded. */
+  failures: InspectorFailure[];
+  /** The normalized view is built on the decoded view (an inspector that runs reads it anyway). */
+  normalizeDecoded: boolean;
+  /** The custom patterns, when they run in this scan: their set pass prefilters the others. */
+  patterns: PatternPlan | null;
+}
+
+export function failureReason(err: unknown): string {
+  return (err as Error)?.message || String(err);
+}
+
+export class InspectionInput {
+  readonly raw: Buffer;
+  readonly phase: Phase;
+  readonly location: FindingLocation;
+  /** The agent's secret values (the secrets inspector's needles). */
+  readonly secrets: readonly string[];
+  /** Model restriction reads every model named in the body, by its content type (named-models.ts). */
+  readonly modelsAnywhere: { contentType: string | null } | null;
+  #failures: InspectorFailure[];
+  #normalizeDecoded: boolean;
+  #patterns: PatternPlan | null;
+  #decoded: Buffer | null = null;
+  #literal: Buffer | null = null;
+  // undefined: not built yet; null: built, and there is nothing (or nothing different) to read.
+  #joined: Buffer | null | undefined = undefined;
+  #normalized: Buffer | null | undefined = undefined;
+  #normalizedJoined: Buffer | null | undefined = undefined;
+  #literalHits: SetHits | null | undefined = undefined;
+  #normalizedHits: SetHits | null | undefined = undefined;
+
+  constructor(options: InputOptions) {
+    this.raw = options.raw;
+    this.phase = options.phase;
+    this.location = bodyLocation(options.phase);
+    this.secrets = options.secrets;
+    this.modelsAnywhere = options.modelsAnywhere;
+    this.#failures = options.failures;
+    this.#normalizeDecoded = options.normalizeDecoded;
+    this.#patterns = options.patterns;
+  }
+
+  /** The body with its JSON escapes decoded. */
+  decoded(): Buffer {
+    return (this.#decoded ??= deepScanView(this.raw));
+  }
+
+  /** The body as sent, or decoded when escapes could hide a character of what the detectors look for. */
+  literal(): Buffer {
+    return (this.#literal ??= hidesCharacters(this.raw) ? this.decoded() : this.raw);
+  }
+
+  /** A streamed response's joined delta text: what the agent reads (null: not a response, or no text). */
+  joined(): Buffer | null {
+    if (this.#joined === undefined) {
+      this.#joined = this.phase === 'response'
+        ? sseText(this.raw, () => this.#failures.push({ inspector: SSE_TEXT, reason: 'unparsable_lines' }))
+        : null;
+    }
+    return this.#joined;
+  }
+
+  /** The normalized view of the body; null when it reads the same as the view it was built on. */
+  normalized(): Buffer | null {
+    if (this.#normalized === undefined) {
+      this.#normalized = this.#normalize(this.#normalizeDecoded ? this.decoded() : this.literal());
+    }
+    return this.#normalized;
+  }
+
+  /** The normalized view of the joined text; null as for joined(), or when it reads the same. */
+  normalizedJoined(): Buffer | null {
+    if (this.#normalizedJoined === undefined) {
+      const joined = this.joined();
+      this.#normalizedJoined = joined ? this.#normalize(joined) : null;
+    }
+    return this.#normalizedJoined;
+  }
+
+  /**
+   * The patterns' RE2.Set pass over the decoded view (`literal` stage) or the normalized view: which
+   * custom patterns and which prefilters hit. null when the patterns do not run here, or it failed.
+   */
+  setHits(stage: Stage): SetHits | null {
+    if (this.#patterns === null) return null;
+    if (stage === 'literal') {
+      if (this.#literalHits === undefined) this.#literalHits = this.#setPass(this.decoded());
+      return this.#literalHits;
+    }
+    if (this.#normalizedHits === undefined) {
+      const view = this.normalized();
+      this.#normalizedHits = view ? this.#setPass(view) : null;
+    }
+    return this.#normalizedHits;
+  }
+
+  /** The prefilters that hit in a stage's view; null when no set pass ran (every detector runs). */
+  prefilters(stage: Stage): Set<PrefilterId> | null {
+    return this.phase === 'request' ? this.setHits(stage)?.prefilters ?? null : null;
+  }
+
+  #setPass(view: Buffer): SetHits | null {
+    try {
+      return hits(view, this.#patterns!);
+    } catch (err) {
+      this.#failures.push({ inspector: PATTERNS, reason: failureReason(err) });
+      return null;
+    }
+  }
+
+  #normalize(view: Buffer): Buffer | null {
+    try {
+      return normalizedView(view)?.bytes ?? null;
+    } catch (err) {
+      this.#failures.push({ inspector: NORMALIZED_VIEW, reason: failureReason(err) });
+      return null;
+    }
+  }
+}
