@@ -2,6 +2,7 @@ import { ISOLATION_CLASSES, WIRE_FORMATS, type IsolationClass, type WireFormat }
 import { DEFAULT_INSPECT_TIMEOUT_MS } from '../../pipeline/engine.ts';
 import type { LogFormat, LogLevel } from '../../core/logger.ts';
 import { AUDIT_DEFAULTS, auditOptionsProblem, type AuditOptions } from '../../audit-wal/options.ts';
+import { OptionsError } from './errors.ts';
 import { SERVER_LIMIT_DEFAULTS, serverLimitsProblem, type ServerLimitOptions } from '../../core/server-limits.ts';
 
 // llmproxy's options: one defaults object, one validation (STYLE.md rule 4). cli/ maps flags and
@@ -72,10 +73,6 @@ export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
   ...AUDIT_DEFAULTS,
   ...SERVER_LIMIT_DEFAULTS,
 };
-
-export class OptionsError extends Error {
-  override name = 'OptionsError';
-}
 
 export function validateOptions(input: Partial<LlmProxyOptions>): LlmProxyOptions {
   const o = { ...LLMPROXY_DEFAULTS, ...input };

@@ -44,7 +44,7 @@ t.test('refused tokens: 401 with WWW-Authenticate, never forwarded', async (t) =
     t.same(JSON.parse(r.text), { type: 'error', error: { type: 'authentication_error', message: 'invalid or missing agent credential' } });
   }
   t.equal(h.upstream.received.length, before);
-  t.ok(h.logs.some((l) => l.msg === 'agent authentication failed' && l.reason === 'token expired'), 'the reason is logged');
+  t.ok(h.logs.some((l) => l.msg === 'agent authentication failed' && (l.err as { message?: string } | undefined)?.message === 'token expired' && l.reason === 'expired'), 'the reason is logged');
 });
 
 t.test('agent states: suspended, isolated, contained and a foreign org are refused 403', async (t) => {

@@ -115,7 +115,7 @@ t.test('a snapshot reload takes effect at once; a bad snapshot is refused whole'
   t.match(h.audit.at(-1), { findings: [{ inspector_type: 'model_restriction', location: 'model' }] });
   await h.writeSnapshot({ ...snapshot, platform: { model_policy: { value: { mode: 'sometimes' } } } });
   await settle();
-  t.ok(h.logs.some((l) => /policy snapshot reload refused/.test(String(l.msg)) && /model_policy\.value\.mode/.test(String(l.err))), 'the error names the field');
+  t.ok(h.logs.some((l) => /policy snapshot reload refused/.test(String(l.msg)) && /model_policy\.value\.mode/.test(String((l.err as { message?: string } | undefined)?.message))), 'the error names the field');
   t.equal((await post(h, '/v1/messages', anthropicBody('hi'))).status, 403, 'the last good snapshot stays');
   await h.writeSnapshot(baseSnapshot(h.upstream.url));
   await settle();

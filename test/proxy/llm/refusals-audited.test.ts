@@ -47,7 +47,7 @@ t.test('a caller nothing names: 401, logged and counted, in no org\'s log', asyn
     t.equal(r.status, 401, name);
     t.equal(r.records.length, 0, `${name}: no record`);
   }
-  t.ok(h.logs.some((l) => l.msg === 'agent authentication failed' && l.reason === 'token signature invalid'), 'the log line names the reason');
+  t.ok(h.logs.some((l) => l.msg === 'agent authentication failed' && (l.err as { message?: string } | undefined)?.message === 'token signature invalid'), 'the log line names the reason');
 });
 
 t.test('the agent refused: a token org that differs from the snapshot\'s, and every refusing state', async (t) => {
