@@ -11,7 +11,7 @@ import { SERVER_LIMIT_DEFAULTS, serverLimitsProblem, type ServerLimitOptions } f
 // The official SDKs wait 10 minutes for an answer, and Anthropic's refuses to send a non-streaming call
 // it expects to take longer: a plain answer that long is legitimate. An event stream starts at once and
 // then sends events (Anthropic pings it); 5 minutes of silence covers a model that thinks at length
-// without a word (docs/decisions.md, "P7.5").
+// without a word (docs/decisions.md, "A dead upstream is cut, by two timers").
 export const DEFAULT_UPSTREAM_TIMEOUT_MS = 600_000;
 export const DEFAULT_UPSTREAM_IDLE_TIMEOUT_MS = 300_000;
 

@@ -4,13 +4,15 @@ import { createBrotliDecompress, createGunzip, createInflate, createInflateRaw, 
 import { Agent, type Dispatcher } from 'undici';
 import type { WireFormat } from '../../pipeline/policy/snapshot.ts';
 import { isAnthropic } from './formats.ts';
+import { scrubHeaders } from './interceptors/scrub-headers.ts';
 import { own } from '../../core/own.ts';
 
 // The upstream side: one keep-alive undici Agent (a pool per origin) for every provider, trusting
-// --upstream-ca in addition to the system roots when given. Its two timers bound a dead upstream
-// (docs/decisions.md, "P7.5"): `headersTimeout` (--upstream-timeout) runs from the request's last byte
-// sent to the answer's headers, `bodyTimeout` (--upstream-idle-timeout) between two chunks of the
-// answer, an event stream's included, and never while the agent's side holds the stream back.
+// --upstream-ca in addition to the system roots when given, with the upstream concerns composed on it
+// as undici interceptors (interceptors/). Its two timers bound a dead upstream (docs/decisions.md, "A
+// dead upstream is cut, by two timers"): `headersTimeout` (--upstream-timeout) runs from the request's
+// last byte sent to the answer's headers, `bodyTimeout` (--upstream-idle-timeout) between two chunks of
+// the answer, an event stream's included, and never while the agent's side holds the stream back.
 
 export const DEFAULT_UPSTREAMS: Record<WireFormat, string> = {
   'anthropic-messages': 'https://api.anthropic.com',
@@ -19,7 +21,7 @@ export const DEFAULT_UPSTREAMS: Record<WireFormat, string> = {
 };
 
 export function upstreamDispatcher(options: { ca?: Buffer; headersTimeoutMs: number; bodyTimeoutMs: number }): Dispatcher {
-  return new Agent({
+  const agent = new Agent({
     keepAliveTimeout: 30_000,
     connections: 256,
     pipelining: 1,
@@ -27,6 +29,7 @@ export function upstreamDispatcher(options: { ca?: Buffer; headersTimeoutMs: num
     bodyTimeout: options.bodyTimeoutMs,
     connect: options.ca ? { ca: options.ca } : undefined,
   });
+  return agent.compose(scrubHeaders());
 }
 
 /** Which of the dispatcher's timers cut an upstream call (`err` or its cause), or null for any other failure. */
@@ -53,26 +56,22 @@ export function upstreamTarget(base: string): URL {
   return target;
 }
 
-// Hop-by-hop headers (RFC 9110 §7.6.1) and what we set ourselves never travel on. The agent's
-// Accept-Encoding stays behind too: answers must reach us readable, to be inspected, metered and
-// translated (a provider gzips JSON when asked, and every fetch-based SDK asks).
-const DROP = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade',
-  'proxy-authorization', 'proxy-authenticate', 'host', 'content-length', 'authorization', 'x-api-key', 'expect', 'accept-encoding']);
+// The agent's credentials never travel on: the upstream gets the real key (credentials.ts). Hop-by-hop
+// headers and Accept-Encoding are the dispatcher's to drop (interceptors/scrub-headers.ts).
+const CREDENTIAL_HEADERS = new Set(['authorization', 'x-api-key']);
 
-/** Request headers for the upstream: the agent's, minus hop-by-hop and credentials, plus the real key. */
-export function upstreamHeaders(format: WireFormat, incoming: IncomingHttpHeaders, credential: string, bodyLength: number | null, translated = false): Record<string, string> {
+/** Request headers for the upstream: the agent's, minus its credentials, plus the real key. */
+export function upstreamHeaders(format: WireFormat, incoming: IncomingHttpHeaders, credential: string, translated = false): Record<string, string> {
   const out: Record<string, string> = {};
   for (const [name, value] of Object.entries(incoming)) {
-    if (value === undefined || DROP.has(name)) continue;
+    if (value === undefined || CREDENTIAL_HEADERS.has(name)) continue;
     // A translated call speaks the upstream's protocol: the other provider's headers stay behind.
     if (translated && (isAnthropic(format) ? name.startsWith('openai-') : name.startsWith('anthropic-'))) continue;
     out[name] = Array.isArray(value) ? value.join(', ') : value;
   }
   if (translated && isAnthropic(format) && !out['anthropic-version']) out['anthropic-version'] = '2023-06-01';
-  out['accept-encoding'] = 'identity';
   if (isAnthropic(format)) out['x-api-key'] = credential;
   else out.authorization = `Bearer ${credential}`;
-  if (bodyLength !== null) out['content-length'] = String(bodyLength);
   return out;
 }
 

@@ -35,7 +35,7 @@ export async function forward(ctx: CallContext): Promise<void> {
       origin: target.origin,
       path: upstreamPath,
       method: (req.method ?? 'GET') as Dispatcher.HttpMethod,
-      headers: upstreamHeaders(upstreamFormat, req.headers, ctx.credential!, sendsBody ? ctx.body.length : null, translated),
+      headers: upstreamHeaders(upstreamFormat, req.headers, ctx.credential!, translated),
       body: sendsBody ? ctx.body : undefined,
       signal: abort.signal,
     });
