@@ -149,10 +149,13 @@ export function certificateIdentity(socket: TLSSocket): AgentIdentity | null {
 /** The metric label and the message of a token jose refused. */
 function describeJoseError(err: unknown): [AuthFailure, string] {
   if (err instanceof joseErrors.JWTExpired) return ['expired', 'token expired'];
-  if (err instanceof joseErrors.JWTClaimValidationFailed) return ['claim', `token claim ${err.claim} invalid (${err.reason})`];
+  if (err instanceof joseErrors.JWTClaimValidationFailed) {
+    return ['claim', `token claim ${err.claim} invalid (${err.reason})`];
+  }
   if (err instanceof joseErrors.JOSEAlgNotAllowed) return ['algorithm', 'token algorithm not allowed (ES256 only)'];
   if (err instanceof joseErrors.JWKSNoMatchingKey) return ['signed', 'token signed by an unknown key'];
   if (err instanceof joseErrors.JWSSignatureVerificationFailed) return ['signature', 'token signature invalid'];
-  if (err instanceof joseErrors.JWTInvalid || err instanceof joseErrors.JWSInvalid) return ['malformed', 'token malformed'];
+  const malformed = err instanceof joseErrors.JWTInvalid || err instanceof joseErrors.JWSInvalid;
+  if (malformed) return ['malformed', 'token malformed'];
   return ['rejected', 'token rejected'];
 }

@@ -55,7 +55,8 @@ export class OptionsError extends DvxError {
 
 /** Why an agent's credential was refused; the `dvx_llmproxy_auth_failures_total` label. */
 export type AuthFailure =
-  | 'expired' | 'claim' | 'algorithm' | 'signed' | 'signature' | 'malformed' | 'rejected' | 'lifetime' | 'lacks' | 'agent';
+  | 'expired' | 'claim' | 'algorithm' | 'signed' | 'signature' | 'malformed' | 'rejected'
+  | 'lifetime' | 'lacks' | 'agent';
 
 /** An agent presented no credential, or one that does not verify (spec: Authentication). */
 export class AuthError extends DvxError {

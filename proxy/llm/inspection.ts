@@ -13,12 +13,15 @@ export async function policyOf(ctx: CallContext): Promise<ResolvedPolicy> {
   if (ctx.policy !== null) return ctx.policy;
   const { orgId, agentId, groupId } = ctx.identity!;
   const snapshot = ctx.snapshot;
-  ctx.policy = await ctx.d.policies.get(orgId, agentId, () => resolvePolicy(policyLayers(snapshot, orgId, groupId, agentId)));
+  ctx.policy = await ctx.d.policies.get(orgId, agentId,
+    () => resolvePolicy(policyLayers(snapshot, orgId, groupId, agentId)));
   return ctx.policy;
 }
 
 /** The engine's input for a body of this call. */
-export async function inspect(ctx: CallContext, body: Buffer, phase: Phase, contentType?: string | null): Promise<InspectionOutcome> {
+export async function inspect(
+  ctx: CallContext, body: Buffer, phase: Phase, contentType?: string | null,
+): Promise<InspectionOutcome> {
   const identity = ctx.identity!;
   return ctx.d.engine.inspect({
     body, phase, policy: await policyOf(ctx), secrets: ctx.d.secrets.agentSecrets(identity.agentId),

@@ -32,9 +32,12 @@ export type { ProxyDeps } from './context.ts';
 // A step that refuses throws a Refusal (errors.ts), turned here, in one place, into the answer and the
 // call's record. This file is the list, the runner and the lifecycle (drain, calls in flight).
 
-const STEPS: readonly Step[] = [authenticate, admit, route, readBody, translate, prefix, inspectRequest, credential, forward, relay];
+const STEPS: readonly Step[] = [
+  authenticate, admit, route, readBody, translate, prefix, inspectRequest, credential, forward, relay,
+];
 
 const HEALTH_PATH = '/healthz';
+const CLOSE = { connection: 'close' };
 
 export class LlmProxy {
   #d: ProxyDeps;
@@ -61,11 +64,12 @@ export class LlmProxy {
     const path = (req.url ?? '/').split('?')[0];
     if (path === HEALTH_PATH && (req.method === 'GET' || req.method === 'HEAD')) {
       res.writeHead(200, { 'content-type': 'application/json' });
-      res.end(JSON.stringify({ component: 'llmproxy', status: this.#draining ? 'draining' : 'ok', version: this.#d.version }));
+      const status = this.#draining ? 'draining' : 'ok';
+      res.end(JSON.stringify({ component: 'llmproxy', status, version: this.#d.version }));
       return;
     }
     if (this.#draining) {
-      send(res, ERRORS.shuttingDown, { connection: 'close' });
+      send(res, ERRORS.shuttingDown, CLOSE);
       req.resume();
       return;
     }
@@ -100,7 +104,7 @@ export class LlmProxy {
     }
     ctx.error = err.message;
     if (err instanceof BodyTooLargeError && !res.headersSent) {
-      answer(ctx, ERRORS.tooLarge, err.message, { connection: 'close' });
+      answer(ctx, ERRORS.tooLarge, err.message, CLOSE);
       return;
     }
     this.#d.log.error({ err, request_id: ctx.id }, 'llmproxy call failed');
@@ -113,7 +117,9 @@ export class LlmProxy {
  * An answer of our own; its record (a refusal's findings above all) is appended before it leaves. A
  * refusal of ours (`reason` given) is recorded with decision `deny` and its reason in `error`.
  */
-function answer(ctx: CallContext, error: ProxyError, reason: string | null, headers: Record<string, string> | null): void {
+function answer(
+  ctx: CallContext, error: ProxyError, reason: string | null, headers: Record<string, string> | null,
+): void {
   if (reason !== null) {
     ctx.decision = 'deny';
     ctx.error = reason;
@@ -124,7 +130,8 @@ function answer(ctx: CallContext, error: ProxyError, reason: string | null, head
 }
 
 function send(res: ServerResponse, error: ProxyError, headers: Record<string, string> | null): void {
-  res.writeHead(error.status, { 'content-type': error.contentType, 'content-length': String(error.body.length), ...headers });
+  const length = String(error.body.length);
+  res.writeHead(error.status, { 'content-type': error.contentType, 'content-length': length, ...headers });
   res.end(error.body);
 }
 

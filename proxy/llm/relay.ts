@@ -21,7 +21,9 @@ export type Relayed = 'done' | 'gone' | 'failed';
  * first MAX_BODY_BYTES in `copy` for the response pipeline. Headers are sent: a failed upstream ends in
  * a destroyed response (the agent sees the answer cut short, never one left open), `what` in its record.
  */
-export async function relayBody(ctx: CallContext, copy: Buffer[], filter: ChunkFilter | null, what: string): Promise<Relayed> {
+export async function relayBody(
+  ctx: CallContext, copy: Buffer[], filter: ChunkFilter | null, what: string,
+): Promise<Relayed> {
   const res = ctx.res;
   const idle = ctx.d.options.idleTimeout;
   let kept = 0;
@@ -70,7 +72,9 @@ export function agentGone(ctx: CallContext, how: 'closed' | 'stalled'): void {
  * the response closed first, 'stalled' when the agent took nothing for `stallMs` (the response is then
  * destroyed, which releases the upstream feeding it).
  */
-export async function send(res: ServerResponse, chunk: Buffer, stallMs: number): Promise<'sent' | 'closed' | 'stalled'> {
+export async function send(
+  res: ServerResponse, chunk: Buffer, stallMs: number,
+): Promise<'sent' | 'closed' | 'stalled'> {
   if (res.destroyed) return 'closed';
   const socket = res.socket;
   if (res.write(chunk)) return 'sent';

@@ -14,7 +14,9 @@ export function scrubHeaders(): Dispatcher.DispatcherComposeInterceptor {
   return (dispatch) => (opts, handler) => {
     const headers = opts.headers;
     // Only a plain header object is ours to scrub (the proxies pass one).
-    if (headers === null || typeof headers !== 'object' || Array.isArray(headers) || Symbol.iterator in headers) return dispatch(opts, handler);
+    if (headers === null || typeof headers !== 'object' || Array.isArray(headers) || Symbol.iterator in headers) {
+      return dispatch(opts, handler);
+    }
     const out: Record<string, string | string[] | undefined> = {};
     for (const name in headers) {
       if (!DROP.has(name.toLowerCase())) out[name] = (headers as Record<string, string | string[] | undefined>)[name];

@@ -19,9 +19,12 @@ export function admit(ctx: CallContext): void {
       }, 'agent org does not match the snapshot');
       // Recorded in the log of the org that owns the agent id: that is where the refusal is read.
       identify(ctx, { ...identity, orgId: agent.org_id, agentName: identity.agentName || agent.name });
-      throw new Refusal(ERRORS.agentRefused, `token org_id "${identity.orgId}" differs from the agent's org in the snapshot`);
+      throw new Refusal(ERRORS.agentRefused,
+        `token org_id "${identity.orgId}" differs from the agent's org in the snapshot`);
     }
-    ctx.identity = { ...identity, agentName: identity.agentName || agent.name, groupId: agent.group_id ?? identity.groupId };
+    ctx.identity = {
+      ...identity, agentName: identity.agentName || agent.name, groupId: agent.group_id ?? identity.groupId,
+    };
     if (agent.status === 'suspended' || agent.status === 'isolated' || agent.contained) {
       d.log.warn({
         request_id: ctx.id, agent_id: identity.agentId, status: agent.status, contained: agent.contained,

@@ -6,6 +6,8 @@ import { AuthError, ERRORS, Refusal } from '../errors.ts';
 
 // Who is calling (spec: Authentication): the platform JWT or the agent's identity certificate.
 
+const UNAUTHENTICATED_HEADERS = { 'www-authenticate': 'Bearer' };
+
 export async function authenticate(ctx: CallContext): Promise<void> {
   const d = ctx.d;
   try {
@@ -14,14 +16,15 @@ export async function authenticate(ctx: CallContext): Promise<void> {
     if (!(err instanceof AuthError)) throw err;
     d.metrics.authFailures.inc({ reason: err.reason });
     d.log.warn({
-      err, reason: err.reason, request_id: ctx.id, path: ctx.path, agent_id: err.identity?.agentId, org_id: err.identity?.orgId,
+      err, reason: err.reason, request_id: ctx.id, path: ctx.path,
+      agent_id: err.identity?.agentId, org_id: err.identity?.orgId,
     }, 'agent authentication failed');
     // A token the issuer signed names its agent even when refused (expired, say): audited as that
     // agent's. Without a verified signature nothing names the caller, and no org's log takes the
     // record (docs/decisions.md, "Every refusal is audited"): the log line and the metric above are
     // its trace.
     if (err.identity) identify(ctx, err.identity);
-    throw new Refusal(ERRORS.unauthenticated, `agent authentication failed: ${err.message}`, { 'www-authenticate': 'Bearer' });
+    throw new Refusal(ERRORS.unauthenticated, `agent authentication failed: ${err.message}`, UNAUTHENTICATED_HEADERS);
   }
 }
 

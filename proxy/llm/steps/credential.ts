@@ -9,5 +9,7 @@ export function credential(ctx: CallContext): void {
   const { orgId, groupId, agentId } = ctx.identity!;
   const mode = resolveSnapshotSetting(ctx.snapshot, 'credential_mode', orgId, groupId, agentId) ?? 'platform';
   ctx.credential = resolveCredential(mode, ctx.identity!, ctx.req.headers, ctx.d.secrets);
-  if (ctx.credential === null) throw new Refusal(ERRORS.noCredential, `no LLM API credential configured (credential_mode ${mode})`);
+  if (ctx.credential === null) {
+    throw new Refusal(ERRORS.noCredential, `no LLM API credential configured (credential_mode ${mode})`);
+  }
 }

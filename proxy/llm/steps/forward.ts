@@ -4,7 +4,9 @@ import { resolveSnapshotSetting } from '../../../pipeline/policy/snapshot.ts';
 import type { CallContext } from '../context.ts';
 import { ERRORS, Refusal } from '../errors.ts';
 import { routeOf } from '../translate/index.ts';
-import { DEFAULT_UPSTREAMS, readableAnswer, upstreamHeaders, upstreamTarget, upstreamTimeoutPhase } from '../upstream.ts';
+import {
+  DEFAULT_UPSTREAMS, readableAnswer, upstreamHeaders, upstreamTarget, upstreamTimeoutPhase,
+} from '../upstream.ts';
 
 // The call to the upstream (undici; upstream.ts), at the caller's upstream: the snapshot's `upstream`
 // for the format, else its `downstream_url`, else --upstream-default, else the provider. The agent

@@ -10,7 +10,8 @@ import { inspect, noteOutcome } from '../inspection.ts';
 
 export async function inspectRequest(ctx: CallContext): Promise<void> {
   if (ctx.body.length === 0 || !ctx.inspect) return;
-  const outcome = await inspect(ctx, ctx.body, 'request', ctx.inference ? undefined : ctx.req.headers['content-type'] ?? null);
+  const contentType = ctx.inference ? undefined : ctx.req.headers['content-type'] ?? null;
+  const outcome = await inspect(ctx, ctx.body, 'request', contentType);
   noteOutcome(ctx, outcome, 'request');
   if (outcome.decision === 'block') throw new Refusal(ERRORS.contentPolicy, null);
   if (outcome.decision === 'unavailable') throw new Refusal(ERRORS.inspectionUnavailable, null);

@@ -8,13 +8,16 @@ import { securityPrefix } from './prefix.ts';
 // that keeps its format is read with room for the security-context prefix, JSON-escaped, plus the
 // wrapper around it, so the prefix step splices it in place.
 
+const CLOSE = { connection: 'close' };
+
 export async function readBody(ctx: CallContext): Promise<void> {
-  const headroom = ctx.inference && ctx.upstreamFormat === ctx.format ? Buffer.byteLength(JSON.stringify(securityPrefix(ctx))) + 64 : 0;
+  const inPlace = ctx.inference && ctx.upstreamFormat === ctx.format;
+  const headroom = inPlace ? Buffer.byteLength(JSON.stringify(securityPrefix(ctx))) + 64 : 0;
   ctx.reading = true;
   try {
     ctx.body = await read(ctx.req, MAX_BODY_BYTES, DEFAULT_INLINE_THRESHOLD_BYTES, headroom);
   } catch (err) {
-    if (err instanceof RequestTooLargeError) throw new Refusal(ERRORS.tooLarge, 'request body exceeds 32 MB', { connection: 'close' });
+    if (err instanceof RequestTooLargeError) throw new Refusal(ERRORS.tooLarge, 'request body exceeds 32 MB', CLOSE);
     throw err;
   }
   ctx.requestBytes = ctx.body.length;

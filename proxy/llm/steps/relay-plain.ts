@@ -49,7 +49,8 @@ export async function relayPlain(ctx: CallContext): Promise<void> {
   ctx.status = answer.statusCode;
   // The whole answer is here: sent with its length (not chunked encoding), once its record is written.
   const headers = { ...agentHeaders(answer.headers), 'content-length': String(out.length) };
-  if (!(await deliver(ctx, () => res.writeHead(answer.statusCode, headers)))) throw new Refusal(ERRORS.auditUnavailable, null);
+  const delivered = await deliver(ctx, () => res.writeHead(answer.statusCode, headers));
+  if (!delivered) throw new Refusal(ERRORS.auditUnavailable, null);
   if (out.length <= SEND_PIECE_BYTES) {
     res.end(out);
     return;
@@ -71,7 +72,9 @@ async function collect(body: AsyncIterable<Buffer>): Promise<Buffer> {
   for await (const chunk of body) {
     chunks.push(chunk);
     size += chunk.length;
-    if (size > MAX_HELD_ANSWER_BYTES) throw new AnswerTooLargeError(`upstream answer exceeds ${MAX_HELD_ANSWER_BYTES} bytes`);
+    if (size > MAX_HELD_ANSWER_BYTES) {
+      throw new AnswerTooLargeError(`upstream answer exceeds ${MAX_HELD_ANSWER_BYTES} bytes`);
+    }
   }
   return chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, size);
 }
