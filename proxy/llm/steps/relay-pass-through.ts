@@ -1,6 +1,6 @@
 import { agentHeaders } from '../upstream.ts';
 import type { CallContext } from '../context.ts';
-import { relayBody } from '../relay.ts';
+import { relayBody } from '../relay-body.ts';
 import { deliver } from './audit.ts';
 import { inspectResponse } from './inspect-response.ts';
 

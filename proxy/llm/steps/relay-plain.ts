@@ -1,7 +1,7 @@
 import { MAX_BODY_BYTES } from '../../../pipeline/engine.ts';
 import type { CallContext } from '../context.ts';
 import { AnswerTooLargeError, ERRORS, Refusal } from '../errors.ts';
-import { agentGone, send } from '../relay.ts';
+import { agentGone, send } from '../relay-body.ts';
 import { translateResponse } from '../translate/index.ts';
 import { agentHeaders } from '../upstream.ts';
 import { usageOf } from '../usage.ts';

@@ -1,6 +1,6 @@
 import { FinalEventGuard } from '../final-event.ts';
 import type { CallContext } from '../context.ts';
-import { relayBody, type ChunkFilter } from '../relay.ts';
+import { relayBody, type ChunkFilter } from '../relay-body.ts';
 import { StreamTranslator } from '../translate/index.ts';
 import { agentHeaders } from '../upstream.ts';
 import { usageOf } from '../usage.ts';
