@@ -8,8 +8,13 @@ import { inspect, noteOutcome } from '../inspection.ts';
 // checks every model it names, anywhere in it (pipeline/inspectors/named-models.ts; on a pool worker
 // when the body is large). spec: llm-content-policy, "Errors": 403 on a block, 503 when fail-closed.
 
-export async function inspectRequest(ctx: CallContext): Promise<void> {
+export function inspectRequest(ctx: CallContext): Promise<void> | void {
+  // Nothing to inspect costs no promise.
   if (ctx.body.length === 0 || !ctx.inspect) return;
+  return inspectBody(ctx);
+}
+
+async function inspectBody(ctx: CallContext): Promise<void> {
   const contentType = ctx.inference ? undefined : ctx.req.headers['content-type'] ?? null;
   const outcome = await inspect(ctx, ctx.body, 'request', contentType);
   noteOutcome(ctx, outcome, 'request');
