@@ -56,15 +56,18 @@ export function upstreamTarget(base: string): URL {
   return target;
 }
 
-// The agent's credentials never travel on: the upstream gets the real key (credentials.ts). Hop-by-hop
-// headers and Accept-Encoding are the dispatcher's to drop (interceptors/scrub-headers.ts).
-const CREDENTIAL_HEADERS = new Set(['authorization', 'x-api-key']);
+// The agent's credentials never travel on: the upstream gets the real key (credentials.ts); nor does
+// its content-length: the body leaving may differ (prefix, translation). Hop-by-hop headers and
+// Accept-Encoding are the dispatcher's to drop (interceptors/scrub-headers.ts).
+const AGENT_ONLY = new Set(['authorization', 'x-api-key', 'content-length']);
 
-/** Request headers for the upstream: the agent's, minus its credentials, plus the real key. */
-export function upstreamHeaders(format: WireFormat, incoming: IncomingHttpHeaders, credential: string, translated = false): Record<string, string> {
+/** Request headers for the upstream: the agent's, minus its credentials, plus the real key and length. */
+export function upstreamHeaders(
+  format: WireFormat, incoming: IncomingHttpHeaders, credential: string, bodyLength: number | null, translated = false,
+): Record<string, string> {
   const out: Record<string, string> = {};
   for (const [name, value] of Object.entries(incoming)) {
-    if (value === undefined || CREDENTIAL_HEADERS.has(name)) continue;
+    if (value === undefined || AGENT_ONLY.has(name)) continue;
     // A translated call speaks the upstream's protocol: the other provider's headers stay behind.
     if (translated && (isAnthropic(format) ? name.startsWith('openai-') : name.startsWith('anthropic-'))) continue;
     out[name] = Array.isArray(value) ? value.join(', ') : value;
@@ -72,6 +75,7 @@ export function upstreamHeaders(format: WireFormat, incoming: IncomingHttpHeader
   if (translated && isAnthropic(format) && !out['anthropic-version']) out['anthropic-version'] = '2023-06-01';
   if (isAnthropic(format)) out['x-api-key'] = credential;
   else out.authorization = `Bearer ${credential}`;
+  if (bodyLength !== null) out['content-length'] = String(bodyLength);
   return out;
 }
 

@@ -31,13 +31,14 @@ export async function forward(ctx: CallContext): Promise<void> {
   res.on('close', () => {
     if (!res.writableFinished) abort.abort();
   });
+  const headers = upstreamHeaders(upstreamFormat, req.headers, ctx.credential!, sendsBody ? ctx.body.length : null, translated);
   let upstream: Dispatcher.ResponseData;
   try {
     upstream = await d.dispatcher.request({
       origin: target.origin,
       path: upstreamPath,
       method: (req.method ?? 'GET') as Dispatcher.HttpMethod,
-      headers: upstreamHeaders(upstreamFormat, req.headers, ctx.credential!, translated),
+      headers,
       body: sendsBody ? ctx.body : undefined,
       signal: abort.signal,
     });
