@@ -31,7 +31,8 @@ export async function forward(ctx: CallContext): Promise<void> {
   res.on('close', () => {
     if (!res.writableFinished) abort.abort();
   });
-  const headers = upstreamHeaders(upstreamFormat, req.headers, ctx.credential!, sendsBody ? ctx.body.length : null, translated);
+  const length = sendsBody ? ctx.body.length : null;
+  const headers = upstreamHeaders(upstreamFormat, req.headers, ctx.credential!, length, translated);
   let upstream: Dispatcher.ResponseData;
   try {
     upstream = await d.dispatcher.request({
