@@ -1,6 +1,7 @@
 import type { IncomingHttpHeaders } from 'node:http';
 import type { TLSSocket } from 'node:tls';
 import { X509Certificate } from 'node:crypto';
+import { AuthError, type AuthFailure } from './errors.ts';
 import { createLocalJWKSet, createRemoteJWKSet, jwtVerify, errors as joseErrors, type JWTPayload, type JWTVerifyGetKey, type JSONWebKeySet } from 'jose';
 
 // Agent identity (spec: Authentication). Two ways in:
@@ -18,22 +19,6 @@ export interface AgentIdentity {
   via: 'jwt' | 'mtls';
   /** The header that carried the JWT; in passthrough mode the other one carries the agent's own key. */
   tokenHeader: 'authorization' | 'x-api-key' | null;
-}
-
-export class AuthError extends Error {
-  override name = 'AuthError';
-  readonly code = 'DVX_AGENT_AUTH';
-  /**
-   * Who the caller is, when the token's signature verified and only a claim check refused it (expired,
-   * not yet valid, too long-lived): the issuer vouches for these claims, so the refusal is that
-   * agent's and is audited under its org. Null when nothing about the caller can be trusted.
-   */
-  readonly identity: AgentIdentity | null;
-
-  constructor(message: string, identity: AgentIdentity | null = null) {
-    super(message);
-    this.identity = identity;
-  }
 }
 
 export const MAX_TOKEN_LIFETIME_S = 300;
@@ -101,15 +86,16 @@ export class AgentAuthenticator {
     } catch (err) {
       // jose checks the claims only once the signature has verified: their payload is the issuer's.
       const signed = err instanceof joseErrors.JWTClaimValidationFailed || err instanceof joseErrors.JWTExpired ? identityOf(err.payload, header) : null;
-      throw new AuthError(describeJoseError(err), signed);
+      const [reason, message] = describeJoseError(err);
+      throw new AuthError(reason, message, signed);
     }
     const exp = payload.exp!;
     const issuedAt = typeof payload.iat === 'number' ? payload.iat : nowS;
     const identity = identityOf(payload, header);
     if (exp - Math.min(issuedAt, nowS) > MAX_TOKEN_LIFETIME_S + CLOCK_TOLERANCE_S) {
-      throw new AuthError('token lifetime exceeds 5 minutes', identity);
+      throw new AuthError('lifetime', 'token lifetime exceeds 5 minutes', identity);
     }
-    if (!identity) throw new AuthError('token lacks sub or org_id');
+    if (!identity) throw new AuthError('lacks', 'token lacks sub or org_id');
     if (this.#cache.size >= this.#maxCache) this.#cache.delete(this.#cache.keys().next().value!);
     this.#cache.set(token, { identity, exp });
     return identity;
@@ -124,7 +110,7 @@ export class AgentAuthenticator {
     if (presented) return this.verifyToken(presented.token, presented.header);
     const fromCert = socket ? certificateIdentity(socket) : null;
     if (fromCert) return fromCert;
-    throw new AuthError('missing agent credential (platform JWT or identity certificate)');
+    throw new AuthError('agent', 'missing agent credential (platform JWT or identity certificate)');
   }
 }
 
@@ -160,12 +146,16 @@ export function certificateIdentity(socket: TLSSocket): AgentIdentity | null {
   return { agentId, orgId, agentName: '', groupId: fields.get('OU') ?? null, via: 'mtls', tokenHeader: null };
 }
 
-function describeJoseError(err: unknown): string {
-  if (err instanceof joseErrors.JWTExpired) return 'token expired';
-  if (err instanceof joseErrors.JWTClaimValidationFailed) return `token claim ${err.claim} invalid (${err.reason})`;
-  if (err instanceof joseErrors.JOSEAlgNotAllowed) return 'token algorithm not allowed (ES256 only)';
-  if (err instanceof joseErrors.JWKSNoMatchingKey) return 'token signed by an unknown key';
-  if (err instanceof joseErrors.JWSSignatureVerificationFailed) return 'token signature invalid';
-  if (err instanceof joseErrors.JWTInvalid || err instanceof joseErrors.JWSInvalid) return 'token malformed';
-  return 'token rejected';
+/** The metric label and the message of a token jose refused. */
+function describeJoseError(err: unknown): [AuthFailure, string] {
+  if (err instanceof joseErrors.JWTExpired) return ['expired', 'token expired'];
+  if (err instanceof joseErrors.JWTClaimValidationFailed) {
+    return ['claim', `token claim ${err.claim} invalid (${err.reason})`];
+  }
+  if (err instanceof joseErrors.JOSEAlgNotAllowed) return ['algorithm', 'token algorithm not allowed (ES256 only)'];
+  if (err instanceof joseErrors.JWKSNoMatchingKey) return ['signed', 'token signed by an unknown key'];
+  if (err instanceof joseErrors.JWSSignatureVerificationFailed) return ['signature', 'token signature invalid'];
+  const malformed = err instanceof joseErrors.JWTInvalid || err instanceof joseErrors.JWSInvalid;
+  if (malformed) return ['malformed', 'token malformed'];
+  return ['rejected', 'token rejected'];
 }

@@ -1,4 +1,9 @@
-// llmproxy's answers of its own, built once (DESIGN.md: hot-path errors are constant buffers). The
+import { DvxError } from '../../core/errors.ts';
+import type { AgentIdentity } from './auth.ts';
+
+// llmproxy's error catalogue (docs/errors.md, "proxy/llm") and its answers of its own.
+//
+// The answers are built once (hot-path errors are constant buffers). The
 // 403 content_policy_violation, 503 content_inspection_unavailable and 502 bodies are the spec's
 // exactly (Errors table); the others follow the same `{type: "error", error: {type, message}}` shape,
 // which the official SDKs parse into their typed errors. The 403 body is generic: which inspector
@@ -24,7 +29,6 @@ export const ERRORS = {
   noCredential: jsonError(500, 'api_error', 'no LLM API credential configured'),
   tooLarge: jsonError(413, 'request_too_large', 'request body exceeds 32 MB'),
   notFound: jsonError(404, 'not_found_error', 'no such route'),
-  methodNotAllowed: jsonError(405, 'invalid_request_error', 'method not allowed'),
   bodyTimeout: jsonError(408, 'timeout_error', 'request body not received in time'),
   shuttingDown: jsonError(503, 'overloaded_error', 'proxy is shutting down'),
   unsupportedMediaType: jsonError(415, 'invalid_request_error', 'content-type must be application/json'),
@@ -42,4 +46,74 @@ export function clientErrorAnswer(status: number): { contentType: string; body: 
   const [type, message] = status === 431 ? ['request_too_large', 'request header fields too large']
     : status === 408 ? ['timeout_error', 'request not received in time'] : ['invalid_request_error', 'malformed HTTP request'];
   return { contentType: 'application/json', body: JSON.stringify({ type: 'error', error: { type, message } }) };
+}
+
+/** The options given to `dvx serve llmproxy` do not hold together (the CLI answers with the message). */
+export class OptionsError extends DvxError {
+  static override readonly code = 'DVX_LLMPROXY_OPTIONS';
+}
+
+/** Why an agent's credential was refused; the `dvx_llmproxy_auth_failures_total` label. */
+export type AuthFailure =
+  | 'expired' | 'claim' | 'algorithm' | 'signed' | 'signature' | 'malformed' | 'rejected'
+  | 'lifetime' | 'lacks' | 'agent';
+
+/** An agent presented no credential, or one that does not verify (spec: Authentication). */
+export class AuthError extends DvxError {
+  static override readonly code = 'DVX_AGENT_AUTH';
+  /** The metric label: what about the credential failed. */
+  readonly reason: AuthFailure;
+  /**
+   * Who the caller is, when the token's signature verified and only a claim check refused it (expired,
+   * not yet valid, too long-lived): the issuer vouches for these claims, so the refusal is that
+   * agent's and is audited under its org. Null when nothing about the caller can be trusted.
+   */
+  readonly identity: AgentIdentity | null;
+
+  constructor(reason: AuthFailure, message: string, identity: AgentIdentity | null = null) {
+    super(message);
+    this.reason = reason;
+    this.identity = identity;
+  }
+}
+
+/** A request body cannot be converted to the upstream's wire format (--translate); the agent gets a 400. */
+export class TranslationError extends DvxError {
+  static override readonly code = 'DVX_TRANSLATION';
+}
+
+/** An inference body is not the JSON shape its format needs for the security-context prefix; a 400. */
+export class BodyShapeError extends DvxError {
+  static override readonly code = 'DVX_BODY_SHAPE';
+}
+
+/** A request body is larger than the proxy reads (32 MB), announced or sent; a 413. */
+export class RequestTooLargeError extends DvxError {
+  static override readonly code = 'DVX_REQUEST_TOO_LARGE';
+}
+
+/** An upstream answer held whole (a plain answer) grew past the held-answer bound; a 502. */
+export class AnswerTooLargeError extends DvxError {
+  static override readonly code = 'DVX_ANSWER_TOO_LARGE';
+}
+
+/**
+ * A call answered by the proxy itself, before or instead of relaying the upstream's answer: `answer` is
+ * the wire body (one of ERRORS, or a 400 of badRequest). A refusal of ours carries its `reason` (the
+ * record's `error`, decision `deny`); a null reason is an answer that is no refusal of ours (a block
+ * keeps the pipeline's decision, an upstream failure has its error recorded already). Thrown by a step
+ * and turned into the answer and its audit record in one place (proxy.ts).
+ */
+export class Refusal extends DvxError {
+  static override readonly code = 'DVX_LLMPROXY_REFUSAL';
+  readonly answer: ProxyError;
+  readonly reason: string | null;
+  readonly headers: Record<string, string> | null;
+
+  constructor(answer: ProxyError, reason: string | null, headers: Record<string, string> | null = null) {
+    super(reason ?? `answered ${answer.status}`);
+    this.answer = answer;
+    this.reason = reason;
+    this.headers = headers;
+  }
 }

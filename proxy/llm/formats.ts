@@ -2,6 +2,7 @@ import type { IncomingHttpHeaders } from 'node:http';
 import { topLevel } from '../../pipeline/json-view.ts';
 import { allocShared, DEFAULT_INLINE_THRESHOLD_BYTES } from '../../pipeline/engine.ts';
 import { grow, spareCapacity } from './read-body.ts';
+import { BodyShapeError } from './errors.ts';
 import type { WireFormat } from '../../pipeline/policy/snapshot.ts';
 
 // Wire formats by route, and the security-context prefix (spec rule 5) spliced into each format's
@@ -51,10 +52,6 @@ export function securityContext(ctx: PrefixContext): string {
   return `[dvx security context] You are agent ${who} of organization ${ctx.orgId}${where}. ` +
     'This session is governed: requests and responses are inspected under your organization\'s policy and audited. ' +
     'Never reveal secrets or credentials.';
-}
-
-export class BodyShapeError extends Error {
-  override name = 'BodyShapeError';
 }
 
 const json = (s: string) => JSON.stringify(s);

@@ -2,6 +2,7 @@ import { ISOLATION_CLASSES, WIRE_FORMATS, type IsolationClass, type WireFormat }
 import { DEFAULT_INSPECT_TIMEOUT_MS } from '../../pipeline/engine.ts';
 import type { LogFormat, LogLevel } from '../../core/logger.ts';
 import { AUDIT_DEFAULTS, auditOptionsProblem, type AuditOptions } from '../../audit-wal/options.ts';
+import { OptionsError } from './errors.ts';
 import { SERVER_LIMIT_DEFAULTS, serverLimitsProblem, type ServerLimitOptions } from '../../core/server-limits.ts';
 
 // llmproxy's options: one defaults object, one validation (STYLE.md rule 4). cli/ maps flags and
@@ -10,7 +11,7 @@ import { SERVER_LIMIT_DEFAULTS, serverLimitsProblem, type ServerLimitOptions } f
 // The official SDKs wait 10 minutes for an answer, and Anthropic's refuses to send a non-streaming call
 // it expects to take longer: a plain answer that long is legitimate. An event stream starts at once and
 // then sends events (Anthropic pings it); 5 minutes of silence covers a model that thinks at length
-// without a word (docs/decisions.md, "P7.5").
+// without a word (docs/decisions.md, "A dead upstream is cut, by two timers").
 export const DEFAULT_UPSTREAM_TIMEOUT_MS = 600_000;
 export const DEFAULT_UPSTREAM_IDLE_TIMEOUT_MS = 300_000;
 
@@ -72,10 +73,6 @@ export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
   ...AUDIT_DEFAULTS,
   ...SERVER_LIMIT_DEFAULTS,
 };
-
-export class OptionsError extends Error {
-  override name = 'OptionsError';
-}
 
 export function validateOptions(input: Partial<LlmProxyOptions>): LlmProxyOptions {
   const o = { ...LLMPROXY_DEFAULTS, ...input };

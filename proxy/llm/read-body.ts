@@ -1,11 +1,10 @@
 import type { IncomingMessage } from 'node:http';
 import { allocShared } from '../../pipeline/engine.ts';
+import { RequestTooLargeError } from './errors.ts';
 
 // Reads a request body up to `limit` bytes. When the length is announced and large, the bytes land
 // directly in shared memory, so a pool worker can inspect them without another copy, and with
 // `headroom` spare bytes behind them, so the security-context prefix can be spliced in place.
-
-export class TooLargeError extends Error {}
 
 const spare = new WeakMap<Buffer, number>();
 
@@ -25,13 +24,13 @@ export function grow(body: Buffer, length: number): Buffer {
 
 export async function readBody(req: IncomingMessage, limit: number, sharedFrom: number, headroom = 0): Promise<Buffer> {
   const announced = Number(req.headers['content-length']);
-  if (Number.isFinite(announced) && announced > limit) throw new TooLargeError();
+  if (Number.isFinite(announced) && announced > limit) throw new RequestTooLargeError(`request body exceeds ${limit} bytes`);
   if (Number.isFinite(announced) && announced >= sharedFrom) {
     const backing = allocShared(announced + headroom);
     const out = backing.subarray(0, announced);
     let at = 0;
     for await (const chunk of req as AsyncIterable<Buffer>) {
-      if (at + chunk.length > announced) throw new TooLargeError(); // more than announced: refuse
+      if (at + chunk.length > announced) throw new RequestTooLargeError(`request body exceeds ${limit} bytes`); // more than announced: refuse
       chunk.copy(out, at);
       at += chunk.length;
     }
@@ -43,7 +42,7 @@ export async function readBody(req: IncomingMessage, limit: number, sharedFrom: 
   let size = 0;
   for await (const chunk of req as AsyncIterable<Buffer>) {
     size += chunk.length;
-    if (size > limit) throw new TooLargeError();
+    if (size > limit) throw new RequestTooLargeError(`request body exceeds ${limit} bytes`);
     chunks.push(chunk);
   }
   return chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, size);

@@ -69,7 +69,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
         policies.invalidate();
         log.info({ snapshot_version: s.version }, 'policy snapshot reloaded');
       },
-      onError: (err) => log.error({ err: err.message }, 'policy snapshot reload refused; keeping the last good one'),
+      onError: (err) => log.error({ err }, 'policy snapshot reload refused; keeping the last good one'),
     });
   }
   let secretsFile: WatchedJsonFile<SecretMap> | null = null;
@@ -78,7 +78,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
       path: options.secretsFile,
       parse: parseSecretsFile,
       onChange: () => log.info('secrets file reloaded'),
-      onError: (err) => log.error({ err: err.message }, 'secrets file reload refused; keeping the last good one'),
+      onError: (err) => log.error({ err }, 'secrets file reload refused; keeping the last good one'),
     });
   }
   const emptySecrets: SecretMap = new Map();
@@ -101,7 +101,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
         return jwksFromDocument(doc);
       },
       onChange: () => auth.clearCache(),
-      onError: (err) => log.error({ err: err.message }, 'agent JWKS reload refused; keeping the last good one'),
+      onError: (err) => log.error({ err }, 'agent JWKS reload refused; keeping the last good one'),
     });
   }
 

@@ -58,7 +58,7 @@ export class StoreSnapshotSource {
 
   async #listen(dsn: string): Promise<void> {
     const client = new pg.Client({ connectionString: dsn });
-    client.on('error', (err) => this.#log.warn({ err: err.message }, 'policy store notifications lost; relying on the periodic reload'));
+    client.on('error', (err) => this.#log.warn({ err }, 'policy store notifications lost; relying on the periodic reload'));
     await client.connect();
     client.on('notification', () => void this.reload());
     await client.query(`LISTEN ${CHANGES_CHANNEL}`);
@@ -82,7 +82,7 @@ export class StoreSnapshotSource {
       this.#value = await StoreSnapshotSource.#load(this.#db, this.#enclaveId, this.#log);
       this.#onChange();
     } catch (err) {
-      if (!this.#closed) this.#log.error({ err: (err as Error).message }, 'policy store reload failed; keeping the last good state');
+      if (!this.#closed) this.#log.error({ err }, 'policy store reload failed; keeping the last good state');
     }
   }, () => this.#closed);
 

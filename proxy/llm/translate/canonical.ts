@@ -6,6 +6,8 @@
 //   upstream format ──toCanonical──▶ canonical ──fromCanonical──▶ agent format       (responses)
 //   upstream events ──parser──▶ canonical events ──emitter──▶ agent events          (streams)
 
+import { TranslationError } from '../errors.ts';
+
 export type CBlock =
   | { type: 'text'; text: string }
   | { type: 'image'; source: { type: 'base64'; media_type: string; data: string } | { type: 'url'; url: string } }
@@ -60,9 +62,6 @@ export type CEvent =
 
 export const DEFAULT_MAX_TOKENS = 4096;
 
-export class TranslationError extends Error {
-  override name = 'TranslationError';
-}
 
 /** Text of a tool result or message content, for formats that only carry strings there. */
 export function textOf(content: string | CBlock[]): string {

@@ -1,7 +1,8 @@
 import { SseParser } from '../../../core/sse.ts';
 import type { WireFormat } from '../../../pipeline/policy/snapshot.ts';
 import * as anthropic from './anthropic.ts';
-import { TranslationError, type CEvent, type CRequest, type CResponse } from './canonical.ts';
+import { TranslationError } from '../errors.ts';
+import { type CEvent, type CRequest, type CResponse } from './canonical.ts';
 import * as chat from './openai-chat.ts';
 import * as responses from './openai-responses.ts';
 
@@ -31,7 +32,6 @@ const CODECS: Record<WireFormat, Codec> = {
   'openai-responses': { route: '/v1/responses', ...responses, parser: () => new responses.ResponsesParser(), emitter: () => new responses.ResponsesEmitter() },
 };
 
-export { TranslationError };
 
 export function routeOf(format: WireFormat): string {
   return CODECS[format].route;

@@ -1,7 +1,8 @@
+import { TranslationError } from '../errors.ts';
 import { formatSse } from '../../../core/sse.ts';
 import { own } from '../../../core/own.ts';
 import {
-  DEFAULT_MAX_TOKENS, mergeRoles, parseArguments, syntheticId, textOf, TranslationError,
+  DEFAULT_MAX_TOKENS, mergeRoles, parseArguments, syntheticId, textOf,
   type CBlock, type CEvent, type CMessage, type CRequest, type CResponse, type CStopReason, type CToolChoice,
 } from './canonical.ts';
 

@@ -1,7 +1,7 @@
 import t from 'tap';
 import { gzipSync } from 'node:zlib';
 import { REPLY } from '../../fixtures/llm-upstream.ts';
-import { AGENT_SECRET, startHarness } from '../../fixtures/llmproxy-harness.ts';
+import { AGENT_SECRET, recordAfter, startHarness } from '../../fixtures/llmproxy-harness.ts';
 
 // Providers gzip JSON answers when asked, and every fetch-based SDK asks. The proxy must read what it
 // inspects, meters and translates: it asks the upstream for `identity`, and undoes a coding an
@@ -9,48 +9,47 @@ import { AGENT_SECRET, startHarness } from '../../fixtures/llmproxy-harness.ts';
 
 const h = await startHarness();
 t.teardown(() => h.close());
-const settle = () => new Promise((r) => setTimeout(r, 50));
 const body = (extra: Record<string, unknown> = {}) => JSON.stringify({ model: 'claude-sonnet-4-5', max_tokens: 8, messages: [{ role: 'user', content: 'hi' }], ...extra });
 const post = async (headers: Record<string, string>, payload: string | Buffer = body(), path = '/v1/messages') =>
   h.call(path, { headers: { 'content-type': 'application/json', 'x-api-key': await h.token(), 'anthropic-version': '2023-06-01', ...headers }, body: payload });
 
 t.test('the agent\'s Accept-Encoding stays behind: the upstream is asked for identity', async (t) => {
+  const records = h.audit.length;
   const res = await post({ 'accept-encoding': 'gzip, deflate, br' });
   t.equal(res.status, 200);
   t.equal(h.upstream.received.at(-1)!.headers['accept-encoding'], 'identity');
   t.notOk(res.headers['content-encoding'], 'plain bytes to the agent');
   t.equal(res.headers['content-length'], String(Buffer.byteLength(res.text)), 'a held answer goes out with its length');
   t.equal(JSON.parse(res.text).content[0].text, REPLY);
-  await settle();
-  t.match(h.audit.at(-1), { status: 200, input_tokens: 12, output_tokens: 7 }, 'usage read from the answer');
+  t.match(await recordAfter(h, records), { status: 200, input_tokens: 12, output_tokens: 7 }, 'usage read from the answer');
 });
 
 t.test('an upstream that gzips anyway: decoded, inspected, metered, delivered plain', async (t) => {
+  const records = h.audit.length;
   const leak = `the password is ${AGENT_SECRET}`;
   const res = await post({ 'x-test-behavior': 'encode:gzip', 'x-test-reply': leak });
   t.equal(res.status, 200);
   t.notOk(res.headers['content-encoding']);
   t.equal(JSON.parse(res.text).content[0].text, leak);
-  await settle();
-  t.match(h.audit.at(-1), { status: 200, input_tokens: 12, findings: [{ inspector_type: 'secrets', location: 'response_body' }], inspection_failopen: false });
+  t.match(await recordAfter(h, records), { status: 200, input_tokens: 12, findings: [{ inspector_type: 'secrets', location: 'response_body' }], inspection_failopen: false });
 });
 
 t.test('a compressed event stream is decoded as it arrives', async (t) => {
+  const records = h.audit.length;
   const res = await post({ 'x-test-behavior': 'encode:br-stream' }, body({ stream: true }));
   t.equal(res.status, 200);
   t.notOk(res.headers['content-encoding']);
   t.match(res.text, /event: message_start/);
   t.match(res.text, /event: message_stop/);
-  await settle();
-  t.match(h.audit.at(-1), { status: 200, output_tokens: 7 });
+  t.match(await recordAfter(h, records), { status: 200, output_tokens: 7 });
 });
 
 t.test('a coding we cannot read is passed on as it came and marked a fail-open', async (t) => {
+  const records = h.audit.length;
   const res = await post({ 'x-test-behavior': 'encode:unknown' });
   t.equal(res.status, 200);
   t.equal(res.headers['content-encoding'], 'x-unknown');
-  await settle();
-  t.match(h.audit.at(-1), { status: 200, inspection_failopen: true });
+  t.match(await recordAfter(h, records), { status: 200, inspection_failopen: true });
   t.ok(h.logs.some((l) => /content coding we cannot read/.test(String(l.msg)) && l.content_encoding === 'x-unknown'));
 });
 

@@ -1,4 +1,5 @@
 import t from 'tap';
+import { until } from '../../fixtures/eventually.ts';
 import { AGENT_SECRET, startHarness } from '../../fixtures/llmproxy-harness.ts';
 
 // P7, "Evasion the detectors should not allow", end to end: what a reader of the upstream would
@@ -11,7 +12,6 @@ t.teardown(() => h.close());
 const anthropicBody = (content: string) => JSON.stringify({ model: 'claude-sonnet-4-5', max_tokens: 8, messages: [{ role: 'user', content }] });
 const post = async (body: string, headers: Record<string, string> = {}) =>
   h.call('/v1/messages', { headers: { 'content-type': 'application/json', 'x-api-key': await h.token(), ...headers }, body });
-const settle = () => new Promise((r) => setTimeout(r, 300));
 const zwsp = (s: string, at: number) => s.slice(0, at) + '\u200b' + s.slice(at);
 
 t.test('a request is blocked with the right findings, and nothing reaches the upstream', async (t) => {
@@ -33,7 +33,7 @@ t.test('a request is blocked with the right findings, and nothing reaches the up
     t.equal(r.status, 403, name);
     t.match(JSON.parse(r.text), { type: 'error', error: { type: 'content_policy_violation' } });
     t.equal(h.upstream.received.length, before, `${name}: nothing forwarded`);
-    await settle();
+    await until(() => h.proxy.proxy.inFlight === 0);
     t.match(h.audit.at(-1), { status: 403, findings: [finding] }, name);
     t.notOk(JSON.stringify(h.audit.at(-1)).toLowerCase().includes(AGENT_SECRET.slice(4)), `${name}: the secret is not in the audit record`);
   }
@@ -42,7 +42,7 @@ t.test('a request is blocked with the right findings, and nothing reaches the up
 t.test('a warn finding in normalized text is recorded and the call goes ahead', async (t) => {
   const r = await post(anthropicBody('write to bob＠example&period;com'));
   t.equal(r.status, 200);
-  await settle();
+  await until(() => h.proxy.proxy.inFlight === 0);
   t.match(h.audit.at(-1), { status: 200, findings: [{ inspector_type: 'pii', severity: 'warn', description: 'email address', match: 'bob@****' }] });
 });
 
@@ -50,13 +50,13 @@ t.test('a response leaking the secret in another case, split by an entity, is re
   const leak = `the password is ${AGENT_SECRET.toUpperCase().replace('-', '&#x200b;-')} ok`;
   const r = await post(anthropicBody('hi'), { 'x-test-reply': leak });
   t.equal(r.status, 200, 'response inspection is observe-only');
-  await settle();
+  await until(() => h.proxy.proxy.inFlight === 0);
   t.match(h.audit.at(-1), { status: 200, findings: [{ inspector_type: 'secrets', severity: 'block', location: 'response_body', match: 'hunt****' }] });
 });
 
 t.test('ordinary text is no finding', async (t) => {
   const r = await post(anthropicBody('R&D report, ２０２４年１２月, family 👨‍👩‍👧, Tom &amp; Jerry, HUNTER2-AGENT'));
   t.equal(r.status, 200);
-  await settle();
+  await until(() => h.proxy.proxy.inFlight === 0);
   t.same(h.audit.at(-1)!.findings, []);
 });

@@ -1,4 +1,5 @@
 import t from 'tap';
+import { until } from '../../fixtures/eventually.ts';
 import { AGENT_SECRET, ORG_KEY, PLATFORM_KEY, baseSnapshot, startHarness } from '../../fixtures/llmproxy-harness.ts';
 import { validateSnapshot, snapshotAgent, snapshotOrg, orgFlag, policyLayers } from '../../../pipeline/policy/snapshot.ts';
 
@@ -17,11 +18,10 @@ const h = await startHarness({ secrets });
 t.teardown(() => h.close());
 
 const body = (model = 'claude-sonnet-4-5') => JSON.stringify({ model, max_tokens: 8, messages: [{ role: 'user', content: 'hi' }] });
-const settle = (ms = 300) => new Promise((r) => setTimeout(r, ms));
 async function call(claims: Record<string, unknown>, model?: string) {
   const before = h.audit.length;
   const r = await h.call('/v1/messages', { headers: { 'content-type': 'application/json', 'x-api-key': await h.token(claims) }, body: body(model) });
-  await settle(50);
+  await until(() => h.proxy.proxy.inFlight === 0); // the call is over, its record appended
   return { status: r.status, text: r.text, records: h.audit.slice(before) };
 }
 
@@ -54,7 +54,6 @@ for (const name of NAMES) {
 
     // The snapshot lists an org and an agent of that id: their own entries apply.
     await h.writeSnapshot(snapshotWith(name));
-    await settle();
     const listed = await call({ sub: name, org_id: name });
     t.equal(listed.status, 403, 'the listed agent of that id is suspended');
     t.match(listed.records, [{ org_id: name, agent_id: name, status: 403, decision: 'deny', error: 'agent is suspended' }]);
@@ -64,7 +63,6 @@ for (const name of NAMES) {
     t.match(policed.records, [{ org_id: name, agent_id: 'agent-y', decision: 'block', findings: [{ inspector_type: 'model_restriction' }] }]);
     t.equal((await call({ sub: 'agent-y', org_id: name }, 'gpt-4o')).status, 200, 'and allows what it allows');
     await h.writeSnapshot(baseSnapshot(h.upstream.url));
-    await settle();
   });
 }
 

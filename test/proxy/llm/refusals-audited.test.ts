@@ -1,4 +1,5 @@
 import t from 'tap';
+import { until } from '../../fixtures/eventually.ts';
 import { noneToken, tokenIssuer } from '../../fixtures/agent-identity.ts';
 import { baseSnapshot, startHarness } from '../../fixtures/llmproxy-harness.ts';
 
@@ -10,13 +11,12 @@ const h = await startHarness({ proxy: { minTier: 'vm' } });
 t.teardown(() => h.close());
 
 const body = (extra: Record<string, unknown> = {}) => JSON.stringify({ model: 'claude-sonnet-4-5', max_tokens: 8, messages: [{ role: 'user', content: 'hi' }], ...extra });
-const settle = (ms = 300) => new Promise((r) => setTimeout(r, ms));
 
 /** One call; returns its status and the records it added. */
 async function refused(path: string, headers: Record<string, string>, payload: string | Buffer = body()) {
   const before = h.audit.length;
   const r = await h.call(path, { headers: { 'content-type': 'application/json', ...headers }, body: payload });
-  await settle(50);
+  await until(() => h.proxy.proxy.inFlight === 0); // the call is over, its record appended
   return { status: r.status, text: r.text, records: h.audit.slice(before) };
 }
 
@@ -47,7 +47,7 @@ t.test('a caller nothing names: 401, logged and counted, in no org\'s log', asyn
     t.equal(r.status, 401, name);
     t.equal(r.records.length, 0, `${name}: no record`);
   }
-  t.ok(h.logs.some((l) => l.msg === 'agent authentication failed' && l.reason === 'token signature invalid'), 'the log line names the reason');
+  t.ok(h.logs.some((l) => l.msg === 'agent authentication failed' && (l.err as { message?: string } | undefined)?.message === 'token signature invalid'), 'the log line names the reason');
 });
 
 t.test('the agent refused: a token org that differs from the snapshot\'s, and every refusing state', async (t) => {
@@ -56,7 +56,6 @@ t.test('the agent refused: a token org that differs from the snapshot\'s, and ev
   snapshot.agents['agent-i'] = { org_id: 'org-1', name: 'i', status: 'isolated', config: {} };
   snapshot.agents['agent-c'] = { org_id: 'org-1', name: 'c', status: 'active', contained: true, config: {} };
   await h.writeSnapshot(snapshot);
-  await settle();
   const mismatch = await refused('/v1/messages', { 'x-api-key': await h.token({ org_id: 'org-2' }) });
   t.equal(mismatch.status, 403);
   t.equal(mismatch.records.length, 1, 'org mismatch: one record');
@@ -68,19 +67,16 @@ t.test('the agent refused: a token org that differs from the snapshot\'s, and ev
     t.match(r.records, [{ org_id: 'org-1', agent_id: sub, status: 403, decision: 'deny', error }], sub);
   }
   await h.writeSnapshot(baseSnapshot(h.upstream.url));
-  await settle();
 });
 
 t.test('an enclave below --min-tier', async (t) => {
   const snapshot = baseSnapshot(h.upstream.url) as { enclave: Record<string, unknown> };
   snapshot.enclave.isolation_class = 'plain';
   await h.writeSnapshot(snapshot);
-  await settle();
   const r = await refused('/v1/messages', { 'x-api-key': await h.token() });
   t.equal(r.status, 403);
   t.match(r.records, [{ agent_id: 'agent-1', status: 403, decision: 'deny', error: /isolation class plain is below --min-tier vm/ }]);
   await h.writeSnapshot(baseSnapshot(h.upstream.url));
-  await settle();
 });
 
 t.test('refusals of the request itself: 404, 415, 413, 400, a disallowed model, no credential', async (t) => {
@@ -98,7 +94,6 @@ t.test('refusals of the request itself: 404, 415, 413, 400, a disallowed model, 
   const snapshot = baseSnapshot(h.upstream.url) as { platform: Record<string, unknown> };
   snapshot.platform.model_policy = { value: { mode: 'blocklist', models: ['*-preview'] } };
   await h.writeSnapshot(snapshot);
-  await settle();
   for (const [name, path, headers, payload, status, record] of cases) {
     const r = await refused(path, { 'x-api-key': token, ...headers }, payload);
     t.equal(r.status, status, name);
@@ -109,17 +104,14 @@ t.test('refusals of the request itself: 404, 415, 413, 400, a disallowed model, 
   t.equal(none.status, 500);
   t.match(none.records, [{ agent_id: 'agent-unlisted', status: 500, decision: 'deny', error: /no LLM API credential configured/ }], 'no credential');
   await h.writeSnapshot(baseSnapshot(h.upstream.url));
-  await settle();
 });
 
 t.test('audit:llm off: the org asked for no records, refusals included', async (t) => {
   const snapshot = baseSnapshot(h.upstream.url) as { orgs: Record<string, { flags: Record<string, boolean> }> };
   snapshot.orgs['org-1'].flags = { 'audit:llm': false };
   await h.writeSnapshot(snapshot);
-  await settle();
   const r = await refused('/admin', { 'x-api-key': await h.token() });
   t.equal(r.status, 404);
   t.equal(r.records.length, 0);
   await h.writeSnapshot(baseSnapshot(h.upstream.url));
-  await settle();
 });

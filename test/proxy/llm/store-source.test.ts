@@ -1,6 +1,7 @@
 import t from 'tap';
 import { createLogger } from '../../../core/logger.ts';
-import { validateOptions, OptionsError } from '../../../proxy/llm/options.ts';
+import { validateOptions } from '../../../proxy/llm/options.ts';
+import { OptionsError } from '../../../proxy/llm/errors.ts';
 import { StoreSnapshotSource } from '../../../proxy/llm/store-source.ts';
 import { startCpHarness } from '../../fixtures/controlplane-harness.ts';
 import { PLATFORM_KEY, startHarness } from '../../fixtures/llmproxy-harness.ts';

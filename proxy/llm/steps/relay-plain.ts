@@ -1,0 +1,80 @@
+import { MAX_BODY_BYTES } from '../../../pipeline/engine.ts';
+import type { CallContext } from '../context.ts';
+import { AnswerTooLargeError, ERRORS, Refusal } from '../errors.ts';
+import { agentGone, send } from '../relay-body.ts';
+import { translateResponse } from '../translate/index.ts';
+import { agentHeaders } from '../upstream.ts';
+import { usageOf } from '../usage.ts';
+import { deliver } from './audit.ts';
+import { upstreamFailed } from './forward.ts';
+import { inspectResponse } from './inspect-response.ts';
+
+// A plain answer: held, inspected (observe-only), [translated], its record written, then replayed byte
+// for byte. A tool policy decides here, on the held answer, before anything is written.
+
+/**
+ * A plain answer is held whole, up to this size: far past any model's answer, and a bound on what a
+ * small compressed answer may decode to.
+ */
+const MAX_HELD_ANSWER_BYTES = 4 * MAX_BODY_BYTES;
+/** The piece a held answer is written in: each one the agent takes is progress (send()). */
+const SEND_PIECE_BYTES = 64 * 1024;
+
+export async function relayPlain(ctx: CallContext): Promise<void> {
+  const { res, d } = ctx;
+  const answer = ctx.answer!;
+  const format = ctx.format!;
+  const upstreamFormat = ctx.upstreamFormat!;
+  let body: Buffer;
+  try {
+    body = await collect(answer.body);
+  } catch (err) {
+    upstreamFailed(ctx, err as Error, 'upstream response failed mid-body');
+    throw new Refusal(ERRORS.upstreamFailed, null);
+  }
+  ctx.responseBytes = body.length;
+  ctx.usage = usageOf(upstreamFormat, body, false);
+  await inspectResponse(ctx, body);
+  let out = body;
+  // Upstream errors are relayed as received; a successful translated answer goes back in the agent's format.
+  if (upstreamFormat !== format && answer.statusCode >= 200 && answer.statusCode < 300) {
+    try {
+      out = translateResponse(upstreamFormat, format, body);
+    } catch (err) {
+      ctx.error = `response translation failed: ${(err as Error).message}`;
+      d.log.warn({ err, request_id: ctx.id }, 'response translation failed');
+      throw new Refusal(ERRORS.upstreamFailed, null);
+    }
+  }
+  ctx.status = answer.statusCode;
+  // The whole answer is here: sent with its length (not chunked encoding), once its record is written.
+  const headers = { ...agentHeaders(answer.headers), 'content-length': String(out.length) };
+  const delivered = await deliver(ctx, () => res.writeHead(answer.statusCode, headers));
+  if (!delivered) throw new Refusal(ERRORS.auditUnavailable, null);
+  if (out.length <= SEND_PIECE_BYTES) {
+    res.end(out);
+    return;
+  }
+  // In pieces through send(), not one write: progress is a piece taken by the agent, so a slow reader
+  // that keeps reading is never cut, however large the answer (one write completes only once the
+  // agent has taken nearly all of it).
+  for (let at = 0; at < out.length; at += SEND_PIECE_BYTES) {
+    const sent = await send(res, out.subarray(at, at + SEND_PIECE_BYTES), d.options.idleTimeout);
+    if (sent !== 'sent') return agentGone(ctx, sent);
+  }
+  res.end();
+}
+
+/** A whole body, refused past MAX_HELD_ANSWER_BYTES. */
+async function collect(body: AsyncIterable<Buffer>): Promise<Buffer> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of body) {
+    chunks.push(chunk);
+    size += chunk.length;
+    if (size > MAX_HELD_ANSWER_BYTES) {
+      throw new AnswerTooLargeError(`upstream answer exceeds ${MAX_HELD_ANSWER_BYTES} bytes`);
+    }
+  }
+  return chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, size);
+}
