@@ -6,6 +6,3 @@ export const EXIT_BLOCKED = 1;
 export const EXIT_USAGE = 2;
 /** `dvx inspect --inspect-fail-closed`: inspection could not run, so the body is refused. */
 export const EXIT_UNAVAILABLE = 3;
-
-// CliError moved to cli/errors.ts; re-exported for the serve subcommands that import it from here.
-export { CliError } from './errors.ts';

@@ -5,7 +5,7 @@ import { runUntilSignal } from '../core/shutdown.ts';
 import { CONTROLPLANE_DEFAULTS, type ControlPlaneOptions } from '../controlplane/options.ts';
 import { ControlPlaneOptionsError } from '../controlplane/errors.ts';
 import { startControlPlane } from '../controlplane/server.ts';
-import { CliError } from './exit-codes.ts';
+import { CliError } from './errors.ts';
 import { addAuditFlags, addCommonFlags, addConnectionFlags, addMetricsAndEnclaveFlags } from './server-flags.ts';
 
 // `dvx serve controlplane`: the operator API (spec: Server components, controlplane row). The flags

@@ -7,7 +7,7 @@ import { ISOLATION_CLASSES, WIRE_FORMATS } from '../pipeline/policy/snapshot.ts'
 import { LLMPROXY_DEFAULTS, type LlmProxyOptions } from '../proxy/llm/options.ts';
 import { OptionsError } from '../proxy/llm/errors.ts';
 import { startLlmProxy } from '../proxy/llm/server.ts';
-import { CliError } from './exit-codes.ts';
+import { CliError } from './errors.ts';
 import { addAuditFlags, addCommonFlags, addConnectionFlags } from './server-flags.ts';
 
 // `dvx serve llmproxy`: the inference gateway (spec: Server components, llmproxy row).
