@@ -18,7 +18,10 @@ import { grantRoutes } from './routes/grants.ts';
 import { roleRoutes } from './routes/roles.ts';
 import { orgRoutes } from './routes/orgs.ts';
 import { memberRoutes } from './routes/members.ts';
-import { openApiDocument, surfaceOperations } from './openapi.ts';
+import { OPENAPI_ROUTE, openApiDocument, surfaceOperations } from './openapi.ts';
+import { VALIDATION } from './schema-errors.ts';
+import { STRING, STRINGS, viewSchema } from './routes/schemas.ts';
+import { enforceCapability } from './authz/capability-hook.ts';
 import type { ChangeDeps } from './audited-change.ts';
 import { tokenFacade } from './routes/token-facade.ts';
 import { AgentOperatorIssuer } from './auth/agent-operator-issuer.ts';
@@ -106,7 +109,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
       if (status === 500) log.error({ err, url: req.url }, 'controlplane router failed');
       return sendProblem(reply, entryForStatus(status), err.message, req.url.split('?')[0]);
     },
-    logger: false, genReqId: () => newId(), bodyLimit: 1024 * 1024,
+    logger: false, genReqId: () => newId(), bodyLimit: 1024 * 1024, ...VALIDATION,
   });
   limiter.attach(app.server, { clientErrors: false });
 
@@ -209,9 +212,10 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     // The OpenAPI document describes the full surface, including route families this process did not
     // wire (spec: Versioning): it is collected from a never-listening instance with every family.
     const guard = streamGuardDeps(registry, log, options.streamRecheckMs, options.idleTimeout);
-    const document = openApiDocument(await surfaceOperations((api) => mountApi(api, deps, { agentIssuer: {} as AgentOperatorIssuer, idp: {} as IdpProvisioner, accountStatus, events, auditStore: {} as AuditStore, auditRead: { pollMs: 0, heartbeatMs: 0, guard, accountStatus }, erasure: erasureDeps!, erasureJobs })));
+    const document = openApiDocument(await surfaceOperations((api) => mountApi(api, deps, { agentIssuer: {} as AgentOperatorIssuer, idp: {} as IdpProvisioner, accountStatus, events, auditStore: {} as AuditStore, auditRead: { pollMs: 0, heartbeatMs: 0, guard, accountStatus }, erasure: erasureDeps!, erasureJobs }), VALIDATION));
     await app.register(async (api) => {
-      api.get('/openapi.json', { config: { requiredCapability: null } }, async () => document);
+      api.addHook('preValidation', enforceCapability(store));
+      api.get('/openapi.json', OPENAPI_ROUTE, async () => document);
       await mountApi(api, deps, { agentIssuer, idp, accountStatus, events, auditStore, auditRead: { pollMs: options.auditStreamPollMs, heartbeatMs: 15_000, guard, accountStatus }, erasure: erasureDeps!, erasureJobs, idpUndoGraceMs: options.idpUndoGraceMs });
     }, { prefix: '/api/v1' });
     await app.register(brokerRoutes(deps, events, { heartbeatMs: options.brokerHeartbeatMs, agentIssuer, guard }));
@@ -276,6 +280,8 @@ async function openProvisioner(file: string, issuer: string, ca: Buffer | undefi
   return new DcrProvisioner(issuer, key, fetchTrusting(ca));
 }
 
+const WHOAMI_VIEW = viewSchema('whoamiView', { subject: STRING, kind: STRING, org_id: STRING, groups: STRINGS, capabilities: STRINGS });
+
 interface Families {
   agentIssuer: AgentOperatorIssuer | null;
   idp: IdpProvisioner | null;
@@ -292,7 +298,7 @@ interface Families {
 /** Every route under /api/v1; a family whose backing capability is not wired is not mounted. */
 async function mountApi(api: FastifyInstance, deps: ChangeDeps, wired: Families): Promise<void> {
   // Requires only a valid token (spec: Authentication, rule 1).
-  api.get('/whoami', { config: { requiredCapability: null } }, async (req) => {
+  api.get('/whoami', { config: { requiredCapability: null }, schema: { response: { 200: WHOAMI_VIEW } } }, async (req) => {
     const p = req.principal!;
     const { groups, grants } = await callerGrants(deps.db, p.subject, p.orgId);
     return { subject: p.subject, kind: p.kind, org_id: p.orgId, groups, capabilities: [...new Set(grants.map((g) => g.capability))].sort() };

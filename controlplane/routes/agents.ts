@@ -1,7 +1,8 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { describe, holds, type Target } from '../authz/guard.ts';
-import { bad, bool, object, strings, text } from '../body.ts';
+import { bad, bool, strings, text } from '../body.ts';
+import { ANY, arrayOf, BOOLEAN, NO_CONTENT, object, optionalBody, pathParams, STRING, STRINGS, viewSchema } from './schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
 
@@ -24,6 +25,18 @@ export const agentView = (r: AgentRow) => ({
   uid: r.uid, name: r.name, image: r.image, command: r.command, contained: r.contained, enclave_id: r.enclave_id, group_id: r.group_id, org_id: r.org_id,
   status: r.status, policy_packs: r.policy_packs,
 });
+
+export const AGENT_VIEW = viewSchema('agentView', {
+  uid: STRING, name: STRING, image: STRING, command: STRINGS, contained: BOOLEAN, enclave_id: STRING, group_id: STRING, org_id: STRING,
+  status: STRING, policy_packs: STRINGS,
+});
+const CONTAINMENT_VIEW = viewSchema('containmentView', {
+  agent: STRING, contained: BOOLEAN, nudged: BOOLEAN, published: BOOLEAN, enclave_id: STRING, org_id: STRING,
+});
+// The fields' types and values are checked by the handler (its messages name the field).
+const CREATE_AGENT = object({ name: ANY, uid: ANY, image: ANY, command: ANY, enclave_id: ANY, group: ANY, policy_packs: ANY }, [], 'createAgentReq');
+const ORG = pathParams('org');
+const AGENT = pathParams('org', 'uid');
 
 export function agentRoutes(deps: ChangeDeps, events: EventHub) {
   const { db } = deps;
@@ -52,6 +65,15 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
     throw new ApiError(PROBLEMS.forbidden, `requires agents:manage over ${describe(orgTarget(req))}`);
   };
 
+  // Agents routes authorize conditionally (spec: Authentication, rule 4): over the org, or over a group.
+  // The agent a route's check loaded, for its handler.
+  const guarded = new WeakMap<FastifyRequest, AgentRow>();
+  const anyInOrg = { requiredCapability: 'agents:manage', authorize: anyAgentsManage, targetLabel: 'path-org' } as const;
+  const overAgent = {
+    requiredCapability: 'agents:manage', targetLabel: 'path-org',
+    authorize: async (req: FastifyRequest) => void guarded.set(req, await guardAgent(req)),
+  } as const;
+
   const setState = async (req: FastifyRequest, agent: AgentRow, action: string, change: { status?: string; contained?: boolean }) =>
     auditedChange(deps, req, action, agent.org_id, async (tx) => {
       const { rows } = await tx.query<AgentRow>(
@@ -63,8 +85,7 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
     }).finally(() => events.wake());
 
   return async (api: FastifyInstance) => {
-    api.get('/orgs/:org/agents', { config: { requiredCapability: 'agents:manage' } }, async (req) => {
-      await anyAgentsManage(req);
+    api.get('/orgs/:org/agents', { config: anyInOrg, schema: { params: ORG, response: { 200: arrayOf(AGENT_VIEW) } } }, async (req) => {
       const all = await holds(db, req, 'agents:manage', orgTarget(req));
       const { rows } = await db.query<AgentRow>(`SELECT ${COLUMNS} FROM agents WHERE org_id = $1 ORDER BY uid`, [params(req).org]);
       const visible: AgentRow[] = [];
@@ -72,10 +93,11 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
       return visible.map(agentView);
     });
 
-    api.post('/orgs/:org/agents', { config: { requiredCapability: 'agents:manage' } }, async (req, reply) => {
+    api.post('/orgs/:org/agents', {
+      config: anyInOrg, schema: { params: ORG, body: CREATE_AGENT, response: { 200: AGENT_VIEW, 201: AGENT_VIEW } },
+    }, async (req, reply) => {
       const org = params(req).org;
-      await anyAgentsManage(req);
-      const body = object(req.body, ['name', 'uid', 'image', 'command', 'enclave_id', 'group', 'policy_packs']);
+      const body = req.body as Record<string, unknown>;
       const uid = text(body, 'uid', true)!;
       if (!UID.test(uid)) bad('uid', 'must be 1–128 letters, digits, ".", "_" or "-", starting with a letter or digit');
       const group = text(body, 'group', false) || '';
@@ -126,10 +148,10 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
       return reply.code(existing ? 200 : 201).send(agentView(result));
     });
 
-    api.get('/orgs/:org/agents/:uid', { config: { requiredCapability: 'agents:manage' } }, async (req) => agentView(await guardAgent(req)));
+    api.get('/orgs/:org/agents/:uid', { config: overAgent, schema: { params: AGENT, response: { 200: AGENT_VIEW } } }, async (req) => agentView(guarded.get(req)!));
 
-    api.delete('/orgs/:org/agents/:uid', { config: { requiredCapability: 'agents:manage' } }, async (req, reply) => {
-      const agent = await guardAgent(req);
+    api.delete('/orgs/:org/agents/:uid', { config: overAgent, schema: { params: AGENT, response: NO_CONTENT } }, async (req, reply) => {
+      const agent = guarded.get(req)!;
       await auditedChange(deps, req, 'agent.delete', agent.org_id, async (tx) => {
         if (agent.enclave_id) await events.publish(tx, [agent.enclave_id], 'agent.deleted', { agent_id: agent.uid, org_id: agent.org_id });
         await tx.query('DELETE FROM agent_config WHERE agent_id = $1', [agent.uid]);
@@ -143,18 +165,21 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
     });
 
     // Containment: `{contained: true|false}` (default true) → containmentView.
-    api.post('/orgs/:org/agents/:uid/containment', { config: { requiredCapability: 'agents:manage' } }, async (req) => {
-      const agent = await guardAgent(req);
-      const contained = bool(object(req.body ?? {}, ['contained']), 'contained') ?? true;
+    api.post('/orgs/:org/agents/:uid/containment', {
+      config: overAgent, schema: { params: AGENT, body: optionalBody(object({ contained: ANY }, [], 'containmentReq')), response: { 200: CONTAINMENT_VIEW } },
+    }, async (req) => {
+      const agent = guarded.get(req)!;
+      const contained = bool((req.body ?? {}) as Record<string, unknown>, 'contained') ?? true;
       const { row, published } = await setState(req, agent, contained ? 'agent.contain' : 'agent.release', { contained });
       return { agent: row.uid, contained: row.contained, nudged: published, published, enclave_id: row.enclave_id, org_id: row.org_id };
     });
 
     // Suspend or isolate (calls refused 403 while in these states), and restore to active.
     for (const [path, status, from] of [['suspend', 'suspended', null], ['isolate', 'isolated', null], ['restore', 'active', ['suspended', 'isolated']]] as const) {
-      api.post(`/orgs/:org/agents/:uid/${path}`, { config: { requiredCapability: 'agents:manage' } }, async (req) => {
-        const agent = await guardAgent(req);
-        object(req.body ?? {}, []);
+      api.post(`/orgs/:org/agents/:uid/${path}`, {
+        config: overAgent, schema: { params: AGENT, body: optionalBody(object({})), response: { 200: AGENT_VIEW } },
+      }, async (req) => {
+        const agent = guarded.get(req)!;
         if (from && !(from as readonly string[]).includes(agent.status)) throw new ApiError(PROBLEMS.conflict, `agent ${agent.uid} is ${agent.status}: only a suspended or isolated agent is restored`);
         const { row } = await setState(req, agent, `agent.${path}`, { status });
         return agentView(row);

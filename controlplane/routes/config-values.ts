@@ -1,10 +1,10 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
-import { requireCapability } from '../authz/guard.ts';
-import { bad, bool, object } from '../body.ts';
+import { bad, bool } from '../body.ts';
+import { ANY, arrayOf, BOOLEAN, NO_CONTENT, object, pathParams, STRING, viewSchema } from './schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
-import { broaderScopes, rowKey, scopeChange, scopeMustExist, scopeName, scopeOf, scopeTarget, type Scope } from '../scope-query.ts';
+import { broaderScopes, rowKey, scopeChange, scopeMustExist, scopeName, scopeOf, scopeTargetOf, SCOPE_QUERY, type Scope } from '../scope-query.ts';
 import type { Queryable } from '../../core/sql.ts';
 
 // Config values (spec: POST/DELETE /api/v1/config/{key}, configValueReq → configValueView) at platform,
@@ -18,6 +18,10 @@ import type { Queryable } from '../../core/sql.ts';
 //   409  a broader scope locks the key; a value for a key declared secret at this or a broader scope
 
 const KEY = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
+const VALUE_VIEW = viewSchema('configValueView', { key: STRING, scope: STRING, locked: BOOLEAN, published: BOOLEAN });
+const LISTED_VIEW = viewSchema('configValueListView', { key: STRING, scope: STRING, value: ANY, locked: BOOLEAN, secret: BOOLEAN });
+// `locked` and `secret` are checked by the handler (its messages name the field).
+const VALUE_REQ = object({ value: ANY, locked: ANY, secret: ANY }, [], 'configValueReq');
 
 export function configValueRoutes(deps: ChangeDeps, events: EventHub) {
   const { db } = deps;
@@ -41,10 +45,13 @@ export function configValueRoutes(deps: ChangeDeps, events: EventHub) {
     return key;
   };
 
+  const config = { requiredCapability: 'platform:config', capabilityTarget: scopeTargetOf(db) } as const;
+  const keyed = { requiredCapability: 'platform:config', capabilityTarget: scopeTargetOf(db, keyOf) } as const;
+  const KEY_PARAM = pathParams('key');
+
   return async (api: FastifyInstance) => {
-    api.get('/config', { config: { requiredCapability: 'platform:config' } }, async (req) => {
+    api.get('/config', { config, schema: { querystring: SCOPE_QUERY, response: { 200: arrayOf(LISTED_VIEW) } } }, async (req) => {
       const s = await scopeOf(db, req);
-      await requireCapability(db, req, 'platform:config', scopeTarget(s));
       await scopeMustExist(db, s);
       const [kind, org, group, agent] = rowKey(s);
       const { rows } = await db.query<{ key: string; value: string | null; locked: boolean; secret: boolean }>(
@@ -58,11 +65,12 @@ export function configValueRoutes(deps: ChangeDeps, events: EventHub) {
       return out;
     });
 
-    api.post('/config/:key', { config: { requiredCapability: 'platform:config' } }, async (req) => {
+    api.post('/config/:key', {
+      config: keyed, schema: { params: KEY_PARAM, querystring: SCOPE_QUERY, body: VALUE_REQ, response: { 200: VALUE_VIEW } },
+    }, async (req) => {
       const key = keyOf(req);
       const s = await scopeOf(db, req);
-      await requireCapability(db, req, 'platform:config', scopeTarget(s));
-      const body = object(req.body, ['value', 'locked', 'secret']);
+      const body = req.body as Record<string, unknown>;
       const secret = bool(body, 'secret') ?? false;
       const locked = bool(body, 'locked') ?? false;
       const hasValue = 'value' in body && body.value !== undefined;
@@ -89,10 +97,9 @@ export function configValueRoutes(deps: ChangeDeps, events: EventHub) {
       }).finally(() => events.wake());
     });
 
-    api.delete('/config/:key', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
+    api.delete('/config/:key', { config: keyed, schema: { params: KEY_PARAM, querystring: SCOPE_QUERY, response: NO_CONTENT } }, async (req, reply) => {
       const key = keyOf(req);
       const s = await scopeOf(db, req);
-      await requireCapability(db, req, 'platform:config', scopeTarget(s));
       await scopeMustExist(db, s);
       await auditedChange(deps, req, 'config.delete', s.org, async (tx) => {
         const lock = (await chain(tx, s, key, false)).find((h) => h.locked);

@@ -3,8 +3,10 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { ISOLATION_CLASSES } from '../../pipeline/policy/snapshot.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { callerGrants } from '../authz/capabilities.ts';
-import { requireCapability } from '../authz/guard.ts';
-import { bad, object, text, url } from '../body.ts';
+import { targetResolver } from '../authz/capability-hook.ts';
+import { PLATFORM } from '../authz/targets.ts';
+import { bad, text, url } from '../body.ts';
+import { ANY, arrayOf, NO_CONTENT, NULLABLE_STRING, object, pathParams, STRING, viewSchema } from './schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
 
@@ -27,6 +29,19 @@ export const enclaveView = (r: EnclaveRow) => ({
   address_source: r.address_source, address_updated_at: r.address_updated_at ? new Date(r.address_updated_at).toISOString() : null,
 });
 
+export const ENCLAVE_VIEW = viewSchema('enclaveView', {
+  enclave_id: STRING, name: STRING, owning_org_id: STRING, status: STRING, broker_url: STRING, relay_url: STRING, address_source: STRING,
+  address_updated_at: NULLABLE_STRING,
+});
+const REGISTER_VIEW = viewSchema('registerBrokerView', { enclave_id: STRING, subject: STRING, key: ANY });
+// The fields' types and values are checked by the handler (its messages name the field).
+const REGISTER_REQ = object({ name: ANY, enclave_id: ANY, owning_org: ANY }, [], 'registerBrokerReq');
+const ADDRESS_REQ = object({ broker_url: ANY, relay_url: ANY }, [], 'addressReq');
+const ISO_CLASS_REQ = object({ isolationClass: ANY }, [], 'isoClassReq');
+const ISO_CLASS_VIEW = viewSchema('isoClassView', { isolationClass: STRING });
+const ID_PARAM = pathParams('id');
+const platformConfig = { requiredCapability: 'platform:config', capabilityTarget: PLATFORM } as const;
+
 export const hashBrokerKey = (token: string) => createHash('sha256').update(token).digest('hex');
 
 function mintBrokerKey(enclave: string) {
@@ -42,10 +57,17 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
     if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no enclave ${id}`);
     return rows[0];
   };
-  const platform = (req: FastifyRequest) => requireCapability(db, req, 'platform:config', { kind: 'platform' });
+  /** An enclave is read over its owning org; one that does not exist over the platform (its 404 for admins only). */
+  const enclaveOwner = targetResolver('enclave-org', async (req) => {
+    const { rows } = await db.query<{ owning_org_id: string }>('SELECT owning_org_id FROM enclaves WHERE id = $1', [idOf(req)]);
+    return rows[0] ? { kind: 'org', org: rows[0].owning_org_id } : { kind: 'platform' };
+  });
 
   return async (api: FastifyInstance) => {
-    api.get('/enclaves', { config: { requiredCapability: 'enclaves:read', target: 'caller-org' } }, async (req) => {
+    api.get('/enclaves', {
+      config: { requiredCapability: 'enclaves:read', authorizedInHandler: 'the list is of the enclaves the caller reads', targetLabel: 'caller-org' },
+      schema: { response: { 200: arrayOf(ENCLAVE_VIEW) } },
+    }, async (req) => {
       const p = req.principal!;
       if (p.kind === 'agent-operator') throw new ApiError(PROBLEMS.forbidden, 'agent operators cannot use this route');
       const held = (await callerGrants(db, p.subject, p.orgId)).grants.filter((g) => g.capability === 'enclaves:read');
@@ -58,16 +80,16 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
       return rows.map(enclaveView);
     });
 
-    api.get('/enclaves/:id', { config: { requiredCapability: 'enclaves:read' } }, async (req) => {
+    api.get('/enclaves/:id', {
+      config: { requiredCapability: 'enclaves:read', capabilityTarget: enclaveOwner }, schema: { params: ID_PARAM, response: { 200: ENCLAVE_VIEW } },
+    }, async (req) => {
       const row = await db.query<EnclaveRow>(`SELECT ${COLUMNS} FROM enclaves WHERE id = $1`, [idOf(req)]);
-      await requireCapability(db, req, 'enclaves:read', row.rows[0] ? { kind: 'org', org: row.rows[0].owning_org_id } : { kind: 'platform' });
       if (!row.rows[0]) throw new ApiError(PROBLEMS.notFound, `no enclave ${idOf(req)}`);
       return enclaveView(row.rows[0]);
     });
 
-    api.post('/enclaves', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
-      await platform(req);
-      const body = object(req.body, ['name', 'enclave_id', 'owning_org']);
+    api.post('/enclaves', { config: platformConfig, schema: { body: REGISTER_REQ, response: { 201: REGISTER_VIEW } } }, async (req, reply) => {
+      const body = req.body as Record<string, unknown>;
       const name = text(body, 'name', true)!;
       const owningOrg = text(body, 'owning_org', true)!;
       const id = text(body, 'enclave_id', false) || `enc-${randomBytes(6).toString('hex')}`;
@@ -84,8 +106,7 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
     });
 
     // A new broker key (the old one stops working at once), shown once.
-    api.post('/enclaves/:id/broker-key', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
-      await platform(req);
+    api.post('/enclaves/:id/broker-key', { config: platformConfig, schema: { params: ID_PARAM, response: { 201: REGISTER_VIEW } } }, async (req, reply) => {
       const e = await load(idOf(req));
       const minted = mintBrokerKey(e.id);
       await auditedChange(deps, req, 'enclave.broker-key.rotate', e.owning_org_id, async (tx) => {
@@ -95,19 +116,19 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
       return reply.code(201).send({ enclave_id: e.id, subject: `enclave:${e.id}`, key: minted.key });
     });
 
-    api.put('/enclaves/:id/address', { config: { requiredCapability: 'platform:config' } }, async (req) => {
-      await platform(req);
+    api.put('/enclaves/:id/address', { config: platformConfig, schema: { params: ID_PARAM, body: ADDRESS_REQ, response: { 200: ENCLAVE_VIEW } } }, async (req) => {
       const e = await load(idOf(req));
-      const body = object(req.body, ['broker_url', 'relay_url']);
+      const body = req.body as Record<string, unknown>;
       const broker = url(body, 'broker_url', false);
       const relay = url(body, 'relay_url', false);
       return setAddress(deps, req, e, broker, relay, 'operator');
     });
 
-    api.put('/enclaves/:id/isolation-class', { config: { requiredCapability: 'platform:config' } }, async (req) => {
-      await platform(req);
+    api.put('/enclaves/:id/isolation-class', {
+      config: platformConfig, schema: { params: ID_PARAM, body: ISO_CLASS_REQ, response: { 200: ISO_CLASS_VIEW } },
+    }, async (req) => {
       const e = await load(idOf(req));
-      const iso = text(object(req.body, ['isolationClass']), 'isolationClass', true)!;
+      const iso = text(req.body as Record<string, unknown>, 'isolationClass', true)!;
       if (!(ISOLATION_CLASSES as readonly string[]).includes(iso)) bad('isolationClass', `must be one of ${ISOLATION_CLASSES.join(', ')}`);
       return auditedChange(deps, req, 'enclave.isolation-class', e.owning_org_id, async (tx) => {
         await tx.query('UPDATE enclaves SET isolation_class = $2 WHERE id = $1', [e.id, iso]);
@@ -116,8 +137,7 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
       }).finally(() => events.wake());
     });
 
-    api.delete('/enclaves/:id', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
-      await platform(req);
+    api.delete('/enclaves/:id', { config: platformConfig, schema: { params: ID_PARAM, response: NO_CONTENT } }, async (req, reply) => {
       const e = await load(idOf(req));
       await auditedChange(deps, req, 'enclave.delete', e.owning_org_id, async (tx) => {
         await tx.query(`UPDATE agents SET enclave_id = '' WHERE enclave_id = $1`, [e.id]);

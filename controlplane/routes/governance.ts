@@ -11,11 +11,12 @@ import {
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { reportSkipped } from '../skipped-rows.ts';
 import type { SkippedRow } from '../../pipeline/policy/store-snapshot.ts';
-import { requireCapability } from '../authz/guard.ts';
-import { bad, object, text } from '../body.ts';
+import { agentOrg, PLATFORM } from '../authz/targets.ts';
+import { bad, text } from '../body.ts';
+import { ANY, arrayOf, BOOLEAN, NO_CONTENT, object, pathParams, STRING, viewSchema } from './schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
-import { broaderScopes, rowKey, scopeChange, scopeMustExist, scopeName, scopeOf, scopeTarget, type Scope } from '../scope-query.ts';
+import { broaderScopes, rowKey, scopeChange, scopeMustExist, scopeName, scopeOf, scopeTargetOf, SCOPE_QUERY, type Scope } from '../scope-query.ts';
 
 // Governance policy per scope and destination packs (operator-api.md: llmPolicyReq,
 // destinationPolicyReq, exec/ssh/tunnel, tunnel ports → policyWriteView; definePackReq → definePackView;
@@ -70,6 +71,21 @@ export async function effectiveGovernance(db: Queryable, agent: { uid: string; o
   return { ...resolveGovernance(rows, packs), skipped };
 }
 
+const KIND = pathParams('kind');
+const POLICY_VIEW = viewSchema('policyView', { key: STRING, scope: STRING, value: ANY, locked: BOOLEAN });
+const WRITE_VIEW = viewSchema('policyWriteView', { key: STRING, scope: STRING, locked: BOOLEAN, published: BOOLEAN });
+// The fields depend on {kind} and are checked by the governance validator (its messages name the field).
+const POLICY_REQ = {
+  type: 'object', title: 'governancePolicyReq',
+  description: 'destinationPolicyReq, execPolicyReq, sshPolicyReq, tunnelPolicyReq, tunnelPortsPolicyReq or llmPolicyReq, by {kind}',
+};
+const PACK_VIEW = viewSchema('packView', { name: STRING, allow: ANY, deny: ANY, config: ANY });
+// allow, deny and config are checked by the policy validators.
+const DEFINE_PACK = object({ name: ANY, allow: ANY, deny: ANY, config: ANY }, [], 'definePackReq');
+const DEFINE_VIEW = viewSchema('definePackView', { pack: STRING, published: BOOLEAN });
+const INSTALL_VIEW = viewSchema('installPackView', { pack: STRING, scope: STRING, installed: BOOLEAN, published: BOOLEAN });
+const EFFECTIVE_VIEW = viewSchema('effectiveGovernanceView', { agent: STRING, org_id: STRING, group_id: STRING }, true);
+
 export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
   const { db } = deps;
   const kindOf = (req: FastifyRequest): GovernanceKind => {
@@ -79,7 +95,6 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
   };
   const scoped = async (req: FastifyRequest): Promise<Scope> => {
     const s = await scopeOf(db, req);
-    await requireCapability(db, req, 'platform:config', scopeTarget(s));
     await scopeMustExist(db, s);
     return s;
   };
@@ -88,8 +103,11 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
     if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no pack ${name}`);
   };
 
+  const scopedConfig = { requiredCapability: 'platform:config', capabilityTarget: scopeTargetOf(db) } as const;
+  const platformConfig = { requiredCapability: 'platform:config', capabilityTarget: PLATFORM } as const;
+
   return async (api: FastifyInstance) => {
-    api.get('/policies/:kind', { config: { requiredCapability: 'platform:config' } }, async (req) => {
+    api.get('/policies/:kind', { config: scopedConfig, schema: { params: KIND, querystring: SCOPE_QUERY, response: { 200: POLICY_VIEW } } }, async (req) => {
       const s = await scoped(req);
       const kind = kindOf(req);
       const { rows } = await db.query<{ value: string; locked: boolean }>(
@@ -99,7 +117,9 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
       return { key: kind, scope: scopeName(s), value: JSON.parse(rows[0].value), locked: rows[0].locked };
     });
 
-    api.put('/policies/:kind', { config: { requiredCapability: 'platform:config' } }, async (req) => {
+    api.put('/policies/:kind', {
+      config: scopedConfig, schema: { params: KIND, querystring: SCOPE_QUERY, body: POLICY_REQ, response: { 200: WRITE_VIEW } },
+    }, async (req) => {
       const s = await scoped(req);
       const kind = kindOf(req);
       let parsed: ReturnType<typeof validateGovernance>;
@@ -125,7 +145,7 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
       }).finally(() => events.wake());
     });
 
-    api.delete('/policies/:kind', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
+    api.delete('/policies/:kind', { config: scopedConfig, schema: { params: KIND, querystring: SCOPE_QUERY, response: NO_CONTENT } }, async (req, reply) => {
       const s = await scoped(req);
       const kind = kindOf(req);
       await auditedChange(deps, req, 'policy.delete', s.org, async (tx) => {
@@ -137,16 +157,14 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
       return reply.code(204).send();
     });
 
-    api.get('/packs', { config: { requiredCapability: 'platform:config' } }, async (req) => {
-      await requireCapability(db, req, 'platform:config', { kind: 'platform' });
+    api.get('/packs', { config: platformConfig, schema: { response: { 200: arrayOf(PACK_VIEW) } } }, async (req) => {
       const { rows } = await db.query<{ name: string; allow: string; deny: string; config: string }>('SELECT name, allow, deny, config FROM policy_packs ORDER BY name');
       return rows.map((r) => ({ name: r.name, allow: JSON.parse(r.allow), deny: JSON.parse(r.deny), config: JSON.parse(r.config) }));
     });
 
     // Define (or redefine) a pack; a redefinition reaches every scope it is installed at.
-    api.post('/packs', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
-      await requireCapability(db, req, 'platform:config', { kind: 'platform' });
-      const body = object(req.body, ['name', 'allow', 'deny', 'config']);
+    api.post('/packs', { config: platformConfig, schema: { body: DEFINE_PACK, response: { 200: DEFINE_VIEW, 201: DEFINE_VIEW } } }, async (req, reply) => {
+      const body = req.body as Record<string, unknown>;
       const name = text(body, 'name', true)!;
       if (!PACK.test(name)) bad('name', 'must be 1–63 lowercase letters, digits, ".", "-" or "_"');
       let allow, deny, config;
@@ -181,7 +199,8 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
       api.route({
         method: install ? 'PUT' : 'DELETE',
         url: '/packs/:name/installations',
-        config: { requiredCapability: 'platform:config' },
+        config: scopedConfig,
+        schema: { params: pathParams('name'), querystring: SCOPE_QUERY, response: { 200: INSTALL_VIEW } },
         handler: async (req) => {
           const name = (req.params as { name: string }).name;
           const s = await scoped(req);
@@ -198,14 +217,13 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
       });
     }
 
-    api.get('/agents/:id/effective-governance', { config: { requiredCapability: 'agents:manage', target: 'agent-org' } }, async (req) => {
+    api.get('/agents/:id/effective-governance', {
+      config: { requiredCapability: 'agents:manage', capabilityTarget: agentOrg(db) },
+      schema: { params: pathParams('id'), response: { 200: EFFECTIVE_VIEW } },
+    }, async (req) => {
       const id = (req.params as { id: string }).id;
       const { rows } = await db.query<{ uid: string; org_id: string; group_id: string }>('SELECT uid, org_id, group_id FROM agents WHERE uid = $1', [id]);
-      if (rows.length === 0) {
-        await requireCapability(db, req, 'agents:manage', { kind: 'org', org: req.principal?.orgId ?? '' });
-        throw new ApiError(PROBLEMS.notFound, `no agent ${id}`);
-      }
-      await requireCapability(db, req, 'agents:manage', { kind: 'org', org: rows[0].org_id });
+      if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no agent ${id}`);
       const effective = await effectiveGovernance(db, rows[0]);
       reportSkipped(deps, `agent:${id}`, effective.skipped);
       return { agent: id, org_id: rows[0].org_id, group_id: rows[0].group_id, ...effective };

@@ -1,7 +1,8 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import { requireCapability } from '../authz/guard.ts';
+import { PATH_ORG } from '../authz/targets.ts';
+import { arrayOf, NO_CONTENT, NULLABLE_STRING, object, pathParams, STRING, viewSchema } from './schemas.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
-import { bad, object, strings, text, url } from '../body.ts';
+import { bad, strings, text, url } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 
 // An org's IdP connectors (spec: idpConnectorReq / idpConnectorView), under org:manage over the org in
@@ -11,35 +12,39 @@ import { ApiError, PROBLEMS } from '../errors.ts';
 interface ConnectorRow { name: string; type: string; org_id: string; status: string; groups_attribute: string }
 const COLUMNS = 'name, type, org_id, status, groups_attribute';
 const NAME = /^[a-z0-9][a-z0-9_-]{0,62}$/;
-const FIELDS = ['name', 'type', 'issuer', 'metadata_url', 'client_id', 'client_secret', 'groups_attribute', 'scopes'];
+const CONNECTOR_VIEW = viewSchema('idpConnectorView', { name: STRING, type: STRING, org_id: STRING, status: STRING, groups_attribute: STRING });
+// Null fields are absent; which are required depends on `type` (checked by the handler).
+const CONNECTOR_REQ = object({
+  name: NULLABLE_STRING, type: NULLABLE_STRING, issuer: NULLABLE_STRING, metadata_url: NULLABLE_STRING, client_id: NULLABLE_STRING,
+  client_secret: NULLABLE_STRING, groups_attribute: NULLABLE_STRING, scopes: { type: ['array', 'null'], items: STRING },
+}, [], 'idpConnectorReq');
+const orgManage = { requiredCapability: 'org:manage', capabilityTarget: PATH_ORG } as const;
 
 export function idpConnectorRoutes(deps: ChangeDeps) {
   const { db } = deps;
   const params = (req: FastifyRequest) => req.params as { org: string; name: string };
-  const guard = (req: FastifyRequest) => requireCapability(db, req, 'org:manage', { kind: 'org', org: params(req).org });
   const orgExists = async (org: string) => {
     if ((await db.query('SELECT 1 FROM orgs WHERE id = $1', [org])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
   };
 
   return async (api: FastifyInstance) => {
-    api.get('/orgs/:org/idp-connectors', { config: { requiredCapability: 'org:manage' } }, async (req) => {
-      await guard(req);
+    api.get('/orgs/:org/idp-connectors', { config: orgManage, schema: { params: pathParams('org'), response: { 200: arrayOf(CONNECTOR_VIEW) } } }, async (req) => {
       await orgExists(params(req).org);
       return (await db.query<ConnectorRow>(`SELECT ${COLUMNS} FROM idp_connectors WHERE org_id = $1 ORDER BY name`, [params(req).org])).rows;
     });
 
-    api.get('/orgs/:org/idp-connectors/:name', { config: { requiredCapability: 'org:manage' } }, async (req) => {
-      await guard(req);
+    api.get('/orgs/:org/idp-connectors/:name', { config: orgManage, schema: { params: pathParams('org', 'name'), response: { 200: CONNECTOR_VIEW } } }, async (req) => {
       const { rows } = await db.query<ConnectorRow>(`SELECT ${COLUMNS} FROM idp_connectors WHERE org_id = $1 AND name = $2`, [params(req).org, params(req).name]);
       if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no IdP connector ${params(req).name} in org ${params(req).org}`);
       return rows[0];
     });
 
-    api.put('/orgs/:org/idp-connectors/:name', { config: { requiredCapability: 'org:manage' } }, async (req) => {
-      await guard(req);
+    api.put('/orgs/:org/idp-connectors/:name', {
+      config: orgManage, schema: { params: pathParams('org', 'name'), body: CONNECTOR_REQ, response: { 200: CONNECTOR_VIEW } },
+    }, async (req) => {
       const { org, name } = params(req);
       if (!NAME.test(name)) bad('name', 'must be 1–63 lowercase letters, digits, "-" or "_"');
-      const body = object(req.body, FIELDS);
+      const body = req.body as Record<string, unknown>;
       const named = text(body, 'name', false);
       if (named !== undefined && named !== name) bad('name', `must match the path (${name}) when given`);
       const type = text(body, 'type', true)!;
@@ -66,8 +71,7 @@ export function idpConnectorRoutes(deps: ChangeDeps) {
       });
     });
 
-    api.delete('/orgs/:org/idp-connectors/:name', { config: { requiredCapability: 'org:manage' } }, async (req, reply) => {
-      await guard(req);
+    api.delete('/orgs/:org/idp-connectors/:name', { config: orgManage, schema: { params: pathParams('org', 'name'), response: NO_CONTENT } }, async (req, reply) => {
       const { org, name } = params(req);
       await auditedChange(deps, req, 'idp-connector.delete', org, async (tx) => {
         const { rows } = await tx.query('DELETE FROM idp_connectors WHERE org_id = $1 AND name = $2 RETURNING name', [org, name]);

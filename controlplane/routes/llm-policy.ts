@@ -4,8 +4,10 @@ import { orgFlag, policyLayers, resolveSnapshotSetting, SETTING_KEYS, settingJso
 import { resolvePolicy } from '../../pipeline/policy/resolve.ts';
 import { patternProblem } from '../../pipeline/inspectors/patterns.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
-import { requireCapability, type Target } from '../authz/guard.ts';
-import { bad, bool, object } from '../body.ts';
+import { targetResolver } from '../authz/capability-hook.ts';
+import { agentOrg, PLATFORM } from '../authz/targets.ts';
+import { ANY, arrayOf, BOOLEAN, NO_CONTENT, object as objectSchema, pathParams, STRING, viewSchema } from './schemas.ts';
+import { bad, bool } from '../body.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { ChangeTarget, EventHub } from '../events.ts';
 import { agentSnapshot } from '../../pipeline/policy/store-snapshot.ts';
@@ -21,6 +23,20 @@ import type { Queryable } from '../../core/sql.ts';
 // the enclaves it concerns, in the same transaction; `published` says whether any enclave was told.
 
 const SERVICE = 'llmproxy';
+const KEY = pathParams('key');
+const ROW_VIEW = viewSchema('llmPolicyView', { key: STRING, scope: STRING, value: STRING, locked: BOOLEAN });
+const OVERRIDE_VIEW = viewSchema('agentOverrideView', { override_service: STRING, key: STRING, scope: STRING, value: STRING, locked: BOOLEAN });
+const WRITE_VIEW = viewSchema('policyWriteView', { key: STRING, scope: STRING, locked: BOOLEAN, published: BOOLEAN });
+// `value` is the JSON-encoded policy value; it and `locked` are checked by policyBody (its messages name the field).
+const POLICY_REQ = objectSchema({ value: ANY, locked: ANY }, [], 'llmPolicyValueReq');
+const OVERRIDE_REQ = objectSchema({ override_service: ANY, key: ANY, value: ANY, locked: ANY }, [], 'agentOverrideReq');
+const EFFECTIVE_VIEW = viewSchema('effectivePolicyView', {
+  agent: STRING, org_id: STRING, group_id: STRING, flags: { type: 'object', additionalProperties: BOOLEAN }, policy: ANY, credential_mode: ANY,
+  downstream_url: ANY, upstream: ANY, skipped: ANY,
+});
+const FLAG_VIEW = viewSchema('featureFlagView', { flag: STRING, org_id: STRING, enabled: BOOLEAN });
+const FLAG_REQ = objectSchema({ enabled: ANY }, [], 'featureFlagReq');
+const FLAG_WRITE_VIEW = viewSchema('featureFlagWriteView', { flag: STRING, org_id: STRING, enabled: BOOLEAN, published: BOOLEAN });
 export const FLAGS = ['inspect:llm', 'audit:llm'] as const;
 
 interface AgentRow { uid: string; org_id: string; group_id: string; name: string; status: string; contained: boolean; enclave_id: string }
@@ -31,8 +47,8 @@ function settingKey(key: string): SettingKey {
 }
 
 /** `{value: string, locked?}` → the validated value (its JSON text) and the lock. */
-export function policyBody(raw: unknown, key: SettingKey, lockable: boolean, extra: readonly string[] = []): { value: string; locked: boolean } {
-  const body = object(raw, ['value', 'locked', ...extra]);
+export function policyBody(raw: unknown, key: SettingKey, lockable: boolean): { value: string; locked: boolean } {
+  const body = raw as Record<string, unknown>;
   if (typeof body.value !== 'string') bad('value', 'is required: the JSON-encoded policy value, as a string');
   let parsed: unknown;
   try {
@@ -86,12 +102,8 @@ export function llmPolicyRoutes(deps: ChangeDeps, events: EventHub) {
   };
   const agentOf = async (req: FastifyRequest): Promise<AgentRow> => {
     const { rows } = await db.query<AgentRow>('SELECT uid, org_id, group_id, name, status, contained, enclave_id FROM agents WHERE uid = $1', [p(req).id]);
-    if (rows.length === 0) {
-      // A caller without agents:manage over its own org learns nothing about which agents exist.
-      await requireCapability(db, req, 'agents:manage', { kind: 'org', org: req.principal?.orgId ?? '' });
-      throw new ApiError(PROBLEMS.notFound, `no agent ${p(req).id}`);
-    }
-    await requireCapability(db, req, 'agents:manage', { kind: 'org', org: rows[0].org_id });
+    // Authorized over the agent's org, or the caller's own when there is none (authz/targets.ts agentOrg).
+    if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no agent ${p(req).id}`);
     return rows[0];
   };
   const orgMustExist = async (org: string) => {
@@ -120,32 +132,32 @@ export function llmPolicyRoutes(deps: ChangeDeps, events: EventHub) {
     `SELECT key, value, locked FROM service_config WHERE service = $1 AND scope_kind = $2 AND org_id = $3 AND group_id = '' ORDER BY key`, [SERVICE, scope, org],
   )).rows.map((r) => ({ key: r.key, scope: scope === 'platform' ? 'platform' : `org:${org}`, value: r.value, locked: r.locked }));
 
+  // The org-scope rows are the caller's org's: a token naming no org is a 400 before any check.
+  const ownOrg = targetResolver('caller-org', (req) => ({ kind: 'org', org: callerOrg(req) }));
+  const platformConfig = { requiredCapability: 'platform:config', capabilityTarget: PLATFORM } as const;
+  const orgManage = { requiredCapability: 'org:manage', capabilityTarget: ownOrg } as const;
+  const agentsManage = { requiredCapability: 'agents:manage', capabilityTarget: agentOrg(db) } as const;
+
   return async (api: FastifyInstance) => {
     for (const prefix of ['/platform/config/llmproxy', '/platform-config/llmproxy']) {
-      api.get(prefix, { config: { requiredCapability: 'platform:config' } }, async (req) => {
-        await requireCapability(db, req, 'platform:config', { kind: 'platform' });
+      api.get(prefix, { config: platformConfig, schema: { response: { 200: arrayOf(ROW_VIEW) } } }, async (req) => {
         return list('platform', '');
       });
-      api.put(`${prefix}/:key`, { config: { requiredCapability: 'platform:config' } }, async (req) => {
-        await requireCapability(db, req, 'platform:config', { kind: 'platform' });
+      api.put(`${prefix}/:key`, { config: platformConfig, schema: { params: KEY, body: POLICY_REQ, response: { 200: WRITE_VIEW } } }, async (req) => {
         const key = settingKey(p(req).key);
         return writeRow(req, 'platform', '', key, policyBody(req.body, key, true));
       });
-      api.delete(`${prefix}/:key`, { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
-        await requireCapability(db, req, 'platform:config', { kind: 'platform' });
+      api.delete(`${prefix}/:key`, { config: platformConfig, schema: { params: KEY, response: NO_CONTENT } }, async (req, reply) => {
         await writeRow(req, 'platform', '', settingKey(p(req).key), null);
         return reply.code(204).send();
       });
     }
 
     for (const prefix of ['/config/llmproxy', '/service-config/llmproxy']) {
-      const orgTarget = (req: FastifyRequest): Target => ({ kind: 'org', org: callerOrg(req) });
-      api.get(prefix, { config: { requiredCapability: 'org:manage', target: 'caller-org' } }, async (req) => {
-        await requireCapability(db, req, 'org:manage', orgTarget(req));
+      api.get(prefix, { config: orgManage, schema: { response: { 200: arrayOf(ROW_VIEW) } } }, async (req) => {
         return list('org', callerOrg(req));
       });
-      api.put(`${prefix}/:key`, { config: { requiredCapability: 'org:manage', target: 'caller-org' } }, async (req) => {
-        await requireCapability(db, req, 'org:manage', orgTarget(req));
+      api.put(`${prefix}/:key`, { config: orgManage, schema: { params: KEY, body: POLICY_REQ, response: { 200: WRITE_VIEW } } }, async (req) => {
         const org = callerOrg(req);
         const key = settingKey(p(req).key);
         const row = policyBody(req.body, key, true);
@@ -153,22 +165,21 @@ export function llmPolicyRoutes(deps: ChangeDeps, events: EventHub) {
         await assertNotLocked(db, SERVICE, key, 'org', org);
         return writeRow(req, 'org', org, key, row);
       });
-      api.delete(`${prefix}/:key`, { config: { requiredCapability: 'org:manage', target: 'caller-org' } }, async (req, reply) => {
-        await requireCapability(db, req, 'org:manage', orgTarget(req));
+      api.delete(`${prefix}/:key`, { config: orgManage, schema: { params: KEY, response: NO_CONTENT } }, async (req, reply) => {
         await writeRow(req, 'org', callerOrg(req), settingKey(p(req).key), null);
         return reply.code(204).send();
       });
     }
 
     // Agent overrides: `{override_service: "llmproxy", key, value}`.
-    api.get('/agents/:id/config', { config: { requiredCapability: 'agents:manage', target: 'agent-org' } }, async (req) => {
+    api.get('/agents/:id/config', { config: agentsManage, schema: { params: pathParams('id'), response: { 200: arrayOf(OVERRIDE_VIEW) } } }, async (req) => {
       const agent = await agentOf(req);
       return (await db.query<{ key: string; value: string }>('SELECT key, value FROM agent_config WHERE override_service = $1 AND agent_id = $2 ORDER BY key', [SERVICE, agent.uid]))
         .rows.map((r) => ({ override_service: SERVICE, key: r.key, scope: `agent:${agent.uid}`, value: r.value, locked: false }));
     });
-    api.post('/agents/:id/config', { config: { requiredCapability: 'agents:manage', target: 'agent-org' } }, async (req) => {
+    api.post('/agents/:id/config', { config: agentsManage, schema: { params: pathParams('id'), body: OVERRIDE_REQ, response: { 200: WRITE_VIEW } } }, async (req) => {
       const agent = await agentOf(req);
-      const body = object(req.body, ['override_service', 'key', 'value', 'locked']);
+      const body = req.body as Record<string, unknown>;
       if (body.override_service !== SERVICE) bad('override_service', `must be "${SERVICE}"`);
       if (typeof body.key !== 'string') bad('key', 'is required');
       if (!(SETTING_KEYS as readonly string[]).includes(body.key)) bad('key', `unknown llmproxy key (one of ${SETTING_KEYS.join(', ')})`);
@@ -185,7 +196,7 @@ export function llmPolicyRoutes(deps: ChangeDeps, events: EventHub) {
         return { result: { key, scope: `agent:${agent.uid}`, locked: false, published }, resource: `llmproxy:agent:${agent.uid}:${key}` };
       }).finally(() => events.wake());
     });
-    api.delete('/agents/:id/config/:key', { config: { requiredCapability: 'agents:manage', target: 'agent-org' } }, async (req, reply) => {
+    api.delete('/agents/:id/config/:key', { config: agentsManage, schema: { params: pathParams('id', 'key'), response: NO_CONTENT } }, async (req, reply) => {
       const agent = await agentOf(req);
       const key = settingKey(p(req).key);
       await auditedChange(deps, req, 'llm-policy.delete', agent.org_id, async (tx) => {
@@ -198,7 +209,7 @@ export function llmPolicyRoutes(deps: ChangeDeps, events: EventHub) {
     });
 
     // The effective policy of an agent: the proxy's own resolver over the state the agent's enclave receives.
-    api.get('/agents/:id/effective-policy', { config: { requiredCapability: 'agents:manage', target: 'agent-org' } }, async (req) => {
+    api.get('/agents/:id/effective-policy', { config: agentsManage, schema: { params: pathParams('id'), response: { 200: EFFECTIVE_VIEW } } }, async (req) => {
       const agent = await agentOf(req);
       const snapshot = await agentSnapshot(db, agent.org_id, agent);
       reportSkipped(deps, `agent:${agent.uid}`, snapshot.skipped);
@@ -216,18 +227,16 @@ export function llmPolicyRoutes(deps: ChangeDeps, events: EventHub) {
     });
 
     // Org feature flags (`inspect:llm`, `audit:llm`; enabled when never set), for the caller's org.
-    api.get('/feature-flags', { config: { requiredCapability: 'org:manage', target: 'caller-org' } }, async (req) => {
+    api.get('/feature-flags', { config: orgManage, schema: { response: { 200: arrayOf(FLAG_VIEW) } } }, async (req) => {
       const org = callerOrg(req);
-      await requireCapability(db, req, 'org:manage', { kind: 'org', org });
       const set = new Map((await db.query<{ flag: string; enabled: boolean }>('SELECT flag, enabled FROM feature_flags WHERE org_id = $1', [org])).rows.map((r) => [r.flag, r.enabled]));
       return FLAGS.map((flag) => ({ flag, org_id: org, enabled: set.get(flag) ?? true }));
     });
-    api.put('/feature-flags/:flag', { config: { requiredCapability: 'org:manage', target: 'caller-org' } }, async (req) => {
+    api.put('/feature-flags/:flag', { config: orgManage, schema: { params: pathParams('flag'), body: FLAG_REQ, response: { 200: FLAG_WRITE_VIEW } } }, async (req) => {
       const org = callerOrg(req);
-      await requireCapability(db, req, 'org:manage', { kind: 'org', org });
       const flag = p(req).flag;
       if (!(FLAGS as readonly string[]).includes(flag)) throw new ApiError(PROBLEMS.notFound, `no feature flag ${flag} (one of ${FLAGS.join(', ')})`);
-      const enabled = bool(object(req.body, ['enabled']), 'enabled');
+      const enabled = bool(req.body as Record<string, unknown>, 'enabled');
       if (enabled === undefined) bad('enabled', 'is required (a boolean)');
       await orgMustExist(org);
       return auditedChange(deps, req, 'feature-flag.put', org, async (tx) => {

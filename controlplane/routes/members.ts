@@ -2,6 +2,8 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { effectiveCapabilities, groupsOf, type ScopeKind } from '../authz/capabilities.ts';
 import { conferredBy, grantScope, requireConferrable } from '../authz/confer.ts';
 import { requireCapability } from '../authz/guard.ts';
+import { PATH_ORG } from '../authz/targets.ts';
+import { arrayOf, NO_CONTENT, object, optionalBody, pathParams, STRING, STRINGS, viewSchema } from './schemas.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 
@@ -17,6 +19,10 @@ function bad(field: string, message: string): never {
   throw new ApiError(PROBLEMS.badRequest, `${field}: ${message}`);
 }
 
+const MEMBER_VIEW = viewSchema('memberView', { subject: STRING, username: STRING, email: STRING });
+const PUT_MEMBER = object({ username: STRING, email: STRING }, [], 'putMemberReq');
+const membersManage = { requiredCapability: 'members:*', capabilityTarget: PATH_ORG } as const;
+
 export function memberRoutes(deps: ChangeDeps) {
   const { db } = deps;
   const params = (req: FastifyRequest) => req.params as { org: string; subject: string; group: string };
@@ -26,24 +32,20 @@ export function memberRoutes(deps: ChangeDeps) {
   };
 
   return async (api: FastifyInstance) => {
-    api.get('/orgs/:org/members', { config: { requiredCapability: 'members:*' } }, async (req) => {
-      await requireCapability(db, req, 'members:*', target(req));
+    api.get('/orgs/:org/members', { config: membersManage, schema: { params: pathParams('org'), response: { 200: arrayOf(MEMBER_VIEW) } } }, async (req) => {
       // One round trip: the org (for its 404) and its members.
       const { rows } = await db.query<MemberView & { org: string }>(MEMBERS_OF_ORG, [params(req).org]);
       if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${params(req).org}`);
       return rows.filter((r) => r.subject !== null).map(({ subject, username, email }) => ({ subject, username, email }));
     });
 
-    api.put('/orgs/:org/members/:subject', { config: { requiredCapability: 'members:*' } }, async (req) => {
-      await requireCapability(db, req, 'members:*', target(req));
+    api.put('/orgs/:org/members/:subject', {
+      config: membersManage, schema: { params: pathParams('org', 'subject'), body: optionalBody(PUT_MEMBER), response: { 200: MEMBER_VIEW } },
+    }, async (req) => {
       const { org, subject } = params(req);
       await orgExists(org);
-      const raw = req.body ?? {};
-      if (typeof raw !== 'object' || Array.isArray(raw)) bad('body', 'must be a JSON object');
-      const body = raw as Record<string, unknown>;
-      for (const k of Object.keys(body)) if (!['username', 'email'].includes(k)) bad(k, 'unknown field');
-      for (const k of ['username', 'email']) if (body[k] !== undefined && typeof body[k] !== 'string') bad(k, 'must be a string');
-      if (typeof body.email === 'string' && body.email !== '' && !/^[^@\s]+@[^@\s]+$/.test(body.email)) bad('email', 'is not an email address');
+      const body = (req.body ?? {}) as { username?: string; email?: string };
+      if (body.email !== undefined && body.email !== '' && !/^[^@\s]+@[^@\s]+$/.test(body.email)) bad('email', 'is not an email address');
       return auditedChange(deps, req, 'member.put', org, async (tx) => {
         const { rows } = await tx.query<MemberView>(
           `INSERT INTO members (org_id, subject, username, email, created_by) VALUES ($1, $2, $3, $4, $5)
@@ -55,8 +57,7 @@ export function memberRoutes(deps: ChangeDeps) {
       });
     });
 
-    api.put('/orgs/:org/groups/:group/members/:subject', { config: { requiredCapability: 'members:*' } }, async (req, reply) => {
-      await requireCapability(db, req, 'members:*', target(req));
+    api.put('/orgs/:org/groups/:group/members/:subject', { config: membersManage, schema: { params: pathParams('org', 'group', 'subject'), response: NO_CONTENT } }, async (req, reply) => {
       const { org, group, subject } = params(req);
       if ((await db.query('SELECT 1 FROM org_groups WHERE org_id = $1 AND id = $2', [org, group])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no group ${group} in org ${org}`);
       if ((await db.query('SELECT 1 FROM members WHERE org_id = $1 AND subject = $2', [org, subject])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `${subject} is not a member of org ${org}`);
@@ -72,8 +73,7 @@ export function memberRoutes(deps: ChangeDeps) {
       return reply.code(204).send();
     });
 
-    api.delete('/orgs/:org/groups/:group/members/:subject', { config: { requiredCapability: 'members:*' } }, async (req, reply) => {
-      await requireCapability(db, req, 'members:*', target(req));
+    api.delete('/orgs/:org/groups/:group/members/:subject', { config: membersManage, schema: { params: pathParams('org', 'group', 'subject'), response: NO_CONTENT } }, async (req, reply) => {
       const { org, group, subject } = params(req);
       await auditedChange(deps, req, 'membership.delete', org, async (tx) => {
         const { rows } = await tx.query('DELETE FROM memberships WHERE org_id = $1 AND group_id = $2 AND subject = $3 RETURNING subject', [org, group, subject]);
@@ -84,8 +84,9 @@ export function memberRoutes(deps: ChangeDeps) {
     });
 
     // Offboarding: the member, their group memberships and every grant to them in the org, at once.
-    api.post('/orgs/:org/members/:subject/offboard', { config: { requiredCapability: 'members:*' } }, async (req) => {
-      await requireCapability(db, req, 'members:*', target(req));
+    api.post('/orgs/:org/members/:subject/offboard', {
+      config: membersManage, schema: { params: pathParams('org', 'subject'), response: { 200: viewSchema('offboardUserView', { subject: STRING }) } },
+    }, async (req) => {
       const { org, subject } = params(req);
       return auditedChange(deps, req, 'member.offboard', org, async (tx) => {
         const { rows } = await tx.query('DELETE FROM members WHERE org_id = $1 AND subject = $2 RETURNING subject', [org, subject]);
@@ -96,10 +97,18 @@ export function memberRoutes(deps: ChangeDeps) {
       });
     });
 
-    api.get('/orgs/:org/members/:subject/effective', { config: { requiredCapability: 'members:*' } }, async (req) => {
+    // A member may ask about themself; anyone else needs members:* over the org.
+    const selfOrMembersManage = async (req: FastifyRequest) => {
       const { org, subject } = params(req);
       const self = req.principal?.subject === subject && req.principal?.orgId === org && req.principal?.kind !== 'agent-operator';
       if (!self) await requireCapability(db, req, 'members:*', target(req));
+    };
+    const EFFECTIVE_VIEW = viewSchema('effectiveView', { subject: STRING, org_id: STRING, groups: STRINGS, capabilities: STRINGS });
+    api.get('/orgs/:org/members/:subject/effective', {
+      config: { requiredCapability: 'members:*', authorize: selfOrMembersManage, targetLabel: 'path-org' },
+      schema: { params: pathParams('org', 'subject'), response: { 200: EFFECTIVE_VIEW } },
+    }, async (req) => {
+      const { org, subject } = params(req);
       const groups = await groupsOf(db, org, subject);
       const grants = await effectiveCapabilities(db, { subject, orgId: org, groups });
       return { subject, org_id: org, groups, capabilities: [...new Set(grants.map((g) => g.capability))].sort() };

@@ -1,5 +1,6 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import { requireCapability } from '../authz/guard.ts';
+import { PATH_ORG, PLATFORM } from '../authz/targets.ts';
+import { arrayOf, NO_CONTENT, object, pathParams, STRING, TEXT, viewSchema } from './schemas.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 
@@ -17,22 +18,14 @@ function bad(field: string, message: string): never {
   throw new ApiError(PROBLEMS.badRequest, `${field}: ${message}`);
 }
 
-function object(raw: unknown, allowed: string[]): Record<string, unknown> {
-  if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) bad('body', 'must be a JSON object');
-  for (const k of Object.keys(raw)) if (!allowed.includes(k)) bad(k, 'unknown field');
-  return raw as Record<string, unknown>;
-}
-
-function text(body: Record<string, unknown>, field: string, required: boolean): string | undefined {
-  const v = body[field];
-  if (v === undefined) {
-    if (required) bad(field, 'is required');
-    return undefined;
-  }
-  if (typeof v !== 'string') bad(field, 'must be a string');
-  if (required && v.trim() === '') bad(field, 'must not be empty');
-  return v;
-}
+const ORG_VIEW = viewSchema('orgView', { id: STRING, kind: STRING, name: STRING, provider_org_ref: STRING, status: STRING });
+const GROUP_VIEW = viewSchema('groupView', { id: STRING, name: STRING, org_id: STRING, provider_group_ref: STRING });
+const CREATE_ORG = object({ id: TEXT, name: TEXT, provider_org_ref: STRING, status: STRING }, ['id', 'name'], 'createOrgReq');
+const UPDATE_ORG = object({ name: STRING, provider_org_ref: STRING, status: STRING }, [], 'updateOrgReq');
+const CREATE_GROUP = object({ id: TEXT, name: TEXT, provider_group_ref: STRING }, ['id', 'name'], 'createGroupReq');
+const ORG = pathParams('org');
+const platformConfig = { requiredCapability: 'platform:config', capabilityTarget: PLATFORM } as const;
+const orgManage = { requiredCapability: 'org:manage', capabilityTarget: PATH_ORG } as const;
 
 const ORG_COLUMNS = 'id, kind, name, provider_org_ref, status';
 const GROUP_COLUMNS = 'id, name, org_id, provider_group_ref';
@@ -45,20 +38,18 @@ export function orgRoutes(deps: ChangeDeps) {
   };
 
   return async (api: FastifyInstance) => {
-    api.get('/orgs', { config: { requiredCapability: 'platform:config' } }, async (req) => {
-      await requireCapability(db, req, 'platform:config', { kind: 'platform' });
+    api.get('/orgs', { config: platformConfig, schema: { response: { 200: arrayOf(ORG_VIEW) } } }, async (req) => {
       return (await db.query<OrgView>(`SELECT ${ORG_COLUMNS} FROM orgs ORDER BY id`)).rows;
     });
 
-    api.post('/orgs', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
-      await requireCapability(db, req, 'platform:config', { kind: 'platform' });
-      const body = object(req.body, ['id', 'name', 'provider_org_ref', 'status']);
-      const id = text(body, 'id', true)!;
+    api.post('/orgs', { config: platformConfig, schema: { body: CREATE_ORG, response: { 201: ORG_VIEW } } }, async (req, reply) => {
+      const body = req.body as { id: string; name: string; provider_org_ref?: string; status?: string };
+      const id = body.id;
       if (!ID.test(id)) bad('id', 'must be 1–63 lowercase letters, digits, "-" or "_"');
-      const name = text(body, 'name', true)!;
-      const status = text(body, 'status', false) ?? 'active';
+      const name = body.name;
+      const status = body.status ?? 'active';
       if (!STATUSES.includes(status)) bad('status', `must be one of ${STATUSES.join(', ')}`);
-      const ref = text(body, 'provider_org_ref', false) ?? '';
+      const ref = body.provider_org_ref ?? '';
       // An erased org's id is never reused: its data key is gone for good.
       if ((await db.query('SELECT 1 FROM erasures WHERE org_id = $1', [id])).rows.length > 0) throw new ApiError(PROBLEMS.conflict, `org ${id} was erased; its id is not reused`);
       const org = await auditedChange(deps, req, 'org.create', id, async (tx) => {
@@ -71,20 +62,15 @@ export function orgRoutes(deps: ChangeDeps) {
       return reply.code(201).send(org);
     });
 
-    api.get('/orgs/:org', { config: { requiredCapability: 'org:manage' } }, async (req) => {
-      await requireCapability(db, req, 'org:manage', { kind: 'org', org: orgOf(req) });
+    api.get('/orgs/:org', { config: orgManage, schema: { params: ORG, response: { 200: ORG_VIEW } } }, async (req) => {
       const { rows } = await db.query<OrgView>(`SELECT ${ORG_COLUMNS} FROM orgs WHERE id = $1`, [orgOf(req)]);
       if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${orgOf(req)}`);
       return rows[0];
     });
 
-    api.put('/orgs/:org', { config: { requiredCapability: 'org:manage' } }, async (req) => {
+    api.put('/orgs/:org', { config: orgManage, schema: { params: ORG, body: UPDATE_ORG, response: { 200: ORG_VIEW } } }, async (req) => {
       const org = orgOf(req);
-      await requireCapability(db, req, 'org:manage', { kind: 'org', org });
-      const body = object(req.body, ['name', 'provider_org_ref', 'status']);
-      const name = text(body, 'name', false);
-      const ref = text(body, 'provider_org_ref', false);
-      const status = text(body, 'status', false);
+      const { name, provider_org_ref: ref, status } = req.body as { name?: string; provider_org_ref?: string; status?: string };
       if (status !== undefined && !STATUSES.includes(status)) bad('status', `must be one of ${STATUSES.join(', ')}`);
       if (name !== undefined && name.trim() === '') bad('name', 'must not be empty');
       return auditedChange(deps, req, 'org.update', org, async (tx) => {
@@ -97,8 +83,7 @@ export function orgRoutes(deps: ChangeDeps) {
       });
     });
 
-    api.delete('/orgs/:org', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
-      await requireCapability(db, req, 'platform:config', { kind: 'platform' });
+    api.delete('/orgs/:org', { config: platformConfig, schema: { params: ORG, response: NO_CONTENT } }, async (req, reply) => {
       const org = orgOf(req);
       await auditedChange(deps, req, 'org.delete', org, async (tx) => {
         const { rows } = await tx.query('DELETE FROM orgs WHERE id = $1 RETURNING id', [org]);
@@ -110,22 +95,20 @@ export function orgRoutes(deps: ChangeDeps) {
       return reply.code(204).send();
     });
 
-    api.get('/orgs/:org/groups', { config: { requiredCapability: 'org:manage' } }, async (req) => {
+    api.get('/orgs/:org/groups', { config: orgManage, schema: { params: ORG, response: { 200: arrayOf(GROUP_VIEW) } } }, async (req) => {
       const org = orgOf(req);
-      await requireCapability(db, req, 'org:manage', { kind: 'org', org });
       await mustExist(org);
       return (await db.query<GroupView>(`SELECT ${GROUP_COLUMNS} FROM org_groups WHERE org_id = $1 ORDER BY id`, [org])).rows;
     });
 
-    api.post('/orgs/:org/groups', { config: { requiredCapability: 'org:manage' } }, async (req, reply) => {
+    api.post('/orgs/:org/groups', { config: orgManage, schema: { params: ORG, body: CREATE_GROUP, response: { 201: GROUP_VIEW } } }, async (req, reply) => {
       const org = orgOf(req);
-      await requireCapability(db, req, 'org:manage', { kind: 'org', org });
       await mustExist(org);
-      const body = object(req.body, ['id', 'name', 'provider_group_ref']);
-      const id = text(body, 'id', true)!;
+      const body = req.body as { id: string; name: string; provider_group_ref?: string };
+      const id = body.id;
       if (!ID.test(id)) bad('id', 'must be 1–63 lowercase letters, digits, "-" or "_"');
-      const name = text(body, 'name', true)!;
-      const ref = text(body, 'provider_group_ref', false) ?? '';
+      const { name } = body;
+      const ref = body.provider_group_ref ?? '';
       const group = await auditedChange(deps, req, 'group.create', org, async (tx) => {
         const { rows } = await tx.query<GroupView>(
           `INSERT INTO org_groups (org_id, id, name, provider_group_ref, created_by) VALUES ($1, $2, $3, $4, $5) RETURNING ${GROUP_COLUMNS}`,
@@ -136,10 +119,9 @@ export function orgRoutes(deps: ChangeDeps) {
       return reply.code(201).send(group);
     });
 
-    api.delete('/orgs/:org/groups/:group', { config: { requiredCapability: 'org:manage' } }, async (req, reply) => {
+    api.delete('/orgs/:org/groups/:group', { config: orgManage, schema: { params: pathParams('org', 'group'), response: NO_CONTENT } }, async (req, reply) => {
       const org = orgOf(req);
       const group = (req.params as { group: string }).group;
-      await requireCapability(db, req, 'org:manage', { kind: 'org', org });
       await auditedChange(deps, req, 'group.delete', org, async (tx) => {
         const { rows } = await tx.query('DELETE FROM org_groups WHERE org_id = $1 AND id = $2 RETURNING id', [org, group]);
         if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no group ${group} in org ${org}`);

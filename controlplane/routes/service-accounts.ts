@@ -6,7 +6,9 @@ import type { ServiceAccountStatus } from '../auth/service-account-status.ts';
 import { builtInRole, CAPABILITIES, groupsOf, type Capability, type ScopeKind } from '../authz/capabilities.ts';
 import { describe, holds, requireCapability, type Target } from '../authz/guard.ts';
 import { conferredBy, requireConferrable, requireHoldsAllOf } from '../authz/confer.ts';
-import { bad, object, strings, text } from '../body.ts';
+import { bad, strings, text } from '../body.ts';
+import { PATH_ORG } from '../authz/targets.ts';
+import { ANY, arrayOf, INTEGER, NO_CONTENT, NULLABLE_STRING, object, optionalBody, pathParams, STRING, viewSchema } from './schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import { IdpError, serviceAccountMetadata, type IdpProvisioner, type Registration } from '../idp/provisioner.ts';
 import type { ServiceAccountKey } from '../idp/service-account-key.ts';
@@ -68,6 +70,25 @@ const scopeOf = (t: Target) => ({
   agent_id: t.kind === 'agent' ? t.agent : '',
 });
 
+const ACCOUNT_VIEW = viewSchema('serviceAccountView', { id: STRING, owner: STRING, level: STRING, status: STRING, org_id: STRING, created_at: STRING });
+const CREDENTIAL_VIEW = viewSchema('serviceAccountCredentialView', {
+  id: STRING, owner: STRING, level: STRING, status: STRING, org_id: STRING, created_at: STRING, credential: ANY,
+});
+const KEY_VIEW = viewSchema('serviceAccountKeyView', { id: STRING, credential: ANY });
+const SA_GRANT_VIEW = viewSchema('serviceAccountGrantView', {
+  id: INTEGER, role: NULLABLE_STRING, capability: NULLABLE_STRING, scope_kind: STRING, org_id: STRING, group_id: STRING, agent_id: STRING,
+});
+// The fields' types and values are checked by the handler (its messages name the field).
+const CREATE_REQ = object({ name: ANY }, [], 'createServiceAccountReq');
+const SELF_GRANT_REQ = object({ capability: ANY, agent: ANY, group: ANY }, [], 'selfServiceGrantReq');
+const SELF_SERVICE_REQ = object({ name: ANY, groups: ANY, grants: arrayOf(SELF_GRANT_REQ) }, [], 'createSelfServiceSAReq');
+const GRANT_REQ = object({ role: ANY, capability: ANY, agent: ANY, group: ANY }, [], 'createServiceAccountGrantReq');
+const TRANSFER_REQ = object({ owner: ANY }, [], 'transferServiceAccountReq');
+const NO_FIELDS = optionalBody(object({}));
+const ORG = pathParams('org');
+const ACCOUNT = pathParams('org', 'id');
+const clientsManage = { requiredCapability: 'clients:manage', capabilityTarget: PATH_ORG } as const;
+
 const actorOf = (req: FastifyRequest): ChangeActor => ({ subject: req.principal!.subject, kind: req.principal!.kind, traceId: String(req.id) });
 
 export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, status: ServiceAccountStatus, undoGraceMs: number) {
@@ -93,12 +114,17 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
     try {
       account = await load(req);
     } catch (err) {
-      await requireCapability(db, req, 'clients:manage', orgTarget(req));
       throw err;
     }
     await requireManagerOrOwner(req, account);
     return account;
   };
+  // Routes over one account authorize its manager or its owner (loadManaged); the account, for the handler.
+  const managed = new WeakMap<FastifyRequest, AccountRow>();
+  const managerOrOwner = {
+    requiredCapability: 'clients:manage', targetLabel: 'path-org',
+    authorize: async (req: FastifyRequest) => void managed.set(req, await loadManaged(req)),
+  } as const;
   const orgExists = async (org: string) => {
     if ((await db.query('SELECT 1 FROM orgs WHERE id = $1', [org])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
   };
@@ -172,15 +198,15 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
   }
 
   return async (api: FastifyInstance) => {
-    api.get('/orgs/:org/service-accounts', { config: { requiredCapability: 'clients:manage' } }, async (req) => {
-      await requireCapability(db, req, 'clients:manage', orgTarget(req));
+    api.get('/orgs/:org/service-accounts', { config: clientsManage, schema: { params: ORG, response: { 200: arrayOf(ACCOUNT_VIEW) } } }, async (req) => {
       await orgExists(params(req).org);
       return (await db.query<AccountRow>('SELECT * FROM service_accounts WHERE org_id = $1 ORDER BY created_at, id', [params(req).org])).rows.map(view);
     });
 
-    api.post('/orgs/:org/service-accounts', { config: { requiredCapability: 'clients:manage' } }, async (req, reply) => {
-      await requireCapability(db, req, 'clients:manage', orgTarget(req));
-      const body = object(req.body, ['name']);
+    api.post('/orgs/:org/service-accounts', {
+      config: clientsManage, schema: { params: ORG, body: CREATE_REQ, response: { 201: CREDENTIAL_VIEW } },
+    }, async (req, reply) => {
+      const body = req.body as Record<string, unknown>;
       const name = text(body, 'name', true)!;
       const { org } = params(req);
       await orgExists(org);
@@ -189,12 +215,20 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
 
     // Self-service: any member of the org (token org = path org), for themself; what the account may do
     // is bounded by what the member may do.
-    api.post('/orgs/:org/service-accounts/self-service', { config: { requiredCapability: null } }, async (req, reply) => {
+    // Any token of the org may create one (it confers only what its caller holds, checked per grant below).
+    const memberOfOrg = async (req: FastifyRequest) => {
       const p = req.principal!;
       const { org } = params(req);
       if (p.kind === 'agent-operator') throw new ApiError(PROBLEMS.forbidden, 'agent operators cannot create service accounts');
       if (p.orgId !== org) throw new ApiError(PROBLEMS.forbidden, `only members of org ${org} create self-service accounts in it`);
-      const body = object(req.body, ['name', 'groups', 'grants']);
+    };
+    api.post('/orgs/:org/service-accounts/self-service', {
+      config: { requiredCapability: null, authorize: memberOfOrg, targetLabel: 'path-org' },
+      schema: { params: ORG, body: SELF_SERVICE_REQ, response: { 201: CREDENTIAL_VIEW } },
+    }, async (req, reply) => {
+      const p = req.principal!;
+      const { org } = params(req);
+      const body = req.body as Record<string, unknown>;
       const name = text(body, 'name', true)!;
       const groups = strings(body, 'groups') ?? [];
       const mine = new Set(await groupsOf(db, org, p.subject));
@@ -205,7 +239,7 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       if (!Array.isArray(rawGrants)) bad('grants', 'must be an array of selfServiceGrantReq');
       const grants: { capability: Capability; target: Target }[] = [];
       for (const [i, raw] of rawGrants.entries()) {
-        const g = object(raw, ['capability', 'agent', 'group']);
+        const g = raw as Record<string, unknown>;
         const capability = capabilityOf(g);
         if (!capability) bad(`grants[${i}].capability`, 'is required');
         const target = grantTarget(org, g, `grants[${i}].`);
@@ -228,14 +262,15 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       }));
     });
 
-    api.get('/orgs/:org/service-accounts/:id', { config: { requiredCapability: 'clients:manage' } }, async (req) => {
-      const account = await loadManaged(req);
+    api.get('/orgs/:org/service-accounts/:id', { config: managerOrOwner, schema: { params: ACCOUNT, response: { 200: ACCOUNT_VIEW } } }, async (req) => {
+      const account = managed.get(req)!;
       return view(account);
     });
 
-    api.post('/orgs/:org/service-accounts/:id/keys', { config: { requiredCapability: 'clients:manage' } }, async (req, reply) => {
-      const account = await loadManaged(req);
-      object(req.body ?? {}, []);
+    api.post('/orgs/:org/service-accounts/:id/keys', {
+      config: managerOrOwner, schema: { params: ACCOUNT, body: NO_FIELDS, response: { 201: KEY_VIEW } },
+    }, async (req, reply) => {
+      const account = managed.get(req)!;
       if (account.status !== 'active') throw new ApiError(PROBLEMS.conflict, `service account ${account.id} is ${account.status}`);
       await requireHoldsAllOf(db, req, account.id, account.org_id, `a key of service account ${account.id}`);
       const key = await newKey();
@@ -246,8 +281,10 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       return reply.code(201).send({ id: key.kid, credential: keyFile(account.id, key) });
     });
 
-    api.delete('/orgs/:org/service-accounts/:id/keys/:key', { config: { requiredCapability: 'clients:manage' } }, async (req, reply) => {
-      const account = await loadManaged(req);
+    api.delete('/orgs/:org/service-accounts/:id/keys/:key', {
+      config: managerOrOwner, schema: { params: pathParams('org', 'id', 'key'), response: NO_CONTENT },
+    }, async (req, reply) => {
+      const account = managed.get(req)!;
       const { rows } = await db.query<{ key_id: string; public_jwk: string }>('SELECT key_id, public_jwk FROM service_account_keys WHERE account_id = $1 ORDER BY created_at, key_id', [account.id]);
       const kid = params(req).key;
       if (!rows.some((r) => r.key_id === kid)) throw new ApiError(PROBLEMS.notFound, `service account ${account.id} has no key ${kid}`);
@@ -258,10 +295,11 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       return reply.code(204).send();
     });
 
-    api.post('/orgs/:org/service-accounts/:id/transfer', { config: { requiredCapability: 'clients:manage' } }, async (req) => {
-      await requireCapability(db, req, 'clients:manage', orgTarget(req));
+    api.post('/orgs/:org/service-accounts/:id/transfer', {
+      config: clientsManage, schema: { params: ACCOUNT, body: TRANSFER_REQ, response: { 200: ACCOUNT_VIEW } },
+    }, async (req) => {
       const account = await load(req);
-      const owner = text(object(req.body, ['owner']), 'owner', true)!;
+      const owner = text(req.body as Record<string, unknown>, 'owner', true)!;
       if ((await db.query('SELECT 1 FROM members WHERE org_id = $1 AND subject = $2', [account.org_id, owner])).rows.length === 0) bad('owner', `${owner} is not a member of org ${account.org_id}`);
       if (owner === account.id) bad('owner', 'a service account cannot own itself');
       await requireHoldsAllOf(db, req, account.id, account.org_id, `ownership of service account ${account.id}`);
@@ -273,9 +311,10 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
 
     // Disabling: the client is removed at the IdP first (no new tokens), then the account is marked
     // disabled, which also refuses the tokens it still holds. Disabling twice is harmless.
-    api.post('/orgs/:org/service-accounts/:id/disable', { config: { requiredCapability: 'clients:manage' } }, async (req) => {
-      const account = await loadManaged(req);
-      object(req.body ?? {}, []);
+    api.post('/orgs/:org/service-accounts/:id/disable', {
+      config: managerOrOwner, schema: { params: ACCOUNT, body: NO_FIELDS, response: { 200: ACCOUNT_VIEW } },
+    }, async (req) => {
+      const account = managed.get(req)!;
       await idpStep(() => idp.remove(registration(account)));
       const out = await auditedChange(deps, req, 'service-account.disable', account.org_id, async (tx) => {
         const { rows } = await tx.query<AccountRow>(`UPDATE service_accounts SET status = 'disabled' WHERE id = $1 RETURNING *`, [account.id]);
@@ -285,16 +324,16 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       return out;
     });
 
-    api.get('/orgs/:org/service-accounts/:id/grants', { config: { requiredCapability: 'clients:manage' } }, async (req) => {
-      await requireCapability(db, req, 'clients:manage', orgTarget(req));
+    api.get('/orgs/:org/service-accounts/:id/grants', { config: clientsManage, schema: { params: ACCOUNT, response: { 200: arrayOf(SA_GRANT_VIEW) } } }, async (req) => {
       const account = await load(req);
       return (await db.query<GrantRow>(`SELECT ${GRANT_COLUMNS} FROM grants WHERE principal = $1 AND org_id = $2 ORDER BY id`, [`user:${account.id}`, account.org_id])).rows.map(grantView);
     });
 
-    api.post('/orgs/:org/service-accounts/:id/grants', { config: { requiredCapability: 'clients:manage' } }, async (req, reply) => {
-      await requireCapability(db, req, 'clients:manage', orgTarget(req));
+    api.post('/orgs/:org/service-accounts/:id/grants', {
+      config: clientsManage, schema: { params: ACCOUNT, body: GRANT_REQ, response: { 201: SA_GRANT_VIEW } },
+    }, async (req, reply) => {
       const account = await load(req);
-      const body = object(req.body, ['role', 'capability', 'agent', 'group']);
+      const body = req.body as Record<string, unknown>;
       const role = text(body, 'role', false) || null;
       const capability = capabilityOf(body);
       if ((role === null) === (capability === null)) bad('role', 'exactly one of role and capability is required');
@@ -313,8 +352,9 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       return reply.code(201).send(created);
     });
 
-    api.delete('/orgs/:org/service-accounts/:id/grants/:grant', { config: { requiredCapability: 'clients:manage' } }, async (req, reply) => {
-      await requireCapability(db, req, 'clients:manage', orgTarget(req));
+    api.delete('/orgs/:org/service-accounts/:id/grants/:grant', {
+      config: clientsManage, schema: { params: pathParams('org', 'id', 'grant'), response: NO_CONTENT },
+    }, async (req, reply) => {
       const account = await load(req);
       const id = params(req).grant;
       if (!/^\d{1,18}$/.test(id)) throw new ApiError(PROBLEMS.notFound, `no grant ${id}`);

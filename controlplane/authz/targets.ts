@@ -1,0 +1,25 @@
+import type { FastifyRequest } from 'fastify';
+import type { Queryable } from '../../core/sql.ts';
+import { targetResolver } from './capability-hook.ts';
+
+// The capability targets routes declare (spec: Authentication, rule 4: from the route path, never the
+// body). Targets that need the store (an agent's org, an enclave's owner) are declared beside their routes.
+
+export const PLATFORM = targetResolver('platform', () => ({ kind: 'platform' }));
+
+/** The org in the path (`/orgs/{org}/…`). */
+export const PATH_ORG = targetResolver('path-org', (req: FastifyRequest) => ({ kind: 'org', org: (req.params as { org: string }).org }));
+
+/** The caller's own org (the token's org claim). */
+export const CALLER_ORG = targetResolver('caller-org', (req: FastifyRequest) => ({ kind: 'org', org: req.principal?.orgId ?? '' }));
+
+/**
+ * The org of the agent `{id}` names; for an agent that does not exist, the caller's own org, so a caller
+ * without the capability there learns nothing of which agents exist (the handler answers 404 to the rest).
+ */
+export function agentOrg(db: Queryable) {
+  return targetResolver('agent-org', async (req: FastifyRequest) => {
+    const { rows } = await db.query<{ org_id: string }>('SELECT org_id FROM agents WHERE uid = $1', [(req.params as { id: string }).id]);
+    return { kind: 'org', org: rows[0]?.org_id ?? req.principal?.orgId ?? '' };
+  });
+}
