@@ -114,6 +114,7 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
     try {
       account = await load(req);
     } catch (err) {
+      await requireCapability(db, req, 'clients:manage', orgTarget(req));
       throw err;
     }
     await requireManagerOrOwner(req, account);
