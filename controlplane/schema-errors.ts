@@ -33,13 +33,14 @@ export function schemaErrorDetail(e: Verbose, part: string): string {
     return part === 'querystring' ? `${unknown}: unknown query parameter` : `${unknown}: unknown field`;
   }
   const name = at || part;
+  if (e.parentSchema?.['x-error']) return `${name}: ${e.parentSchema['x-error']}`;
   if (e.keyword === 'type') {
     const types = ([] as string[]).concat(e.params.type as string | string[]).filter((t) => t !== 'null');
     const items = (e.parentSchema as { items?: { type?: string } } | undefined)?.items?.type;
     const article = (t: string) => (t === 'array' && items ? `an array of ${items}s` : ARTICLE[t] ?? t);
     return `${name}: must be ${types.map(article).join(' or ')}`;
   }
-  return `${name}: ${e.parentSchema?.['x-error'] ?? e.message}`;
+  return `${name}: ${e.message}`;
 }
 
 /** The fastify options of route validation: ajv as described above, its errors as the details above. */

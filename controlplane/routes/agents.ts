@@ -1,8 +1,10 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { describe, holds, type Target } from '../authz/guard.ts';
-import { bad, bool, strings, text } from '../body.ts';
-import { ANY, arrayOf, BOOLEAN, NO_CONTENT, object, optionalBody, pathParams, STRING, STRINGS, viewSchema } from './schemas.ts';
+import { bad } from '../bad-request.ts';
+import {
+  arrayOf, BOOLEAN, NO_CONTENT, NON_EMPTY_STRINGS, NULLABLE_BOOLEAN, NULLABLE_STRING, object, optionalBody, pathParams, STRING, STRINGS, TEXT, viewSchema,
+} from './schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
 
@@ -33,8 +35,11 @@ export const AGENT_VIEW = viewSchema('agentView', {
 const CONTAINMENT_VIEW = viewSchema('containmentView', {
   agent: STRING, contained: BOOLEAN, nudged: BOOLEAN, published: BOOLEAN, enclave_id: STRING, org_id: STRING,
 });
-// The fields' types and values are checked by the handler (its messages name the field).
-const CREATE_AGENT = object({ name: ANY, uid: ANY, image: ANY, command: ANY, enclave_id: ANY, group: ANY, policy_packs: ANY }, [], 'createAgentReq');
+// null is absent; uid's form, the group, the enclave and the packs are checked by the handler.
+const CREATE_AGENT = object({
+  name: TEXT, uid: TEXT, image: NULLABLE_STRING, command: NON_EMPTY_STRINGS, enclave_id: NULLABLE_STRING, group: NULLABLE_STRING, policy_packs: NON_EMPTY_STRINGS,
+}, ['uid', 'name'], 'createAgentReq');
+interface CreateAgentReq { name: string; uid: string; image?: string | null; command?: string[] | null; enclave_id?: string | null; group?: string | null; policy_packs?: string[] | null }
 const ORG = pathParams('org');
 const AGENT = pathParams('org', 'uid');
 
@@ -97,18 +102,18 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
       config: anyInOrg, schema: { params: ORG, body: CREATE_AGENT, response: { 200: AGENT_VIEW, 201: AGENT_VIEW } },
     }, async (req, reply) => {
       const org = params(req).org;
-      const body = req.body as Record<string, unknown>;
-      const uid = text(body, 'uid', true)!;
+      const body = req.body as CreateAgentReq;
+      const uid = body.uid;
       if (!UID.test(uid)) bad('uid', 'must be 1–128 letters, digits, ".", "_" or "-", starting with a letter or digit');
-      const group = text(body, 'group', false) || '';
+      const group = body.group || '';
       // The org comes from the path; the body's group only narrows what the caller must hold.
       const target: Target = group ? { kind: 'group', org, group } : { kind: 'org', org };
       if (!(await holds(db, req, 'agents:manage', target))) throw new ApiError(PROBLEMS.forbidden, `requires agents:manage over ${describe(target)}`);
-      const name = text(body, 'name', true)!;
-      const image = text(body, 'image', false) ?? '';
-      const command = strings(body, 'command') ?? [];
-      const packs = strings(body, 'policy_packs') ?? [];
-      const enclave = text(body, 'enclave_id', false) ?? '';
+      const name = body.name;
+      const image = body.image ?? '';
+      const command = body.command ?? [];
+      const packs = body.policy_packs ?? [];
+      const enclave = body.enclave_id ?? '';
       if ((await db.query('SELECT 1 FROM orgs WHERE id = $1', [org])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
       if (group && (await db.query('SELECT 1 FROM org_groups WHERE org_id = $1 AND id = $2', [org, group])).rows.length === 0) bad('group', `no group ${group} in org ${org}`);
       if (enclave) {
@@ -166,10 +171,10 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
 
     // Containment: `{contained: true|false}` (default true) → containmentView.
     api.post('/orgs/:org/agents/:uid/containment', {
-      config: overAgent, schema: { params: AGENT, body: optionalBody(object({ contained: ANY }, [], 'containmentReq')), response: { 200: CONTAINMENT_VIEW } },
+      config: overAgent, schema: { params: AGENT, body: optionalBody(object({ contained: NULLABLE_BOOLEAN }, [], 'containmentReq')), response: { 200: CONTAINMENT_VIEW } },
     }, async (req) => {
       const agent = guarded.get(req)!;
-      const contained = bool((req.body ?? {}) as Record<string, unknown>, 'contained') ?? true;
+      const contained = (req.body as { contained?: boolean | null } | undefined)?.contained ?? true;
       const { row, published } = await setState(req, agent, contained ? 'agent.contain' : 'agent.release', { contained });
       return { agent: row.uid, contained: row.contained, nudged: published, published, enclave_id: row.enclave_id, org_id: row.org_id };
     });

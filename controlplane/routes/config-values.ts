@@ -1,7 +1,7 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
-import { bad, bool } from '../body.ts';
-import { ANY, arrayOf, BOOLEAN, NO_CONTENT, object, pathParams, STRING, viewSchema } from './schemas.ts';
+import { bad } from '../bad-request.ts';
+import { ANY, arrayOf, BOOLEAN, NO_CONTENT, NULLABLE_BOOLEAN, object, pathParams, STRING, viewSchema } from './schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
 import { broaderScopes, rowKey, scopeChange, scopeMustExist, scopeName, scopeOf, scopeTargetOf, SCOPE_QUERY, type Scope } from '../scope-query.ts';
@@ -20,8 +20,8 @@ import type { Queryable } from '../../core/sql.ts';
 const KEY = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
 const VALUE_VIEW = viewSchema('configValueView', { key: STRING, scope: STRING, locked: BOOLEAN, published: BOOLEAN });
 const LISTED_VIEW = viewSchema('configValueListView', { key: STRING, scope: STRING, value: ANY, locked: BOOLEAN, secret: BOOLEAN });
-// `locked` and `secret` are checked by the handler (its messages name the field).
-const VALUE_REQ = object({ value: ANY, locked: ANY, secret: ANY }, [], 'configValueReq');
+// null is absent; whether a value is required depends on `secret` (checked by the handler).
+const VALUE_REQ = object({ value: ANY, locked: NULLABLE_BOOLEAN, secret: NULLABLE_BOOLEAN }, [], 'configValueReq');
 
 export function configValueRoutes(deps: ChangeDeps, events: EventHub) {
   const { db } = deps;
@@ -70,9 +70,9 @@ export function configValueRoutes(deps: ChangeDeps, events: EventHub) {
     }, async (req) => {
       const key = keyOf(req);
       const s = await scopeOf(db, req);
-      const body = req.body as Record<string, unknown>;
-      const secret = bool(body, 'secret') ?? false;
-      const locked = bool(body, 'locked') ?? false;
+      const body = req.body as { value?: unknown; locked?: boolean | null; secret?: boolean | null };
+      const secret = body.secret ?? false;
+      const locked = body.locked ?? false;
       const hasValue = 'value' in body && body.value !== undefined;
       if (secret && hasValue) bad('value', 'must be absent when secret is true: secret values are authored enclave-side, never through the control plane');
       if (!secret && !hasValue) bad('value', 'is required (or declare the key secret)');

@@ -5,8 +5,8 @@ import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { callerGrants } from '../authz/capabilities.ts';
 import { targetResolver } from '../authz/capability-hook.ts';
 import { PLATFORM } from '../authz/targets.ts';
-import { bad, text, url } from '../body.ts';
-import { ANY, arrayOf, NO_CONTENT, NULLABLE_STRING, object, pathParams, STRING, viewSchema } from './schemas.ts';
+import { bad, httpsUrl } from '../bad-request.ts';
+import { ANY, arrayOf, NO_CONTENT, NULLABLE_STRING, object, pathParams, STRING, TEXT, viewSchema } from './schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
 
@@ -34,10 +34,11 @@ export const ENCLAVE_VIEW = viewSchema('enclaveView', {
   address_updated_at: NULLABLE_STRING,
 });
 const REGISTER_VIEW = viewSchema('registerBrokerView', { enclave_id: STRING, subject: STRING, key: ANY });
-// The fields' types and values are checked by the handler (its messages name the field).
-const REGISTER_REQ = object({ name: ANY, enclave_id: ANY, owning_org: ANY }, [], 'registerBrokerReq');
-const ADDRESS_REQ = object({ broker_url: ANY, relay_url: ANY }, [], 'addressReq');
-const ISO_CLASS_REQ = object({ isolationClass: ANY }, [], 'isoClassReq');
+// null is absent; the id's form, the org, the URLs and the class are checked by the handler.
+const REGISTER_REQ = object({ name: TEXT, enclave_id: NULLABLE_STRING, owning_org: TEXT }, ['name', 'owning_org'], 'registerBrokerReq');
+export const ADDRESS_REQ = object({ broker_url: NULLABLE_STRING, relay_url: NULLABLE_STRING }, [], 'addressReq');
+export interface AddressReq { broker_url?: string | null; relay_url?: string | null }
+const ISO_CLASS_REQ = object({ isolationClass: TEXT }, ['isolationClass'], 'isoClassReq');
 const ISO_CLASS_VIEW = viewSchema('isoClassView', { isolationClass: STRING });
 const ID_PARAM = pathParams('id');
 const platformConfig = { requiredCapability: 'platform:config', capabilityTarget: PLATFORM } as const;
@@ -89,10 +90,10 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
     });
 
     api.post('/enclaves', { config: platformConfig, schema: { body: REGISTER_REQ, response: { 201: REGISTER_VIEW } } }, async (req, reply) => {
-      const body = req.body as Record<string, unknown>;
-      const name = text(body, 'name', true)!;
-      const owningOrg = text(body, 'owning_org', true)!;
-      const id = text(body, 'enclave_id', false) || `enc-${randomBytes(6).toString('hex')}`;
+      const body = req.body as { name: string; owning_org: string; enclave_id?: string | null };
+      const name = body.name;
+      const owningOrg = body.owning_org;
+      const id = body.enclave_id || `enc-${randomBytes(6).toString('hex')}`;
       if (!ID.test(id)) bad('enclave_id', 'must be 1–63 lowercase letters, digits, "-" or "_"');
       if ((await db.query('SELECT 1 FROM orgs WHERE id = $1', [owningOrg])).rows.length === 0) bad('owning_org', `no org ${owningOrg}`);
       if ((await db.query('SELECT 1 FROM enclaves WHERE name = $1', [name])).rows.length > 0) throw new ApiError(PROBLEMS.conflict, `an enclave is already named ${name}`);
@@ -118,9 +119,9 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
 
     api.put('/enclaves/:id/address', { config: platformConfig, schema: { params: ID_PARAM, body: ADDRESS_REQ, response: { 200: ENCLAVE_VIEW } } }, async (req) => {
       const e = await load(idOf(req));
-      const body = req.body as Record<string, unknown>;
-      const broker = url(body, 'broker_url', false);
-      const relay = url(body, 'relay_url', false);
+      const body = req.body as AddressReq;
+      const broker = httpsUrl('broker_url', body.broker_url);
+      const relay = httpsUrl('relay_url', body.relay_url);
       return setAddress(deps, req, e, broker, relay, 'operator');
     });
 
@@ -128,7 +129,7 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
       config: platformConfig, schema: { params: ID_PARAM, body: ISO_CLASS_REQ, response: { 200: ISO_CLASS_VIEW } },
     }, async (req) => {
       const e = await load(idOf(req));
-      const iso = text(req.body as Record<string, unknown>, 'isolationClass', true)!;
+      const iso = (req.body as { isolationClass: string }).isolationClass;
       if (!(ISOLATION_CLASSES as readonly string[]).includes(iso)) bad('isolationClass', `must be one of ${ISOLATION_CLASSES.join(', ')}`);
       return auditedChange(deps, req, 'enclave.isolation-class', e.owning_org_id, async (tx) => {
         await tx.query('UPDATE enclaves SET isolation_class = $2 WHERE id = $1', [e.id, iso]);

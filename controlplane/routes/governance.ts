@@ -12,8 +12,8 @@ import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { reportSkipped } from '../skipped-rows.ts';
 import type { SkippedRow } from '../../pipeline/policy/store-snapshot.ts';
 import { agentOrg, PLATFORM } from '../authz/targets.ts';
-import { bad, text } from '../body.ts';
-import { ANY, arrayOf, BOOLEAN, NO_CONTENT, object, pathParams, STRING, viewSchema } from './schemas.ts';
+import { bad } from '../bad-request.ts';
+import { ANY, arrayOf, BOOLEAN, NO_CONTENT, object, pathParams, STRING, TEXT, viewSchema } from './schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
 import { broaderScopes, rowKey, scopeChange, scopeMustExist, scopeName, scopeOf, scopeTargetOf, SCOPE_QUERY, type Scope } from '../scope-query.ts';
@@ -80,8 +80,8 @@ const POLICY_REQ = {
   description: 'destinationPolicyReq, execPolicyReq, sshPolicyReq, tunnelPolicyReq, tunnelPortsPolicyReq or llmPolicyReq, by {kind}',
 };
 const PACK_VIEW = viewSchema('packView', { name: STRING, allow: ANY, deny: ANY, config: ANY });
-// allow, deny and config are checked by the policy validators.
-const DEFINE_PACK = object({ name: ANY, allow: ANY, deny: ANY, config: ANY }, [], 'definePackReq');
+// The name's form, allow, deny and config are checked by the handler and the policy validators.
+const DEFINE_PACK = object({ name: TEXT, allow: ANY, deny: ANY, config: ANY }, ['name'], 'definePackReq');
 const DEFINE_VIEW = viewSchema('definePackView', { pack: STRING, published: BOOLEAN });
 const INSTALL_VIEW = viewSchema('installPackView', { pack: STRING, scope: STRING, installed: BOOLEAN, published: BOOLEAN });
 const EFFECTIVE_VIEW = viewSchema('effectiveGovernanceView', { agent: STRING, org_id: STRING, group_id: STRING }, true);
@@ -165,7 +165,7 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
     // Define (or redefine) a pack; a redefinition reaches every scope it is installed at.
     api.post('/packs', { config: platformConfig, schema: { body: DEFINE_PACK, response: { 200: DEFINE_VIEW, 201: DEFINE_VIEW } } }, async (req, reply) => {
       const body = req.body as Record<string, unknown>;
-      const name = text(body, 'name', true)!;
+      const name = body.name as string;
       if (!PACK.test(name)) bad('name', 'must be 1–63 lowercase letters, digits, ".", "-" or "_"');
       let allow, deny, config;
       try {

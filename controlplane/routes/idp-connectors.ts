@@ -1,8 +1,8 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { PATH_ORG } from '../authz/targets.ts';
-import { arrayOf, NO_CONTENT, NULLABLE_STRING, object, pathParams, STRING, viewSchema } from './schemas.ts';
+import { arrayOf, NO_CONTENT, NON_EMPTY_STRINGS, NULLABLE_STRING, object, pathParams, STRING, TEXT, viewSchema } from './schemas.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
-import { bad, strings, text, url } from '../body.ts';
+import { bad, httpsUrl } from '../bad-request.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 
 // An org's IdP connectors (spec: idpConnectorReq / idpConnectorView), under org:manage over the org in
@@ -13,11 +13,20 @@ interface ConnectorRow { name: string; type: string; org_id: string; status: str
 const COLUMNS = 'name, type, org_id, status, groups_attribute';
 const NAME = /^[a-z0-9][a-z0-9_-]{0,62}$/;
 const CONNECTOR_VIEW = viewSchema('idpConnectorView', { name: STRING, type: STRING, org_id: STRING, status: STRING, groups_attribute: STRING });
-// Null fields are absent; which are required depends on `type` (checked by the handler).
+// null is absent; which fields a type requires, and the URLs, are checked by the handler.
 const CONNECTOR_REQ = object({
-  name: NULLABLE_STRING, type: NULLABLE_STRING, issuer: NULLABLE_STRING, metadata_url: NULLABLE_STRING, client_id: NULLABLE_STRING,
-  client_secret: NULLABLE_STRING, groups_attribute: NULLABLE_STRING, scopes: { type: ['array', 'null'], items: STRING },
-}, [], 'idpConnectorReq');
+  name: NULLABLE_STRING, type: TEXT, issuer: NULLABLE_STRING, metadata_url: NULLABLE_STRING, client_id: NULLABLE_STRING,
+  client_secret: NULLABLE_STRING, groups_attribute: NULLABLE_STRING, scopes: NON_EMPTY_STRINGS,
+}, ['type'], 'idpConnectorReq');
+type ConnectorReq = { type: string; scopes?: string[] | null } & Partial<Record<'name' | 'issuer' | 'metadata_url' | 'client_id' | 'client_secret' | 'groups_attribute', string | null>>;
+
+/** A field `type` requires: present and not blank. */
+function needed(body: ConnectorReq, field: 'issuer' | 'metadata_url' | 'client_id', required: boolean): string {
+  const v = body[field];
+  if (required && (v === undefined || v === null)) bad(field, 'is required');
+  if (required && v!.trim() === '') bad(field, 'must not be empty');
+  return v ?? '';
+}
 const orgManage = { requiredCapability: 'org:manage', capabilityTarget: PATH_ORG } as const;
 
 export function idpConnectorRoutes(deps: ChangeDeps) {
@@ -44,17 +53,16 @@ export function idpConnectorRoutes(deps: ChangeDeps) {
     }, async (req) => {
       const { org, name } = params(req);
       if (!NAME.test(name)) bad('name', 'must be 1–63 lowercase letters, digits, "-" or "_"');
-      const body = req.body as Record<string, unknown>;
-      const named = text(body, 'name', false);
-      if (named !== undefined && named !== name) bad('name', `must match the path (${name}) when given`);
-      const type = text(body, 'type', true)!;
+      const body = req.body as ConnectorReq;
+      if (body.name !== undefined && body.name !== null && body.name !== name) bad('name', `must match the path (${name}) when given`);
+      const type = body.type;
       if (type !== 'oidc' && type !== 'saml') bad('type', 'must be "oidc" or "saml"');
-      const issuer = url(body, 'issuer', type === 'oidc') ?? '';
-      const metadataUrl = url(body, 'metadata_url', type === 'saml') ?? '';
-      const clientId = text(body, 'client_id', type === 'oidc') ?? '';
-      const clientSecret = text(body, 'client_secret', false);
-      const groupsAttribute = text(body, 'groups_attribute', false) ?? '';
-      const scopes = strings(body, 'scopes') ?? [];
+      const issuer = httpsUrl('issuer', needed(body, 'issuer', type === 'oidc')) ?? '';
+      const metadataUrl = httpsUrl('metadata_url', needed(body, 'metadata_url', type === 'saml')) ?? '';
+      const clientId = needed(body, 'client_id', type === 'oidc');
+      const clientSecret = body.client_secret ?? undefined;
+      const groupsAttribute = body.groups_attribute ?? '';
+      const scopes = body.scopes ?? [];
       await orgExists(org);
       const sealed = clientSecret === undefined ? undefined : deps.keys ? await deps.keys.seal(org, clientSecret) : clientSecret;
       return auditedChange(deps, req, 'idp-connector.put', org, async (tx) => {

@@ -6,8 +6,8 @@ import { patternProblem } from '../../pipeline/inspectors/patterns.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { targetResolver } from '../authz/capability-hook.ts';
 import { agentOrg, PLATFORM } from '../authz/targets.ts';
-import { ANY, arrayOf, BOOLEAN, NO_CONTENT, object as objectSchema, pathParams, STRING, viewSchema } from './schemas.ts';
-import { bad, bool } from '../body.ts';
+import { ANY, arrayOf, BOOLEAN, NO_CONTENT, NULLABLE_BOOLEAN, object as objectSchema, pathParams, STRING, viewSchema } from './schemas.ts';
+import { bad } from '../bad-request.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { ChangeTarget, EventHub } from '../events.ts';
 import { agentSnapshot } from '../../pipeline/policy/store-snapshot.ts';
@@ -28,14 +28,14 @@ const ROW_VIEW = viewSchema('llmPolicyView', { key: STRING, scope: STRING, value
 const OVERRIDE_VIEW = viewSchema('agentOverrideView', { override_service: STRING, key: STRING, scope: STRING, value: STRING, locked: BOOLEAN });
 const WRITE_VIEW = viewSchema('policyWriteView', { key: STRING, scope: STRING, locked: BOOLEAN, published: BOOLEAN });
 // `value` is the JSON-encoded policy value; it and `locked` are checked by policyBody (its messages name the field).
-const POLICY_REQ = objectSchema({ value: ANY, locked: ANY }, [], 'llmPolicyValueReq');
-const OVERRIDE_REQ = objectSchema({ override_service: ANY, key: ANY, value: ANY, locked: ANY }, [], 'agentOverrideReq');
+const POLICY_REQ = objectSchema({ value: ANY, locked: NULLABLE_BOOLEAN }, [], 'llmPolicyValueReq');
+const OVERRIDE_REQ = objectSchema({ override_service: ANY, key: ANY, value: ANY, locked: NULLABLE_BOOLEAN }, [], 'agentOverrideReq');
 const EFFECTIVE_VIEW = viewSchema('effectivePolicyView', {
   agent: STRING, org_id: STRING, group_id: STRING, flags: { type: 'object', additionalProperties: BOOLEAN }, policy: ANY, credential_mode: ANY,
   downstream_url: ANY, upstream: ANY, skipped: ANY,
 });
 const FLAG_VIEW = viewSchema('featureFlagView', { flag: STRING, org_id: STRING, enabled: BOOLEAN });
-const FLAG_REQ = objectSchema({ enabled: ANY }, [], 'featureFlagReq');
+const FLAG_REQ = objectSchema({ enabled: NULLABLE_BOOLEAN }, [], 'featureFlagReq');
 const FLAG_WRITE_VIEW = viewSchema('featureFlagWriteView', { flag: STRING, org_id: STRING, enabled: BOOLEAN, published: BOOLEAN });
 export const FLAGS = ['inspect:llm', 'audit:llm'] as const;
 
@@ -70,7 +70,7 @@ export function policyBody(raw: unknown, key: SettingKey, lockable: boolean): { 
       if (problem) bad('value', `content_inspection.patterns[${i}].pattern: not an RE2 expression (${problem})`);
     });
   }
-  const locked = bool(body, 'locked') ?? false;
+  const locked = (body.locked as boolean | null | undefined) ?? false;
   if (locked && !lockable) bad('locked', 'is refused at agent scope');
   if (!lockable && (valid as { immutable?: unknown } | null)?.immutable === true) bad('value', `${key}.immutable is refused at agent scope`);
   // Stored in the form that validates back to the same value (never the validated form as such).
@@ -236,8 +236,8 @@ export function llmPolicyRoutes(deps: ChangeDeps, events: EventHub) {
       const org = callerOrg(req);
       const flag = p(req).flag;
       if (!(FLAGS as readonly string[]).includes(flag)) throw new ApiError(PROBLEMS.notFound, `no feature flag ${flag} (one of ${FLAGS.join(', ')})`);
-      const enabled = bool(req.body as Record<string, unknown>, 'enabled');
-      if (enabled === undefined) bad('enabled', 'is required (a boolean)');
+      const enabled = (req.body as { enabled?: boolean | null }).enabled;
+      if (enabled === undefined || enabled === null) bad('enabled', 'is required (a boolean)');
       await orgMustExist(org);
       return auditedChange(deps, req, 'feature-flag.put', org, async (tx) => {
         await tx.query(

@@ -12,10 +12,12 @@ export const STRINGS: Schema = { type: 'array', items: STRING };
 /** Any JSON value. */
 export const ANY: Schema = {};
 
-/** A string a request requires: present, a string, not blank. */
-export const TEXT: Schema = { type: 'string', pattern: '\\S', 'x-error': 'must not be empty' };
-/** Strings, each non-empty. */
-export const NON_EMPTY_STRINGS: Schema = { type: 'array', items: { type: 'string', minLength: 1, 'x-error': 'must be a non-empty string' } };
+/** A string a request requires: a string (list it as required), not blank. */
+export const TEXT: Schema = { type: 'string', allOf: [{ pattern: '\\S', 'x-error': 'must not be empty' }] };
+/** Strings, each non-empty; null is absent. */
+export const NON_EMPTY_STRINGS: Schema = { type: ['array', 'null'], items: { type: 'string', minLength: 1, 'x-error': 'must be a non-empty string' } };
+/** A boolean; null is absent. */
+export const NULLABLE_BOOLEAN: Schema = { type: ['boolean', 'null'] };
 
 /** A closed object (unknown fields refused), titled with its spec name when it has one. */
 export function object(properties: Record<string, Schema>, required: readonly string[] = [], title?: string): Schema {

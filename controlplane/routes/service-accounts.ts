@@ -6,9 +6,9 @@ import type { ServiceAccountStatus } from '../auth/service-account-status.ts';
 import { builtInRole, CAPABILITIES, groupsOf, type Capability, type ScopeKind } from '../authz/capabilities.ts';
 import { describe, holds, requireCapability, type Target } from '../authz/guard.ts';
 import { conferredBy, requireConferrable, requireHoldsAllOf } from '../authz/confer.ts';
-import { bad, strings, text } from '../body.ts';
+import { bad } from '../bad-request.ts';
 import { PATH_ORG } from '../authz/targets.ts';
-import { ANY, arrayOf, INTEGER, NO_CONTENT, NULLABLE_STRING, object, optionalBody, pathParams, STRING, viewSchema } from './schemas.ts';
+import { ANY, arrayOf, INTEGER, NO_CONTENT, NON_EMPTY_STRINGS, NULLABLE_STRING, object, optionalBody, pathParams, STRING, TEXT, viewSchema } from './schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import { IdpError, serviceAccountMetadata, type IdpProvisioner, type Registration } from '../idp/provisioner.ts';
 import type { ServiceAccountKey } from '../idp/service-account-key.ts';
@@ -49,17 +49,17 @@ async function newKey(): Promise<{ kid: string; publicJwk: JWK; privateJwk: JWK 
   };
 }
 
-function capabilityOf(body: Record<string, unknown>): Capability | null {
-  const c = text(body, 'capability', false);
-  if (c === undefined || c === '') return null;
+function capabilityOf(body: GrantFields): Capability | null {
+  const c = body.capability;
+  if (c === undefined || c === null || c === '') return null;
   if (!(CAPABILITIES as readonly string[]).includes(c)) bad('capability', `unknown capability (one of ${CAPABILITIES.join(', ')})`);
   return c as Capability;
 }
 
 /** The scope a grant of a service account narrows to, within the path's org. */
-function grantTarget(org: string, body: Record<string, unknown>, field: string): Target {
-  const group = text(body, 'group', false) || undefined;
-  const agent = text(body, 'agent', false) || undefined;
+function grantTarget(org: string, body: GrantFields, field: string): Target {
+  const group = body.group || undefined;
+  const agent = body.agent || undefined;
   if (group && agent) bad(`${field}agent`, 'a grant is narrowed to a group or an agent, not both');
   return group ? { kind: 'group', org, group } : agent ? { kind: 'agent', org, agent } : { kind: 'org', org };
 }
@@ -78,12 +78,15 @@ const KEY_VIEW = viewSchema('serviceAccountKeyView', { id: STRING, credential: A
 const SA_GRANT_VIEW = viewSchema('serviceAccountGrantView', {
   id: INTEGER, role: NULLABLE_STRING, capability: NULLABLE_STRING, scope_kind: STRING, org_id: STRING, group_id: STRING, agent_id: STRING,
 });
-// The fields' types and values are checked by the handler (its messages name the field).
-const CREATE_REQ = object({ name: ANY }, [], 'createServiceAccountReq');
-const SELF_GRANT_REQ = object({ capability: ANY, agent: ANY, group: ANY }, [], 'selfServiceGrantReq');
-const SELF_SERVICE_REQ = object({ name: ANY, groups: ANY, grants: arrayOf(SELF_GRANT_REQ) }, [], 'createSelfServiceSAReq');
-const GRANT_REQ = object({ role: ANY, capability: ANY, agent: ANY, group: ANY }, [], 'createServiceAccountGrantReq');
-const TRANSFER_REQ = object({ owner: ANY }, [], 'transferServiceAccountReq');
+// null (and for grant fields an empty string) is absent; what they name is checked by the handler.
+const CREATE_REQ = object({ name: TEXT }, ['name'], 'createServiceAccountReq');
+const SELF_GRANT_REQ = object({ capability: NULLABLE_STRING, agent: NULLABLE_STRING, group: NULLABLE_STRING }, [], 'selfServiceGrantReq');
+const SELF_SERVICE_REQ = object({ name: TEXT, groups: NON_EMPTY_STRINGS, grants: { type: ['array', 'null'], items: SELF_GRANT_REQ } }, ['name'], 'createSelfServiceSAReq');
+const GRANT_REQ = object(
+  { role: NULLABLE_STRING, capability: NULLABLE_STRING, agent: NULLABLE_STRING, group: NULLABLE_STRING }, [], 'createServiceAccountGrantReq',
+);
+const TRANSFER_REQ = object({ owner: TEXT }, ['owner'], 'transferServiceAccountReq');
+type GrantFields = Partial<Record<'role' | 'capability' | 'agent' | 'group', string | null>>;
 const NO_FIELDS = optionalBody(object({}));
 const ORG = pathParams('org');
 const ACCOUNT = pathParams('org', 'id');
@@ -207,8 +210,7 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
     api.post('/orgs/:org/service-accounts', {
       config: clientsManage, schema: { params: ORG, body: CREATE_REQ, response: { 201: CREDENTIAL_VIEW } },
     }, async (req, reply) => {
-      const body = req.body as Record<string, unknown>;
-      const name = text(body, 'name', true)!;
+      const { name } = req.body as { name: string };
       const { org } = params(req);
       await orgExists(org);
       return reply.code(201).send(await create(req, org, name, 'org', async () => {}));
@@ -229,18 +231,17 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
     }, async (req, reply) => {
       const p = req.principal!;
       const { org } = params(req);
-      const body = req.body as Record<string, unknown>;
-      const name = text(body, 'name', true)!;
-      const groups = strings(body, 'groups') ?? [];
+      const body = req.body as { name: string; groups?: string[] | null; grants?: GrantFields[] | null };
+      const { name } = body;
+      const groups = body.groups ?? [];
       const mine = new Set(await groupsOf(db, org, p.subject));
       groups.forEach((g, i) => {
         if (!mine.has(g)) bad(`groups[${i}]`, `you are not a member of group ${g}`);
       });
       const rawGrants = body.grants ?? [];
-      if (!Array.isArray(rawGrants)) bad('grants', 'must be an array of selfServiceGrantReq');
       const grants: { capability: Capability; target: Target }[] = [];
       for (const [i, raw] of rawGrants.entries()) {
-        const g = raw as Record<string, unknown>;
+        const g = raw;
         const capability = capabilityOf(g);
         if (!capability) bad(`grants[${i}].capability`, 'is required');
         const target = grantTarget(org, g, `grants[${i}].`);
@@ -300,7 +301,7 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       config: clientsManage, schema: { params: ACCOUNT, body: TRANSFER_REQ, response: { 200: ACCOUNT_VIEW } },
     }, async (req) => {
       const account = await load(req);
-      const owner = text(req.body as Record<string, unknown>, 'owner', true)!;
+      const { owner } = req.body as { owner: string };
       if ((await db.query('SELECT 1 FROM members WHERE org_id = $1 AND subject = $2', [account.org_id, owner])).rows.length === 0) bad('owner', `${owner} is not a member of org ${account.org_id}`);
       if (owner === account.id) bad('owner', 'a service account cannot own itself');
       await requireHoldsAllOf(db, req, account.id, account.org_id, `ownership of service account ${account.id}`);
@@ -334,8 +335,8 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       config: clientsManage, schema: { params: ACCOUNT, body: GRANT_REQ, response: { 201: SA_GRANT_VIEW } },
     }, async (req, reply) => {
       const account = await load(req);
-      const body = req.body as Record<string, unknown>;
-      const role = text(body, 'role', false) || null;
+      const body = req.body as GrantFields;
+      const role = body.role || null;
       const capability = capabilityOf(body);
       if ((role === null) === (capability === null)) bad('role', 'exactly one of role and capability is required');
       if (role === 'platform-admin') bad('role', 'platform-admin is granted at platform scope only');
