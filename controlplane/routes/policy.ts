@@ -1,18 +1,15 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { PolicyValidationError } from '../../pipeline/errors.ts';
-import { orgFlag, policyLayers, resolveSnapshotSetting, SETTING_KEYS, settingJson, validateSetting, type SettingKey } from '../../pipeline/policy/snapshot.ts';
-import { resolvePolicy } from '../../pipeline/policy/resolve.ts';
+import { SETTING_KEYS, settingJson, validateSetting, type SettingKey } from '../../pipeline/policy/snapshot.ts';
 import { patternProblem } from '../../pipeline/inspectors/patterns.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
-import { targetResolver } from '../authz/capability-hook.ts';
-import { agentOrg, PLATFORM } from '../authz/targets.ts';
-import { ANY, arrayOf, BOOLEAN, NO_CONTENT, NULLABLE_BOOLEAN, object as objectSchema, pathParams, STRING, viewSchema } from './schemas.ts';
+import { agentOrg, PLATFORM, TOKEN_ORG, tokenOrg } from '../authz/targets.ts';
 import { bad } from '../bad-request.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { ChangeTarget, EventHub } from '../events.ts';
-import { agentSnapshot } from '../../pipeline/policy/store-snapshot.ts';
-import { reportSkipped } from '../skipped-rows.ts';
+import { orgExists } from '../store/orgs.ts';
 import type { Queryable } from '../../core/sql.ts';
+import { ANY, arrayOf, BOOLEAN, NO_CONTENT, NULLABLE_BOOLEAN, object, pathParams, STRING, viewSchema } from './schemas.ts';
 
 // LLM content policy and settings of service `llmproxy` (llm-content-policy.md: Endpoints, Policy
 // hierarchy): platform rows (platform:config), the caller's org rows (org:manage over it), agent
@@ -21,25 +18,25 @@ import type { Queryable } from '../../core/sql.ts';
 // one is a 400 naming the field, with nothing stored. A lock at platform or org scope turns a write
 // below it into a 409 naming the scope that holds the lock. Every write is audited and published to
 // the enclaves it concerns, in the same transaction; `published` says whether any enclave was told.
+// The agent's effective policy and the org's feature flags are effective-policy.ts and feature-flags.ts.
 
-const SERVICE = 'llmproxy';
+export const SERVICE = 'llmproxy';
 const KEY = pathParams('key');
 const ROW_VIEW = viewSchema('llmPolicyView', { key: STRING, scope: STRING, value: STRING, locked: BOOLEAN });
 const OVERRIDE_VIEW = viewSchema('agentOverrideView', { override_service: STRING, key: STRING, scope: STRING, value: STRING, locked: BOOLEAN });
 const WRITE_VIEW = viewSchema('policyWriteView', { key: STRING, scope: STRING, locked: BOOLEAN, published: BOOLEAN });
 // `value` is the JSON-encoded policy value; it and `locked` are checked by policyBody (its messages name the field).
-const POLICY_REQ = objectSchema({ value: ANY, locked: NULLABLE_BOOLEAN }, [], 'llmPolicyValueReq');
-const OVERRIDE_REQ = objectSchema({ override_service: ANY, key: ANY, value: ANY, locked: NULLABLE_BOOLEAN }, [], 'agentOverrideReq');
-const EFFECTIVE_VIEW = viewSchema('effectivePolicyView', {
-  agent: STRING, org_id: STRING, group_id: STRING, flags: { type: 'object', additionalProperties: BOOLEAN }, policy: ANY, credential_mode: ANY,
-  downstream_url: ANY, upstream: ANY, skipped: ANY,
-});
-const FLAG_VIEW = viewSchema('featureFlagView', { flag: STRING, org_id: STRING, enabled: BOOLEAN });
-const FLAG_REQ = objectSchema({ enabled: NULLABLE_BOOLEAN }, [], 'featureFlagReq');
-const FLAG_WRITE_VIEW = viewSchema('featureFlagWriteView', { flag: STRING, org_id: STRING, enabled: BOOLEAN, published: BOOLEAN });
-export const FLAGS = ['inspect:llm', 'audit:llm'] as const;
+const POLICY_REQ = object({ value: ANY, locked: NULLABLE_BOOLEAN }, [], 'llmPolicyValueReq');
+const OVERRIDE_REQ = object({ override_service: ANY, key: ANY, value: ANY, locked: NULLABLE_BOOLEAN }, [], 'agentOverrideReq');
 
-interface AgentRow { uid: string; org_id: string; group_id: string; name: string; status: string; contained: boolean; enclave_id: string }
+export interface AgentRow { uid: string; org_id: string; group_id: string; name: string; status: string; contained: boolean; enclave_id: string }
+
+/** The agent `id`, authorized before over its org (authz/targets.ts agentOrg); 404 when there is none. */
+export async function loadAgent(db: Queryable, id: string): Promise<AgentRow> {
+  const { rows } = await db.query<AgentRow>('SELECT uid, org_id, group_id, name, status, contained, enclave_id FROM agents WHERE uid = $1', [id]);
+  if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no agent ${id}`);
+  return rows[0];
+}
 
 function settingKey(key: string): SettingKey {
   if (!(SETTING_KEYS as readonly string[]).includes(key)) throw new ApiError(PROBLEMS.notFound, `no llmproxy key ${key} (one of ${SETTING_KEYS.join(', ')})`);
@@ -92,23 +89,9 @@ export async function assertNotLocked(db: Queryable, service: string, key: strin
   }
 }
 
-export function llmPolicyRoutes(deps: ChangeDeps, events: EventHub) {
+export function policyRoutes(deps: ChangeDeps, events: EventHub) {
   const { db } = deps;
-  const p = (req: FastifyRequest) => req.params as { key: string; id: string; flag: string };
-  const callerOrg = (req: FastifyRequest): string => {
-    const org = req.principal?.orgId;
-    if (!org) throw new ApiError(PROBLEMS.badRequest, 'the token names no org: org-scope policy is written for the caller\'s org');
-    return org;
-  };
-  const agentOf = async (req: FastifyRequest): Promise<AgentRow> => {
-    const { rows } = await db.query<AgentRow>('SELECT uid, org_id, group_id, name, status, contained, enclave_id FROM agents WHERE uid = $1', [p(req).id]);
-    // Authorized over the agent's org, or the caller's own when there is none (authz/targets.ts agentOrg).
-    if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no agent ${p(req).id}`);
-    return rows[0];
-  };
-  const orgMustExist = async (org: string) => {
-    if ((await db.query('SELECT 1 FROM orgs WHERE id = $1', [org])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
-  };
+  const p = (req: FastifyRequest) => req.params as { key: string; id: string };
   /** Writes a service_config row (or deletes it with value null), audited and published. */
   const writeRow = async (req: FastifyRequest, scope: 'platform' | 'org', org: string, key: string, row: { value: string; locked: boolean } | null) => {
     const target: ChangeTarget = scope === 'platform' ? { kind: 'platform' } : { kind: 'org', org };
@@ -132,17 +115,13 @@ export function llmPolicyRoutes(deps: ChangeDeps, events: EventHub) {
     `SELECT key, value, locked FROM service_config WHERE service = $1 AND scope_kind = $2 AND org_id = $3 AND group_id = '' ORDER BY key`, [SERVICE, scope, org],
   )).rows.map((r) => ({ key: r.key, scope: scope === 'platform' ? 'platform' : `org:${org}`, value: r.value, locked: r.locked }));
 
-  // The org-scope rows are the caller's org's: a token naming no org is a 400 before any check.
-  const ownOrg = targetResolver('caller-org', (req) => ({ kind: 'org', org: callerOrg(req) }));
   const platformConfig = { requiredCapability: 'platform:config', capabilityTarget: PLATFORM } as const;
-  const orgManage = { requiredCapability: 'org:manage', capabilityTarget: ownOrg } as const;
+  const orgManage = { requiredCapability: 'org:manage', capabilityTarget: TOKEN_ORG } as const;
   const agentsManage = { requiredCapability: 'agents:manage', capabilityTarget: agentOrg(db) } as const;
 
   return async (api: FastifyInstance) => {
     for (const prefix of ['/platform/config/llmproxy', '/platform-config/llmproxy']) {
-      api.get(prefix, { config: platformConfig, schema: { response: { 200: arrayOf(ROW_VIEW) } } }, async (req) => {
-        return list('platform', '');
-      });
+      api.get(prefix, { config: platformConfig, schema: { response: { 200: arrayOf(ROW_VIEW) } } }, async () => list('platform', ''));
       api.put(`${prefix}/:key`, { config: platformConfig, schema: { params: KEY, body: POLICY_REQ, response: { 200: WRITE_VIEW } } }, async (req) => {
         const key = settingKey(p(req).key);
         return writeRow(req, 'platform', '', key, policyBody(req.body, key, true));
@@ -154,31 +133,29 @@ export function llmPolicyRoutes(deps: ChangeDeps, events: EventHub) {
     }
 
     for (const prefix of ['/config/llmproxy', '/service-config/llmproxy']) {
-      api.get(prefix, { config: orgManage, schema: { response: { 200: arrayOf(ROW_VIEW) } } }, async (req) => {
-        return list('org', callerOrg(req));
-      });
+      api.get(prefix, { config: orgManage, schema: { response: { 200: arrayOf(ROW_VIEW) } } }, async (req) => list('org', tokenOrg(req)));
       api.put(`${prefix}/:key`, { config: orgManage, schema: { params: KEY, body: POLICY_REQ, response: { 200: WRITE_VIEW } } }, async (req) => {
-        const org = callerOrg(req);
+        const org = tokenOrg(req);
         const key = settingKey(p(req).key);
         const row = policyBody(req.body, key, true);
-        await orgMustExist(org);
+        if (!(await orgExists(db, org))) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
         await assertNotLocked(db, SERVICE, key, 'org', org);
         return writeRow(req, 'org', org, key, row);
       });
       api.delete(`${prefix}/:key`, { config: orgManage, schema: { params: KEY, response: NO_CONTENT } }, async (req, reply) => {
-        await writeRow(req, 'org', callerOrg(req), settingKey(p(req).key), null);
+        await writeRow(req, 'org', tokenOrg(req), settingKey(p(req).key), null);
         return reply.code(204).send();
       });
     }
 
     // Agent overrides: `{override_service: "llmproxy", key, value}`.
     api.get('/agents/:id/config', { config: agentsManage, schema: { params: pathParams('id'), response: { 200: arrayOf(OVERRIDE_VIEW) } } }, async (req) => {
-      const agent = await agentOf(req);
+      const agent = await loadAgent(db, p(req).id);
       return (await db.query<{ key: string; value: string }>('SELECT key, value FROM agent_config WHERE override_service = $1 AND agent_id = $2 ORDER BY key', [SERVICE, agent.uid]))
         .rows.map((r) => ({ override_service: SERVICE, key: r.key, scope: `agent:${agent.uid}`, value: r.value, locked: false }));
     });
     api.post('/agents/:id/config', { config: agentsManage, schema: { params: pathParams('id'), body: OVERRIDE_REQ, response: { 200: WRITE_VIEW } } }, async (req) => {
-      const agent = await agentOf(req);
+      const agent = await loadAgent(db, p(req).id);
       const body = req.body as Record<string, unknown>;
       if (body.override_service !== SERVICE) bad('override_service', `must be "${SERVICE}"`);
       if (typeof body.key !== 'string') bad('key', 'is required');
@@ -197,7 +174,7 @@ export function llmPolicyRoutes(deps: ChangeDeps, events: EventHub) {
       }).finally(() => events.wake());
     });
     api.delete('/agents/:id/config/:key', { config: agentsManage, schema: { params: pathParams('id', 'key'), response: NO_CONTENT } }, async (req, reply) => {
-      const agent = await agentOf(req);
+      const agent = await loadAgent(db, p(req).id);
       const key = settingKey(p(req).key);
       await auditedChange(deps, req, 'llm-policy.delete', agent.org_id, async (tx) => {
         const { rows } = await tx.query('DELETE FROM agent_config WHERE override_service = $1 AND agent_id = $2 AND key = $3 RETURNING key', [SERVICE, agent.uid, key]);
@@ -206,48 +183,6 @@ export function llmPolicyRoutes(deps: ChangeDeps, events: EventHub) {
         return { result: null, resource: `llmproxy:agent:${agent.uid}:${key}` };
       }).finally(() => events.wake());
       return reply.code(204).send();
-    });
-
-    // The effective policy of an agent: the proxy's own resolver over the state the agent's enclave receives.
-    api.get('/agents/:id/effective-policy', { config: agentsManage, schema: { params: pathParams('id'), response: { 200: EFFECTIVE_VIEW } } }, async (req) => {
-      const agent = await agentOf(req);
-      const snapshot = await agentSnapshot(db, agent.org_id, agent);
-      reportSkipped(deps, `agent:${agent.uid}`, snapshot.skipped);
-      const group = agent.group_id || null;
-      const policy = resolvePolicy(policyLayers(snapshot, agent.org_id, group, agent.uid));
-      return {
-        agent: agent.uid, org_id: agent.org_id, group_id: agent.group_id,
-        flags: Object.fromEntries(FLAGS.map((f) => [f, orgFlag(snapshot, agent.org_id, f)])),
-        policy,
-        credential_mode: resolveSnapshotSetting(snapshot, 'credential_mode', agent.org_id, group, agent.uid) ?? 'platform',
-        downstream_url: resolveSnapshotSetting(snapshot, 'downstream_url', agent.org_id, group, agent.uid),
-        upstream: resolveSnapshotSetting(snapshot, 'upstream', agent.org_id, group, agent.uid) ?? {},
-        skipped: snapshot.skipped,
-      };
-    });
-
-    // Org feature flags (`inspect:llm`, `audit:llm`; enabled when never set), for the caller's org.
-    api.get('/feature-flags', { config: orgManage, schema: { response: { 200: arrayOf(FLAG_VIEW) } } }, async (req) => {
-      const org = callerOrg(req);
-      const set = new Map((await db.query<{ flag: string; enabled: boolean }>('SELECT flag, enabled FROM feature_flags WHERE org_id = $1', [org])).rows.map((r) => [r.flag, r.enabled]));
-      return FLAGS.map((flag) => ({ flag, org_id: org, enabled: set.get(flag) ?? true }));
-    });
-    api.put('/feature-flags/:flag', { config: orgManage, schema: { params: pathParams('flag'), body: FLAG_REQ, response: { 200: FLAG_WRITE_VIEW } } }, async (req) => {
-      const org = callerOrg(req);
-      const flag = p(req).flag;
-      if (!(FLAGS as readonly string[]).includes(flag)) throw new ApiError(PROBLEMS.notFound, `no feature flag ${flag} (one of ${FLAGS.join(', ')})`);
-      const enabled = (req.body as { enabled?: boolean | null }).enabled;
-      if (enabled === undefined || enabled === null) bad('enabled', 'is required (a boolean)');
-      await orgMustExist(org);
-      return auditedChange(deps, req, 'feature-flag.put', org, async (tx) => {
-        await tx.query(
-          `INSERT INTO feature_flags (org_id, flag, enabled, updated_by) VALUES ($1, $2, $3, $4)
-           ON CONFLICT (org_id, flag) DO UPDATE SET enabled = EXCLUDED.enabled, updated_by = EXCLUDED.updated_by, updated_at = now()`,
-          [org, flag, enabled, req.principal!.subject],
-        );
-        const published = await events.publishTo(tx, { kind: 'org', org }, 'flags.changed', { flag, org_id: org });
-        return { result: { flag, org_id: org, enabled, published }, resource: `feature-flag:${org}:${flag}` };
-      }).finally(() => events.wake());
     });
   };
 }
