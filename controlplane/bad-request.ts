@@ -18,6 +18,7 @@ export function httpsUrl(field: string, value: string | null | undefined): strin
   } catch {
     bad(field, 'must be an absolute URL');
   }
-  if (u.protocol !== 'https:' && !(u.protocol === 'http:' && LOOPBACK.includes(u.hostname))) bad(field, 'must be https');
+  if (u.protocol !== 'https:' && !(u.protocol === 'http:' && LOOPBACK.includes(u.hostname)))
+    bad(field, 'must be https');
   return value;
 }

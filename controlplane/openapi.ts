@@ -41,8 +41,12 @@ export function collectOperations(app: FastifyInstance): Operation[] {
     const target = config.capabilityTarget?.label ?? config.targetLabel;
     for (const method of methods) {
       ops.push({
-        method: method.toLowerCase(), path: route.url.replace(/:([A-Za-z_]+)/g, '{$1}'), capability: config.requiredCapability ?? null,
-        ...(target ? { target } : {}), ...(config.agentOperator ? { agentOperator: true } : {}), ...(config.stream ? { stream: true } : {}),
+        method: method.toLowerCase(),
+        path: route.url.replace(/:([A-Za-z_]+)/g, '{$1}'),
+        capability: config.requiredCapability ?? null,
+        ...(target ? { target } : {}),
+        ...(config.agentOperator ? { agentOperator: true } : {}),
+        ...(config.stream ? { stream: true } : {}),
         schema: (route.schema ?? {}) as RouteSchema,
       });
     }
@@ -51,13 +55,19 @@ export function collectOperations(app: FastifyInstance): Operation[] {
 }
 
 /** The operations `mount` registers under /api/v1, collected on an instance that never listens. */
-export async function surfaceOperations(mount: (api: FastifyInstance) => Promise<void>, options: FastifyServerOptions): Promise<Operation[]> {
+export async function surfaceOperations(
+  mount: (api: FastifyInstance) => Promise<void>,
+  options: FastifyServerOptions,
+): Promise<Operation[]> {
   const dry = Fastify({ ...options, logger: false });
   const ops = collectOperations(dry);
-  await dry.register(async (api) => {
-    api.get('/openapi.json', OPENAPI_ROUTE, async () => null);
-    await mount(api);
-  }, { prefix: '/api/v1' });
+  await dry.register(
+    async (api) => {
+      api.get('/openapi.json', OPENAPI_ROUTE, async () => null);
+      await mount(api);
+    },
+    { prefix: '/api/v1' },
+  );
   await dry.ready();
   await dry.close();
   return ops;
@@ -70,8 +80,15 @@ export const OPENAPI_ROUTE = {
 } as const;
 
 const PROBLEM: Schema = {
-  type: 'object', title: 'Problem',
-  properties: { type: { type: 'string' }, title: { type: 'string' }, status: { type: 'integer' }, detail: { type: 'string' }, instance: { type: 'string' } },
+  type: 'object',
+  title: 'Problem',
+  properties: {
+    type: { type: 'string' },
+    title: { type: 'string' },
+    status: { type: 'integer' },
+    detail: { type: 'string' },
+    instance: { type: 'string' },
+  },
 };
 
 /** Replaces every titled object schema by a reference to a component of that name. */
@@ -79,7 +96,9 @@ function hoist(schema: unknown, components: Record<string, Schema>): unknown {
   if (Array.isArray(schema)) return schema.map((s) => hoist(s, components));
   if (schema === null || typeof schema !== 'object') return schema;
   const out: Schema = {};
-  for (const [k, v] of Object.entries(schema)) out[k] = k === 'properties' || k === 'patternProperties' ? mapValues(v as Schema, components) : hoist(v, components);
+  for (const [k, v] of Object.entries(schema))
+    out[k] =
+      k === 'properties' || k === 'patternProperties' ? mapValues(v as Schema, components) : hoist(v, components);
   if (typeof out.title === 'string' && out.type === 'object') {
     components[out.title] ??= out;
     return { $ref: `#/components/schemas/${out.title}` };
@@ -94,14 +113,24 @@ function mapValues(props: Schema, components: Record<string, Schema>): Schema {
 function parameters(where: 'path' | 'query', schema: Schema | undefined, components: Record<string, Schema>) {
   const props = (schema?.properties ?? {}) as Record<string, Schema>;
   const required = new Set((schema?.required ?? []) as string[]);
-  return Object.entries(props).map(([name, s]) => ({ name, in: where, required: where === 'path' || required.has(name), schema: hoist(s, components) }));
+  return Object.entries(props).map(([name, s]) => ({
+    name,
+    in: where,
+    required: where === 'path' || required.has(name),
+    schema: hoist(s, components),
+  }));
 }
 
 /** A body schema, or one keyed by media type (an optional body, schemas.ts `optionalBody`). */
 function requestBody(body: Schema, components: Record<string, Schema>) {
   const content = body.content as Record<string, { schema: Schema }> | undefined;
   if (!content) return { required: true, content: { 'application/json': { schema: hoist(body, components) } } };
-  return { required: false, content: Object.fromEntries(Object.entries(content).map(([type, c]) => [type, { schema: hoist(c.schema, components) }])) };
+  return {
+    required: false,
+    content: Object.fromEntries(
+      Object.entries(content).map(([type, c]) => [type, { schema: hoist(c.schema, components) }]),
+    ),
+  };
 }
 
 export function openApiDocument(ops: readonly Operation[]): Record<string, unknown> {
@@ -112,15 +141,25 @@ export function openApiDocument(ops: readonly Operation[]): Record<string, unkno
     const responses: Record<string, unknown> = {};
     for (const [status, s] of Object.entries(schema.response ?? {})) {
       const type = op.stream && status === '200' ? 'text/event-stream' : 'application/json';
-      responses[status] = status === '204'
-        ? { description: 'no content' }
-        : { description: String(s.description ?? 'success'), content: { [type]: { schema: hoist(s, components) } } };
+      responses[status] =
+        status === '204'
+          ? { description: 'no content' }
+          : { description: String(s.description ?? 'success'), content: { [type]: { schema: hoist(s, components) } } };
     }
-    responses.default = { description: 'RFC 9457 problem', content: { 'application/problem+json': { schema: { $ref: '#/components/schemas/Problem' } } } };
+    responses.default = {
+      description: 'RFC 9457 problem',
+      content: { 'application/problem+json': { schema: { $ref: '#/components/schemas/Problem' } } },
+    };
     (paths[op.path] ??= {})[op.method] = {
-      operationId: `${op.method}${op.path.replace(/[{}]/g, '').replace(/\/([a-z])/g, (_m, c: string) => c.toUpperCase()).replace(/[^A-Za-z0-9]/g, '')}`,
+      operationId: `${op.method}${op.path
+        .replace(/[{}]/g, '')
+        .replace(/\/([a-z])/g, (_m, c: string) => c.toUpperCase())
+        .replace(/[^A-Za-z0-9]/g, '')}`,
       ...(schema.summary ? { summary: schema.summary } : {}),
-      parameters: [...parameters('path', schema.params, components), ...parameters('query', schema.querystring, components)],
+      parameters: [
+        ...parameters('path', schema.params, components),
+        ...parameters('query', schema.querystring, components),
+      ],
       ...(schema.body ? { requestBody: requestBody(schema.body, components) } : {}),
       security: [{ bearer: [] }],
       'x-required-capability': op.capability,
@@ -134,6 +173,9 @@ export function openApiDocument(ops: readonly Operation[]): Record<string, unkno
     openapi: '3.2.0',
     info: { title: 'dvx operator API', version: pkg.version },
     paths,
-    components: { securitySchemes: { bearer: { type: 'http', scheme: 'bearer', bearerFormat: 'JWT' } }, schemas: components },
+    components: {
+      securitySchemes: { bearer: { type: 'http', scheme: 'bearer', bearerFormat: 'JWT' } },
+      schemas: components,
+    },
   };
 }

@@ -10,7 +10,12 @@ import type { ErrorObject } from 'ajv';
 type Verbose = ErrorObject & { parentSchema?: { 'x-error'?: string } };
 
 const ARTICLE: Record<string, string> = {
-  string: 'a string', boolean: 'a boolean', integer: 'an integer', number: 'a number', array: 'an array', object: 'a JSON object',
+  string: 'a string',
+  boolean: 'a boolean',
+  integer: 'an integer',
+  number: 'a number',
+  array: 'an array',
+  object: 'a JSON object',
 };
 
 /** "/grants/0/agent" → "grants[0].agent". */
@@ -37,7 +42,7 @@ export function schemaErrorDetail(e: Verbose, part: string): string {
   if (e.keyword === 'type') {
     const types = ([] as string[]).concat(e.params.type as string | string[]).filter((t) => t !== 'null');
     const items = (e.parentSchema as { items?: { type?: string } } | undefined)?.items?.type;
-    const article = (t: string) => (t === 'array' && items ? `an array of ${items}s` : ARTICLE[t] ?? t);
+    const article = (t: string) => (t === 'array' && items ? `an array of ${items}s` : (ARTICLE[t] ?? t));
     return `${name}: must be ${types.map(article).join(' or ')}`;
   }
   return `${name}: ${e.message}`;

@@ -41,7 +41,16 @@ export function scopeTargetOf(db: Queryable, first?: (req: FastifyRequest) => vo
 }
 
 /** The query parameters of a scoped route. */
-export const SCOPE_QUERY = { type: 'object', properties: { scope: { type: 'string' }, org: { type: 'string' }, group: { type: 'string' }, agent: { type: 'string' } }, additionalProperties: false };
+export const SCOPE_QUERY = {
+  type: 'object',
+  properties: {
+    scope: { type: 'string' },
+    org: { type: 'string' },
+    group: { type: 'string' },
+    agent: { type: 'string' },
+  },
+  additionalProperties: false,
+};
 
 async function parseScope(db: Queryable, req: FastifyRequest): Promise<Scope> {
   const q = req.query as Record<string, unknown>;

@@ -300,7 +300,9 @@ interface Families {
 /** Every route under /api/v1; a family whose backing capability is not wired is not mounted. */
 async function mountApi(api: FastifyInstance, deps: ChangeDeps, wired: Families): Promise<void> {
   // Requires only a valid token (spec: Authentication, rule 1).
-  api.get('/whoami', { config: { requiredCapability: null }, schema: { response: { 200: WHOAMI_VIEW } } }, async (req) => {
+  api.get('/whoami', {
+    config: { requiredCapability: null }, schema: { response: { 200: WHOAMI_VIEW } },
+  }, async (req) => {
     const p = req.principal!;
     const { groups, grants } = await callerGrants(deps.db, p.subject, p.orgId);
     return { subject: p.subject, kind: p.kind, org_id: p.orgId, groups, capabilities: [...new Set(grants.map((g) => g.capability))].sort() };

@@ -22,7 +22,10 @@ export interface TargetResolver {
   readonly label: string;
 }
 
-export function targetResolver(label: string, resolve: (req: FastifyRequest) => Target | Promise<Target>): TargetResolver {
+export function targetResolver(
+  label: string,
+  resolve: (req: FastifyRequest) => Target | Promise<Target>,
+): TargetResolver {
   return Object.assign(resolve, { label });
 }
 
@@ -46,8 +49,11 @@ export function checkDeclaration(route: RouteOptions): void {
   if (!route.url.startsWith('/api/v1/')) return;
   const config = route.config ?? {};
   if (config.requiredCapability === undefined) fail('declares no requiredCapability');
-  if (config.requiredCapability === null) return void (config.capabilityTarget && fail('a route open to any token has no capabilityTarget'));
-  const ways = [config.capabilityTarget, config.authorize, config.authorizedInHandler].filter((w) => w !== undefined).length;
+  if (config.requiredCapability === null)
+    return void (config.capabilityTarget && fail('a route open to any token has no capabilityTarget'));
+  const ways = [config.capabilityTarget, config.authorize, config.authorizedInHandler].filter(
+    (w) => w !== undefined,
+  ).length;
   if (ways !== 1) fail('declare exactly one of capabilityTarget, authorize, authorizedInHandler');
 
   function fail(why: string): never {

@@ -11,7 +11,11 @@ import { ApiError, PROBLEMS } from '../errors.ts';
 
 const UID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 
-const TOKEN_VIEW = viewSchema('agentOperatorTokenView', { access_token: STRING, token_type: STRING, expires_in: INTEGER });
+const TOKEN_VIEW = viewSchema('agentOperatorTokenView', {
+  access_token: STRING,
+  token_type: STRING,
+  expires_in: INTEGER,
+});
 
 export function agentOperatorRoutes(deps: ChangeDeps, issuer: AgentOperatorIssuer) {
   return async (api: FastifyInstance) => {

@@ -3,7 +3,8 @@ import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { describe, holds, type Target } from '../authz/guard.ts';
 import { bad } from '../bad-request.ts';
 import {
-  arrayOf, BOOLEAN, NO_CONTENT, NON_EMPTY_STRINGS, NULLABLE_BOOLEAN, NULLABLE_STRING, object, optionalBody, pathParams, STRING, STRINGS, TEXT, viewSchema,
+  arrayOf, BOOLEAN, NO_CONTENT, NON_EMPTY_STRINGS, NULLABLE_BOOLEAN, NULLABLE_STRING, object, optionalBody,
+  pathParams, STRING, STRINGS, TEXT, viewSchema,
 } from './schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
@@ -29,7 +30,8 @@ export const agentView = (r: AgentRow) => ({
 });
 
 export const AGENT_VIEW = viewSchema('agentView', {
-  uid: STRING, name: STRING, image: STRING, command: STRINGS, contained: BOOLEAN, enclave_id: STRING, group_id: STRING, org_id: STRING,
+  uid: STRING, name: STRING, image: STRING, command: STRINGS, contained: BOOLEAN, enclave_id: STRING,
+  group_id: STRING, org_id: STRING,
   status: STRING, policy_packs: STRINGS,
 });
 const CONTAINMENT_VIEW = viewSchema('containmentView', {
@@ -37,9 +39,19 @@ const CONTAINMENT_VIEW = viewSchema('containmentView', {
 });
 // null is absent; uid's form, the group, the enclave and the packs are checked by the handler.
 const CREATE_AGENT = object({
-  name: TEXT, uid: TEXT, image: NULLABLE_STRING, command: NON_EMPTY_STRINGS, enclave_id: NULLABLE_STRING, group: NULLABLE_STRING, policy_packs: NON_EMPTY_STRINGS,
+  name: TEXT, uid: TEXT, image: NULLABLE_STRING, command: NON_EMPTY_STRINGS, enclave_id: NULLABLE_STRING,
+  group: NULLABLE_STRING, policy_packs: NON_EMPTY_STRINGS,
 }, ['uid', 'name'], 'createAgentReq');
-interface CreateAgentReq { name: string; uid: string; image?: string | null; command?: string[] | null; enclave_id?: string | null; group?: string | null; policy_packs?: string[] | null }
+interface CreateAgentReq {
+  name: string;
+  uid: string;
+  image?: string | null;
+  command?: string[] | null;
+  enclave_id?: string | null;
+  group?: string | null;
+  policy_packs?: string[] | null;
+}
+const CONTAINMENT_REQ = object({ contained: NULLABLE_BOOLEAN }, [], 'containmentReq');
 const ORG = pathParams('org');
 const AGENT = pathParams('org', 'uid');
 
@@ -73,7 +85,9 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
   // Agents routes authorize conditionally (spec: Authentication, rule 4): over the org, or over a group.
   // The agent a route's check loaded, for its handler.
   const guarded = new WeakMap<FastifyRequest, AgentRow>();
-  const anyInOrg = { requiredCapability: 'agents:manage', authorize: anyAgentsManage, targetLabel: 'path-org' } as const;
+  const anyInOrg = {
+    requiredCapability: 'agents:manage', authorize: anyAgentsManage, targetLabel: 'path-org',
+  } as const;
   const overAgent = {
     requiredCapability: 'agents:manage', targetLabel: 'path-org',
     authorize: async (req: FastifyRequest) => void guarded.set(req, await guardAgent(req)),
@@ -90,7 +104,9 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
     }).finally(() => events.wake());
 
   return async (api: FastifyInstance) => {
-    api.get('/orgs/:org/agents', { config: anyInOrg, schema: { params: ORG, response: { 200: arrayOf(AGENT_VIEW) } } }, async (req) => {
+    api.get('/orgs/:org/agents', {
+      config: anyInOrg, schema: { params: ORG, response: { 200: arrayOf(AGENT_VIEW) } },
+    }, async (req) => {
       const all = await holds(db, req, 'agents:manage', orgTarget(req));
       const { rows } = await db.query<AgentRow>(`SELECT ${COLUMNS} FROM agents WHERE org_id = $1 ORDER BY uid`, [params(req).org]);
       const visible: AgentRow[] = [];
@@ -153,9 +169,13 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
       return reply.code(existing ? 200 : 201).send(agentView(result));
     });
 
-    api.get('/orgs/:org/agents/:uid', { config: overAgent, schema: { params: AGENT, response: { 200: AGENT_VIEW } } }, async (req) => agentView(guarded.get(req)!));
+    api.get('/orgs/:org/agents/:uid', {
+      config: overAgent, schema: { params: AGENT, response: { 200: AGENT_VIEW } },
+    }, async (req) => agentView(guarded.get(req)!));
 
-    api.delete('/orgs/:org/agents/:uid', { config: overAgent, schema: { params: AGENT, response: NO_CONTENT } }, async (req, reply) => {
+    api.delete('/orgs/:org/agents/:uid', {
+      config: overAgent, schema: { params: AGENT, response: NO_CONTENT },
+    }, async (req, reply) => {
       const agent = guarded.get(req)!;
       await auditedChange(deps, req, 'agent.delete', agent.org_id, async (tx) => {
         if (agent.enclave_id) await events.publish(tx, [agent.enclave_id], 'agent.deleted', { agent_id: agent.uid, org_id: agent.org_id });
@@ -171,7 +191,8 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
 
     // Containment: `{contained: true|false}` (default true) → containmentView.
     api.post('/orgs/:org/agents/:uid/containment', {
-      config: overAgent, schema: { params: AGENT, body: optionalBody(object({ contained: NULLABLE_BOOLEAN }, [], 'containmentReq')), response: { 200: CONTAINMENT_VIEW } },
+      config: overAgent,
+      schema: { params: AGENT, body: optionalBody(CONTAINMENT_REQ), response: { 200: CONTAINMENT_VIEW } },
     }, async (req) => {
       const agent = guarded.get(req)!;
       const contained = (req.body as { contained?: boolean | null } | undefined)?.contained ?? true;

@@ -58,9 +58,25 @@ async function openAttrs(keys: OrgKeys | null, record: ReadRecord): Promise<Read
 // A record's fields are the audit store's (spec: AuditRecord); served as read, so the schema keeps them all.
 const AUDIT_RECORD = { type: 'object', title: 'AuditRecord', additionalProperties: true };
 const RECORD_PAGE = viewSchema('RecordPage', { records: arrayOf(AUDIT_RECORD), next_offset: INTEGER });
-const LLM_PAGE = viewSchema('llmAuditPage', { entries: arrayOf({ type: 'object', title: 'llmAuditEntry', additionalProperties: true }), next_offset: INTEGER });
+const LLM_PAGE = viewSchema('llmAuditPage', {
+  entries: arrayOf({ type: 'object', title: 'llmAuditEntry', additionalProperties: true }),
+  next_offset: INTEGER,
+});
 // Strings; repeated or unknown parameters are refused by parseAuditParams (its messages name the parameter).
-const AUDIT_PARAMS = ['org', 'scope', 'agent_id', 'action', 'outcome', 'actor_kind', 'proto', 'dst_host', 'since', 'until', 'limit', 'offset'];
+const AUDIT_PARAMS = [
+  'org',
+  'scope',
+  'agent_id',
+  'action',
+  'outcome',
+  'actor_kind',
+  'proto',
+  'dst_host',
+  'since',
+  'until',
+  'limit',
+  'offset',
+];
 const AUDIT_QUERY = query(AUDIT_PARAMS, false, ANY);
 const LOG_QUERY = query(['limit', 'offset'], false, ANY);
 
@@ -100,7 +116,8 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
   // The audit scope is the authorization: auditScope (authz/audit-scope.ts) refuses a caller with no audit
   // grant and is the mandatory predicate of what the others read (spec: Audit rules 1).
   const scoped = (target: string, capability: 'audit:read' | 'audit:read:all') => ({
-    requiredCapability: capability, authorizedInHandler: 'the caller\'s audit scope (authz/audit-scope.ts)', targetLabel: target, agentOperator: true,
+    requiredCapability: capability, authorizedInHandler: 'the caller\'s audit scope (authz/audit-scope.ts)',
+    targetLabel: target, agentOperator: true,
   } as const);
 
   return async (api: FastifyInstance) => {
@@ -109,7 +126,9 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
       await Promise.all([...streams].map((guard) => guard.settled()));
     });
 
-    api.get('/audit/events', { config: scoped('caller-org', 'audit:read'), schema: { querystring: AUDIT_QUERY, response: { 200: RECORD_PAGE } } }, async (req) => {
+    api.get('/audit/events', {
+      config: scoped('caller-org', 'audit:read'), schema: { querystring: AUDIT_QUERY, response: { 200: RECORD_PAGE } },
+    }, async (req) => {
       const { filters, limit, offset } = params(req);
       const scope = await auditScope(db, req, filters);
       const rows = await store.readEvents({ predicate: scope.predicate, filters: scope.filters, limit, offset });
@@ -120,7 +139,8 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
     });
 
     api.get('/audit/stream', {
-      config: { ...scoped('caller-org', 'audit:read'), stream: true }, schema: { querystring: AUDIT_QUERY, response: { 200: AUDIT_RECORD } },
+      config: { ...scoped('caller-org', 'audit:read'), stream: true },
+      schema: { querystring: AUDIT_QUERY, response: { 200: AUDIT_RECORD } },
     }, async (req, reply) => {
       const { filters } = params(req);
       const scope = await auditScope(db, req, filters);
@@ -200,7 +220,8 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
     });
 
     api.get('/agents/:id/audit-log', {
-      config: scoped('agent-org', 'audit:read:all'), schema: { params: pathParams('id'), querystring: LOG_QUERY, response: { 200: LLM_PAGE } },
+      config: scoped('agent-org', 'audit:read:all'),
+      schema: { params: pathParams('id'), querystring: LOG_QUERY, response: { 200: LLM_PAGE } },
     }, async (req) => {
       const id = (req.params as { id: string }).id;
       const p = req.principal!;

@@ -72,10 +72,13 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
     // The enclave authenticates before its body is validated (a 401 is not a 400).
     const caller = new WeakMap<FastifyRequest, EnclaveRow>();
     const preValidation = async (req: FastifyRequest) => void caller.set(req, await authenticate(req));
-    app.put('/v1/broker/address', { preValidation, schema: { body: ADDRESS_REQ, response: { 200: ENCLAVE_VIEW } } }, async (req) => {
+    app.put('/v1/broker/address', {
+      preValidation, schema: { body: ADDRESS_REQ, response: { 200: ENCLAVE_VIEW } },
+    }, async (req) => {
       const e = caller.get(req)!;
       const body = req.body as AddressReq;
-      return setAddress(deps, req, e, httpsUrl('broker_url', body.broker_url), httpsUrl('relay_url', body.relay_url), 'broker');
+      const broker = httpsUrl('broker_url', body.broker_url);
+      return setAddress(deps, req, e, broker, httpsUrl('relay_url', body.relay_url), 'broker');
     });
 
     const issuer = options.agentIssuer;

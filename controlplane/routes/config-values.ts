@@ -1,10 +1,30 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { bad } from '../bad-request.ts';
-import { ANY, arrayOf, BOOLEAN, NO_CONTENT, NULLABLE_BOOLEAN, object, pathParams, STRING, viewSchema } from './schemas.ts';
+import {
+  ANY,
+  arrayOf,
+  BOOLEAN,
+  NO_CONTENT,
+  NULLABLE_BOOLEAN,
+  object,
+  pathParams,
+  STRING,
+  viewSchema,
+} from './schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
-import { broaderScopes, rowKey, scopeChange, scopeMustExist, scopeName, scopeOf, scopeTargetOf, SCOPE_QUERY, type Scope } from '../scope-query.ts';
+import {
+  broaderScopes,
+  rowKey,
+  scopeChange,
+  scopeMustExist,
+  scopeName,
+  scopeOf,
+  scopeTargetOf,
+  SCOPE_QUERY,
+  type Scope,
+} from '../scope-query.ts';
 import type { Queryable } from '../../core/sql.ts';
 
 // Config values (spec: POST/DELETE /api/v1/config/{key}, configValueReq → configValueView) at platform,
@@ -19,7 +39,13 @@ import type { Queryable } from '../../core/sql.ts';
 
 const KEY = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
 const VALUE_VIEW = viewSchema('configValueView', { key: STRING, scope: STRING, locked: BOOLEAN, published: BOOLEAN });
-const LISTED_VIEW = viewSchema('configValueListView', { key: STRING, scope: STRING, value: ANY, locked: BOOLEAN, secret: BOOLEAN });
+const LISTED_VIEW = viewSchema('configValueListView', {
+  key: STRING,
+  scope: STRING,
+  value: ANY,
+  locked: BOOLEAN,
+  secret: BOOLEAN,
+});
 // null is absent; whether a value is required depends on `secret` (checked by the handler).
 const VALUE_REQ = object({ value: ANY, locked: NULLABLE_BOOLEAN, secret: NULLABLE_BOOLEAN }, [], 'configValueReq');
 
@@ -50,7 +76,9 @@ export function configValueRoutes(deps: ChangeDeps, events: EventHub) {
   const KEY_PARAM = pathParams('key');
 
   return async (api: FastifyInstance) => {
-    api.get('/config', { config, schema: { querystring: SCOPE_QUERY, response: { 200: arrayOf(LISTED_VIEW) } } }, async (req) => {
+    api.get('/config', {
+      config, schema: { querystring: SCOPE_QUERY, response: { 200: arrayOf(LISTED_VIEW) } },
+    }, async (req) => {
       const s = await scopeOf(db, req);
       await scopeMustExist(db, s);
       const [kind, org, group, agent] = rowKey(s);
@@ -66,7 +94,8 @@ export function configValueRoutes(deps: ChangeDeps, events: EventHub) {
     });
 
     api.post('/config/:key', {
-      config: keyed, schema: { params: KEY_PARAM, querystring: SCOPE_QUERY, body: VALUE_REQ, response: { 200: VALUE_VIEW } },
+      config: keyed,
+      schema: { params: KEY_PARAM, querystring: SCOPE_QUERY, body: VALUE_REQ, response: { 200: VALUE_VIEW } },
     }, async (req) => {
       const key = keyOf(req);
       const s = await scopeOf(db, req);
@@ -97,7 +126,9 @@ export function configValueRoutes(deps: ChangeDeps, events: EventHub) {
       }).finally(() => events.wake());
     });
 
-    api.delete('/config/:key', { config: keyed, schema: { params: KEY_PARAM, querystring: SCOPE_QUERY, response: NO_CONTENT } }, async (req, reply) => {
+    api.delete('/config/:key', {
+      config: keyed, schema: { params: KEY_PARAM, querystring: SCOPE_QUERY, response: NO_CONTENT },
+    }, async (req, reply) => {
       const key = keyOf(req);
       const s = await scopeOf(db, req);
       await scopeMustExist(db, s);

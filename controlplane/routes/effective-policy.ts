@@ -13,8 +13,15 @@ import { ANY, BOOLEAN, pathParams, STRING, viewSchema } from './schemas.ts';
 // over the state the agent's enclave receives, under agents:manage over the agent's org.
 
 const EFFECTIVE_VIEW = viewSchema('effectivePolicyView', {
-  agent: STRING, org_id: STRING, group_id: STRING, flags: { type: 'object', additionalProperties: BOOLEAN }, policy: ANY, credential_mode: ANY,
-  downstream_url: ANY, upstream: ANY, skipped: ANY,
+  agent: STRING,
+  org_id: STRING,
+  group_id: STRING,
+  flags: { type: 'object', additionalProperties: BOOLEAN },
+  policy: ANY,
+  credential_mode: ANY,
+  downstream_url: ANY,
+  upstream: ANY,
+  skipped: ANY,
 });
 
 export function effectivePolicyRoutes(deps: ChangeDeps) {
@@ -22,21 +29,28 @@ export function effectivePolicyRoutes(deps: ChangeDeps) {
   const agentsManage = { requiredCapability: 'agents:manage', capabilityTarget: agentOrg(db) } as const;
 
   return async (api: FastifyInstance) => {
-    api.get('/agents/:id/effective-policy', { config: agentsManage, schema: { params: pathParams('id'), response: { 200: EFFECTIVE_VIEW } } }, async (req) => {
-      const agent = await loadAgent(db, (req.params as { id: string }).id);
-      const snapshot = await agentSnapshot(db, agent.org_id, agent);
-      reportSkipped(deps, `agent:${agent.uid}`, snapshot.skipped);
-      const group = agent.group_id || null;
-      const policy = resolvePolicy(policyLayers(snapshot, agent.org_id, group, agent.uid));
-      return {
-        agent: agent.uid, org_id: agent.org_id, group_id: agent.group_id,
-        flags: Object.fromEntries(FLAGS.map((f) => [f, orgFlag(snapshot, agent.org_id, f)])),
-        policy,
-        credential_mode: resolveSnapshotSetting(snapshot, 'credential_mode', agent.org_id, group, agent.uid) ?? 'platform',
-        downstream_url: resolveSnapshotSetting(snapshot, 'downstream_url', agent.org_id, group, agent.uid),
-        upstream: resolveSnapshotSetting(snapshot, 'upstream', agent.org_id, group, agent.uid) ?? {},
-        skipped: snapshot.skipped,
-      };
-    });
+    api.get(
+      '/agents/:id/effective-policy',
+      { config: agentsManage, schema: { params: pathParams('id'), response: { 200: EFFECTIVE_VIEW } } },
+      async (req) => {
+        const agent = await loadAgent(db, (req.params as { id: string }).id);
+        const snapshot = await agentSnapshot(db, agent.org_id, agent);
+        reportSkipped(deps, `agent:${agent.uid}`, snapshot.skipped);
+        const group = agent.group_id || null;
+        const policy = resolvePolicy(policyLayers(snapshot, agent.org_id, group, agent.uid));
+        return {
+          agent: agent.uid,
+          org_id: agent.org_id,
+          group_id: agent.group_id,
+          flags: Object.fromEntries(FLAGS.map((f) => [f, orgFlag(snapshot, agent.org_id, f)])),
+          policy,
+          credential_mode:
+            resolveSnapshotSetting(snapshot, 'credential_mode', agent.org_id, group, agent.uid) ?? 'platform',
+          downstream_url: resolveSnapshotSetting(snapshot, 'downstream_url', agent.org_id, group, agent.uid),
+          upstream: resolveSnapshotSetting(snapshot, 'upstream', agent.org_id, group, agent.uid) ?? {},
+          skipped: snapshot.skipped,
+        };
+      },
+    );
   };
 }

@@ -30,12 +30,17 @@ export const enclaveView = (r: EnclaveRow) => ({
 });
 
 export const ENCLAVE_VIEW = viewSchema('enclaveView', {
-  enclave_id: STRING, name: STRING, owning_org_id: STRING, status: STRING, broker_url: STRING, relay_url: STRING, address_source: STRING,
+  enclave_id: STRING, name: STRING, owning_org_id: STRING, status: STRING, broker_url: STRING, relay_url: STRING,
+  address_source: STRING,
   address_updated_at: NULLABLE_STRING,
 });
 const REGISTER_VIEW = viewSchema('registerBrokerView', { enclave_id: STRING, subject: STRING, key: ANY });
 // null is absent; the id's form, the org, the URLs and the class are checked by the handler.
-const REGISTER_REQ = object({ name: TEXT, enclave_id: NULLABLE_STRING, owning_org: TEXT }, ['name', 'owning_org'], 'registerBrokerReq');
+const REGISTER_REQ = object(
+  { name: TEXT, enclave_id: NULLABLE_STRING, owning_org: TEXT },
+  ['name', 'owning_org'],
+  'registerBrokerReq',
+);
 export const ADDRESS_REQ = object({ broker_url: NULLABLE_STRING, relay_url: NULLABLE_STRING }, [], 'addressReq');
 export interface AddressReq { broker_url?: string | null; relay_url?: string | null }
 const ISO_CLASS_REQ = object({ isolationClass: TEXT }, ['isolationClass'], 'isoClassReq');
@@ -60,13 +65,18 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
   };
   /** An enclave is read over its owning org; one that does not exist over the platform (its 404 for admins only). */
   const enclaveOwner = targetResolver('enclave-org', async (req) => {
-    const { rows } = await db.query<{ owning_org_id: string }>('SELECT owning_org_id FROM enclaves WHERE id = $1', [idOf(req)]);
+    const { rows } = await db.query<{ owning_org_id: string }>(
+      'SELECT owning_org_id FROM enclaves WHERE id = $1', [idOf(req)],
+    );
     return rows[0] ? { kind: 'org', org: rows[0].owning_org_id } : { kind: 'platform' };
   });
 
   return async (api: FastifyInstance) => {
     api.get('/enclaves', {
-      config: { requiredCapability: 'enclaves:read', authorizedInHandler: 'the list is of the enclaves the caller reads', targetLabel: 'caller-org' },
+      config: {
+        requiredCapability: 'enclaves:read', targetLabel: 'caller-org',
+        authorizedInHandler: 'the list is of the enclaves the caller reads',
+      },
       schema: { response: { 200: arrayOf(ENCLAVE_VIEW) } },
     }, async (req) => {
       const p = req.principal!;
@@ -82,14 +92,17 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
     });
 
     api.get('/enclaves/:id', {
-      config: { requiredCapability: 'enclaves:read', capabilityTarget: enclaveOwner }, schema: { params: ID_PARAM, response: { 200: ENCLAVE_VIEW } },
+      config: { requiredCapability: 'enclaves:read', capabilityTarget: enclaveOwner },
+      schema: { params: ID_PARAM, response: { 200: ENCLAVE_VIEW } },
     }, async (req) => {
       const row = await db.query<EnclaveRow>(`SELECT ${COLUMNS} FROM enclaves WHERE id = $1`, [idOf(req)]);
       if (!row.rows[0]) throw new ApiError(PROBLEMS.notFound, `no enclave ${idOf(req)}`);
       return enclaveView(row.rows[0]);
     });
 
-    api.post('/enclaves', { config: platformConfig, schema: { body: REGISTER_REQ, response: { 201: REGISTER_VIEW } } }, async (req, reply) => {
+    api.post('/enclaves', {
+      config: platformConfig, schema: { body: REGISTER_REQ, response: { 201: REGISTER_VIEW } },
+    }, async (req, reply) => {
       const body = req.body as { name: string; owning_org: string; enclave_id?: string | null };
       const name = body.name;
       const owningOrg = body.owning_org;
@@ -107,7 +120,9 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
     });
 
     // A new broker key (the old one stops working at once), shown once.
-    api.post('/enclaves/:id/broker-key', { config: platformConfig, schema: { params: ID_PARAM, response: { 201: REGISTER_VIEW } } }, async (req, reply) => {
+    api.post('/enclaves/:id/broker-key', {
+      config: platformConfig, schema: { params: ID_PARAM, response: { 201: REGISTER_VIEW } },
+    }, async (req, reply) => {
       const e = await load(idOf(req));
       const minted = mintBrokerKey(e.id);
       await auditedChange(deps, req, 'enclave.broker-key.rotate', e.owning_org_id, async (tx) => {
@@ -117,7 +132,9 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
       return reply.code(201).send({ enclave_id: e.id, subject: `enclave:${e.id}`, key: minted.key });
     });
 
-    api.put('/enclaves/:id/address', { config: platformConfig, schema: { params: ID_PARAM, body: ADDRESS_REQ, response: { 200: ENCLAVE_VIEW } } }, async (req) => {
+    api.put('/enclaves/:id/address', {
+      config: platformConfig, schema: { params: ID_PARAM, body: ADDRESS_REQ, response: { 200: ENCLAVE_VIEW } },
+    }, async (req) => {
       const e = await load(idOf(req));
       const body = req.body as AddressReq;
       const broker = httpsUrl('broker_url', body.broker_url);
@@ -138,7 +155,9 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
       }).finally(() => events.wake());
     });
 
-    api.delete('/enclaves/:id', { config: platformConfig, schema: { params: ID_PARAM, response: NO_CONTENT } }, async (req, reply) => {
+    api.delete('/enclaves/:id', {
+      config: platformConfig, schema: { params: ID_PARAM, response: NO_CONTENT },
+    }, async (req, reply) => {
       const e = await load(idOf(req));
       await auditedChange(deps, req, 'enclave.delete', e.owning_org_id, async (tx) => {
         await tx.query(`UPDATE agents SET enclave_id = '' WHERE enclave_id = $1`, [e.id]);

@@ -20,11 +20,16 @@ export function erasureRoutes(deps: ChangeDeps, erasure: ErasureDeps, running: S
 
   const platformConfig = { requiredCapability: 'platform:config', capabilityTarget: PLATFORM } as const;
   const ERASURE_VIEW = viewSchema('erasureView', { org_id: STRING, status: STRING });
-  const RESULT_VIEW = viewSchema('erasureResultView', { org_id: STRING, status: STRING, key_shredded: BOOLEAN, rows_swept: INTEGER });
+  const RESULT_VIEW = viewSchema('erasureResultView', {
+    org_id: STRING, status: STRING, key_shredded: BOOLEAN, rows_swept: INTEGER,
+  });
 
   return async (api: FastifyInstance) => {
     api.post('/orgs/:org/erasure', {
-      config: platformConfig, schema: { params: pathParams('org'), body: optionalBody(object({})), response: { 200: ERASURE_VIEW, 202: ERASURE_VIEW } },
+      config: platformConfig,
+      schema: {
+        params: pathParams('org'), body: optionalBody(object({})), response: { 200: ERASURE_VIEW, 202: ERASURE_VIEW },
+      },
     }, async (req, reply) => {
       const org = orgOf(req);
       const existing = (await db.query<ErasureRow>('SELECT * FROM erasures WHERE org_id = $1', [org])).rows[0];
@@ -40,7 +45,9 @@ export function erasureRoutes(deps: ChangeDeps, erasure: ErasureDeps, running: S
       return reply.code(202).send({ org_id: org, status: 'running' });
     });
 
-    api.get('/orgs/:org/erasure', { config: platformConfig, schema: { params: pathParams('org'), response: { 200: RESULT_VIEW } } }, async (req) => {
+    api.get('/orgs/:org/erasure', {
+      config: platformConfig, schema: { params: pathParams('org'), response: { 200: RESULT_VIEW } },
+    }, async (req) => {
       const row = (await db.query<ErasureRow>('SELECT * FROM erasures WHERE org_id = $1', [orgOf(req)])).rows[0];
       if (!row) throw new ApiError(PROBLEMS.notFound, `org ${orgOf(req)} has not been erased`);
       return view(row);

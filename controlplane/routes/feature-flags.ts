@@ -14,7 +14,12 @@ export const FLAGS = ['inspect:llm', 'audit:llm'] as const;
 
 const FLAG_VIEW = viewSchema('featureFlagView', { flag: STRING, org_id: STRING, enabled: BOOLEAN });
 const FLAG_REQ = object({ enabled: NULLABLE_BOOLEAN }, [], 'featureFlagReq');
-const FLAG_WRITE_VIEW = viewSchema('featureFlagWriteView', { flag: STRING, org_id: STRING, enabled: BOOLEAN, published: BOOLEAN });
+const FLAG_WRITE_VIEW = viewSchema('featureFlagWriteView', {
+  flag: STRING,
+  org_id: STRING,
+  enabled: BOOLEAN,
+  published: BOOLEAN,
+});
 
 export function featureFlagRoutes(deps: ChangeDeps, events: EventHub) {
   const { db } = deps;
@@ -24,25 +29,37 @@ export function featureFlagRoutes(deps: ChangeDeps, events: EventHub) {
   return async (api: FastifyInstance) => {
     api.get('/feature-flags', { config: orgManage, schema: { response: { 200: arrayOf(FLAG_VIEW) } } }, async (req) => {
       const org = tokenOrg(req);
-      const set = new Map((await db.query<{ flag: string; enabled: boolean }>('SELECT flag, enabled FROM feature_flags WHERE org_id = $1', [org])).rows.map((r) => [r.flag, r.enabled]));
+      const set = new Map(
+        (
+          await db.query<{ flag: string; enabled: boolean }>(
+            'SELECT flag, enabled FROM feature_flags WHERE org_id = $1',
+            [org],
+          )
+        ).rows.map((r) => [r.flag, r.enabled]),
+      );
       return FLAGS.map((flag) => ({ flag, org_id: org, enabled: set.get(flag) ?? true }));
     });
-    api.put('/feature-flags/:flag', { config: orgManage, schema: { params: pathParams('flag'), body: FLAG_REQ, response: { 200: FLAG_WRITE_VIEW } } }, async (req) => {
-      const org = tokenOrg(req);
-      const flag = p(req).flag;
-      if (!(FLAGS as readonly string[]).includes(flag)) throw new ApiError(PROBLEMS.notFound, `no feature flag ${flag} (one of ${FLAGS.join(', ')})`);
-      const enabled = (req.body as { enabled?: boolean | null }).enabled;
-      if (enabled === undefined || enabled === null) bad('enabled', 'is required (a boolean)');
-      if (!(await orgExists(db, org))) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
-      return auditedChange(deps, req, 'feature-flag.put', org, async (tx) => {
-        await tx.query(
-          `INSERT INTO feature_flags (org_id, flag, enabled, updated_by) VALUES ($1, $2, $3, $4)
+    api.put(
+      '/feature-flags/:flag',
+      { config: orgManage, schema: { params: pathParams('flag'), body: FLAG_REQ, response: { 200: FLAG_WRITE_VIEW } } },
+      async (req) => {
+        const org = tokenOrg(req);
+        const flag = p(req).flag;
+        if (!(FLAGS as readonly string[]).includes(flag))
+          throw new ApiError(PROBLEMS.notFound, `no feature flag ${flag} (one of ${FLAGS.join(', ')})`);
+        const enabled = (req.body as { enabled?: boolean | null }).enabled;
+        if (enabled === undefined || enabled === null) bad('enabled', 'is required (a boolean)');
+        if (!(await orgExists(db, org))) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
+        return auditedChange(deps, req, 'feature-flag.put', org, async (tx) => {
+          await tx.query(
+            `INSERT INTO feature_flags (org_id, flag, enabled, updated_by) VALUES ($1, $2, $3, $4)
            ON CONFLICT (org_id, flag) DO UPDATE SET enabled = EXCLUDED.enabled, updated_by = EXCLUDED.updated_by, updated_at = now()`,
-          [org, flag, enabled, req.principal!.subject],
-        );
-        const published = await events.publishTo(tx, { kind: 'org', org }, 'flags.changed', { flag, org_id: org });
-        return { result: { flag, org_id: org, enabled, published }, resource: `feature-flag:${org}:${flag}` };
-      }).finally(() => events.wake());
-    });
+            [org, flag, enabled, req.principal!.subject],
+          );
+          const published = await events.publishTo(tx, { kind: 'org', org }, 'flags.changed', { flag, org_id: org });
+          return { result: { flag, org_id: org, enabled, published }, resource: `feature-flag:${org}:${flag}` };
+        }).finally(() => events.wake());
+      },
+    );
   };
 }

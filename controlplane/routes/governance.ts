@@ -16,7 +16,17 @@ import { bad } from '../bad-request.ts';
 import { ANY, arrayOf, BOOLEAN, NO_CONTENT, object, pathParams, STRING, TEXT, viewSchema } from './schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
-import { broaderScopes, rowKey, scopeChange, scopeMustExist, scopeName, scopeOf, scopeTargetOf, SCOPE_QUERY, type Scope } from '../scope-query.ts';
+import {
+  broaderScopes,
+  rowKey,
+  scopeChange,
+  scopeMustExist,
+  scopeName,
+  scopeOf,
+  scopeTargetOf,
+  SCOPE_QUERY,
+  type Scope,
+} from '../scope-query.ts';
 
 // Governance policy per scope and destination packs (operator-api.md: llmPolicyReq,
 // destinationPolicyReq, exec/ssh/tunnel, tunnel ports → policyWriteView; definePackReq → definePackView;
@@ -77,13 +87,19 @@ const WRITE_VIEW = viewSchema('policyWriteView', { key: STRING, scope: STRING, l
 // The fields depend on {kind} and are checked by the governance validator (its messages name the field).
 const POLICY_REQ = {
   type: 'object', title: 'governancePolicyReq',
-  description: 'destinationPolicyReq, execPolicyReq, sshPolicyReq, tunnelPolicyReq, tunnelPortsPolicyReq or llmPolicyReq, by {kind}',
+  description:
+    'by {kind}: destinationPolicyReq, execPolicyReq, sshPolicyReq, tunnelPolicyReq, tunnelPortsPolicyReq, llmPolicyReq',
 };
 const PACK_VIEW = viewSchema('packView', { name: STRING, allow: ANY, deny: ANY, config: ANY });
 // The name's form, allow, deny and config are checked by the handler and the policy validators.
 const DEFINE_PACK = object({ name: TEXT, allow: ANY, deny: ANY, config: ANY }, ['name'], 'definePackReq');
 const DEFINE_VIEW = viewSchema('definePackView', { pack: STRING, published: BOOLEAN });
-const INSTALL_VIEW = viewSchema('installPackView', { pack: STRING, scope: STRING, installed: BOOLEAN, published: BOOLEAN });
+const INSTALL_VIEW = viewSchema('installPackView', {
+  pack: STRING,
+  scope: STRING,
+  installed: BOOLEAN,
+  published: BOOLEAN,
+});
 const EFFECTIVE_VIEW = viewSchema('effectiveGovernanceView', { agent: STRING, org_id: STRING, group_id: STRING }, true);
 
 export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
@@ -107,7 +123,9 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
   const platformConfig = { requiredCapability: 'platform:config', capabilityTarget: PLATFORM } as const;
 
   return async (api: FastifyInstance) => {
-    api.get('/policies/:kind', { config: scopedConfig, schema: { params: KIND, querystring: SCOPE_QUERY, response: { 200: POLICY_VIEW } } }, async (req) => {
+    api.get('/policies/:kind', {
+      config: scopedConfig, schema: { params: KIND, querystring: SCOPE_QUERY, response: { 200: POLICY_VIEW } },
+    }, async (req) => {
       const s = await scoped(req);
       const kind = kindOf(req);
       const { rows } = await db.query<{ value: string; locked: boolean }>(
@@ -118,7 +136,8 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
     });
 
     api.put('/policies/:kind', {
-      config: scopedConfig, schema: { params: KIND, querystring: SCOPE_QUERY, body: POLICY_REQ, response: { 200: WRITE_VIEW } },
+      config: scopedConfig,
+      schema: { params: KIND, querystring: SCOPE_QUERY, body: POLICY_REQ, response: { 200: WRITE_VIEW } },
     }, async (req) => {
       const s = await scoped(req);
       const kind = kindOf(req);
@@ -145,7 +164,9 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
       }).finally(() => events.wake());
     });
 
-    api.delete('/policies/:kind', { config: scopedConfig, schema: { params: KIND, querystring: SCOPE_QUERY, response: NO_CONTENT } }, async (req, reply) => {
+    api.delete('/policies/:kind', {
+      config: scopedConfig, schema: { params: KIND, querystring: SCOPE_QUERY, response: NO_CONTENT },
+    }, async (req, reply) => {
       const s = await scoped(req);
       const kind = kindOf(req);
       await auditedChange(deps, req, 'policy.delete', s.org, async (tx) => {
@@ -163,7 +184,9 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
     });
 
     // Define (or redefine) a pack; a redefinition reaches every scope it is installed at.
-    api.post('/packs', { config: platformConfig, schema: { body: DEFINE_PACK, response: { 200: DEFINE_VIEW, 201: DEFINE_VIEW } } }, async (req, reply) => {
+    api.post('/packs', {
+      config: platformConfig, schema: { body: DEFINE_PACK, response: { 200: DEFINE_VIEW, 201: DEFINE_VIEW } },
+    }, async (req, reply) => {
       const body = req.body as Record<string, unknown>;
       const name = body.name as string;
       if (!PACK.test(name)) bad('name', 'must be 1–63 lowercase letters, digits, ".", "-" or "_"');

@@ -35,11 +35,17 @@ const view = (r: GrantRow): GrantView => ({
 });
 
 const GRANT_VIEW = viewSchema('grantView', {
-  id: INTEGER, principal: STRING, role: NULLABLE_STRING, capability: NULLABLE_STRING, scope_kind: STRING, org_id: STRING, group_id: STRING, agent_id: STRING,
+  id: INTEGER, principal: STRING, role: NULLABLE_STRING, capability: NULLABLE_STRING, scope_kind: STRING,
+  org_id: STRING, group_id: STRING, agent_id: STRING,
 });
 // Empty or null fields are absent (createGrantReq); what they may hold is checked by parseGrant.
 const CREATE_GRANT = object(
-  { principal: NULLABLE_STRING, role: NULLABLE_STRING, capability: NULLABLE_STRING, agent: NULLABLE_STRING, group: NULLABLE_STRING }, [], 'createGrantReq',
+  {
+    principal: NULLABLE_STRING, role: NULLABLE_STRING, capability: NULLABLE_STRING, agent: NULLABLE_STRING,
+    group: NULLABLE_STRING,
+  },
+  [],
+  'createGrantReq',
 );
 
 const COLUMNS = 'id, principal, role, capability, scope_kind, org_id, group_id, agent_id';
@@ -113,7 +119,8 @@ export function grantRoutes(deps: ChangeDeps) {
         return rows.map(view);
       });
 
-      api.post(r.prefix, { config, schema: { ...path, body: CREATE_GRANT, response: { 201: GRANT_VIEW } } }, async (req, reply) => {
+      const create = { ...path, body: CREATE_GRANT, response: { 201: GRANT_VIEW } };
+      api.post(r.prefix, { config, schema: create }, async (req, reply) => {
         const target = await r.target(req);
         const grant = await parseGrant(db, req.body, target);
         await requireConferrable(db, req, await conferredBy(db, grant.role, grant.capability), grantScope(grant), 'this grant');
@@ -128,7 +135,9 @@ export function grantRoutes(deps: ChangeDeps) {
         return reply.code(201).send(created);
       });
 
-      api.delete(`${r.prefix}/:id`, { config, schema: { params: pathParams(...r.params, 'id'), response: NO_CONTENT } }, async (req, reply) => {
+      api.delete(`${r.prefix}/:id`, {
+        config, schema: { params: pathParams(...r.params, 'id'), response: NO_CONTENT },
+      }, async (req, reply) => {
         const target = await r.target(req);
         const id = (req.params as { id: string }).id;
         if (!/^\d{1,18}$/.test(id)) throw new ApiError(PROBLEMS.notFound, `no grant ${id}`);

@@ -1,6 +1,16 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { PATH_ORG } from '../authz/targets.ts';
-import { arrayOf, NO_CONTENT, NON_EMPTY_STRINGS, NULLABLE_STRING, object, pathParams, STRING, TEXT, viewSchema } from './schemas.ts';
+import {
+  arrayOf,
+  NO_CONTENT,
+  NON_EMPTY_STRINGS,
+  NULLABLE_STRING,
+  object,
+  pathParams,
+  STRING,
+  TEXT,
+  viewSchema,
+} from './schemas.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { bad, httpsUrl } from '../bad-request.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
@@ -12,13 +22,21 @@ import { ApiError, PROBLEMS } from '../errors.ts';
 interface ConnectorRow { name: string; type: string; org_id: string; status: string; groups_attribute: string }
 const COLUMNS = 'name, type, org_id, status, groups_attribute';
 const NAME = /^[a-z0-9][a-z0-9_-]{0,62}$/;
-const CONNECTOR_VIEW = viewSchema('idpConnectorView', { name: STRING, type: STRING, org_id: STRING, status: STRING, groups_attribute: STRING });
+const CONNECTOR_VIEW = viewSchema('idpConnectorView', {
+  name: STRING,
+  type: STRING,
+  org_id: STRING,
+  status: STRING,
+  groups_attribute: STRING,
+});
 // null is absent; which fields a type requires, and the URLs, are checked by the handler.
 const CONNECTOR_REQ = object({
   name: NULLABLE_STRING, type: TEXT, issuer: NULLABLE_STRING, metadata_url: NULLABLE_STRING, client_id: NULLABLE_STRING,
   client_secret: NULLABLE_STRING, groups_attribute: NULLABLE_STRING, scopes: NON_EMPTY_STRINGS,
 }, ['type'], 'idpConnectorReq');
-type ConnectorReq = { type: string; scopes?: string[] | null } & Partial<Record<'name' | 'issuer' | 'metadata_url' | 'client_id' | 'client_secret' | 'groups_attribute', string | null>>;
+type ConnectorReq = { type: string; scopes?: string[] | null } & Partial<
+  Record<'name' | 'issuer' | 'metadata_url' | 'client_id' | 'client_secret' | 'groups_attribute', string | null>
+>;
 
 /** A field `type` requires: present and not blank. */
 function needed(body: ConnectorReq, field: 'issuer' | 'metadata_url' | 'client_id', required: boolean): string {
@@ -37,24 +55,30 @@ export function idpConnectorRoutes(deps: ChangeDeps) {
   };
 
   return async (api: FastifyInstance) => {
-    api.get('/orgs/:org/idp-connectors', { config: orgManage, schema: { params: pathParams('org'), response: { 200: arrayOf(CONNECTOR_VIEW) } } }, async (req) => {
+    api.get('/orgs/:org/idp-connectors', {
+      config: orgManage, schema: { params: pathParams('org'), response: { 200: arrayOf(CONNECTOR_VIEW) } },
+    }, async (req) => {
       await orgExists(params(req).org);
       return (await db.query<ConnectorRow>(`SELECT ${COLUMNS} FROM idp_connectors WHERE org_id = $1 ORDER BY name`, [params(req).org])).rows;
     });
 
-    api.get('/orgs/:org/idp-connectors/:name', { config: orgManage, schema: { params: pathParams('org', 'name'), response: { 200: CONNECTOR_VIEW } } }, async (req) => {
+    api.get('/orgs/:org/idp-connectors/:name', {
+      config: orgManage, schema: { params: pathParams('org', 'name'), response: { 200: CONNECTOR_VIEW } },
+    }, async (req) => {
       const { rows } = await db.query<ConnectorRow>(`SELECT ${COLUMNS} FROM idp_connectors WHERE org_id = $1 AND name = $2`, [params(req).org, params(req).name]);
       if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no IdP connector ${params(req).name} in org ${params(req).org}`);
       return rows[0];
     });
 
     api.put('/orgs/:org/idp-connectors/:name', {
-      config: orgManage, schema: { params: pathParams('org', 'name'), body: CONNECTOR_REQ, response: { 200: CONNECTOR_VIEW } },
+      config: orgManage,
+      schema: { params: pathParams('org', 'name'), body: CONNECTOR_REQ, response: { 200: CONNECTOR_VIEW } },
     }, async (req) => {
       const { org, name } = params(req);
       if (!NAME.test(name)) bad('name', 'must be 1–63 lowercase letters, digits, "-" or "_"');
       const body = req.body as ConnectorReq;
-      if (body.name !== undefined && body.name !== null && body.name !== name) bad('name', `must match the path (${name}) when given`);
+      const named = body.name ?? undefined;
+      if (named !== undefined && named !== name) bad('name', `must match the path (${name}) when given`);
       const type = body.type;
       if (type !== 'oidc' && type !== 'saml') bad('type', 'must be "oidc" or "saml"');
       const issuer = httpsUrl('issuer', needed(body, 'issuer', type === 'oidc')) ?? '';
@@ -79,7 +103,9 @@ export function idpConnectorRoutes(deps: ChangeDeps) {
       });
     });
 
-    api.delete('/orgs/:org/idp-connectors/:name', { config: orgManage, schema: { params: pathParams('org', 'name'), response: NO_CONTENT } }, async (req, reply) => {
+    api.delete('/orgs/:org/idp-connectors/:name', {
+      config: orgManage, schema: { params: pathParams('org', 'name'), response: NO_CONTENT },
+    }, async (req, reply) => {
       const { org, name } = params(req);
       await auditedChange(deps, req, 'idp-connector.delete', org, async (tx) => {
         const { rows } = await tx.query('DELETE FROM idp_connectors WHERE org_id = $1 AND name = $2 RETURNING name', [org, name]);

@@ -20,6 +20,10 @@ function bad(field: string, message: string): never {
 }
 
 const MEMBER_VIEW = viewSchema('memberView', { subject: STRING, username: STRING, email: STRING });
+const OFFBOARD_VIEW = viewSchema('offboardUserView', { subject: STRING });
+const EFFECTIVE_VIEW = viewSchema('effectiveView', {
+  subject: STRING, org_id: STRING, groups: STRINGS, capabilities: STRINGS,
+});
 const PUT_MEMBER = object({ username: STRING, email: STRING }, [], 'putMemberReq');
 const membersManage = { requiredCapability: 'members:*', capabilityTarget: PATH_ORG } as const;
 
@@ -32,7 +36,9 @@ export function memberRoutes(deps: ChangeDeps) {
   };
 
   return async (api: FastifyInstance) => {
-    api.get('/orgs/:org/members', { config: membersManage, schema: { params: pathParams('org'), response: { 200: arrayOf(MEMBER_VIEW) } } }, async (req) => {
+    api.get('/orgs/:org/members', {
+      config: membersManage, schema: { params: pathParams('org'), response: { 200: arrayOf(MEMBER_VIEW) } },
+    }, async (req) => {
       // One round trip: the org (for its 404) and its members.
       const { rows } = await db.query<MemberView & { org: string }>(MEMBERS_OF_ORG, [params(req).org]);
       if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no org ${params(req).org}`);
@@ -40,12 +46,15 @@ export function memberRoutes(deps: ChangeDeps) {
     });
 
     api.put('/orgs/:org/members/:subject', {
-      config: membersManage, schema: { params: pathParams('org', 'subject'), body: optionalBody(PUT_MEMBER), response: { 200: MEMBER_VIEW } },
+      config: membersManage,
+      schema: { params: pathParams('org', 'subject'), body: optionalBody(PUT_MEMBER), response: { 200: MEMBER_VIEW } },
     }, async (req) => {
       const { org, subject } = params(req);
       await orgExists(org);
       const body = (req.body ?? {}) as { username?: string; email?: string };
-      if (body.email !== undefined && body.email !== '' && !/^[^@\s]+@[^@\s]+$/.test(body.email)) bad('email', 'is not an email address');
+      const { email } = body;
+      const malformed = email !== undefined && email !== '' && !/^[^@\s]+@[^@\s]+$/.test(email);
+      if (malformed) bad('email', 'is not an email address');
       return auditedChange(deps, req, 'member.put', org, async (tx) => {
         const { rows } = await tx.query<MemberView>(
           `INSERT INTO members (org_id, subject, username, email, created_by) VALUES ($1, $2, $3, $4, $5)
@@ -57,7 +66,9 @@ export function memberRoutes(deps: ChangeDeps) {
       });
     });
 
-    api.put('/orgs/:org/groups/:group/members/:subject', { config: membersManage, schema: { params: pathParams('org', 'group', 'subject'), response: NO_CONTENT } }, async (req, reply) => {
+    api.put('/orgs/:org/groups/:group/members/:subject', {
+      config: membersManage, schema: { params: pathParams('org', 'group', 'subject'), response: NO_CONTENT },
+    }, async (req, reply) => {
       const { org, group, subject } = params(req);
       if ((await db.query('SELECT 1 FROM org_groups WHERE org_id = $1 AND id = $2', [org, group])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no group ${group} in org ${org}`);
       if ((await db.query('SELECT 1 FROM members WHERE org_id = $1 AND subject = $2', [org, subject])).rows.length === 0) throw new ApiError(PROBLEMS.notFound, `${subject} is not a member of org ${org}`);
@@ -73,7 +84,9 @@ export function memberRoutes(deps: ChangeDeps) {
       return reply.code(204).send();
     });
 
-    api.delete('/orgs/:org/groups/:group/members/:subject', { config: membersManage, schema: { params: pathParams('org', 'group', 'subject'), response: NO_CONTENT } }, async (req, reply) => {
+    api.delete('/orgs/:org/groups/:group/members/:subject', {
+      config: membersManage, schema: { params: pathParams('org', 'group', 'subject'), response: NO_CONTENT },
+    }, async (req, reply) => {
       const { org, group, subject } = params(req);
       await auditedChange(deps, req, 'membership.delete', org, async (tx) => {
         const { rows } = await tx.query('DELETE FROM memberships WHERE org_id = $1 AND group_id = $2 AND subject = $3 RETURNING subject', [org, group, subject]);
@@ -85,7 +98,8 @@ export function memberRoutes(deps: ChangeDeps) {
 
     // Offboarding: the member, their group memberships and every grant to them in the org, at once.
     api.post('/orgs/:org/members/:subject/offboard', {
-      config: membersManage, schema: { params: pathParams('org', 'subject'), response: { 200: viewSchema('offboardUserView', { subject: STRING }) } },
+      config: membersManage,
+      schema: { params: pathParams('org', 'subject'), response: { 200: OFFBOARD_VIEW } },
     }, async (req) => {
       const { org, subject } = params(req);
       return auditedChange(deps, req, 'member.offboard', org, async (tx) => {
@@ -103,7 +117,6 @@ export function memberRoutes(deps: ChangeDeps) {
       const self = req.principal?.subject === subject && req.principal?.orgId === org && req.principal?.kind !== 'agent-operator';
       if (!self) await requireCapability(db, req, 'members:*', target(req));
     };
-    const EFFECTIVE_VIEW = viewSchema('effectiveView', { subject: STRING, org_id: STRING, groups: STRINGS, capabilities: STRINGS });
     api.get('/orgs/:org/members/:subject/effective', {
       config: { requiredCapability: 'members:*', authorize: selfOrMembersManage, targetLabel: 'path-org' },
       schema: { params: pathParams('org', 'subject'), response: { 200: EFFECTIVE_VIEW } },

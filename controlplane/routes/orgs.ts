@@ -18,9 +18,19 @@ function bad(field: string, message: string): never {
   throw new ApiError(PROBLEMS.badRequest, `${field}: ${message}`);
 }
 
-const ORG_VIEW = viewSchema('orgView', { id: STRING, kind: STRING, name: STRING, provider_org_ref: STRING, status: STRING });
+const ORG_VIEW = viewSchema('orgView', {
+  id: STRING,
+  kind: STRING,
+  name: STRING,
+  provider_org_ref: STRING,
+  status: STRING,
+});
 const GROUP_VIEW = viewSchema('groupView', { id: STRING, name: STRING, org_id: STRING, provider_group_ref: STRING });
-const CREATE_ORG = object({ id: TEXT, name: TEXT, provider_org_ref: STRING, status: STRING }, ['id', 'name'], 'createOrgReq');
+const CREATE_ORG = object(
+  { id: TEXT, name: TEXT, provider_org_ref: STRING, status: STRING },
+  ['id', 'name'],
+  'createOrgReq',
+);
 const UPDATE_ORG = object({ name: STRING, provider_org_ref: STRING, status: STRING }, [], 'updateOrgReq');
 const CREATE_GROUP = object({ id: TEXT, name: TEXT, provider_group_ref: STRING }, ['id', 'name'], 'createGroupReq');
 const ORG = pathParams('org');
@@ -42,7 +52,9 @@ export function orgRoutes(deps: ChangeDeps) {
       return (await db.query<OrgView>(`SELECT ${ORG_COLUMNS} FROM orgs ORDER BY id`)).rows;
     });
 
-    api.post('/orgs', { config: platformConfig, schema: { body: CREATE_ORG, response: { 201: ORG_VIEW } } }, async (req, reply) => {
+    api.post('/orgs', {
+      config: platformConfig, schema: { body: CREATE_ORG, response: { 201: ORG_VIEW } },
+    }, async (req, reply) => {
       const body = req.body as { id: string; name: string; provider_org_ref?: string; status?: string };
       const id = body.id;
       if (!ID.test(id)) bad('id', 'must be 1–63 lowercase letters, digits, "-" or "_"');
@@ -68,9 +80,12 @@ export function orgRoutes(deps: ChangeDeps) {
       return rows[0];
     });
 
-    api.put('/orgs/:org', { config: orgManage, schema: { params: ORG, body: UPDATE_ORG, response: { 200: ORG_VIEW } } }, async (req) => {
+    api.put('/orgs/:org', {
+      config: orgManage, schema: { params: ORG, body: UPDATE_ORG, response: { 200: ORG_VIEW } },
+    }, async (req) => {
       const org = orgOf(req);
-      const { name, provider_org_ref: ref, status } = req.body as { name?: string; provider_org_ref?: string; status?: string };
+      const body = req.body as { name?: string; provider_org_ref?: string; status?: string };
+      const { name, provider_org_ref: ref, status } = body;
       if (status !== undefined && !STATUSES.includes(status)) bad('status', `must be one of ${STATUSES.join(', ')}`);
       if (name !== undefined && name.trim() === '') bad('name', 'must not be empty');
       return auditedChange(deps, req, 'org.update', org, async (tx) => {
@@ -83,7 +98,9 @@ export function orgRoutes(deps: ChangeDeps) {
       });
     });
 
-    api.delete('/orgs/:org', { config: platformConfig, schema: { params: ORG, response: NO_CONTENT } }, async (req, reply) => {
+    api.delete('/orgs/:org', {
+      config: platformConfig, schema: { params: ORG, response: NO_CONTENT },
+    }, async (req, reply) => {
       const org = orgOf(req);
       await auditedChange(deps, req, 'org.delete', org, async (tx) => {
         const { rows } = await tx.query('DELETE FROM orgs WHERE id = $1 RETURNING id', [org]);
@@ -95,13 +112,17 @@ export function orgRoutes(deps: ChangeDeps) {
       return reply.code(204).send();
     });
 
-    api.get('/orgs/:org/groups', { config: orgManage, schema: { params: ORG, response: { 200: arrayOf(GROUP_VIEW) } } }, async (req) => {
+    api.get('/orgs/:org/groups', {
+      config: orgManage, schema: { params: ORG, response: { 200: arrayOf(GROUP_VIEW) } },
+    }, async (req) => {
       const org = orgOf(req);
       await mustExist(org);
       return (await db.query<GroupView>(`SELECT ${GROUP_COLUMNS} FROM org_groups WHERE org_id = $1 ORDER BY id`, [org])).rows;
     });
 
-    api.post('/orgs/:org/groups', { config: orgManage, schema: { params: ORG, body: CREATE_GROUP, response: { 201: GROUP_VIEW } } }, async (req, reply) => {
+    api.post('/orgs/:org/groups', {
+      config: orgManage, schema: { params: ORG, body: CREATE_GROUP, response: { 201: GROUP_VIEW } },
+    }, async (req, reply) => {
       const org = orgOf(req);
       await mustExist(org);
       const body = req.body as { id: string; name: string; provider_group_ref?: string };
@@ -119,7 +140,9 @@ export function orgRoutes(deps: ChangeDeps) {
       return reply.code(201).send(group);
     });
 
-    api.delete('/orgs/:org/groups/:group', { config: orgManage, schema: { params: pathParams('org', 'group'), response: NO_CONTENT } }, async (req, reply) => {
+    api.delete('/orgs/:org/groups/:group', {
+      config: orgManage, schema: { params: pathParams('org', 'group'), response: NO_CONTENT },
+    }, async (req, reply) => {
       const org = orgOf(req);
       const group = (req.params as { group: string }).group;
       await auditedChange(deps, req, 'group.delete', org, async (tx) => {

@@ -9,7 +9,17 @@ import { ApiError, PROBLEMS } from '../errors.ts';
 import type { ChangeTarget, EventHub } from '../events.ts';
 import { orgExists } from '../store/orgs.ts';
 import type { Queryable } from '../../core/sql.ts';
-import { ANY, arrayOf, BOOLEAN, NO_CONTENT, NULLABLE_BOOLEAN, object, pathParams, STRING, viewSchema } from './schemas.ts';
+import {
+  ANY,
+  arrayOf,
+  BOOLEAN,
+  NO_CONTENT,
+  NULLABLE_BOOLEAN,
+  object,
+  pathParams,
+  STRING,
+  viewSchema,
+} from './schemas.ts';
 
 // LLM content policy and settings of service `llmproxy` (llm-content-policy.md: Endpoints, Policy
 // hierarchy): platform rows (platform:config), the caller's org rows (org:manage over it), agent
@@ -23,23 +33,45 @@ import { ANY, arrayOf, BOOLEAN, NO_CONTENT, NULLABLE_BOOLEAN, object, pathParams
 export const SERVICE = 'llmproxy';
 const KEY = pathParams('key');
 const ROW_VIEW = viewSchema('llmPolicyView', { key: STRING, scope: STRING, value: STRING, locked: BOOLEAN });
-const OVERRIDE_VIEW = viewSchema('agentOverrideView', { override_service: STRING, key: STRING, scope: STRING, value: STRING, locked: BOOLEAN });
+const OVERRIDE_VIEW = viewSchema('agentOverrideView', {
+  override_service: STRING,
+  key: STRING,
+  scope: STRING,
+  value: STRING,
+  locked: BOOLEAN,
+});
 const WRITE_VIEW = viewSchema('policyWriteView', { key: STRING, scope: STRING, locked: BOOLEAN, published: BOOLEAN });
 // `value` is the JSON-encoded policy value; it and `locked` are checked by policyBody (its messages name the field).
 const POLICY_REQ = object({ value: ANY, locked: NULLABLE_BOOLEAN }, [], 'llmPolicyValueReq');
-const OVERRIDE_REQ = object({ override_service: ANY, key: ANY, value: ANY, locked: NULLABLE_BOOLEAN }, [], 'agentOverrideReq');
+const OVERRIDE_REQ = object(
+  { override_service: ANY, key: ANY, value: ANY, locked: NULLABLE_BOOLEAN },
+  [],
+  'agentOverrideReq',
+);
 
-export interface AgentRow { uid: string; org_id: string; group_id: string; name: string; status: string; contained: boolean; enclave_id: string }
+export interface AgentRow {
+  uid: string;
+  org_id: string;
+  group_id: string;
+  name: string;
+  status: string;
+  contained: boolean;
+  enclave_id: string;
+}
 
 /** The agent `id`, authorized before over its org (authz/targets.ts agentOrg); 404 when there is none. */
 export async function loadAgent(db: Queryable, id: string): Promise<AgentRow> {
-  const { rows } = await db.query<AgentRow>('SELECT uid, org_id, group_id, name, status, contained, enclave_id FROM agents WHERE uid = $1', [id]);
+  const { rows } = await db.query<AgentRow>(
+    'SELECT uid, org_id, group_id, name, status, contained, enclave_id FROM agents WHERE uid = $1',
+    [id],
+  );
   if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no agent ${id}`);
   return rows[0];
 }
 
 function settingKey(key: string): SettingKey {
-  if (!(SETTING_KEYS as readonly string[]).includes(key)) throw new ApiError(PROBLEMS.notFound, `no llmproxy key ${key} (one of ${SETTING_KEYS.join(', ')})`);
+  if (!(SETTING_KEYS as readonly string[]).includes(key))
+    throw new ApiError(PROBLEMS.notFound, `no llmproxy key ${key} (one of ${SETTING_KEYS.join(', ')})`);
   return key as SettingKey;
 }
 
@@ -69,23 +101,34 @@ export function policyBody(raw: unknown, key: SettingKey, lockable: boolean): { 
   }
   const locked = (body.locked as boolean | null | undefined) ?? false;
   if (locked && !lockable) bad('locked', 'is refused at agent scope');
-  if (!lockable && (valid as { immutable?: unknown } | null)?.immutable === true) bad('value', `${key}.immutable is refused at agent scope`);
+  if (!lockable && (valid as { immutable?: unknown } | null)?.immutable === true)
+    bad('value', `${key}.immutable is refused at agent scope`);
   // Stored in the form that validates back to the same value (never the validated form as such).
   return { value: JSON.stringify(settingJson(key, valid)), locked };
 }
 
-const isLock = (r: { value: string; locked: boolean }) => r.locked || (JSON.parse(r.value) as { immutable?: unknown } | null)?.immutable === true;
+const isLock = (r: { value: string; locked: boolean }) =>
+  r.locked || (JSON.parse(r.value) as { immutable?: unknown } | null)?.immutable === true;
 
 /** 409 when a broader scope locks `key` for a write at `scope` (platform, then org, then group). */
-export async function assertNotLocked(db: Queryable, service: string, key: string, scope: 'org' | 'group' | 'agent', org: string, group = ''): Promise<void> {
+export async function assertNotLocked(
+  db: Queryable,
+  service: string,
+  key: string,
+  scope: 'org' | 'group' | 'agent',
+  org: string,
+  group = '',
+): Promise<void> {
   const broader: [string, string, string, string][] = [['platform', '', '', 'platform scope']];
   if (scope !== 'org') broader.push(['org', org, '', `org ${org}`]);
   if (scope === 'agent' && group) broader.push(['group', org, group, `group ${group}`]);
   for (const [kind, o, g, name] of broader) {
     const { rows } = await db.query<{ value: string; locked: boolean }>(
-      'SELECT value, locked FROM service_config WHERE service = $1 AND scope_kind = $2 AND org_id = $3 AND group_id = $4 AND key = $5', [service, kind, o, g, key],
+      'SELECT value, locked FROM service_config WHERE service = $1 AND scope_kind = $2 AND org_id = $3 AND group_id = $4 AND key = $5',
+      [service, kind, o, g, key],
     );
-    if (rows[0] && isLock(rows[0])) throw new ApiError(PROBLEMS.conflict, `${key} is locked at ${name}: a more specific scope cannot override it`);
+    if (rows[0] && isLock(rows[0]))
+      throw new ApiError(PROBLEMS.conflict, `${key} is locked at ${name}: a more specific scope cannot override it`);
   }
 }
 
@@ -93,7 +136,13 @@ export function policyRoutes(deps: ChangeDeps, events: EventHub) {
   const { db } = deps;
   const p = (req: FastifyRequest) => req.params as { key: string; id: string };
   /** Writes a service_config row (or deletes it with value null), audited and published. */
-  const writeRow = async (req: FastifyRequest, scope: 'platform' | 'org', org: string, key: string, row: { value: string; locked: boolean } | null) => {
+  const writeRow = async (
+    req: FastifyRequest,
+    scope: 'platform' | 'org',
+    org: string,
+    key: string,
+    row: { value: string; locked: boolean } | null,
+  ) => {
     const target: ChangeTarget = scope === 'platform' ? { kind: 'platform' } : { kind: 'org', org };
     const scopeName = scope === 'platform' ? 'platform' : `org:${org}`;
     return auditedChange(deps, req, row ? 'llm-policy.put' : 'llm-policy.delete', org, async (tx) => {
@@ -104,16 +153,35 @@ export function policyRoutes(deps: ChangeDeps, events: EventHub) {
           [SERVICE, scope, org, key, row.value, row.locked, req.principal!.subject],
         );
       } else {
-        const { rows } = await tx.query(`DELETE FROM service_config WHERE service = $1 AND scope_kind = $2 AND org_id = $3 AND group_id = '' AND key = $4 RETURNING key`, [SERVICE, scope, org, key]);
+        const { rows } = await tx.query(
+          `DELETE FROM service_config WHERE service = $1 AND scope_kind = $2 AND org_id = $3 AND group_id = '' AND key = $4 RETURNING key`,
+          [SERVICE, scope, org, key],
+        );
         if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no ${key} at ${scopeName}`);
       }
-      const published = await events.publishTo(tx, target, 'policy.changed', { service: SERVICE, key, scope: scopeName });
-      return { result: { key, scope: scopeName, locked: row?.locked ?? false, published }, resource: `llmproxy:${scopeName}:${key}` };
+      const published = await events.publishTo(tx, target, 'policy.changed', {
+        service: SERVICE,
+        key,
+        scope: scopeName,
+      });
+      return {
+        result: { key, scope: scopeName, locked: row?.locked ?? false, published },
+        resource: `llmproxy:${scopeName}:${key}`,
+      };
     }).finally(() => events.wake());
   };
-  const list = async (scope: 'platform' | 'org', org: string) => (await db.query<{ key: string; value: string; locked: boolean }>(
-    `SELECT key, value, locked FROM service_config WHERE service = $1 AND scope_kind = $2 AND org_id = $3 AND group_id = '' ORDER BY key`, [SERVICE, scope, org],
-  )).rows.map((r) => ({ key: r.key, scope: scope === 'platform' ? 'platform' : `org:${org}`, value: r.value, locked: r.locked }));
+  const list = async (scope: 'platform' | 'org', org: string) =>
+    (
+      await db.query<{ key: string; value: string; locked: boolean }>(
+        `SELECT key, value, locked FROM service_config WHERE service = $1 AND scope_kind = $2 AND org_id = $3 AND group_id = '' ORDER BY key`,
+        [SERVICE, scope, org],
+      )
+    ).rows.map((r) => ({
+      key: r.key,
+      scope: scope === 'platform' ? 'platform' : `org:${org}`,
+      value: r.value,
+      locked: r.locked,
+    }));
 
   const platformConfig = { requiredCapability: 'platform:config', capabilityTarget: PLATFORM } as const;
   const orgManage = { requiredCapability: 'org:manage', capabilityTarget: TOKEN_ORG } as const;
@@ -121,68 +189,129 @@ export function policyRoutes(deps: ChangeDeps, events: EventHub) {
 
   return async (api: FastifyInstance) => {
     for (const prefix of ['/platform/config/llmproxy', '/platform-config/llmproxy']) {
-      api.get(prefix, { config: platformConfig, schema: { response: { 200: arrayOf(ROW_VIEW) } } }, async () => list('platform', ''));
-      api.put(`${prefix}/:key`, { config: platformConfig, schema: { params: KEY, body: POLICY_REQ, response: { 200: WRITE_VIEW } } }, async (req) => {
-        const key = settingKey(p(req).key);
-        return writeRow(req, 'platform', '', key, policyBody(req.body, key, true));
-      });
-      api.delete(`${prefix}/:key`, { config: platformConfig, schema: { params: KEY, response: NO_CONTENT } }, async (req, reply) => {
-        await writeRow(req, 'platform', '', settingKey(p(req).key), null);
-        return reply.code(204).send();
-      });
+      api.get(prefix, { config: platformConfig, schema: { response: { 200: arrayOf(ROW_VIEW) } } }, async () =>
+        list('platform', ''),
+      );
+      api.put(
+        `${prefix}/:key`,
+        { config: platformConfig, schema: { params: KEY, body: POLICY_REQ, response: { 200: WRITE_VIEW } } },
+        async (req) => {
+          const key = settingKey(p(req).key);
+          return writeRow(req, 'platform', '', key, policyBody(req.body, key, true));
+        },
+      );
+      api.delete(
+        `${prefix}/:key`,
+        { config: platformConfig, schema: { params: KEY, response: NO_CONTENT } },
+        async (req, reply) => {
+          await writeRow(req, 'platform', '', settingKey(p(req).key), null);
+          return reply.code(204).send();
+        },
+      );
     }
 
     for (const prefix of ['/config/llmproxy', '/service-config/llmproxy']) {
-      api.get(prefix, { config: orgManage, schema: { response: { 200: arrayOf(ROW_VIEW) } } }, async (req) => list('org', tokenOrg(req)));
-      api.put(`${prefix}/:key`, { config: orgManage, schema: { params: KEY, body: POLICY_REQ, response: { 200: WRITE_VIEW } } }, async (req) => {
-        const org = tokenOrg(req);
-        const key = settingKey(p(req).key);
-        const row = policyBody(req.body, key, true);
-        if (!(await orgExists(db, org))) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
-        await assertNotLocked(db, SERVICE, key, 'org', org);
-        return writeRow(req, 'org', org, key, row);
-      });
-      api.delete(`${prefix}/:key`, { config: orgManage, schema: { params: KEY, response: NO_CONTENT } }, async (req, reply) => {
-        await writeRow(req, 'org', tokenOrg(req), settingKey(p(req).key), null);
-        return reply.code(204).send();
-      });
+      api.get(prefix, { config: orgManage, schema: { response: { 200: arrayOf(ROW_VIEW) } } }, async (req) =>
+        list('org', tokenOrg(req)),
+      );
+      api.put(
+        `${prefix}/:key`,
+        { config: orgManage, schema: { params: KEY, body: POLICY_REQ, response: { 200: WRITE_VIEW } } },
+        async (req) => {
+          const org = tokenOrg(req);
+          const key = settingKey(p(req).key);
+          const row = policyBody(req.body, key, true);
+          if (!(await orgExists(db, org))) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
+          await assertNotLocked(db, SERVICE, key, 'org', org);
+          return writeRow(req, 'org', org, key, row);
+        },
+      );
+      api.delete(
+        `${prefix}/:key`,
+        { config: orgManage, schema: { params: KEY, response: NO_CONTENT } },
+        async (req, reply) => {
+          await writeRow(req, 'org', tokenOrg(req), settingKey(p(req).key), null);
+          return reply.code(204).send();
+        },
+      );
     }
 
     // Agent overrides: `{override_service: "llmproxy", key, value}`.
-    api.get('/agents/:id/config', { config: agentsManage, schema: { params: pathParams('id'), response: { 200: arrayOf(OVERRIDE_VIEW) } } }, async (req) => {
-      const agent = await loadAgent(db, p(req).id);
-      return (await db.query<{ key: string; value: string }>('SELECT key, value FROM agent_config WHERE override_service = $1 AND agent_id = $2 ORDER BY key', [SERVICE, agent.uid]))
-        .rows.map((r) => ({ override_service: SERVICE, key: r.key, scope: `agent:${agent.uid}`, value: r.value, locked: false }));
-    });
-    api.post('/agents/:id/config', { config: agentsManage, schema: { params: pathParams('id'), body: OVERRIDE_REQ, response: { 200: WRITE_VIEW } } }, async (req) => {
-      const agent = await loadAgent(db, p(req).id);
-      const body = req.body as Record<string, unknown>;
-      if (body.override_service !== SERVICE) bad('override_service', `must be "${SERVICE}"`);
-      if (typeof body.key !== 'string') bad('key', 'is required');
-      if (!(SETTING_KEYS as readonly string[]).includes(body.key)) bad('key', `unknown llmproxy key (one of ${SETTING_KEYS.join(', ')})`);
-      const key = body.key as SettingKey;
-      const row = policyBody({ value: body.value, ...(body.locked === undefined ? {} : { locked: body.locked }) }, key, false);
-      await assertNotLocked(db, SERVICE, key, 'agent', agent.org_id, agent.group_id);
-      return auditedChange(deps, req, 'llm-policy.put', agent.org_id, async (tx) => {
-        await tx.query(
-          `INSERT INTO agent_config (override_service, agent_id, org_id, key, value, updated_by) VALUES ($1, $2, $3, $4, $5, $6)
-           ON CONFLICT (override_service, agent_id, key) DO UPDATE SET value = EXCLUDED.value, updated_by = EXCLUDED.updated_by, updated_at = now()`,
-          [SERVICE, agent.uid, agent.org_id, key, row.value, req.principal!.subject],
+    api.get(
+      '/agents/:id/config',
+      { config: agentsManage, schema: { params: pathParams('id'), response: { 200: arrayOf(OVERRIDE_VIEW) } } },
+      async (req) => {
+        const agent = await loadAgent(db, p(req).id);
+        return (
+          await db.query<{ key: string; value: string }>(
+            'SELECT key, value FROM agent_config WHERE override_service = $1 AND agent_id = $2 ORDER BY key',
+            [SERVICE, agent.uid],
+          )
+        ).rows.map((r) => ({
+          override_service: SERVICE,
+          key: r.key,
+          scope: `agent:${agent.uid}`,
+          value: r.value,
+          locked: false,
+        }));
+      },
+    );
+    api.post(
+      '/agents/:id/config',
+      { config: agentsManage, schema: { params: pathParams('id'), body: OVERRIDE_REQ, response: { 200: WRITE_VIEW } } },
+      async (req) => {
+        const agent = await loadAgent(db, p(req).id);
+        const body = req.body as Record<string, unknown>;
+        if (body.override_service !== SERVICE) bad('override_service', `must be "${SERVICE}"`);
+        if (typeof body.key !== 'string') bad('key', 'is required');
+        if (!(SETTING_KEYS as readonly string[]).includes(body.key))
+          bad('key', `unknown llmproxy key (one of ${SETTING_KEYS.join(', ')})`);
+        const key = body.key as SettingKey;
+        const row = policyBody(
+          { value: body.value, ...(body.locked === undefined ? {} : { locked: body.locked }) },
+          key,
+          false,
         );
-        const published = await events.publishTo(tx, { kind: 'agent', agent: agent.uid }, 'policy.changed', { service: SERVICE, key, scope: `agent:${agent.uid}` });
-        return { result: { key, scope: `agent:${agent.uid}`, locked: false, published }, resource: `llmproxy:agent:${agent.uid}:${key}` };
-      }).finally(() => events.wake());
-    });
-    api.delete('/agents/:id/config/:key', { config: agentsManage, schema: { params: pathParams('id', 'key'), response: NO_CONTENT } }, async (req, reply) => {
-      const agent = await loadAgent(db, p(req).id);
-      const key = settingKey(p(req).key);
-      await auditedChange(deps, req, 'llm-policy.delete', agent.org_id, async (tx) => {
-        const { rows } = await tx.query('DELETE FROM agent_config WHERE override_service = $1 AND agent_id = $2 AND key = $3 RETURNING key', [SERVICE, agent.uid, key]);
-        if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `agent ${agent.uid} has no ${key} override`);
-        await events.publishTo(tx, { kind: 'agent', agent: agent.uid }, 'policy.changed', { service: SERVICE, key, scope: `agent:${agent.uid}` });
-        return { result: null, resource: `llmproxy:agent:${agent.uid}:${key}` };
-      }).finally(() => events.wake());
-      return reply.code(204).send();
-    });
+        await assertNotLocked(db, SERVICE, key, 'agent', agent.org_id, agent.group_id);
+        return auditedChange(deps, req, 'llm-policy.put', agent.org_id, async (tx) => {
+          await tx.query(
+            `INSERT INTO agent_config (override_service, agent_id, org_id, key, value, updated_by) VALUES ($1, $2, $3, $4, $5, $6)
+           ON CONFLICT (override_service, agent_id, key) DO UPDATE SET value = EXCLUDED.value, updated_by = EXCLUDED.updated_by, updated_at = now()`,
+            [SERVICE, agent.uid, agent.org_id, key, row.value, req.principal!.subject],
+          );
+          const published = await events.publishTo(tx, { kind: 'agent', agent: agent.uid }, 'policy.changed', {
+            service: SERVICE,
+            key,
+            scope: `agent:${agent.uid}`,
+          });
+          return {
+            result: { key, scope: `agent:${agent.uid}`, locked: false, published },
+            resource: `llmproxy:agent:${agent.uid}:${key}`,
+          };
+        }).finally(() => events.wake());
+      },
+    );
+    api.delete(
+      '/agents/:id/config/:key',
+      { config: agentsManage, schema: { params: pathParams('id', 'key'), response: NO_CONTENT } },
+      async (req, reply) => {
+        const agent = await loadAgent(db, p(req).id);
+        const key = settingKey(p(req).key);
+        await auditedChange(deps, req, 'llm-policy.delete', agent.org_id, async (tx) => {
+          const { rows } = await tx.query(
+            'DELETE FROM agent_config WHERE override_service = $1 AND agent_id = $2 AND key = $3 RETURNING key',
+            [SERVICE, agent.uid, key],
+          );
+          if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `agent ${agent.uid} has no ${key} override`);
+          await events.publishTo(tx, { kind: 'agent', agent: agent.uid }, 'policy.changed', {
+            service: SERVICE,
+            key,
+            scope: `agent:${agent.uid}`,
+          });
+          return { result: null, resource: `llmproxy:agent:${agent.uid}:${key}` };
+        }).finally(() => events.wake());
+        return reply.code(204).send();
+      },
+    );
   };
 }

@@ -46,7 +46,9 @@ export function roleRoutes(deps: ChangeDeps) {
       return [...builtIn, ...rows];
     });
 
-    api.post('/roles', { config: platformConfig, schema: { body: CREATE_ROLE, response: { 201: ROLE_VIEW } } }, async (req, reply) => {
+    api.post('/roles', {
+      config: platformConfig, schema: { body: CREATE_ROLE, response: { 201: ROLE_VIEW } },
+    }, async (req, reply) => {
       const body = req.body as Record<string, unknown>;
       const name = body.name;
       if (typeof name !== 'string' || !NAME.test(name)) bad('name', 'must be 2–63 lowercase letters, digits or dashes, starting with a letter');
@@ -60,7 +62,9 @@ export function roleRoutes(deps: ChangeDeps) {
       return reply.code(201).send(role);
     });
 
-    api.put('/roles/:name', { config: platformConfig, schema: { params: pathParams('name'), body: PUT_ROLE, response: { 200: ROLE_VIEW } } }, async (req) => {
+    api.put('/roles/:name', {
+      config: platformConfig, schema: { params: pathParams('name'), body: PUT_ROLE, response: { 200: ROLE_VIEW } },
+    }, async (req) => {
       const name = (req.params as { name: string }).name;
       if (builtInRole(name)) throw new ApiError(PROBLEMS.conflict, `"${name}" is a built-in role and cannot be changed`);
       const capabilities = capabilitiesOf(req.body as Record<string, unknown>);
@@ -73,7 +77,9 @@ export function roleRoutes(deps: ChangeDeps) {
       });
     });
 
-    api.delete('/roles/:name', { config: platformConfig, schema: { params: pathParams('name'), response: NO_CONTENT } }, async (req, reply) => {
+    api.delete('/roles/:name', {
+      config: platformConfig, schema: { params: pathParams('name'), response: NO_CONTENT },
+    }, async (req, reply) => {
       const name = (req.params as { name: string }).name;
       if (builtInRole(name)) throw new ApiError(PROBLEMS.conflict, `"${name}" is a built-in role and cannot be deleted`);
       await auditedChange(deps, req, 'role.delete', '', async (tx) => {

@@ -15,13 +15,22 @@ export const ANY: Schema = {};
 /** A string a request requires: a string (list it as required), not blank. */
 export const TEXT: Schema = { type: 'string', allOf: [{ pattern: '\\S', 'x-error': 'must not be empty' }] };
 /** Strings, each non-empty; null is absent. */
-export const NON_EMPTY_STRINGS: Schema = { type: ['array', 'null'], items: { type: 'string', minLength: 1, 'x-error': 'must be a non-empty string' } };
+export const NON_EMPTY_STRINGS: Schema = {
+  type: ['array', 'null'],
+  items: { type: 'string', minLength: 1, 'x-error': 'must be a non-empty string' },
+};
 /** A boolean; null is absent. */
 export const NULLABLE_BOOLEAN: Schema = { type: ['boolean', 'null'] };
 
 /** A closed object (unknown fields refused), titled with its spec name when it has one. */
 export function object(properties: Record<string, Schema>, required: readonly string[] = [], title?: string): Schema {
-  return { type: 'object', ...(title ? { title } : {}), properties, ...(required.length ? { required } : {}), additionalProperties: false };
+  return {
+    type: 'object',
+    ...(title ? { title } : {}),
+    properties,
+    ...(required.length ? { required } : {}),
+    additionalProperties: false,
+  };
 }
 
 /** A view: every field listed; `open` fields beyond them are kept (an open-ended view). */

@@ -8,7 +8,20 @@ import { describe, holds, requireCapability, type Target } from '../authz/guard.
 import { conferredBy, requireConferrable, requireHoldsAllOf } from '../authz/confer.ts';
 import { bad } from '../bad-request.ts';
 import { PATH_ORG } from '../authz/targets.ts';
-import { ANY, arrayOf, INTEGER, NO_CONTENT, NON_EMPTY_STRINGS, NULLABLE_STRING, object, optionalBody, pathParams, STRING, TEXT, viewSchema } from './schemas.ts';
+import {
+  ANY,
+  arrayOf,
+  INTEGER,
+  NO_CONTENT,
+  NON_EMPTY_STRINGS,
+  NULLABLE_STRING,
+  object,
+  optionalBody,
+  pathParams,
+  STRING,
+  TEXT,
+  viewSchema,
+} from './schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import { IdpError, serviceAccountMetadata, type IdpProvisioner, type Registration } from '../idp/provisioner.ts';
 import type { ServiceAccountKey } from '../idp/service-account-key.ts';
@@ -70,20 +83,37 @@ const scopeOf = (t: Target) => ({
   agent_id: t.kind === 'agent' ? t.agent : '',
 });
 
-const ACCOUNT_VIEW = viewSchema('serviceAccountView', { id: STRING, owner: STRING, level: STRING, status: STRING, org_id: STRING, created_at: STRING });
+const ACCOUNT_VIEW = viewSchema('serviceAccountView', {
+  id: STRING,
+  owner: STRING,
+  level: STRING,
+  status: STRING,
+  org_id: STRING,
+  created_at: STRING,
+});
 const CREDENTIAL_VIEW = viewSchema('serviceAccountCredentialView', {
   id: STRING, owner: STRING, level: STRING, status: STRING, org_id: STRING, created_at: STRING, credential: ANY,
 });
 const KEY_VIEW = viewSchema('serviceAccountKeyView', { id: STRING, credential: ANY });
 const SA_GRANT_VIEW = viewSchema('serviceAccountGrantView', {
-  id: INTEGER, role: NULLABLE_STRING, capability: NULLABLE_STRING, scope_kind: STRING, org_id: STRING, group_id: STRING, agent_id: STRING,
+  id: INTEGER, role: NULLABLE_STRING, capability: NULLABLE_STRING, scope_kind: STRING, org_id: STRING,
+  group_id: STRING, agent_id: STRING,
 });
 // null (and for grant fields an empty string) is absent; what they name is checked by the handler.
 const CREATE_REQ = object({ name: TEXT }, ['name'], 'createServiceAccountReq');
-const SELF_GRANT_REQ = object({ capability: NULLABLE_STRING, agent: NULLABLE_STRING, group: NULLABLE_STRING }, [], 'selfServiceGrantReq');
-const SELF_SERVICE_REQ = object({ name: TEXT, groups: NON_EMPTY_STRINGS, grants: { type: ['array', 'null'], items: SELF_GRANT_REQ } }, ['name'], 'createSelfServiceSAReq');
+const SELF_GRANT_REQ = object(
+  { capability: NULLABLE_STRING, agent: NULLABLE_STRING, group: NULLABLE_STRING },
+  [],
+  'selfServiceGrantReq',
+);
+const SELF_SERVICE_REQ = object(
+  { name: TEXT, groups: NON_EMPTY_STRINGS, grants: { type: ['array', 'null'], items: SELF_GRANT_REQ } },
+  ['name'],
+  'createSelfServiceSAReq',
+);
 const GRANT_REQ = object(
-  { role: NULLABLE_STRING, capability: NULLABLE_STRING, agent: NULLABLE_STRING, group: NULLABLE_STRING }, [], 'createServiceAccountGrantReq',
+  { role: NULLABLE_STRING, capability: NULLABLE_STRING, agent: NULLABLE_STRING, group: NULLABLE_STRING }, [],
+  'createServiceAccountGrantReq',
 );
 const TRANSFER_REQ = object({ owner: TEXT }, ['owner'], 'transferServiceAccountReq');
 type GrantFields = Partial<Record<'role' | 'capability' | 'agent' | 'group', string | null>>;
@@ -202,7 +232,9 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
   }
 
   return async (api: FastifyInstance) => {
-    api.get('/orgs/:org/service-accounts', { config: clientsManage, schema: { params: ORG, response: { 200: arrayOf(ACCOUNT_VIEW) } } }, async (req) => {
+    api.get('/orgs/:org/service-accounts', {
+      config: clientsManage, schema: { params: ORG, response: { 200: arrayOf(ACCOUNT_VIEW) } },
+    }, async (req) => {
       await orgExists(params(req).org);
       return (await db.query<AccountRow>('SELECT * FROM service_accounts WHERE org_id = $1 ORDER BY created_at, id', [params(req).org])).rows.map(view);
     });
@@ -264,7 +296,9 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       }));
     });
 
-    api.get('/orgs/:org/service-accounts/:id', { config: managerOrOwner, schema: { params: ACCOUNT, response: { 200: ACCOUNT_VIEW } } }, async (req) => {
+    api.get('/orgs/:org/service-accounts/:id', {
+      config: managerOrOwner, schema: { params: ACCOUNT, response: { 200: ACCOUNT_VIEW } },
+    }, async (req) => {
       const account = managed.get(req)!;
       return view(account);
     });
@@ -326,7 +360,9 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       return out;
     });
 
-    api.get('/orgs/:org/service-accounts/:id/grants', { config: clientsManage, schema: { params: ACCOUNT, response: { 200: arrayOf(SA_GRANT_VIEW) } } }, async (req) => {
+    api.get('/orgs/:org/service-accounts/:id/grants', {
+      config: clientsManage, schema: { params: ACCOUNT, response: { 200: arrayOf(SA_GRANT_VIEW) } },
+    }, async (req) => {
       const account = await load(req);
       return (await db.query<GrantRow>(`SELECT ${GRANT_COLUMNS} FROM grants WHERE principal = $1 AND org_id = $2 ORDER BY id`, [`user:${account.id}`, account.org_id])).rows.map(grantView);
     });

@@ -8,8 +8,10 @@ import { startCpHarness } from '../fixtures/controlplane-harness.ts';
 // machine-readable description of the full surface): every registered operator route is in it, and
 // every operation carries its parameters, its request body's schema and its responses' schemas.
 const h = await startCpHarness([{ clientId: 'root', org: 'org-a', human: true }], {
-  seedAdmin: ['root'], agentTokenIssuerUrl: 'https://controlplane.dvx.test',
-  auditDsn: `pglite://${await mkdtemp(join(tmpdir(), 'dvx-openapi-audit-'))}`, auditWalDir: await mkdtemp(join(tmpdir(), 'dvx-openapi-wal-')),
+  seedAdmin: ['root'],
+  agentTokenIssuerUrl: 'https://controlplane.dvx.test',
+  auditDsn: `pglite://${await mkdtemp(join(tmpdir(), 'dvx-openapi-audit-'))}`,
+  auditWalDir: await mkdtemp(join(tmpdir(), 'dvx-openapi-wal-')),
 });
 t.teardown(() => h.close());
 
@@ -19,7 +21,11 @@ interface Op {
   responses: Record<string, { content?: Record<string, { schema?: unknown }> }>;
   'x-required-capability': string | null;
 }
-const doc = (await h.call('root', 'GET', '/openapi.json')).body as { openapi: string; paths: Record<string, Record<string, Op>>; components: { schemas: Record<string, unknown> } };
+const doc = (await h.call('root', 'GET', '/openapi.json')).body as {
+  openapi: string;
+  paths: Record<string, Record<string, Op>>;
+  components: { schemas: Record<string, unknown> };
+};
 
 /** Method and path of every route the running control plane serves, from fastify's route tree. */
 function registered(tree: string): string[] {
@@ -48,27 +54,60 @@ t.test('every registered operator route is an operation of the document', async 
 });
 
 t.test('every operation has its schemas', async (t) => {
-  const hasSchema = (content: Record<string, { schema?: unknown }> | undefined) => Object.values(content ?? {}).some((c) => c.schema !== undefined);
+  const hasSchema = (content: Record<string, { schema?: unknown }> | undefined) =>
+    Object.values(content ?? {}).some((c) => c.schema !== undefined);
   for (const [path, ops] of Object.entries(doc.paths)) {
     for (const [method, op] of Object.entries(ops)) {
       const name = `${method.toUpperCase()} ${path}`;
       const success = Object.entries(op.responses).filter(([status]) => /^2\d\d$/.test(status));
       t.ok(success.length > 0, `${name}: a success response`);
-      for (const [status, r] of success) t.ok(status === '204' || hasSchema(r.content), `${name}: ${status} has a schema`);
+      for (const [status, r] of success)
+        t.ok(status === '204' || hasSchema(r.content), `${name}: ${status} has a schema`);
       t.ok(hasSchema(op.responses.default?.content), `${name}: errors are Problems`);
       const inPath = [...path.matchAll(/\{([A-Za-z_]+)\}/g)].map((m) => m[1]);
-      t.same(op.parameters.filter((p) => p.in === 'path').map((p) => p.name).sort(), inPath.sort(), `${name}: its path parameters`);
-      if (['post', 'put'].includes(method)) t.ok(op.requestBody && hasSchema(op.requestBody.content), `${name}: a request body schema`);
+      t.same(
+        op.parameters
+          .filter((p) => p.in === 'path')
+          .map((p) => p.name)
+          .sort(),
+        inPath.sort(),
+        `${name}: its path parameters`,
+      );
+      if (['post', 'put'].includes(method))
+        t.ok(op.requestBody && hasSchema(op.requestBody.content), `${name}: a request body schema`);
       t.ok('x-required-capability' in op, `${name}: its capability`);
     }
   }
 });
 
-t.test('schemas carry the spec\'s names', async (t) => {
-  for (const name of ['orgView', 'createOrgReq', 'groupView', 'createGrantReq', 'grantView', 'roleView', 'memberView', 'whoamiView', 'enclaveView',
-    'agentView', 'createAgentReq', 'configValueReq', 'configValueView', 'policyWriteView', 'serviceAccountView', 'erasureResultView', 'RecordPage', 'Problem']) {
+t.test("schemas carry the spec's names", async (t) => {
+  for (const name of [
+    'orgView',
+    'createOrgReq',
+    'groupView',
+    'createGrantReq',
+    'grantView',
+    'roleView',
+    'memberView',
+    'whoamiView',
+    'enclaveView',
+    'agentView',
+    'createAgentReq',
+    'configValueReq',
+    'configValueView',
+    'policyWriteView',
+    'serviceAccountView',
+    'erasureResultView',
+    'RecordPage',
+    'Problem',
+  ]) {
     t.ok(doc.components.schemas[name], `${name} is a component`);
   }
-  t.same(doc.paths['/api/v1/orgs'].post.requestBody!.content['application/json'].schema, { $ref: '#/components/schemas/createOrgReq' });
-  t.match(doc.components.schemas.grantView, { properties: { id: { type: 'integer' }, principal: { type: 'string' } }, additionalProperties: false });
+  t.same(doc.paths['/api/v1/orgs'].post.requestBody!.content['application/json'].schema, {
+    $ref: '#/components/schemas/createOrgReq',
+  });
+  t.match(doc.components.schemas.grantView, {
+    properties: { id: { type: 'integer' }, principal: { type: 'string' } },
+    additionalProperties: false,
+  });
 });
