@@ -1,6 +1,7 @@
 import type { FastifyRequest } from 'fastify';
 import type { Target } from './authz/guard.ts';
 import { targetResolver, type TargetResolver } from './authz/capability-hook.ts';
+import { query } from './routes/schemas.ts';
 import { bad } from './bad-request.ts';
 import { ApiError, PROBLEMS } from './errors.ts';
 import type { ChangeTarget } from './events.ts';
@@ -41,16 +42,7 @@ export function scopeTargetOf(db: Queryable, first?: (req: FastifyRequest) => vo
 }
 
 /** The query parameters of a scoped route. */
-export const SCOPE_QUERY = {
-  type: 'object',
-  properties: {
-    scope: { type: 'string' },
-    org: { type: 'string' },
-    group: { type: 'string' },
-    agent: { type: 'string' },
-  },
-  additionalProperties: false,
-};
+export const SCOPE_QUERY = query(['scope', 'org', 'group', 'agent'], true);
 
 async function parseScope(db: Queryable, req: FastifyRequest): Promise<Scope> {
   const q = req.query as Record<string, unknown>;

@@ -2,28 +2,12 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { bad } from '../bad-request.ts';
 import {
-  ANY,
-  arrayOf,
-  BOOLEAN,
-  NO_CONTENT,
-  NULLABLE_BOOLEAN,
-  object,
-  pathParams,
-  STRING,
-  viewSchema,
+  ANY, arrayOf, BOOLEAN, NO_CONTENT, NULLABLE_BOOLEAN, object, pathParams, STRING, viewSchema,
 } from './schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
 import {
-  broaderScopes,
-  rowKey,
-  scopeChange,
-  scopeMustExist,
-  scopeName,
-  scopeOf,
-  scopeTargetOf,
-  SCOPE_QUERY,
-  type Scope,
+  broaderScopes, rowKey, scopeChange, scopeMustExist, scopeName, scopeOf, scopeTargetOf, SCOPE_QUERY, type Scope,
 } from '../scope-query.ts';
 import type { Queryable } from '../../core/sql.ts';
 
@@ -40,11 +24,7 @@ import type { Queryable } from '../../core/sql.ts';
 const KEY = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
 const VALUE_VIEW = viewSchema('configValueView', { key: STRING, scope: STRING, locked: BOOLEAN, published: BOOLEAN });
 const LISTED_VIEW = viewSchema('configValueListView', {
-  key: STRING,
-  scope: STRING,
-  value: ANY,
-  locked: BOOLEAN,
-  secret: BOOLEAN,
+  key: STRING, scope: STRING, value: ANY, locked: BOOLEAN, secret: BOOLEAN,
 });
 // null is absent; whether a value is required depends on `secret` (checked by the handler).
 const VALUE_REQ = object({ value: ANY, locked: NULLABLE_BOOLEAN, secret: NULLABLE_BOOLEAN }, [], 'configValueReq');

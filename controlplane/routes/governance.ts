@@ -5,8 +5,7 @@ import { PolicyValidationError } from '../../pipeline/errors.ts';
 import { validatePacks } from '../../pipeline/policy/snapshot.ts';
 import { policyDocumentJson } from '../../pipeline/policy/validate.ts';
 import {
-  resolveGovernance, validateGovernance, validateRules,
-  type GovernanceKind, type GovernanceRows, type PackRules,
+  resolveGovernance, validateGovernance, validateRules, type GovernanceKind, type GovernanceRows, type PackRules,
 } from '../../pipeline/policy/governance.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { reportSkipped } from '../skipped-rows.ts';
@@ -17,15 +16,7 @@ import { ANY, arrayOf, BOOLEAN, NO_CONTENT, object, pathParams, STRING, TEXT, vi
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
 import {
-  broaderScopes,
-  rowKey,
-  scopeChange,
-  scopeMustExist,
-  scopeName,
-  scopeOf,
-  scopeTargetOf,
-  SCOPE_QUERY,
-  type Scope,
+  broaderScopes, rowKey, scopeChange, scopeMustExist, scopeName, scopeOf, scopeTargetOf, SCOPE_QUERY, type Scope,
 } from '../scope-query.ts';
 
 // Governance policy per scope and destination packs (operator-api.md: llmPolicyReq,

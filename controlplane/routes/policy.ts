@@ -10,15 +10,7 @@ import type { ChangeTarget, EventHub } from '../events.ts';
 import { orgExists } from '../store/orgs.ts';
 import type { Queryable } from '../../core/sql.ts';
 import {
-  ANY,
-  arrayOf,
-  BOOLEAN,
-  NO_CONTENT,
-  NULLABLE_BOOLEAN,
-  object,
-  pathParams,
-  STRING,
-  viewSchema,
+  ANY, arrayOf, BOOLEAN, NO_CONTENT, NULLABLE_BOOLEAN, object, pathParams, STRING, viewSchema,
 } from './schemas.ts';
 
 // LLM content policy and settings of service `llmproxy` (llm-content-policy.md: Endpoints, Policy
@@ -34,11 +26,7 @@ export const SERVICE = 'llmproxy';
 const KEY = pathParams('key');
 const ROW_VIEW = viewSchema('llmPolicyView', { key: STRING, scope: STRING, value: STRING, locked: BOOLEAN });
 const OVERRIDE_VIEW = viewSchema('agentOverrideView', {
-  override_service: STRING,
-  key: STRING,
-  scope: STRING,
-  value: STRING,
-  locked: BOOLEAN,
+  override_service: STRING, key: STRING, scope: STRING, value: STRING, locked: BOOLEAN,
 });
 const WRITE_VIEW = viewSchema('policyWriteView', { key: STRING, scope: STRING, locked: BOOLEAN, published: BOOLEAN });
 // `value` is the JSON-encoded policy value; it and `locked` are checked by policyBody (its messages name the field).
