@@ -4,6 +4,7 @@ import { TOKEN_ORG, tokenOrg } from '../authz/targets.ts';
 import { bad } from '../bad-request.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
+import { orgFlags, putFlag } from '../store/feature-flags.ts';
 import { orgExists } from '../store/orgs.ts';
 import { arrayOf, BOOLEAN, NULLABLE_BOOLEAN, object, pathParams, STRING, viewSchema } from './schemas.ts';
 
@@ -29,14 +30,7 @@ export function featureFlagRoutes(deps: ChangeDeps, events: EventHub) {
   return async (api: FastifyInstance) => {
     api.get('/feature-flags', { config: orgManage, schema: { response: { 200: arrayOf(FLAG_VIEW) } } }, async (req) => {
       const org = tokenOrg(req);
-      const set = new Map(
-        (
-          await db.query<{ flag: string; enabled: boolean }>(
-            'SELECT flag, enabled FROM feature_flags WHERE org_id = $1',
-            [org],
-          )
-        ).rows.map((r) => [r.flag, r.enabled]),
-      );
+      const set = await orgFlags(db, org);
       return FLAGS.map((flag) => ({ flag, org_id: org, enabled: set.get(flag) ?? true }));
     });
     api.put(
@@ -51,11 +45,7 @@ export function featureFlagRoutes(deps: ChangeDeps, events: EventHub) {
         if (enabled === undefined || enabled === null) bad('enabled', 'is required (a boolean)');
         if (!(await orgExists(db, org))) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
         return auditedChange(deps, req, 'feature-flag.put', org, async (tx) => {
-          await tx.query(
-            `INSERT INTO feature_flags (org_id, flag, enabled, updated_by) VALUES ($1, $2, $3, $4)
-           ON CONFLICT (org_id, flag) DO UPDATE SET enabled = EXCLUDED.enabled, updated_by = EXCLUDED.updated_by, updated_at = now()`,
-            [org, flag, enabled, req.principal!.subject],
-          );
+          await putFlag(tx, org, flag, enabled, req.principal!.subject);
           const published = await events.publishTo(tx, { kind: 'org', org }, 'flags.changed', { flag, org_id: org });
           return { result: { flag, org_id: org, enabled, published }, resource: `feature-flag:${org}:${flag}` };
         }).finally(() => events.wake());

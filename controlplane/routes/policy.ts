@@ -8,6 +8,9 @@ import { bad } from '../bad-request.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { ChangeTarget, EventHub } from '../events.ts';
 import { orgExists } from '../store/orgs.ts';
+import {
+  agentOverrides, deleteAgentOverride, deleteServiceRow, putAgentOverride, putServiceRow, serviceRowAt, serviceRows,
+} from '../store/policies.ts';
 import type { Queryable } from '../../core/sql.ts';
 import {
   ANY, arrayOf, BOOLEAN, NO_CONTENT, NULLABLE_BOOLEAN, object, pathParams, STRING, viewSchema,
@@ -111,11 +114,8 @@ export async function assertNotLocked(
   if (scope !== 'org') broader.push(['org', org, '', `org ${org}`]);
   if (scope === 'agent' && group) broader.push(['group', org, group, `group ${group}`]);
   for (const [kind, o, g, name] of broader) {
-    const { rows } = await db.query<{ value: string; locked: boolean }>(
-      'SELECT value, locked FROM service_config WHERE service = $1 AND scope_kind = $2 AND org_id = $3 AND group_id = $4 AND key = $5',
-      [service, kind, o, g, key],
-    );
-    if (rows[0] && isLock(rows[0]))
+    const row = await serviceRowAt(db, service, { kind, org: o, group: g }, key);
+    if (row && isLock(row))
       throw new ApiError(PROBLEMS.conflict, `${key} is locked at ${name}: a more specific scope cannot override it`);
   }
 }
@@ -135,17 +135,9 @@ export function policyRoutes(deps: ChangeDeps, events: EventHub) {
     const scopeName = scope === 'platform' ? 'platform' : `org:${org}`;
     return auditedChange(deps, req, row ? 'llm-policy.put' : 'llm-policy.delete', org, async (tx) => {
       if (row) {
-        await tx.query(
-          `INSERT INTO service_config (service, scope_kind, org_id, group_id, key, value, locked, updated_by) VALUES ($1, $2, $3, '', $4, $5, $6, $7)
-           ON CONFLICT (service, scope_kind, org_id, group_id, key) DO UPDATE SET value = EXCLUDED.value, locked = EXCLUDED.locked, updated_by = EXCLUDED.updated_by, updated_at = now()`,
-          [SERVICE, scope, org, key, row.value, row.locked, req.principal!.subject],
-        );
-      } else {
-        const { rows } = await tx.query(
-          `DELETE FROM service_config WHERE service = $1 AND scope_kind = $2 AND org_id = $3 AND group_id = '' AND key = $4 RETURNING key`,
-          [SERVICE, scope, org, key],
-        );
-        if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `no ${key} at ${scopeName}`);
+        await putServiceRow(tx, SERVICE, scope, org, { key, ...row }, req.principal!.subject);
+      } else if (!(await deleteServiceRow(tx, SERVICE, scope, org, key))) {
+        throw new ApiError(PROBLEMS.notFound, `no ${key} at ${scopeName}`);
       }
       const published = await events.publishTo(tx, target, 'policy.changed', {
         service: SERVICE,
@@ -159,12 +151,7 @@ export function policyRoutes(deps: ChangeDeps, events: EventHub) {
     }).finally(() => events.wake());
   };
   const list = async (scope: 'platform' | 'org', org: string) =>
-    (
-      await db.query<{ key: string; value: string; locked: boolean }>(
-        `SELECT key, value, locked FROM service_config WHERE service = $1 AND scope_kind = $2 AND org_id = $3 AND group_id = '' ORDER BY key`,
-        [SERVICE, scope, org],
-      )
-    ).rows.map((r) => ({
+    (await serviceRows(db, SERVICE, scope, org)).map((r) => ({
       key: r.key,
       scope: scope === 'platform' ? 'platform' : `org:${org}`,
       value: r.value,
@@ -230,12 +217,7 @@ export function policyRoutes(deps: ChangeDeps, events: EventHub) {
       { config: agentsManage, schema: { params: pathParams('id'), response: { 200: arrayOf(OVERRIDE_VIEW) } } },
       async (req) => {
         const agent = await loadAgent(db, p(req).id);
-        return (
-          await db.query<{ key: string; value: string }>(
-            'SELECT key, value FROM agent_config WHERE override_service = $1 AND agent_id = $2 ORDER BY key',
-            [SERVICE, agent.uid],
-          )
-        ).rows.map((r) => ({
+        return (await agentOverrides(db, SERVICE, agent.uid)).map((r) => ({
           override_service: SERVICE,
           key: r.key,
           scope: `agent:${agent.uid}`,
@@ -262,11 +244,7 @@ export function policyRoutes(deps: ChangeDeps, events: EventHub) {
         );
         await assertNotLocked(db, SERVICE, key, 'agent', agent.org_id, agent.group_id);
         return auditedChange(deps, req, 'llm-policy.put', agent.org_id, async (tx) => {
-          await tx.query(
-            `INSERT INTO agent_config (override_service, agent_id, org_id, key, value, updated_by) VALUES ($1, $2, $3, $4, $5, $6)
-           ON CONFLICT (override_service, agent_id, key) DO UPDATE SET value = EXCLUDED.value, updated_by = EXCLUDED.updated_by, updated_at = now()`,
-            [SERVICE, agent.uid, agent.org_id, key, row.value, req.principal!.subject],
-          );
+          await putAgentOverride(tx, SERVICE, agent, { key, value: row.value }, req.principal!.subject);
           const published = await events.publishTo(tx, { kind: 'agent', agent: agent.uid }, 'policy.changed', {
             service: SERVICE,
             key,
@@ -286,11 +264,7 @@ export function policyRoutes(deps: ChangeDeps, events: EventHub) {
         const agent = await loadAgent(db, p(req).id);
         const key = settingKey(p(req).key);
         await auditedChange(deps, req, 'llm-policy.delete', agent.org_id, async (tx) => {
-          const { rows } = await tx.query(
-            'DELETE FROM agent_config WHERE override_service = $1 AND agent_id = $2 AND key = $3 RETURNING key',
-            [SERVICE, agent.uid, key],
-          );
-          if (rows.length === 0) throw new ApiError(PROBLEMS.notFound, `agent ${agent.uid} has no ${key} override`);
+          if (!(await deleteAgentOverride(tx, SERVICE, agent.uid, key))) throw new ApiError(PROBLEMS.notFound, `agent ${agent.uid} has no ${key} override`);
           await events.publishTo(tx, { kind: 'agent', agent: agent.uid }, 'policy.changed', {
             service: SERVICE,
             key,
