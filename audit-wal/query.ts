@@ -5,8 +5,6 @@
 
 import { AuditQueryError } from './errors.ts';
 
-// Re-exported for the operator API's audit routes, which import it from here.
-export { AuditQueryError };
 
 export const AUDIT_RECORD_FIELDS = [
   'action',

@@ -1,6 +1,8 @@
 import type { FastifyRequest } from 'fastify';
 import type { Target } from './authz/guard.ts';
-import { bad } from './body.ts';
+import { targetResolver, type TargetResolver } from './authz/capability-hook.ts';
+import { query } from './routes/schemas.ts';
+import { bad } from './bad-request.ts';
 import { ApiError, PROBLEMS } from './errors.ts';
 import type { ChangeTarget } from './events.ts';
 import type { Queryable } from '../core/sql.ts';
@@ -22,8 +24,30 @@ export function scopeName(s: Scope): string {
   return s.kind === 'platform' ? 'platform' : s.kind === 'org' ? `org:${s.org}` : s.kind === 'group' ? `group:${s.org}:${s.group}` : `agent:${s.agent}`;
 }
 
-/** The scope of the query parameters; org, group and agent are checked to exist (404). */
-export async function scopeOf(db: Queryable, req: FastifyRequest): Promise<Scope> {
+const resolved = new WeakMap<FastifyRequest, Promise<Scope>>();
+
+/**
+ * The scope of the query parameters; an agent is checked to exist (404). Resolved once per request:
+ * the capability hook resolves it for the target (authz/capability-hook.ts), the handler reads it again.
+ */
+export function scopeOf(db: Queryable, req: FastifyRequest): Promise<Scope> {
+  let s = resolved.get(req);
+  if (!s) resolved.set(req, (s = parseScope(db, req)));
+  return s;
+}
+
+/** The capability target of the request's scope; `first` checks the rest of the request line before. */
+export function scopeTargetOf(db: Queryable, first?: (req: FastifyRequest) => void): TargetResolver {
+  return targetResolver('query-scope', async (req) => {
+    first?.(req);
+    return scopeTarget(await scopeOf(db, req));
+  });
+}
+
+/** The query parameters of a scoped route. */
+export const SCOPE_QUERY = query(['scope', 'org', 'group', 'agent'], true);
+
+async function parseScope(db: Queryable, req: FastifyRequest): Promise<Scope> {
   const q = req.query as Record<string, unknown>;
   for (const k of Object.keys(q)) if (!['scope', 'org', 'group', 'agent'].includes(k)) bad(k, 'unknown query parameter (scope, org, group, agent)');
   const str = (k: string) => (typeof q[k] === 'string' ? (q[k] as string) : '');

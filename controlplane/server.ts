@@ -16,6 +16,7 @@ import { openDb, type Db } from '../core/sql.ts';
 import { migrate } from './store/migrate.ts';
 import { seedPlatformAdmin } from './store/grants.ts';
 import { openApiDocument, surfaceOperations } from './openapi.ts';
+import { VALIDATION } from './schema-errors.ts';
 import type { ChangeDeps } from './audited-change.ts';
 import { tokenFacade } from './routes/token-facade.ts';
 import { AgentOperatorIssuer } from './auth/agent-operator-issuer.ts';
@@ -97,7 +98,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
       if (status === 500) log.error({ err, url: req.url }, 'controlplane router failed');
       return sendProblem(reply, entryForStatus(status), err.message, req.url.split('?')[0]);
     },
-    logger: false, genReqId: () => newId(), bodyLimit: 1024 * 1024,
+    logger: false, genReqId: () => newId(), bodyLimit: 1024 * 1024, ...VALIDATION,
   });
   limiter.attach(app.server, { clientErrors: false });
 
@@ -167,7 +168,7 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     // The OpenAPI document describes the full surface, including route families this process did not
     // wire (spec: Versioning): it is collected from a never-listening instance with every family.
     const guard = streamGuardDeps(registry, log, options.streamRecheckMs, options.idleTimeout);
-    const document = openApiDocument(await surfaceOperations((api) => mountApi(api, deps, { agentIssuer: {} as AgentOperatorIssuer, idp: {} as IdpProvisioner, accountStatus, events, auditStore: {} as AuditStore, auditRead: { pollMs: 0, heartbeatMs: 0, guard, accountStatus }, erasure: erasureDeps!, erasureJobs })));
+    const document = openApiDocument(await surfaceOperations((api) => mountApi(api, deps, { agentIssuer: {} as AgentOperatorIssuer, idp: {} as IdpProvisioner, accountStatus, events, auditStore: {} as AuditStore, auditRead: { pollMs: 0, heartbeatMs: 0, guard, accountStatus }, erasure: erasureDeps!, erasureJobs }), VALIDATION));
     await app.register(apiRoutes(deps, document, { agentIssuer, idp, accountStatus, events, auditStore, auditRead: { pollMs: options.auditStreamPollMs, heartbeatMs: 15_000, guard, accountStatus }, erasure: erasureDeps!, erasureJobs, idpUndoGraceMs: options.idpUndoGraceMs }), { prefix: '/api/v1' });
     await app.register(brokerRoutes(deps, events, { heartbeatMs: options.brokerHeartbeatMs, agentIssuer, guard }));
     if (options.policyPublish) {
@@ -239,3 +240,4 @@ async function openProvisioner(file: string, issuer: string, ca: Buffer | undefi
   if (key.issuer.replace(/\/+$/, '') !== issuer.replace(/\/+$/, '')) throw new ControlPlaneOptionsError(`--idp-key ${file} is a key of ${key.issuer}, not of --oidc-issuer ${issuer}`);
   return new DcrProvisioner(issuer, key, fetchTrusting(ca));
 }
+

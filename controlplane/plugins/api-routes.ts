@@ -2,6 +2,7 @@ import type { FastifyInstance } from 'fastify';
 import type { AgentOperatorIssuer } from '../auth/agent-operator-issuer.ts';
 import type { ServiceAccountStatus } from '../auth/service-account-status.ts';
 import { callerGrants } from '../authz/capabilities.ts';
+import { enforceCapability } from '../authz/capability-hook.ts';
 import type { ChangeDeps } from '../audited-change.ts';
 import type { ErasureDeps } from '../erasure.ts';
 import type { EventHub } from '../events.ts';
@@ -17,22 +18,32 @@ import { erasureRoutes } from '../routes/erasure.ts';
 import { governanceRoutes } from '../routes/governance.ts';
 import { grantRoutes } from '../routes/grants.ts';
 import { idpConnectorRoutes } from '../routes/idp-connectors.ts';
-import { llmPolicyRoutes } from '../routes/llm-policy.ts';
+import { policyRoutes } from '../routes/policy.ts';
+import { featureFlagRoutes } from '../routes/feature-flags.ts';
+import { effectivePolicyRoutes } from '../routes/effective-policy.ts';
+import { STRING, STRINGS, viewSchema } from '../routes/schemas.ts';
+import { OPENAPI_ROUTE } from '../openapi.ts';
 import { memberRoutes } from '../routes/members.ts';
 import { orgRoutes } from '../routes/orgs.ts';
 import { roleRoutes } from '../routes/roles.ts';
 import { serviceAccountRoutes } from '../routes/service-accounts.ts';
 
-// The operator API under /api/v1: its OpenAPI document, then every route family (mountApi). The
-// document is collected by mountApi over a never-listening instance with every family (server.ts).
+// The operator API under /api/v1: the capability hook (a route's declared capability is what enforces
+// it, authz/capability-hook.ts), its OpenAPI document, then every route family (mountApi). The document
+// is collected by mountApi over a never-listening instance with every family (server.ts).
 
 /** The /api/v1 context: GET /openapi.json and the route families this process wired. */
 export function apiRoutes(deps: ChangeDeps, document: unknown, wired: Families) {
   return async (api: FastifyInstance) => {
-    api.get('/openapi.json', { config: { requiredCapability: null } }, async () => document);
+    api.addHook('preValidation', enforceCapability(deps.db));
+    api.get('/openapi.json', OPENAPI_ROUTE, async () => document);
     await mountApi(api, deps, wired);
   };
 }
+
+const WHOAMI_VIEW = viewSchema('whoamiView', {
+  subject: STRING, kind: STRING, org_id: STRING, groups: STRINGS, capabilities: STRINGS,
+});
 
 export interface Families {
   agentIssuer: AgentOperatorIssuer | null;
@@ -50,7 +61,9 @@ export interface Families {
 /** Every route under /api/v1; a family whose backing capability is not wired is not mounted. */
 export async function mountApi(api: FastifyInstance, deps: ChangeDeps, wired: Families): Promise<void> {
   // Requires only a valid token (spec: Authentication, rule 1).
-  api.get('/whoami', { config: { requiredCapability: null } }, async (req) => {
+  api.get('/whoami', {
+    config: { requiredCapability: null }, schema: { response: { 200: WHOAMI_VIEW } },
+  }, async (req) => {
     const p = req.principal!;
     const { groups, grants } = await callerGrants(deps.db, p.subject, p.orgId);
     return {
@@ -66,7 +79,9 @@ export async function mountApi(api: FastifyInstance, deps: ChangeDeps, wired: Fa
   await api.register(orgRoutes(deps));
   await api.register(memberRoutes(deps));
   await api.register(idpConnectorRoutes(deps));
-  await api.register(llmPolicyRoutes(deps, wired.events));
+  await api.register(policyRoutes(deps, wired.events));
+  await api.register(featureFlagRoutes(deps, wired.events));
+  await api.register(effectivePolicyRoutes(deps));
   await api.register(configValueRoutes(deps, wired.events));
   await api.register(agentRoutes(deps, wired.events));
   await api.register(governanceRoutes(deps, wired.events));

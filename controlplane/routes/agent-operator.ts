@@ -1,6 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { AgentOperatorIssuer } from '../auth/agent-operator-issuer.ts';
-import { requireCapability } from '../authz/guard.ts';
+import { PATH_ORG } from '../authz/targets.ts';
+import { INTEGER, pathParams, STRING, viewSchema } from './schemas.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import { getAgent } from '../store/agents.ts';
@@ -11,11 +12,19 @@ import { getAgent } from '../store/agents.ts';
 
 const UID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 
+const TOKEN_VIEW = viewSchema('agentOperatorTokenView', {
+  access_token: STRING,
+  token_type: STRING,
+  expires_in: INTEGER,
+});
+
 export function agentOperatorRoutes(deps: ChangeDeps, issuer: AgentOperatorIssuer) {
   return async (api: FastifyInstance) => {
-    api.post('/orgs/:org/agents/:agent/operator-token', { config: { requiredCapability: 'agents:manage' } }, async (req) => {
+    api.post('/orgs/:org/agents/:agent/operator-token', {
+      config: { requiredCapability: 'agents:manage', capabilityTarget: PATH_ORG },
+      schema: { params: pathParams('org', 'agent'), response: { 200: TOKEN_VIEW } },
+    }, async (req) => {
       const { org, agent } = req.params as { org: string; agent: string };
-      await requireCapability(deps.db, req, 'agents:manage', { kind: 'org', org });
       if (!UID.test(agent)) throw new ApiError(PROBLEMS.badRequest, 'agent: not an agent id');
       // A contained agent is refused at the mint (spec: States and transitions, Agent operators).
       const state = await getAgent(deps.db, agent);

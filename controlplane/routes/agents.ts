@@ -1,7 +1,11 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { describe, holds, type Target } from '../authz/guard.ts';
-import { bad, bool, object, strings, text } from '../body.ts';
+import { bad } from '../bad-request.ts';
+import {
+  arrayOf, BOOLEAN, NO_CONTENT, NON_EMPTY_STRINGS, NULLABLE_BOOLEAN, NULLABLE_STRING, object, optionalBody,
+  pathParams, STRING, STRINGS, TEXT, viewSchema,
+} from './schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
 import { orgExists } from '../store/orgs.ts';
@@ -25,6 +29,32 @@ export const agentView = (r: AgentRow) => ({
   uid: r.uid, name: r.name, image: r.image, command: r.command, contained: r.contained, enclave_id: r.enclave_id, group_id: r.group_id, org_id: r.org_id,
   status: r.status, policy_packs: r.policy_packs,
 });
+
+export const AGENT_VIEW = viewSchema('agentView', {
+  uid: STRING, name: STRING, image: STRING, command: STRINGS, contained: BOOLEAN, enclave_id: STRING,
+  group_id: STRING, org_id: STRING,
+  status: STRING, policy_packs: STRINGS,
+});
+const CONTAINMENT_VIEW = viewSchema('containmentView', {
+  agent: STRING, contained: BOOLEAN, nudged: BOOLEAN, published: BOOLEAN, enclave_id: STRING, org_id: STRING,
+});
+// null is absent; uid's form, the group, the enclave and the packs are checked by the handler.
+const CREATE_AGENT = object({
+  name: TEXT, uid: TEXT, image: NULLABLE_STRING, command: NON_EMPTY_STRINGS, enclave_id: NULLABLE_STRING,
+  group: NULLABLE_STRING, policy_packs: NON_EMPTY_STRINGS,
+}, ['uid', 'name'], 'createAgentReq');
+interface CreateAgentReq {
+  name: string;
+  uid: string;
+  image?: string | null;
+  command?: string[] | null;
+  enclave_id?: string | null;
+  group?: string | null;
+  policy_packs?: string[] | null;
+}
+const CONTAINMENT_REQ = object({ contained: NULLABLE_BOOLEAN }, [], 'containmentReq');
+const ORG = pathParams('org');
+const AGENT = pathParams('org', 'uid');
 
 export function agentRoutes(deps: ChangeDeps, events: EventHub) {
   const { db } = deps;
@@ -52,6 +82,17 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
     throw new ApiError(PROBLEMS.forbidden, `requires agents:manage over ${describe(orgTarget(req))}`);
   };
 
+  // Agents routes authorize conditionally (spec: Authentication, rule 4): over the org, or over a group.
+  // The agent a route's check loaded, for its handler.
+  const guarded = new WeakMap<FastifyRequest, AgentRow>();
+  const anyInOrg = {
+    requiredCapability: 'agents:manage', authorize: anyAgentsManage, targetLabel: 'path-org',
+  } as const;
+  const overAgent = {
+    requiredCapability: 'agents:manage', targetLabel: 'path-org',
+    authorize: async (req: FastifyRequest) => void guarded.set(req, await guardAgent(req)),
+  } as const;
+
   const setState = async (req: FastifyRequest, agent: AgentRow, action: string, change: { status?: string; contained?: boolean }) =>
     auditedChange(deps, req, action, agent.org_id, async (tx) => {
       const row = await setAgentState(tx, agent.uid, { status: change.status ?? null, contained: change.contained ?? null });
@@ -60,8 +101,9 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
     }).finally(() => events.wake());
 
   return async (api: FastifyInstance) => {
-    api.get('/orgs/:org/agents', { config: { requiredCapability: 'agents:manage' } }, async (req) => {
-      await anyAgentsManage(req);
+    api.get('/orgs/:org/agents', {
+      config: anyInOrg, schema: { params: ORG, response: { 200: arrayOf(AGENT_VIEW) } },
+    }, async (req) => {
       const all = await holds(db, req, 'agents:manage', orgTarget(req));
       const rows = await listAgents(db, params(req).org);
       const visible: AgentRow[] = [];
@@ -69,21 +111,22 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
       return visible.map(agentView);
     });
 
-    api.post('/orgs/:org/agents', { config: { requiredCapability: 'agents:manage' } }, async (req, reply) => {
+    api.post('/orgs/:org/agents', {
+      config: anyInOrg, schema: { params: ORG, body: CREATE_AGENT, response: { 200: AGENT_VIEW, 201: AGENT_VIEW } },
+    }, async (req, reply) => {
       const org = params(req).org;
-      await anyAgentsManage(req);
-      const body = object(req.body, ['name', 'uid', 'image', 'command', 'enclave_id', 'group', 'policy_packs']);
-      const uid = text(body, 'uid', true)!;
+      const body = req.body as CreateAgentReq;
+      const uid = body.uid;
       if (!UID.test(uid)) bad('uid', 'must be 1–128 letters, digits, ".", "_" or "-", starting with a letter or digit');
-      const group = text(body, 'group', false) || '';
+      const group = body.group || '';
       // The org comes from the path; the body's group only narrows what the caller must hold.
       const target: Target = group ? { kind: 'group', org, group } : { kind: 'org', org };
       if (!(await holds(db, req, 'agents:manage', target))) throw new ApiError(PROBLEMS.forbidden, `requires agents:manage over ${describe(target)}`);
-      const name = text(body, 'name', true)!;
-      const image = text(body, 'image', false) ?? '';
-      const command = strings(body, 'command') ?? [];
-      const packs = strings(body, 'policy_packs') ?? [];
-      const enclave = text(body, 'enclave_id', false) ?? '';
+      const name = body.name;
+      const image = body.image ?? '';
+      const command = body.command ?? [];
+      const packs = body.policy_packs ?? [];
+      const enclave = body.enclave_id ?? '';
       if (!(await orgExists(db, org))) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
       if (group && !(await groupExists(db, org, group))) bad('group', `no group ${group} in org ${org}`);
       if (enclave) {
@@ -113,10 +156,14 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
       return reply.code(existing ? 200 : 201).send(agentView(result));
     });
 
-    api.get('/orgs/:org/agents/:uid', { config: { requiredCapability: 'agents:manage' } }, async (req) => agentView(await guardAgent(req)));
+    api.get('/orgs/:org/agents/:uid', {
+      config: overAgent, schema: { params: AGENT, response: { 200: AGENT_VIEW } },
+    }, async (req) => agentView(guarded.get(req)!));
 
-    api.delete('/orgs/:org/agents/:uid', { config: { requiredCapability: 'agents:manage' } }, async (req, reply) => {
-      const agent = await guardAgent(req);
+    api.delete('/orgs/:org/agents/:uid', {
+      config: overAgent, schema: { params: AGENT, response: NO_CONTENT },
+    }, async (req, reply) => {
+      const agent = guarded.get(req)!;
       await auditedChange(deps, req, 'agent.delete', agent.org_id, async (tx) => {
         if (agent.enclave_id) await events.publish(tx, [agent.enclave_id], 'agent.deleted', { agent_id: agent.uid, org_id: agent.org_id });
         await deleteAgent(tx, agent.uid);
@@ -126,18 +173,22 @@ export function agentRoutes(deps: ChangeDeps, events: EventHub) {
     });
 
     // Containment: `{contained: true|false}` (default true) → containmentView.
-    api.post('/orgs/:org/agents/:uid/containment', { config: { requiredCapability: 'agents:manage' } }, async (req) => {
-      const agent = await guardAgent(req);
-      const contained = bool(object(req.body ?? {}, ['contained']), 'contained') ?? true;
+    api.post('/orgs/:org/agents/:uid/containment', {
+      config: overAgent,
+      schema: { params: AGENT, body: optionalBody(CONTAINMENT_REQ), response: { 200: CONTAINMENT_VIEW } },
+    }, async (req) => {
+      const agent = guarded.get(req)!;
+      const contained = (req.body as { contained?: boolean | null } | undefined)?.contained ?? true;
       const { row, published } = await setState(req, agent, contained ? 'agent.contain' : 'agent.release', { contained });
       return { agent: row.uid, contained: row.contained, nudged: published, published, enclave_id: row.enclave_id, org_id: row.org_id };
     });
 
     // Suspend or isolate (calls refused 403 while in these states), and restore to active.
     for (const [path, status, from] of [['suspend', 'suspended', null], ['isolate', 'isolated', null], ['restore', 'active', ['suspended', 'isolated']]] as const) {
-      api.post(`/orgs/:org/agents/:uid/${path}`, { config: { requiredCapability: 'agents:manage' } }, async (req) => {
-        const agent = await guardAgent(req);
-        object(req.body ?? {}, []);
+      api.post(`/orgs/:org/agents/:uid/${path}`, {
+        config: overAgent, schema: { params: AGENT, body: optionalBody(object({})), response: { 200: AGENT_VIEW } },
+      }, async (req) => {
+        const agent = guarded.get(req)!;
         if (from && !(from as readonly string[]).includes(agent.status)) throw new ApiError(PROBLEMS.conflict, `agent ${agent.uid} is ${agent.status}: only a suspended or isolated agent is restored`);
         const { row } = await setState(req, agent, `agent.${path}`, { status });
         return agentView(row);

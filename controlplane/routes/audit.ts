@@ -3,12 +3,14 @@ import { newId } from '../../core/ids.ts';
 import { formatSse, startSseResponse } from '../../core/sse.ts';
 import { gated } from '../../audit-wal/gate.ts';
 import { AuditUnavailableError } from '../../audit-wal/errors.ts';
-import { AuditQueryError, parseAuditParams, parseCursor, MAX_LIMIT, type AuditCursor } from '../../audit-wal/query.ts';
+import { AuditQueryError } from '../../audit-wal/errors.ts';
+import { parseAuditParams, parseCursor, MAX_LIMIT, type AuditCursor } from '../../audit-wal/query.ts';
 import type { ReadRecord } from '../../audit-wal/read.ts';
 import type { AuditStore } from '../../audit-wal/store.ts';
 import type { ChangeDeps } from '../audited-change.ts';
 import { auditScope, type AuditScope } from '../authz/audit-scope.ts';
 import { requireCapability } from '../authz/guard.ts';
+import { ANY, arrayOf, INTEGER, pathParams, query, viewSchema } from './schemas.ts';
 import { ApiError, OrgKeyShredded, PROBLEMS } from '../errors.ts';
 import { getAgent } from '../store/agents.ts';
 import type { ServiceAccountStatus } from '../auth/service-account-status.ts';
@@ -55,6 +57,31 @@ async function openAttrs(keys: OrgKeys | null, record: ReadRecord): Promise<Read
   }
 }
 
+// A record's fields are the audit store's (spec: AuditRecord); served as read, so the schema keeps them all.
+const AUDIT_RECORD = { type: 'object', title: 'AuditRecord', additionalProperties: true };
+const RECORD_PAGE = viewSchema('RecordPage', { records: arrayOf(AUDIT_RECORD), next_offset: INTEGER });
+const LLM_PAGE = viewSchema('llmAuditPage', {
+  entries: arrayOf({ type: 'object', title: 'llmAuditEntry', additionalProperties: true }),
+  next_offset: INTEGER,
+});
+// Strings; repeated or unknown parameters are refused by parseAuditParams (its messages name the parameter).
+const AUDIT_PARAMS = [
+  'org',
+  'scope',
+  'agent_id',
+  'action',
+  'outcome',
+  'actor_kind',
+  'proto',
+  'dst_host',
+  'since',
+  'until',
+  'limit',
+  'offset',
+];
+const AUDIT_QUERY = query(AUDIT_PARAMS, false, ANY);
+const LOG_QUERY = query(['limit', 'offset'], false, ANY);
+
 export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditReadOptions) {
   const { db } = deps;
   const streams = new Set<StreamGuard>();
@@ -88,13 +115,22 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
     }
   };
 
+  // The audit scope is the authorization: auditScope (authz/audit-scope.ts) refuses a caller with no audit
+  // grant and is the mandatory predicate of what the others read (spec: Audit rules 1).
+  const scoped = (target: string, capability: 'audit:read' | 'audit:read:all') => ({
+    requiredCapability: capability, authorizedInHandler: 'the caller\'s audit scope (authz/audit-scope.ts)',
+    targetLabel: target, agentOperator: true,
+  } as const);
+
   return async (api: FastifyInstance) => {
     api.addHook('preClose', async () => {
       for (const guard of streams) guard.end('shutdown');
       await Promise.all([...streams].map((guard) => guard.settled()));
     });
 
-    api.get('/audit/events', { config: { requiredCapability: 'audit:read', target: 'caller-org', agentOperator: true } }, async (req) => {
+    api.get('/audit/events', {
+      config: scoped('caller-org', 'audit:read'), schema: { querystring: AUDIT_QUERY, response: { 200: RECORD_PAGE } },
+    }, async (req) => {
       const { filters, limit, offset } = params(req);
       const scope = await auditScope(db, req, filters);
       const rows = await store.readEvents({ predicate: scope.predicate, filters: scope.filters, limit, offset });
@@ -104,7 +140,10 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
       return { records, next_offset: offset + rows.length };
     });
 
-    api.get('/audit/stream', { config: { requiredCapability: 'audit:read', target: 'caller-org', agentOperator: true, stream: true } }, async (req, reply) => {
+    api.get('/audit/stream', {
+      config: { ...scoped('caller-org', 'audit:read'), stream: true },
+      schema: { querystring: AUDIT_QUERY, response: { 200: AUDIT_RECORD } },
+    }, async (req, reply) => {
       const { filters } = params(req);
       const scope = await auditScope(db, req, filters);
       const header = req.headers['last-event-id'];
@@ -182,7 +221,10 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
       }
     });
 
-    api.get('/agents/:id/audit-log', { config: { requiredCapability: 'audit:read:all', target: 'agent-org', agentOperator: true } }, async (req) => {
+    api.get('/agents/:id/audit-log', {
+      config: scoped('agent-org', 'audit:read:all'),
+      schema: { params: pathParams('id'), querystring: LOG_QUERY, response: { 200: LLM_PAGE } },
+    }, async (req) => {
       const id = (req.params as { id: string }).id;
       const p = req.principal!;
       const { limit, offset } = params(req);

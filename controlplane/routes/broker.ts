@@ -2,12 +2,12 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { coalesced } from '../../core/coalesce.ts';
 import { formatSse, startSseResponse } from '../../core/sse.ts';
 import type { ChangeDeps } from '../audited-change.ts';
-import { object, url } from '../body.ts';
+import { httpsUrl } from '../bad-request.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
 import { enclaveConfig, enclaveSnapshot, storeSnapshotDocument } from '../../pipeline/policy/store-snapshot.ts';
 import { reportSkipped } from '../skipped-rows.ts';
-import { hashBrokerKey, setAddress } from './enclaves.ts';
+import { ADDRESS_REQ, ENCLAVE_VIEW, hashBrokerKey, setAddress, type AddressReq } from './enclaves.ts';
 import { brokerKeyHash, enclaveByBrokerKey, type EnclaveRow } from '../store/enclaves.ts';
 import { getAgent } from '../store/agents.ts';
 import type { AgentOperatorIssuer } from '../auth/agent-operator-issuer.ts';
@@ -69,10 +69,16 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
       return reply.header('cache-control', 'no-store').send(await enclaveConfig(db, e.id, undefined, deps.keys ? (org, v) => deps.keys!.open(org, v) : undefined));
     });
 
-    app.put('/v1/broker/address', async (req) => {
-      const e = await authenticate(req);
-      const body = object(req.body, ['broker_url', 'relay_url']);
-      return setAddress(deps, req, e, url(body, 'broker_url', false), url(body, 'relay_url', false), 'broker');
+    // The enclave authenticates before its body is validated (a 401 is not a 400).
+    const caller = new WeakMap<FastifyRequest, EnclaveRow>();
+    const preValidation = async (req: FastifyRequest) => void caller.set(req, await authenticate(req));
+    app.put('/v1/broker/address', {
+      preValidation, schema: { body: ADDRESS_REQ, response: { 200: ENCLAVE_VIEW } },
+    }, async (req) => {
+      const e = caller.get(req)!;
+      const body = req.body as AddressReq;
+      const broker = httpsUrl('broker_url', body.broker_url);
+      return setAddress(deps, req, e, broker, httpsUrl('relay_url', body.relay_url), 'broker');
     });
 
     const issuer = options.agentIssuer;

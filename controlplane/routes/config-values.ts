@@ -1,10 +1,14 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
-import { requireCapability } from '../authz/guard.ts';
-import { bad, bool, object } from '../body.ts';
+import { bad } from '../bad-request.ts';
+import {
+  ANY, arrayOf, BOOLEAN, NO_CONTENT, NULLABLE_BOOLEAN, object, pathParams, STRING, viewSchema,
+} from './schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
-import { broaderScopes, rowKey, scopeChange, scopeMustExist, scopeName, scopeOf, scopeTarget, type Scope } from '../scope-query.ts';
+import {
+  broaderScopes, rowKey, scopeChange, scopeMustExist, scopeName, scopeOf, scopeTargetOf, SCOPE_QUERY, type Scope,
+} from '../scope-query.ts';
 import { configFlags, configValuesAt, deleteConfigValue, upsertConfigValue } from '../store/config-values.ts';
 import type { Queryable } from '../../core/sql.ts';
 
@@ -19,6 +23,12 @@ import type { Queryable } from '../../core/sql.ts';
 //   409  a broader scope locks the key; a value for a key declared secret at this or a broader scope
 
 const KEY = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
+const VALUE_VIEW = viewSchema('configValueView', { key: STRING, scope: STRING, locked: BOOLEAN, published: BOOLEAN });
+const LISTED_VIEW = viewSchema('configValueListView', {
+  key: STRING, scope: STRING, value: ANY, locked: BOOLEAN, secret: BOOLEAN,
+});
+// null is absent; whether a value is required depends on `secret` (checked by the handler).
+const VALUE_REQ = object({ value: ANY, locked: NULLABLE_BOOLEAN, secret: NULLABLE_BOOLEAN }, [], 'configValueReq');
 
 export function configValueRoutes(deps: ChangeDeps, events: EventHub) {
   const { db } = deps;
@@ -39,10 +49,15 @@ export function configValueRoutes(deps: ChangeDeps, events: EventHub) {
     return key;
   };
 
+  const config = { requiredCapability: 'platform:config', capabilityTarget: scopeTargetOf(db) } as const;
+  const keyed = { requiredCapability: 'platform:config', capabilityTarget: scopeTargetOf(db, keyOf) } as const;
+  const KEY_PARAM = pathParams('key');
+
   return async (api: FastifyInstance) => {
-    api.get('/config', { config: { requiredCapability: 'platform:config' } }, async (req) => {
+    api.get('/config', {
+      config, schema: { querystring: SCOPE_QUERY, response: { 200: arrayOf(LISTED_VIEW) } },
+    }, async (req) => {
       const s = await scopeOf(db, req);
-      await requireCapability(db, req, 'platform:config', scopeTarget(s));
       await scopeMustExist(db, s);
       const out = [];
       for (const r of await configValuesAt(db, rowKey(s))) {
@@ -52,13 +67,15 @@ export function configValueRoutes(deps: ChangeDeps, events: EventHub) {
       return out;
     });
 
-    api.post('/config/:key', { config: { requiredCapability: 'platform:config' } }, async (req) => {
+    api.post('/config/:key', {
+      config: keyed,
+      schema: { params: KEY_PARAM, querystring: SCOPE_QUERY, body: VALUE_REQ, response: { 200: VALUE_VIEW } },
+    }, async (req) => {
       const key = keyOf(req);
       const s = await scopeOf(db, req);
-      await requireCapability(db, req, 'platform:config', scopeTarget(s));
-      const body = object(req.body, ['value', 'locked', 'secret']);
-      const secret = bool(body, 'secret') ?? false;
-      const locked = bool(body, 'locked') ?? false;
+      const body = req.body as { value?: unknown; locked?: boolean | null; secret?: boolean | null };
+      const secret = body.secret ?? false;
+      const locked = body.locked ?? false;
       const hasValue = 'value' in body && body.value !== undefined;
       if (secret && hasValue) bad('value', 'must be absent when secret is true: secret values are authored enclave-side, never through the control plane');
       if (!secret && !hasValue) bad('value', 'is required (or declare the key secret)');
@@ -78,10 +95,11 @@ export function configValueRoutes(deps: ChangeDeps, events: EventHub) {
       }).finally(() => events.wake());
     });
 
-    api.delete('/config/:key', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
+    api.delete('/config/:key', {
+      config: keyed, schema: { params: KEY_PARAM, querystring: SCOPE_QUERY, response: NO_CONTENT },
+    }, async (req, reply) => {
       const key = keyOf(req);
       const s = await scopeOf(db, req);
-      await requireCapability(db, req, 'platform:config', scopeTarget(s));
       await scopeMustExist(db, s);
       await auditedChange(deps, req, 'config.delete', s.org, async (tx) => {
         const lock = (await chain(tx, s, key, false)).find((h) => h.locked);

@@ -3,13 +3,15 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { ISOLATION_CLASSES } from '../../pipeline/policy/snapshot.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { callerGrants } from '../authz/capabilities.ts';
-import { requireCapability } from '../authz/guard.ts';
-import { bad, object, text, url } from '../body.ts';
+import { targetResolver } from '../authz/capability-hook.ts';
+import { PLATFORM } from '../authz/targets.ts';
+import { bad, httpsUrl } from '../bad-request.ts';
+import { ANY, arrayOf, NO_CONTENT, NULLABLE_STRING, object, pathParams, STRING, TEXT, viewSchema } from './schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
 import { orgExists } from '../store/orgs.ts';
 import {
-  deleteEnclave, enclaveExists, enclaveNameTaken, getEnclave, insertEnclave, listEnclaves, setBrokerKeyHash, setEnclaveAddress,
+  deleteEnclave, enclaveExists, enclaveNameTaken, enclaveOwner, getEnclave, insertEnclave, listEnclaves, setBrokerKeyHash, setEnclaveAddress,
   setIsolationClass, type EnclaveRow,
 } from '../store/enclaves.ts';
 
@@ -26,6 +28,25 @@ export const enclaveView = (r: EnclaveRow) => ({
   address_source: r.address_source, address_updated_at: r.address_updated_at ? new Date(r.address_updated_at).toISOString() : null,
 });
 
+export const ENCLAVE_VIEW = viewSchema('enclaveView', {
+  enclave_id: STRING, name: STRING, owning_org_id: STRING, status: STRING, broker_url: STRING, relay_url: STRING,
+  address_source: STRING,
+  address_updated_at: NULLABLE_STRING,
+});
+const REGISTER_VIEW = viewSchema('registerBrokerView', { enclave_id: STRING, subject: STRING, key: ANY });
+// null is absent; the id's form, the org, the URLs and the class are checked by the handler.
+const REGISTER_REQ = object(
+  { name: TEXT, enclave_id: NULLABLE_STRING, owning_org: TEXT },
+  ['name', 'owning_org'],
+  'registerBrokerReq',
+);
+export const ADDRESS_REQ = object({ broker_url: NULLABLE_STRING, relay_url: NULLABLE_STRING }, [], 'addressReq');
+export interface AddressReq { broker_url?: string | null; relay_url?: string | null }
+const ISO_CLASS_REQ = object({ isolationClass: TEXT }, ['isolationClass'], 'isoClassReq');
+const ISO_CLASS_VIEW = viewSchema('isoClassView', { isolationClass: STRING });
+const ID_PARAM = pathParams('id');
+const platformConfig = { requiredCapability: 'platform:config', capabilityTarget: PLATFORM } as const;
+
 export const hashBrokerKey = (token: string) => createHash('sha256').update(token).digest('hex');
 
 function mintBrokerKey(enclave: string) {
@@ -41,10 +62,20 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
     if (!e) throw new ApiError(PROBLEMS.notFound, `no enclave ${id}`);
     return e;
   };
-  const platform = (req: FastifyRequest) => requireCapability(db, req, 'platform:config', { kind: 'platform' });
+  /** An enclave is read over its owning org; one that does not exist over the platform (its 404 for admins only). */
+  const enclaveOrg = targetResolver('enclave-org', async (req) => {
+    const org = await enclaveOwner(db, idOf(req));
+    return org !== undefined ? { kind: 'org', org } : { kind: 'platform' };
+  });
 
   return async (api: FastifyInstance) => {
-    api.get('/enclaves', { config: { requiredCapability: 'enclaves:read', target: 'caller-org' } }, async (req) => {
+    api.get('/enclaves', {
+      config: {
+        requiredCapability: 'enclaves:read', targetLabel: 'caller-org',
+        authorizedInHandler: 'the list is of the enclaves the caller reads',
+      },
+      schema: { response: { 200: arrayOf(ENCLAVE_VIEW) } },
+    }, async (req) => {
       const p = req.principal!;
       if (p.kind === 'agent-operator') throw new ApiError(PROBLEMS.forbidden, 'agent operators cannot use this route');
       const held = (await callerGrants(db, p.subject, p.orgId)).grants.filter((g) => g.capability === 'enclaves:read');
@@ -54,19 +85,22 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
       return (await listEnclaves(db, all ? 'all' : orgs)).map(enclaveView);
     });
 
-    api.get('/enclaves/:id', { config: { requiredCapability: 'enclaves:read' } }, async (req) => {
+    api.get('/enclaves/:id', {
+      config: { requiredCapability: 'enclaves:read', capabilityTarget: enclaveOrg },
+      schema: { params: ID_PARAM, response: { 200: ENCLAVE_VIEW } },
+    }, async (req) => {
       const row = await getEnclave(db, idOf(req));
-      await requireCapability(db, req, 'enclaves:read', row ? { kind: 'org', org: row.owning_org_id } : { kind: 'platform' });
       if (!row) throw new ApiError(PROBLEMS.notFound, `no enclave ${idOf(req)}`);
       return enclaveView(row);
     });
 
-    api.post('/enclaves', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
-      await platform(req);
-      const body = object(req.body, ['name', 'enclave_id', 'owning_org']);
-      const name = text(body, 'name', true)!;
-      const owningOrg = text(body, 'owning_org', true)!;
-      const id = text(body, 'enclave_id', false) || `enc-${randomBytes(6).toString('hex')}`;
+    api.post('/enclaves', {
+      config: platformConfig, schema: { body: REGISTER_REQ, response: { 201: REGISTER_VIEW } },
+    }, async (req, reply) => {
+      const body = req.body as { name: string; owning_org: string; enclave_id?: string | null };
+      const name = body.name;
+      const owningOrg = body.owning_org;
+      const id = body.enclave_id || `enc-${randomBytes(6).toString('hex')}`;
       if (!ID.test(id)) bad('enclave_id', 'must be 1–63 lowercase letters, digits, "-" or "_"');
       if (!(await orgExists(db, owningOrg))) bad('owning_org', `no org ${owningOrg}`);
       if (await enclaveNameTaken(db, name)) throw new ApiError(PROBLEMS.conflict, `an enclave is already named ${name}`);
@@ -80,8 +114,9 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
     });
 
     // A new broker key (the old one stops working at once), shown once.
-    api.post('/enclaves/:id/broker-key', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
-      await platform(req);
+    api.post('/enclaves/:id/broker-key', {
+      config: platformConfig, schema: { params: ID_PARAM, response: { 201: REGISTER_VIEW } },
+    }, async (req, reply) => {
       const e = await load(idOf(req));
       const minted = mintBrokerKey(e.id);
       await auditedChange(deps, req, 'enclave.broker-key.rotate', e.owning_org_id, async (tx) => {
@@ -91,19 +126,21 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
       return reply.code(201).send({ enclave_id: e.id, subject: `enclave:${e.id}`, key: minted.key });
     });
 
-    api.put('/enclaves/:id/address', { config: { requiredCapability: 'platform:config' } }, async (req) => {
-      await platform(req);
+    api.put('/enclaves/:id/address', {
+      config: platformConfig, schema: { params: ID_PARAM, body: ADDRESS_REQ, response: { 200: ENCLAVE_VIEW } },
+    }, async (req) => {
       const e = await load(idOf(req));
-      const body = object(req.body, ['broker_url', 'relay_url']);
-      const broker = url(body, 'broker_url', false);
-      const relay = url(body, 'relay_url', false);
+      const body = req.body as AddressReq;
+      const broker = httpsUrl('broker_url', body.broker_url);
+      const relay = httpsUrl('relay_url', body.relay_url);
       return setAddress(deps, req, e, broker, relay, 'operator');
     });
 
-    api.put('/enclaves/:id/isolation-class', { config: { requiredCapability: 'platform:config' } }, async (req) => {
-      await platform(req);
+    api.put('/enclaves/:id/isolation-class', {
+      config: platformConfig, schema: { params: ID_PARAM, body: ISO_CLASS_REQ, response: { 200: ISO_CLASS_VIEW } },
+    }, async (req) => {
       const e = await load(idOf(req));
-      const iso = text(object(req.body, ['isolationClass']), 'isolationClass', true)!;
+      const iso = (req.body as { isolationClass: string }).isolationClass;
       if (!(ISOLATION_CLASSES as readonly string[]).includes(iso)) bad('isolationClass', `must be one of ${ISOLATION_CLASSES.join(', ')}`);
       return auditedChange(deps, req, 'enclave.isolation-class', e.owning_org_id, async (tx) => {
         await setIsolationClass(tx, e.id, iso);
@@ -112,8 +149,9 @@ export function enclaveRoutes(deps: ChangeDeps, events: EventHub) {
       }).finally(() => events.wake());
     });
 
-    api.delete('/enclaves/:id', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
-      await platform(req);
+    api.delete('/enclaves/:id', {
+      config: platformConfig, schema: { params: ID_PARAM, response: NO_CONTENT },
+    }, async (req, reply) => {
       const e = await load(idOf(req));
       await auditedChange(deps, req, 'enclave.delete', e.owning_org_id, async (tx) => {
         await deleteEnclave(tx, e.id);

@@ -1,7 +1,7 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
-import { requireCapability } from '../authz/guard.ts';
-import { object } from '../body.ts';
+import { PLATFORM } from '../authz/targets.ts';
+import { BOOLEAN, INTEGER, object, optionalBody, pathParams, STRING, viewSchema } from './schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import { runErasure, type ErasureDeps } from '../erasure.ts';
 import { orgExists } from '../store/orgs.ts';
@@ -18,10 +18,19 @@ export function erasureRoutes(deps: ChangeDeps, erasure: ErasureDeps, running: S
   const orgOf = (req: FastifyRequest) => (req.params as { org: string }).org;
   const view = (r: ErasureRow) => ({ org_id: r.org_id, status: r.status, key_shredded: r.key_shredded, rows_swept: Number(r.rows_swept) });
 
+  const platformConfig = { requiredCapability: 'platform:config', capabilityTarget: PLATFORM } as const;
+  const ERASURE_VIEW = viewSchema('erasureView', { org_id: STRING, status: STRING });
+  const RESULT_VIEW = viewSchema('erasureResultView', {
+    org_id: STRING, status: STRING, key_shredded: BOOLEAN, rows_swept: INTEGER,
+  });
+
   return async (api: FastifyInstance) => {
-    api.post('/orgs/:org/erasure', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
-      await requireCapability(db, req, 'platform:config', { kind: 'platform' });
-      object(req.body ?? {}, []);
+    api.post('/orgs/:org/erasure', {
+      config: platformConfig,
+      schema: {
+        params: pathParams('org'), body: optionalBody(object({})), response: { 200: ERASURE_VIEW, 202: ERASURE_VIEW },
+      },
+    }, async (req, reply) => {
       const org = orgOf(req);
       const existing = await getErasure(db, org);
       if (existing) return reply.code(existing.status === 'complete' ? 200 : 202).send({ org_id: org, status: existing.status });
@@ -36,8 +45,9 @@ export function erasureRoutes(deps: ChangeDeps, erasure: ErasureDeps, running: S
       return reply.code(202).send({ org_id: org, status: 'running' });
     });
 
-    api.get('/orgs/:org/erasure', { config: { requiredCapability: 'platform:config' } }, async (req) => {
-      await requireCapability(db, req, 'platform:config', { kind: 'platform' });
+    api.get('/orgs/:org/erasure', {
+      config: platformConfig, schema: { params: pathParams('org'), response: { 200: RESULT_VIEW } },
+    }, async (req) => {
       const row = await getErasure(db, orgOf(req));
       if (!row) throw new ApiError(PROBLEMS.notFound, `org ${orgOf(req)} has not been erased`);
       return view(row);

@@ -5,14 +5,14 @@ import { PolicyValidationError } from '../../pipeline/errors.ts';
 import { validatePacks } from '../../pipeline/policy/snapshot.ts';
 import { policyDocumentJson } from '../../pipeline/policy/validate.ts';
 import {
-  resolveGovernance, validateGovernance, validateRules,
-  type GovernanceKind, type GovernanceRows, type PackRules,
+  resolveGovernance, validateGovernance, validateRules, type GovernanceKind, type GovernanceRows, type PackRules,
 } from '../../pipeline/policy/governance.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { reportSkipped } from '../skipped-rows.ts';
 import type { SkippedRow } from '../../pipeline/policy/store-snapshot.ts';
-import { requireCapability } from '../authz/guard.ts';
-import { bad, object, text } from '../body.ts';
+import { agentOrg, PLATFORM } from '../authz/targets.ts';
+import { bad } from '../bad-request.ts';
+import { ANY, arrayOf, BOOLEAN, NO_CONTENT, object, pathParams, STRING, TEXT, viewSchema } from './schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
 import { getAgent } from '../store/agents.ts';
@@ -20,7 +20,9 @@ import { deletePolicy, getPolicy, policiesAt, policyLocked, upsertPolicy } from 
 import {
   installPack, listPacks, packExists, packInstallations, packRulesAt, uninstallPack, upsertPack,
 } from '../store/packs.ts';
-import { broaderScopes, rowKey, scopeChange, scopeMustExist, scopeName, scopeOf, scopeTarget, type Scope } from '../scope-query.ts';
+import {
+  broaderScopes, rowKey, scopeChange, scopeMustExist, scopeName, scopeOf, scopeTargetOf, SCOPE_QUERY, type Scope,
+} from '../scope-query.ts';
 
 // Governance policy per scope and destination packs (operator-api.md: llmPolicyReq,
 // destinationPolicyReq, exec/ssh/tunnel, tunnel ports → policyWriteView; definePackReq → definePackView;
@@ -68,6 +70,27 @@ export async function effectiveGovernance(db: Queryable, agent: { uid: string; o
   return { ...resolveGovernance(rows, packs), skipped };
 }
 
+const KIND = pathParams('kind');
+const POLICY_VIEW = viewSchema('policyView', { key: STRING, scope: STRING, value: ANY, locked: BOOLEAN });
+const WRITE_VIEW = viewSchema('policyWriteView', { key: STRING, scope: STRING, locked: BOOLEAN, published: BOOLEAN });
+// The fields depend on {kind} and are checked by the governance validator (its messages name the field).
+const POLICY_REQ = {
+  type: 'object', title: 'governancePolicyReq',
+  description:
+    'by {kind}: destinationPolicyReq, execPolicyReq, sshPolicyReq, tunnelPolicyReq, tunnelPortsPolicyReq, llmPolicyReq',
+};
+const PACK_VIEW = viewSchema('packView', { name: STRING, allow: ANY, deny: ANY, config: ANY });
+// The name's form, allow, deny and config are checked by the handler and the policy validators.
+const DEFINE_PACK = object({ name: TEXT, allow: ANY, deny: ANY, config: ANY }, ['name'], 'definePackReq');
+const DEFINE_VIEW = viewSchema('definePackView', { pack: STRING, published: BOOLEAN });
+const INSTALL_VIEW = viewSchema('installPackView', {
+  pack: STRING,
+  scope: STRING,
+  installed: BOOLEAN,
+  published: BOOLEAN,
+});
+const EFFECTIVE_VIEW = viewSchema('effectiveGovernanceView', { agent: STRING, org_id: STRING, group_id: STRING }, true);
+
 export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
   const { db } = deps;
   const kindOf = (req: FastifyRequest): GovernanceKind => {
@@ -77,7 +100,6 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
   };
   const scoped = async (req: FastifyRequest): Promise<Scope> => {
     const s = await scopeOf(db, req);
-    await requireCapability(db, req, 'platform:config', scopeTarget(s));
     await scopeMustExist(db, s);
     return s;
   };
@@ -85,8 +107,13 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
     if (!(await packExists(db, name))) throw new ApiError(PROBLEMS.notFound, `no pack ${name}`);
   };
 
+  const scopedConfig = { requiredCapability: 'platform:config', capabilityTarget: scopeTargetOf(db) } as const;
+  const platformConfig = { requiredCapability: 'platform:config', capabilityTarget: PLATFORM } as const;
+
   return async (api: FastifyInstance) => {
-    api.get('/policies/:kind', { config: { requiredCapability: 'platform:config' } }, async (req) => {
+    api.get('/policies/:kind', {
+      config: scopedConfig, schema: { params: KIND, querystring: SCOPE_QUERY, response: { 200: POLICY_VIEW } },
+    }, async (req) => {
       const s = await scoped(req);
       const kind = kindOf(req);
       const found = await getPolicy(db, kind, rowKey(s));
@@ -94,7 +121,10 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
       return { key: kind, scope: scopeName(s), value: JSON.parse(found.value), locked: found.locked };
     });
 
-    api.put('/policies/:kind', { config: { requiredCapability: 'platform:config' } }, async (req) => {
+    api.put('/policies/:kind', {
+      config: scopedConfig,
+      schema: { params: KIND, querystring: SCOPE_QUERY, body: POLICY_REQ, response: { 200: WRITE_VIEW } },
+    }, async (req) => {
       const s = await scoped(req);
       const kind = kindOf(req);
       let parsed: ReturnType<typeof validateGovernance>;
@@ -115,7 +145,9 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
       }).finally(() => events.wake());
     });
 
-    api.delete('/policies/:kind', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
+    api.delete('/policies/:kind', {
+      config: scopedConfig, schema: { params: KIND, querystring: SCOPE_QUERY, response: NO_CONTENT },
+    }, async (req, reply) => {
       const s = await scoped(req);
       const kind = kindOf(req);
       await auditedChange(deps, req, 'policy.delete', s.org, async (tx) => {
@@ -126,16 +158,18 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
       return reply.code(204).send();
     });
 
-    api.get('/packs', { config: { requiredCapability: 'platform:config' } }, async (req) => {
-      await requireCapability(db, req, 'platform:config', { kind: 'platform' });
-      return (await listPacks(db)).map((r) => ({ name: r.name, allow: JSON.parse(r.allow), deny: JSON.parse(r.deny), config: JSON.parse(r.config) }));
+    api.get('/packs', { config: platformConfig, schema: { response: { 200: arrayOf(PACK_VIEW) } } }, async () => {
+      return (await listPacks(db)).map((r) => ({
+        name: r.name, allow: JSON.parse(r.allow), deny: JSON.parse(r.deny), config: JSON.parse(r.config),
+      }));
     });
 
     // Define (or redefine) a pack; a redefinition reaches every scope it is installed at.
-    api.post('/packs', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
-      await requireCapability(db, req, 'platform:config', { kind: 'platform' });
-      const body = object(req.body, ['name', 'allow', 'deny', 'config']);
-      const name = text(body, 'name', true)!;
+    api.post('/packs', {
+      config: platformConfig, schema: { body: DEFINE_PACK, response: { 200: DEFINE_VIEW, 201: DEFINE_VIEW } },
+    }, async (req, reply) => {
+      const body = req.body as Record<string, unknown>;
+      const name = body.name as string;
       if (!PACK.test(name)) bad('name', 'must be 1–63 lowercase letters, digits, ".", "-" or "_"');
       let allow, deny, config;
       try {
@@ -165,7 +199,8 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
       api.route({
         method: install ? 'PUT' : 'DELETE',
         url: '/packs/:name/installations',
-        config: { requiredCapability: 'platform:config' },
+        config: scopedConfig,
+        schema: { params: pathParams('name'), querystring: SCOPE_QUERY, response: { 200: INSTALL_VIEW } },
         handler: async (req) => {
           const name = (req.params as { name: string }).name;
           const s = await scoped(req);
@@ -180,14 +215,13 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
       });
     }
 
-    api.get('/agents/:id/effective-governance', { config: { requiredCapability: 'agents:manage', target: 'agent-org' } }, async (req) => {
+    api.get('/agents/:id/effective-governance', {
+      config: { requiredCapability: 'agents:manage', capabilityTarget: agentOrg(db) },
+      schema: { params: pathParams('id'), response: { 200: EFFECTIVE_VIEW } },
+    }, async (req) => {
       const id = (req.params as { id: string }).id;
       const agent = await getAgent(db, id);
-      if (!agent) {
-        await requireCapability(db, req, 'agents:manage', { kind: 'org', org: req.principal?.orgId ?? '' });
-        throw new ApiError(PROBLEMS.notFound, `no agent ${id}`);
-      }
-      await requireCapability(db, req, 'agents:manage', { kind: 'org', org: agent.org_id });
+      if (!agent) throw new ApiError(PROBLEMS.notFound, `no agent ${id}`);
       const effective = await effectiveGovernance(db, agent);
       reportSkipped(deps, `agent:${id}`, effective.skipped);
       return { agent: id, org_id: agent.org_id, group_id: agent.group_id, ...effective };

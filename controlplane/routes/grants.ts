@@ -1,7 +1,9 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { builtInRole, CAPABILITIES } from '../authz/capabilities.ts';
-import { requireCapability, type Target } from '../authz/guard.ts';
+import type { Target } from '../authz/guard.ts';
+import { PATH_ORG, PLATFORM } from '../authz/targets.ts';
+import { arrayOf, INTEGER, NO_CONTENT, NULLABLE_STRING, object, pathParams, STRING, viewSchema } from './schemas.ts';
 import { conferredBy, grantScope, requireConferrable } from '../authz/confer.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { Queryable } from '../../core/sql.ts';
@@ -21,6 +23,19 @@ const view = (r: GrantRow): GrantView => ({
   id: Number(r.id), principal: r.principal, role: r.role, capability: r.capability, scope_kind: r.scope_kind, org_id: r.org_id, group_id: r.group_id, agent_id: r.agent_id,
 });
 
+const GRANT_VIEW = viewSchema('grantView', {
+  id: INTEGER, principal: STRING, role: NULLABLE_STRING, capability: NULLABLE_STRING, scope_kind: STRING,
+  org_id: STRING, group_id: STRING, agent_id: STRING,
+});
+// Empty or null fields are absent (createGrantReq); what they may hold is checked by parseGrant.
+const CREATE_GRANT = object(
+  {
+    principal: NULLABLE_STRING, role: NULLABLE_STRING, capability: NULLABLE_STRING, agent: NULLABLE_STRING,
+    group: NULLABLE_STRING,
+  },
+  [],
+  'createGrantReq',
+);
 const PRINCIPAL = /^(user:.+|group:[^:]+:.+|agent:.+)$/;
 
 function bad(field: string, message: string): never {
@@ -41,9 +56,7 @@ async function roleExists(db: Queryable, role: string): Promise<boolean> {
 
 /** Validates createGrantReq for a scope the path fixed; returns the row to insert. */
 async function parseGrant(db: Queryable, raw: unknown, target: Target): Promise<Omit<GrantView, 'id'>> {
-  if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) bad('body', 'must be a JSON object (createGrantReq)');
   const body = raw as Record<string, unknown>;
-  for (const k of Object.keys(body)) if (!['principal', 'role', 'capability', 'agent', 'group'].includes(k)) bad(k, 'unknown field');
   const principal = str(body, 'principal');
   if (!principal) bad('principal', 'is required');
   if (!PRINCIPAL.test(principal)) bad('principal', 'must be user:<subject>, group:<org>:<group> or agent:<uid>');
@@ -80,20 +93,21 @@ export function grantRoutes(deps: ChangeDeps) {
     auditedChange(deps, req, action, orgId, change);
 
   return async (api: FastifyInstance) => {
-    const routes: { prefix: string; capability: 'platform:config' | 'members:*'; target: (req: FastifyRequest) => Target }[] = [
-      { prefix: '/grants', capability: 'platform:config', target: () => ({ kind: 'platform' }) },
-      { prefix: '/orgs/:org/grants', capability: 'members:*', target: (req) => ({ kind: 'org', org: (req.params as { org: string }).org }) },
-    ];
+    const routes = [
+      { prefix: '/grants', capability: 'platform:config', target: PLATFORM, params: [] as string[] },
+      { prefix: '/orgs/:org/grants', capability: 'members:*', target: PATH_ORG, params: ['org'] },
+    ] as const;
     for (const r of routes) {
-      api.get(r.prefix, { config: { requiredCapability: r.capability } }, async (req) => {
-        const target = r.target(req);
-        await requireCapability(db, req, r.capability, target);
+      const config = { requiredCapability: r.capability, capabilityTarget: r.target };
+      const path = r.params.length ? { params: pathParams(...r.params) } : {};
+      api.get(r.prefix, { config, schema: { ...path, response: { 200: arrayOf(GRANT_VIEW) } } }, async (req) => {
+        const target = await r.target(req);
         return (await listGrants(db, grantScopeOf(target))).map(view);
       });
 
-      api.post(r.prefix, { config: { requiredCapability: r.capability } }, async (req, reply) => {
-        const target = r.target(req);
-        await requireCapability(db, req, r.capability, target);
+      const create = { ...path, body: CREATE_GRANT, response: { 201: GRANT_VIEW } };
+      api.post(r.prefix, { config, schema: create }, async (req, reply) => {
+        const target = await r.target(req);
         const grant = await parseGrant(db, req.body, target);
         await requireConferrable(db, req, await conferredBy(db, grant.role, grant.capability), grantScope(grant), 'this grant');
         const created = await audited(req, 'grant.create', grant.org_id, async (tx) => {
@@ -103,9 +117,10 @@ export function grantRoutes(deps: ChangeDeps) {
         return reply.code(201).send(created);
       });
 
-      api.delete(`${r.prefix}/:id`, { config: { requiredCapability: r.capability } }, async (req, reply) => {
-        const target = r.target(req);
-        await requireCapability(db, req, r.capability, target);
+      api.delete(`${r.prefix}/:id`, {
+        config, schema: { params: pathParams(...r.params, 'id'), response: NO_CONTENT },
+      }, async (req, reply) => {
+        const target = await r.target(req);
         const id = (req.params as { id: string }).id;
         if (!/^\d{1,18}$/.test(id)) throw new ApiError(PROBLEMS.notFound, `no grant ${id}`);
         await audited(req, 'grant.delete', target.kind === 'org' ? target.org : '', async (tx) => {

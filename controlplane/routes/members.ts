@@ -2,6 +2,8 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { effectiveCapabilities, groupsOf } from '../authz/capabilities.ts';
 import { conferredBy, grantScope, requireConferrable } from '../authz/confer.ts';
 import { requireCapability } from '../authz/guard.ts';
+import { PATH_ORG } from '../authz/targets.ts';
+import { arrayOf, NO_CONTENT, object, optionalBody, pathParams, STRING, STRINGS, viewSchema } from './schemas.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import { orgExists } from '../store/orgs.ts';
@@ -19,6 +21,14 @@ function bad(field: string, message: string): never {
   throw new ApiError(PROBLEMS.badRequest, `${field}: ${message}`);
 }
 
+const MEMBER_VIEW = viewSchema('memberView', { subject: STRING, username: STRING, email: STRING });
+const OFFBOARD_VIEW = viewSchema('offboardUserView', { subject: STRING });
+const EFFECTIVE_VIEW = viewSchema('effectiveView', {
+  subject: STRING, org_id: STRING, groups: STRINGS, capabilities: STRINGS,
+});
+const PUT_MEMBER = object({ username: STRING, email: STRING }, [], 'putMemberReq');
+const membersManage = { requiredCapability: 'members:*', capabilityTarget: PATH_ORG } as const;
+
 export function memberRoutes(deps: ChangeDeps) {
   const { db } = deps;
   const params = (req: FastifyRequest) => req.params as { org: string; subject: string; group: string };
@@ -28,32 +38,34 @@ export function memberRoutes(deps: ChangeDeps) {
   };
 
   return async (api: FastifyInstance) => {
-    api.get('/orgs/:org/members', { config: { requiredCapability: 'members:*' } }, async (req) => {
-      await requireCapability(db, req, 'members:*', target(req));
+    api.get('/orgs/:org/members', {
+      config: membersManage, schema: { params: pathParams('org'), response: { 200: arrayOf(MEMBER_VIEW) } },
+    }, async (req) => {
       // One round trip: the org (for its 404) and its members.
       const members = await membersOfOrg(db, params(req).org);
       if (!members) throw new ApiError(PROBLEMS.notFound, `no org ${params(req).org}`);
       return members;
     });
 
-    api.put('/orgs/:org/members/:subject', { config: { requiredCapability: 'members:*' } }, async (req) => {
-      await requireCapability(db, req, 'members:*', target(req));
+    api.put('/orgs/:org/members/:subject', {
+      config: membersManage,
+      schema: { params: pathParams('org', 'subject'), body: optionalBody(PUT_MEMBER), response: { 200: MEMBER_VIEW } },
+    }, async (req) => {
       const { org, subject } = params(req);
       await mustExist(org);
-      const raw = req.body ?? {};
-      if (typeof raw !== 'object' || Array.isArray(raw)) bad('body', 'must be a JSON object');
-      const body = raw as Record<string, unknown>;
-      for (const k of Object.keys(body)) if (!['username', 'email'].includes(k)) bad(k, 'unknown field');
-      for (const k of ['username', 'email']) if (body[k] !== undefined && typeof body[k] !== 'string') bad(k, 'must be a string');
-      if (typeof body.email === 'string' && body.email !== '' && !/^[^@\s]+@[^@\s]+$/.test(body.email)) bad('email', 'is not an email address');
+      const body = (req.body ?? {}) as { username?: string; email?: string };
+      const { email } = body;
+      const malformed = email !== undefined && email !== '' && !/^[^@\s]+@[^@\s]+$/.test(email);
+      if (malformed) bad('email', 'is not an email address');
       return auditedChange(deps, req, 'member.put', org, async (tx) => {
         const member = { subject, username: (body.username ?? '') as string, email: (body.email ?? '') as string };
         return { result: await upsertMember(tx, org, member, req.principal!.subject), resource: `member:${org}:${subject}` };
       });
     });
 
-    api.put('/orgs/:org/groups/:group/members/:subject', { config: { requiredCapability: 'members:*' } }, async (req, reply) => {
-      await requireCapability(db, req, 'members:*', target(req));
+    api.put('/orgs/:org/groups/:group/members/:subject', {
+      config: membersManage, schema: { params: pathParams('org', 'group', 'subject'), response: NO_CONTENT },
+    }, async (req, reply) => {
       const { org, group, subject } = params(req);
       if (!(await groupExists(db, org, group))) throw new ApiError(PROBLEMS.notFound, `no group ${group} in org ${org}`);
       if (!(await memberExists(db, org, subject))) throw new ApiError(PROBLEMS.notFound, `${subject} is not a member of org ${org}`);
@@ -67,8 +79,9 @@ export function memberRoutes(deps: ChangeDeps) {
       return reply.code(204).send();
     });
 
-    api.delete('/orgs/:org/groups/:group/members/:subject', { config: { requiredCapability: 'members:*' } }, async (req, reply) => {
-      await requireCapability(db, req, 'members:*', target(req));
+    api.delete('/orgs/:org/groups/:group/members/:subject', {
+      config: membersManage, schema: { params: pathParams('org', 'group', 'subject'), response: NO_CONTENT },
+    }, async (req, reply) => {
       const { org, group, subject } = params(req);
       await auditedChange(deps, req, 'membership.delete', org, async (tx) => {
         if (!(await removeMembership(tx, org, group, subject))) throw new ApiError(PROBLEMS.notFound, `${subject} is not in group ${group}`);
@@ -78,8 +91,10 @@ export function memberRoutes(deps: ChangeDeps) {
     });
 
     // Offboarding: the member, their group memberships and every grant to them in the org, at once.
-    api.post('/orgs/:org/members/:subject/offboard', { config: { requiredCapability: 'members:*' } }, async (req) => {
-      await requireCapability(db, req, 'members:*', target(req));
+    api.post('/orgs/:org/members/:subject/offboard', {
+      config: membersManage,
+      schema: { params: pathParams('org', 'subject'), response: { 200: OFFBOARD_VIEW } },
+    }, async (req) => {
       const { org, subject } = params(req);
       return auditedChange(deps, req, 'member.offboard', org, async (tx) => {
         if (!(await offboardMember(tx, org, subject))) throw new ApiError(PROBLEMS.notFound, `${subject} is not a member of org ${org}`);
@@ -87,10 +102,17 @@ export function memberRoutes(deps: ChangeDeps) {
       });
     });
 
-    api.get('/orgs/:org/members/:subject/effective', { config: { requiredCapability: 'members:*' } }, async (req) => {
+    // A member may ask about themself; anyone else needs members:* over the org.
+    const selfOrMembersManage = async (req: FastifyRequest) => {
       const { org, subject } = params(req);
       const self = req.principal?.subject === subject && req.principal?.orgId === org && req.principal?.kind !== 'agent-operator';
       if (!self) await requireCapability(db, req, 'members:*', target(req));
+    };
+    api.get('/orgs/:org/members/:subject/effective', {
+      config: { requiredCapability: 'members:*', authorize: selfOrMembersManage, targetLabel: 'path-org' },
+      schema: { params: pathParams('org', 'subject'), response: { 200: EFFECTIVE_VIEW } },
+    }, async (req) => {
+      const { org, subject } = params(req);
       const groups = await groupsOf(db, org, subject);
       const grants = await effectiveCapabilities(db, { subject, orgId: org, groups });
       return { subject, org_id: org, groups, capabilities: [...new Set(grants.map((g) => g.capability))].sort() };

@@ -1,5 +1,6 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import { requireCapability } from '../authz/guard.ts';
+import { PATH_ORG, PLATFORM } from '../authz/targets.ts';
+import { arrayOf, NO_CONTENT, object, pathParams, STRING, TEXT, viewSchema } from './schemas.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import { deleteOrg, getOrg, insertOrg, listOrgs, orgExists, orgWasErased, updateOrg } from '../store/orgs.ts';
@@ -16,22 +17,24 @@ function bad(field: string, message: string): never {
   throw new ApiError(PROBLEMS.badRequest, `${field}: ${message}`);
 }
 
-function object(raw: unknown, allowed: string[]): Record<string, unknown> {
-  if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) bad('body', 'must be a JSON object');
-  for (const k of Object.keys(raw)) if (!allowed.includes(k)) bad(k, 'unknown field');
-  return raw as Record<string, unknown>;
-}
-
-function text(body: Record<string, unknown>, field: string, required: boolean): string | undefined {
-  const v = body[field];
-  if (v === undefined) {
-    if (required) bad(field, 'is required');
-    return undefined;
-  }
-  if (typeof v !== 'string') bad(field, 'must be a string');
-  if (required && v.trim() === '') bad(field, 'must not be empty');
-  return v;
-}
+const ORG_VIEW = viewSchema('orgView', {
+  id: STRING,
+  kind: STRING,
+  name: STRING,
+  provider_org_ref: STRING,
+  status: STRING,
+});
+const GROUP_VIEW = viewSchema('groupView', { id: STRING, name: STRING, org_id: STRING, provider_group_ref: STRING });
+const CREATE_ORG = object(
+  { id: TEXT, name: TEXT, provider_org_ref: STRING, status: STRING },
+  ['id', 'name'],
+  'createOrgReq',
+);
+const UPDATE_ORG = object({ name: STRING, provider_org_ref: STRING, status: STRING }, [], 'updateOrgReq');
+const CREATE_GROUP = object({ id: TEXT, name: TEXT, provider_group_ref: STRING }, ['id', 'name'], 'createGroupReq');
+const ORG = pathParams('org');
+const platformConfig = { requiredCapability: 'platform:config', capabilityTarget: PLATFORM } as const;
+const orgManage = { requiredCapability: 'org:manage', capabilityTarget: PATH_ORG } as const;
 
 export function orgRoutes(deps: ChangeDeps) {
   const { db } = deps;
@@ -41,20 +44,20 @@ export function orgRoutes(deps: ChangeDeps) {
   };
 
   return async (api: FastifyInstance) => {
-    api.get('/orgs', { config: { requiredCapability: 'platform:config' } }, async (req) => {
-      await requireCapability(db, req, 'platform:config', { kind: 'platform' });
+    api.get('/orgs', { config: platformConfig, schema: { response: { 200: arrayOf(ORG_VIEW) } } }, async () => {
       return listOrgs(db);
     });
 
-    api.post('/orgs', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
-      await requireCapability(db, req, 'platform:config', { kind: 'platform' });
-      const body = object(req.body, ['id', 'name', 'provider_org_ref', 'status']);
-      const id = text(body, 'id', true)!;
+    api.post('/orgs', {
+      config: platformConfig, schema: { body: CREATE_ORG, response: { 201: ORG_VIEW } },
+    }, async (req, reply) => {
+      const body = req.body as { id: string; name: string; provider_org_ref?: string; status?: string };
+      const id = body.id;
       if (!ID.test(id)) bad('id', 'must be 1–63 lowercase letters, digits, "-" or "_"');
-      const name = text(body, 'name', true)!;
-      const status = text(body, 'status', false) ?? 'active';
+      const name = body.name;
+      const status = body.status ?? 'active';
       if (!STATUSES.includes(status)) bad('status', `must be one of ${STATUSES.join(', ')}`);
-      const ref = text(body, 'provider_org_ref', false) ?? '';
+      const ref = body.provider_org_ref ?? '';
       // An erased org's id is never reused: its data key is gone for good.
       if (await orgWasErased(db, id)) throw new ApiError(PROBLEMS.conflict, `org ${id} was erased; its id is not reused`);
       const org = await auditedChange(deps, req, 'org.create', id, async (tx) => {
@@ -63,20 +66,18 @@ export function orgRoutes(deps: ChangeDeps) {
       return reply.code(201).send(org);
     });
 
-    api.get('/orgs/:org', { config: { requiredCapability: 'org:manage' } }, async (req) => {
-      await requireCapability(db, req, 'org:manage', { kind: 'org', org: orgOf(req) });
+    api.get('/orgs/:org', { config: orgManage, schema: { params: ORG, response: { 200: ORG_VIEW } } }, async (req) => {
       const found = await getOrg(db, orgOf(req));
       if (!found) throw new ApiError(PROBLEMS.notFound, `no org ${orgOf(req)}`);
       return found;
     });
 
-    api.put('/orgs/:org', { config: { requiredCapability: 'org:manage' } }, async (req) => {
+    api.put('/orgs/:org', {
+      config: orgManage, schema: { params: ORG, body: UPDATE_ORG, response: { 200: ORG_VIEW } },
+    }, async (req) => {
       const org = orgOf(req);
-      await requireCapability(db, req, 'org:manage', { kind: 'org', org });
-      const body = object(req.body, ['name', 'provider_org_ref', 'status']);
-      const name = text(body, 'name', false);
-      const ref = text(body, 'provider_org_ref', false);
-      const status = text(body, 'status', false);
+      const body = req.body as { name?: string; provider_org_ref?: string; status?: string };
+      const { name, provider_org_ref: ref, status } = body;
       if (status !== undefined && !STATUSES.includes(status)) bad('status', `must be one of ${STATUSES.join(', ')}`);
       if (name !== undefined && name.trim() === '') bad('name', 'must not be empty');
       return auditedChange(deps, req, 'org.update', org, async (tx) => {
@@ -86,8 +87,9 @@ export function orgRoutes(deps: ChangeDeps) {
       });
     });
 
-    api.delete('/orgs/:org', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
-      await requireCapability(db, req, 'platform:config', { kind: 'platform' });
+    api.delete('/orgs/:org', {
+      config: platformConfig, schema: { params: ORG, response: NO_CONTENT },
+    }, async (req, reply) => {
       const org = orgOf(req);
       await auditedChange(deps, req, 'org.delete', org, async (tx) => {
         if (!(await deleteOrg(tx, org))) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
@@ -96,32 +98,35 @@ export function orgRoutes(deps: ChangeDeps) {
       return reply.code(204).send();
     });
 
-    api.get('/orgs/:org/groups', { config: { requiredCapability: 'org:manage' } }, async (req) => {
+    api.get('/orgs/:org/groups', {
+      config: orgManage, schema: { params: ORG, response: { 200: arrayOf(GROUP_VIEW) } },
+    }, async (req) => {
       const org = orgOf(req);
-      await requireCapability(db, req, 'org:manage', { kind: 'org', org });
       await mustExist(org);
       return listGroups(db, org);
     });
 
-    api.post('/orgs/:org/groups', { config: { requiredCapability: 'org:manage' } }, async (req, reply) => {
+    api.post('/orgs/:org/groups', {
+      config: orgManage, schema: { params: ORG, body: CREATE_GROUP, response: { 201: GROUP_VIEW } },
+    }, async (req, reply) => {
       const org = orgOf(req);
-      await requireCapability(db, req, 'org:manage', { kind: 'org', org });
       await mustExist(org);
-      const body = object(req.body, ['id', 'name', 'provider_group_ref']);
-      const id = text(body, 'id', true)!;
+      const body = req.body as { id: string; name: string; provider_group_ref?: string };
+      const id = body.id;
       if (!ID.test(id)) bad('id', 'must be 1–63 lowercase letters, digits, "-" or "_"');
-      const name = text(body, 'name', true)!;
-      const ref = text(body, 'provider_group_ref', false) ?? '';
+      const { name } = body;
+      const ref = body.provider_group_ref ?? '';
       const group = await auditedChange(deps, req, 'group.create', org, async (tx) => {
         return { result: await insertGroup(tx, org, { id, name, ref }, req.principal!.subject), resource: `group:${org}:${id}` };
       });
       return reply.code(201).send(group);
     });
 
-    api.delete('/orgs/:org/groups/:group', { config: { requiredCapability: 'org:manage' } }, async (req, reply) => {
+    api.delete('/orgs/:org/groups/:group', {
+      config: orgManage, schema: { params: pathParams('org', 'group'), response: NO_CONTENT },
+    }, async (req, reply) => {
       const org = orgOf(req);
       const group = (req.params as { group: string }).group;
-      await requireCapability(db, req, 'org:manage', { kind: 'org', org });
       await auditedChange(deps, req, 'group.delete', org, async (tx) => {
         if (!(await deleteGroup(tx, org, group))) throw new ApiError(PROBLEMS.notFound, `no group ${group} in org ${org}`);
         return { result: null, resource: `group:${org}:${group}` };

@@ -1,7 +1,8 @@
 import type { FastifyInstance } from 'fastify';
 import { BUILT_IN_ROLES, builtInRole, CAPABILITIES, type Capability } from '../authz/capabilities.ts';
 import { requireConferrable } from '../authz/confer.ts';
-import { requireCapability } from '../authz/guard.ts';
+import { PLATFORM } from '../authz/targets.ts';
+import { arrayOf, NO_CONTENT, object as objectSchema, pathParams, STRING, STRINGS, viewSchema } from './schemas.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import { deleteRole, insertRole, listCustomRoles, roleIsGranted, updateRole } from '../store/roles.ts';
@@ -23,11 +24,11 @@ function capabilitiesOf(body: Record<string, unknown>): string[] {
   return [...new Set(caps as string[])];
 }
 
-function object(raw: unknown, allowed: string[]): Record<string, unknown> {
-  if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) bad('body', 'must be a JSON object');
-  for (const k of Object.keys(raw)) if (!allowed.includes(k)) bad(k, 'unknown field');
-  return raw as Record<string, unknown>;
-}
+const ROLE_VIEW = viewSchema('roleView', { name: STRING, capabilities: STRINGS });
+// What the names and capabilities may be is checked by the handler (its messages name the field).
+const CREATE_ROLE = objectSchema({ name: {}, capabilities: {} }, [], 'createRoleReq');
+const PUT_ROLE = objectSchema({ capabilities: {} }, [], 'putRoleReq');
+const platformConfig = { requiredCapability: 'platform:config', capabilityTarget: PLATFORM } as const;
 
 const NAME = /^[a-z][a-z0-9-]{1,62}$/;
 
@@ -35,16 +36,16 @@ export function roleRoutes(deps: ChangeDeps) {
   const { db } = deps;
   const platform = { kind: 'platform' } as const;
   return async (api: FastifyInstance) => {
-    api.get('/roles', { config: { requiredCapability: 'platform:config' } }, async (req) => {
-      await requireCapability(db, req, 'platform:config', platform);
+    api.get('/roles', { config: platformConfig, schema: { response: { 200: arrayOf(ROLE_VIEW) } } }, async () => {
       const rows = await listCustomRoles(db);
       const builtIn = Object.entries(BUILT_IN_ROLES).map(([name, caps]) => ({ name, capabilities: [...caps] }));
       return [...builtIn, ...rows];
     });
 
-    api.post('/roles', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
-      await requireCapability(db, req, 'platform:config', platform);
-      const body = object(req.body, ['name', 'capabilities']);
+    api.post('/roles', {
+      config: platformConfig, schema: { body: CREATE_ROLE, response: { 201: ROLE_VIEW } },
+    }, async (req, reply) => {
+      const body = req.body as Record<string, unknown>;
       const name = body.name;
       if (typeof name !== 'string' || !NAME.test(name)) bad('name', 'must be 2–63 lowercase letters, digits or dashes, starting with a letter');
       if (builtInRole(name)) throw new ApiError(PROBLEMS.conflict, `"${name}" is a built-in role`);
@@ -57,11 +58,12 @@ export function roleRoutes(deps: ChangeDeps) {
       return reply.code(201).send(role);
     });
 
-    api.put('/roles/:name', { config: { requiredCapability: 'platform:config' } }, async (req) => {
-      await requireCapability(db, req, 'platform:config', platform);
+    api.put('/roles/:name', {
+      config: platformConfig, schema: { params: pathParams('name'), body: PUT_ROLE, response: { 200: ROLE_VIEW } },
+    }, async (req) => {
       const name = (req.params as { name: string }).name;
       if (builtInRole(name)) throw new ApiError(PROBLEMS.conflict, `"${name}" is a built-in role and cannot be changed`);
-      const capabilities = capabilitiesOf(object(req.body, ['capabilities']));
+      const capabilities = capabilitiesOf(req.body as Record<string, unknown>);
       // A role's definition reaches every holder of the role: it may carry only what the caller holds.
       await requireConferrable(db, req, capabilities as Capability[], platform, `role ${name}`);
       return auditedChange(deps, req, 'role.update', '', async (tx) => {
@@ -70,8 +72,9 @@ export function roleRoutes(deps: ChangeDeps) {
       });
     });
 
-    api.delete('/roles/:name', { config: { requiredCapability: 'platform:config' } }, async (req, reply) => {
-      await requireCapability(db, req, 'platform:config', platform);
+    api.delete('/roles/:name', {
+      config: platformConfig, schema: { params: pathParams('name'), response: NO_CONTENT },
+    }, async (req, reply) => {
       const name = (req.params as { name: string }).name;
       if (builtInRole(name)) throw new ApiError(PROBLEMS.conflict, `"${name}" is a built-in role and cannot be deleted`);
       await auditedChange(deps, req, 'role.delete', '', async (tx) => {

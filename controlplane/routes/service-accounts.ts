@@ -7,7 +7,22 @@ import { builtInRole, CAPABILITIES, groupsOf, type Capability, type ScopeKind } 
 import type { GrantRow } from '../store/grants.ts';
 import { describe, holds, requireCapability, type Target } from '../authz/guard.ts';
 import { conferredBy, requireConferrable, requireHoldsAllOf } from '../authz/confer.ts';
-import { bad, object, strings, text } from '../body.ts';
+import { bad } from '../bad-request.ts';
+import { PATH_ORG } from '../authz/targets.ts';
+import {
+  ANY,
+  arrayOf,
+  INTEGER,
+  NO_CONTENT,
+  NON_EMPTY_STRINGS,
+  NULLABLE_STRING,
+  object,
+  optionalBody,
+  pathParams,
+  STRING,
+  TEXT,
+  viewSchema,
+} from './schemas.ts';
 import { ApiError, IdpError, PROBLEMS } from '../errors.ts';
 import { serviceAccountMetadata, type IdpProvisioner, type Registration } from '../idp/provisioner.ts';
 import type { ServiceAccountKey } from '../idp/service-account-key.ts';
@@ -49,17 +64,17 @@ async function newKey(): Promise<{ kid: string; publicJwk: JWK; privateJwk: JWK 
   };
 }
 
-function capabilityOf(body: Record<string, unknown>): Capability | null {
-  const c = text(body, 'capability', false);
-  if (c === undefined || c === '') return null;
+function capabilityOf(body: GrantFields): Capability | null {
+  const c = body.capability;
+  if (c === undefined || c === null || c === '') return null;
   if (!(CAPABILITIES as readonly string[]).includes(c)) bad('capability', `unknown capability (one of ${CAPABILITIES.join(', ')})`);
   return c as Capability;
 }
 
 /** The scope a grant of a service account narrows to, within the path's org. */
-function grantTarget(org: string, body: Record<string, unknown>, field: string): Target {
-  const group = text(body, 'group', false) || undefined;
-  const agent = text(body, 'agent', false) || undefined;
+function grantTarget(org: string, body: GrantFields, field: string): Target {
+  const group = body.group || undefined;
+  const agent = body.agent || undefined;
   if (group && agent) bad(`${field}agent`, 'a grant is narrowed to a group or an agent, not both');
   return group ? { kind: 'group', org, group } : agent ? { kind: 'agent', org, agent } : { kind: 'org', org };
 }
@@ -69,6 +84,45 @@ const scopeOf = (t: Target) => ({
   group_id: t.kind === 'group' ? t.group : '',
   agent_id: t.kind === 'agent' ? t.agent : '',
 });
+
+const ACCOUNT_VIEW = viewSchema('serviceAccountView', {
+  id: STRING,
+  owner: STRING,
+  level: STRING,
+  status: STRING,
+  org_id: STRING,
+  created_at: STRING,
+});
+const CREDENTIAL_VIEW = viewSchema('serviceAccountCredentialView', {
+  id: STRING, owner: STRING, level: STRING, status: STRING, org_id: STRING, created_at: STRING, credential: ANY,
+});
+const KEY_VIEW = viewSchema('serviceAccountKeyView', { id: STRING, credential: ANY });
+const SA_GRANT_VIEW = viewSchema('serviceAccountGrantView', {
+  id: INTEGER, role: NULLABLE_STRING, capability: NULLABLE_STRING, scope_kind: STRING, org_id: STRING,
+  group_id: STRING, agent_id: STRING,
+});
+// null (and for grant fields an empty string) is absent; what they name is checked by the handler.
+const CREATE_REQ = object({ name: TEXT }, ['name'], 'createServiceAccountReq');
+const SELF_GRANT_REQ = object(
+  { capability: NULLABLE_STRING, agent: NULLABLE_STRING, group: NULLABLE_STRING },
+  [],
+  'selfServiceGrantReq',
+);
+const SELF_SERVICE_REQ = object(
+  { name: TEXT, groups: NON_EMPTY_STRINGS, grants: { type: ['array', 'null'], items: SELF_GRANT_REQ } },
+  ['name'],
+  'createSelfServiceSAReq',
+);
+const GRANT_REQ = object(
+  { role: NULLABLE_STRING, capability: NULLABLE_STRING, agent: NULLABLE_STRING, group: NULLABLE_STRING }, [],
+  'createServiceAccountGrantReq',
+);
+const TRANSFER_REQ = object({ owner: TEXT }, ['owner'], 'transferServiceAccountReq');
+type GrantFields = Partial<Record<'role' | 'capability' | 'agent' | 'group', string | null>>;
+const NO_FIELDS = optionalBody(object({}));
+const ORG = pathParams('org');
+const ACCOUNT = pathParams('org', 'id');
+const clientsManage = { requiredCapability: 'clients:manage', capabilityTarget: PATH_ORG } as const;
 
 const actorOf = (req: FastifyRequest): ChangeActor => ({ subject: req.principal!.subject, kind: req.principal!.kind, traceId: String(req.id) });
 
@@ -101,6 +155,12 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
     await requireManagerOrOwner(req, account);
     return account;
   };
+  // Routes over one account authorize its manager or its owner (loadManaged); the account, for the handler.
+  const managed = new WeakMap<FastifyRequest, AccountRow>();
+  const managerOrOwner = {
+    requiredCapability: 'clients:manage', targetLabel: 'path-org',
+    authorize: async (req: FastifyRequest) => void managed.set(req, await loadManaged(req)),
+  } as const;
   const orgExists = async (org: string) => {
     if (!(await orgStored(db, org))) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
   };
@@ -170,16 +230,17 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
   }
 
   return async (api: FastifyInstance) => {
-    api.get('/orgs/:org/service-accounts', { config: { requiredCapability: 'clients:manage' } }, async (req) => {
-      await requireCapability(db, req, 'clients:manage', orgTarget(req));
+    api.get('/orgs/:org/service-accounts', {
+      config: clientsManage, schema: { params: ORG, response: { 200: arrayOf(ACCOUNT_VIEW) } },
+    }, async (req) => {
       await orgExists(params(req).org);
       return (await listServiceAccounts(db, params(req).org)).map(view);
     });
 
-    api.post('/orgs/:org/service-accounts', { config: { requiredCapability: 'clients:manage' } }, async (req, reply) => {
-      await requireCapability(db, req, 'clients:manage', orgTarget(req));
-      const body = object(req.body, ['name']);
-      const name = text(body, 'name', true)!;
+    api.post('/orgs/:org/service-accounts', {
+      config: clientsManage, schema: { params: ORG, body: CREATE_REQ, response: { 201: CREDENTIAL_VIEW } },
+    }, async (req, reply) => {
+      const { name } = req.body as { name: string };
       const { org } = params(req);
       await orgExists(org);
       return reply.code(201).send(await create(req, org, name, 'org', async () => {}));
@@ -187,23 +248,30 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
 
     // Self-service: any member of the org (token org = path org), for themself; what the account may do
     // is bounded by what the member may do.
-    api.post('/orgs/:org/service-accounts/self-service', { config: { requiredCapability: null } }, async (req, reply) => {
+    // Any token of the org may create one (it confers only what its caller holds, checked per grant below).
+    const memberOfOrg = async (req: FastifyRequest) => {
       const p = req.principal!;
       const { org } = params(req);
       if (p.kind === 'agent-operator') throw new ApiError(PROBLEMS.forbidden, 'agent operators cannot create service accounts');
       if (p.orgId !== org) throw new ApiError(PROBLEMS.forbidden, `only members of org ${org} create self-service accounts in it`);
-      const body = object(req.body, ['name', 'groups', 'grants']);
-      const name = text(body, 'name', true)!;
-      const groups = strings(body, 'groups') ?? [];
+    };
+    api.post('/orgs/:org/service-accounts/self-service', {
+      config: { requiredCapability: null, authorize: memberOfOrg, targetLabel: 'path-org' },
+      schema: { params: ORG, body: SELF_SERVICE_REQ, response: { 201: CREDENTIAL_VIEW } },
+    }, async (req, reply) => {
+      const p = req.principal!;
+      const { org } = params(req);
+      const body = req.body as { name: string; groups?: string[] | null; grants?: GrantFields[] | null };
+      const { name } = body;
+      const groups = body.groups ?? [];
       const mine = new Set(await groupsOf(db, org, p.subject));
       groups.forEach((g, i) => {
         if (!mine.has(g)) bad(`groups[${i}]`, `you are not a member of group ${g}`);
       });
       const rawGrants = body.grants ?? [];
-      if (!Array.isArray(rawGrants)) bad('grants', 'must be an array of selfServiceGrantReq');
       const grants: { capability: Capability; target: Target }[] = [];
       for (const [i, raw] of rawGrants.entries()) {
-        const g = object(raw, ['capability', 'agent', 'group']);
+        const g = raw;
         const capability = capabilityOf(g);
         if (!capability) bad(`grants[${i}].capability`, 'is required');
         const target = grantTarget(org, g, `grants[${i}].`);
@@ -223,14 +291,17 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       }));
     });
 
-    api.get('/orgs/:org/service-accounts/:id', { config: { requiredCapability: 'clients:manage' } }, async (req) => {
-      const account = await loadManaged(req);
+    api.get('/orgs/:org/service-accounts/:id', {
+      config: managerOrOwner, schema: { params: ACCOUNT, response: { 200: ACCOUNT_VIEW } },
+    }, async (req) => {
+      const account = managed.get(req)!;
       return view(account);
     });
 
-    api.post('/orgs/:org/service-accounts/:id/keys', { config: { requiredCapability: 'clients:manage' } }, async (req, reply) => {
-      const account = await loadManaged(req);
-      object(req.body ?? {}, []);
+    api.post('/orgs/:org/service-accounts/:id/keys', {
+      config: managerOrOwner, schema: { params: ACCOUNT, body: NO_FIELDS, response: { 201: KEY_VIEW } },
+    }, async (req, reply) => {
+      const account = managed.get(req)!;
       if (account.status !== 'active') throw new ApiError(PROBLEMS.conflict, `service account ${account.id} is ${account.status}`);
       await requireHoldsAllOf(db, req, account.id, account.org_id, `a key of service account ${account.id}`);
       const key = await newKey();
@@ -241,8 +312,10 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       return reply.code(201).send({ id: key.kid, credential: keyFile(account.id, key) });
     });
 
-    api.delete('/orgs/:org/service-accounts/:id/keys/:key', { config: { requiredCapability: 'clients:manage' } }, async (req, reply) => {
-      const account = await loadManaged(req);
+    api.delete('/orgs/:org/service-accounts/:id/keys/:key', {
+      config: managerOrOwner, schema: { params: pathParams('org', 'id', 'key'), response: NO_CONTENT },
+    }, async (req, reply) => {
+      const account = managed.get(req)!;
       const rows = await serviceAccountKeys(db, account.id);
       const kid = params(req).key;
       if (!rows.some((r) => r.key_id === kid)) throw new ApiError(PROBLEMS.notFound, `service account ${account.id} has no key ${kid}`);
@@ -253,10 +326,11 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       return reply.code(204).send();
     });
 
-    api.post('/orgs/:org/service-accounts/:id/transfer', { config: { requiredCapability: 'clients:manage' } }, async (req) => {
-      await requireCapability(db, req, 'clients:manage', orgTarget(req));
+    api.post('/orgs/:org/service-accounts/:id/transfer', {
+      config: clientsManage, schema: { params: ACCOUNT, body: TRANSFER_REQ, response: { 200: ACCOUNT_VIEW } },
+    }, async (req) => {
       const account = await load(req);
-      const owner = text(object(req.body, ['owner']), 'owner', true)!;
+      const { owner } = req.body as { owner: string };
       if (!(await memberExists(db, account.org_id, owner))) bad('owner', `${owner} is not a member of org ${account.org_id}`);
       if (owner === account.id) bad('owner', 'a service account cannot own itself');
       await requireHoldsAllOf(db, req, account.id, account.org_id, `ownership of service account ${account.id}`);
@@ -267,9 +341,10 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
 
     // Disabling: the client is removed at the IdP first (no new tokens), then the account is marked
     // disabled, which also refuses the tokens it still holds. Disabling twice is harmless.
-    api.post('/orgs/:org/service-accounts/:id/disable', { config: { requiredCapability: 'clients:manage' } }, async (req) => {
-      const account = await loadManaged(req);
-      object(req.body ?? {}, []);
+    api.post('/orgs/:org/service-accounts/:id/disable', {
+      config: managerOrOwner, schema: { params: ACCOUNT, body: NO_FIELDS, response: { 200: ACCOUNT_VIEW } },
+    }, async (req) => {
+      const account = managed.get(req)!;
       await idpStep(() => idp.remove(registration(account)));
       const out = await auditedChange(deps, req, 'service-account.disable', account.org_id, async (tx) => {
         return { result: view(await disableServiceAccount(tx, account.id)), resource: `service-account:${account.id}` };
@@ -278,17 +353,19 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       return out;
     });
 
-    api.get('/orgs/:org/service-accounts/:id/grants', { config: { requiredCapability: 'clients:manage' } }, async (req) => {
-      await requireCapability(db, req, 'clients:manage', orgTarget(req));
+    api.get('/orgs/:org/service-accounts/:id/grants', {
+      config: clientsManage, schema: { params: ACCOUNT, response: { 200: arrayOf(SA_GRANT_VIEW) } },
+    }, async (req) => {
       const account = await load(req);
       return (await grantsToInOrg(db, `user:${account.id}`, account.org_id)).map(grantView);
     });
 
-    api.post('/orgs/:org/service-accounts/:id/grants', { config: { requiredCapability: 'clients:manage' } }, async (req, reply) => {
-      await requireCapability(db, req, 'clients:manage', orgTarget(req));
+    api.post('/orgs/:org/service-accounts/:id/grants', {
+      config: clientsManage, schema: { params: ACCOUNT, body: GRANT_REQ, response: { 201: SA_GRANT_VIEW } },
+    }, async (req, reply) => {
       const account = await load(req);
-      const body = object(req.body, ['role', 'capability', 'agent', 'group']);
-      const role = text(body, 'role', false) || null;
+      const body = req.body as GrantFields;
+      const role = body.role || null;
       const capability = capabilityOf(body);
       if ((role === null) === (capability === null)) bad('role', 'exactly one of role and capability is required');
       if (role === 'platform-admin') bad('role', 'platform-admin is granted at platform scope only');
@@ -303,8 +380,9 @@ export function serviceAccountRoutes(deps: ChangeDeps, idp: IdpProvisioner, stat
       return reply.code(201).send(created);
     });
 
-    api.delete('/orgs/:org/service-accounts/:id/grants/:grant', { config: { requiredCapability: 'clients:manage' } }, async (req, reply) => {
-      await requireCapability(db, req, 'clients:manage', orgTarget(req));
+    api.delete('/orgs/:org/service-accounts/:id/grants/:grant', {
+      config: clientsManage, schema: { params: pathParams('org', 'id', 'grant'), response: NO_CONTENT },
+    }, async (req, reply) => {
       const account = await load(req);
       const id = params(req).grant;
       if (!/^\d{1,18}$/.test(id)) throw new ApiError(PROBLEMS.notFound, `no grant ${id}`);
