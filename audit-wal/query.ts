@@ -5,7 +5,6 @@
 
 import { AuditQueryError } from './errors.ts';
 
-
 export const AUDIT_RECORD_FIELDS = [
   'action',
   'actor',

@@ -19,11 +19,19 @@ const T0 = 1_763_800_000; // seconds
 
 function personas(endMs: number): [string, AuditQuery][] {
   const hour = new Date(endMs - 3_600_000);
-  const q = (predicate: AuditQuery['predicate'], filters: AuditQuery['filters'] = {}): AuditQuery => ({ predicate, filters, limit: 100, offset: 0 });
+  const q = (predicate: AuditQuery['predicate'], filters: AuditQuery['filters'] = {}): AuditQuery => ({
+    predicate,
+    filters,
+    limit: 100,
+    offset: 0,
+  });
   return [
     ['member: own org, own actor', q({ orgs: ['org-7'], actor: 'user-7-3' })],
     ['org admin: own org, last hour', q({ orgs: ['org-7'] }, { since: hour })],
-    ['org admin: own org, network flows to a host', q({ orgs: ['org-7'] }, { proto: 'tcp', dst_host: 'host-0.example' })],
+    [
+      'org admin: own org, network flows to a host',
+      q({ orgs: ['org-7'] }, { proto: 'tcp', dst_host: 'host-0.example' }),
+    ],
     ['agent-operator: attributed to its agent', q({ orgs: ['org-7'], agent: 'agent-7-2' })],
     ['platform operator: every org, last hour', q({ orgs: 'all', kinds: ['event'] }, { since: hour })],
     ['platform operator: narrowed to one org', q({ orgs: 'all', kinds: ['event'] }, { org: 'org-42' })],
@@ -35,7 +43,13 @@ async function fillClickHouse(url: string, db: string, rows: number): Promise<vo
   const store = await openStore(`clickhouse://default@${new URL(url).host}/${db}`);
   await store.ensureSchema();
   await store.close();
-  const have = Number(((await (await ch.query({ query: `SELECT count() AS n FROM ${db}.audit_events`, format: 'JSONEachRow' })).json()) as { n: string }[])[0].n);
+  const have = Number(
+    (
+      (await (
+        await ch.query({ query: `SELECT count() AS n FROM ${db}.audit_events`, format: 'JSONEachRow' })
+      ).json()) as { n: string }[]
+    )[0].n,
+  );
   if (have !== rows) {
     await ch.command({ query: `TRUNCATE TABLE ${db}.audit_events` });
     await ch.command({ query: `TRUNCATE TABLE ${db}.\`.inner.audit_events_cp\`` });
@@ -83,7 +97,11 @@ async function time(fn: () => Promise<unknown>, runs: number): Promise<{ p50: nu
     ts.push(performance.now() - t0);
   }
   ts.sort((a, b) => a - b);
-  return { p50: ts[Math.floor(ts.length / 2)], p99: ts[Math.min(ts.length - 1, Math.floor(ts.length * 0.99))], n: ts.length };
+  return {
+    p50: ts[Math.floor(ts.length / 2)],
+    p99: ts[Math.min(ts.length - 1, Math.floor(ts.length * 0.99))],
+    n: ts.length,
+  };
 }
 
 export async function main(args: string[]): Promise<void> {
@@ -111,12 +129,37 @@ export async function main(args: string[]): Promise<void> {
     const base = await time(async () => (await raw.query({ query: rawSql, format: 'JSONEachRow' })).json(), runs);
     const pgQ = personas(pgEnd)[i][1];
     const pgRes = await time(() => pgStore.readEvents(pgQ), runs);
-    out.push([name, `${(await ch.readEvents(q)).length}`, formatMs(chRes.p50), formatMs(chRes.p99), formatMs(base.p50), `${(chRes.p50 / base.p50).toFixed(2)}×`, formatMs(pgRes.p50), formatMs(pgRes.p99)]);
+    out.push([
+      name,
+      `${(await ch.readEvents(q)).length}`,
+      formatMs(chRes.p50),
+      formatMs(chRes.p99),
+      formatMs(base.p50),
+      `${(chRes.p50 / base.p50).toFixed(2)}×`,
+      formatMs(pgRes.p50),
+      formatMs(pgRes.p99),
+    ]);
   }
   await ch.close();
   await pgStore.close();
   await raw.close();
   process.stdout.write('\n### audit-query (`npm run bench -- audit-query`)\n');
-  process.stdout.write(`Conditions: ${conditions(`ClickHouse ${rows.toLocaleString('en')} rows (Debian 18.16), PostgreSQL ${pgRows.toLocaleString('en')} rows; ${ORGS} orgs; page of 100; ${runs} runs each after 3 warm-ups; baseline = the same conditions as one single-pass query by the bare ClickHouse client`)}\n\n`);
-  process.stdout.write(table(['persona query', 'rows', 'ours CH p50', 'ours CH p99', 'baseline CH p50', 'ours/baseline', 'ours PG p50', 'ours PG p99'], out) + '\n');
+  process.stdout.write(
+    `Conditions: ${conditions(`ClickHouse ${rows.toLocaleString('en')} rows (Debian 18.16), PostgreSQL ${pgRows.toLocaleString('en')} rows; ${ORGS} orgs; page of 100; ${runs} runs each after 3 warm-ups; baseline = the same conditions as one single-pass query by the bare ClickHouse client`)}\n\n`,
+  );
+  process.stdout.write(
+    table(
+      [
+        'persona query',
+        'rows',
+        'ours CH p50',
+        'ours CH p99',
+        'baseline CH p50',
+        'ours/baseline',
+        'ours PG p50',
+        'ours PG p99',
+      ],
+      out,
+    ) + '\n',
+  );
 }

@@ -34,7 +34,12 @@ interface Contender {
   token?: string;
 }
 
-interface Result { name: string; p50: number; p99: number; rps: number }
+interface Result {
+  name: string;
+  p50: number;
+  p99: number;
+  rps: number;
+}
 
 async function run(c: Contender, dispatcher: Agent, seconds: number): Promise<Result> {
   const headers = c.token ? { authorization: `Bearer ${c.token}` } : {};
@@ -55,12 +60,14 @@ async function run(c: Contender, dispatcher: Agent, seconds: number): Promise<Re
   let done = 0;
   const start = performance.now();
   const stop = start + seconds * 500;
-  await Promise.all(Array.from({ length: 8 }, async () => {
-    while (performance.now() < stop) {
-      await once();
-      done++;
-    }
-  }));
+  await Promise.all(
+    Array.from({ length: 8 }, async () => {
+      while (performance.now() < stop) {
+        await once();
+        done++;
+      }
+    }),
+  );
   const at = (q: number) => times[Math.min(times.length - 1, Math.floor(q * times.length))];
   return { name: c.name, p50: at(0.5), p99: at(0.99), rps: done / ((performance.now() - start) / 1000) };
 }
@@ -73,7 +80,10 @@ export async function main(args: string[]): Promise<void> {
   await writeFile(join(dir, 'cert.pem'), leaf.certPem);
   await writeFile(join(dir, 'key.pem'), leaf.keyPem);
   const dispatcher = new Agent({ connect: { ca: ca.certPem }, connections: 8 });
-  const issuer = await startIssuer([{ clientId: 'operator', org: 'org-a' }, { clientId: 'admin', org: 'org-a' }]);
+  const issuer = await startIssuer([
+    { clientId: 'operator', org: 'org-a' },
+    { clientId: 'admin', org: 'org-a' },
+  ]);
   const token = await issuer.token('operator');
   const admin = await issuer.token('admin');
   const quiet = createLogger({ level: 'error', destination: { write: () => {} } });
@@ -82,23 +92,56 @@ export async function main(args: string[]): Promise<void> {
   const contenders: Contender[] = [];
 
   const floor = Fastify({ https: { cert: leaf.certPem, key: leaf.keyPem }, logger: false });
-  floor.get('/ping', async () => ({ subject: 'operator', kind: 'service', org_id: 'org-a', groups: [], capabilities: [] }));
+  floor.get('/ping', async () => ({
+    subject: 'operator',
+    kind: 'service',
+    org_id: 'org-a',
+    groups: [],
+    capabilities: [],
+  }));
   await floor.listen({ port: 0, host: '127.0.0.1' });
   closers.push(() => floor.close());
-  contenders.push({ name: 'floor: bare fastify route', port: (floor.server.address() as { port: number }).port, path: '/ping' });
+  contenders.push({
+    name: 'floor: bare fastify route',
+    port: (floor.server.address() as { port: number }).port,
+    path: '/ping',
+  });
 
-  for (const [store, dsn] of [['PGlite', `pglite://${join(dir, 'db')}`], ...(pgDb ? [['PostgreSQL', pgDb.dsn]] : [])] as [string, string][]) {
+  for (const [store, dsn] of [
+    ['PGlite', `pglite://${join(dir, 'db')}`],
+    ...(pgDb ? [['PostgreSQL', pgDb.dsn]] : []),
+  ] as [string, string][]) {
     const cp: RunningControlPlane = await startControlPlane(
-      { addr: '127.0.0.1:0', tlsCert: join(dir, 'cert.pem'), tlsKey: join(dir, 'key.pem'), oidcIssuer: issuer.issuer, oidcAudience: AUDIENCE, databaseDsn: dsn, seedAdmin: ['admin'] },
+      {
+        addr: '127.0.0.1:0',
+        tlsCert: join(dir, 'cert.pem'),
+        tlsKey: join(dir, 'key.pem'),
+        oidcIssuer: issuer.issuer,
+        oidcAudience: AUDIENCE,
+        databaseDsn: dsn,
+        seedAdmin: ['admin'],
+      },
       { logger: quiet, audit: new StdoutAuditSink({ write: () => true } as never) },
     );
     closers.push(() => cp.close());
     // An org with 20 members and the operator's org-admin grant over it, written through the API.
     await cpCall(cp.port, dispatcher, admin, 'POST', '/api/v1/orgs', { id: 'org-a', name: 'A' });
-    await cpCall(cp.port, dispatcher, admin, 'POST', '/api/v1/orgs/org-a/grants', { principal: 'user:operator', role: 'org-admin' });
-    for (let i = 0; i < 20; i++) await cpCall(cp.port, dispatcher, admin, 'PUT', `/api/v1/orgs/org-a/members/user-${i}`, { username: `user-${i}`, email: `user-${i}@example.com` });
+    await cpCall(cp.port, dispatcher, admin, 'POST', '/api/v1/orgs/org-a/grants', {
+      principal: 'user:operator',
+      role: 'org-admin',
+    });
+    for (let i = 0; i < 20; i++)
+      await cpCall(cp.port, dispatcher, admin, 'PUT', `/api/v1/orgs/org-a/members/user-${i}`, {
+        username: `user-${i}`,
+        email: `user-${i}@example.com`,
+      });
     contenders.push({ name: `ours: whoami, ${store}`, port: cp.port, path: '/api/v1/whoami', token });
-    contenders.push({ name: `ours: grant-checked list, ${store}`, port: cp.port, path: '/api/v1/orgs/org-a/members', token });
+    contenders.push({
+      name: `ours: grant-checked list, ${store}`,
+      port: cp.port,
+      path: '/api/v1/orgs/org-a/members',
+      token,
+    });
   }
 
   // The peer: the bare route behind per-request JWT verification and a grant query.
@@ -110,18 +153,35 @@ export async function main(args: string[]): Promise<void> {
     peer.get('/ping', async (req, reply) => {
       const bearer = String(req.headers.authorization ?? '').replace(/^Bearer /, '');
       const { payload } = await jwtVerify(bearer, jwks, { issuer: issuer.issuer, audience: AUDIENCE });
-      const { rows } = await pool.query('SELECT role, capability FROM grants WHERE principal = $1', [`user:${payload.sub}`]);
+      const { rows } = await pool.query('SELECT role, capability FROM grants WHERE principal = $1', [
+        `user:${payload.sub}`,
+      ]);
       if (rows.length === 0) return reply.code(403).send();
       return { subject: payload.sub, org_id: payload.org_id, grants: rows.length };
     });
     await peer.listen({ port: 0, host: '127.0.0.1' });
     closers.push(() => peer.close());
     const listFloor = Fastify({ https: { cert: leaf.certPem, key: leaf.keyPem }, logger: false });
-    listFloor.get('/members', async () => (await pool.query(MEMBERS_OF_ORG, ['org-a'])).rows.map(({ subject, username, email }) => ({ subject, username, email })));
+    listFloor.get('/members', async () =>
+      (await pool.query(MEMBERS_OF_ORG, ['org-a'])).rows.map(({ subject, username, email }) => ({
+        subject,
+        username,
+        email,
+      })),
+    );
     await listFloor.listen({ port: 0, host: '127.0.0.1' });
     closers.push(() => listFloor.close());
-    contenders.push({ name: 'floor: bare fastify route + the same list query, PostgreSQL', port: (listFloor.server.address() as { port: number }).port, path: '/members' });
-    contenders.splice(1, 0, { name: 'peer: fastify + per-request jose verify + grant query (PostgreSQL)', port: (peer.server.address() as { port: number }).port, path: '/ping', token });
+    contenders.push({
+      name: 'floor: bare fastify route + the same list query, PostgreSQL',
+      port: (listFloor.server.address() as { port: number }).port,
+      path: '/members',
+    });
+    contenders.splice(1, 0, {
+      name: 'peer: fastify + per-request jose verify + grant query (PostgreSQL)',
+      port: (peer.server.address() as { port: number }).port,
+      path: '/ping',
+      token,
+    });
   }
 
   const results: Result[] = [];
@@ -132,11 +192,21 @@ export async function main(args: string[]): Promise<void> {
   const rows = results.map((r) => {
     const f = floorOf(r);
     // PGlite has no floor of its own (one PGlite instance per directory): its list row is not compared.
-    const comparable = !r.name.startsWith('floor') && !(r.name.includes('grant-checked list') && r.name.includes('PGlite'));
-    return [r.name, r.rps.toFixed(0), formatMs(r.p50), formatMs(r.p99), comparable ? `${((r.p50 - f.p50) * 1000).toFixed(0)} µs` : '—', comparable || r.name.startsWith('floor') ? `${(r.p50 / f.p50).toFixed(2)}×` : '—'];
+    const comparable =
+      !r.name.startsWith('floor') && !(r.name.includes('grant-checked list') && r.name.includes('PGlite'));
+    return [
+      r.name,
+      r.rps.toFixed(0),
+      formatMs(r.p50),
+      formatMs(r.p99),
+      comparable ? `${((r.p50 - f.p50) * 1000).toFixed(0)} µs` : '—',
+      comparable || r.name.startsWith('floor') ? `${(r.p50 / f.p50).toFixed(2)}×` : '—',
+    ];
   });
   process.stdout.write(`\n### controlplane (\`npm run bench -- controlplane\`)\n`);
-  process.stdout.write(`Conditions: ${conditions(`TLS keep-alive, one process (client, servers, oidc-provider); latency sequential, req/s with 8 in flight, ${seconds / 2} s each; added = p50 - its floor's p50 (list routes: the floor running the same query)`)}\n\n`);
+  process.stdout.write(
+    `Conditions: ${conditions(`TLS keep-alive, one process (client, servers, oidc-provider); latency sequential, req/s with 8 in flight, ${seconds / 2} s each; added = p50 - its floor's p50 (list routes: the floor running the same query)`)}\n\n`,
+  );
   process.stdout.write(table(['contender', 'req/s', 'p50', 'p99', 'added at p50', 'p50 vs floor'], rows) + '\n');
   for (const close of closers.reverse()) await close();
   await issuer.close();
@@ -145,8 +215,20 @@ export async function main(args: string[]): Promise<void> {
   await rm(dir, { recursive: true, force: true });
 }
 
-async function cpCall(port: number, dispatcher: Agent, token: string, method: string, path: string, body?: unknown): Promise<void> {
-  const res = await request(`https://127.0.0.1:${port}${path}`, { method: method as 'GET', dispatcher, headers: { authorization: `Bearer ${token}`, ...(body ? { 'content-type': 'application/json' } : {}) }, body: body ? JSON.stringify(body) : undefined });
+async function cpCall(
+  port: number,
+  dispatcher: Agent,
+  token: string,
+  method: string,
+  path: string,
+  body?: unknown,
+): Promise<void> {
+  const res = await request(`https://127.0.0.1:${port}${path}`, {
+    method: method as 'GET',
+    dispatcher,
+    headers: { authorization: `Bearer ${token}`, ...(body ? { 'content-type': 'application/json' } : {}) },
+    body: body ? JSON.stringify(body) : undefined,
+  });
   const text = await res.body.text();
   if (res.statusCode >= 300) throw new Error(`seeding ${method} ${path}: HTTP ${res.statusCode} ${text}`);
 }

@@ -3,13 +3,16 @@
 // the inspectors look for (an email, a card, an SSN, an API key, a custom-pattern hit, a secret).
 // Deterministic: the same size always gives the same body.
 
-const WORDS = ('the of and to in is you that it he was for on are as with his they at be this have from or one had by word ' +
+const WORDS = (
+  'the of and to in is you that it he was for on are as with his they at be this have from or one had by word ' +
   'but not what all were we when your can said there use an each which she do how their if will up other about out many ' +
   'then them these so some her would make like him into time has look two more write go see number no way could people ' +
-  'function return value request response model token stream error retry timeout deploy cluster service query index').split(' ');
+  'function return value request response model token stream error retry timeout deploy cluster service query index'
+).split(' ');
 
 const CODE = [
   'function handler(req, res) {\n  const body = JSON.parse(req.body);\n  if (!body.ok) return res.status(400).send("bad");\n}\n',
+  // biome-ignore lint/suspicious/noTemplateCurlyInString: code as text, a template literal included
   'for (let i = 0; i < items.length; i++) {\n\tconsole.log(`item ${i}: ${items[i].name}`);\n}\n',
   'SELECT id, name, created_at FROM users WHERE org_id = 42 ORDER BY created_at DESC LIMIT 100;\n',
   'def retry(fn, attempts=3):\n    for n in range(attempts):\n        try:\n            return fn()\n        except Exception as e:\n            print("retry", n, e)\n',
@@ -24,7 +27,11 @@ const SENSITIVE = [
   'db password is s3cr3t-db-password-2026 do not share',
 ];
 
-export const BENCH_SECRETS = ['s3cr3t-db-password-2026', 'xoxb-2231-slack-bot-token-value', 'vault-root-token-9f8e7d6c'];
+export const BENCH_SECRETS = [
+  's3cr3t-db-password-2026',
+  'xoxb-2231-slack-bot-token-value',
+  'vault-root-token-9f8e7d6c',
+];
 
 // Ten custom patterns of the kind operators write (codenames, hostnames, ticket ids, tokens).
 export const BENCH_PATTERNS = [
@@ -34,10 +41,18 @@ export const BENCH_PATTERNS = [
   { pattern: '(?i)confidential[: ]+internal', description: 'marking', severity: 'warn' },
   { pattern: '-----BEGIN [A-Z ]*PRIVATE KEY-----', description: 'private key', severity: 'block' },
   { pattern: '\\bxox[baprs]-[0-9A-Za-z-]{10,}', description: 'slack token', severity: 'block' },
-  { pattern: '\\b(?:10|192\\.168)\\.[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}\\b', description: 'private ip', severity: 'log' },
+  {
+    pattern: '\\b(?:10|192\\.168)\\.[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}\\b',
+    description: 'private ip',
+    severity: 'log',
+  },
   { pattern: '(?i)\\bpassword\\s*[:=]\\s*\\S{6,}', description: 'password assignment', severity: 'warn' },
   { pattern: '\\bacct_[0-9]{8,12}\\b', description: 'account id', severity: 'warn' },
-  { pattern: 'eyJ[A-Za-z0-9_-]{10,}\\.eyJ[A-Za-z0-9_-]{10,}\\.[A-Za-z0-9_-]{10,}', description: 'jwt', severity: 'warn' },
+  {
+    pattern: 'eyJ[A-Za-z0-9_-]{10,}\\.eyJ[A-Za-z0-9_-]{10,}\\.[A-Za-z0-9_-]{10,}',
+    description: 'jwt',
+    severity: 'warn',
+  },
 ] as const;
 
 function rng(seed: number): () => number {
@@ -77,5 +92,12 @@ export function llmRequestBody(bytes: number, seed = 1): Buffer {
     messages.push({ role: turn++ % 2 === 0 ? 'user' : 'assistant', content: text });
     size += JSON.stringify(text).length + 30;
   }
-  return Buffer.from(JSON.stringify({ model: 'claude-sonnet-4-5', max_tokens: 4096, system: 'You are a careful coding assistant.', messages }));
+  return Buffer.from(
+    JSON.stringify({
+      model: 'claude-sonnet-4-5',
+      max_tokens: 4096,
+      system: 'You are a careful coding assistant.',
+      messages,
+    }),
+  );
 }

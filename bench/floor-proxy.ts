@@ -16,7 +16,13 @@ const server = https.createServer({ cert: readFileSync(cert), key: readFileSync(
     delete headers.host;
     delete headers.connection;
     delete headers['content-length'];
-    const up = await dispatcher.request({ origin, path: req.url ?? '/', method: req.method as 'POST', headers, body: Buffer.concat(chunks) });
+    const up = await dispatcher.request({
+      origin,
+      path: req.url ?? '/',
+      method: req.method as 'POST',
+      headers,
+      body: Buffer.concat(chunks),
+    });
     res.writeHead(up.statusCode, { 'content-type': String(up.headers['content-type'] ?? 'application/json') });
     for await (const c of up.body) res.write(c);
     res.end();

@@ -10,7 +10,10 @@ export interface Sample {
   n: number;
 }
 
-export async function measure(fn: () => unknown, options: { budgetMs?: number; minRuns?: number; maxRuns?: number; warmup?: number } = {}): Promise<Sample> {
+export async function measure(
+  fn: () => unknown,
+  options: { budgetMs?: number; minRuns?: number; maxRuns?: number; warmup?: number } = {},
+): Promise<Sample> {
   const budget = options.budgetMs ?? 1500;
   const minRuns = options.minRuns ?? 5;
   const maxRuns = options.maxRuns ?? 100_000;

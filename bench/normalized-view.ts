@@ -16,18 +16,23 @@ import { validatePolicyDocument } from '../pipeline/policy/validate.ts';
 // review's pads (marks on other letters between expanding characters or invalid bytes, a nested `&amp;`
 // after them). An ASCII body with `&` is the first row: the machine is shared, the ratio is what counts.
 
-const plan = compilePlan(policyFromDocument(validatePolicyDocument({
-  content_inspection: {
-    secrets_filter: { enabled: true, severity: 'block' },
-    pii_detection: { enabled: true, severity: 'warn' },
-    api_key_detection: { enabled: true, severity: 'block' },
-    patterns: BENCH_PATTERNS,
-  },
-})));
+const plan = compilePlan(
+  policyFromDocument(
+    validatePolicyDocument({
+      content_inspection: {
+        secrets_filter: { enabled: true, severity: 'block' },
+        pii_detection: { enabled: true, severity: 'warn' },
+        api_key_detection: { enabled: true, severity: 'block' },
+        patterns: BENCH_PATTERNS,
+      },
+    }),
+  ),
+);
 
 /** The LLM-like body with the non-ASCII text real prompts carry: curly quotes, ellipses, accents, CJK. */
 function nonAsciiBody(size: number): Buffer {
-  const text = llmRequestBody(size).toString('utf8')
+  const text = llmRequestBody(size)
+    .toString('utf8')
     .replace(/ the /g, ' “the” ')
     .replace(/ value /g, ' valeur… ')
     .replace(/ model /g, ' モデル（model） ')
@@ -35,13 +40,19 @@ function nonAsciiBody(size: number): Buffer {
   return Buffer.from(text.slice(0, size * 1.2));
 }
 
-function repeatTo(unit: string, size: number): Buffer {
+function _repeatTo(unit: string, size: number): Buffer {
   const one = Buffer.from(unit);
   return Buffer.from(one.toString().repeat(Math.ceil(size / one.length))).subarray(0, size - (size % one.length));
 }
 
 function jsonOf(text: Buffer): Buffer {
-  return Buffer.from(JSON.stringify({ model: 'claude-sonnet-4-5', max_tokens: 10, messages: [{ role: 'user', content: text.toString() }] }));
+  return Buffer.from(
+    JSON.stringify({
+      model: 'claude-sonnet-4-5',
+      max_tokens: 10,
+      messages: [{ role: 'user', content: text.toString() }],
+    }),
+  );
 }
 
 const ff = (text: string) => Buffer.concat([Buffer.from(text), Buffer.from([0xff])]);
@@ -98,10 +109,20 @@ export async function normalizedViewTable(quick: boolean): Promise<string> {
   for (const [name, body] of bodies) {
     const b = body.length >= MB ? budget : budget / 2;
     const view = await measure(() => normalizedView(body), { budgetMs: b });
-    const full = await measure(() => scanBody(plan, { body, phase: 'request', secrets: BENCH_SECRETS }), { budgetMs: b });
+    const full = await measure(() => scanBody(plan, { body, phase: 'request', secrets: BENCH_SECRETS }), {
+      budgetMs: b,
+    });
     const built = normalizedView(body);
-    rows.push([name, sizeLabel(body.length), built === null ? 'none' : sizeLabel(built.bytes.length),
-      mbPerSec(body.length, view.p50).toFixed(0), formatMs(view.p50), mbPerSec(body.length, full.p50).toFixed(0), formatMs(full.p50), formatMs(full.p99)]);
+    rows.push([
+      name,
+      sizeLabel(body.length),
+      built === null ? 'none' : sizeLabel(built.bytes.length),
+      mbPerSec(body.length, view.p50).toFixed(0),
+      formatMs(view.p50),
+      mbPerSec(body.length, full.p50).toFixed(0),
+      formatMs(full.p50),
+      formatMs(full.p99),
+    ]);
   }
   const worst: string[][] = [];
   const SIZE = 32 * MB;
@@ -113,15 +134,28 @@ export async function normalizedViewTable(quick: boolean): Promise<string> {
     const body = raw ? text : jsonOf(text);
     const runs = { warmup: 1, minRuns: quick ? 2 : 5, maxRuns: quick ? 2 : 5 };
     const view = await measure(() => normalizedView(body), runs);
-    const full = await measure(() => scanBody(plan, { body, phase: 'request', secrets: BENCH_SECRETS }), { ...runs, minRuns: quick ? 1 : 3, maxRuns: quick ? 1 : 3 });
+    const full = await measure(() => scanBody(plan, { body, phase: 'request', secrets: BENCH_SECRETS }), {
+      ...runs,
+      minRuns: quick ? 1 : 3,
+      maxRuns: quick ? 1 : 3,
+    });
     const built = normalizedView(body);
-    worst.push([name, sizeLabel(body.length), built === null ? 'none' : sizeLabel(built.bytes.length),
-      mbPerSec(body.length, view.p50).toFixed(0), formatMs(view.p50), formatMs(full.p50)]);
+    worst.push([
+      name,
+      sizeLabel(body.length),
+      built === null ? 'none' : sizeLabel(built.bytes.length),
+      mbPerSec(body.length, view.p50).toFixed(0),
+      formatMs(view.p50),
+      formatMs(full.p50),
+    ]);
   }
   return [
     `### normalized view — ${conditions('request phase; full set = secrets (3) + PII + API keys + 10 RE2 patterns, inline')}`,
     '',
-    table(['body', 'size', 'view', 'view alone MB/s', 'view p50', 'full set MB/s', 'full set p50', 'full set p99'], rows),
+    table(
+      ['body', 'size', 'view', 'view alone MB/s', 'view p50', 'full set MB/s', 'full set p50', 'full set p99'],
+      rows,
+    ),
     '',
     '#### its worst cases at 32 MB (each unit repeated, inside a JSON request; invalid UTF-8 raw; compare with the ASCII row of the same run)',
     '',

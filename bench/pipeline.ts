@@ -31,7 +31,11 @@ const FULL = validatePolicyDocument({
 const full = policyFromDocument(FULL);
 const fullPlan = compilePlan(full);
 const only = (content: Record<string, unknown>, model = false) =>
-  compilePlan(policyFromDocument(validatePolicyDocument({ ...(model ? { model_policy: FULL.model_policy } : {}), content_inspection: content })));
+  compilePlan(
+    policyFromDocument(
+      validatePolicyDocument({ ...(model ? { model_policy: FULL.model_policy } : {}), content_inspection: content }),
+    ),
+  );
 const PLANS = {
   model_restriction: only({}, true),
   secrets: only({ secrets_filter: { enabled: true } }),
@@ -47,7 +51,9 @@ const V8_BUILTINS = [
   /\b\d{3}-\d{2}-\d{4}\b/g,
   /\b(?:AKIA[0-9A-Z]{16}|AIza[0-9A-Za-z_-]{35}|gh[ps]_[A-Za-z0-9]{36}|github_pat_[A-Za-z0-9_]{22,}|sk-ant-[A-Za-z0-9_-]{20,}|sk-[A-Za-z0-9_-]{20,}|[sp]k_(?:test|live)_[A-Za-z0-9]{16,})/g,
 ];
-const V8_PATTERNS = BENCH_PATTERNS.map((p) => new RegExp(p.pattern.replace('(?i)', ''), p.pattern.startsWith('(?i)') ? 'gi' : 'g'));
+const V8_PATTERNS = BENCH_PATTERNS.map(
+  (p) => new RegExp(p.pattern.replace('(?i)', ''), p.pattern.startsWith('(?i)') ? 'gi' : 'g'),
+);
 function v8Scan(regexes: RegExp[], body: Buffer): number {
   const text = body.toString('utf8');
   let n = 0;
@@ -61,7 +67,7 @@ function v8Scan(regexes: RegExp[], body: Buffer): number {
 export async function main(args: string[]): Promise<void> {
   const quick = args.includes('--quick');
   if (args.includes('--worst-only')) {
-    process.stdout.write(await worstCases(quick) + '\n');
+    process.stdout.write((await worstCases(quick)) + '\n');
     return;
   }
   const sizes = [4 * 1024, 64 * 1024, 1024 * 1024, 32 * 1024 * 1024];
@@ -70,10 +76,23 @@ export async function main(args: string[]): Promise<void> {
 
   const { SyncRedactor } = require('redact-pii') as { SyncRedactor: new (o: unknown) => { redact(s: string): string } };
   const off = { enabled: false };
-  const redactor = new SyncRedactor({ builtInRedactors: {
-    names: off, streetAddress: off, zipcode: off, phoneNumber: off, ipAddress: off, username: off, password: off, credentials: off, digits: off, url: off,
-  } });
-  const guardrails = require('@openai/guardrails') as { pii: (ctx: unknown, text: string, cfg: unknown) => Promise<unknown> };
+  const redactor = new SyncRedactor({
+    builtInRedactors: {
+      names: off,
+      streetAddress: off,
+      zipcode: off,
+      phoneNumber: off,
+      ipAddress: off,
+      username: off,
+      password: off,
+      credentials: off,
+      digits: off,
+      url: off,
+    },
+  });
+  const guardrails = require('@openai/guardrails') as {
+    pii: (ctx: unknown, text: string, cfg: unknown) => Promise<unknown>;
+  };
   const guardCfg = { entities: ['EMAIL_ADDRESS', 'CREDIT_CARD', 'US_SSN'], block: true };
 
   const inline = new InspectionEngine({ threads: 0 });
@@ -91,9 +110,18 @@ export async function main(args: string[]): Promise<void> {
     const contenders: [string, () => unknown, typeof peerRuns?][] = [
       ['floor: Buffer.indexOf', () => body.indexOf(needle)],
       ['ours: full set, inline', () => scanBody(fullPlan, { body, phase: 'request', secrets: BENCH_SECRETS })],
-      ['ours: full set, pool (1 worker)', () => pool.inspect({ body, phase: 'request', policy: full, secrets: BENCH_SECRETS })],
-      ['ours: full set, pool (2 workers; split from 4 MB)', () => pool2.inspect({ body, phase: 'request', policy: full, secrets: BENCH_SECRETS })],
-      ...Object.entries(PLANS).map(([name, plan]): [string, () => unknown] => [`ours: ${name}`, () => scanBody(plan, { body, phase: 'request', secrets: BENCH_SECRETS })]),
+      [
+        'ours: full set, pool (1 worker)',
+        () => pool.inspect({ body, phase: 'request', policy: full, secrets: BENCH_SECRETS }),
+      ],
+      [
+        'ours: full set, pool (2 workers; split from 4 MB)',
+        () => pool2.inspect({ body, phase: 'request', policy: full, secrets: BENCH_SECRETS }),
+      ],
+      ...Object.entries(PLANS).map(([name, plan]): [string, () => unknown] => [
+        `ours: ${name}`,
+        () => scanBody(plan, { body, phase: 'request', secrets: BENCH_SECRETS }),
+      ]),
       ['V8 RegExp: same 10 patterns', () => v8Scan(V8_PATTERNS, body), peerRuns],
       ['V8 RegExp: built-ins + 10 patterns', () => v8Scan([...V8_BUILTINS, ...V8_PATTERNS], body), peerRuns],
       ['peer: redact-pii (email, card, ssn)', () => redactor.redact(body.toString('utf8')), peerRuns],
@@ -108,21 +136,29 @@ export async function main(args: string[]): Promise<void> {
     }
   }
   // The floor row came before ours: fill its ratio now.
-  for (const r of rows) if (r[6] === '') {
-    const size = sizes.find((s) => sizeLabel(s) === r[0])!;
-    r[6] = (parseFloat(r[3]) * (r[3].endsWith('µs') ? 0.001 : 1) / oursFull.get(size)!).toFixed(2) + '×';
-  }
+  for (const r of rows)
+    if (r[6] === '') {
+      const size = sizes.find((s) => sizeLabel(s) === r[0])!;
+      r[6] = ((parseFloat(r[3]) * (r[3].endsWith('µs') ? 0.001 : 1)) / oursFull.get(size)!).toFixed(2) + '×';
+    }
 
   // Request-phase latency of a 4 KB body through the engine (what the proxy pays per call).
   const small = bodies.get(4 * 1024)!;
-  const lat = await measure(() => inline.inspect({ body: small, phase: 'request', policy: full, secrets: BENCH_SECRETS }), { budgetMs: quick ? 500 : 3000, minRuns: 2000 });
+  const lat = await measure(
+    () => inline.inspect({ body: small, phase: 'request', policy: full, secrets: BENCH_SECRETS }),
+    { budgetMs: quick ? 500 : 3000, minRuns: 2000 },
+  );
 
   // Inline vs pool crossover: where a pool round trip starts to beat blocking the event loop.
   const cross: string[][] = [];
   for (const size of [4 * 1024, 32 * 1024, 64 * 1024, 128 * 1024, 256 * 1024, 1024 * 1024]) {
     const body = llmRequestBody(size, 7);
-    const i = await measure(() => inline.inspect({ body, phase: 'request', policy: full, secrets: BENCH_SECRETS }), { budgetMs: budget });
-    const p = await measure(() => pool.inspect({ body, phase: 'request', policy: full, secrets: BENCH_SECRETS }), { budgetMs: budget });
+    const i = await measure(() => inline.inspect({ body, phase: 'request', policy: full, secrets: BENCH_SECRETS }), {
+      budgetMs: budget,
+    });
+    const p = await measure(() => pool.inspect({ body, phase: 'request', policy: full, secrets: BENCH_SECRETS }), {
+      budgetMs: budget,
+    });
     cross.push([sizeLabel(size), formatMs(i.p50), formatMs(p.p50), formatMs(p.p50 - i.p50)]);
   }
   await inline.close();
@@ -142,7 +178,7 @@ export async function main(args: string[]): Promise<void> {
   ].join('\n');
   process.stdout.write(out + '\n');
   // P7 evasion: what the normalized view costs, and its own worst cases (bench/normalized-view.ts).
-  process.stdout.write(await normalizedViewTable(quick) + '\n');
+  process.stdout.write((await normalizedViewTable(quick)) + '\n');
 }
 
 /**
@@ -153,9 +189,20 @@ export async function main(args: string[]): Promise<void> {
 async function worstCases(quick: boolean): Promise<string> {
   const { SyncRedactor } = require('redact-pii') as { SyncRedactor: new (o: unknown) => { redact(s: string): string } };
   const off = { enabled: false };
-  const redactor = new SyncRedactor({ builtInRedactors: {
-    names: off, streetAddress: off, zipcode: off, phoneNumber: off, ipAddress: off, username: off, password: off, credentials: off, digits: off, url: off,
-  } });
+  const redactor = new SyncRedactor({
+    builtInRedactors: {
+      names: off,
+      streetAddress: off,
+      zipcode: off,
+      phoneNumber: off,
+      ipAddress: off,
+      username: off,
+      password: off,
+      credentials: off,
+      digits: off,
+      url: off,
+    },
+  });
   const plans = {
     pii: only({ pii_detection: { enabled: true } }),
     api_key: only({ api_key_detection: { enabled: true } }),
@@ -166,7 +213,9 @@ async function worstCases(quick: boolean): Promise<string> {
     pii: V8_BUILTINS.slice(0, 3),
     api_key: V8_BUILTINS.slice(3),
     secrets: [new RegExp(WORST_SECRET.replace(/[.*+?^${}()|[\]\\-]/g, '\\$&'), 'g')],
-    patterns: WORST_PATTERNS.map((p) => new RegExp(p.pattern.replace('(?i)', ''), p.pattern.startsWith('(?i)') ? 'gi' : 'g')),
+    patterns: WORST_PATTERNS.map(
+      (p) => new RegExp(p.pattern.replace('(?i)', ''), p.pattern.startsWith('(?i)') ? 'gi' : 'g'),
+    ),
   };
   // Ours on 8 MB; the baseline and the peer once on 16 KB of the same case, compared by MB/s: both
   // are quadratic on some of these bodies (card-like dash groups: 0.4 s at 16 KB, 7 s at 64 KB, so
@@ -178,33 +227,88 @@ async function worstCases(quick: boolean): Promise<string> {
   for (const c of WORST_CASES) {
     const body = worstBody(c, size);
     const part = worstBody(c, small);
-    const ours = await measure(() => scanBody(plans[c.inspector], { body, phase: c.phase, secrets: [WORST_SECRET] }), { budgetMs: quick ? 300 : 1500, minRuns: 3, warmup: 1 });
+    const ours = await measure(() => scanBody(plans[c.inspector], { body, phase: c.phase, secrets: [WORST_SECRET] }), {
+      budgetMs: quick ? 300 : 1500,
+      minRuns: 3,
+      warmup: 1,
+    });
     const oursMbs = mbPerSec(body.length, ours.p50);
-    const contenders: [string, number, { p50: number; p99: number; n: number }][] = [[`ours: ${c.inspector}`, body.length, ours]];
-    contenders.push(['V8 RegExp: same detection (16 KB)', part.length, await measure(() => v8Scan(v8[c.inspector], part), once)]);
-    if (c.inspector === 'pii') contenders.push(['peer: redact-pii (email, card, ssn; 16 KB)', part.length, await measure(() => redactor.redact(part.toString('utf8')), once)]);
+    const contenders: [string, number, { p50: number; p99: number; n: number }][] = [
+      [`ours: ${c.inspector}`, body.length, ours],
+    ];
+    contenders.push([
+      'V8 RegExp: same detection (16 KB)',
+      part.length,
+      await measure(() => v8Scan(v8[c.inspector], part), once),
+    ]);
+    if (c.inspector === 'pii')
+      contenders.push([
+        'peer: redact-pii (email, card, ssn; 16 KB)',
+        part.length,
+        await measure(() => redactor.redact(part.toString('utf8')), once),
+      ]);
     for (const [name, bytes, m] of contenders) {
       const mbs = mbPerSec(bytes, m.p50);
-      rows.push([c.name, name, mbs.toFixed(0), formatMs(m.p50), formatMs(m.p99), String(m.n), (oursMbs / mbs).toFixed(2) + '×']);
+      rows.push([
+        c.name,
+        name,
+        mbs.toFixed(0),
+        formatMs(m.p50),
+        formatMs(m.p99),
+        String(m.n),
+        (oursMbs / mbs).toFixed(2) + '×',
+      ]);
     }
     process.stderr.write(`worst case done: ${c.name}\n`);
   }
 
   // End to end through the engine: two workers (split from 4 MB), the deadline lifted to see the time.
   const engine = new InspectionEngine({ threads: 2, timeoutMs: 60_000 });
-  const policy = policyFromDocument(validatePolicyDocument({ content_inspection: {
-    secrets_filter: { enabled: true, severity: 'block' }, pii_detection: { enabled: true, severity: 'warn' },
-    api_key_detection: { enabled: true, severity: 'block' }, patterns: WORST_PATTERNS,
-  } }));
-  const padding = Buffer.from(JSON.stringify({ model: 'claude-sonnet-4-5', messages: [{ role: 'user', content: '4111 1111 1111 111 '.repeat(Math.ceil(32 * 1024 * 1024 / 19) - 8) + ` password ${WORST_SECRET} key AKIAIOSFODNN7EXAMPLE` }] }));
+  const policy = policyFromDocument(
+    validatePolicyDocument({
+      content_inspection: {
+        secrets_filter: { enabled: true, severity: 'block' },
+        pii_detection: { enabled: true, severity: 'warn' },
+        api_key_detection: { enabled: true, severity: 'block' },
+        patterns: WORST_PATTERNS,
+      },
+    }),
+  );
+  const padding = Buffer.from(
+    JSON.stringify({
+      model: 'claude-sonnet-4-5',
+      messages: [
+        {
+          role: 'user',
+          content:
+            '4111 1111 1111 111 '.repeat(Math.ceil((32 * 1024 * 1024) / 19) - 8) +
+            ` password ${WORST_SECRET} key AKIAIOSFODNN7EXAMPLE`,
+        },
+      ],
+    }),
+  );
   const e2e: string[][] = [];
-  for (const [name, body] of [['every worst case in one body', combinedWorstBody(32 * 1024 * 1024 - 4096)], ['the P7.1 padding (card near misses, then a secret and a key)', padding]] as const) {
+  for (const [name, body] of [
+    ['every worst case in one body', combinedWorstBody(32 * 1024 * 1024 - 4096)],
+    ['the P7.1 padding (card near misses, then a secret and a key)', padding],
+  ] as const) {
     let last = { decision: '', failures: 0, findings: 0 };
-    const m = await measure(async () => {
-      const out = await engine.inspect({ body, phase: 'request', policy, secrets: [WORST_SECRET] });
-      last = { decision: out.decision, failures: out.failures.length, findings: out.findings.length };
-    }, { budgetMs: quick ? 1000 : 5000, minRuns: 3, warmup: 1 });
-    e2e.push([name, sizeLabel(body.length), formatMs(m.p50), formatMs(m.p99), String(m.n), (m.p50 / 2000).toFixed(2) + '×', `${last.decision}, ${last.findings} findings, ${last.failures} failures`]);
+    const m = await measure(
+      async () => {
+        const out = await engine.inspect({ body, phase: 'request', policy, secrets: [WORST_SECRET] });
+        last = { decision: out.decision, failures: out.failures.length, findings: out.findings.length };
+      },
+      { budgetMs: quick ? 1000 : 5000, minRuns: 3, warmup: 1 },
+    );
+    e2e.push([
+      name,
+      sizeLabel(body.length),
+      formatMs(m.p50),
+      formatMs(m.p99),
+      String(m.n),
+      (m.p50 / 2000).toFixed(2) + '×',
+      `${last.decision}, ${last.findings} findings, ${last.failures} failures`,
+    ]);
   }
   await engine.close();
 
@@ -213,7 +317,18 @@ async function worstCases(quick: boolean): Promise<string> {
     '',
     table(['worst case', 'contender', 'MB/s (p50)', 'p50', 'p99', 'runs', 'time per MB vs ours'], rows),
     '',
-    table(['32 MB body through the engine (2 workers, full set + 3 patterns)', 'body', 'p50', 'p99', 'runs', 'p50 / default 2 s deadline', 'outcome'], e2e),
+    table(
+      [
+        '32 MB body through the engine (2 workers, full set + 3 patterns)',
+        'body',
+        'p50',
+        'p99',
+        'runs',
+        'p50 / default 2 s deadline',
+        'outcome',
+      ],
+      e2e,
+    ),
     '',
   ].join('\n');
 }

@@ -20,7 +20,16 @@ import { conditions, formatMs, table } from './measure.ts';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const NODE = process.execPath;
-const REPLY = JSON.stringify({ id: 'msg_1', type: 'message', role: 'assistant', model: 'claude-sonnet-4-5', content: [{ type: 'text', text: 'ok' }], stop_reason: 'end_turn', stop_sequence: null, usage: { input_tokens: 10, output_tokens: 1 } });
+const REPLY = JSON.stringify({
+  id: 'msg_1',
+  type: 'message',
+  role: 'assistant',
+  model: 'claude-sonnet-4-5',
+  content: [{ type: 'text', text: 'ok' }],
+  stop_reason: 'end_turn',
+  stop_sequence: null,
+  usage: { input_tokens: 10, output_tokens: 1 },
+});
 
 function startUpstream(): Promise<{ port: number; close: () => void }> {
   const server = http.createServer((req, res) => {
@@ -32,8 +41,12 @@ function startUpstream(): Promise<{ port: number; close: () => void }> {
     req.on('end', () => {
       if (streamed) {
         res.writeHead(200, { 'content-type': 'text/event-stream' });
-        res.write(`event: message_start\ndata: ${JSON.stringify({ type: 'message_start', message: { id: 'm', type: 'message', role: 'assistant', model: 'x', content: [], usage: { input_tokens: 1, output_tokens: 1 } } })}\n\n`);
-        res.write(`event: content_block_delta\ndata: ${JSON.stringify({ type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text: 'first' } })}\n\n`);
+        res.write(
+          `event: message_start\ndata: ${JSON.stringify({ type: 'message_start', message: { id: 'm', type: 'message', role: 'assistant', model: 'x', content: [], usage: { input_tokens: 1, output_tokens: 1 } } })}\n\n`,
+        );
+        res.write(
+          `event: content_block_delta\ndata: ${JSON.stringify({ type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text: 'first' } })}\n\n`,
+        );
         setTimeout(() => res.end(`event: message_stop\ndata: {"type":"message_stop"}\n\n`), 5);
         return;
       }
@@ -42,7 +55,11 @@ function startUpstream(): Promise<{ port: number; close: () => void }> {
     });
   });
   server.keepAliveTimeout = 60_000;
-  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve({ port: (server.address() as { port: number }).port, close: () => server.close() })));
+  return new Promise((resolve) =>
+    server.listen(0, '127.0.0.1', () =>
+      resolve({ port: (server.address() as { port: number }).port, close: () => server.close() }),
+    ),
+  );
 }
 
 interface Contender {
@@ -64,7 +81,10 @@ async function waitFor(check: () => Promise<boolean>, what: string, ms = 30_000)
 }
 
 function pinned(args: string[], env: Record<string, string> = {}): ChildProcess {
-  return spawn('taskset', ['-c', '1', ...args], { env: { ...process.env, ...env }, stdio: ['ignore', 'ignore', 'inherit'] });
+  return spawn('taskset', ['-c', '1', ...args], {
+    env: { ...process.env, ...env },
+    stdio: ['ignore', 'ignore', 'inherit'],
+  });
 }
 
 async function stopChild(child: ChildProcess): Promise<void> {
@@ -78,7 +98,10 @@ async function stopChild(child: ChildProcess): Promise<void> {
 
 function rssOf(pid: number | null): Promise<number | null> {
   if (!pid) return Promise.resolve(null);
-  return readFile(`/proc/${pid}/status`, 'utf8').then((s) => Number(/VmRSS:\s+(\d+)/.exec(s)?.[1] ?? 0) * 1024, () => null);
+  return readFile(`/proc/${pid}/status`, 'utf8').then(
+    (s) => Number(/VmRSS:\s+(\d+)/.exec(s)?.[1] ?? 0) * 1024,
+    () => null,
+  );
 }
 
 /** The proxy process under taskset is `taskset`'s child after exec: same pid. */
@@ -94,7 +117,13 @@ interface RunResult {
 }
 
 /** Open-loop load: requests leave on schedule whatever the answers do; latency is measured per request. */
-async function openLoop(dispatcher: Agent, c: Contender, body: Buffer, rate: number, seconds: number): Promise<RunResult> {
+async function openLoop(
+  dispatcher: Agent,
+  c: Contender,
+  body: Buffer,
+  rate: number,
+  seconds: number,
+): Promise<RunResult> {
   const total = Math.round(rate * seconds);
   const interval = 1000 / rate;
   const latencies: number[] = [];
@@ -107,13 +136,18 @@ async function openLoop(dispatcher: Agent, c: Contender, body: Buffer, rate: num
     const due = Math.min(total, Math.floor((performance.now() - started) / interval) + 1);
     for (; sent < due; sent++) {
       const t0 = performance.now();
-      inflight.push(request(`${c.url}${c.path}`, { method: 'POST', headers: c.headers, body, dispatcher }).then(async (res) => {
-        await res.body.dump();
-        if (res.statusCode !== 200) errors++;
-        else latencies.push(performance.now() - t0);
-      }, () => {
-        errors++;
-      }));
+      inflight.push(
+        request(`${c.url}${c.path}`, { method: 'POST', headers: c.headers, body, dispatcher }).then(
+          async (res) => {
+            await res.body.dump();
+            if (res.statusCode !== 200) errors++;
+            else latencies.push(performance.now() - t0);
+          },
+          () => {
+            errors++;
+          },
+        ),
+      );
     }
     await new Promise((r) => setTimeout(r, 1));
   }
@@ -131,16 +165,25 @@ async function openLoop(dispatcher: Agent, c: Contender, body: Buffer, rate: num
  */
 async function warmUp(dispatcher: Agent, c: Contender, body: Buffer, seconds: number): Promise<void> {
   const end = performance.now() + seconds * 1000;
-  await Promise.all(Array.from({ length: 4 }, async () => {
-    while (performance.now() < end) {
-      const res = await request(`${c.url}${c.path}`, { method: 'POST', headers: c.headers, body, dispatcher }).catch(() => null);
-      await res?.body.dump();
-    }
-  }));
+  await Promise.all(
+    Array.from({ length: 4 }, async () => {
+      while (performance.now() < end) {
+        const res = await request(`${c.url}${c.path}`, { method: 'POST', headers: c.headers, body, dispatcher }).catch(
+          () => null,
+        );
+        await res?.body.dump();
+      }
+    }),
+  );
 }
 
 async function ttft(dispatcher: Agent, c: Contender, n: number): Promise<number> {
-  const body = JSON.stringify({ stream: true, model: 'claude-sonnet-4-5', max_tokens: 64, messages: [{ role: 'user', content: 'hi' }] });
+  const body = JSON.stringify({
+    stream: true,
+    model: 'claude-sonnet-4-5',
+    max_tokens: 64,
+    messages: [{ role: 'user', content: 'hi' }],
+  });
   const xs: number[] = [];
   for (let i = 0; i < n; i++) {
     const t0 = performance.now();
@@ -175,14 +218,42 @@ export async function main(args: string[]): Promise<void> {
   await writeFile(join(dir, 'cert.pem'), leaf.certPem);
   await writeFile(join(dir, 'key.pem'), leaf.keyPem);
   const { publicKey, privateKey } = await generateKeyPair('ES256', { extractable: true });
-  await writeFile(join(dir, 'jwks.json'), JSON.stringify({ keys: [{ ...(await exportJWK(publicKey)), kid: 'b', alg: 'ES256' }] }));
-  const token = () => new SignJWT({ org_id: 'org-b' }).setProtectedHeader({ alg: 'ES256', kid: 'b' }).setSubject('agent-b').setIssuedAt().setExpirationTime('290s').sign(privateKey);
-  await writeFile(join(dir, 'secrets.json'), JSON.stringify({ 'agent:agent-b': { 'agent:llmproxy.llm.api_key': 'sk-upstream-key', db: 's3cr3t-db-password-2026' } }));
+  await writeFile(
+    join(dir, 'jwks.json'),
+    JSON.stringify({ keys: [{ ...(await exportJWK(publicKey)), kid: 'b', alg: 'ES256' }] }),
+  );
+  const token = () =>
+    new SignJWT({ org_id: 'org-b' })
+      .setProtectedHeader({ alg: 'ES256', kid: 'b' })
+      .setSubject('agent-b')
+      .setIssuedAt()
+      .setExpirationTime('290s')
+      .sign(privateKey);
+  await writeFile(
+    join(dir, 'secrets.json'),
+    JSON.stringify({
+      'agent:agent-b': { 'agent:llmproxy.llm.api_key': 'sk-upstream-key', db: 's3cr3t-db-password-2026' },
+    }),
+  );
   const snapshot = (inspect: boolean) => ({
-    version: 'bench', enclave: { id: 'e', name: 'bench', isolation_class: 'vm' }, platform: { downstream_url: { value: upstreamUrl } },
-    orgs: { 'org-b': { flags: { 'inspect:llm': inspect, 'audit:llm': true }, config: { content_inspection: { value: {
-      secrets_filter: { enabled: true }, pii_detection: { enabled: true }, api_key_detection: { enabled: true }, patterns: BENCH_PATTERNS,
-    } } } } },
+    version: 'bench',
+    enclave: { id: 'e', name: 'bench', isolation_class: 'vm' },
+    platform: { downstream_url: { value: upstreamUrl } },
+    orgs: {
+      'org-b': {
+        flags: { 'inspect:llm': inspect, 'audit:llm': true },
+        config: {
+          content_inspection: {
+            value: {
+              secrets_filter: { enabled: true },
+              pii_detection: { enabled: true },
+              api_key_detection: { enabled: true },
+              patterns: BENCH_PATTERNS,
+            },
+          },
+        },
+      },
+    },
     agents: {},
   });
   await writeFile(join(dir, 'snap-off.json'), JSON.stringify(snapshot(false)));
@@ -191,31 +262,98 @@ export async function main(args: string[]): Promise<void> {
   const tls = new Agent({ connect: { ca: ca.certPem }, connections: 128, keepAliveTimeout: 60_000, pipelining: 1 });
   const plain = new Agent({ connections: 128, keepAliveTimeout: 60_000 });
 
-  const direct: Contender = { name: 'direct (no proxy)', url: upstreamUrl, path: '/v1/messages', headers: { 'content-type': 'application/json' }, pid: null, stop: async () => {} };
+  const direct: Contender = {
+    name: 'direct (no proxy)',
+    url: upstreamUrl,
+    path: '/v1/messages',
+    headers: { 'content-type': 'application/json' },
+    pid: null,
+    stop: async () => {},
+  };
   const starters: (() => Promise<Contender>)[] = [
     async () => {
       const portFile = join(dir, 'floor.port');
-      const child = pinned([NODE, join(ROOT, 'bench/floor-proxy.ts'), join(dir, 'cert.pem'), join(dir, 'key.pem'), upstreamUrl, portFile]);
+      const child = pinned([
+        NODE,
+        join(ROOT, 'bench/floor-proxy.ts'),
+        join(dir, 'cert.pem'),
+        join(dir, 'key.pem'),
+        upstreamUrl,
+        portFile,
+      ]);
       await waitFor(async () => (await readFile(portFile, 'utf8')).length > 0, 'floor proxy');
       const port = Number(await readFile(portFile, 'utf8'));
-      return { name: 'floor: node:https + undici pass-through', url: `https://127.0.0.1:${port}`, path: '/v1/messages', headers: { 'content-type': 'application/json' }, pid: pidOf(child), stop: () => stopChild(child) };
+      return {
+        name: 'floor: node:https + undici pass-through',
+        url: `https://127.0.0.1:${port}`,
+        path: '/v1/messages',
+        headers: { 'content-type': 'application/json' },
+        pid: pidOf(child),
+        stop: () => stopChild(child),
+      };
     },
     ...[false, true].map((inspect) => async (): Promise<Contender> => {
       const port = 18480 + (inspect ? 1 : 0);
-      const child = pinned([NODE, join(ROOT, 'cli/main.ts'), 'serve', 'llmproxy', '--addr', `127.0.0.1:${port}`, '--tls-cert', join(dir, 'cert.pem'), '--tls-key', join(dir, 'key.pem'),
-        '--agent-jwks', join(dir, 'jwks.json'), '--policy-snapshot', join(dir, inspect ? 'snap-on.json' : 'snap-off.json'), '--secrets-file', join(dir, 'secrets.json'), '--log-level', 'error']);
+      const child = pinned([
+        NODE,
+        join(ROOT, 'cli/main.ts'),
+        'serve',
+        'llmproxy',
+        '--addr',
+        `127.0.0.1:${port}`,
+        '--tls-cert',
+        join(dir, 'cert.pem'),
+        '--tls-key',
+        join(dir, 'key.pem'),
+        '--agent-jwks',
+        join(dir, 'jwks.json'),
+        '--policy-snapshot',
+        join(dir, inspect ? 'snap-on.json' : 'snap-off.json'),
+        '--secrets-file',
+        join(dir, 'secrets.json'),
+        '--log-level',
+        'error',
+      ]);
       const url = `https://127.0.0.1:${port}`;
       await waitFor(async () => (await request(`${url}/healthz`, { dispatcher: tls })).statusCode === 200, 'dvx');
-      return { name: inspect ? 'dvx: full inspection (built-ins + 10 RE2)' : 'dvx: inspection off', url, path: '/v1/messages', headers: { 'content-type': 'application/json', 'x-api-key': await token(), 'anthropic-version': '2023-06-01' }, pid: pidOf(child), stop: () => stopChild(child) };
+      return {
+        name: inspect ? 'dvx: full inspection (built-ins + 10 RE2)' : 'dvx: inspection off',
+        url,
+        path: '/v1/messages',
+        headers: { 'content-type': 'application/json', 'x-api-key': await token(), 'anthropic-version': '2023-06-01' },
+        pid: pidOf(child),
+        stop: () => stopChild(child),
+      };
     }),
     ...[false, true].map((guard) => async (): Promise<Contender> => {
       const port = 18787 + (guard ? 1 : 0);
-      const child = pinned([NODE, join(ROOT, 'node_modules/@portkey-ai/gateway/build/start-server.js'), `--port=${port}`, '--headless'], { NODE_ENV: 'production' });
+      const child = pinned(
+        [NODE, join(ROOT, 'node_modules/@portkey-ai/gateway/build/start-server.js'), `--port=${port}`, '--headless'],
+        { NODE_ENV: 'production' },
+      );
       const url = `http://127.0.0.1:${port}`;
       await waitFor(async () => (await request(`${url}/`, { dispatcher: plain })).statusCode === 200, 'portkey');
-      const config: Record<string, unknown> = { provider: 'anthropic', api_key: 'sk-upstream-key', custom_host: `${upstreamUrl}/v1` };
-      if (guard) config.input_guardrails = [{ id: 'g1', deny: true, 'default.regexMatch': { rule: BENCH_PATTERNS[0].pattern.replace('(?i)', ''), not: true } }];
-      return { name: guard ? '@portkey-ai/gateway + regex guardrail' : '@portkey-ai/gateway', url, path: '/v1/messages', headers: { 'content-type': 'application/json', 'x-portkey-config': JSON.stringify(config) }, pid: pidOf(child), stop: () => stopChild(child) };
+      const config: Record<string, unknown> = {
+        provider: 'anthropic',
+        api_key: 'sk-upstream-key',
+        custom_host: `${upstreamUrl}/v1`,
+      };
+      if (guard)
+        config.input_guardrails = [
+          {
+            id: 'g1',
+            deny: true,
+            'default.regexMatch': { rule: BENCH_PATTERNS[0].pattern.replace('(?i)', ''), not: true },
+          },
+        ];
+      return {
+        name: guard ? '@portkey-ai/gateway + regex guardrail' : '@portkey-ai/gateway',
+        url,
+        path: '/v1/messages',
+        headers: { 'content-type': 'application/json', 'x-portkey-config': JSON.stringify(config) },
+        pid: pidOf(child),
+        stop: () => stopChild(child),
+      };
     }),
   ];
 
@@ -233,7 +371,17 @@ export async function main(args: string[]): Promise<void> {
         const key = `${size}:${rate}`;
         if (c.pid === null) base.set(key, r.p50);
         const added = base.has(key) ? r.p50 - base.get(key)! : NaN;
-        rows.push([c.name, `${size / 1024} KB`, String(rate), formatMs(r.p50), formatMs(r.p99), Number.isFinite(added) ? formatMs(Math.max(0, added)) : '', r.achieved.toFixed(0), String(r.errors), '']);
+        rows.push([
+          c.name,
+          `${size / 1024} KB`,
+          String(rate),
+          formatMs(r.p50),
+          formatMs(r.p99),
+          Number.isFinite(added) ? formatMs(Math.max(0, added)) : '',
+          r.achieved.toFixed(0),
+          String(r.errors),
+          '',
+        ]);
       }
     }
     const rss = await rssOf(c.pid);
@@ -258,10 +406,21 @@ export async function main(args: string[]): Promise<void> {
       await run(c);
       if (c.name.startsWith('dvx: full')) {
         const before = (await rssOf(c.pid)) ?? 0;
-        const big = Buffer.from(JSON.stringify({ model: 'claude-sonnet-4-5', max_tokens: 8, messages: [{ role: 'user', content: 'x'.repeat(32 * 1024 * 1024 - 200) }] }));
+        const big = Buffer.from(
+          JSON.stringify({
+            model: 'claude-sonnet-4-5',
+            max_tokens: 8,
+            messages: [{ role: 'user', content: 'x'.repeat(32 * 1024 * 1024 - 200) }],
+          }),
+        );
         let peak = before;
         const sampler = setInterval(() => void rssOf(c.pid).then((r) => (peak = Math.max(peak, r ?? 0))), 5);
-        const res = await request(`${c.url}${c.path}`, { method: 'POST', headers: c.headers, body: big, dispatcher: tls });
+        const res = await request(`${c.url}${c.path}`, {
+          method: 'POST',
+          headers: c.headers,
+          body: big,
+          dispatcher: tls,
+        });
         await res.body.dump();
         clearInterval(sampler);
         memory = `32 MB request through dvx (full inspection): status ${res.statusCode}, RSS ${(before / 1e6).toFixed(0)} MB → peak ${(peak / 1e6).toFixed(0)} MB (+${((peak - before) / big.length).toFixed(2)}× the body).`;
@@ -275,14 +434,29 @@ export async function main(args: string[]): Promise<void> {
   await plain.close();
   await rm(dir, { recursive: true, force: true });
 
-  process.stdout.write([
-    `## proxy — ${conditions(`open-loop load for ${seconds}s per rate; load generator + mock upstream on core 0, the proxy alone on core 1 (taskset); dvx and the floor over TLS, direct and Portkey over plain HTTP`)}`,
-    '',
-    table(['contender', 'body', 'req/s offered', 'p50', 'p99', 'p50 added over direct', 'req/s served', 'errors', 'proxy RSS'], rows),
-    '',
-    table(['contender', 'time to first token (SSE, p50)'], ttfts),
-    '',
-    memory,
-    '',
-  ].join('\n'));
+  process.stdout.write(
+    [
+      `## proxy — ${conditions(`open-loop load for ${seconds}s per rate; load generator + mock upstream on core 0, the proxy alone on core 1 (taskset); dvx and the floor over TLS, direct and Portkey over plain HTTP`)}`,
+      '',
+      table(
+        [
+          'contender',
+          'body',
+          'req/s offered',
+          'p50',
+          'p99',
+          'p50 added over direct',
+          'req/s served',
+          'errors',
+          'proxy RSS',
+        ],
+        rows,
+      ),
+      '',
+      table(['contender', 'time to first token (SSE, p50)'], ttfts),
+      '',
+      memory,
+      '',
+    ].join('\n'),
+  );
 }

@@ -19,23 +19,33 @@ import { conditions, formatMs, table } from './measure.ts';
 const RECORD = { id: '', event_time: '', org_id: 'org-1', agent_id: 'agent-1', pad: 'x'.repeat(900) };
 const record = () => ({ ...RECORD, id: newId(), event_time: new Date().toISOString() });
 
-interface Result { perSec: number; p50: number; p99: number }
+interface Result {
+  perSec: number;
+  p50: number;
+  p99: number;
+}
 
 async function drive(concurrency: number, total: number, append: () => Promise<void>): Promise<Result> {
   const lat: number[] = [];
   let issued = 0;
   const started = performance.now();
-  await Promise.all(Array.from({ length: concurrency }, async () => {
-    while (issued < total) {
-      issued++;
-      const t0 = performance.now();
-      await append();
-      lat.push(performance.now() - t0);
-    }
-  }));
+  await Promise.all(
+    Array.from({ length: concurrency }, async () => {
+      while (issued < total) {
+        issued++;
+        const t0 = performance.now();
+        await append();
+        lat.push(performance.now() - t0);
+      }
+    }),
+  );
   const seconds = (performance.now() - started) / 1000;
   lat.sort((a, b) => a - b);
-  return { perSec: lat.length / seconds, p50: lat[Math.floor(lat.length / 2)], p99: lat[Math.floor(lat.length * 0.99)] };
+  return {
+    perSec: lat.length / seconds,
+    p50: lat[Math.floor(lat.length / 2)],
+    p99: lat[Math.floor(lat.length * 0.99)],
+  };
 }
 
 export async function main(args: string[]): Promise<void> {
@@ -72,8 +82,19 @@ export async function main(args: string[]): Promise<void> {
       });
       await new Promise<void>((r) => dest.flush(() => r()));
 
-      for (const [name, r] of [['ours: group commit (durable)', ours], ['baseline: fdatasync per record (durable)', naive], ['peer: pino to a file, no fsync (not durable)', fast]] as const) {
-        rows.push([String(concurrency), name, r.perSec.toFixed(0), formatMs(r.p50), formatMs(r.p99), (r.perSec / ours.perSec).toFixed(2) + '×']);
+      for (const [name, r] of [
+        ['ours: group commit (durable)', ours],
+        ['baseline: fdatasync per record (durable)', naive],
+        ['peer: pino to a file, no fsync (not durable)', fast],
+      ] as const) {
+        rows.push([
+          String(concurrency),
+          name,
+          r.perSec.toFixed(0),
+          formatMs(r.p50),
+          formatMs(r.p99),
+          (r.perSec / ours.perSec).toFixed(2) + '×',
+        ]);
       }
     }
 
@@ -82,11 +103,15 @@ export async function main(args: string[]): Promise<void> {
     const batch = Array.from({ length: 10_000 }, record);
     const targets: [string, string, () => Promise<void>][] = [];
     const chDb = `dvx_bench_${Date.now().toString(36)}`;
-    targets.push(['ClickHouse (HTTP, JSONEachRow)', `clickhouse://default@127.0.0.1:8123/${chDb}`, async () => {
-      const c = createClient({ url: 'http://127.0.0.1:8123' });
-      await c.command({ query: `DROP DATABASE IF EXISTS ${chDb}` });
-      await c.close();
-    }]);
+    targets.push([
+      'ClickHouse (HTTP, JSONEachRow)',
+      `clickhouse://default@127.0.0.1:8123/${chDb}`,
+      async () => {
+        const c = createClient({ url: 'http://127.0.0.1:8123' });
+        await c.command({ query: `DROP DATABASE IF EXISTS ${chDb}` });
+        await c.close();
+      },
+    ]);
     const pgDb = `dvx_bench_${Date.now().toString(36)}`;
     const admin = new pg.Client({ connectionString: 'postgres://postgres@127.0.0.1:5432/test' });
     let pgUp = true;
@@ -96,16 +121,25 @@ export async function main(args: string[]): Promise<void> {
     } catch {
       pgUp = false;
     }
-    if (pgUp) targets.push(['PostgreSQL (json_populate_recordset)', `postgres://postgres@127.0.0.1:5432/${pgDb}`, async () => {
-      await admin.query(`DROP DATABASE IF EXISTS ${pgDb} WITH (FORCE)`);
-    }]);
+    if (pgUp)
+      targets.push([
+        'PostgreSQL (json_populate_recordset)',
+        `postgres://postgres@127.0.0.1:5432/${pgDb}`,
+        async () => {
+          await admin.query(`DROP DATABASE IF EXISTS ${pgDb} WITH (FORCE)`);
+        },
+      ]);
     for (const [name, dsn, cleanup] of targets) {
       try {
         const store = await openStore(dsn);
         await store.ensureSchema();
         const rounds = quick ? 2 : 5;
         const started = performance.now();
-        for (let i = 0; i < rounds; i++) await store.insert('llm_audit_log', batch.map((r) => ({ ...r, id: newId() })));
+        for (let i = 0; i < rounds; i++)
+          await store.insert(
+            'llm_audit_log',
+            batch.map((r) => ({ ...r, id: newId() })),
+          );
         const perSec = (rounds * batch.length) / ((performance.now() - started) / 1000);
         await store.close();
         ship.push([name, perSec.toFixed(0)]);
@@ -117,14 +151,16 @@ export async function main(args: string[]): Promise<void> {
     }
     if (pgUp) await admin.end();
 
-    process.stdout.write([
-      `## wal — ${conditions(`1 KiB records; WAL on ${tmpdir()}; ratio = records/s vs ours at the same concurrency`)}`,
-      '',
-      table(['appenders', 'contender', 'records/s', 'append→durable p50', 'p99', 'vs ours'], rows),
-      '',
-      table(['store', 'rows/s shipped (batches of 10,000)'], ship),
-      '',
-    ].join('\n'));
+    process.stdout.write(
+      [
+        `## wal — ${conditions(`1 KiB records; WAL on ${tmpdir()}; ratio = records/s vs ours at the same concurrency`)}`,
+        '',
+        table(['appenders', 'contender', 'records/s', 'append→durable p50', 'p99', 'vs ours'], rows),
+        '',
+        table(['store', 'rows/s shipped (batches of 10,000)'], ship),
+        '',
+      ].join('\n'),
+    );
   } finally {
     await rm(dir, { recursive: true, force: true });
   }

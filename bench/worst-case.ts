@@ -30,23 +30,130 @@ export interface WorstCase {
 }
 
 export const WORST_CASES: readonly WorstCase[] = [
-  { inspector: 'pii', name: 'card near misses (4111 1111 1111 111 …)', phase: 'request', unit: '4111 1111 1111 111 ', tail: ' x card 4111 1111 1111 1111 x', expect: ['pii:4111****'] },
-  { inspector: 'pii', name: 'card-like dash groups (4111-1111-1111-111-…)', phase: 'request', unit: '4111-1111-1111-111-', tail: ' x card 4111-1111-1111-1111 x', expect: ['pii:4111****'] },
-  { inspector: 'pii', name: 'SSN near misses (123-45-678 …)', phase: 'request', unit: '123-45-678 ', tail: ' x ssn 123-45-6789 x', expect: ['pii:123-****'] },
-  { inspector: 'pii', name: '`@` flood (a@a@a@…)', phase: 'request', unit: 'a@', tail: ' mail jane@example.com', expect: ['pii:jane****'] },
-  { inspector: 'pii', name: 'long local part, no domain (aaaa…@ …)', phase: 'request', unit: 'a'.repeat(250) + '@ ', tail: ' mail jane@example.com', expect: ['pii:jane****'] },
-  { inspector: 'api_key', name: 'AKIA flood (AKIAAKIA…)', phase: 'request', unit: 'AKIA', tail: ' key AKIAIOSFODNN7EXAMPLE', expect: ['api_key:AKIA****'] },
-  { inspector: 'api_key', name: 'sk- flood (sk-sk-sk-…)', phase: 'request', unit: 'sk-', tail: ' key sk-proj-AbCdEfGhIjKlMnOpQrSt1234567890', expect: ['api_key:sk-p****'] },
-  { inspector: 'api_key', name: 'ghp_ flood (ghp_ghp_…)', phase: 'request', unit: 'ghp_', tail: ' key ghp_' + 'aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3zA5', expect: ['api_key:ghp_****'] },
-  { inspector: 'api_key', name: '`_` and `-` flood (_-_-…)', phase: 'request', unit: '_-', tail: ' key AKIAIOSFODNN7EXAMPLE', expect: ['api_key:AKIA****'] },
-  { inspector: 'api_key', name: 'decoded view: `\\u` flood (no hex digits)', phase: 'request', unit: '\\u', tail: ' key \\u0041KIAIOSFODNN7EXAMPLE', expect: ['api_key:AKIA****'] },
-  { inspector: 'api_key', name: 'decoded view: backslash flood (\\\\\\\\…)', phase: 'request', unit: '\\\\', tail: ' key \\u0041KIAIOSFODNN7EXAMPLE', expect: ['api_key:AKIA****'] },
-  { inspector: 'api_key', name: 'decoded view: every byte escaped (\\u0041…)', phase: 'request', unit: '\\u0041', tail: ' key \\u0041KIAIOSFODNN7EXAMPLE', expect: ['api_key:AKIA****'] },
-  { inspector: 'secrets', name: 'secret near misses (one character short)', phase: 'request', unit: WORST_SECRET.slice(0, -1) + ' ', tail: ' pw ' + WORST_SECRET, expect: ['secrets:hunt****'] },
-  { inspector: 'patterns', name: 'one match repeated (INC-123456 …)', phase: 'request', unit: 'INC-123456 ', tail: ' Project Nightingale', expect: ['patterns:INC-****', 'patterns:Proj****'] },
+  {
+    inspector: 'pii',
+    name: 'card near misses (4111 1111 1111 111 …)',
+    phase: 'request',
+    unit: '4111 1111 1111 111 ',
+    tail: ' x card 4111 1111 1111 1111 x',
+    expect: ['pii:4111****'],
+  },
+  {
+    inspector: 'pii',
+    name: 'card-like dash groups (4111-1111-1111-111-…)',
+    phase: 'request',
+    unit: '4111-1111-1111-111-',
+    tail: ' x card 4111-1111-1111-1111 x',
+    expect: ['pii:4111****'],
+  },
+  {
+    inspector: 'pii',
+    name: 'SSN near misses (123-45-678 …)',
+    phase: 'request',
+    unit: '123-45-678 ',
+    tail: ' x ssn 123-45-6789 x',
+    expect: ['pii:123-****'],
+  },
+  {
+    inspector: 'pii',
+    name: '`@` flood (a@a@a@…)',
+    phase: 'request',
+    unit: 'a@',
+    tail: ' mail jane@example.com',
+    expect: ['pii:jane****'],
+  },
+  {
+    inspector: 'pii',
+    name: 'long local part, no domain (aaaa…@ …)',
+    phase: 'request',
+    unit: 'a'.repeat(250) + '@ ',
+    tail: ' mail jane@example.com',
+    expect: ['pii:jane****'],
+  },
+  {
+    inspector: 'api_key',
+    name: 'AKIA flood (AKIAAKIA…)',
+    phase: 'request',
+    unit: 'AKIA',
+    tail: ' key AKIAIOSFODNN7EXAMPLE',
+    expect: ['api_key:AKIA****'],
+  },
+  {
+    inspector: 'api_key',
+    name: 'sk- flood (sk-sk-sk-…)',
+    phase: 'request',
+    unit: 'sk-',
+    tail: ' key sk-proj-AbCdEfGhIjKlMnOpQrSt1234567890',
+    expect: ['api_key:sk-p****'],
+  },
+  {
+    inspector: 'api_key',
+    name: 'ghp_ flood (ghp_ghp_…)',
+    phase: 'request',
+    unit: 'ghp_',
+    tail: ' key ghp_' + 'aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3zA5',
+    expect: ['api_key:ghp_****'],
+  },
+  {
+    inspector: 'api_key',
+    name: '`_` and `-` flood (_-_-…)',
+    phase: 'request',
+    unit: '_-',
+    tail: ' key AKIAIOSFODNN7EXAMPLE',
+    expect: ['api_key:AKIA****'],
+  },
+  {
+    inspector: 'api_key',
+    name: 'decoded view: `\\u` flood (no hex digits)',
+    phase: 'request',
+    unit: '\\u',
+    tail: ' key \\u0041KIAIOSFODNN7EXAMPLE',
+    expect: ['api_key:AKIA****'],
+  },
+  {
+    inspector: 'api_key',
+    name: 'decoded view: backslash flood (\\\\\\\\…)',
+    phase: 'request',
+    unit: '\\\\',
+    tail: ' key \\u0041KIAIOSFODNN7EXAMPLE',
+    expect: ['api_key:AKIA****'],
+  },
+  {
+    inspector: 'api_key',
+    name: 'decoded view: every byte escaped (\\u0041…)',
+    phase: 'request',
+    unit: '\\u0041',
+    tail: ' key \\u0041KIAIOSFODNN7EXAMPLE',
+    expect: ['api_key:AKIA****'],
+  },
+  {
+    inspector: 'secrets',
+    name: 'secret near misses (one character short)',
+    phase: 'request',
+    unit: WORST_SECRET.slice(0, -1) + ' ',
+    tail: ' pw ' + WORST_SECRET,
+    expect: ['secrets:hunt****'],
+  },
+  {
+    inspector: 'patterns',
+    name: 'one match repeated (INC-123456 …)',
+    phase: 'request',
+    unit: 'INC-123456 ',
+    tail: ' Project Nightingale',
+    expect: ['patterns:INC-****', 'patterns:Proj****'],
+  },
   // A stream of lines JSON.parse refuses (microseconds each): past MAX_BAD_LINES the joined delta
   // text is given up on, and said so; the stream as sent is still scanned.
-  { inspector: 'secrets', name: 'SSE lines that are not JSON (data: {"delta"}…)', phase: 'response', unit: 'data: {"delta"}\n', tail: `data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"${WORST_SECRET}"}}\n`, expect: ['secrets:hunt****'], raw: true, failures: ['sse_text:unparsable_lines'] },
+  {
+    inspector: 'secrets',
+    name: 'SSE lines that are not JSON (data: {"delta"}…)',
+    phase: 'response',
+    unit: 'data: {"delta"}\n',
+    tail: `data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"${WORST_SECRET}"}}\n`,
+    expect: ['secrets:hunt****'],
+    raw: true,
+    failures: ['sse_text:unparsable_lines'],
+  },
 ];
 
 /** The case's body, about `size` bytes: the unit repeated, then the tail, inside a request's JSON (or raw). */
@@ -68,5 +175,9 @@ export function combinedWorstBody(size: number): Buffer {
     // Only the content of each case: its unit run and tail, between the JSON head and end.
     return body.subarray(body.indexOf('"content":"') + 11, body.length - 4);
   });
-  return Buffer.concat([Buffer.from('{"model":"claude-sonnet-4-5","messages":[{"role":"user","content":"'), ...content.flatMap((c) => [c, Buffer.from(' ')]), Buffer.from('"}]}')]);
+  return Buffer.concat([
+    Buffer.from('{"model":"claude-sonnet-4-5","messages":[{"role":"user","content":"'),
+    ...content.flatMap((c) => [c, Buffer.from(' ')]),
+    Buffer.from('"}]}'),
+  ]);
 }

@@ -13,23 +13,97 @@ import { addAuditFlags, addCommonFlags, addConnectionFlags } from './server-flag
 // `dvx serve llmproxy`: the inference gateway (spec: Server components, llmproxy row).
 export function registerLlmProxy(serve: Command): void {
   const d = LLMPROXY_DEFAULTS;
-  const command = addCommonFlags(new Cmd('llmproxy')
-    .description('inference gateway: agent identity, content pipeline, credential injection, upstream forward, audit'), d)
-    .addOption(flag('--metrics-addr <addr>', { description: 'TLS Prometheus listener; empty disables it', default: d.metricsAddr }))
-    .addOption(flag('--enclave-id <id>', { description: 'enclave id for audit (default: the snapshot\'s)', default: d.enclaveId }))
-    .addOption(flag('--enclave-name <name>', { description: 'enclave name (default: the snapshot\'s)', default: d.enclaveName }))
-    .addOption(flag('--agent-ca <file>', { description: 'CA bundle for agent identity certificates (mTLS)', default: d.agentCa }))
+  const command = addCommonFlags(
+    new Cmd('llmproxy').description(
+      'inference gateway: agent identity, content pipeline, credential injection, upstream forward, audit',
+    ),
+    d,
+  )
+    .addOption(
+      flag('--metrics-addr <addr>', {
+        description: 'TLS Prometheus listener; empty disables it',
+        default: d.metricsAddr,
+      }),
+    )
+    .addOption(
+      flag('--enclave-id <id>', {
+        description: "enclave id for audit (default: the snapshot's)",
+        default: d.enclaveId,
+      }),
+    )
+    .addOption(
+      flag('--enclave-name <name>', { description: "enclave name (default: the snapshot's)", default: d.enclaveName }),
+    )
+    .addOption(
+      flag('--agent-ca <file>', {
+        description: 'CA bundle for agent identity certificates (mTLS)',
+        default: d.agentCa,
+      }),
+    )
     .addOption(flag('--agent-jwks <file|url>', { description: 'JWKS for platform JWTs (ES256)', default: d.agentJwks }))
-    .addOption(flag('--min-tier <class>', { description: 'lowest enclave isolation class served', choices: ISOLATION_CLASSES, default: d.minTier }))
-    .addOption(flag('--database-dsn <dsn>', { description: 'read policy, flags and agents from the control plane\'s PostgreSQL store (instead of --policy-snapshot)', default: d.databaseDsn }))
-    .addOption(flag('--policy-snapshot <file>', { description: 'policy snapshot (docs/snapshot.md); re-read on change', default: d.policySnapshot }))
-    .addOption(flag('--secrets-file <file>', { description: 'embedded secret source {"agent:ID": {NAME: VALUE}, "org:ID": {…}}', default: d.secretsFile }))
-    .addOption(flag('--upstream-default <url>', { description: 'upstream base URL when policy names none', default: d.upstreamDefault }))
-    .addOption(flag('--upstream-ca <file>', { description: 'extra CA bundle trusted for upstreams', default: d.upstreamCa }))
-    .addOption(flag('--upstream-timeout <duration>', { description: 'how long an upstream may take to answer (its response headers)', default: d.upstreamTimeout, parse: parseDurationFlag }))
-    .addOption(flag('--upstream-idle-timeout <duration>', { description: 'how long an upstream may send nothing while its answer (a stream) is under way', default: d.upstreamIdleTimeout, parse: parseDurationFlag }))
-    .addOption(flag('--inspect-timeout <duration>', { description: 'deadline around request-phase inspection', default: DEFAULT_INSPECT_TIMEOUT_MS, parse: parseDurationFlag }))
-    .addOption(flag('--translate-upstream-format <format>', { description: 'the upstream wire format --translate converts to', choices: WIRE_FORMATS, default: d.translateUpstreamFormat }))
+    .addOption(
+      flag('--min-tier <class>', {
+        description: 'lowest enclave isolation class served',
+        choices: ISOLATION_CLASSES,
+        default: d.minTier,
+      }),
+    )
+    .addOption(
+      flag('--database-dsn <dsn>', {
+        description:
+          "read policy, flags and agents from the control plane's PostgreSQL store (instead of --policy-snapshot)",
+        default: d.databaseDsn,
+      }),
+    )
+    .addOption(
+      flag('--policy-snapshot <file>', {
+        description: 'policy snapshot (docs/snapshot.md); re-read on change',
+        default: d.policySnapshot,
+      }),
+    )
+    .addOption(
+      flag('--secrets-file <file>', {
+        description: 'embedded secret source {"agent:ID": {NAME: VALUE}, "org:ID": {…}}',
+        default: d.secretsFile,
+      }),
+    )
+    .addOption(
+      flag('--upstream-default <url>', {
+        description: 'upstream base URL when policy names none',
+        default: d.upstreamDefault,
+      }),
+    )
+    .addOption(
+      flag('--upstream-ca <file>', { description: 'extra CA bundle trusted for upstreams', default: d.upstreamCa }),
+    )
+    .addOption(
+      flag('--upstream-timeout <duration>', {
+        description: 'how long an upstream may take to answer (its response headers)',
+        default: d.upstreamTimeout,
+        parse: parseDurationFlag,
+      }),
+    )
+    .addOption(
+      flag('--upstream-idle-timeout <duration>', {
+        description: 'how long an upstream may send nothing while its answer (a stream) is under way',
+        default: d.upstreamIdleTimeout,
+        parse: parseDurationFlag,
+      }),
+    )
+    .addOption(
+      flag('--inspect-timeout <duration>', {
+        description: 'deadline around request-phase inspection',
+        default: DEFAULT_INSPECT_TIMEOUT_MS,
+        parse: parseDurationFlag,
+      }),
+    )
+    .addOption(
+      flag('--translate-upstream-format <format>', {
+        description: 'the upstream wire format --translate converts to',
+        choices: WIRE_FORMATS,
+        default: d.translateUpstreamFormat,
+      }),
+    )
     .action(async (opts: Partial<LlmProxyOptions>) => {
       let running;
       try {
@@ -41,7 +115,12 @@ export function registerLlmProxy(serve: Command): void {
       await runUntilSignal(() => running.close());
     });
   addBooleanFlag(command, 'inspect-fail-closed', 'refuse with 503 when request inspection fails', d.inspectFailClosed);
-  addBooleanFlag(command, 'translate', 'translate between anthropic-messages, openai-chat and openai-responses', d.translate);
+  addBooleanFlag(
+    command,
+    'translate',
+    'translate between anthropic-messages, openai-chat and openai-responses',
+    d.translate,
+  );
   addConnectionFlags(command, d);
   addAuditFlags(command, d, 'an answer');
   serve.addCommand(command);

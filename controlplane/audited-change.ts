@@ -25,12 +25,19 @@ export interface ChangeDeps {
 }
 
 /** Who a change is attributed to: a request's principal, or the control plane itself for work it does on its own (at start). */
-export interface ChangeActor { subject: string; kind: string; traceId: string }
+export interface ChangeActor {
+  subject: string;
+  kind: string;
+  traceId: string;
+}
 
 export const CONTROL_PLANE_ACTOR = (): ChangeActor => ({ subject: 'controlplane', kind: 'service', traceId: newId() });
 
 export async function auditedChange<T>(
-  deps: ChangeDeps, req: FastifyRequest, action: string, orgId: string,
+  deps: ChangeDeps,
+  req: FastifyRequest,
+  action: string,
+  orgId: string,
   change: (tx: Queryable) => Promise<{ result: T; resource: string }>,
 ): Promise<T> {
   const p = req.principal!;
@@ -39,15 +46,27 @@ export async function auditedChange<T>(
 
 /** `auditedChange` for an actor named outright; `outcome`/`reason` record a failure the change stores. */
 export async function auditedChangeBy<T>(
-  deps: ChangeDeps, actor: ChangeActor, action: string, orgId: string,
+  deps: ChangeDeps,
+  actor: ChangeActor,
+  action: string,
+  orgId: string,
   change: (tx: Queryable) => Promise<{ result: T; resource: string; outcome?: 'allow' | 'deny'; reason?: string }>,
 ): Promise<T> {
   try {
     const out = await deps.db.transaction(async (tx) => {
       const { result, resource, outcome, reason } = await change(tx);
       const record = {
-        id: newId(), event_time: new Date().toISOString(), kind: 'event', action, actor: actor.subject, actor_kind: actor.kind,
-        org_id: orgId, outcome: outcome ?? 'allow', resource, scope: orgId ? `org:${orgId}` : 'platform', trace_id: actor.traceId,
+        id: newId(),
+        event_time: new Date().toISOString(),
+        kind: 'event',
+        action,
+        actor: actor.subject,
+        actor_kind: actor.kind,
+        org_id: orgId,
+        outcome: outcome ?? 'allow',
+        resource,
+        scope: orgId ? `org:${orgId}` : 'platform',
+        trace_id: actor.traceId,
         ...(reason === undefined ? {} : { reason }),
       };
       await gated(deps.audit, 'audit_events', record, () => undefined, deps.capture);
@@ -59,7 +78,8 @@ export async function auditedChangeBy<T>(
     return out;
   } catch (err) {
     if (err instanceof AuditUnavailableError) throw new ApiError(PROBLEMS.auditUnavailable, err.message);
-    if ((err as { code?: string }).code === '23505') throw new ApiError(PROBLEMS.conflict, 'an identical resource exists');
+    if ((err as { code?: string }).code === '23505')
+      throw new ApiError(PROBLEMS.conflict, 'an identical resource exists');
     throw err;
   }
 }

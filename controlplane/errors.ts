@@ -26,7 +26,11 @@ export const PROBLEMS = {
   conflict: entry('conflict', 'The resource is in a conflicting state', 409),
   idpUnavailable: entry('idp-unavailable', 'The identity provider refused or did not answer', 502),
   notImplemented: entry('not-implemented', 'The operator API is not yet implemented', 501),
-  auditUnavailable: entry('audit-unavailable', 'The change was refused: its audit record could not be made durable', 503),
+  auditUnavailable: entry(
+    'audit-unavailable',
+    'The change was refused: its audit record could not be made durable',
+    503,
+  ),
   internal: entry('internal', 'Internal error', 500),
   requestTimeout: entry('request-timeout', 'The request did not arrive in time', 408),
   payloadTooLarge: entry('payload-too-large', 'The request body is too large', 413),
@@ -81,20 +85,35 @@ export function problemOf(e: CatalogueEntry, detail: string | undefined, instanc
   return problem({ type: e.type, title: e.title, status: e.status, detail, instance });
 }
 
-export function sendProblem(reply: FastifyReply, e: CatalogueEntry, detail: string | undefined, instance: string): FastifyReply {
+export function sendProblem(
+  reply: FastifyReply,
+  e: CatalogueEntry,
+  detail: string | undefined,
+  instance: string,
+): FastifyReply {
   if (e.status === 401) reply.header('www-authenticate', 'Bearer');
-  return reply.code(e.status).type(PROBLEM_CONTENT_TYPE).send(problemOf(e, detail, instance));
+  return reply
+    .code(e.status)
+    .type(PROBLEM_CONTENT_TYPE)
+    .send(problemOf(e, detail, instance));
 }
 
 /** The catalogue entry of a status fastify or node gave a request refused before any route ran. */
 export function entryForStatus(status: number): CatalogueEntry {
   switch (status) {
-    case 408: return PROBLEMS.requestTimeout;
-    case 413: return PROBLEMS.payloadTooLarge;
-    case 414: return PROBLEMS.uriTooLong;
-    case 415: return PROBLEMS.unsupportedMediaType;
-    case 431: return PROBLEMS.headersTooLarge;
-    case 404: return PROBLEMS.notFound;
-    default: return status >= 400 && status < 500 ? PROBLEMS.badRequest : PROBLEMS.internal;
+    case 408:
+      return PROBLEMS.requestTimeout;
+    case 413:
+      return PROBLEMS.payloadTooLarge;
+    case 414:
+      return PROBLEMS.uriTooLong;
+    case 415:
+      return PROBLEMS.unsupportedMediaType;
+    case 431:
+      return PROBLEMS.headersTooLarge;
+    case 404:
+      return PROBLEMS.notFound;
+    default:
+      return status >= 400 && status < 500 ? PROBLEMS.badRequest : PROBLEMS.internal;
   }
 }

@@ -24,7 +24,11 @@ export interface EnclaveEvent {
   payload: Record<string, unknown>;
 }
 
-export type ChangeTarget = { kind: 'platform' } | { kind: 'org'; org: string } | { kind: 'agent'; agent: string } | { kind: 'enclave'; enclave: string };
+export type ChangeTarget =
+  | { kind: 'platform' }
+  | { kind: 'org'; org: string }
+  | { kind: 'agent'; agent: string }
+  | { kind: 'enclave'; enclave: string };
 
 const CHANNEL = CHANGES_CHANNEL;
 
@@ -32,8 +36,14 @@ const CHANNEL = CHANGES_CHANNEL;
 export async function affectedEnclaves(db: Queryable, target: ChangeTarget): Promise<string[]> {
   const sql = {
     platform: ['SELECT id FROM enclaves ORDER BY id', []],
-    org: [`SELECT id FROM enclaves WHERE owning_org_id = $1 UNION SELECT enclave_id FROM agents WHERE org_id = $1 AND enclave_id <> '' ORDER BY 1`, [(target as { org: string }).org]],
-    agent: [`SELECT enclave_id AS id FROM agents WHERE uid = $1 AND enclave_id <> ''`, [(target as { agent: string }).agent]],
+    org: [
+      `SELECT id FROM enclaves WHERE owning_org_id = $1 UNION SELECT enclave_id FROM agents WHERE org_id = $1 AND enclave_id <> '' ORDER BY 1`,
+      [(target as { org: string }).org],
+    ],
+    agent: [
+      `SELECT enclave_id AS id FROM agents WHERE uid = $1 AND enclave_id <> ''`,
+      [(target as { agent: string }).agent],
+    ],
     enclave: ['SELECT id FROM enclaves WHERE id = $1', [(target as { enclave: string }).enclave]],
   }[target.kind] as [string, unknown[]];
   const { rows } = await db.query<{ id: string }>(sql[0], sql[1]);
@@ -78,17 +88,23 @@ export class EventHub {
       if (lost || this.#closed) return;
       lost = true;
       deps.failures.inc({ connection: 'listen' });
-      deps.log.warn({ err, retry_ms: backoff }, 'the store LISTEN connection failed; reconnecting (changes of other replicas wait until then)');
+      deps.log.warn(
+        { err, retry_ms: backoff },
+        'the store LISTEN connection failed; reconnecting (changes of other replicas wait until then)',
+      );
       if (this.#listener === client) this.#listener = null;
       client.end().catch(() => undefined); // already broken: its end has nothing to report
       this.#retry = setTimeout(() => {
         this.#retry = null;
-        this.#connect(dsn, deps, Math.min(backoff * 2, RECONNECT_MAX_MS)).then(() => {
-          deps.log.info('the store LISTEN connection is back');
-          // Whatever was announced while it was down: look again.
-          this.wake();
-          this.#bus.emit('authz');
-        }, () => undefined); // the failed attempt scheduled the next one
+        this.#connect(dsn, deps, Math.min(backoff * 2, RECONNECT_MAX_MS)).then(
+          () => {
+            deps.log.info('the store LISTEN connection is back');
+            // Whatever was announced while it was down: look again.
+            this.wake();
+            this.#bus.emit('authz');
+          },
+          () => undefined,
+        ); // the failed attempt scheduled the next one
       }, backoff);
       this.#retry.unref();
     };
@@ -122,7 +138,11 @@ export class EventHub {
   /** Stores one event per enclave inside the caller's transaction; true when at least one was stored. */
   async publish(tx: Queryable, enclaves: string[], kind: string, payload: Record<string, unknown>): Promise<boolean> {
     for (const enclave of enclaves) {
-      await tx.query('INSERT INTO events (enclave_id, kind, payload) VALUES ($1, $2, $3)', [enclave, kind, JSON.stringify(payload)]);
+      await tx.query('INSERT INTO events (enclave_id, kind, payload) VALUES ($1, $2, $3)', [
+        enclave,
+        kind,
+        JSON.stringify(payload),
+      ]);
     }
     // Always: a proxy reading the store directly (llmproxy --database-dsn) follows every change.
     await tx.query(`SELECT pg_notify('${CHANNEL}', '')`);
@@ -130,7 +150,12 @@ export class EventHub {
   }
 
   /** Publishes to every enclave `target` concerns. */
-  async publishTo(tx: Queryable, target: ChangeTarget, kind: string, payload: Record<string, unknown>): Promise<boolean> {
+  async publishTo(
+    tx: Queryable,
+    target: ChangeTarget,
+    kind: string,
+    payload: Record<string, unknown>,
+  ): Promise<boolean> {
     return this.publish(tx, await affectedEnclaves(tx, target), kind, payload);
   }
 
@@ -146,14 +171,23 @@ export class EventHub {
 
   async since(db: Queryable, enclave: string, cursor: number, limit = 500): Promise<EnclaveEvent[]> {
     const { rows } = await db.query<{ id: string | number; enclave_id: string; kind: string; payload: string }>(
-      'SELECT id, enclave_id, kind, payload FROM events WHERE enclave_id = $1 AND id > $2 ORDER BY id LIMIT $3', [enclave, cursor, limit],
+      'SELECT id, enclave_id, kind, payload FROM events WHERE enclave_id = $1 AND id > $2 ORDER BY id LIMIT $3',
+      [enclave, cursor, limit],
     );
-    return rows.map((r) => ({ id: Number(r.id), enclave_id: r.enclave_id, kind: r.kind, payload: JSON.parse(r.payload) }));
+    return rows.map((r) => ({
+      id: Number(r.id),
+      enclave_id: r.enclave_id,
+      kind: r.kind,
+      payload: JSON.parse(r.payload),
+    }));
   }
 
   /** The enclave resumed past `cursor`: everything up to it was delivered. */
   async consumed(db: Queryable, enclave: string, cursor: number): Promise<void> {
-    await db.query('UPDATE events SET consumed_at = now() WHERE enclave_id = $1 AND id <= $2 AND consumed_at IS NULL', [enclave, cursor]);
+    await db.query('UPDATE events SET consumed_at = now() WHERE enclave_id = $1 AND id <= $2 AND consumed_at IS NULL', [
+      enclave,
+      cursor,
+    ]);
   }
 
   /** The hourly purge: consumed events, and every event of an enclave that no longer exists. */
@@ -170,6 +204,8 @@ export class EventHub {
     this.#bus.removeAllListeners();
     const listener = this.#listener;
     this.#listener = null;
-    await listener?.end().catch((err: Error) => this.#deps?.log.warn({ err }, 'closing the store LISTEN connection failed'));
+    await listener
+      ?.end()
+      .catch((err: Error) => this.#deps?.log.warn({ err }, 'closing the store LISTEN connection failed'));
   }
 }

@@ -32,5 +32,6 @@ export function nulAt(root: unknown, rootPath: string): string | null {
 export async function refuseNul(req: FastifyRequest): Promise<void> {
   if (!req.url.startsWith('/api/') && !req.url.startsWith('/v1/')) return;
   const at = nulAt(req.params, '') ?? nulAt(req.query, '') ?? nulAt(req.body, '');
-  if (at !== null) throw new ApiError(PROBLEMS.badRequest, `${at || 'body'}: must not contain a NUL character (U+0000)`);
+  if (at !== null)
+    throw new ApiError(PROBLEMS.badRequest, `${at || 'body'}: must not contain a NUL character (U+0000)`);
 }

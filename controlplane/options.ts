@@ -103,10 +103,10 @@ export const CONTROLPLANE_DEFAULTS: ControlPlaneOptions = {
   ...SERVER_LIMIT_DEFAULTS,
 };
 
-
 export function validateOptions(input: Partial<ControlPlaneOptions>): ControlPlaneOptions {
   const o = { ...CONTROLPLANE_DEFAULTS, ...input };
-  if (!o.tlsCert || !o.tlsKey) throw new ControlPlaneOptionsError('--tls-cert and --tls-key are required (the control plane is TLS-only)');
+  if (!o.tlsCert || !o.tlsKey)
+    throw new ControlPlaneOptionsError('--tls-cert and --tls-key are required (the control plane is TLS-only)');
   if (o.oidcIssuer) {
     let url: URL;
     try {
@@ -118,7 +118,10 @@ export function validateOptions(input: Partial<ControlPlaneOptions>): ControlPla
       throw new ControlPlaneOptionsError('--oidc-issuer must be https (plain http only on loopback)');
     }
   }
-  if (o.agentTokenIssuerUrl && !/^https?:\/\/[^/]+/.test(o.agentTokenIssuerUrl)) throw new ControlPlaneOptionsError('--agent-token-issuer-url must be an absolute URL (the control plane\'s public base URL)');
+  if (o.agentTokenIssuerUrl && !/^https?:\/\/[^/]+/.test(o.agentTokenIssuerUrl))
+    throw new ControlPlaneOptionsError(
+      "--agent-token-issuer-url must be an absolute URL (the control plane's public base URL)",
+    );
   if (!(o.agentTokenTtl >= 0)) throw new ControlPlaneOptionsError('--agent-token-ttl must not be negative');
   if (o.databaseDsn && !/^(postgres|postgresql|pglite):\/\//.test(o.databaseDsn)) {
     throw new ControlPlaneOptionsError('--database-dsn must be postgres://… or pglite://DIR');
@@ -129,10 +132,15 @@ export function validateOptions(input: Partial<ControlPlaneOptions>): ControlPla
     const on = kind === 'policy' ? o.policyPublish : o.configPublish;
     const dir = kind === 'policy' ? o.policyPublishDir : o.configPublishDir;
     const enclave = kind === 'policy' ? o.policyEnclaveId : o.configEnclaveId;
-    if (on && (!dir || !enclave)) throw new ControlPlaneOptionsError(`--${kind}-publish needs --${kind}-publish-dir and --${kind}-enclave-id`);
+    if (on && (!dir || !enclave))
+      throw new ControlPlaneOptionsError(`--${kind}-publish needs --${kind}-publish-dir and --${kind}-enclave-id`);
   }
-  if (o.kmsProvider && o.kmsProvider !== 'local') throw new ControlPlaneOptionsError(`--kms-provider ${o.kmsProvider} is not available (local)`);
-  if (o.kmsProvider === 'local' && !o.kmsConfig) throw new ControlPlaneOptionsError('--kms-provider local needs --kms-config FILE (the master key; created if absent)');
+  if (o.kmsProvider && o.kmsProvider !== 'local')
+    throw new ControlPlaneOptionsError(`--kms-provider ${o.kmsProvider} is not available (local)`);
+  if (o.kmsProvider === 'local' && !o.kmsConfig)
+    throw new ControlPlaneOptionsError(
+      '--kms-provider local needs --kms-config FILE (the master key; created if absent)',
+    );
   const audit = auditOptionsProblem(o);
   if (audit) throw new ControlPlaneOptionsError(audit);
   if (!(o.streamRecheckMs > 0)) throw new ControlPlaneOptionsError('streamRecheckMs must be positive');

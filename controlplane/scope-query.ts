@@ -16,12 +16,23 @@ import { getAgent } from './store/agents.ts';
 // (spec rule 3): an agent's org and group come from the store.
 
 export type ScopeKind = 'platform' | 'org' | 'group' | 'agent';
-export interface Scope { kind: ScopeKind; org: string; group: string; agent: string }
+export interface Scope {
+  kind: ScopeKind;
+  org: string;
+  group: string;
+  agent: string;
+}
 
 export const PLATFORM: Scope = { kind: 'platform', org: '', group: '', agent: '' };
 
 export function scopeName(s: Scope): string {
-  return s.kind === 'platform' ? 'platform' : s.kind === 'org' ? `org:${s.org}` : s.kind === 'group' ? `group:${s.org}:${s.group}` : `agent:${s.agent}`;
+  return s.kind === 'platform'
+    ? 'platform'
+    : s.kind === 'org'
+      ? `org:${s.org}`
+      : s.kind === 'group'
+        ? `group:${s.org}:${s.group}`
+        : `agent:${s.agent}`;
 }
 
 const resolved = new WeakMap<FastifyRequest, Promise<Scope>>();
@@ -49,7 +60,8 @@ export const SCOPE_QUERY = query(['scope', 'org', 'group', 'agent'], true);
 
 async function parseScope(db: Queryable, req: FastifyRequest): Promise<Scope> {
   const q = req.query as Record<string, unknown>;
-  for (const k of Object.keys(q)) if (!['scope', 'org', 'group', 'agent'].includes(k)) bad(k, 'unknown query parameter (scope, org, group, agent)');
+  for (const k of Object.keys(q))
+    if (!['scope', 'org', 'group', 'agent'].includes(k)) bad(k, 'unknown query parameter (scope, org, group, agent)');
   const str = (k: string) => (typeof q[k] === 'string' ? (q[k] as string) : '');
   const kind = (str('scope') || 'platform') as ScopeKind;
   if (!['platform', 'org', 'group', 'agent'].includes(kind)) bad('scope', 'must be platform, org, group or agent');
@@ -74,29 +86,44 @@ async function parseScope(db: Queryable, req: FastifyRequest): Promise<Scope> {
 export async function scopeMustExist(db: Queryable, s: Scope): Promise<void> {
   if (s.kind === 'platform' || s.kind === 'agent') return;
   if (!(await orgExists(db, s.org))) throw new ApiError(PROBLEMS.notFound, `no org ${s.org}`);
-  if (s.kind === 'group' && !(await groupExists(db, s.org, s.group))) throw new ApiError(PROBLEMS.notFound, `no group ${s.group} in org ${s.org}`);
+  if (s.kind === 'group' && !(await groupExists(db, s.org, s.group)))
+    throw new ApiError(PROBLEMS.notFound, `no group ${s.group} in org ${s.org}`);
 }
 
 /** The capability target of a scope: an agent's scope is checked over its org. */
 export function scopeTarget(s: Scope): Target {
-  return s.kind === 'platform' ? { kind: 'platform' } : s.kind === 'group' ? { kind: 'group', org: s.org, group: s.group } : { kind: 'org', org: s.org };
+  return s.kind === 'platform'
+    ? { kind: 'platform' }
+    : s.kind === 'group'
+      ? { kind: 'group', org: s.org, group: s.group }
+      : { kind: 'org', org: s.org };
 }
 
 /** The enclaves a change at this scope concerns. */
 export function scopeChange(s: Scope): ChangeTarget {
-  return s.kind === 'platform' ? { kind: 'platform' } : s.kind === 'agent' ? { kind: 'agent', agent: s.agent } : { kind: 'org', org: s.org };
+  return s.kind === 'platform'
+    ? { kind: 'platform' }
+    : s.kind === 'agent'
+      ? { kind: 'agent', agent: s.agent }
+      : { kind: 'org', org: s.org };
 }
 
 /** The row coordinates of a scope: [scope_kind, org_id, group_id, agent_id] (agent rows carry no group). */
 export function rowKey(s: Scope): [string, string, string, string] {
-  return [s.kind, s.kind === 'platform' ? '' : s.org, s.kind === 'group' ? s.group : '', s.kind === 'agent' ? s.agent : ''];
+  return [
+    s.kind,
+    s.kind === 'platform' ? '' : s.org,
+    s.kind === 'group' ? s.group : '',
+    s.kind === 'agent' ? s.agent : '',
+  ];
 }
 
 /** The scopes broader than `s` (for locks), most general first; with `self`, `s` too. */
 export function broaderScopes(s: Scope, self: boolean): Scope[] {
   const order: Scope[] = [PLATFORM];
   if (s.kind !== 'platform') order.push({ kind: 'org', org: s.org, group: '', agent: '' });
-  if ((s.kind === 'group' || s.kind === 'agent') && s.group) order.push({ kind: 'group', org: s.org, group: s.group, agent: '' });
+  if ((s.kind === 'group' || s.kind === 'agent') && s.group)
+    order.push({ kind: 'group', org: s.org, group: s.group, agent: '' });
   if (s.kind === 'agent') order.push(s);
   return self ? order : order.filter((o) => o.kind !== s.kind);
 }

@@ -1,4 +1,4 @@
-import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
+import Fastify, { type FastifyInstance } from 'fastify';
 import type { AddressInfo } from 'node:net';
 import { readFile } from 'node:fs/promises';
 import { parseAddr } from '../core/addr.ts';
@@ -10,14 +10,13 @@ import { ServerLimiter, serverOptions } from '../core/server-limits.ts';
 import { startMetricsServer } from '../core/metrics-server.ts';
 import { OidcAuthenticator, type Principal } from './auth/oidc.ts';
 import { grantsChanged } from './authz/capabilities.ts';
-import { ApiError, AuthenticationError, ControlPlaneOptionsError, entryForStatus, PROBLEMS, problemOf, sendProblem } from './errors.ts';
-import { CONTROLPLANE_DEFAULTS, isSkeleton, validateOptions, type ControlPlaneOptions } from './options.ts';
+import { ControlPlaneOptionsError, entryForStatus, PROBLEMS, problemOf, sendProblem } from './errors.ts';
+import { isSkeleton, validateOptions, type ControlPlaneOptions } from './options.ts';
 import { openDb, type Db } from '../core/sql.ts';
 import { migrate } from './store/migrate.ts';
 import { seedPlatformAdmin } from './store/grants.ts';
 import { openApiDocument, surfaceOperations } from './openapi.ts';
 import { VALIDATION } from './schema-errors.ts';
-import type { ChangeDeps } from './audited-change.ts';
 import { tokenFacade } from './routes/token-facade.ts';
 import { AgentOperatorIssuer } from './auth/agent-operator-issuer.ts';
 import { openStore, type AuditStore } from '../audit-wal/store.ts';
@@ -72,11 +71,18 @@ declare module 'fastify' {
   }
 }
 
-const SKELETON_DETAIL = 'the operator API is not yet implemented here: this control plane runs in skeleton mode (configure --oidc-issuer and --database-dsn)';
+const SKELETON_DETAIL =
+  'the operator API is not yet implemented here: this control plane runs in skeleton mode (configure --oidc-issuer and --database-dsn)';
 
-export async function startControlPlane(input: Partial<ControlPlaneOptions>, start: { logger?: Logger; audit?: AuditSink; registry?: Registry } = {}): Promise<RunningControlPlane> {
+export async function startControlPlane(
+  input: Partial<ControlPlaneOptions>,
+  start: { logger?: Logger; audit?: AuditSink; registry?: Registry } = {},
+): Promise<RunningControlPlane> {
   const options = validateOptions(input);
-  const log = withEnclave(start.logger ?? createLogger({ level: options.logLevel, format: options.logFormat, component: 'controlplane' }), options);
+  const log = withEnclave(
+    start.logger ?? createLogger({ level: options.logLevel, format: options.logFormat, component: 'controlplane' }),
+    options,
+  );
   const registry = start.registry ?? createRegistry({ defaultMetrics: Boolean(options.metricsAddr) });
   const metrics = controlPlaneMetrics(registry);
   const tls = await loadTls({ cert: options.tlsCert, key: options.tlsKey });
@@ -84,8 +90,13 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
   // Connection bounds (core/server-limits.ts); a request node refuses before fastify sees it
   // (oversized headers, malformed, too slow) is answered as a Problem like every other error.
   const limiter = new ServerLimiter(options, {
-    listener: 'controlplane', registry, log,
-    answer: (status) => ({ contentType: PROBLEM_CONTENT_TYPE, body: JSON.stringify(problemOf(entryForStatus(status), undefined)) }),
+    listener: 'controlplane',
+    registry,
+    log,
+    answer: (status) => ({
+      contentType: PROBLEM_CONTENT_TYPE,
+      body: JSON.stringify(problemOf(entryForStatus(status), undefined)),
+    }),
   });
   const app = Fastify({
     https: { cert: tls.cert, key: tls.key, ...serverOptions(options) },
@@ -98,7 +109,10 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
       if (status === 500) log.error({ err, url: req.url }, 'controlplane router failed');
       return sendProblem(reply, entryForStatus(status), err.message, req.url.split('?')[0]);
     },
-    logger: false, genReqId: () => newId(), bodyLimit: 1024 * 1024, ...VALIDATION,
+    logger: false,
+    genReqId: () => newId(),
+    bodyLimit: 1024 * 1024,
+    ...VALIDATION,
   });
   limiter.attach(app.server, { clientErrors: false });
 
@@ -120,13 +134,18 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
   let startUndos: (() => { stop(): Promise<void> }) | null = null;
   if (isSkeleton(options)) {
     app.setNotFoundHandler((req, reply) => sendProblem(reply, PROBLEMS.notImplemented, SKELETON_DETAIL, req.url));
-    log.warn({ issuer: options.oidcIssuer || null, database: Boolean(options.databaseDsn) }, 'controlplane in skeleton mode');
+    log.warn(
+      { issuer: options.oidcIssuer || null, database: Boolean(options.databaseDsn) },
+      'controlplane in skeleton mode',
+    );
   } else {
     const issuerCa = options.oidcCa ? await readFile(options.oidcCa) : undefined;
     const idp = options.idpKey ? await openProvisioner(options.idpKey, options.oidcIssuer, issuerCa) : null;
-    const kms = options.kmsProvider ? await openKms(options.kmsProvider, options.kmsConfig).catch((err: Error) => {
-      throw new ControlPlaneOptionsError(err.message, { cause: err });
-    }) : null;
+    const kms = options.kmsProvider
+      ? await openKms(options.kmsProvider, options.kmsConfig).catch((err: Error) => {
+          throw new ControlPlaneOptionsError(err.message, { cause: err });
+        })
+      : null;
     db = await openDb(options.databaseDsn, {
       onPoolError: (err) => {
         metrics.storeConnectionErrors.inc({ connection: 'pool' });
@@ -136,7 +155,12 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     const applied = await migrate(db);
     if (applied.length > 0) log.info({ migrations: applied }, 'store migrated');
     for (const subject of options.seedAdmin) await seedPlatformAdmin(db, subject);
-    const oidc = new OidcAuthenticator({ issuer: options.oidcIssuer, audience: options.oidcAudience || undefined, orgClaim: options.orgClaim, ca: issuerCa });
+    const oidc = new OidcAuthenticator({
+      issuer: options.oidcIssuer,
+      audience: options.oidcAudience || undefined,
+      orgClaim: options.orgClaim,
+      ca: issuerCa,
+    });
     const accountStatus = new ServiceAccountStatus(db);
     hub = new EventHub();
     await hub.listen(options.databaseDsn, { log, failures: metrics.storeConnectionErrors });
@@ -145,17 +169,39 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     // A change any replica committed: the grant cache is dropped and open streams re-check at once.
     events.onAuthzChange(() => grantsChanged(store));
     // The hourly purge of consumed events and of deleted enclaves' (spec: Events, fact 3).
-    purge = setInterval(() => void events.purge(store).then((n) => n > 0 && log.info({ purged: n }, 'events purged')).catch((err: Error) => log.warn({ err }, 'event purge failed')), 3_600_000);
+    purge = setInterval(
+      () =>
+        void events
+          .purge(store)
+          .then((n) => n > 0 && log.info({ purged: n }, 'events purged'))
+          .catch((err: Error) => log.warn({ err }, 'event purge failed')),
+      3_600_000,
+    );
     purge.unref();
-    const agentIssuer = options.agentTokenIssuerUrl ? await AgentOperatorIssuer.open(store, options.agentTokenIssuerUrl, Math.round(options.agentTokenTtl / 1000)) : null;
+    const agentIssuer = options.agentTokenIssuerUrl
+      ? await AgentOperatorIssuer.open(store, options.agentTokenIssuerUrl, Math.round(options.agentTokenTtl / 1000))
+      : null;
     if (agentIssuer) await app.register(agentIssuerDiscovery(agentIssuer));
     // Audit of every change: the WAL shipped to --audit-dsn, or stdout lines with "stream":"audit".
     // With an audit store, the audit read API reads the store the WAL ships to (one instance of it).
     auditStore = options.auditDsn ? await openStore(options.auditDsn) : null;
-    if (auditStore) await auditStore.ensureSchema().catch((err: Error) => log.warn({ err }, 'audit store unreachable at start; reads fail until it answers'));
-    audit = start.audit ?? (options.auditDsn
-      ? await WalSink.open({ dir: options.auditWalDir, dsn: options.auditDsn, maxBytes: options.auditWalMaxBytes, log, registry, tables: ['audit_events'], store: auditStore! })
-      : new StdoutAuditSink());
+    if (auditStore)
+      await auditStore
+        .ensureSchema()
+        .catch((err: Error) => log.warn({ err }, 'audit store unreachable at start; reads fail until it answers'));
+    audit =
+      start.audit ??
+      (options.auditDsn
+        ? await WalSink.open({
+            dir: options.auditWalDir,
+            dsn: options.auditDsn,
+            maxBytes: options.auditWalMaxBytes,
+            log,
+            registry,
+            tables: ['audit_events'],
+            store: auditStore!,
+          })
+        : new StdoutAuditSink());
     closeStore = Boolean(start.audit) && auditStore !== null; // otherwise the WAL sink closes it
     const capture = { captureOrDeny: options.auditCaptureOrDeny, timeoutMs: options.auditCaptureTimeout };
     await app.register(bearerAuth, { oidc, agentIssuer, accountStatus });
@@ -168,39 +214,106 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
     // The OpenAPI document describes the full surface, including route families this process did not
     // wire (spec: Versioning): it is collected from a never-listening instance with every family.
     const guard = streamGuardDeps(registry, log, options.streamRecheckMs, options.idleTimeout);
-    const document = openApiDocument(await surfaceOperations((api) => mountApi(api, deps, { agentIssuer: {} as AgentOperatorIssuer, idp: {} as IdpProvisioner, accountStatus, events, auditStore: {} as AuditStore, auditRead: { pollMs: 0, heartbeatMs: 0, guard, accountStatus }, erasure: erasureDeps!, erasureJobs }), VALIDATION));
-    await app.register(apiRoutes(deps, document, { agentIssuer, idp, accountStatus, events, auditStore, auditRead: { pollMs: options.auditStreamPollMs, heartbeatMs: 15_000, guard, accountStatus }, erasure: erasureDeps!, erasureJobs, idpUndoGraceMs: options.idpUndoGraceMs }), { prefix: '/api/v1' });
+    const document = openApiDocument(
+      await surfaceOperations(
+        (api) =>
+          mountApi(api, deps, {
+            agentIssuer: {} as AgentOperatorIssuer,
+            idp: {} as IdpProvisioner,
+            accountStatus,
+            events,
+            auditStore: {} as AuditStore,
+            auditRead: { pollMs: 0, heartbeatMs: 0, guard, accountStatus },
+            erasure: erasureDeps!,
+            erasureJobs,
+          }),
+        VALIDATION,
+      ),
+    );
+    await app.register(
+      apiRoutes(deps, document, {
+        agentIssuer,
+        idp,
+        accountStatus,
+        events,
+        auditStore,
+        auditRead: { pollMs: options.auditStreamPollMs, heartbeatMs: 15_000, guard, accountStatus },
+        erasure: erasureDeps!,
+        erasureJobs,
+        idpUndoGraceMs: options.idpUndoGraceMs,
+      }),
+      { prefix: '/api/v1' },
+    );
     await app.register(brokerRoutes(deps, events, { heartbeatMs: options.brokerHeartbeatMs, agentIssuer, guard }));
     if (options.policyPublish) {
-      stopPublishers.push(await startPublisher({ db: store, hub: events, dir: options.policyPublishDir, file: 'policy-snapshot.json', enclaveId: options.policyEnclaveId, org: options.policyOrg, build: async (db, id, org) => {
-        const s = await enclaveSnapshot(db, id, org);
-        if (s) reportSkipped(deps, `enclave:${id}`, s.skipped);
-        return s && storeSnapshotDocument(s);
-      }, log }));
+      stopPublishers.push(
+        await startPublisher({
+          db: store,
+          hub: events,
+          dir: options.policyPublishDir,
+          file: 'policy-snapshot.json',
+          enclaveId: options.policyEnclaveId,
+          org: options.policyOrg,
+          build: async (db, id, org) => {
+            const s = await enclaveSnapshot(db, id, org);
+            if (s) reportSkipped(deps, `enclave:${id}`, s.skipped);
+            return s && storeSnapshotDocument(s);
+          },
+          log,
+        }),
+      );
     }
     if (options.configPublish) {
-      stopPublishers.push(await startPublisher({ db: store, hub: events, dir: options.configPublishDir, file: 'config.json', enclaveId: options.configEnclaveId, org: options.configOrg, build: (db, id, org) => enclaveConfig(db, id, org, keys ? (o, v) => keys.open(o, v) : undefined), log }));
+      stopPublishers.push(
+        await startPublisher({
+          db: store,
+          hub: events,
+          dir: options.configPublishDir,
+          file: 'config.json',
+          enclaveId: options.configEnclaveId,
+          org: options.configOrg,
+          build: (db, id, org) => enclaveConfig(db, id, org, keys ? (o, v) => keys.open(o, v) : undefined),
+          log,
+        }),
+      );
     }
-    await app.register(tokenFacade({ issuer: options.oidcIssuer, override: options.tokenEndpointOverride, ca: issuerCa }));
-    app.setNotFoundHandler((req, reply) => sendProblem(reply, PROBLEMS.notFound, `no route ${req.method} ${req.url.split('?')[0]}`, req.url));
+    await app.register(
+      tokenFacade({ issuer: options.oidcIssuer, override: options.tokenEndpointOverride, ca: issuerCa }),
+    );
+    app.setNotFoundHandler((req, reply) =>
+      sendProblem(reply, PROBLEMS.notFound, `no route ${req.method} ${req.url.split('?')[0]}`, req.url),
+    );
   }
 
   await app.listen({ port: listen.port, host: listen.host ?? '::' });
   const metricsServer = options.metricsAddr
-    ? await startMetricsServer({ addr: options.metricsAddr, cert: tls.cert, key: tls.key, registry, limits: options, log }).catch(async (err: Error) => {
-      await app.close();
-      throw err;
-    })
+    ? await startMetricsServer({
+        addr: options.metricsAddr,
+        cert: tls.cert,
+        key: tls.key,
+        registry,
+        limits: options,
+        log,
+      }).catch(async (err: Error) => {
+        await app.close();
+        throw err;
+      })
     : null;
   if (erasureDeps) {
     // An erasure a crash interrupted runs again from the top (every step is idempotent).
     const deps = erasureDeps;
-    const job = resumeErasures(deps).then(() => {}, (err: Error) => deps.log.error({ err }, 'resuming erasures failed'));
+    const job = resumeErasures(deps).then(
+      () => {},
+      (err: Error) => deps.log.error({ err }, 'resuming erasures failed'),
+    );
     erasureJobs.add(job);
     void job.finally(() => erasureJobs.delete(job));
   }
   const undoSweeper = startUndos?.();
-  log.info({ addr: app.server.address(), metrics_port: metricsServer?.port ?? null, skeleton: isSkeleton(options) }, 'controlplane listening');
+  log.info(
+    { addr: app.server.address(), metrics_port: metricsServer?.port ?? null, skeleton: isSkeleton(options) },
+    'controlplane listening',
+  );
   return {
     port: (app.server.address() as AddressInfo).port,
     metricsPort: metricsServer?.port ?? null,
@@ -222,7 +335,10 @@ export async function startControlPlane(input: Partial<ControlPlaneOptions>, sta
 
 /** --enclave-id and --enclave-name as log and /healthz fields, each only when set. */
 function enclaveFields(o: ControlPlaneOptions): { enclave_id?: string; enclave_name?: string } {
-  return { ...(o.enclaveId ? { enclave_id: o.enclaveId } : {}), ...(o.enclaveName ? { enclave_name: o.enclaveName } : {}) };
+  return {
+    ...(o.enclaveId ? { enclave_id: o.enclaveId } : {}),
+    ...(o.enclaveName ? { enclave_name: o.enclaveName } : {}),
+  };
 }
 
 function withEnclave(log: Logger, o: ControlPlaneOptions): Logger {
@@ -237,7 +353,7 @@ async function openProvisioner(file: string, issuer: string, ca: Buffer | undefi
   } catch (err) {
     throw new ControlPlaneOptionsError(`--idp-key ${file}: ${(err as Error).message}`, { cause: err });
   }
-  if (key.issuer.replace(/\/+$/, '') !== issuer.replace(/\/+$/, '')) throw new ControlPlaneOptionsError(`--idp-key ${file} is a key of ${key.issuer}, not of --oidc-issuer ${issuer}`);
+  if (key.issuer.replace(/\/+$/, '') !== issuer.replace(/\/+$/, ''))
+    throw new ControlPlaneOptionsError(`--idp-key ${file} is a key of ${key.issuer}, not of --oidc-issuer ${issuer}`);
   return new DcrProvisioner(issuer, key, fetchTrusting(ca));
 }
-

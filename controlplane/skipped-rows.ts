@@ -5,9 +5,16 @@ import type { ChangeDeps } from './audited-change.ts';
 // logged with its coordinates and counted, every time a snapshot is built without it, until the row
 // is rewritten or deleted. The served document names it too (`skipped`, docs/snapshot.md).
 
-export function reportSkipped(deps: Pick<ChangeDeps, 'log' | 'metrics'>, snapshot: string, skipped: readonly SkippedRow[]): void {
+export function reportSkipped(
+  deps: Pick<ChangeDeps, 'log' | 'metrics'>,
+  snapshot: string,
+  skipped: readonly SkippedRow[],
+): void {
   for (const row of skipped) {
-    deps.log.warn({ snapshot, scope: row.scope, key: row.key, reason: row.reason }, 'stored policy row does not validate: left out of the snapshot');
+    deps.log.warn(
+      { snapshot, scope: row.scope, key: row.key, reason: row.reason },
+      'stored policy row does not validate: left out of the snapshot',
+    );
     deps.metrics.policyRowsSkipped.inc({ key: row.key });
   }
 }

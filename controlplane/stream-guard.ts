@@ -27,8 +27,16 @@ import { onGrantsChanged } from './authz/capabilities.ts';
 // final event could not be read either).
 
 export type StreamEndReason =
-  | 'token_expired' | 'grant_revoked' | 'scope_changed' | 'account_disabled'
-  | 'key_rotated' | 'enclave_deleted' | 'authorization_unavailable' | 'store_unavailable' | 'client_not_reading' | 'shutdown';
+  | 'token_expired'
+  | 'grant_revoked'
+  | 'scope_changed'
+  | 'account_disabled'
+  | 'key_rotated'
+  | 'enclave_deleted'
+  | 'authorization_unavailable'
+  | 'store_unavailable'
+  | 'client_not_reading'
+  | 'shutdown';
 
 export interface StreamGuardDeps {
   log: Logger;
@@ -40,7 +48,17 @@ export interface StreamGuardDeps {
 }
 
 export function streamGuardDeps(registry: Registry, log: Logger, recheckMs: number, stallMs: number): StreamGuardDeps {
-  return { log, recheckMs, stallMs, ended: counter(registry, 'dvx_controlplane_streams_ended_total', 'Long-lived streams the control plane ended, by stream and reason', ['stream', 'reason']) };
+  return {
+    log,
+    recheckMs,
+    stallMs,
+    ended: counter(
+      registry,
+      'dvx_controlplane_streams_ended_total',
+      'Long-lived streams the control plane ended, by stream and reason',
+      ['stream', 'reason'],
+    ),
+  };
 }
 
 export interface GuardedStream {
@@ -72,18 +90,21 @@ export class StreamGuard {
   constructor(s: GuardedStream, deps: StreamGuardDeps) {
     this.#s = s;
     this.#deps = deps;
-    const check = coalesced(async () => {
-      if (this.#stopped) return;
-      if (s.expiresAt !== null && s.expiresAt <= Date.now()) return this.end('token_expired');
-      let reason: StreamEndReason | null;
-      try {
-        reason = await s.recheck();
-      } catch (err) {
-        deps.log.warn({ err, stream: s.stream }, 'stream authorization re-check failed; ending the stream');
-        reason = 'authorization_unavailable';
-      }
-      if (reason) this.end(reason);
-    }, () => this.#stopped);
+    const check = coalesced(
+      async () => {
+        if (this.#stopped) return;
+        if (s.expiresAt !== null && s.expiresAt <= Date.now()) return this.end('token_expired');
+        let reason: StreamEndReason | null;
+        try {
+          reason = await s.recheck();
+        } catch (err) {
+          deps.log.warn({ err, stream: s.stream }, 'stream authorization re-check failed; ending the stream');
+          reason = 'authorization_unavailable';
+        }
+        if (reason) this.end(reason);
+      },
+      () => this.#stopped,
+    );
     this.#cleanup.push(onGrantsChanged(s.db, () => void check()));
     const interval = setInterval(() => void check(), deps.recheckMs);
     interval.unref();
@@ -156,7 +177,8 @@ export class StreamGuard {
     if (this.#stopped) return;
     this.#stop();
     this.#deps.ended.inc({ stream: this.#s.stream, reason });
-    if (reason !== 'shutdown') this.#deps.log.info({ stream: this.#s.stream, reason, unsent_bytes: this.#s.res.writableLength }, 'stream ended');
+    if (reason !== 'shutdown')
+      this.#deps.log.info({ stream: this.#s.stream, reason, unsent_bytes: this.#s.res.writableLength }, 'stream ended');
     const res = this.#s.res;
     if (res.destroyed || res.writableEnded) return;
     if (reason === 'client_not_reading' || res.writableNeedDrain) {

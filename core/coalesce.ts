@@ -3,6 +3,7 @@
 // triggers a read or a write: the pullers, the publisher, the SSE senders, the store reload.
 
 export function coalesced(
+  // biome-ignore lint/suspicious/noConfusingVoidType: a run that returns nothing means "no more"
   run: () => Promise<boolean | void>,
   stopped: () => boolean = () => false,
 ): () => Promise<void> {
@@ -14,6 +15,7 @@ export function coalesced(
       return running;
     }
     running = (async () => {
+      // biome-ignore lint/suspicious/noConfusingVoidType: what run() returned
       let more: boolean | void;
       do {
         again = false;

@@ -124,18 +124,46 @@ export class InspectionEngine {
     const threads = options.threads ?? availableParallelism();
     this.#threads = threads;
     const self = import.meta.url.endsWith('.ts') ? './worker.ts' : './worker.js';
-    this.#pool = threads > 0
-      ? new Piscina({ filename: (options.workerUrl ?? new URL(self, import.meta.url)).href, minThreads: 1, maxThreads: threads, idleTimeout: 60_000 })
-      : null;
+    this.#pool =
+      threads > 0
+        ? new Piscina({
+            filename: (options.workerUrl ?? new URL(self, import.meta.url)).href,
+            minThreads: 1,
+            maxThreads: threads,
+            idleTimeout: 60_000,
+          })
+        : null;
     this.#plans = new PlanCache({ onCompile: (plan) => this.#reportCompile(plan) });
     const registry = options.registry ?? createRegistry();
     this.#metrics = {
-      runs: counter(registry, 'dvx_inspection_runs_total', 'Inspection runs by phase, mode and decision', ['phase', 'mode', 'decision']),
-      findings: counter(registry, 'dvx_inspection_findings_total', 'Findings by inspector and severity', ['inspector_type', 'severity']),
-      failopen: counter(registry, 'dvx_inspection_failopen_total', 'Inspector failures passed over (fail open)', ['phase', 'inspector', 'reason']),
-      failclosed: counter(registry, 'dvx_inspection_failclosed_total', 'Request-path inspections refused because inspection failed', ['inspector', 'reason']),
+      runs: counter(registry, 'dvx_inspection_runs_total', 'Inspection runs by phase, mode and decision', [
+        'phase',
+        'mode',
+        'decision',
+      ]),
+      findings: counter(registry, 'dvx_inspection_findings_total', 'Findings by inspector and severity', [
+        'inspector_type',
+        'severity',
+      ]),
+      failopen: counter(registry, 'dvx_inspection_failopen_total', 'Inspector failures passed over (fail open)', [
+        'phase',
+        'inspector',
+        'reason',
+      ]),
+      failclosed: counter(
+        registry,
+        'dvx_inspection_failclosed_total',
+        'Request-path inspections refused because inspection failed',
+        ['inspector', 'reason'],
+      ),
       queue: gauge(registry, 'dvx_inspection_pool_queue_depth', 'Inspection tasks waiting for a pool worker'),
-      duration: histogram(registry, 'dvx_inspection_duration_seconds', 'Inspection run time', ['phase', 'mode'], [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5]),
+      duration: histogram(
+        registry,
+        'dvx_inspection_duration_seconds',
+        'Inspection run time',
+        ['phase', 'mode'],
+        [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+      ),
     };
   }
 
@@ -146,8 +174,10 @@ export class InspectionEngine {
   async inspect(request: InspectRequest): Promise<InspectionOutcome> {
     const started = performance.now();
     const { body, phase, policy } = request;
-    if (body.length > MAX_INSPECTED_BYTES) throw new BodyTooLargeError(`body of ${body.length} bytes exceeds ${MAX_INSPECTED_BYTES}`);
-    if (isInert(policy)) return { decision: 'allow', findings: [], failOpen: false, failures: [], mode: 'noop', durationMs: 0 };
+    if (body.length > MAX_INSPECTED_BYTES)
+      throw new BodyTooLargeError(`body of ${body.length} bytes exceeds ${MAX_INSPECTED_BYTES}`);
+    if (isInert(policy))
+      return { decision: 'allow', findings: [], failOpen: false, failures: [], mode: 'noop', durationMs: 0 };
 
     const plan = this.#plans.get(policy);
     const secrets = request.secrets ?? [];
@@ -177,7 +207,8 @@ export class InspectionEngine {
       const timer = setTimeout(() => deadline.abort(new DeadlineError('inspection deadline')), this.#timeoutMs);
       const waited: Promise<ScanResult>[] = [];
       for (const sidecar of policy.sidecars) {
-        if ((phase === 'request' ? sidecar.on_request : sidecar.on_response) && !sidecar.async) waited.push(this.#runSidecar(sidecar, request, identity, deadline.signal));
+        if ((phase === 'request' ? sidecar.on_request : sidecar.on_response) && !sidecar.async)
+          waited.push(this.#runSidecar(sidecar, request, identity, deadline.signal));
       }
       let builtins: Promise<ScanResult> = Promise.resolve(EMPTY);
       if (pooled) {
@@ -199,7 +230,11 @@ export class InspectionEngine {
     }
     const blocked = phase === 'request' && findings.some((f) => f.severity === 'block');
     const builtinFailed = failures.some((f) => !f.inspector.startsWith('sidecar:'));
-    const decision: Decision = blocked ? 'block' : phase === 'request' && builtinFailed && this.#failClosed ? 'unavailable' : 'allow';
+    const decision: Decision = blocked
+      ? 'block'
+      : phase === 'request' && builtinFailed && this.#failClosed
+        ? 'unavailable'
+        : 'allow';
     const failOpen = failures.length > 0 && decision !== 'unavailable';
     const durationMs = performance.now() - started;
     this.#record(phase, mode, decision, findings, failures, durationMs);
@@ -233,49 +268,86 @@ export class InspectionEngine {
    * every other request's scan past the deadline before it ran (fail open with nothing inspected). The
    * wait has its own, longer bound (`queue_timeout`). The worker flags its start in shared memory.
    */
-  async #onPool(policy: ResolvedPolicy, body: Buffer, phase: Phase, secrets: readonly string[], modelsAnywhere: InspectRequest['modelsAnywhere'], skipModel = false): Promise<ScanResult> {
+  async #onPool(
+    policy: ResolvedPolicy,
+    body: Buffer,
+    phase: Phase,
+    secrets: readonly string[],
+    modelsAnywhere: InspectRequest['modelsAnywhere'],
+    skipModel = false,
+  ): Promise<ScanResult> {
     const shared = toShared(body);
     const plan = this.#plans.get(policy);
-    const split = this.#threads >= 2 && body.length >= SPLIT_THRESHOLD_BYTES && policy.content !== null && policy.content.patterns.length > 0;
+    const split =
+      this.#threads >= 2 &&
+      body.length >= SPLIT_THRESHOLD_BYTES &&
+      policy.content !== null &&
+      policy.content.patterns.length > 0;
     const parts: WorkerTask['part'][] = split ? ['patterns', 'others'] : ['all'];
     this.#metrics.queue.set(this.#pool!.queueSize);
-    const results = await Promise.all(parts.map(async (part): Promise<ScanResult> => {
-      // The worker posts each inspector's result here as it finishes; read only if the task fails.
-      const { port1, port2 } = new MessageChannel();
-      const started = new Int32Array(new SharedArrayBuffer(4));
-      const task: WorkerTask = { body: shared, policy, phase, secrets: [...secrets], part, port: port2, started, ...(modelsAnywhere ? { modelsAnywhere } : {}), ...(skipModel ? { skipModel } : {}) };
-      const abort = new AbortController();
-      let deadline: NodeJS.Timeout | undefined;
-      let settled = false;
-      const wait = Atomics.waitAsync(started, 0, 0, this.#queueTimeoutMs);
-      void Promise.resolve(wait.value).then((outcome) => {
-        if (settled) return;
-        if (outcome === 'timed-out') abort.abort('queue_timeout');
-        else if (!abort.signal.aborted) deadline = setTimeout(() => abort.abort('timeout'), this.#timeoutMs);
-      });
-      try {
-        // On abort piscina terminates the worker running the task and starts a fresh one: a hung
-        // worker is replaced, never waited on.
-        return (await this.#pool!.run(task, { signal: abort.signal, transferList: [port2] })) as ScanResult;
-      } catch (err) {
-        const reason = abort.signal.aborted ? String(abort.signal.reason) : (err as Error).message || 'worker error';
-        return finishedBefore(port1, builtinInspectors(plan, phase, secrets.length, part, skipModel), reason);
-      } finally {
-        settled = true;
-        clearTimeout(deadline);
-        // A task that failed before a worker took it: wake the waiter rather than leave it to time out.
-        if (Atomics.load(started, 0) === 0) Atomics.notify(started, 0);
-        port1.close();
-      }
-    }));
+    const results = await Promise.all(
+      parts.map(async (part): Promise<ScanResult> => {
+        // The worker posts each inspector's result here as it finishes; read only if the task fails.
+        const { port1, port2 } = new MessageChannel();
+        const started = new Int32Array(new SharedArrayBuffer(4));
+        const task: WorkerTask = {
+          body: shared,
+          policy,
+          phase,
+          secrets: [...secrets],
+          part,
+          port: port2,
+          started,
+          ...(modelsAnywhere ? { modelsAnywhere } : {}),
+          ...(skipModel ? { skipModel } : {}),
+        };
+        const abort = new AbortController();
+        let deadline: NodeJS.Timeout | undefined;
+        let settled = false;
+        const wait = Atomics.waitAsync(started, 0, 0, this.#queueTimeoutMs);
+        void Promise.resolve(wait.value).then((outcome) => {
+          if (settled) return;
+          if (outcome === 'timed-out') abort.abort('queue_timeout');
+          else if (!abort.signal.aborted) deadline = setTimeout(() => abort.abort('timeout'), this.#timeoutMs);
+        });
+        try {
+          // On abort piscina terminates the worker running the task and starts a fresh one: a hung
+          // worker is replaced, never waited on.
+          return (await this.#pool!.run(task, { signal: abort.signal, transferList: [port2] })) as ScanResult;
+        } catch (err) {
+          const reason = abort.signal.aborted ? String(abort.signal.reason) : (err as Error).message || 'worker error';
+          return finishedBefore(port1, builtinInspectors(plan, phase, secrets.length, part, skipModel), reason);
+        } finally {
+          settled = true;
+          clearTimeout(deadline);
+          // A task that failed before a worker took it: wake the waiter rather than leave it to time out.
+          if (Atomics.load(started, 0) === 0) Atomics.notify(started, 0);
+          port1.close();
+        }
+      }),
+    );
     if (results.length === 1) return results[0];
-    const failures = [...results[0].failures, ...results[1].failures].filter((f, i, all) => all.findIndex((g) => g.inspector === f.inspector && g.reason === f.reason) === i);
+    const failures = [...results[0].failures, ...results[1].failures].filter(
+      (f, i, all) => all.findIndex((g) => g.inspector === f.inspector && g.reason === f.reason) === i,
+    );
     return { findings: [...results[1].findings, ...results[0].findings], failures };
   }
 
-  async #runSidecar(sidecar: Sidecar, request: InspectRequest, identity: SidecarIdentity, signal: AbortSignal): Promise<ScanResult> {
+  async #runSidecar(
+    sidecar: Sidecar,
+    request: InspectRequest,
+    identity: SidecarIdentity,
+    signal: AbortSignal,
+  ): Promise<ScanResult> {
     try {
-      const findings = await callSidecar({ sidecar, phase: request.phase, body: request.body, identity, requestBody: request.requestBody, signal });
+      const findings = await callSidecar({
+        sidecar,
+        phase: request.phase,
+        body: request.body,
+        identity,
+        requestBody: request.requestBody,
+        signal,
+      });
       return { findings, failures: [] };
     } catch (err) {
       const reason = (err as { reason?: string }).reason ?? 'error';
@@ -288,7 +360,8 @@ export class InspectionEngine {
     const { phase } = request;
     callSidecar({ sidecar, phase, body: request.body, identity, requestBody: request.requestBody }).then(
       (findings) => {
-        for (const f of findings) this.#metrics.findings.inc({ inspector_type: f.inspector_type, severity: f.severity });
+        for (const f of findings)
+          this.#metrics.findings.inc({ inspector_type: f.inspector_type, severity: f.severity });
         if (findings.length > 0) this.#log.info({ sidecar: sidecar.name, phase, findings }, 'async sidecar findings');
         this.#onAsync?.(findings, { phase, sidecar: sidecar.name });
       },
@@ -300,17 +373,26 @@ export class InspectionEngine {
     );
   }
 
-  #record(phase: Phase, mode: string, decision: Decision, findings: Finding[], failures: InspectorFailure[], durationMs: number): void {
+  #record(
+    phase: Phase,
+    mode: string,
+    decision: Decision,
+    findings: Finding[],
+    failures: InspectorFailure[],
+    durationMs: number,
+  ): void {
     this.#metrics.runs.inc({ phase, mode, decision });
     this.#metrics.duration.observe({ phase, mode }, durationMs / 1000);
     for (const f of findings) this.#metrics.findings.inc({ inspector_type: f.inspector_type, severity: f.severity });
     if (failures.length === 0) return;
     if (decision === 'unavailable') {
-      for (const f of failures) this.#metrics.failclosed.inc({ inspector: f.inspector, reason: metricReason(f.reason) });
+      for (const f of failures)
+        this.#metrics.failclosed.inc({ inspector: f.inspector, reason: metricReason(f.reason) });
       this.#log.error({ phase, failures }, 'inspection unavailable (fail closed)');
       return;
     }
-    for (const f of failures) this.#metrics.failopen.inc({ phase, inspector: f.inspector, reason: metricReason(f.reason) });
+    for (const f of failures)
+      this.#metrics.failopen.inc({ phase, inspector: f.inspector, reason: metricReason(f.reason) });
     this.#log.warn({ phase, failures, decision }, 'inspection failopen');
   }
 
@@ -340,5 +422,7 @@ function finishedBefore(port: MessagePort, expected: readonly string[], reason: 
 
 /** Failure reasons become label values: keep them to a small fixed set. */
 function metricReason(reason: string): string {
-  return ['timeout', 'queue_timeout', 'deadline', 'network', 'status', 'bad_json', 'too_large'].includes(reason) ? reason : 'error';
+  return ['timeout', 'queue_timeout', 'deadline', 'network', 'status', 'bad_json', 'too_large'].includes(reason)
+    ? reason
+    : 'error';
 }

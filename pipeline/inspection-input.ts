@@ -91,9 +91,10 @@ export class InspectionInput {
   /** A streamed response's joined delta text: what the agent reads (null: not a response, or no text). */
   joined(): Buffer | null {
     if (this.#joined === undefined) {
-      this.#joined = this.phase === 'response'
-        ? sseText(this.raw, () => this.#failures.push({ inspector: SSE_TEXT, reason: 'unparsable_lines' }))
-        : null;
+      this.#joined =
+        this.phase === 'response'
+          ? sseText(this.raw, () => this.#failures.push({ inspector: SSE_TEXT, reason: 'unparsable_lines' }))
+          : null;
     }
     return this.#joined;
   }
@@ -134,7 +135,7 @@ export class InspectionInput {
 
   /** The prefilters that hit in a stage's view; null when no set pass ran (every detector runs). */
   prefilters(stage: Stage): Set<PrefilterId> | null {
-    return this.phase === 'request' ? this.setHits(stage)?.prefilters ?? null : null;
+    return this.phase === 'request' ? (this.setHits(stage)?.prefilters ?? null) : null;
   }
 
   #setPass(view: Buffer): SetHits | null {

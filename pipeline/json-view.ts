@@ -48,7 +48,9 @@ function readHex4(body: Uint8Array, at: number): number {
   // Digit by digit: a flood of `\u` with no digits gives up at the first byte.
   const a = hex(body[at]);
   if (a < 0) return -1;
-  const b = hex(body[at + 1]), c = hex(body[at + 2]), d = hex(body[at + 3]);
+  const b = hex(body[at + 1]),
+    c = hex(body[at + 2]),
+    d = hex(body[at + 3]);
   if ((b | c | d) < 0) return -1;
   return (a << 12) | (b << 8) | (c << 4) | d;
 }
@@ -78,7 +80,17 @@ function writeCodePoint(out: Buffer, at: number, cp: number): number {
 
 // The one-letter escapes and the byte each stands for; -1 elsewhere.
 const SIMPLE = new Int16Array(256).fill(-1);
-for (const [letter, byte] of [[0x22, 0x22], [0x5c, 0x5c], [0x2f, 0x2f], [0x62, 0x08], [0x66, 0x0c], [0x6e, 0x0a], [0x72, 0x0d], [0x74, 0x09]]) SIMPLE[letter] = byte;
+for (const [letter, byte] of [
+  [0x22, 0x22],
+  [0x5c, 0x5c],
+  [0x2f, 0x2f],
+  [0x62, 0x08],
+  [0x66, 0x0c],
+  [0x6e, 0x0a],
+  [0x72, 0x0d],
+  [0x74, 0x09],
+])
+  SIMPLE[letter] = byte;
 
 /**
  * The decoded view of a JSON body, or the body itself when nothing needs decoding (no backslash, or
@@ -286,7 +298,8 @@ export function topLevel(body: Buffer, key: string, anyCase?: Span[]): TopLevel 
     for (let k = i + 1; k < keyEnd - 1 && !escaped; k++) escaped = body[k] === BACKSLASH;
     if (!escaped) {
       matches = keyEnd - i === quoted.length && body.compare(quoted, 0, quoted.length, i, keyEnd) === 0;
-      if (anyCase && !matches && keyEnd - i === quoted.length) matchesAnyCase = body.toString('utf8', i + 1, keyEnd - 1).toLowerCase() === lower;
+      if (anyCase && !matches && keyEnd - i === quoted.length)
+        matchesAnyCase = body.toString('utf8', i + 1, keyEnd - 1).toLowerCase() === lower;
     } else {
       let name: unknown;
       try {

@@ -132,7 +132,8 @@ function readMultipart(body: Buffer, boundary: string, state: State): boolean {
     const headers = part.toString('latin1', 0, headerEnd.at);
     let content = part.subarray(headerEnd.at + headerEnd.length);
     // The line break before the next delimiter belongs to the delimiter.
-    if (content[content.length - 1] === 0x0a) content = content.subarray(0, content[content.length - 2] === 0x0d ? -2 : -1);
+    if (content[content.length - 1] === 0x0a)
+      content = content.subarray(0, content[content.length - 2] === 0x0d ? -2 : -1);
     const { names, filename } = disposition(headers);
     if (names.some((n) => n.toLowerCase() === 'model')) state.out.push(content.toString('utf8').trim());
     else if (!readBatchFile(content, state, filename === null || /\.jsonl?$/i.test(filename))) return false;
@@ -160,11 +161,17 @@ function disposition(headers: string): { names: string[]; filename: string | nul
     const colon = line.indexOf(':');
     if (colon < 0 || line.slice(0, colon).trim().toLowerCase() !== 'content-disposition') continue;
     // Parameters split on `;` outside quotes; each is `name=value`.
-    for (const param of line.slice(colon + 1).split(';').slice(1)) {
+    for (const param of line
+      .slice(colon + 1)
+      .split(';')
+      .slice(1)) {
       const eq = param.indexOf('=');
       if (eq < 0) continue;
       const key = param.slice(0, eq).trim().toLowerCase();
-      const value = param.slice(eq + 1).trim().replace(/^"(.*)"$/, '$1');
+      const value = param
+        .slice(eq + 1)
+        .trim()
+        .replace(/^"(.*)"$/, '$1');
       if (key === 'name') names.push(value);
       else if (key === 'filename' || key === 'filename*') filename = value;
     }

@@ -245,7 +245,7 @@ function composePair(starter: number, mark: number): number {
     const nfc = pair.normalize('NFC');
     const c = nfc.codePointAt(0)!;
     composed = nfc === pair ? UNCHANGED : nfc.length === (c > 0xffff ? 2 : 1) ? c : OTHER;
-    if (byMark === undefined) composedPairs.set(starter, byMark = new Map());
+    if (byMark === undefined) composedPairs.set(starter, (byMark = new Map()));
     byMark.set(mark, composed);
     cachedPairs++;
   }
@@ -263,7 +263,8 @@ const recentTripleResult: (Buffer | null)[] = new Array(RECENT).fill(null);
 
 function composeTriple(starter: number, first: number, second: number): Buffer | null | undefined {
   const at = (Math.imul(Math.imul(starter, 31) + first, 31) + second) & (RECENT - 1);
-  if (recentTriple[at * 3] === starter && recentTriple[at * 3 + 1] === first && recentTriple[at * 3 + 2] === second) return recentTripleResult[at];
+  if (recentTriple[at * 3] === starter && recentTriple[at * 3 + 1] === first && recentTriple[at * 3 + 2] === second)
+    return recentTripleResult[at];
   let byFirst = composedTriples.get(starter);
   let bySecond = byFirst?.get(first);
   let composed = bySecond?.get(second);
@@ -272,8 +273,8 @@ function composeTriple(starter: number, first: number, second: number): Buffer |
     const text = String.fromCodePoint(starter, first, second);
     const nfc = text.normalize('NFC');
     composed = nfc === text ? null : Buffer.from(nfc, 'utf8');
-    if (byFirst === undefined) composedTriples.set(starter, byFirst = new Map());
-    if (bySecond === undefined) byFirst.set(first, bySecond = new Map());
+    if (byFirst === undefined) composedTriples.set(starter, (byFirst = new Map()));
+    if (bySecond === undefined) byFirst.set(first, (bySecond = new Map()));
     bySecond.set(second, composed);
     cachedPairs++;
   }
@@ -310,7 +311,7 @@ function reordersCached(a: number, b: number): boolean {
   if (cachedPairs >= MAX_PAIRS) return true;
   const pair = String.fromCodePoint(a) + String.fromCodePoint(b);
   r = pair.normalize('NFD') !== pair;
-  if (byNext === undefined) reordered.set(a, byNext = new Map());
+  if (byNext === undefined) reordered.set(a, (byNext = new Map()));
   byNext.set(b, r);
   cachedPairs++;
   return r;
@@ -332,26 +333,112 @@ function isAsciiAlnum(b: number): boolean {
 // ---------- HTML entities ----------
 
 // Windows-1252 for the C1 range, as HTML reads `&#128;`–`&#159;` (WHATWG "numeric character reference end state").
-const C1 = [0x20ac, 0x81, 0x201a, 0x192, 0x201e, 0x2026, 0x2020, 0x2021, 0x2c6, 0x2030, 0x160, 0x2039, 0x152, 0x8d, 0x17d, 0x8f,
-  0x90, 0x2018, 0x2019, 0x201c, 0x201d, 0x2022, 0x2013, 0x2014, 0x2dc, 0x2122, 0x161, 0x203a, 0x153, 0x9d, 0x17e, 0x178];
+const C1 = [
+  0x20ac, 0x81, 0x201a, 0x192, 0x201e, 0x2026, 0x2020, 0x2021, 0x2c6, 0x2030, 0x160, 0x2039, 0x152, 0x8d, 0x17d, 0x8f,
+  0x90, 0x2018, 0x2019, 0x201c, 0x201d, 0x2022, 0x2013, 0x2014, 0x2dc, 0x2122, 0x161, 0x203a, 0x153, 0x9d, 0x17e, 0x178,
+];
 
 // The HTML5 names an attacker spells text with: every ASCII punctuation and symbol that has one, the
 // spaces and invisibles, the dashes, and the letter-like mathematical letters (added below). The
 // whole 2,231-name table would cost memory for characters no key, address or number is made of.
 const NAMED_TEXT: Record<string, string> = {
-  excl: '!', quot: '"', QUOT: '"', num: '#', dollar: '$', percnt: '%', amp: '&', AMP: '&', apos: "'", lpar: '(', rpar: ')',
-  ast: '*', midast: '*', plus: '+', comma: ',', period: '.', sol: '/', colon: ':', semi: ';', lt: '<', LT: '<', equals: '=',
-  gt: '>', GT: '>', quest: '?', commat: '@', lsqb: '[', lbrack: '[', bsol: '\\', rsqb: ']', rbrack: ']', Hat: '^', lowbar: '_',
-  UnderBar: '_', grave: '`', DiacriticalGrave: '`', lcub: '{', lbrace: '{', verbar: '|', vert: '|', VerticalLine: '|',
-  rcub: '}', rbrace: '}', Tab: '\t', NewLine: '\n', nbsp: '\u00a0', NonBreakingSpace: '\u00a0', shy: '\u00ad',
-  hyphen: '\u2010', dash: '\u2010', ndash: '\u2013', mdash: '\u2014', minus: '\u2212', horbar: '\u2015',
-  ZeroWidthSpace: '\u200b', NegativeVeryThinSpace: '\u200b', NegativeThinSpace: '\u200b', NegativeMediumSpace: '\u200b',
-  NegativeThickSpace: '\u200b', zwnj: '\u200c', zwj: '\u200d', lrm: '\u200e', rlm: '\u200f', NoBreak: '\u2060',
-  af: '\u2061', ApplyFunction: '\u2061', it: '\u2062', InvisibleTimes: '\u2062', ic: '\u2063', InvisibleComma: '\u2063',
-  ensp: '\u2002', emsp: '\u2003', emsp13: '\u2004', emsp14: '\u2005', numsp: '\u2007', puncsp: '\u2008', thinsp: '\u2009',
-  ThinSpace: '\u2009', hairsp: '\u200a', VeryThinSpace: '\u200a', MediumSpace: '\u205f', lsquo: '\u2018', rsquo: '\u2019',
-  ldquo: '\u201c', rdquo: '\u201d', middot: '\u00b7', centerdot: '\u00b7', bull: '\u2022', hellip: '\u2026', copy: '\u00a9',
-  reg: '\u00ae', trade: '\u2122', times: '\u00d7', divide: '\u00f7', sup1: '\u00b9', sup2: '\u00b2', sup3: '\u00b3',
+  excl: '!',
+  quot: '"',
+  QUOT: '"',
+  num: '#',
+  dollar: '$',
+  percnt: '%',
+  amp: '&',
+  AMP: '&',
+  apos: "'",
+  lpar: '(',
+  rpar: ')',
+  ast: '*',
+  midast: '*',
+  plus: '+',
+  comma: ',',
+  period: '.',
+  sol: '/',
+  colon: ':',
+  semi: ';',
+  lt: '<',
+  LT: '<',
+  equals: '=',
+  gt: '>',
+  GT: '>',
+  quest: '?',
+  commat: '@',
+  lsqb: '[',
+  lbrack: '[',
+  bsol: '\\',
+  rsqb: ']',
+  rbrack: ']',
+  Hat: '^',
+  lowbar: '_',
+  UnderBar: '_',
+  grave: '`',
+  DiacriticalGrave: '`',
+  lcub: '{',
+  lbrace: '{',
+  verbar: '|',
+  vert: '|',
+  VerticalLine: '|',
+  rcub: '}',
+  rbrace: '}',
+  Tab: '\t',
+  NewLine: '\n',
+  nbsp: '\u00a0',
+  NonBreakingSpace: '\u00a0',
+  shy: '\u00ad',
+  hyphen: '\u2010',
+  dash: '\u2010',
+  ndash: '\u2013',
+  mdash: '\u2014',
+  minus: '\u2212',
+  horbar: '\u2015',
+  ZeroWidthSpace: '\u200b',
+  NegativeVeryThinSpace: '\u200b',
+  NegativeThinSpace: '\u200b',
+  NegativeMediumSpace: '\u200b',
+  NegativeThickSpace: '\u200b',
+  zwnj: '\u200c',
+  zwj: '\u200d',
+  lrm: '\u200e',
+  rlm: '\u200f',
+  NoBreak: '\u2060',
+  af: '\u2061',
+  ApplyFunction: '\u2061',
+  it: '\u2062',
+  InvisibleTimes: '\u2062',
+  ic: '\u2063',
+  InvisibleComma: '\u2063',
+  ensp: '\u2002',
+  emsp: '\u2003',
+  emsp13: '\u2004',
+  emsp14: '\u2005',
+  numsp: '\u2007',
+  puncsp: '\u2008',
+  thinsp: '\u2009',
+  ThinSpace: '\u2009',
+  hairsp: '\u200a',
+  VeryThinSpace: '\u200a',
+  MediumSpace: '\u205f',
+  lsquo: '\u2018',
+  rsquo: '\u2019',
+  ldquo: '\u201c',
+  rdquo: '\u201d',
+  middot: '\u00b7',
+  centerdot: '\u00b7',
+  bull: '\u2022',
+  hellip: '\u2026',
+  copy: '\u00a9',
+  reg: '\u00ae',
+  trade: '\u2122',
+  times: '\u00d7',
+  divide: '\u00f7',
+  sup1: '\u00b9',
+  sup2: '\u00b2',
+  sup3: '\u00b3',
 };
 // `&Aopf;` 𝔸, `&afr;` 𝔞, `&Ascr;` 𝒜…: all 52 letters in each style exist in HTML5, and NFKC reads each
 // as its plain letter, which is what the table holds.
@@ -375,7 +462,26 @@ for (const [name, text] of Object.entries(NAMED_TEXT)) {
   NAMED.set(h, list);
 }
 // Names HTML also reads without the `;` (its legacy list), of those in the table.
-const LEGACY = ['amp', 'AMP', 'lt', 'LT', 'gt', 'GT', 'quot', 'QUOT', 'nbsp', 'shy', 'copy', 'reg', 'middot', 'times', 'divide', 'sup1', 'sup2', 'sup3'];
+const LEGACY = [
+  'amp',
+  'AMP',
+  'lt',
+  'LT',
+  'gt',
+  'GT',
+  'quot',
+  'QUOT',
+  'nbsp',
+  'shy',
+  'copy',
+  'reg',
+  'middot',
+  'times',
+  'divide',
+  'sup1',
+  'sup2',
+  'sup3',
+];
 const LEGACY_FIRST = new Uint8Array(128);
 for (const name of LEGACY) LEGACY_FIRST[name.charCodeAt(0)] = 1;
 
@@ -525,7 +631,8 @@ class Writer {
 function decodeAt(input: Uint8Array, i: number): number {
   const b = input[i];
   if (b >= 0xc2 && b <= 0xdf) {
-    if (i + 1 < input.length && (input[i + 1] & 0xc0) === 0x80) return ((((b & 0x1f) << 6) | (input[i + 1] & 0x3f)) << 3) | 2;
+    if (i + 1 < input.length && (input[i + 1] & 0xc0) === 0x80)
+      return ((((b & 0x1f) << 6) | (input[i + 1] & 0x3f)) << 3) | 2;
   } else if (b >= 0xe0 && b <= 0xef) {
     if (i + 2 < input.length && (input[i + 1] & 0xc0) === 0x80 && (input[i + 2] & 0xc0) === 0x80) {
       const cp = ((b & 0x0f) << 12) | ((input[i + 1] & 0x3f) << 6) | (input[i + 2] & 0x3f);
@@ -537,8 +644,14 @@ function decodeAt(input: Uint8Array, i: number): number {
 
 /** decodeAt for a four-byte sequence (kept apart: a small decodeAt is inlined into the walk). */
 function decode4(input: Uint8Array, i: number, b: number): number {
-  if (i + 3 < input.length && (input[i + 1] & 0xc0) === 0x80 && (input[i + 2] & 0xc0) === 0x80 && (input[i + 3] & 0xc0) === 0x80) {
-    const cp = ((b & 0x07) << 18) | ((input[i + 1] & 0x3f) << 12) | ((input[i + 2] & 0x3f) << 6) | (input[i + 3] & 0x3f);
+  if (
+    i + 3 < input.length &&
+    (input[i + 1] & 0xc0) === 0x80 &&
+    (input[i + 2] & 0xc0) === 0x80 &&
+    (input[i + 3] & 0xc0) === 0x80
+  ) {
+    const cp =
+      ((b & 0x07) << 18) | ((input[i + 1] & 0x3f) << 12) | ((input[i + 2] & 0x3f) << 6) | (input[i + 3] & 0x3f);
     if (cp >= 0x10000 && cp <= 0x10ffff) return (cp << 3) | 4;
   }
   return 0;
@@ -576,7 +689,7 @@ function recompose(input: Buffer, w: Writer | null, region: number, to: number, 
     held = [];
     const tmp = Buffer.allocUnsafe(3 * (end - region));
     let q = 0;
-    for (let p = region; p < end;) {
+    for (let p = region; p < end; ) {
       const b = src[p];
       if (b < 0x80) {
         tmp[q++] = b;
@@ -612,7 +725,7 @@ function recompose(input: Buffer, w: Writer | null, region: number, to: number, 
   const out = w.bytes;
   let p = w.length;
   let k = 0;
-  for (let q = 0; q < tmp.length;) {
+  for (let q = 0; q < tmp.length; ) {
     if (tmp[q] === 0xef && tmp[q + 1] === 0xb7 && tmp[q + 2] === 0x90 && held[k] >= 0) {
       out[p++] = held[k++];
       q += 3;
@@ -684,7 +797,7 @@ function pass(input: Buffer, ascii: boolean, from: number): Level | null {
         state = i;
         onAscii = false;
         marks = 0;
-      cluster = 0;
+        cluster = 0;
         hangul = false;
         base = viewAt(w, i);
         continue;
@@ -798,7 +911,8 @@ function pass(input: Buffer, ascii: boolean, from: number): Level | null {
           const at = w === null ? i : w.length;
           const last = at > base ? lastCodePoint(out, at) : 0;
           const starter = last >> 3;
-          const starterIsMark = last !== 0 && (starter < TABLE ? (classes[starter] || classify(starter)) : classify(starter)) & MARK;
+          const starterIsMark =
+            last !== 0 && (starter < TABLE ? classes[starter] || classify(starter) : classify(starter)) & MARK;
           clusterAt = last !== 0 && !starterIsMark && single ? at - (last & 7) : -1;
           clusterStarter = starter;
           clusterFirst = last !== 0 && (FIRST![starter] === 1 || !single);
@@ -823,7 +937,12 @@ function pass(input: Buffer, ascii: boolean, from: number): Level | null {
               continue;
             }
           }
-        } else if (single && lastMarkCp >= 0 && (!clusterFirst || !COMPOSER![written]) && !reorders(lastMarkCp, written)) {
+        } else if (
+          single &&
+          lastMarkCp >= 0 &&
+          (!clusterFirst || !COMPOSER![written]) &&
+          !reorders(lastMarkCp, written)
+        ) {
           // A later mark that composes with nothing and comes in canonical order after the last: kept.
           keep = true;
         } else if (single && cluster === 1 && clusterAt >= 0 && lastMarkCp >= 0) {
@@ -873,15 +992,22 @@ function pass(input: Buffer, ascii: boolean, from: number): Level | null {
     if (c & COMPOSES && hangul) {
       // A Hangul vowel after an initial, or a final after a syllable without one: composed by
       // Unicode's arithmetic (UAX #15, "Hangul"), the only compositions these jamo take part in.
-      const jamo = c & MAPPED ? (mapLength[cp] === 3 ? ((pool[mapAt[cp]] & 0x0f) << 12) | ((pool[mapAt[cp] + 1] & 0x3f) << 6) | (pool[mapAt[cp] + 2] & 0x3f) : -1) : cp;
+      const jamo =
+        c & MAPPED
+          ? mapLength[cp] === 3
+            ? ((pool[mapAt[cp]] & 0x0f) << 12) | ((pool[mapAt[cp] + 1] & 0x3f) << 6) | (pool[mapAt[cp] + 2] & 0x3f)
+            : -1
+          : cp;
       // The character it follows is the view's last three bytes (Hangul is all three-byte UTF-8).
       if (w !== null) w.keep(i);
       const out = w === null ? input : w.bytes;
       const p = (w === null ? i : w.length) - 3;
       const prev = p >= 0 ? ((out[p] & 0x0f) << 12) | ((out[p + 1] & 0x3f) << 6) | (out[p + 2] & 0x3f) : -1;
       let syllable = -1;
-      if (c & VOWEL && jamo >= 0x1161 && jamo <= 0x1175 && prev >= 0x1100 && prev <= 0x1112) syllable = 0xac00 + ((prev - 0x1100) * 21 + (jamo - 0x1161)) * 28;
-      else if (jamo >= 0x11a8 && jamo <= 0x11c2 && prev >= 0xac00 && prev <= 0xd7a3 && (prev - 0xac00) % 28 === 0) syllable = prev + (jamo - 0x11a7);
+      if (c & VOWEL && jamo >= 0x1161 && jamo <= 0x1175 && prev >= 0x1100 && prev <= 0x1112)
+        syllable = 0xac00 + ((prev - 0x1100) * 21 + (jamo - 0x1161)) * 28;
+      else if (jamo >= 0x11a8 && jamo <= 0x11c2 && prev >= 0xac00 && prev <= 0xd7a3 && (prev - 0xac00) % 28 === 0)
+        syllable = prev + (jamo - 0x11a7);
       if (syllable >= 0) {
         if (w === null) {
           w = new Writer(input);
@@ -905,7 +1031,7 @@ function pass(input: Buffer, ascii: boolean, from: number): Level | null {
       }
     }
     marks = 0;
-      cluster = 0;
+    cluster = 0;
     if (entity || c & MAPPED) {
       w ??= new Writer(input);
       w.skip(i, end);

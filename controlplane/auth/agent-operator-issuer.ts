@@ -1,4 +1,13 @@
-import { exportJWK, generateKeyPair, importJWK, jwtVerify, SignJWT, errors as joseErrors, type JWK, type CryptoKey } from 'jose';
+import {
+  exportJWK,
+  generateKeyPair,
+  importJWK,
+  jwtVerify,
+  SignJWT,
+  errors as joseErrors,
+  type JWK,
+  type CryptoKey,
+} from 'jose';
 import { newId } from '../../core/ids.ts';
 import type { Queryable } from '../../core/sql.ts';
 import type { Principal } from './oidc.ts';
@@ -20,7 +29,14 @@ export class AgentOperatorIssuer {
   #publicKey: CryptoKey;
   #publicJwk: JWK;
 
-  private constructor(issuer: string, ttl: number, kid: string, privateKey: CryptoKey, publicKey: CryptoKey, publicJwk: JWK) {
+  private constructor(
+    issuer: string,
+    ttl: number,
+    kid: string,
+    privateKey: CryptoKey,
+    publicKey: CryptoKey,
+    publicJwk: JWK,
+  ) {
     this.issuer = issuer;
     this.ttlSeconds = ttl;
     this.#kid = kid;
@@ -31,7 +47,9 @@ export class AgentOperatorIssuer {
 
   /** Loads the newest signing key from the store, creating one on the first start. */
   static async open(db: Queryable, issuer: string, ttlSeconds: number): Promise<AgentOperatorIssuer> {
-    const { rows } = await db.query<{ kid: string; private_jwk: string }>('SELECT kid, private_jwk FROM signing_keys ORDER BY created_at DESC LIMIT 1');
+    const { rows } = await db.query<{ kid: string; private_jwk: string }>(
+      'SELECT kid, private_jwk FROM signing_keys ORDER BY created_at DESC LIMIT 1',
+    );
     let kid: string;
     let jwk: JWK;
     if (rows.length > 0) {
@@ -41,26 +59,47 @@ export class AgentOperatorIssuer {
       const { privateKey } = await generateKeyPair('ES256', { extractable: true });
       kid = `ao-${newId()}`;
       jwk = await exportJWK(privateKey);
-      await db.query('INSERT INTO signing_keys (kid, private_jwk) VALUES ($1, $2) ON CONFLICT DO NOTHING', [kid, JSON.stringify(jwk)]);
-      const again = await db.query<{ kid: string; private_jwk: string }>('SELECT kid, private_jwk FROM signing_keys ORDER BY created_at DESC LIMIT 1');
+      await db.query('INSERT INTO signing_keys (kid, private_jwk) VALUES ($1, $2) ON CONFLICT DO NOTHING', [
+        kid,
+        JSON.stringify(jwk),
+      ]);
+      const again = await db.query<{ kid: string; private_jwk: string }>(
+        'SELECT kid, private_jwk FROM signing_keys ORDER BY created_at DESC LIMIT 1',
+      );
       kid = again.rows[0].kid; // a replica that won the race keeps its key
       jwk = JSON.parse(again.rows[0].private_jwk) as JWK;
     }
     const privateKey = (await importJWK(jwk, 'ES256')) as CryptoKey;
     const { d: _d, ...publicJwk } = jwk;
     const publicKey = (await importJWK(publicJwk, 'ES256')) as CryptoKey;
-    return new AgentOperatorIssuer(issuer.replace(/\/+$/, ''), ttlSeconds || DEFAULT_AGENT_TOKEN_TTL_S, kid, privateKey, publicKey, { ...publicJwk, kid, alg: 'ES256', use: 'sig' });
+    return new AgentOperatorIssuer(
+      issuer.replace(/\/+$/, ''),
+      ttlSeconds || DEFAULT_AGENT_TOKEN_TTL_S,
+      kid,
+      privateKey,
+      publicKey,
+      { ...publicJwk, kid, alg: 'ES256', use: 'sig' },
+    );
   }
 
   discovery(): Record<string, unknown> {
-    return { issuer: this.issuer, jwks_uri: `${this.issuer}/.well-known/jwks.json`, id_token_signing_alg_values_supported: ['ES256'], token_endpoint_auth_methods_supported: ['none'], response_types_supported: ['token'] };
+    return {
+      issuer: this.issuer,
+      jwks_uri: `${this.issuer}/.well-known/jwks.json`,
+      id_token_signing_alg_values_supported: ['ES256'],
+      token_endpoint_auth_methods_supported: ['none'],
+      response_types_supported: ['token'],
+    };
   }
 
   jwks(): { keys: JWK[] } {
     return { keys: [this.#publicJwk] };
   }
 
-  async mint(org: string, agentUid: string): Promise<{ access_token: string; token_type: 'Bearer'; expires_in: number }> {
+  async mint(
+    org: string,
+    agentUid: string,
+  ): Promise<{ access_token: string; token_type: 'Bearer'; expires_in: number }> {
     const now = Math.floor(Date.now() / 1000);
     const token = await new SignJWT({ org_id: org, kind: 'agent-operator' })
       .setProtectedHeader({ alg: 'ES256', kid: this.#kid, typ: 'JWT' })
@@ -88,16 +127,28 @@ export class AgentOperatorIssuer {
   async authenticate(token: string): Promise<Principal> {
     try {
       const { payload } = await jwtVerify(token, this.#publicKey, {
-        issuer: this.issuer, audience: this.issuer, algorithms: ['ES256'], requiredClaims: ['sub', 'exp'], clockTolerance: 2,
+        issuer: this.issuer,
+        audience: this.issuer,
+        algorithms: ['ES256'],
+        requiredClaims: ['sub', 'exp'],
+        clockTolerance: 2,
       });
       const subject = String(payload.sub);
       if (!subject.startsWith('agent:')) throw new AuthenticationError('agent-operator token without an agent subject');
-      return { kind: 'agent-operator', subject, orgId: typeof payload.org_id === 'string' ? payload.org_id : '', claims: payload };
+      return {
+        kind: 'agent-operator',
+        subject,
+        orgId: typeof payload.org_id === 'string' ? payload.org_id : '',
+        claims: payload,
+      };
     } catch (err) {
       if (err instanceof AuthenticationError) throw err;
-      throw new AuthenticationError(err instanceof joseErrors.JWTExpired ? 'agent-operator token expired' : 'agent-operator token rejected', {
-        cause: err,
-      });
+      throw new AuthenticationError(
+        err instanceof joseErrors.JWTExpired ? 'agent-operator token expired' : 'agent-operator token rejected',
+        {
+          cause: err,
+        },
+      );
     }
   }
 }

@@ -17,7 +17,6 @@ export interface Principal {
   claims: JWTPayload;
 }
 
-
 export interface OidcOptions {
   issuer: string;
   audience?: string;
@@ -60,7 +59,11 @@ export class OidcAuthenticator {
     }
     if (!doc.jwks_uri || !doc.issuer) throw new AuthenticationError('OIDC discovery document lacks issuer or jwks_uri');
     this.#issuer = doc.issuer;
-    this.#jwks = createRemoteJWKSet(new URL(doc.jwks_uri), { cooldownDuration: 30_000, cacheMaxAge: 600_000, [customFetch]: this.#fetch });
+    this.#jwks = createRemoteJWKSet(new URL(doc.jwks_uri), {
+      cooldownDuration: 30_000,
+      cacheMaxAge: 600_000,
+      [customFetch]: this.#fetch,
+    });
     return { jwks: this.#jwks, issuer: this.#issuer };
   }
 
@@ -89,10 +92,13 @@ export class OidcAuthenticator {
       }));
     } catch (err) {
       throw new AuthenticationError(
-        err instanceof joseErrors.JWTExpired ? 'token expired'
-          : err instanceof joseErrors.JWTClaimValidationFailed ? `token claim ${err.claim} invalid`
-          : err instanceof joseErrors.JWKSNoMatchingKey ? 'token signed by an unknown key'
-          : 'token rejected',
+        err instanceof joseErrors.JWTExpired
+          ? 'token expired'
+          : err instanceof joseErrors.JWTClaimValidationFailed
+            ? `token claim ${err.claim} invalid`
+            : err instanceof joseErrors.JWKSNoMatchingKey
+              ? 'token signed by an unknown key'
+              : 'token rejected',
         { cause: err },
       );
     }

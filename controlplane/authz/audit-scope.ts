@@ -32,9 +32,12 @@ export async function auditScope(db: Queryable, req: FastifyRequest, filters: Au
   if (p.kind === 'agent-operator') {
     const uid = p.subject.replace(/^agent:/, '');
     const { rows } = await db.query<{ role: string | null; capability: string | null }>(
-      `SELECT role, capability FROM grants WHERE principal = $1 AND scope_kind = 'org' AND org_id = $2`, [`agent:${uid}`, p.orgId],
+      `SELECT role, capability FROM grants WHERE principal = $1 AND scope_kind = 'org' AND org_id = $2`,
+      [`agent:${uid}`, p.orgId],
     );
-    const held = rows.some((r) => r.capability === 'audit:read' || (r.role !== null && builtInRole(r.role)?.includes('audit:read') === true));
+    const held = rows.some(
+      (r) => r.capability === 'audit:read' || (r.role !== null && builtInRole(r.role)?.includes('audit:read') === true),
+    );
     if (!held) throw new ApiError(PROBLEMS.forbidden, `agent:${uid} holds no audit grant in org ${p.orgId}`);
     return { predicate: { orgs: [p.orgId], agent: uid }, filters: own, platform: false };
   }

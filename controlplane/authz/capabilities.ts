@@ -5,8 +5,15 @@ import type { Queryable } from '../../core/sql.ts';
 // effective capabilities; `whoami` shows its result and every capability-gated route asks it.
 
 export const CAPABILITIES = [
-  'platform:config', 'enclaves:read', 'agents:manage', 'org:manage', 'members:*', 'clients:manage',
-  'audit:read', 'audit:read:all', 'platform:audit:read',
+  'platform:config',
+  'enclaves:read',
+  'agents:manage',
+  'org:manage',
+  'members:*',
+  'clients:manage',
+  'audit:read',
+  'audit:read:all',
+  'platform:audit:read',
 ] as const;
 export type Capability = (typeof CAPABILITIES)[number];
 
@@ -17,12 +24,22 @@ export type ScopeKind = 'platform' | 'org' | 'group' | 'agent';
  * `builtInRole`, so `constructor` or `__proto__` is a role name like any other, never a member of
  * Object.prototype (a 500 once, for a grant of role `constructor`).
  */
-export const BUILT_IN_ROLES: Readonly<Record<string, readonly Capability[]>> = Object.freeze(Object.assign(dict<readonly Capability[]>(), {
-  'platform-admin': CAPABILITIES,
-  'org-admin': ['org:manage', 'members:*', 'agents:manage', 'clients:manage', 'enclaves:read', 'audit:read', 'audit:read:all'],
-  member: ['enclaves:read'],
-  auditor: ['audit:read', 'audit:read:all'],
-} satisfies Record<string, readonly Capability[]>));
+export const BUILT_IN_ROLES: Readonly<Record<string, readonly Capability[]>> = Object.freeze(
+  Object.assign(dict<readonly Capability[]>(), {
+    'platform-admin': CAPABILITIES,
+    'org-admin': [
+      'org:manage',
+      'members:*',
+      'agents:manage',
+      'clients:manage',
+      'enclaves:read',
+      'audit:read',
+      'audit:read:all',
+    ],
+    member: ['enclaves:read'],
+    auditor: ['audit:read', 'audit:read:all'],
+  } satisfies Record<string, readonly Capability[]>),
+);
 
 /** The capabilities of the built-in role `name`; undefined when it is not one. */
 export function builtInRole(name: string): readonly Capability[] | undefined {
@@ -50,13 +67,24 @@ export function principalsOf(p: PrincipalRef): string[] {
 
 export async function groupsOf(db: Queryable, orgId: string, subject: string): Promise<string[]> {
   if (!orgId) return [];
-  const { rows } = await db.query<{ group_id: string }>('SELECT group_id FROM memberships WHERE org_id = $1 AND subject = $2 ORDER BY group_id', [orgId, subject]);
+  const { rows } = await db.query<{ group_id: string }>(
+    'SELECT group_id FROM memberships WHERE org_id = $1 AND subject = $2 ORDER BY group_id',
+    [orgId, subject],
+  );
   return rows.map((r) => r.group_id);
 }
 
 /** Every capability the principal holds, with the scope it holds it at (roles expanded). */
 export async function effectiveCapabilities(db: Queryable, p: PrincipalRef): Promise<EffectiveGrant[]> {
-  const { rows } = await db.query<{ scope_kind: ScopeKind; org_id: string; group_id: string; agent_id: string; role: string | null; capability: string | null; custom: string[] | null }>(
+  const { rows } = await db.query<{
+    scope_kind: ScopeKind;
+    org_id: string;
+    group_id: string;
+    agent_id: string;
+    role: string | null;
+    capability: string | null;
+    custom: string[] | null;
+  }>(
     `SELECT g.scope_kind, g.org_id, g.group_id, g.agent_id, g.role, g.capability, r.capabilities AS custom
        FROM grants g LEFT JOIN roles r ON r.name = g.role
       WHERE g.principal = ANY($1)`,
@@ -65,13 +93,21 @@ export async function effectiveCapabilities(db: Queryable, p: PrincipalRef): Pro
   const out: EffectiveGrant[] = [];
   const seen = new Set<string>();
   for (const row of rows) {
-    const caps = row.capability ? [row.capability] : (row.role === null ? undefined : builtInRole(row.role)) ?? row.custom ?? [];
+    const caps = row.capability
+      ? [row.capability]
+      : ((row.role === null ? undefined : builtInRole(row.role)) ?? row.custom ?? []);
     for (const capability of caps) {
       if (!(CAPABILITIES as readonly string[]).includes(capability)) continue;
       const key = [capability, row.scope_kind, row.org_id, row.group_id, row.agent_id].join('\u0000');
       if (seen.has(key)) continue;
       seen.add(key);
-      out.push({ capability: capability as Capability, scope_kind: row.scope_kind, org_id: row.org_id, group_id: row.group_id, agent_id: row.agent_id });
+      out.push({
+        capability: capability as Capability,
+        scope_kind: row.scope_kind,
+        org_id: row.org_id,
+        group_id: row.group_id,
+        agent_id: row.agent_id,
+      });
     }
   }
   return out;
@@ -85,7 +121,10 @@ export async function effectiveCapabilities(db: Queryable, p: PrincipalRef): Pro
 // down) is seen within CACHE_TTL_MS.
 const CACHE_TTL_MS = 5_000;
 const CACHE_MAX = 10_000;
-interface CacheState { generation: number; entries: Map<string, { generation: number; until: number; groups: string[]; grants: EffectiveGrant[] }> }
+interface CacheState {
+  generation: number;
+  entries: Map<string, { generation: number; until: number; groups: string[]; grants: EffectiveGrant[] }>;
+}
 const caches = new WeakMap<object, CacheState>();
 
 // Who is told after the cache is dropped: open streams re-check their authorization (stream-guard.ts).
@@ -120,7 +159,11 @@ export function onGrantsChanged(db: object, fn: () => void): () => void {
 }
 
 /** The caller's groups in its org and its effective grants (roles expanded), cached per store. */
-export async function callerGrants(db: Queryable, subject: string, orgId: string): Promise<{ groups: string[]; grants: EffectiveGrant[] }> {
+export async function callerGrants(
+  db: Queryable,
+  subject: string,
+  orgId: string,
+): Promise<{ groups: string[]; grants: EffectiveGrant[] }> {
   let state = caches.get(db);
   if (!state) caches.set(db, (state = { generation: 0, entries: new Map() }));
   const key = `${subject}\u0000${orgId}`;

@@ -1,7 +1,14 @@
 import type { FastifyRequest } from 'fastify';
 import type { Queryable } from '../../core/sql.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
-import { builtInRole, CAPABILITIES, effectiveCapabilities, groupsOf, type Capability, type ScopeKind } from './capabilities.ts';
+import {
+  builtInRole,
+  CAPABILITIES,
+  effectiveCapabilities,
+  groupsOf,
+  type Capability,
+  type ScopeKind,
+} from './capabilities.ts';
 import { describe, holds, type Target } from './guard.ts';
 
 // A caller may confer only what it holds (P7.7): a grant, a role's definition, a group membership that
@@ -12,8 +19,13 @@ import { describe, holds, type Target } from './guard.ts';
 // and write governance policy it was never given.
 
 /** The capabilities a grant of `role` or `capability` confers (a custom role read from the store). */
-export async function conferredBy(db: Queryable, role: string | null, capability: string | null): Promise<Capability[]> {
-  if (capability !== null) return (CAPABILITIES as readonly string[]).includes(capability) ? [capability as Capability] : [];
+export async function conferredBy(
+  db: Queryable,
+  role: string | null,
+  capability: string | null,
+): Promise<Capability[]> {
+  if (capability !== null)
+    return (CAPABILITIES as readonly string[]).includes(capability) ? [capability as Capability] : [];
   if (role === null) return [];
   const builtIn = builtInRole(role);
   if (builtIn) return [...builtIn];
@@ -24,18 +36,31 @@ export async function conferredBy(db: Queryable, role: string | null, capability
 /** The scope a stored grant row is held at, as a capability target. */
 export function grantScope(g: { scope_kind: ScopeKind; org_id: string; group_id: string; agent_id: string }): Target {
   switch (g.scope_kind) {
-    case 'platform': return { kind: 'platform' };
-    case 'org': return { kind: 'org', org: g.org_id };
-    case 'group': return { kind: 'group', org: g.org_id, group: g.group_id };
-    case 'agent': return { kind: 'agent', org: g.org_id, agent: g.agent_id };
+    case 'platform':
+      return { kind: 'platform' };
+    case 'org':
+      return { kind: 'org', org: g.org_id };
+    case 'group':
+      return { kind: 'group', org: g.org_id, group: g.group_id };
+    case 'agent':
+      return { kind: 'agent', org: g.org_id, agent: g.agent_id };
   }
 }
 
 /** 403 unless the caller holds every one of `capabilities` over `target`; `what` says what confers them. */
-export async function requireConferrable(db: Queryable, req: FastifyRequest, capabilities: readonly Capability[], target: Target, what: string): Promise<void> {
+export async function requireConferrable(
+  db: Queryable,
+  req: FastifyRequest,
+  capabilities: readonly Capability[],
+  target: Target,
+  what: string,
+): Promise<void> {
   for (const capability of capabilities) {
     if (!(await holds(db, req, capability, target))) {
-      throw new ApiError(PROBLEMS.forbidden, `${what} confers ${capability} over ${describe(target)}, which you do not hold: a caller may confer only capabilities it holds`);
+      throw new ApiError(
+        PROBLEMS.forbidden,
+        `${what} confers ${capability} over ${describe(target)}, which you do not hold: a caller may confer only capabilities it holds`,
+      );
     }
   }
 }
@@ -44,7 +69,13 @@ export async function requireConferrable(db: Queryable, req: FastifyRequest, cap
  * 403 unless the caller holds everything the service account `id` of `org` holds: a new key for an
  * account, or its ownership, hands over the power to act as it, and so everything it was granted.
  */
-export async function requireHoldsAllOf(db: Queryable, req: FastifyRequest, id: string, org: string, what: string): Promise<void> {
+export async function requireHoldsAllOf(
+  db: Queryable,
+  req: FastifyRequest,
+  id: string,
+  org: string,
+  what: string,
+): Promise<void> {
   const held = await effectiveCapabilities(db, { subject: id, orgId: org, groups: await groupsOf(db, org, id) });
   for (const g of held) await requireConferrable(db, req, [g.capability], grantScope(g), what);
 }

@@ -26,24 +26,39 @@ export function covers(grant: EffectiveGrant, target: Target): boolean {
 
 export function describe(target: Target): string {
   switch (target.kind) {
-    case 'platform': return 'the platform';
-    case 'org': return `org ${target.org}`;
-    case 'group': return `group ${target.group} of org ${target.org}`;
-    case 'agent': return `agent ${target.agent} of org ${target.org}`;
+    case 'platform':
+      return 'the platform';
+    case 'org':
+      return `org ${target.org}`;
+    case 'group':
+      return `group ${target.group} of org ${target.org}`;
+    case 'agent':
+      return `agent ${target.agent} of org ${target.org}`;
   }
 }
 
 /** Whether the caller holds `capability` over `target` (false for the agent-operator kind). */
-export async function holds(db: Queryable, req: FastifyRequest, capability: Capability, target: Target): Promise<boolean> {
+export async function holds(
+  db: Queryable,
+  req: FastifyRequest,
+  capability: Capability,
+  target: Target,
+): Promise<boolean> {
   const p = req.principal;
   if (!p || p.kind === 'agent-operator') return false;
   const { grants } = await callerGrants(db, p.subject, p.orgId);
   return grants.some((g) => g.capability === capability && covers(g, target));
 }
 
-export async function requireCapability(db: Queryable, req: FastifyRequest, capability: Capability, target: Target): Promise<void> {
+export async function requireCapability(
+  db: Queryable,
+  req: FastifyRequest,
+  capability: Capability,
+  target: Target,
+): Promise<void> {
   const p = req.principal;
   if (!p) throw new ApiError(PROBLEMS.unauthenticated, 'missing bearer token');
   if (p.kind === 'agent-operator') throw new ApiError(PROBLEMS.forbidden, 'agent operators cannot use this route');
-  if (!(await holds(db, req, capability, target))) throw new ApiError(PROBLEMS.forbidden, `requires ${capability} over ${describe(target)}`);
+  if (!(await holds(db, req, capability, target)))
+    throw new ApiError(PROBLEMS.forbidden, `requires ${capability} over ${describe(target)}`);
 }

@@ -14,7 +14,6 @@ export interface Kms {
   unwrap(wrapped: string): Promise<Buffer>;
 }
 
-
 export function seal(key: Buffer, plaintext: Buffer): string {
   const iv = randomBytes(12);
   const cipher = createCipheriv('aes-256-gcm', key, iv);
@@ -50,13 +49,18 @@ class LocalKms implements Kms {
 }
 
 export async function openKms(provider: string, config: string): Promise<Kms> {
-  if (provider !== 'local') throw new KmsError(`--kms-provider ${provider} is not available (local; aws-kms and vault-transit implement the same interface)`);
-  if (!config) throw new KmsError('--kms-provider local needs --kms-config FILE (the master key file; created if absent)');
+  if (provider !== 'local')
+    throw new KmsError(
+      `--kms-provider ${provider} is not available (local; aws-kms and vault-transit implement the same interface)`,
+    );
+  if (!config)
+    throw new KmsError('--kms-provider local needs --kms-config FILE (the master key file; created if absent)');
   let text: string | null = null;
   try {
     text = await readFile(config, 'utf8');
   } catch (err) {
-    if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw new KmsError(`cannot read --kms-config ${config}: ${(err as NodeJS.ErrnoException).code}`, { cause: err });
+    if ((err as NodeJS.ErrnoException).code !== 'ENOENT')
+      throw new KmsError(`cannot read --kms-config ${config}: ${(err as NodeJS.ErrnoException).code}`, { cause: err });
   }
   if (text === null) {
     const key = randomBytes(32);

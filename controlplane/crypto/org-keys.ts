@@ -12,7 +12,6 @@ import { OrgKeyShredded } from '../errors.ts';
 
 const PREFIX = 'enc:v1:';
 
-
 export class OrgKeys {
   #db: Queryable;
   #kms: Kms;
@@ -26,7 +25,10 @@ export class OrgKeys {
   async #key(org: string, create: boolean): Promise<Buffer | null> {
     const hit = this.#cache.get(org);
     if (hit) return hit;
-    const { rows } = await this.#db.query<{ wrapped: string | null }>('SELECT wrapped FROM org_keys WHERE org_id = $1', [org]);
+    const { rows } = await this.#db.query<{ wrapped: string | null }>(
+      'SELECT wrapped FROM org_keys WHERE org_id = $1',
+      [org],
+    );
     if (rows[0] && rows[0].wrapped === null) throw new OrgKeyShredded(`the data key of org ${org} was shredded`);
     let key: Buffer;
     if (rows[0]) key = await this.#kms.unwrap(rows[0].wrapped!);
@@ -34,9 +36,14 @@ export class OrgKeys {
       if (!create) return null;
       key = randomBytes(32);
       const wrapped = await this.#kms.wrap(key);
-      await this.#db.query('INSERT INTO org_keys (org_id, wrapped, provider) VALUES ($1, $2, $3) ON CONFLICT (org_id) DO NOTHING', [org, wrapped, this.#kms.provider]);
+      await this.#db.query(
+        'INSERT INTO org_keys (org_id, wrapped, provider) VALUES ($1, $2, $3) ON CONFLICT (org_id) DO NOTHING',
+        [org, wrapped, this.#kms.provider],
+      );
       // Another replica may have won the race: use what is stored.
-      const again = await this.#db.query<{ wrapped: string | null }>('SELECT wrapped FROM org_keys WHERE org_id = $1', [org]);
+      const again = await this.#db.query<{ wrapped: string | null }>('SELECT wrapped FROM org_keys WHERE org_id = $1', [
+        org,
+      ]);
       if (again.rows[0]?.wrapped == null) throw new OrgKeyShredded(`the data key of org ${org} was shredded`);
       key = await this.#kms.unwrap(again.rows[0].wrapped);
     }
@@ -62,7 +69,8 @@ export class OrgKeys {
     this.#cache.delete(org);
     const { rows } = await this.#db.query<{ org_id: string }>(
       `INSERT INTO org_keys (org_id, wrapped, provider, shredded_at) VALUES ($1, NULL, '', now())
-       ON CONFLICT (org_id) DO UPDATE SET wrapped = NULL, shredded_at = coalesce(org_keys.shredded_at, now()) RETURNING org_id`, [org],
+       ON CONFLICT (org_id) DO UPDATE SET wrapped = NULL, shredded_at = coalesce(org_keys.shredded_at, now()) RETURNING org_id`,
+      [org],
     );
     return rows.length > 0;
   }

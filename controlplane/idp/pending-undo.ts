@@ -40,7 +40,11 @@ export interface PendingUndo {
   created_at: Date | string;
 }
 
-const registrationOf = (u: PendingUndo): Registration => ({ client_id: u.client_id, registration_client_uri: u.registration_client_uri, registration_access_token: u.registration_access_token });
+const registrationOf = (u: PendingUndo): Registration => ({
+  client_id: u.client_id,
+  registration_client_uri: u.registration_client_uri,
+  registration_access_token: u.registration_access_token,
+});
 const message = (err: unknown) => (err instanceof Error ? err.message : String(err));
 
 /**
@@ -48,11 +52,26 @@ const message = (err: unknown) => (err instanceof Error ? err.message : String(e
  * it exists already (a key-set change), null before a registration. Throws when the store refuses:
  * the IdP must then not be called.
  */
-export async function recordIntent(deps: ChangeDeps, graceMs: number, step: UndoStep, org: string, clientName: string, reg: Registration | null): Promise<PendingUndo> {
+export async function recordIntent(
+  deps: ChangeDeps,
+  graceMs: number,
+  step: UndoStep,
+  org: string,
+  clientName: string,
+  reg: Registration | null,
+): Promise<PendingUndo> {
   const { rows } = await deps.db.query<PendingUndo>(
     `INSERT INTO idp_pending_undo (step, org_id, client_id, client_name, registration_client_uri, registration_access_token, cause, retry_after)
      VALUES ($1, $2, $3, $4, $5, $6, 'in progress', now() + make_interval(secs => $7)) RETURNING *`,
-    [step, org, reg?.client_id ?? '', clientName, reg?.registration_client_uri ?? '', reg?.registration_access_token ?? '', graceMs / 1000],
+    [
+      step,
+      org,
+      reg?.client_id ?? '',
+      clientName,
+      reg?.registration_client_uri ?? '',
+      reg?.registration_access_token ?? '',
+      graceMs / 1000,
+    ],
   );
   return rows[0];
 }
@@ -61,16 +80,35 @@ export async function recordIntent(deps: ChangeDeps, graceMs: number, step: Undo
  * Records the registration the IdP answered in the intent. If the store refuses, the client is
  * removed again at once (nothing else can find it) and the store's error is thrown.
  */
-export async function recordRegistration(deps: ChangeDeps, idp: IdpProvisioner, intent: PendingUndo, reg: Registration): Promise<PendingUndo> {
+export async function recordRegistration(
+  deps: ChangeDeps,
+  idp: IdpProvisioner,
+  intent: PendingUndo,
+  reg: Registration,
+): Promise<PendingUndo> {
   try {
-    await deps.db.query('UPDATE idp_pending_undo SET client_id = $2, registration_client_uri = $3, registration_access_token = $4 WHERE id = $1', [intent.id, reg.client_id, reg.registration_client_uri, reg.registration_access_token]);
+    await deps.db.query(
+      'UPDATE idp_pending_undo SET client_id = $2, registration_client_uri = $3, registration_access_token = $4 WHERE id = $1',
+      [intent.id, reg.client_id, reg.registration_client_uri, reg.registration_access_token],
+    );
   } catch (err) {
-    deps.log.error({ err, client_id: reg.client_id, org_id: intent.org_id }, 'cannot record the IdP registration in its pending undo; removing the client now');
+    deps.log.error(
+      { err, client_id: reg.client_id, org_id: intent.org_id },
+      'cannot record the IdP registration in its pending undo; removing the client now',
+    );
     try {
       await idp.remove(reg);
     } catch (undoErr) {
       deps.metrics.idpUndoFailures.inc({ step: 'remove' });
-      deps.log.error({ err: undoErr, client_id: reg.client_id, org_id: intent.org_id, registration_client_uri: reg.registration_client_uri }, 'IdP undo failed and could not be persisted: remove this client at the IdP by hand');
+      deps.log.error(
+        {
+          err: undoErr,
+          client_id: reg.client_id,
+          org_id: intent.org_id,
+          registration_client_uri: reg.registration_client_uri,
+        },
+        'IdP undo failed and could not be persisted: remove this client at the IdP by hand',
+      );
     }
     throw err;
   }
@@ -88,13 +126,19 @@ export async function dropIntent(deps: ChangeDeps, intent: PendingUndo): Promise
     await deps.db.query('DELETE FROM idp_pending_undo WHERE id = $1', [intent.id]);
   } catch (err) {
     // The row stays; its sweep finds nothing to undo (no client id, or the store's keys already there).
-    deps.log.warn({ err, step: intent.step, client_id: intent.client_id }, 'cannot drop the intent of a failed IdP step; the sweep will');
+    deps.log.warn(
+      { err, step: intent.step, client_id: intent.client_id },
+      'cannot drop the intent of a failed IdP step; the sweep will',
+    );
   }
 }
 
 /** Brings the IdP back in line with the store for one pending undo. */
 async function attempt(deps: ChangeDeps, idp: IdpProvisioner, u: PendingUndo): Promise<void> {
-  const { rows } = await deps.db.query<{ name: string; status: string }>('SELECT name, status FROM service_accounts WHERE id = $1', [u.client_id]);
+  const { rows } = await deps.db.query<{ name: string; status: string }>(
+    'SELECT name, status FROM service_accounts WHERE id = $1',
+    [u.client_id],
+  );
   const account = rows[0];
   if (u.step === 'remove') {
     // The store holds a live account with this client after all: the client is not an orphan.
@@ -102,8 +146,13 @@ async function attempt(deps: ChangeDeps, idp: IdpProvisioner, u: PendingUndo): P
     return idp.remove(registrationOf(u));
   }
   // update: an account gone or disabled has no client to put keys back on.
-  if (!account || account.status !== 'active') return;
-  const keys = (await deps.db.query<{ public_jwk: string }>('SELECT public_jwk FROM service_account_keys WHERE account_id = $1 ORDER BY created_at, key_id', [u.client_id])).rows.map((r) => JSON.parse(r.public_jwk) as JWK);
+  if (account?.status !== 'active') return;
+  const keys = (
+    await deps.db.query<{ public_jwk: string }>(
+      'SELECT public_jwk FROM service_account_keys WHERE account_id = $1 ORDER BY created_at, key_id',
+      [u.client_id],
+    )
+  ).rows.map((r) => JSON.parse(r.public_jwk) as JWK);
   return idp.update(registrationOf(u), serviceAccountMetadata(account.name, u.org_id, keys));
 }
 
@@ -112,17 +161,34 @@ async function attempt(deps: ChangeDeps, idp: IdpProvisioner, u: PendingUndo): P
  * start is a change of its own); otherwise logged, counted and audited, and left for the sweep. Never
  * throws: the caller's own error is the one its caller must see.
  */
-async function run(deps: ChangeDeps, idp: IdpProvisioner, actor: ChangeActor, u: PendingUndo, auditDone: boolean): Promise<boolean> {
+async function run(
+  deps: ChangeDeps,
+  idp: IdpProvisioner,
+  actor: ChangeActor,
+  u: PendingUndo,
+  auditDone: boolean,
+): Promise<boolean> {
   try {
     await attempt(deps, idp, u);
   } catch (err) {
-    deps.log.warn({ err, step: u.step, client_id: u.client_id, org_id: u.org_id, attempts: u.attempts + 1 }, 'IdP undo failed: the client stays pending and is retried');
+    deps.log.warn(
+      { err, step: u.step, client_id: u.client_id, org_id: u.org_id, attempts: u.attempts + 1 },
+      'IdP undo failed: the client stays pending and is retried',
+    );
     deps.metrics.idpUndoFailures.inc({ step: u.step });
     const reason = `IdP ${u.step} of client ${u.client_id} failed: ${message(err)}`;
     await auditedChangeBy(deps, actor, 'service-account.idp-undo', u.org_id, async (tx) => {
-      await tx.query('UPDATE idp_pending_undo SET attempts = attempts + 1, last_error = $2, retry_after = now() WHERE id = $1', [u.id, message(err)]);
+      await tx.query(
+        'UPDATE idp_pending_undo SET attempts = attempts + 1, last_error = $2, retry_after = now() WHERE id = $1',
+        [u.id, message(err)],
+      );
       return { result: null, resource: `idp-client:${u.client_id}`, outcome: 'deny' as const, reason };
-    }).catch((auditErr: unknown) => deps.log.error({ err: auditErr, client_id: u.client_id }, 'IdP undo failed and its audit record could not be written'));
+    }).catch((auditErr: unknown) =>
+      deps.log.error(
+        { err: auditErr, client_id: u.client_id },
+        'IdP undo failed and its audit record could not be written',
+      ),
+    );
     return false;
   }
   try {
@@ -135,7 +201,10 @@ async function run(deps: ChangeDeps, idp: IdpProvisioner, actor: ChangeActor, u:
     }
   } catch (err) {
     // Done at the IdP but not recorded: the row stays, and the sweep repeats the (idempotent) undo.
-    deps.log.error({ err, client_id: u.client_id }, 'pending IdP undo done but its row could not be deleted (or its audit record written); kept for the sweep');
+    deps.log.error(
+      { err, client_id: u.client_id },
+      'pending IdP undo done but its row could not be deleted (or its audit record written); kept for the sweep',
+    );
     return false;
   }
   return true;
@@ -145,12 +214,21 @@ async function run(deps: ChangeDeps, idp: IdpProvisioner, actor: ChangeActor, u:
  * Undoes an IdP step after the store change that followed it failed with `cause`. Never throws: the
  * route answers with `cause`, not with a failure of the undo.
  */
-export async function undoIdpStep(deps: ChangeDeps, idp: IdpProvisioner, actor: ChangeActor, intent: PendingUndo, cause: unknown): Promise<void> {
+export async function undoIdpStep(
+  deps: ChangeDeps,
+  idp: IdpProvisioner,
+  actor: ChangeActor,
+  intent: PendingUndo,
+  cause: unknown,
+): Promise<void> {
   try {
     await deps.db.query('UPDATE idp_pending_undo SET cause = $2 WHERE id = $1', [intent.id, message(cause)]);
   } catch (err) {
     // Often the very failure being undone; the row keeps 'in progress' and the undo goes ahead.
-    deps.log.warn({ err, step: intent.step, client_id: intent.client_id }, 'cannot record the cause of a pending IdP undo');
+    deps.log.warn(
+      { err, step: intent.step, client_id: intent.client_id },
+      'cannot record the cause of a pending IdP undo',
+    );
   }
   await run(deps, idp, actor, { ...intent, cause: message(cause) }, false);
 }
@@ -170,28 +248,40 @@ async function reportLostRegistration(deps: ChangeDeps, u: PendingUndo): Promise
     });
     return true;
   } catch (err) {
-    deps.log.error({ err, client_name: u.client_name }, 'the report of an interrupted IdP registration could not be audited; kept for the sweep');
+    deps.log.error(
+      { err, client_name: u.client_name },
+      'the report of an interrupted IdP registration could not be audited; kept for the sweep',
+    );
     return false;
   }
 }
 
 /** Every pending undo past its grace, oldest first, each claimed (for another grace) before it runs. */
-export async function retryPendingUndos(deps: ChangeDeps, idp: IdpProvisioner, graceMs: number): Promise<{ done: number; failed: number }> {
-  const { rows } = await deps.db.query<{ id: string | number }>('SELECT id FROM idp_pending_undo WHERE retry_after <= now() ORDER BY id');
+export async function retryPendingUndos(
+  deps: ChangeDeps,
+  idp: IdpProvisioner,
+  graceMs: number,
+): Promise<{ done: number; failed: number }> {
+  const { rows } = await deps.db.query<{ id: string | number }>(
+    'SELECT id FROM idp_pending_undo WHERE retry_after <= now() ORDER BY id',
+  );
   let done = 0;
   let failed = 0;
   for (const { id } of rows) {
     // Claimed: a replica sweeping at the same time skips it (and so does this one until the grace ends).
     const claimed = await deps.db.query<PendingUndo>(
-      'UPDATE idp_pending_undo SET retry_after = now() + make_interval(secs => $2) WHERE id = $1 AND retry_after <= now() RETURNING *', [id, graceMs / 1000],
+      'UPDATE idp_pending_undo SET retry_after = now() + make_interval(secs => $2) WHERE id = $1 AND retry_after <= now() RETURNING *',
+      [id, graceMs / 1000],
     );
     const u = claimed.rows[0];
     if (!u) continue;
-    const ok = u.client_id === '' ? await reportLostRegistration(deps, u) : await run(deps, idp, CONTROL_PLANE_ACTOR(), u, true);
+    const ok =
+      u.client_id === '' ? await reportLostRegistration(deps, u) : await run(deps, idp, CONTROL_PLANE_ACTOR(), u, true);
     deps.metrics.idpUndoRetries.inc({ step: u.step, outcome: ok ? 'done' : 'failed' });
     if (ok) {
       done++;
-      if (u.client_id !== '') deps.log.info({ step: u.step, client_id: u.client_id, org_id: u.org_id }, 'pending IdP undo done');
+      if (u.client_id !== '')
+        deps.log.info({ step: u.step, client_id: u.client_id, org_id: u.org_id }, 'pending IdP undo done');
     } else failed++;
   }
   return { done, failed };

@@ -17,13 +17,14 @@ export interface ServiceAccountKey {
   key: JWK;
 }
 
-
 export function parseServiceAccountKey(raw: unknown): ServiceAccountKey {
   const k = raw as Partial<ServiceAccountKey> | null;
   if (!k || typeof k !== 'object') throw new KeyFileError('a service-account key file is a JSON object');
   if (k.type !== 'service_account_key') throw new KeyFileError('type must be "service_account_key"');
-  for (const f of ['issuer', 'client_id', 'key_id'] as const) if (typeof k[f] !== 'string' || !k[f]) throw new KeyFileError(`${f} is required`);
-  if (!k.key || typeof k.key !== 'object' || typeof k.key.d !== 'string') throw new KeyFileError('key must be a private JWK');
+  for (const f of ['issuer', 'client_id', 'key_id'] as const)
+    if (typeof k[f] !== 'string' || !k[f]) throw new KeyFileError(`${f} is required`);
+  if (!k.key || typeof k.key !== 'object' || typeof k.key.d !== 'string')
+    throw new KeyFileError('key must be a private JWK');
   return k as ServiceAccountKey;
 }
 
@@ -32,13 +33,20 @@ export async function clientAssertion(key: ServiceAccountKey, audience: string):
   const alg = key.key.alg ?? 'ES256';
   return new SignJWT({})
     .setProtectedHeader({ alg, kid: key.key_id, typ: 'JWT' })
-    .setIssuer(key.client_id).setSubject(key.client_id).setAudience(audience)
-    .setJti(newId()).setIssuedAt().setExpirationTime('60s')
+    .setIssuer(key.client_id)
+    .setSubject(key.client_id)
+    .setAudience(audience)
+    .setJti(newId())
+    .setIssuedAt()
+    .setExpirationTime('60s')
     .sign(await importJWK(key.key, alg));
 }
 
 /** The token-request form of the client credentials grant authenticated by the key. */
-export async function tokenRequestForm(key: ServiceAccountKey, extra: Record<string, string> = {}): Promise<URLSearchParams> {
+export async function tokenRequestForm(
+  key: ServiceAccountKey,
+  extra: Record<string, string> = {},
+): Promise<URLSearchParams> {
   return new URLSearchParams({
     grant_type: 'client_credentials',
     client_id: key.client_id,

@@ -42,7 +42,11 @@ export function apiRoutes(deps: ChangeDeps, document: unknown, wired: Families) 
 }
 
 const WHOAMI_VIEW = viewSchema('whoamiView', {
-  subject: STRING, kind: STRING, org_id: STRING, groups: STRINGS, capabilities: STRINGS,
+  subject: STRING,
+  kind: STRING,
+  org_id: STRING,
+  groups: STRINGS,
+  capabilities: STRINGS,
 });
 
 export interface Families {
@@ -61,19 +65,24 @@ export interface Families {
 /** Every route under /api/v1; a family whose backing capability is not wired is not mounted. */
 export async function mountApi(api: FastifyInstance, deps: ChangeDeps, wired: Families): Promise<void> {
   // Requires only a valid token (spec: Authentication, rule 1).
-  api.get('/whoami', {
-    config: { requiredCapability: null }, schema: { response: { 200: WHOAMI_VIEW } },
-  }, async (req) => {
-    const p = req.principal!;
-    const { groups, grants } = await callerGrants(deps.db, p.subject, p.orgId);
-    return {
-      subject: p.subject,
-      kind: p.kind,
-      org_id: p.orgId,
-      groups,
-      capabilities: [...new Set(grants.map((g) => g.capability))].sort(),
-    };
-  });
+  api.get(
+    '/whoami',
+    {
+      config: { requiredCapability: null },
+      schema: { response: { 200: WHOAMI_VIEW } },
+    },
+    async (req) => {
+      const p = req.principal!;
+      const { groups, grants } = await callerGrants(deps.db, p.subject, p.orgId);
+      return {
+        subject: p.subject,
+        kind: p.kind,
+        org_id: p.orgId,
+        groups,
+        capabilities: [...new Set(grants.map((g) => g.capability))].sort(),
+      };
+    },
+  );
   await api.register(grantRoutes(deps));
   await api.register(roleRoutes(deps));
   await api.register(orgRoutes(deps));

@@ -20,20 +20,28 @@ const TOKEN_VIEW = viewSchema('agentOperatorTokenView', {
 
 export function agentOperatorRoutes(deps: ChangeDeps, issuer: AgentOperatorIssuer) {
   return async (api: FastifyInstance) => {
-    api.post('/orgs/:org/agents/:agent/operator-token', {
-      config: { requiredCapability: 'agents:manage', capabilityTarget: PATH_ORG },
-      schema: { params: pathParams('org', 'agent'), response: { 200: TOKEN_VIEW } },
-    }, async (req) => {
-      const { org, agent } = req.params as { org: string; agent: string };
-      if (!UID.test(agent)) throw new ApiError(PROBLEMS.badRequest, 'agent: not an agent id');
-      // A contained agent is refused at the mint (spec: States and transitions, Agent operators).
-      const state = await getAgent(deps.db, agent);
-      if (state?.contained) throw new ApiError(PROBLEMS.forbidden, `agent ${agent} is contained: no agent-operator token is minted for it`);
-      if (state && state.org_id !== org) throw new ApiError(PROBLEMS.notFound, `no agent ${agent} in org ${org}`);
-      return auditedChange(deps, req, 'agent-operator-token.mint', org, async () => ({
-        result: await issuer.mint(org, agent),
-        resource: `agent:${agent}`,
-      }));
-    });
+    api.post(
+      '/orgs/:org/agents/:agent/operator-token',
+      {
+        config: { requiredCapability: 'agents:manage', capabilityTarget: PATH_ORG },
+        schema: { params: pathParams('org', 'agent'), response: { 200: TOKEN_VIEW } },
+      },
+      async (req) => {
+        const { org, agent } = req.params as { org: string; agent: string };
+        if (!UID.test(agent)) throw new ApiError(PROBLEMS.badRequest, 'agent: not an agent id');
+        // A contained agent is refused at the mint (spec: States and transitions, Agent operators).
+        const state = await getAgent(deps.db, agent);
+        if (state?.contained)
+          throw new ApiError(
+            PROBLEMS.forbidden,
+            `agent ${agent} is contained: no agent-operator token is minted for it`,
+          );
+        if (state && state.org_id !== org) throw new ApiError(PROBLEMS.notFound, `no agent ${agent} in org ${org}`);
+        return auditedChange(deps, req, 'agent-operator-token.mint', org, async () => ({
+          result: await issuer.mint(org, agent),
+          resource: `agent:${agent}`,
+        }));
+      },
+    );
   };
 }

@@ -41,7 +41,11 @@ const LATE_WINDOW_MS = 10_000;
 const strip = ({ id: _id, ...record }: ReadRecord) => record;
 
 /** Audit attributes the control plane writes are sealed under the org's data key (crypto-shred). */
-async function sealAttrs(keys: OrgKeys | null, org: string, attrs: Record<string, string>): Promise<Record<string, string>> {
+async function sealAttrs(
+  keys: OrgKeys | null,
+  org: string,
+  attrs: Record<string, string>,
+): Promise<Record<string, string>> {
   return keys && org ? { sealed: await keys.seal(org, JSON.stringify(attrs)) } : attrs;
 }
 
@@ -102,8 +106,17 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
     for (const org of new Set(orgs)) {
       if (!org || org === p.orgId) continue;
       const record = {
-        id: newId(), event_time: new Date().toISOString(), kind: 'event', action: 'audit.read', actor: p.subject, actor_kind: p.kind,
-        org_id: org, outcome: 'allow', resource: 'audit', scope: `org:${org}`, trace_id: String(req.id),
+        id: newId(),
+        event_time: new Date().toISOString(),
+        kind: 'event',
+        action: 'audit.read',
+        actor: p.subject,
+        actor_kind: p.kind,
+        org_id: org,
+        outcome: 'allow',
+        resource: 'audit',
+        scope: `org:${org}`,
+        trace_id: String(req.id),
         attrs: await sealAttrs(deps.keys ?? null, org, { route: req.url.split('?')[0], reader_org: p.orgId || '' }),
       };
       try {
@@ -117,10 +130,13 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
 
   // The audit scope is the authorization: auditScope (authz/audit-scope.ts) refuses a caller with no audit
   // grant and is the mandatory predicate of what the others read (spec: Audit rules 1).
-  const scoped = (target: string, capability: 'audit:read' | 'audit:read:all') => ({
-    requiredCapability: capability, authorizedInHandler: 'the caller\'s audit scope (authz/audit-scope.ts)',
-    targetLabel: target, agentOperator: true,
-  } as const);
+  const scoped = (target: string, capability: 'audit:read' | 'audit:read:all') =>
+    ({
+      requiredCapability: capability,
+      authorizedInHandler: "the caller's audit scope (authz/audit-scope.ts)",
+      targetLabel: target,
+      agentOperator: true,
+    }) as const;
 
   return async (api: FastifyInstance) => {
     api.addHook('preClose', async () => {
@@ -128,118 +144,149 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
       await Promise.all([...streams].map((guard) => guard.settled()));
     });
 
-    api.get('/audit/events', {
-      config: scoped('caller-org', 'audit:read'), schema: { querystring: AUDIT_QUERY, response: { 200: RECORD_PAGE } },
-    }, async (req) => {
-      const { filters, limit, offset } = params(req);
-      const scope = await auditScope(db, req, filters);
-      const rows = await store.readEvents({ predicate: scope.predicate, filters: scope.filters, limit, offset });
-      await recordCrossOrg(req, scope, scope.filters.org ? [scope.filters.org] : rows.map((r) => String(r.org_id)));
-      const records = [];
-      for (const r of rows) records.push(strip(await openAttrs(deps.keys ?? null, r)));
-      return { records, next_offset: offset + rows.length };
-    });
+    api.get(
+      '/audit/events',
+      {
+        config: scoped('caller-org', 'audit:read'),
+        schema: { querystring: AUDIT_QUERY, response: { 200: RECORD_PAGE } },
+      },
+      async (req) => {
+        const { filters, limit, offset } = params(req);
+        const scope = await auditScope(db, req, filters);
+        const rows = await store.readEvents({ predicate: scope.predicate, filters: scope.filters, limit, offset });
+        await recordCrossOrg(req, scope, scope.filters.org ? [scope.filters.org] : rows.map((r) => String(r.org_id)));
+        const records = [];
+        for (const r of rows) records.push(strip(await openAttrs(deps.keys ?? null, r)));
+        return { records, next_offset: offset + rows.length };
+      },
+    );
 
-    api.get('/audit/stream', {
-      config: { ...scoped('caller-org', 'audit:read'), stream: true },
-      schema: { querystring: AUDIT_QUERY, response: { 200: AUDIT_RECORD } },
-    }, async (req, reply) => {
-      const { filters } = params(req);
-      const scope = await auditScope(db, req, filters);
-      const header = req.headers['last-event-id'];
-      const resume = Array.isArray(header) ? header[0] : header;
-      let cursor: AuditCursor | null = null;
-      if (resume) {
-        cursor = parseCursor(resume);
-        if (!cursor) throw new ApiError(PROBLEMS.badRequest, 'Last-Event-ID: must be an id this stream sent');
-      }
-      // Without a cursor the tail starts at `since`, or now.
-      const startMs = cursor?.ms ?? scope.filters.since?.getTime() ?? Date.now();
-      await recordCrossOrg(req, scope, scope.filters.org ? [scope.filters.org] : []);
+    api.get(
+      '/audit/stream',
+      {
+        config: { ...scoped('caller-org', 'audit:read'), stream: true },
+        schema: { querystring: AUDIT_QUERY, response: { 200: AUDIT_RECORD } },
+      },
+      async (req, reply) => {
+        const { filters } = params(req);
+        const scope = await auditScope(db, req, filters);
+        const header = req.headers['last-event-id'];
+        const resume = Array.isArray(header) ? header[0] : header;
+        let cursor: AuditCursor | null = null;
+        if (resume) {
+          cursor = parseCursor(resume);
+          if (!cursor) throw new ApiError(PROBLEMS.badRequest, 'Last-Event-ID: must be an id this stream sent');
+        }
+        // Without a cursor the tail starts at `since`, or now.
+        const startMs = cursor?.ms ?? scope.filters.since?.getTime() ?? Date.now();
+        await recordCrossOrg(req, scope, scope.filters.org ? [scope.filters.org] : []);
 
-      reply.hijack();
-      const res = reply.raw;
-      startSseResponse(res);
-      // The scope this stream was opened with must still be the caller's, unchanged, for it to go on.
-      const opened = JSON.stringify([scope.predicate, scope.filters, scope.platform]);
-      const p = req.principal!;
-      const guard = new StreamGuard({
-        stream: 'audit', res, db, expiresAt: typeof p.claims.exp === 'number' ? p.claims.exp * 1000 : null,
-        recheck: async (): Promise<StreamEndReason | null> => {
-          if (p.kind === 'service' && await options.accountStatus.disabled(p.subject, true)) return 'account_disabled';
+        reply.hijack();
+        const res = reply.raw;
+        startSseResponse(res);
+        // The scope this stream was opened with must still be the caller's, unchanged, for it to go on.
+        const opened = JSON.stringify([scope.predicate, scope.filters, scope.platform]);
+        const p = req.principal!;
+        const guard = new StreamGuard(
+          {
+            stream: 'audit',
+            res,
+            db,
+            expiresAt: typeof p.claims.exp === 'number' ? p.claims.exp * 1000 : null,
+            recheck: async (): Promise<StreamEndReason | null> => {
+              if (p.kind === 'service' && (await options.accountStatus.disabled(p.subject, true)))
+                return 'account_disabled';
+              try {
+                const now = await auditScope(db, req, filters);
+                return JSON.stringify([now.predicate, now.filters, now.platform]) === opened ? null : 'scope_changed';
+              } catch (err) {
+                if (err instanceof ApiError && err.entry.status === 403) return 'grant_revoked';
+                throw err;
+              }
+            },
+          },
+          options.guard,
+        );
+        streams.add(guard);
+        let closed = false;
+        // Nothing is written once the client left or the guard ended the stream (its `end` is the last
+        // event); each write waits for the client to take it (a client that does not read ends the stream).
+        const live = () => !closed && !guard.stopped;
+        // Records already sent within the late window (the store may receive a record after a later one).
+        const sent = new Map<string, number>();
+        let high: AuditCursor | null = cursor;
+        const isAfter = (r: ReadRecord, c: AuditCursor) => {
+          const ms = new Date(String(r.event_time)).getTime();
+          return ms > c.ms || (ms === c.ms && r.id > c.id);
+        };
+        const poll = async () => {
+          const floor = (high?.ms ?? startMs) - LATE_WINDOW_MS;
+          for (let offset = 0; live(); offset += MAX_LIMIT) {
+            const rows = await store.readEvents({
+              predicate: scope.predicate,
+              filters: { ...scope.filters, since: new Date(Math.max(floor, scope.filters.since?.getTime() ?? 0)) },
+              limit: MAX_LIMIT,
+              offset,
+            });
+            for (const r of rows) {
+              if (!live()) return;
+              if (sent.has(r.id) || (cursor && !isAfter(r, cursor))) continue;
+              const ms = new Date(String(r.event_time)).getTime();
+              if (!cursor && ms < startMs) continue;
+              sent.set(r.id, ms);
+              if (!high || isAfter(r, high)) high = { ms, id: r.id };
+              if (
+                !(await guard.write(
+                  formatSse(null, strip(await openAttrs(deps.keys ?? null, r)), `${high.ms}.${high.id}`),
+                ))
+              )
+                return;
+            }
+            if (rows.length < MAX_LIMIT) break;
+          }
+          if (high) for (const [id, ms] of sent) if (ms < high.ms - LATE_WINDOW_MS) sent.delete(id);
+        };
+        const heartbeat = setInterval(() => void guard.write(': heartbeat\n\n'), options.heartbeatMs);
+        res.on('close', () => {
+          closed = true;
+          streams.delete(guard);
+          clearInterval(heartbeat);
+        });
+        while (live()) {
           try {
-            const now = await auditScope(db, req, filters);
-            return JSON.stringify([now.predicate, now.filters, now.platform]) === opened ? null : 'scope_changed';
+            await poll();
           } catch (err) {
-            if (err instanceof ApiError && err.entry.status === 403) return 'grant_revoked';
-            throw err;
+            await guard.write(`: store unavailable (${(err as Error).message.slice(0, 100)}); retrying\n\n`);
           }
-        },
-      }, options.guard);
-      streams.add(guard);
-      let closed = false;
-      // Nothing is written once the client left or the guard ended the stream (its `end` is the last
-      // event); each write waits for the client to take it (a client that does not read ends the stream).
-      const live = () => !closed && !guard.stopped;
-      // Records already sent within the late window (the store may receive a record after a later one).
-      const sent = new Map<string, number>();
-      let high: AuditCursor | null = cursor;
-      const isAfter = (r: ReadRecord, c: AuditCursor) => {
-        const ms = new Date(String(r.event_time)).getTime();
-        return ms > c.ms || (ms === c.ms && r.id > c.id);
-      };
-      const poll = async () => {
-        const floor = (high?.ms ?? startMs) - LATE_WINDOW_MS;
-        for (let offset = 0; live(); offset += MAX_LIMIT) {
-          const rows = await store.readEvents({ predicate: scope.predicate, filters: { ...scope.filters, since: new Date(Math.max(floor, scope.filters.since?.getTime() ?? 0)) }, limit: MAX_LIMIT, offset });
-          for (const r of rows) {
-            if (!live()) return;
-            if (sent.has(r.id) || (cursor && !isAfter(r, cursor))) continue;
-            const ms = new Date(String(r.event_time)).getTime();
-            if (!cursor && ms < startMs) continue;
-            sent.set(r.id, ms);
-            if (!high || isAfter(r, high)) high = { ms, id: r.id };
-            if (!(await guard.write(formatSse(null, strip(await openAttrs(deps.keys ?? null, r)), `${high.ms}.${high.id}`)))) return;
-          }
-          if (rows.length < MAX_LIMIT) break;
+          await new Promise((r) => setTimeout(r, options.pollMs));
         }
-        if (high) for (const [id, ms] of sent) if (ms < high.ms - LATE_WINDOW_MS) sent.delete(id);
-      };
-      const heartbeat = setInterval(() => void guard.write(': heartbeat\n\n'), options.heartbeatMs);
-      res.on('close', () => {
-        closed = true;
-        streams.delete(guard);
-        clearInterval(heartbeat);
-      });
-      while (live()) {
-        try {
-          await poll();
-        } catch (err) {
-          await guard.write(`: store unavailable (${(err as Error).message.slice(0, 100)}); retrying\n\n`);
-        }
-        await new Promise((r) => setTimeout(r, options.pollMs));
-      }
-    });
+      },
+    );
 
-    api.get('/agents/:id/audit-log', {
-      config: scoped('agent-org', 'audit:read:all'),
-      schema: { params: pathParams('id'), querystring: LOG_QUERY, response: { 200: LLM_PAGE } },
-    }, async (req) => {
-      const id = (req.params as { id: string }).id;
-      const p = req.principal!;
-      const { limit, offset } = params(req);
-      let org: string;
-      if (p.kind === 'agent-operator') {
-        // Its own trail only (spec: Agent operators, Reach), under its auditor grant.
-        if (p.subject !== `agent:${id}`) throw new ApiError(PROBLEMS.forbidden, 'an agent-operator reads its own audit trail only');
-        await auditScope(db, req, {});
-        org = p.orgId;
-      } else {
-        org = (await getAgent(db, id))?.org_id ?? p.orgId;
-        await requireCapability(db, req, 'audit:read:all', { kind: 'org', org });
-      }
-      const entries = await store.readLlm({ org, agentId: id, limit, offset });
-      return { entries, next_offset: offset + entries.length };
-    });
+    api.get(
+      '/agents/:id/audit-log',
+      {
+        config: scoped('agent-org', 'audit:read:all'),
+        schema: { params: pathParams('id'), querystring: LOG_QUERY, response: { 200: LLM_PAGE } },
+      },
+      async (req) => {
+        const id = (req.params as { id: string }).id;
+        const p = req.principal!;
+        const { limit, offset } = params(req);
+        let org: string;
+        if (p.kind === 'agent-operator') {
+          // Its own trail only (spec: Agent operators, Reach), under its auditor grant.
+          if (p.subject !== `agent:${id}`)
+            throw new ApiError(PROBLEMS.forbidden, 'an agent-operator reads its own audit trail only');
+          await auditScope(db, req, {});
+          org = p.orgId;
+        } else {
+          org = (await getAgent(db, id))?.org_id ?? p.orgId;
+          await requireCapability(db, req, 'audit:read:all', { kind: 'org', org });
+        }
+        const entries = await store.readLlm({ org, agentId: id, limit, offset });
+        return { entries, next_offset: offset + entries.length };
+      },
+    );
   };
 }

@@ -39,7 +39,8 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
 
   const keyHash = (req: FastifyRequest): string => {
     const header = req.headers.authorization;
-    const token = typeof header === 'string' && /^bearer\s+/i.test(header) ? header.replace(/^bearer\s+/i, '').trim() : '';
+    const token =
+      typeof header === 'string' && /^bearer\s+/i.test(header) ? header.replace(/^bearer\s+/i, '').trim() : '';
     if (!token) throw new ApiError(PROBLEMS.unauthenticated, 'missing broker key');
     return hashBrokerKey(token);
   };
@@ -66,20 +67,27 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
 
     app.get('/v1/broker/config', async (req, reply) => {
       const e = await authenticate(req);
-      return reply.header('cache-control', 'no-store').send(await enclaveConfig(db, e.id, undefined, deps.keys ? (org, v) => deps.keys!.open(org, v) : undefined));
+      return reply
+        .header('cache-control', 'no-store')
+        .send(await enclaveConfig(db, e.id, undefined, deps.keys ? (org, v) => deps.keys!.open(org, v) : undefined));
     });
 
     // The enclave authenticates before its body is validated (a 401 is not a 400).
     const caller = new WeakMap<FastifyRequest, EnclaveRow>();
     const preValidation = async (req: FastifyRequest) => void caller.set(req, await authenticate(req));
-    app.put('/v1/broker/address', {
-      preValidation, schema: { body: ADDRESS_REQ, response: { 200: ENCLAVE_VIEW } },
-    }, async (req) => {
-      const e = caller.get(req)!;
-      const body = req.body as AddressReq;
-      const broker = httpsUrl('broker_url', body.broker_url);
-      return setAddress(deps, req, e, broker, httpsUrl('relay_url', body.relay_url), 'broker');
-    });
+    app.put(
+      '/v1/broker/address',
+      {
+        preValidation,
+        schema: { body: ADDRESS_REQ, response: { 200: ENCLAVE_VIEW } },
+      },
+      async (req) => {
+        const e = caller.get(req)!;
+        const body = req.body as AddressReq;
+        const broker = httpsUrl('broker_url', body.broker_url);
+        return setAddress(deps, req, e, broker, httpsUrl('relay_url', body.relay_url), 'broker');
+      },
+    );
 
     const issuer = options.agentIssuer;
     if (issuer) {
@@ -87,9 +95,14 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
         const e = await authenticate(req);
         const uid = (req.params as { uid: string }).uid;
         const agent = await getAgent(db, uid);
-        if (!agent || agent.enclave_id !== e.id) throw new ApiError(PROBLEMS.notFound, `enclave ${e.id} runs no agent ${uid}`);
-        if (agent.contained) throw new ApiError(PROBLEMS.forbidden, `agent ${uid} is contained: no agent-operator token is minted for it`);
-        return auditedChange(deps, req, 'agent-operator-token.mint', agent.org_id, async () => ({ result: await issuer.mint(agent.org_id, uid), resource: `agent:${uid}` }));
+        if (!agent || agent.enclave_id !== e.id)
+          throw new ApiError(PROBLEMS.notFound, `enclave ${e.id} runs no agent ${uid}`);
+        if (agent.contained)
+          throw new ApiError(PROBLEMS.forbidden, `agent ${uid} is contained: no agent-operator token is minted for it`);
+        return auditedChange(deps, req, 'agent-operator-token.mint', agent.org_id, async () => ({
+          result: await issuer.mint(agent.org_id, uid),
+          resource: `agent:${uid}`,
+        }));
       });
     }
 
@@ -97,7 +110,8 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
       const e = await authenticate(req);
       const header = req.headers['last-event-id'];
       const resume = Array.isArray(header) ? header[0] : header;
-      if (resume !== undefined && resume !== '' && !/^\d{1,18}$/.test(resume)) throw new ApiError(PROBLEMS.badRequest, 'Last-Event-ID: must be an event id this stream sent');
+      if (resume !== undefined && resume !== '' && !/^\d{1,18}$/.test(resume))
+        throw new ApiError(PROBLEMS.badRequest, 'Last-Event-ID: must be an event id this stream sent');
       let cursor = resume ? Number(resume) : 0;
       if (cursor > 0) await events.consumed(db, e.id, cursor);
 
@@ -106,32 +120,46 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
       startSseResponse(res);
       // The stream lives as long as the key it was opened with is the enclave's key.
       const hash = keyHash(req);
-      const guard = new StreamGuard({
-        stream: 'broker_events', res, db, expiresAt: null,
-        recheck: async () => {
-          const current = await brokerKeyHash(db, e.id);
-          if (current === undefined) return 'enclave_deleted';
-          return current === hash ? null : 'key_rotated';
+      const guard = new StreamGuard(
+        {
+          stream: 'broker_events',
+          res,
+          db,
+          expiresAt: null,
+          recheck: async () => {
+            const current = await brokerKeyHash(db, e.id);
+            if (current === undefined) return 'enclave_deleted';
+            return current === hash ? null : 'key_rotated';
+          },
         },
-      }, options.guard);
+        options.guard,
+      );
       streams.add(guard);
       let closed = false;
       // One sender at a time; a wake-up while sending makes it look once more.
-      const send = coalesced(async () => {
-        const batch = await events.since(db, e.id, cursor);
-        for (const ev of batch) {
-          // Each event waits for the client to take it (a client that does not read ends the stream).
-          if (closed || !(await guard.write(formatSse(ev.kind, { kind: ev.kind, ...ev.payload }, ev.id)))) return false;
-          cursor = ev.id;
-        }
-        return batch.length === 500;
-      }, () => closed || guard.stopped);
+      const send = coalesced(
+        async () => {
+          const batch = await events.since(db, e.id, cursor);
+          for (const ev of batch) {
+            // Each event waits for the client to take it (a client that does not read ends the stream).
+            if (closed || !(await guard.write(formatSse(ev.kind, { kind: ev.kind, ...ev.payload }, ev.id))))
+              return false;
+            cursor = ev.id;
+          }
+          return batch.length === 500;
+        },
+        () => closed || guard.stopped,
+      );
       // The events could not be read: the stream ends with its reason, and the client's reconnect
       // (Last-Event-ID) resumes where it was once the store answers.
-      const guarded = () => send().catch((err: Error) => {
-        options.guard.log.warn({ err, stream: 'broker_events', enclave: e.id }, 'broker events could not be read; ending the stream');
-        guard.end('store_unavailable');
-      });
+      const guarded = () =>
+        send().catch((err: Error) => {
+          options.guard.log.warn(
+            { err, stream: 'broker_events', enclave: e.id },
+            'broker events could not be read; ending the stream',
+          );
+          guard.end('store_unavailable');
+        });
       const off = events.onWake(() => void guarded());
       const heartbeat = setInterval(() => !closed && void guard.write(': heartbeat\n\n'), options.heartbeatMs);
       res.on('close', () => {

@@ -16,41 +16,63 @@ import { getErasure, startErasure, type ErasureRow } from '../store/erasures.ts'
 export function erasureRoutes(deps: ChangeDeps, erasure: ErasureDeps, running: Set<Promise<void>>) {
   const { db } = deps;
   const orgOf = (req: FastifyRequest) => (req.params as { org: string }).org;
-  const view = (r: ErasureRow) => ({ org_id: r.org_id, status: r.status, key_shredded: r.key_shredded, rows_swept: Number(r.rows_swept) });
+  const view = (r: ErasureRow) => ({
+    org_id: r.org_id,
+    status: r.status,
+    key_shredded: r.key_shredded,
+    rows_swept: Number(r.rows_swept),
+  });
 
   const platformConfig = { requiredCapability: 'platform:config', capabilityTarget: PLATFORM } as const;
   const ERASURE_VIEW = viewSchema('erasureView', { org_id: STRING, status: STRING });
   const RESULT_VIEW = viewSchema('erasureResultView', {
-    org_id: STRING, status: STRING, key_shredded: BOOLEAN, rows_swept: INTEGER,
+    org_id: STRING,
+    status: STRING,
+    key_shredded: BOOLEAN,
+    rows_swept: INTEGER,
   });
 
   return async (api: FastifyInstance) => {
-    api.post('/orgs/:org/erasure', {
-      config: platformConfig,
-      schema: {
-        params: pathParams('org'), body: optionalBody(object({})), response: { 200: ERASURE_VIEW, 202: ERASURE_VIEW },
+    api.post(
+      '/orgs/:org/erasure',
+      {
+        config: platformConfig,
+        schema: {
+          params: pathParams('org'),
+          body: optionalBody(object({})),
+          response: { 200: ERASURE_VIEW, 202: ERASURE_VIEW },
+        },
       },
-    }, async (req, reply) => {
-      const org = orgOf(req);
-      const existing = await getErasure(db, org);
-      if (existing) return reply.code(existing.status === 'complete' ? 200 : 202).send({ org_id: org, status: existing.status });
-      if (!(await orgExists(db, org))) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
-      await auditedChange(deps, req, 'org.erase', '', async (tx) => {
-        await startErasure(tx, org, req.principal!.subject);
-        return { result: null, resource: `org:${org}` };
-      });
-      const job = runErasure(erasure, org).catch((err: Error) => erasure.log.error({ org, err }, 'erasure failed; it resumes at the next start or request'));
-      running.add(job);
-      void job.finally(() => running.delete(job));
-      return reply.code(202).send({ org_id: org, status: 'running' });
-    });
+      async (req, reply) => {
+        const org = orgOf(req);
+        const existing = await getErasure(db, org);
+        if (existing)
+          return reply.code(existing.status === 'complete' ? 200 : 202).send({ org_id: org, status: existing.status });
+        if (!(await orgExists(db, org))) throw new ApiError(PROBLEMS.notFound, `no org ${org}`);
+        await auditedChange(deps, req, 'org.erase', '', async (tx) => {
+          await startErasure(tx, org, req.principal!.subject);
+          return { result: null, resource: `org:${org}` };
+        });
+        const job = runErasure(erasure, org).catch((err: Error) =>
+          erasure.log.error({ org, err }, 'erasure failed; it resumes at the next start or request'),
+        );
+        running.add(job);
+        void job.finally(() => running.delete(job));
+        return reply.code(202).send({ org_id: org, status: 'running' });
+      },
+    );
 
-    api.get('/orgs/:org/erasure', {
-      config: platformConfig, schema: { params: pathParams('org'), response: { 200: RESULT_VIEW } },
-    }, async (req) => {
-      const row = await getErasure(db, orgOf(req));
-      if (!row) throw new ApiError(PROBLEMS.notFound, `org ${orgOf(req)} has not been erased`);
-      return view(row);
-    });
+    api.get(
+      '/orgs/:org/erasure',
+      {
+        config: platformConfig,
+        schema: { params: pathParams('org'), response: { 200: RESULT_VIEW } },
+      },
+      async (req) => {
+        const row = await getErasure(db, orgOf(req));
+        if (!row) throw new ApiError(PROBLEMS.notFound, `org ${orgOf(req)} has not been erased`);
+        return view(row);
+      },
+    );
   };
 }

@@ -20,17 +20,33 @@ import { deleteGrant, insertGrant, listGrants, type GrantRow } from '../store/gr
 export type GrantView = Omit<GrantRow, 'id'> & { id: number };
 
 const view = (r: GrantRow): GrantView => ({
-  id: Number(r.id), principal: r.principal, role: r.role, capability: r.capability, scope_kind: r.scope_kind, org_id: r.org_id, group_id: r.group_id, agent_id: r.agent_id,
+  id: Number(r.id),
+  principal: r.principal,
+  role: r.role,
+  capability: r.capability,
+  scope_kind: r.scope_kind,
+  org_id: r.org_id,
+  group_id: r.group_id,
+  agent_id: r.agent_id,
 });
 
 const GRANT_VIEW = viewSchema('grantView', {
-  id: INTEGER, principal: STRING, role: NULLABLE_STRING, capability: NULLABLE_STRING, scope_kind: STRING,
-  org_id: STRING, group_id: STRING, agent_id: STRING,
+  id: INTEGER,
+  principal: STRING,
+  role: NULLABLE_STRING,
+  capability: NULLABLE_STRING,
+  scope_kind: STRING,
+  org_id: STRING,
+  group_id: STRING,
+  agent_id: STRING,
 });
 // Empty or null fields are absent (createGrantReq); what they may hold is checked by parseGrant.
 const CREATE_GRANT = object(
   {
-    principal: NULLABLE_STRING, role: NULLABLE_STRING, capability: NULLABLE_STRING, agent: NULLABLE_STRING,
+    principal: NULLABLE_STRING,
+    role: NULLABLE_STRING,
+    capability: NULLABLE_STRING,
+    agent: NULLABLE_STRING,
     group: NULLABLE_STRING,
   },
   [],
@@ -63,34 +79,50 @@ async function parseGrant(db: Queryable, raw: unknown, target: Target): Promise<
   const role = str(body, 'role');
   const capability = str(body, 'capability');
   if ((role === null) === (capability === null)) bad('role', 'exactly one of role and capability is required');
-  if (capability !== null && !(CAPABILITIES as readonly string[]).includes(capability)) bad('capability', `unknown capability (one of ${CAPABILITIES.join(', ')})`);
+  if (capability !== null && !(CAPABILITIES as readonly string[]).includes(capability))
+    bad('capability', `unknown capability (one of ${CAPABILITIES.join(', ')})`);
   if (role !== null && !(await roleExists(db, role))) bad('role', `unknown role "${role}"`);
   const group = str(body, 'group');
   const agent = str(body, 'agent');
   if (target.kind === 'platform') {
-    if (group || agent) bad(group ? 'group' : 'agent', 'platform grants are not narrowed to a group or an agent; grant within an org instead');
+    if (group || agent)
+      bad(
+        group ? 'group' : 'agent',
+        'platform grants are not narrowed to a group or an agent; grant within an org instead',
+      );
     if (principal.startsWith('agent:')) bad('principal', 'agent principals are granted within an org');
     return { principal, role, capability, scope_kind: 'platform', org_id: '', group_id: '', agent_id: '' };
   }
   if (group && agent) bad('agent', 'a grant is narrowed to a group or an agent, not both');
   if (role === 'platform-admin') bad('role', 'platform-admin is granted at platform scope (/api/v1/grants)');
-  if (principal.startsWith('group:') && principal.split(':')[1] !== target.org) bad('principal', `group principals of org ${target.org} only`);
-  if (principal.startsWith('agent:') && (role !== 'auditor' || group || agent)) bad('principal', 'an agent principal may only be granted the auditor role, org-scoped');
+  if (principal.startsWith('group:') && principal.split(':')[1] !== target.org)
+    bad('principal', `group principals of org ${target.org} only`);
+  if (principal.startsWith('agent:') && (role !== 'auditor' || group || agent))
+    bad('principal', 'an agent principal may only be granted the auditor role, org-scoped');
   return {
-    principal, role, capability,
+    principal,
+    role,
+    capability,
     scope_kind: group ? 'group' : agent ? 'agent' : 'org',
-    org_id: target.org, group_id: group ?? '', agent_id: agent ?? '',
+    org_id: target.org,
+    group_id: group ?? '',
+    agent_id: agent ?? '',
   };
 }
 
 /** Where a route's grants live: platform scope, or the org of the path. */
-const grantScopeOf = (t: Target) => (t.kind === 'platform' ? { kind: 'platform' as const } : { kind: 'org' as const, org: t.org });
+const grantScopeOf = (t: Target) =>
+  t.kind === 'platform' ? { kind: 'platform' as const } : { kind: 'org' as const, org: t.org };
 
 export function grantRoutes(deps: ChangeDeps) {
   const { db } = deps;
 
-  const audited = <T>(req: FastifyRequest, action: string, orgId: string, change: (tx: Queryable) => Promise<{ result: T; resource: string }>) =>
-    auditedChange(deps, req, action, orgId, change);
+  const audited = <T>(
+    req: FastifyRequest,
+    action: string,
+    orgId: string,
+    change: (tx: Queryable) => Promise<{ result: T; resource: string }>,
+  ) => auditedChange(deps, req, action, orgId, change);
 
   return async (api: FastifyInstance) => {
     const routes = [
@@ -109,7 +141,13 @@ export function grantRoutes(deps: ChangeDeps) {
       api.post(r.prefix, { config, schema: create }, async (req, reply) => {
         const target = await r.target(req);
         const grant = await parseGrant(db, req.body, target);
-        await requireConferrable(db, req, await conferredBy(db, grant.role, grant.capability), grantScope(grant), 'this grant');
+        await requireConferrable(
+          db,
+          req,
+          await conferredBy(db, grant.role, grant.capability),
+          grantScope(grant),
+          'this grant',
+        );
         const created = await audited(req, 'grant.create', grant.org_id, async (tx) => {
           const row = await insertGrant(tx, grant, req.principal!.subject);
           return { result: view(row), resource: `grant:${row.id}` };
@@ -117,18 +155,24 @@ export function grantRoutes(deps: ChangeDeps) {
         return reply.code(201).send(created);
       });
 
-      api.delete(`${r.prefix}/:id`, {
-        config, schema: { params: pathParams(...r.params, 'id'), response: NO_CONTENT },
-      }, async (req, reply) => {
-        const target = await r.target(req);
-        const id = (req.params as { id: string }).id;
-        if (!/^\d{1,18}$/.test(id)) throw new ApiError(PROBLEMS.notFound, `no grant ${id}`);
-        await audited(req, 'grant.delete', target.kind === 'org' ? target.org : '', async (tx) => {
-          if (!(await deleteGrant(tx, grantScopeOf(target), id))) throw new ApiError(PROBLEMS.notFound, `no grant ${id} here`);
-          return { result: null, resource: `grant:${id}` };
-        });
-        return reply.code(204).send();
-      });
+      api.delete(
+        `${r.prefix}/:id`,
+        {
+          config,
+          schema: { params: pathParams(...r.params, 'id'), response: NO_CONTENT },
+        },
+        async (req, reply) => {
+          const target = await r.target(req);
+          const id = (req.params as { id: string }).id;
+          if (!/^\d{1,18}$/.test(id)) throw new ApiError(PROBLEMS.notFound, `no grant ${id}`);
+          await audited(req, 'grant.delete', target.kind === 'org' ? target.org : '', async (tx) => {
+            if (!(await deleteGrant(tx, grantScopeOf(target), id)))
+              throw new ApiError(PROBLEMS.notFound, `no grant ${id} here`);
+            return { result: null, resource: `grant:${id}` };
+          });
+          return reply.code(204).send();
+        },
+      );
     }
   };
 }

@@ -10,11 +10,25 @@ import type { ChangeTarget, EventHub } from '../events.ts';
 import { orgExists } from '../store/orgs.ts';
 import { getAgent, type AgentRow } from '../store/agents.ts';
 import {
-  agentOverrides, deleteAgentOverride, deleteServiceRow, putAgentOverride, putServiceRow, serviceRowAt, serviceRows,
+  agentOverrides,
+  deleteAgentOverride,
+  deleteServiceRow,
+  putAgentOverride,
+  putServiceRow,
+  serviceRowAt,
+  serviceRows,
 } from '../store/policies.ts';
 import type { Queryable } from '../../core/sql.ts';
 import {
-  ANY, arrayOf, BOOLEAN, NO_CONTENT, NULLABLE_BOOLEAN, object, pathParams, STRING, viewSchema,
+  ANY,
+  arrayOf,
+  BOOLEAN,
+  NO_CONTENT,
+  NULLABLE_BOOLEAN,
+  object,
+  pathParams,
+  STRING,
+  viewSchema,
 } from './schemas.ts';
 
 // LLM content policy and settings of service `llmproxy` (llm-content-policy.md: Endpoints, Policy
@@ -30,7 +44,11 @@ export const SERVICE = 'llmproxy';
 const KEY = pathParams('key');
 const ROW_VIEW = viewSchema('llmPolicyView', { key: STRING, scope: STRING, value: STRING, locked: BOOLEAN });
 const OVERRIDE_VIEW = viewSchema('agentOverrideView', {
-  override_service: STRING, key: STRING, scope: STRING, value: STRING, locked: BOOLEAN,
+  override_service: STRING,
+  key: STRING,
+  scope: STRING,
+  value: STRING,
+  locked: BOOLEAN,
 });
 const WRITE_VIEW = viewSchema('policyWriteView', { key: STRING, scope: STRING, locked: BOOLEAN, published: BOOLEAN });
 // `value` is the JSON-encoded policy value; it and `locked` are checked by policyBody (its messages name the field).
@@ -252,7 +270,8 @@ export function policyRoutes(deps: ChangeDeps, events: EventHub) {
         const agent = await loadAgent(db, p(req).id);
         const key = settingKey(p(req).key);
         await auditedChange(deps, req, 'llm-policy.delete', agent.org_id, async (tx) => {
-          if (!(await deleteAgentOverride(tx, SERVICE, agent.uid, key))) throw new ApiError(PROBLEMS.notFound, `agent ${agent.uid} has no ${key} override`);
+          if (!(await deleteAgentOverride(tx, SERVICE, agent.uid, key)))
+            throw new ApiError(PROBLEMS.notFound, `agent ${agent.uid} has no ${key} override`);
           await events.publishTo(tx, { kind: 'agent', agent: agent.uid }, 'policy.changed', {
             service: SERVICE,
             key,

@@ -15,7 +15,10 @@ export interface TokenFacadeOptions {
 }
 
 function oauthError(status: number, error: string, description: string) {
-  return { status, body: { error, error_description: description, error_uri: 'https://www.rfc-editor.org/rfc/rfc6749#section-5.2' } };
+  return {
+    status,
+    body: { error, error_description: description, error_uri: 'https://www.rfc-editor.org/rfc/rfc6749#section-5.2' },
+  };
 }
 
 export function tokenFacade(options: TokenFacadeOptions) {
@@ -28,8 +31,10 @@ export function tokenFacade(options: TokenFacadeOptions) {
     app.addHook('onClose', async () => dispatcher.close());
     app.post('/oauth/token', async (req, reply) => {
       const body = req.body;
-      const fail = (e: ReturnType<typeof oauthError>) => reply.code(e.status).header('cache-control', 'no-store').send(e.body);
-      if (body === null || typeof body !== 'object' || Array.isArray(body)) return fail(oauthError(400, 'invalid_request', 'the body must be a form or a JSON object (TokenRequest)'));
+      const fail = (e: ReturnType<typeof oauthError>) =>
+        reply.code(e.status).header('cache-control', 'no-store').send(e.body);
+      if (body === null || typeof body !== 'object' || Array.isArray(body))
+        return fail(oauthError(400, 'invalid_request', 'the body must be a form or a JSON object (TokenRequest)'));
       // Keys are the caller's: `__proto__` must be a field like any other, not the object's prototype.
       const fields = dict<string>();
       for (const [k, v] of Object.entries(body as Record<string, unknown>)) {
@@ -37,13 +42,25 @@ export function tokenFacade(options: TokenFacadeOptions) {
         fields[k] = v;
       }
       if (!fields.grant_type) return fail(oauthError(400, 'invalid_request', 'grant_type is required'));
-      const headers: Record<string, string> = { 'content-type': 'application/x-www-form-urlencoded', accept: 'application/json' };
+      const headers: Record<string, string> = {
+        'content-type': 'application/x-www-form-urlencoded',
+        accept: 'application/json',
+      };
       if (typeof req.headers.authorization === 'string') headers.authorization = req.headers.authorization;
       let upstream;
       try {
-        upstream = await request(endpoint, { method: 'POST', headers, body: new URLSearchParams(fields).toString(), dispatcher, headersTimeout: 15_000, bodyTimeout: 15_000 });
+        upstream = await request(endpoint, {
+          method: 'POST',
+          headers,
+          body: new URLSearchParams(fields).toString(),
+          dispatcher,
+          headersTimeout: 15_000,
+          bodyTimeout: 15_000,
+        });
       } catch (err) {
-        return fail(oauthError(502, 'temporarily_unavailable', `the token endpoint is unreachable: ${(err as Error).message}`));
+        return fail(
+          oauthError(502, 'temporarily_unavailable', `the token endpoint is unreachable: ${(err as Error).message}`),
+        );
       }
       const text = await upstream.body.text();
       reply.code(upstream.statusCode).header('cache-control', 'no-store');

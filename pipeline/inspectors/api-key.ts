@@ -40,13 +40,19 @@ for (let b = 0x41; b <= 0x5a; b++) CLS[b] |= UPPER_OR_DIGIT | ALNUM;
 for (let b = 0x61; b <= 0x7a; b++) CLS[b] |= ALNUM;
 const ALNUM_US = 256;
 const CLS2 = new Uint16Array(256);
-for (let b = 0; b < 256; b++) CLS2[b] = CLS[b] | ((CLS[b] & ALNUM) || b === 0x5f ? ALNUM_US : 0);
+for (let b = 0; b < 256; b++) CLS2[b] = CLS[b] | (CLS[b] & ALNUM || b === 0x5f ? ALNUM_US : 0);
 
 const SHAPES = {
   aws: { description: 'AWS access key ID', body: UPPER_OR_DIGIT, min: 16, max: 16, needsDigit: false },
   google: { description: 'Google API key', body: KEY_BODY, min: 35, max: 35, needsDigit: false },
   github: { description: 'GitHub token', body: ALNUM, min: 36, max: 255, needsDigit: false },
-  githubPat: { description: 'GitHub fine-grained personal access token', body: ALNUM_US, min: 22, max: 255, needsDigit: false },
+  githubPat: {
+    description: 'GitHub fine-grained personal access token',
+    body: ALNUM_US,
+    min: 22,
+    max: 255,
+    needsDigit: false,
+  },
   anthropic: { description: 'Anthropic API key', body: KEY_BODY, min: 20, max: 255, needsDigit: true, minRun: 16 },
   openai: { description: 'secret key (sk-)', body: KEY_BODY, min: 20, max: 255, needsDigit: true, minRun: 16 },
   stripeSecretTest: { description: 'Stripe secret key (test)', body: ALNUM, min: 16, max: 255, needsDigit: true },
@@ -95,7 +101,13 @@ export function scan(view: Buffer, plan: ApiKeyPlan, location: FindingLocation):
   const add = (shape: KeyShape, key: string | null) => {
     if (key === null || seen.has(key) || findings.length >= MAX_FINDINGS_PER_INSPECTOR) return;
     seen.add(key);
-    findings.push({ inspector_type: id, severity: plan.severity, description: shape.description, match: redact(key), location });
+    findings.push({
+      inspector_type: id,
+      severity: plan.severity,
+      description: shape.description,
+      match: redact(key),
+      location,
+    });
   };
 
   // A key starts where a run of key bytes ([A-Za-z0-9_-]) starts (or just after the letter of an
@@ -103,8 +115,10 @@ export function scan(view: Buffer, plan: ApiKeyPlan, location: FindingLocation):
   // run can start a key: the search goes on past the run. A prefix flood (`AKIAAKIA…`, `sk-sk-…`,
   // `ghp_ghp_…`) is one run, looked at once. (A hit that is itself an escape letter, `\-sk-…`, can
   // have a key start right after it: the search goes on from the next byte.)
-  for (let i = view.indexOf('AKIA'); i >= 0; i = view.indexOf('AKIA', past(view, i))) add(SHAPES.aws, keyAt(view, i, i + 4, SHAPES.aws));
-  for (let i = view.indexOf('AIza'); i >= 0; i = view.indexOf('AIza', past(view, i))) add(SHAPES.google, keyAt(view, i, i + 4, SHAPES.google));
+  for (let i = view.indexOf('AKIA'); i >= 0; i = view.indexOf('AKIA', past(view, i)))
+    add(SHAPES.aws, keyAt(view, i, i + 4, SHAPES.aws));
+  for (let i = view.indexOf('AIza'); i >= 0; i = view.indexOf('AIza', past(view, i)))
+    add(SHAPES.google, keyAt(view, i, i + 4, SHAPES.google));
 
   // `-`: sk-ant-… and sk-…
   for (let i = view.indexOf(0x2d); i >= 0; i = nextByte(view, 0x2d, past(view, i))) {
@@ -122,8 +136,16 @@ export function scan(view: Buffer, plan: ApiKeyPlan, location: FindingLocation):
       add(SHAPES.githubPat, keyAt(view, i - 6, i + 5, SHAPES.githubPat));
     } else if (p1 === 0x6b && (view[i - 2] === 0x73 || view[i - 2] === 0x70)) {
       const secret = view[i - 2] === 0x73;
-      if (at(view, i + 1, 'test_')) add(secret ? SHAPES.stripeSecretTest : SHAPES.stripePublicTest, keyAt(view, i - 2, i + 6, secret ? SHAPES.stripeSecretTest : SHAPES.stripePublicTest));
-      else if (at(view, i + 1, 'live_')) add(secret ? SHAPES.stripeSecretLive : SHAPES.stripePublicLive, keyAt(view, i - 2, i + 6, secret ? SHAPES.stripeSecretLive : SHAPES.stripePublicLive));
+      if (at(view, i + 1, 'test_'))
+        add(
+          secret ? SHAPES.stripeSecretTest : SHAPES.stripePublicTest,
+          keyAt(view, i - 2, i + 6, secret ? SHAPES.stripeSecretTest : SHAPES.stripePublicTest),
+        );
+      else if (at(view, i + 1, 'live_'))
+        add(
+          secret ? SHAPES.stripeSecretLive : SHAPES.stripePublicLive,
+          keyAt(view, i - 2, i + 6, secret ? SHAPES.stripeSecretLive : SHAPES.stripePublicLive),
+        );
     }
   }
   return findings;

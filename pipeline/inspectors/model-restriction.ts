@@ -67,7 +67,15 @@ export function scan(body: Buffer, plan: ModelPlan): Finding[] {
  */
 export function check(models: NamedModels, plan: ModelPlan): Finding[] {
   if (models === null) {
-    return [{ inspector_type: id, severity: 'block', description: 'request may name a model in a form the proxy cannot read, and a model_policy applies', match: '', location: 'model' }];
+    return [
+      {
+        inspector_type: id,
+        severity: 'block',
+        description: 'request may name a model in a form the proxy cannot read, and a model_policy applies',
+        match: '',
+        location: 'model',
+      },
+    ];
   }
   for (const model of new Set(models)) {
     const found = verdict(model, plan);
@@ -82,9 +90,12 @@ function verdict(model: string | null, plan: ModelPlan): Finding[] {
     const listed = model !== null && l.globs.some((g) => pathMatch(g, model));
     return l.mode === 'allowlist' ? !listed : listed;
   });
-  const description = model === null
-    ? 'request has no string model field and a model allowlist applies'
-    : denying?.mode === 'blocklist' ? 'model matches a blocklist entry of model_policy' : 'model is not on the allowlist of model_policy';
+  const description =
+    model === null
+      ? 'request has no string model field and a model allowlist applies'
+      : denying?.mode === 'blocklist'
+        ? 'model matches a blocklist entry of model_policy'
+        : 'model is not on the allowlist of model_policy';
   return [{ inspector_type: id, severity: 'block', description, match: redact(model ?? ''), location: 'model' }];
 }
 
@@ -96,8 +107,8 @@ export const inspector = defineInspector<ModelPlan>({
   id,
   phases: ['request'],
   compile: (policy) => compile(policy.models),
-  warnings: (plan) => plan.malformed.map((glob) =>
-    ({ message: 'malformed model glob matches nothing', fields: { glob } })),
+  warnings: (plan) =>
+    plan.malformed.map((glob) => ({ message: 'malformed model glob matches nothing', fields: { glob } })),
   scan(input, plan) {
     const anywhere = input.modelsAnywhere;
     return anywhere ? check(namedModels(input.raw, anywhere.contentType), plan) : scan(input.raw, plan);

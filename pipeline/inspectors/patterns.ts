@@ -49,7 +49,10 @@ export function patternProblem(pattern: string): string | null {
   }
 }
 
-export function compile(patterns: readonly CustomPattern[], prefilters: readonly PrefilterId[] = []): PatternPlan | null {
+export function compile(
+  patterns: readonly CustomPattern[],
+  prefilters: readonly PrefilterId[] = [],
+): PatternPlan | null {
   if (patterns.length === 0) return null;
   const compiled: CompiledPattern[] = [];
   const invalid: PatternPlan['invalid'] = [];
@@ -91,7 +94,8 @@ export function hits(view: Buffer, plan: PatternPlan): SetHits {
   const n = plan.patterns.length;
   return {
     patterns: found.filter((i) => i < n),
-    prefilters: plan.prefilters.length > 0 ? new Set(found.filter((i) => i >= n).map((i) => plan.prefilters[i - n])) : null,
+    prefilters:
+      plan.prefilters.length > 0 ? new Set(found.filter((i) => i >= n).map((i) => plan.prefilters[i - n])) : null,
   };
 }
 
@@ -145,7 +149,12 @@ function combined(plan: PatternPlan, candidates: readonly number[]): RE2 | null 
   return regex;
 }
 
-export function scan(view: Buffer, plan: PatternPlan, location: FindingLocation, candidates: readonly number[] = hits(view, plan).patterns): Finding[] {
+export function scan(
+  view: Buffer,
+  plan: PatternPlan,
+  location: FindingLocation,
+  candidates: readonly number[] = hits(view, plan).patterns,
+): Finding[] {
   const findings: Finding[] = [];
   const seen = new Set<string>();
   // The findings bound is shared out per pattern, never spent by one: 64 distinct matches of a `log`
@@ -163,7 +172,13 @@ export function scan(view: Buffer, plan: PatternPlan, location: FindingLocation,
     const key = `${index}\u0000${value}`;
     if (!seen.has(key)) {
       seen.add(key);
-      findings.push({ inspector_type: id, severity: p.severity, description: p.description, match: redact(value), location });
+      findings.push({
+        inspector_type: id,
+        severity: p.severity,
+        description: p.description,
+        match: redact(value),
+        location,
+      });
       counts.set(index, n + 1);
       if (n + 1 === perPattern) full++;
     }
@@ -200,10 +215,11 @@ export const inspector = defineInspector<PatternPlan>({
   readsDecoded: true,
   readsJoined: true,
   compile: (policy, context) => (policy.content ? compile(policy.content.patterns, context.prefilters) : null),
-  warnings: (plan) => plan.invalid.map((p) => ({
-    message: 'invalid custom pattern skipped',
-    fields: { pattern: p.pattern, reason: p.reason },
-  })),
+  warnings: (plan) =>
+    plan.invalid.map((p) => ({
+      message: 'invalid custom pattern skipped',
+      fields: { pattern: p.pattern, reason: p.reason },
+    })),
   scan(input, plan) {
     const setHits = input.setHits('literal');
     if (!setHits) return []; // the set pass failed, and said so

@@ -4,7 +4,15 @@ import type { PrefilterId } from './patterns.ts';
 import { recordedSeverity } from '../policy/severity.ts';
 import type { PiiToggle } from '../policy/types.ts';
 import {
-  ALPHA, CLASS, EMAIL_DOMAIN, EMAIL_LOCAL, isAlnum, isDigit, isEscapeLetter, nextByte, wordBefore,
+  ALPHA,
+  CLASS,
+  EMAIL_DOMAIN,
+  EMAIL_LOCAL,
+  isAlnum,
+  isDigit,
+  isEscapeLetter,
+  nextByte,
+  wordBefore,
 } from '../byte-class.ts';
 
 // pii: email, credit_card (13–19 digits, single spaces or dashes between digits, Luhn-valid, issuer
@@ -38,9 +46,47 @@ const DOT = 0x2e;
 const DASH = 0x2d;
 const SPACE = 0x20;
 
-const FILE_EXTENSIONS = new Set(['png', 'jpg', 'jpeg', 'gif', 'svg', 'webp', 'ico', 'bmp', 'tif', 'tiff', 'avif', 'heic',
-  'css', 'js', 'mjs', 'cjs', 'ts', 'tsx', 'jsx', 'json', 'yaml', 'yml', 'toml', 'txt', 'pdf', 'gz', 'tgz', 'java', 'html', 'htm',
-  'xml', 'csv', 'lock', 'log', 'wasm', 'woff', 'woff2', 'ttf', 'otf']);
+const FILE_EXTENSIONS = new Set([
+  'png',
+  'jpg',
+  'jpeg',
+  'gif',
+  'svg',
+  'webp',
+  'ico',
+  'bmp',
+  'tif',
+  'tiff',
+  'avif',
+  'heic',
+  'css',
+  'js',
+  'mjs',
+  'cjs',
+  'ts',
+  'tsx',
+  'jsx',
+  'json',
+  'yaml',
+  'yml',
+  'toml',
+  'txt',
+  'pdf',
+  'gz',
+  'tgz',
+  'java',
+  'html',
+  'htm',
+  'xml',
+  'csv',
+  'lock',
+  'log',
+  'wasm',
+  'woff',
+  'woff2',
+  'ttf',
+  'otf',
+]);
 
 /** The email around the `@` at `at`, or null. */
 export function emailAt(view: Buffer, at: number): string | null {
@@ -110,7 +156,7 @@ export function isSsn(text: string): boolean {
  * byte is looked at a bounded number of times however long the run.
  */
 function cardsInRun(view: Buffer, start: number, end: number, add: (description: string, value: string) => void): void {
-  for (let g = start; g < end;) {
+  for (let g = start; g < end; ) {
     let match = -1;
     const first = view[g] - 48;
     // Issuer (major industry) digit 2–6: other starts are no card, and cost nothing more.
@@ -141,7 +187,11 @@ function cardsInRun(view: Buffer, start: number, end: number, add: (description:
         group++;
         if (k > 19) break;
         // A window ends where a group ends.
-        if (k >= 13 && (i + 1 === end || view[i + 1] === SPACE || view[i + 1] === DASH) && (k & 1 ? odd : even) % 10 === 0) {
+        if (
+          k >= 13 &&
+          (i + 1 === end || view[i + 1] === SPACE || view[i + 1] === DASH) &&
+          (k & 1 ? odd : even) % 10 === 0
+        ) {
           match = i + 1;
           break;
         }
@@ -159,10 +209,11 @@ function cardsInRun(view: Buffer, start: number, end: number, add: (description:
 
 /** SSNs in a run: the space-separated parts written exactly XXX-XX-XXXX, checked on the bytes. */
 function ssnsInRun(view: Buffer, start: number, end: number, add: (description: string, value: string) => void): void {
-  for (let p = start; p < end;) {
+  for (let p = start; p < end; ) {
     let e = p;
     while (e < end && view[e] !== SPACE) e++;
-    if (e - p === 11 && view[p + 3] === DASH && view[p + 6] === DASH && ssnBytes(view, p)) add('US social security number', view.toString('latin1', p, e));
+    if (e - p === 11 && view[p + 3] === DASH && view[p + 6] === DASH && ssnBytes(view, p))
+      add('US social security number', view.toString('latin1', p, e));
     p = e + 1;
   }
 }
@@ -205,9 +256,17 @@ export function scan(view: Buffer, plan: PiiPlan, location: FindingLocation): Fi
       if (!isDigit(b) && !(isSeparator(b) && isDigit(view[probe - 1]) && isDigit(view[probe + 1]))) continue;
       // Expand to the maximal run of digits joined by single separators.
       let start = probe;
-      while (start > 0 && (isDigit(view[start - 1]) || (isSeparator(view[start - 1]) && isDigit(view[start - 2]) && isDigit(view[start])))) start--;
+      while (
+        start > 0 &&
+        (isDigit(view[start - 1]) || (isSeparator(view[start - 1]) && isDigit(view[start - 2]) && isDigit(view[start])))
+      )
+        start--;
       let end = probe + 1;
-      while (end < n && (isDigit(view[end]) || (isSeparator(view[end]) && isDigit(view[end + 1]) && isDigit(view[end - 1])))) end++;
+      while (
+        end < n &&
+        (isDigit(view[end]) || (isSeparator(view[end]) && isDigit(view[end + 1]) && isDigit(view[end - 1])))
+      )
+        end++;
       while (probe + STRIDE < end) probe += STRIDE;
       if (end - start < STRIDE) continue;
       // A run glued to letters or digits is part of an identifier or hash, not a number on its own.
@@ -223,11 +282,11 @@ export function scan(view: Buffer, plan: PiiPlan, location: FindingLocation): Fi
 function narrowed(plan: PiiPlan, prefiltered: Set<PrefilterId> | null): PiiPlan | null {
   const p = prefiltered
     ? {
-      ...plan,
-      email: plan.email && prefiltered.has('email'),
-      creditCard: plan.creditCard && prefiltered.has('card'),
-      ssn: plan.ssn && prefiltered.has('ssn'),
-    }
+        ...plan,
+        email: plan.email && prefiltered.has('email'),
+        creditCard: plan.creditCard && prefiltered.has('card'),
+        ssn: plan.ssn && prefiltered.has('ssn'),
+      }
     : plan;
   return p.email || p.creditCard || p.ssn ? p : null;
 }

@@ -76,7 +76,7 @@ function form(folded: string): SecretForm {
   const bytes = Buffer.from(folded, 'latin1');
   let best = -1;
   let bestLength = 0;
-  for (let i = 0; i < bytes.length;) {
+  for (let i = 0; i < bytes.length; ) {
     if (isLetter(bytes[i])) {
       i++;
       continue;
@@ -86,7 +86,12 @@ function form(folded: string): SecretForm {
     if (j - i > bestLength) [best, bestLength] = [i, j - i];
     i = j;
   }
-  return { folded, bytes, anchor: best < 0 ? null : bytes.subarray(best, best + bestLength), anchorAt: best < 0 ? 0 : best };
+  return {
+    folded,
+    bytes,
+    anchor: best < 0 ? null : bytes.subarray(best, best + bestLength),
+    anchorAt: best < 0 ? 0 : best,
+  };
 }
 
 /** Whether `view` holds the ASCII form in any case; null when its hits spent the budget first. */
@@ -111,7 +116,12 @@ function anchored(view: Buffer, f: SecretForm, budget: { left: number }): boolea
   return false;
 }
 
-export function scan(view: Buffer, toggle: Toggle, secretNeedles: readonly SecretNeedle[], location: FindingLocation): Finding[] {
+export function scan(
+  view: Buffer,
+  toggle: Toggle,
+  secretNeedles: readonly SecretNeedle[],
+  location: FindingLocation,
+): Finding[] {
   const findings: Finding[] = [];
   const severity = recordedSeverity(toggle.severity);
   // Verifying anchor hits may cost about as much as folding the view once; past that, fold.
@@ -126,7 +136,13 @@ export function scan(view: Buffer, toggle: Toggle, secretNeedles: readonly Secre
   };
   for (const needle of secretNeedles) {
     if (needle.forms.some(holds)) {
-      findings.push({ inspector_type: id, severity, description: 'value of one of the agent\'s secrets', match: needle.redacted, location });
+      findings.push({
+        inspector_type: id,
+        severity,
+        description: "value of one of the agent's secrets",
+        match: needle.redacted,
+        location,
+      });
       if (findings.length >= MAX_FINDINGS_PER_INSPECTOR) break;
     }
   }

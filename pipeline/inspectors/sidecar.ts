@@ -100,15 +100,20 @@ export async function callSidecar(call: SidecarCall): Promise<Finding[]> {
       size += (chunk as Buffer).length;
       if (size > MAX_SIDECAR_RESPONSE_BYTES) {
         res.body.destroy();
-        throw new SidecarError('too_large', `sidecar ${sidecar.name} response exceeds ${MAX_SIDECAR_RESPONSE_BYTES} bytes`);
+        throw new SidecarError(
+          'too_large',
+          `sidecar ${sidecar.name} response exceeds ${MAX_SIDECAR_RESPONSE_BYTES} bytes`,
+        );
       }
       chunks.push(chunk as Buffer);
     }
     raw = Buffer.concat(chunks, size);
   } catch (err) {
     if (err instanceof SidecarError) throw err;
-    if (timeout.aborted) throw new SidecarError('timeout', `sidecar ${sidecar.name} timed out after ${sidecar.timeout_ms} ms`);
-    if (call.signal?.aborted) throw new SidecarError('deadline', `sidecar ${sidecar.name} cut off by the inspection deadline`);
+    if (timeout.aborted)
+      throw new SidecarError('timeout', `sidecar ${sidecar.name} timed out after ${sidecar.timeout_ms} ms`);
+    if (call.signal?.aborted)
+      throw new SidecarError('deadline', `sidecar ${sidecar.name} cut off by the inspection deadline`);
     throw new SidecarError('network', `sidecar ${sidecar.name} unreachable: ${(err as Error).message}`, { cause: err });
   }
   return parseSidecarFindings(sidecar, raw);
@@ -128,7 +133,8 @@ export function parseSidecarFindings(sidecar: Sidecar, raw: Buffer): Finding[] {
   const severity = recordedSeverity(sidecar.severity);
   const findings: Finding[] = [];
   for (const item of list.slice(0, MAX_FINDINGS_PER_INSPECTOR)) {
-    if (item === null || typeof item !== 'object') throw new SidecarError('bad_json', `sidecar ${sidecar.name} returned a finding that is not an object`);
+    if (item === null || typeof item !== 'object')
+      throw new SidecarError('bad_json', `sidecar ${sidecar.name} returned a finding that is not an object`);
     const f = item as { description?: unknown; match?: unknown };
     findings.push({
       inspector_type: `sidecar:${sidecar.name}`,

@@ -17,9 +17,22 @@ import { resolveSetting, type RowsByScope, type Scope } from './resolve.ts';
 export const GOVERNANCE_KINDS = ['llm', 'destination', 'exec', 'ssh', 'tunnel', 'tunnel_ports'] as const;
 export type GovernanceKind = (typeof GOVERNANCE_KINDS)[number];
 
-export interface Rule { cidr?: string; host?: string; port?: number; reason?: string }
-export interface AllowDeny { allow?: string[]; deny?: string[] }
-export interface InspectionRule { tool?: string; verdict?: string; summary?: string; arg_gt?: Record<string, number> }
+export interface Rule {
+  cidr?: string;
+  host?: string;
+  port?: number;
+  reason?: string;
+}
+export interface AllowDeny {
+  allow?: string[];
+  deny?: string[];
+}
+export interface InspectionRule {
+  tool?: string;
+  verdict?: string;
+  summary?: string;
+  arg_gt?: Record<string, number>;
+}
 export interface LlmGovernance {
   credential_mode?: string | null;
   inspection?: { inspectors: { name?: string; rules: InspectionRule[] }[] };
@@ -36,7 +49,11 @@ export interface GovernanceValues {
   tunnel_ports: { ports: number[] };
 }
 
-export interface PackRules { name: string; allow: Rule[]; deny: Rule[] }
+export interface PackRules {
+  name: string;
+  allow: Rule[];
+  deny: Rule[];
+}
 
 type Obj = Record<string, unknown>;
 const fail = (path: string, message: string): never => {
@@ -44,7 +61,8 @@ const fail = (path: string, message: string): never => {
 };
 function obj(v: unknown, path: string, allowed: readonly string[]): Obj {
   if (v === null || typeof v !== 'object' || Array.isArray(v)) fail(path, 'must be a JSON object');
-  for (const k of Object.keys(v as Obj)) if (!allowed.includes(k)) fail(`${path}.${k}`, `unknown field (allowed: ${allowed.join(', ')})`);
+  for (const k of Object.keys(v as Obj))
+    if (!allowed.includes(k)) fail(`${path}.${k}`, `unknown field (allowed: ${allowed.join(', ')})`);
   return v as Obj;
 }
 function strings(v: unknown, path: string, check?: (s: string, p: string) => void): string[] {
@@ -67,15 +85,22 @@ function validateRule(v: unknown, path: string): Rule {
     if (typeof o.cidr !== 'string') fail(`${path}.cidr`, 'must be a string');
     const [addr, bits, extra] = (o.cidr as string).split('/');
     const family = isIP(addr ?? '');
-    if (!family || extra !== undefined || (bits !== undefined && (!/^\d+$/.test(bits) || Number(bits) > (family === 4 ? 32 : 128)))) fail(`${path}.cidr`, 'must be an IP address or CIDR block');
+    if (
+      !family ||
+      extra !== undefined ||
+      (bits !== undefined && (!/^\d+$/.test(bits) || Number(bits) > (family === 4 ? 32 : 128)))
+    )
+      fail(`${path}.cidr`, 'must be an IP address or CIDR block');
     rule.cidr = o.cidr as string;
   }
   if (o.host !== undefined) {
-    if (typeof o.host !== 'string' || !/^(\*\.)?[A-Za-z0-9.-]+$/.test(o.host)) fail(`${path}.host`, 'must be a host name, optionally starting with "*."');
+    if (typeof o.host !== 'string' || !/^(\*\.)?[A-Za-z0-9.-]+$/.test(o.host))
+      fail(`${path}.host`, 'must be a host name, optionally starting with "*."');
     rule.host = (o.host as string).toLowerCase();
   }
   if (o.port !== undefined) {
-    if (!Number.isInteger(o.port) || (o.port as number) < 0 || (o.port as number) > 65535) fail(`${path}.port`, 'must be an integer 0..65535');
+    if (!Number.isInteger(o.port) || (o.port as number) < 0 || (o.port as number) > 65535)
+      fail(`${path}.port`, 'must be an integer 0..65535');
     rule.port = o.port as number;
   }
   if (o.reason !== undefined) {
@@ -98,11 +123,16 @@ function allowDeny(v: unknown, path: string): AllowDeny {
 }
 
 /** A governance request body (its `locked` taken apart) → the validated value. */
-export function validateGovernance<K extends GovernanceKind>(kind: K, body: unknown): { value: GovernanceValues[K]; locked: boolean } {
+export function validateGovernance<K extends GovernanceKind>(
+  kind: K,
+  body: unknown,
+): { value: GovernanceValues[K]; locked: boolean } {
   const fields: Record<GovernanceKind, string[]> = {
     llm: ['credential_mode', 'inspection', 'locked', 'models', 'providers', 'upstream'],
     destination: ['allow', 'deny', 'locked'],
-    exec: ['enabled', 'locked'], ssh: ['enabled', 'locked'], tunnel: ['enabled', 'locked'],
+    exec: ['enabled', 'locked'],
+    ssh: ['enabled', 'locked'],
+    tunnel: ['enabled', 'locked'],
     tunnel_ports: ['ports', 'locked'],
   };
   const o = obj(body, 'body', fields[kind]);
@@ -110,14 +140,17 @@ export function validateGovernance<K extends GovernanceKind>(kind: K, body: unkn
   const locked = o.locked === true;
   let value: unknown;
   switch (kind) {
-    case 'exec': case 'ssh': case 'tunnel':
+    case 'exec':
+    case 'ssh':
+    case 'tunnel':
       if (typeof o.enabled !== 'boolean') fail('enabled', 'is required (a boolean)');
       value = { enabled: o.enabled };
       break;
     case 'tunnel_ports': {
       if (!Array.isArray(o.ports)) fail('ports', 'is required: an array of ports (an empty list denies every port)');
       (o.ports as unknown[]).forEach((p, i) => {
-        if (!Number.isInteger(p) || (p as number) < 1 || (p as number) > 65535) fail(`ports[${i}]`, 'must be an integer 1..65535');
+        if (!Number.isInteger(p) || (p as number) < 1 || (p as number) > 65535)
+          fail(`ports[${i}]`, 'must be an integer 1..65535');
       });
       value = { ports: [...new Set(o.ports as number[])].sort((a, b) => a - b) };
       break;
@@ -128,14 +161,16 @@ export function validateGovernance<K extends GovernanceKind>(kind: K, body: unkn
     case 'llm': {
       const llm: LlmGovernance = {};
       if (o.credential_mode !== undefined) {
-        if (o.credential_mode !== null && o.credential_mode !== 'platform' && o.credential_mode !== 'passthrough') fail('credential_mode', 'must be "platform", "passthrough" or null');
+        if (o.credential_mode !== null && o.credential_mode !== 'platform' && o.credential_mode !== 'passthrough')
+          fail('credential_mode', 'must be "platform", "passthrough" or null');
         llm.credential_mode = o.credential_mode as string | null;
       }
       if (o.models !== undefined) llm.models = allowDeny(o.models, 'models');
       if (o.providers !== undefined) llm.providers = allowDeny(o.providers, 'providers');
       if (o.upstream !== undefined) {
-        const u = obj(o.upstream, 'upstream', Object.keys(o.upstream as Obj ?? {}));
-        for (const [k, url] of Object.entries(u)) if (typeof url !== 'string' || !/^https?:\/\/[^/]/.test(url)) fail(`upstream.${k}`, 'must be an http(s) URL');
+        const u = obj(o.upstream, 'upstream', Object.keys((o.upstream as Obj) ?? {}));
+        for (const [k, url] of Object.entries(u))
+          if (typeof url !== 'string' || !/^https?:\/\/[^/]/.test(url)) fail(`upstream.${k}`, 'must be an http(s) URL');
         llm.upstream = u as Record<string, string>;
       }
       if (o.inspection !== undefined) {
@@ -150,11 +185,14 @@ export function validateGovernance<K extends GovernanceKind>(kind: K, body: unkn
             const rules = ((insp.rules ?? []) as unknown[]).map((r, j) => {
               const rp = `${p}.rules[${j}]`;
               const rule = obj(r, rp, ['tool', 'verdict', 'summary', 'arg_gt']);
-              for (const f of ['tool', 'verdict', 'summary']) if (rule[f] !== undefined && typeof rule[f] !== 'string') fail(`${rp}.${f}`, 'must be a string');
-              if (rule.verdict !== undefined && !['allow', 'deny', 'require_approval'].includes(rule.verdict as string)) fail(`${rp}.verdict`, 'must be allow, deny or require_approval');
+              for (const f of ['tool', 'verdict', 'summary'])
+                if (rule[f] !== undefined && typeof rule[f] !== 'string') fail(`${rp}.${f}`, 'must be a string');
+              if (rule.verdict !== undefined && !['allow', 'deny', 'require_approval'].includes(rule.verdict as string))
+                fail(`${rp}.verdict`, 'must be allow, deny or require_approval');
               if (rule.arg_gt !== undefined) {
-                const gt = obj(rule.arg_gt, `${rp}.arg_gt`, Object.keys(rule.arg_gt as Obj ?? {}));
-                for (const [k, n] of Object.entries(gt)) if (typeof n !== 'number' || !Number.isFinite(n)) fail(`${rp}.arg_gt.${k}`, 'must be a number');
+                const gt = obj(rule.arg_gt, `${rp}.arg_gt`, Object.keys((rule.arg_gt as Obj) ?? {}));
+                for (const [k, n] of Object.entries(gt))
+                  if (typeof n !== 'number' || !Number.isFinite(n)) fail(`${rp}.arg_gt.${k}`, 'must be a number');
               }
               return rule as InspectionRule;
             });

@@ -2,8 +2,17 @@ import { createHash } from 'node:crypto';
 import { PolicyScopeError } from '../errors.ts';
 import { stronger } from './severity.ts';
 import type {
-  ContentInspection, CustomPattern, ModelPolicy, PiiToggle, PolicyDocument, PolicyKey, PolicyValues,
-  ResolvedPolicy, Sidecar, SidecarInspection, Toggle,
+  ContentInspection,
+  CustomPattern,
+  ModelPolicy,
+  PiiToggle,
+  PolicyDocument,
+  PolicyKey,
+  PolicyValues,
+  ResolvedPolicy,
+  Sidecar,
+  SidecarInspection,
+  Toggle,
 } from './types.ts';
 
 // The policy resolver, shared by the proxies and the control plane (DESIGN.md, "Policy").
@@ -41,7 +50,8 @@ export interface PolicyLayers {
 export function assertRowAllowed(scope: Scope, key: PolicyKey, row: PolicyRow<{ immutable: boolean }>): void {
   if (scope !== 'agent') return;
   if (row.locked) throw new PolicyScopeError(`${key}: locked is refused at agent scope`);
-  if (row.value.immutable) throw new PolicyScopeError(`${key}.immutable: refused at agent scope (there is no lower scope to lock out)`);
+  if (row.value.immutable)
+    throw new PolicyScopeError(`${key}.immutable: refused at agent scope (there is no lower scope to lock out)`);
 }
 
 const MOST_SPECIFIC_FIRST: readonly Scope[] = ['agent', 'group', 'org', 'platform'];
@@ -143,12 +153,14 @@ export function resolvePolicy(layers: PolicyLayers): ResolvedPolicy {
   let content: ContentInspection | null = winner(layers, 'content_inspection');
   if (content) {
     const patterns: CustomPattern[] = [];
-    for (const scope of MOST_GENERAL_FIRST) addPatterns(patterns, layers[scope]?.content_inspection?.value.patterns ?? []);
+    for (const scope of MOST_GENERAL_FIRST)
+      addPatterns(patterns, layers[scope]?.content_inspection?.value.patterns ?? []);
     content = { ...content, patterns };
   }
 
   const sidecars: Sidecar[] = [];
-  for (const scope of MOST_GENERAL_FIRST) addSidecars(sidecars, layers[scope]?.sidecar_inspection?.value.sidecars ?? []);
+  for (const scope of MOST_GENERAL_FIRST)
+    addSidecars(sidecars, layers[scope]?.sidecar_inspection?.value.sidecars ?? []);
 
   for (const pack of layers.packs ?? []) {
     if (pack.config.model_policy) models.push(pack.config.model_policy);
@@ -160,7 +172,10 @@ export function resolvePolicy(layers: PolicyLayers): ResolvedPolicy {
 }
 
 export function withVersion(policy: Omit<ResolvedPolicy, 'version'>): ResolvedPolicy {
-  const version = createHash('sha256').update(JSON.stringify([policy.models, policy.content, policy.sidecars])).digest('base64url').slice(0, 16);
+  const version = createHash('sha256')
+    .update(JSON.stringify([policy.models, policy.content, policy.sidecars]))
+    .digest('base64url')
+    .slice(0, 16);
   return { version, models: policy.models, content: policy.content, sidecars: policy.sidecars };
 }
 
@@ -176,6 +191,8 @@ export function policyFromDocument(doc: PolicyDocument): ResolvedPolicy {
 /** No model layer, no enabled inspector, no sidecar: inspection is a no-op (spec: rule 1). */
 export function isInert(policy: ResolvedPolicy): boolean {
   const c = policy.content;
-  const contentActive = c !== null && (c.secrets_filter.enabled || c.pii_detection.enabled || c.api_key_detection.enabled || c.patterns.length > 0);
+  const contentActive =
+    c !== null &&
+    (c.secrets_filter.enabled || c.pii_detection.enabled || c.api_key_detection.enabled || c.patterns.length > 0);
   return policy.models.length === 0 && !contentActive && policy.sidecars.length === 0;
 }

@@ -9,7 +9,14 @@ import { dict, own } from '../../core/own.ts';
 // (or by hand until the control plane exists). docs/snapshot.md pins the shape. Validation is whole:
 // a snapshot with one bad value is refused entirely, so a reload never half-applies.
 
-export const SETTING_KEYS = ['model_policy', 'content_inspection', 'sidecar_inspection', 'credential_mode', 'downstream_url', 'upstream'] as const;
+export const SETTING_KEYS = [
+  'model_policy',
+  'content_inspection',
+  'sidecar_inspection',
+  'credential_mode',
+  'downstream_url',
+  'upstream',
+] as const;
 export type SettingKey = (typeof SETTING_KEYS)[number];
 
 export const ISOLATION_CLASSES = ['plain', 'vm', 'node-cvm', 'per-agent-tee'] as const;
@@ -109,7 +116,8 @@ export function validateSetting(key: SettingKey, value: unknown, path: string): 
       const o = obj(value, path);
       const map: UpstreamMap = {};
       for (const [format, url] of Object.entries(o)) {
-        if (!(WIRE_FORMATS as readonly string[]).includes(format)) fail(`${path}.${format}`, `unknown wire format (one of ${WIRE_FORMATS.join(', ')})`);
+        if (!(WIRE_FORMATS as readonly string[]).includes(format))
+          fail(`${path}.${format}`, `unknown wire format (one of ${WIRE_FORMATS.join(', ')})`);
         map[format as WireFormat] = httpUrl(url, `${path}.${format}`);
       }
       return map;
@@ -126,12 +134,14 @@ export function settingJson(key: SettingKey, value: unknown): unknown {
 export function validateConfigRow(key: string, raw: unknown, p: string, lockable: boolean): PolicyRow<unknown> {
   if (!(SETTING_KEYS as readonly string[]).includes(key)) fail(p, `unknown key (one of ${SETTING_KEYS.join(', ')})`);
   const row = obj(raw, p);
-  for (const k of Object.keys(row)) if (k !== 'value' && k !== 'locked') fail(`${p}.${k}`, 'unknown field (value, locked)');
+  for (const k of Object.keys(row))
+    if (k !== 'value' && k !== 'locked') fail(`${p}.${k}`, 'unknown field (value, locked)');
   if (!('value' in row)) fail(`${p}.value`, 'is required');
   if (row.locked !== undefined && typeof row.locked !== 'boolean') fail(`${p}.locked`, 'must be a boolean');
   if (!lockable && row.locked) fail(`${p}.locked`, 'locked is refused at agent scope');
   const v = validateSetting(key as SettingKey, row.value, `${p}.value`);
-  if (!lockable && (v as { immutable?: unknown } | null)?.immutable === true) fail(`${p}.value.immutable`, 'refused at agent scope');
+  if (!lockable && (v as { immutable?: unknown } | null)?.immutable === true)
+    fail(`${p}.value.immutable`, 'refused at agent scope');
   return { value: v, locked: row.locked === true };
 }
 
@@ -139,14 +149,17 @@ function configRows(value: unknown, path: string, lockable: boolean): ConfigRows
   if (value === undefined) return {};
   const o = obj(value, path);
   const rows: ConfigRows = {};
-  for (const [key, raw] of Object.entries(o)) rows[key as SettingKey] = validateConfigRow(key, raw, `${path}.${key}`, lockable);
+  for (const [key, raw] of Object.entries(o))
+    rows[key as SettingKey] = validateConfigRow(key, raw, `${path}.${key}`, lockable);
   return rows;
 }
 
 function rowsJson(rows: ConfigRows, lockable: boolean): Record<string, unknown> {
   const out: Record<string, unknown> = {};
   for (const [key, row] of Object.entries(rows) as [SettingKey, PolicyRow<unknown>][]) {
-    out[key] = lockable ? { value: settingJson(key, row.value), locked: row.locked } : { value: settingJson(key, row.value) };
+    out[key] = lockable
+      ? { value: settingJson(key, row.value), locked: row.locked }
+      : { value: settingJson(key, row.value) };
   }
   return out;
 }
@@ -161,7 +174,12 @@ export function snapshotDocument(s: Snapshot): Record<string, unknown> {
   for (const [id, o] of Object.entries(s.orgs)) {
     const groups: Record<string, unknown> = {};
     for (const [g, group] of Object.entries(o.groups)) groups[g] = { config: rowsJson(group.config, true) };
-    orgs[id] = { config: rowsJson(o.config, true), flags: o.flags, groups, packs: o.packs.map((p) => ({ name: p.name, config: policyDocumentJson(p.config) })) };
+    orgs[id] = {
+      config: rowsJson(o.config, true),
+      flags: o.flags,
+      groups,
+      packs: o.packs.map((p) => ({ name: p.name, config: policyDocumentJson(p.config) })),
+    };
   }
   const agents: Record<string, unknown> = {};
   for (const [id, a] of Object.entries(s.agents)) agents[id] = { ...a, config: rowsJson(a.config, false) };
@@ -176,7 +194,8 @@ export function validatePacks(value: unknown, path: string): PolicyPack[] {
     const o = obj(raw, p);
     const config: PolicyDocument = {};
     for (const [key, v] of Object.entries(obj(o.config ?? {}, `${p}.config`))) {
-      if (!isPolicyKey(key)) fail(`${p}.config.${key}`, 'a pack carries model_policy, content_inspection or sidecar_inspection only');
+      if (!isPolicyKey(key))
+        fail(`${p}.config.${key}`, 'a pack carries model_policy, content_inspection or sidecar_inspection only');
       (config as Obj)[key] = validatePolicyValue(key, v, `${p}.config`);
     }
     return { name: str(o.name, `${p}.name`), config };
@@ -187,7 +206,8 @@ export function validateSnapshot(value: unknown): Snapshot {
   const root = obj(value, 'snapshot');
   const enclaveRaw = obj(root.enclave ?? {}, 'snapshot.enclave');
   const isolation = enclaveRaw.isolation_class ?? 'plain';
-  if (!(ISOLATION_CLASSES as readonly unknown[]).includes(isolation)) fail('snapshot.enclave.isolation_class', `must be one of ${ISOLATION_CLASSES.join(', ')}`);
+  if (!(ISOLATION_CLASSES as readonly unknown[]).includes(isolation))
+    fail('snapshot.enclave.isolation_class', `must be one of ${ISOLATION_CLASSES.join(', ')}`);
   const orgs = dict<OrgState>();
   for (const [id, raw] of Object.entries(obj(root.orgs ?? {}, 'snapshot.orgs'))) {
     const p = `snapshot.orgs.${id}`;
@@ -201,7 +221,12 @@ export function validateSnapshot(value: unknown): Snapshot {
     for (const [g, graw] of Object.entries(obj(o.groups ?? {}, `${p}.groups`))) {
       groups[g] = { config: configRows(obj(graw, `${p}.groups.${g}`).config, `${p}.groups.${g}.config`, true) };
     }
-    orgs[id] = { config: configRows(o.config, `${p}.config`, true), flags, groups, packs: validatePacks(o.packs, `${p}.packs`) };
+    orgs[id] = {
+      config: configRows(o.config, `${p}.config`, true),
+      flags,
+      groups,
+      packs: validatePacks(o.packs, `${p}.packs`),
+    };
   }
   const agents = dict<AgentState>();
   for (const [id, raw] of Object.entries(obj(root.agents ?? {}, 'snapshot.agents'))) {
@@ -219,14 +244,24 @@ export function validateSnapshot(value: unknown): Snapshot {
   }
   return {
     version: str(root.version ?? '', 'snapshot.version'),
-    enclave: { id: str(enclaveRaw.id, 'snapshot.enclave.id', true), name: str(enclaveRaw.name, 'snapshot.enclave.name', true), isolation_class: isolation as IsolationClass },
+    enclave: {
+      id: str(enclaveRaw.id, 'snapshot.enclave.id', true),
+      name: str(enclaveRaw.name, 'snapshot.enclave.name', true),
+      isolation_class: isolation as IsolationClass,
+    },
     platform: configRows(root.platform, 'snapshot.platform', true),
     orgs,
     agents,
   };
 }
 
-export const EMPTY_SNAPSHOT: Snapshot = validateSnapshot({ version: 'empty', enclave: {}, platform: {}, orgs: {}, agents: {} });
+export const EMPTY_SNAPSHOT: Snapshot = validateSnapshot({
+  version: 'empty',
+  enclave: {},
+  platform: {},
+  orgs: {},
+  agents: {},
+});
 
 /** The rows that apply to one agent, scope by scope. */
 function scopes(snapshot: Snapshot, orgId: string, groupId: string | null, agentId: string) {
@@ -244,13 +279,26 @@ export function policyLayers(snapshot: Snapshot, orgId: string, groupId: string 
   const s = scopes(snapshot, orgId, groupId, agentId);
   const pick = (rows: ConfigRows): ScopeRows => {
     const out: ScopeRows = {};
-    for (const key of ['model_policy', 'content_inspection', 'sidecar_inspection'] as const) if (rows[key]) (out as Obj)[key] = rows[key];
+    for (const key of ['model_policy', 'content_inspection', 'sidecar_inspection'] as const)
+      if (rows[key]) (out as Obj)[key] = rows[key];
     return out;
   };
-  return { platform: pick(s.platform), org: pick(s.org), group: pick(s.group), agent: pick(s.agent), packs: snapshotOrg(snapshot, orgId)?.packs ?? [] };
+  return {
+    platform: pick(s.platform),
+    org: pick(s.org),
+    group: pick(s.group),
+    agent: pick(s.agent),
+    packs: snapshotOrg(snapshot, orgId)?.packs ?? [],
+  };
 }
 
-export function resolveSnapshotSetting<K extends keyof SettingValues>(snapshot: Snapshot, key: K, orgId: string, groupId: string | null, agentId: string): SettingValues[K] | null {
+export function resolveSnapshotSetting<K extends keyof SettingValues>(
+  snapshot: Snapshot,
+  key: K,
+  orgId: string,
+  groupId: string | null,
+  agentId: string,
+): SettingValues[K] | null {
   const s = scopes(snapshot, orgId, groupId, agentId);
   const rows: RowsByScope<SettingValues[K]> = {};
   for (const scope of ['platform', 'org', 'group', 'agent'] as const) {

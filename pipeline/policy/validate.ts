@@ -1,8 +1,22 @@
 import { PolicyValidationError } from '../errors.ts';
 import {
-  DEFAULT_SEVERITY, PII_TYPES, POLICY_KEYS, SEVERITIES, SIDECAR_DEFAULT_TIMEOUT_MS,
-  type ContentInspection, type CustomPattern, type ModelPolicy, type PiiToggle, type PiiType, type PolicyDocument,
-  type PolicyKey, type PolicyValues, type Severity, type Sidecar, type SidecarInspection, type Toggle,
+  DEFAULT_SEVERITY,
+  PII_TYPES,
+  POLICY_KEYS,
+  SEVERITIES,
+  SIDECAR_DEFAULT_TIMEOUT_MS,
+  type ContentInspection,
+  type CustomPattern,
+  type ModelPolicy,
+  type PiiToggle,
+  type PiiType,
+  type PolicyDocument,
+  type PolicyKey,
+  type PolicyValues,
+  type Severity,
+  type Sidecar,
+  type SidecarInspection,
+  type Toggle,
 } from './types.ts';
 
 // Validation of the three policy keys. Every error names the field path; unknown fields are refused
@@ -30,7 +44,12 @@ function boolean(obj: Obj, key: string, path: string, fallback: boolean): boolea
   return v;
 }
 
-function string(obj: Obj, key: string, path: string, options: { required?: boolean; fallback?: string; nonEmpty?: boolean } = {}): string {
+function string(
+  obj: Obj,
+  key: string,
+  path: string,
+  options: { required?: boolean; fallback?: string; nonEmpty?: boolean } = {},
+): string {
   const v = obj[key];
   if (v === undefined) {
     if (options.required) fail(`${path}.${key}`, 'is required');
@@ -44,7 +63,8 @@ function string(obj: Obj, key: string, path: string, options: { required?: boole
 function severity(obj: Obj, key: string, path: string, fallback: Severity): Severity {
   const v = obj[key];
   if (v === undefined) return fallback;
-  if (typeof v !== 'string' || !SEVERITIES.includes(v as Severity)) fail(`${path}.${key}`, `must be one of ${SEVERITIES.join(', ')}`);
+  if (typeof v !== 'string' || !SEVERITIES.includes(v as Severity))
+    fail(`${path}.${key}`, `must be one of ${SEVERITIES.join(', ')}`);
   return v as Severity;
 }
 
@@ -71,23 +91,36 @@ export function validateModelPolicy(value: unknown, path = 'model_policy'): Mode
   return { immutable: boolean(obj, 'immutable', path, false), mode, models };
 }
 
-function toggle(value: unknown, path: string, fallbackSeverity: Severity, extra: readonly string[] = []): { obj: Obj; toggle: Toggle } {
+function toggle(
+  value: unknown,
+  path: string,
+  fallbackSeverity: Severity,
+  extra: readonly string[] = [],
+): { obj: Obj; toggle: Toggle } {
   const obj = object(value, path, ['enabled', 'severity', ...extra]);
   // An object given without `enabled` is read as enabled: writing `{severity: "block"}` and getting no
   // inspection would be the surprise (docs/decisions.md).
-  return { obj, toggle: { enabled: boolean(obj, 'enabled', path, true), severity: severity(obj, 'severity', path, fallbackSeverity) } };
+  return {
+    obj,
+    toggle: {
+      enabled: boolean(obj, 'enabled', path, true),
+      severity: severity(obj, 'severity', path, fallbackSeverity),
+    },
+  };
 }
 
 const OFF = (s: Severity): Toggle => ({ enabled: false, severity: s });
 
 export function validateContentInspection(value: unknown, path = 'content_inspection'): ContentInspection {
   const obj = object(value, path, ['immutable', 'secrets_filter', 'pii_detection', 'api_key_detection', 'patterns']);
-  const secrets = obj.secrets_filter === undefined
-    ? OFF(DEFAULT_SEVERITY.secrets_filter)
-    : toggle(obj.secrets_filter, `${path}.secrets_filter`, DEFAULT_SEVERITY.secrets_filter).toggle;
-  const apiKey = obj.api_key_detection === undefined
-    ? OFF(DEFAULT_SEVERITY.api_key_detection)
-    : toggle(obj.api_key_detection, `${path}.api_key_detection`, DEFAULT_SEVERITY.api_key_detection).toggle;
+  const secrets =
+    obj.secrets_filter === undefined
+      ? OFF(DEFAULT_SEVERITY.secrets_filter)
+      : toggle(obj.secrets_filter, `${path}.secrets_filter`, DEFAULT_SEVERITY.secrets_filter).toggle;
+  const apiKey =
+    obj.api_key_detection === undefined
+      ? OFF(DEFAULT_SEVERITY.api_key_detection)
+      : toggle(obj.api_key_detection, `${path}.api_key_detection`, DEFAULT_SEVERITY.api_key_detection).toggle;
   let pii: PiiToggle = { ...OFF(DEFAULT_SEVERITY.pii_detection), types: null };
   if (obj.pii_detection !== undefined) {
     const p = `${path}.pii_detection`;
@@ -98,7 +131,8 @@ export function validateContentInspection(value: unknown, path = 'content_inspec
       if (raw.length === 0) fail(`${p}.types`, 'must not be empty (omit it to check every type)');
       types = [];
       raw.forEach((v, i) => {
-        if (typeof v !== 'string' || !PII_TYPES.includes(v as PiiType)) fail(`${p}.types[${i}]`, `must be one of ${PII_TYPES.join(', ')}`);
+        if (typeof v !== 'string' || !PII_TYPES.includes(v as PiiType))
+          fail(`${p}.types[${i}]`, `must be one of ${PII_TYPES.join(', ')}`);
         if (!types!.includes(v as PiiType)) types!.push(v as PiiType);
       });
     }
@@ -109,15 +143,34 @@ export function validateContentInspection(value: unknown, path = 'content_inspec
     const o = object(v, p, ['pattern', 'description', 'severity']);
     // An invalid regex is not an error here: the spec says it is logged and skipped at compile time.
     const pattern = string(o, 'pattern', p, { required: true, nonEmpty: true });
-    return { pattern, description: string(o, 'description', p, { fallback: '' }), severity: severity(o, 'severity', p, DEFAULT_SEVERITY.pattern) };
+    return {
+      pattern,
+      description: string(o, 'description', p, { fallback: '' }),
+      severity: severity(o, 'severity', p, DEFAULT_SEVERITY.pattern),
+    };
   });
-  return { immutable: boolean(obj, 'immutable', path, false), secrets_filter: secrets, pii_detection: pii, api_key_detection: apiKey, patterns };
+  return {
+    immutable: boolean(obj, 'immutable', path, false),
+    secrets_filter: secrets,
+    pii_detection: pii,
+    api_key_detection: apiKey,
+    patterns,
+  };
 }
 
 export const MAX_SIDECAR_TIMEOUT_MS = 600_000;
 
 export function validateSidecar(value: unknown, path: string): Sidecar {
-  const obj = object(value, path, ['name', 'url', 'timeout_ms', 'on_request', 'on_response', 'async', 'severity', 'include_context']);
+  const obj = object(value, path, [
+    'name',
+    'url',
+    'timeout_ms',
+    'on_request',
+    'on_response',
+    'async',
+    'severity',
+    'include_context',
+  ]);
   const name = string(obj, 'name', path, { required: true, nonEmpty: true });
   const url = string(obj, 'url', path, { required: true, nonEmpty: true });
   let parsed: URL;
@@ -198,7 +251,8 @@ export function validatePolicyDocument(value: unknown, path = ''): PolicyDocumen
   const obj = object(value, path, POLICY_KEYS);
   const doc: PolicyDocument = {};
   for (const key of POLICY_KEYS) {
-    if (obj[key] !== undefined) (doc as Record<string, unknown>)[key] = validatePolicyValue(key, obj[key], path || undefined);
+    if (obj[key] !== undefined)
+      (doc as Record<string, unknown>)[key] = validatePolicyValue(key, obj[key], path || undefined);
   }
   return doc;
 }

@@ -1,8 +1,16 @@
 import type { IncomingHttpHeaders } from 'node:http';
 import type { TLSSocket } from 'node:tls';
-import { X509Certificate } from 'node:crypto';
+import type { X509Certificate } from 'node:crypto';
 import { AuthError, type AuthFailure } from './errors.ts';
-import { createLocalJWKSet, createRemoteJWKSet, jwtVerify, errors as joseErrors, type JWTPayload, type JWTVerifyGetKey, type JSONWebKeySet } from 'jose';
+import {
+  createLocalJWKSet,
+  createRemoteJWKSet,
+  jwtVerify,
+  errors as joseErrors,
+  type JWTPayload,
+  type JWTVerifyGetKey,
+  type JSONWebKeySet,
+} from 'jose';
 
 // Agent identity (spec: Authentication). Two ways in:
 //   1. the platform JWT (ES256, 5-minute lifetime) in `Authorization: Bearer` or `x-api-key` (the
@@ -34,7 +42,9 @@ export function jwksFromUrl(url: string): JWTVerifyGetKey {
 }
 
 /** The token and the header it came in, or null when neither header holds something JWT-shaped. */
-export function presentedToken(headers: IncomingHttpHeaders): { token: string; header: 'authorization' | 'x-api-key' } | null {
+export function presentedToken(
+  headers: IncomingHttpHeaders,
+): { token: string; header: 'authorization' | 'x-api-key' } | null {
   const auth = headers.authorization;
   if (typeof auth === 'string' && /^bearer\s+/i.test(auth)) {
     const token = auth.replace(/^bearer\s+/i, '').trim();
@@ -72,7 +82,8 @@ export class AgentAuthenticator {
     const nowS = this.#now() / 1000;
     const hit = this.#cache.get(token);
     if (hit) {
-      if (hit.exp > nowS) return hit.identity.tokenHeader === header ? hit.identity : { ...hit.identity, tokenHeader: header };
+      if (hit.exp > nowS)
+        return hit.identity.tokenHeader === header ? hit.identity : { ...hit.identity, tokenHeader: header };
       this.#cache.delete(token);
     }
     let payload;
@@ -85,7 +96,10 @@ export class AgentAuthenticator {
       }));
     } catch (err) {
       // jose checks the claims only once the signature has verified: their payload is the issuer's.
-      const signed = err instanceof joseErrors.JWTClaimValidationFailed || err instanceof joseErrors.JWTExpired ? identityOf(err.payload, header) : null;
+      const signed =
+        err instanceof joseErrors.JWTClaimValidationFailed || err instanceof joseErrors.JWTExpired
+          ? identityOf(err.payload, header)
+          : null;
       const [reason, message] = describeJoseError(err);
       throw new AuthError(reason, message, signed);
     }

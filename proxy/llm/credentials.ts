@@ -10,11 +10,21 @@ import { AGENT_LLM_KEY, ORG_LLM_KEY, type SecretSource } from './secrets-file.ts
 //                not the platform JWT (docs/decisions.md).
 // No credential: the spec's `no LLM API credential configured`.
 
-export function resolveCredential(mode: CredentialMode, identity: AgentIdentity, headers: IncomingHttpHeaders, secrets: SecretSource): string | null {
+export function resolveCredential(
+  mode: CredentialMode,
+  identity: AgentIdentity,
+  headers: IncomingHttpHeaders,
+  secrets: SecretSource,
+): string | null {
   if (mode === 'platform') {
-    return secrets.get(`agent:${identity.agentId}`, AGENT_LLM_KEY) ?? secrets.get(`org:${identity.orgId}`, ORG_LLM_KEY) ?? null;
+    return (
+      secrets.get(`agent:${identity.agentId}`, AGENT_LLM_KEY) ??
+      secrets.get(`org:${identity.orgId}`, ORG_LLM_KEY) ??
+      null
+    );
   }
-  const fromAuth = typeof headers.authorization === 'string' ? headers.authorization.replace(/^bearer\s+/i, '').trim() : '';
+  const fromAuth =
+    typeof headers.authorization === 'string' ? headers.authorization.replace(/^bearer\s+/i, '').trim() : '';
   const fromKey = typeof headers['x-api-key'] === 'string' ? headers['x-api-key'].trim() : '';
   if (identity.tokenHeader === 'authorization') return fromKey || null;
   if (identity.tokenHeader === 'x-api-key') return fromAuth || null;

@@ -16,13 +16,25 @@ export interface ProxyError {
 }
 
 function jsonError(status: number, type: string, message: string): ProxyError {
-  return { status, body: Buffer.from(JSON.stringify({ type: 'error', error: { type, message } })), contentType: 'application/json' };
+  return {
+    status,
+    body: Buffer.from(JSON.stringify({ type: 'error', error: { type, message } })),
+    contentType: 'application/json',
+  };
 }
 
 export const ERRORS = {
   contentPolicy: jsonError(403, 'content_policy_violation', 'Request blocked by content security policy.'),
-  inspectionUnavailable: jsonError(503, 'content_inspection_unavailable', 'Request rejected: content security inspection is unavailable.'),
-  upstreamFailed: { status: 502, body: Buffer.from('Upstream request failed'), contentType: 'text/plain; charset=utf-8' } as ProxyError,
+  inspectionUnavailable: jsonError(
+    503,
+    'content_inspection_unavailable',
+    'Request rejected: content security inspection is unavailable.',
+  ),
+  upstreamFailed: {
+    status: 502,
+    body: Buffer.from('Upstream request failed'),
+    contentType: 'text/plain; charset=utf-8',
+  } as ProxyError,
   unauthenticated: jsonError(401, 'authentication_error', 'invalid or missing agent credential'),
   agentRefused: jsonError(403, 'permission_error', 'agent is not permitted to use the LLM proxy'),
   tierTooLow: jsonError(403, 'permission_error', 'enclave isolation class is below the required minimum'),
@@ -32,9 +44,17 @@ export const ERRORS = {
   bodyTimeout: jsonError(408, 'timeout_error', 'request body not received in time'),
   shuttingDown: jsonError(503, 'overloaded_error', 'proxy is shutting down'),
   unsupportedMediaType: jsonError(415, 'invalid_request_error', 'content-type must be application/json'),
-  encodedBody: jsonError(415, 'invalid_request_error', 'content-encoding: request bodies must be sent uncompressed (identity)'),
+  encodedBody: jsonError(
+    415,
+    'invalid_request_error',
+    'content-encoding: request bodies must be sent uncompressed (identity)',
+  ),
   modelRequired: jsonError(400, 'invalid_request_error', 'model: a string model is required'),
-  auditUnavailable: jsonError(503, 'audit_unavailable', 'Request rejected: the audit record could not be made durable.'),
+  auditUnavailable: jsonError(
+    503,
+    'audit_unavailable',
+    'Request rejected: the audit record could not be made durable.',
+  ),
 } as const;
 
 export function badRequest(message: string): ProxyError {
@@ -43,8 +63,12 @@ export function badRequest(message: string): ProxyError {
 
 /** The answer to a request node refused before it reached the proxy (oversized headers, a malformed request, one that did not arrive in time), in the same shape. */
 export function clientErrorAnswer(status: number): { contentType: string; body: string } {
-  const [type, message] = status === 431 ? ['request_too_large', 'request header fields too large']
-    : status === 408 ? ['timeout_error', 'request not received in time'] : ['invalid_request_error', 'malformed HTTP request'];
+  const [type, message] =
+    status === 431
+      ? ['request_too_large', 'request header fields too large']
+      : status === 408
+        ? ['timeout_error', 'request not received in time']
+        : ['invalid_request_error', 'malformed HTTP request'];
   return { contentType: 'application/json', body: JSON.stringify({ type: 'error', error: { type, message } }) };
 }
 
@@ -55,8 +79,16 @@ export class OptionsError extends DvxError {
 
 /** Why an agent's credential was refused; the `dvx_llmproxy_auth_failures_total` label. */
 export type AuthFailure =
-  | 'expired' | 'claim' | 'algorithm' | 'signed' | 'signature' | 'malformed' | 'rejected'
-  | 'lifetime' | 'lacks' | 'agent';
+  | 'expired'
+  | 'claim'
+  | 'algorithm'
+  | 'signed'
+  | 'signature'
+  | 'malformed'
+  | 'rejected'
+  | 'lifetime'
+  | 'lacks'
+  | 'agent';
 
 /** An agent presented no credential, or one that does not verify (spec: Authentication). */
 export class AuthError extends DvxError {

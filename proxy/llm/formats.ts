@@ -23,7 +23,8 @@ export const INFERENCE_ROUTES: Record<string, WireFormat> = {
  * which an upstream may normalize onto an inference route that we took for pass-through.
  */
 export function isNormalApiPath(path: string): boolean {
-  if (!path.startsWith('/v1/') || path.length === 4 || path.endsWith('/') || path.includes('//') || /[\\#;]/.test(path)) return false;
+  if (!path.startsWith('/v1/') || path.length === 4 || path.endsWith('/') || path.includes('//') || /[\\#;]/.test(path))
+    return false;
   if (/(^|\/)(\.|%2e){1,2}(\/|$)/i.test(path)) return false;
   // Unreserved characters (RFC 3986 §2.3), and `/` and `\`, which some servers decode into separators.
   return !/%(?:2[dDeEfF]|3[0-9]|[46][1-9a-fA-F]|[57][0-9aA]|5[cCfF]|7[eE])/.test(path);
@@ -31,7 +32,8 @@ export function isNormalApiPath(path: string): boolean {
 
 /** The API family of a pass-through path: Anthropic's clients always send `anthropic-version`. */
 export function passThroughFormat(path: string, headers: IncomingHttpHeaders): WireFormat {
-  if (path.startsWith('/v1/messages') || path.startsWith('/v1/complete') || headers['anthropic-version'] !== undefined) return 'anthropic-messages';
+  if (path.startsWith('/v1/messages') || path.startsWith('/v1/complete') || headers['anthropic-version'] !== undefined)
+    return 'anthropic-messages';
   return path.startsWith('/v1/responses') ? 'openai-responses' : 'openai-chat';
 }
 
@@ -49,9 +51,11 @@ export interface PrefixContext {
 export function securityContext(ctx: PrefixContext): string {
   const who = ctx.agentName ? `"${ctx.agentName}" (${ctx.agentId})` : ctx.agentId;
   const where = ctx.enclaveName ? ` in enclave "${ctx.enclaveName}"` : '';
-  return `[dvx security context] You are agent ${who} of organization ${ctx.orgId}${where}. ` +
-    'This session is governed: requests and responses are inspected under your organization\'s policy and audited. ' +
-    'Never reveal secrets or credentials.';
+  return (
+    `[dvx security context] You are agent ${who} of organization ${ctx.orgId}${where}. ` +
+    "This session is governed: requests and responses are inspected under your organization's policy and audited. " +
+    'Never reveal secrets or credentials.'
+  );
 }
 
 const json = (s: string) => JSON.stringify(s);

@@ -13,18 +13,25 @@ export async function policyOf(ctx: CallContext): Promise<ResolvedPolicy> {
   if (ctx.policy !== null) return ctx.policy;
   const { orgId, agentId, groupId } = ctx.identity!;
   const snapshot = ctx.snapshot;
-  ctx.policy = await ctx.d.policies.get(orgId, agentId,
-    () => resolvePolicy(policyLayers(snapshot, orgId, groupId, agentId)));
+  ctx.policy = await ctx.d.policies.get(orgId, agentId, () =>
+    resolvePolicy(policyLayers(snapshot, orgId, groupId, agentId)),
+  );
   return ctx.policy;
 }
 
 /** The engine's input for a body of this call. */
 export async function inspect(
-  ctx: CallContext, body: Buffer, phase: Phase, contentType?: string | null,
+  ctx: CallContext,
+  body: Buffer,
+  phase: Phase,
+  contentType?: string | null,
 ): Promise<InspectionOutcome> {
   const identity = ctx.identity!;
   return ctx.d.engine.inspect({
-    body, phase, policy: await policyOf(ctx), secrets: ctx.d.secrets.agentSecrets(identity.agentId),
+    body,
+    phase,
+    policy: await policyOf(ctx),
+    secrets: ctx.d.secrets.agentSecrets(identity.agentId),
     identity: { agentId: identity.agentId, orgId: identity.orgId, agentName: identity.agentName },
     ...(contentType === undefined ? {} : { modelsAnywhere: { contentType } }),
   });
@@ -36,8 +43,14 @@ export function noteOutcome(ctx: CallContext, outcome: InspectionOutcome, phase:
   if (outcome.failOpen) ctx.failOpen = true;
   if (outcome.decision !== 'allow') ctx.decision = outcome.decision;
   if (outcome.findings.length > 0) {
-    ctx.d.log.info({
-      request_id: ctx.id, agent_id: ctx.identity?.agentId, findings: outcome.findings, decision: outcome.decision,
-    }, 'inspection findings');
+    ctx.d.log.info(
+      {
+        request_id: ctx.id,
+        agent_id: ctx.identity?.agentId,
+        findings: outcome.findings,
+        decision: outcome.decision,
+      },
+      'inspection findings',
+    );
   }
 }

@@ -2,18 +2,45 @@ import type { Registry } from 'prom-client';
 import { counter, histogram } from '../../core/metrics.ts';
 
 // llmproxy's own metrics; the engine registers the inspection ones on the same registry.
-const LATENCY = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60];
+const LATENCY = [
+  0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
+];
 const BYTES = [1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 33554432];
 
 export function proxyMetrics(registry: Registry) {
   return {
-    requests: counter(registry, 'dvx_llmproxy_requests_total', 'Agent calls by wire format and status', ['format', 'status']),
-    overhead: histogram(registry, 'dvx_llmproxy_overhead_seconds', 'Time spent in the proxy, upstream time excluded', ['format'], LATENCY),
-    upstream: histogram(registry, 'dvx_llmproxy_upstream_seconds', 'Upstream time to response headers', ['format'], LATENCY),
+    requests: counter(registry, 'dvx_llmproxy_requests_total', 'Agent calls by wire format and status', [
+      'format',
+      'status',
+    ]),
+    overhead: histogram(
+      registry,
+      'dvx_llmproxy_overhead_seconds',
+      'Time spent in the proxy, upstream time excluded',
+      ['format'],
+      LATENCY,
+    ),
+    upstream: histogram(
+      registry,
+      'dvx_llmproxy_upstream_seconds',
+      'Upstream time to response headers',
+      ['format'],
+      LATENCY,
+    ),
     requestBytes: histogram(registry, 'dvx_llmproxy_request_body_bytes', 'Request body size', ['format'], BYTES),
     responseBytes: histogram(registry, 'dvx_llmproxy_response_body_bytes', 'Response body size', ['format'], BYTES),
-    upstreamTimeouts: counter(registry, 'dvx_llmproxy_upstream_timeouts_total', 'Upstream calls cut by --upstream-timeout (phase headers) or --upstream-idle-timeout (phase idle)', ['phase']),
-    agentStalls: counter(registry, 'dvx_llmproxy_agent_stalls_total', 'Answers cut because the agent stopped reading them (nothing taken for --idle-timeout); their upstream is released', []),
+    upstreamTimeouts: counter(
+      registry,
+      'dvx_llmproxy_upstream_timeouts_total',
+      'Upstream calls cut by --upstream-timeout (phase headers) or --upstream-idle-timeout (phase idle)',
+      ['phase'],
+    ),
+    agentStalls: counter(
+      registry,
+      'dvx_llmproxy_agent_stalls_total',
+      'Answers cut because the agent stopped reading them (nothing taken for --idle-timeout); their upstream is released',
+      [],
+    ),
     authFailures: counter(registry, 'dvx_llmproxy_auth_failures_total', 'Refused agent credentials', ['reason']),
   };
 }

@@ -1,4 +1,9 @@
-import { ISOLATION_CLASSES, WIRE_FORMATS, type IsolationClass, type WireFormat } from '../../pipeline/policy/snapshot.ts';
+import {
+  ISOLATION_CLASSES,
+  WIRE_FORMATS,
+  type IsolationClass,
+  type WireFormat,
+} from '../../pipeline/policy/snapshot.ts';
 import { DEFAULT_INSPECT_TIMEOUT_MS } from '../../pipeline/engine.ts';
 import type { LogFormat, LogLevel } from '../../core/logger.ts';
 import { AUDIT_DEFAULTS, auditOptionsProblem, type AuditOptions } from '../../audit-wal/options.ts';
@@ -77,8 +82,12 @@ export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
 export function validateOptions(input: Partial<LlmProxyOptions>): LlmProxyOptions {
   const o = { ...LLMPROXY_DEFAULTS, ...input };
   if (!o.tlsCert || !o.tlsKey) throw new OptionsError('--tls-cert and --tls-key are required (llmproxy is TLS-only)');
-  if (!o.agentJwks && !o.agentCa) throw new OptionsError('agents cannot authenticate: set --agent-jwks (platform JWTs) and/or --agent-ca (identity certificates)');
-  if (!(ISOLATION_CLASSES as readonly string[]).includes(o.minTier)) throw new OptionsError(`--min-tier must be one of ${ISOLATION_CLASSES.join(', ')}`);
+  if (!o.agentJwks && !o.agentCa)
+    throw new OptionsError(
+      'agents cannot authenticate: set --agent-jwks (platform JWTs) and/or --agent-ca (identity certificates)',
+    );
+  if (!(ISOLATION_CLASSES as readonly string[]).includes(o.minTier))
+    throw new OptionsError(`--min-tier must be one of ${ISOLATION_CLASSES.join(', ')}`);
   if (o.upstreamDefault) {
     let url: URL;
     try {
@@ -86,12 +95,18 @@ export function validateOptions(input: Partial<LlmProxyOptions>): LlmProxyOption
     } catch {
       throw new OptionsError(`--upstream-default "${o.upstreamDefault}" is not an absolute URL`);
     }
-    if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new OptionsError('--upstream-default must be an http(s) URL');
+    if (url.protocol !== 'http:' && url.protocol !== 'https:')
+      throw new OptionsError('--upstream-default must be an http(s) URL');
     o.upstreamDefault = o.upstreamDefault.replace(/\/+$/, '');
   }
-  if (!(WIRE_FORMATS as readonly string[]).includes(o.translateUpstreamFormat)) throw new OptionsError(`--translate-upstream-format must be one of ${WIRE_FORMATS.join(', ')}`);
-  if (o.databaseDsn && o.policySnapshot) throw new OptionsError('--database-dsn and --policy-snapshot are two sources of the same policy: choose one');
-  if (o.databaseDsn && !/^postgres(ql)?:\/\//.test(o.databaseDsn)) throw new OptionsError('--database-dsn must be postgres://… (the control plane\'s store; an embedded PGlite store is not shared across processes)');
+  if (!(WIRE_FORMATS as readonly string[]).includes(o.translateUpstreamFormat))
+    throw new OptionsError(`--translate-upstream-format must be one of ${WIRE_FORMATS.join(', ')}`);
+  if (o.databaseDsn && o.policySnapshot)
+    throw new OptionsError('--database-dsn and --policy-snapshot are two sources of the same policy: choose one');
+  if (o.databaseDsn && !/^postgres(ql)?:\/\//.test(o.databaseDsn))
+    throw new OptionsError(
+      "--database-dsn must be postgres://… (the control plane's store; an embedded PGlite store is not shared across processes)",
+    );
   const audit = auditOptionsProblem(o);
   if (audit) throw new OptionsError(audit);
   if (!(o.inspectTimeout > 0)) throw new OptionsError('--inspect-timeout must be positive');

@@ -33,7 +33,16 @@ export type { ProxyDeps } from './context.ts';
 // call's record. This file is the list, the runner and the lifecycle (drain, calls in flight).
 
 const STEPS: readonly Step[] = [
-  authenticate, admit, route, readBody, translate, prefix, inspectRequest, credential, forward, relay,
+  authenticate,
+  admit,
+  route,
+  readBody,
+  translate,
+  prefix,
+  inspectRequest,
+  credential,
+  forward,
+  relay,
 ];
 
 const HEALTH_PATH = '/healthz';
@@ -118,7 +127,10 @@ export class LlmProxy {
  * refusal of ours (`reason` given) is recorded with decision `deny` and its reason in `error`.
  */
 function answer(
-  ctx: CallContext, error: ProxyError, reason: string | null, headers: Record<string, string> | null,
+  ctx: CallContext,
+  error: ProxyError,
+  reason: string | null,
+  headers: Record<string, string> | null,
 ): void {
   if (reason !== null) {
     ctx.decision = 'deny';

@@ -24,7 +24,8 @@ export function grow(body: Buffer, length: number): Buffer {
 
 export async function readBody(req: IncomingMessage, limit: number, sharedFrom: number, headroom = 0): Promise<Buffer> {
   const announced = Number(req.headers['content-length']);
-  if (Number.isFinite(announced) && announced > limit) throw new RequestTooLargeError(`request body exceeds ${limit} bytes`);
+  if (Number.isFinite(announced) && announced > limit)
+    throw new RequestTooLargeError(`request body exceeds ${limit} bytes`);
   if (Number.isFinite(announced) && announced >= sharedFrom) {
     const backing = allocShared(announced + headroom);
     const out = backing.subarray(0, announced);

@@ -22,7 +22,10 @@ export type Relayed = 'done' | 'gone' | 'failed';
  * a destroyed response (the agent sees the answer cut short, never one left open), `what` in its record.
  */
 export async function relayBody(
-  ctx: CallContext, copy: Buffer[], filter: ChunkFilter | null, what: string,
+  ctx: CallContext,
+  copy: Buffer[],
+  filter: ChunkFilter | null,
+  what: string,
 ): Promise<Relayed> {
   const res = ctx.res;
   const idle = ctx.d.options.idleTimeout;
@@ -73,7 +76,9 @@ export function agentGone(ctx: CallContext, how: 'closed' | 'stalled'): void {
  * destroyed, which releases the upstream feeding it).
  */
 export async function send(
-  res: ServerResponse, chunk: Buffer, stallMs: number,
+  res: ServerResponse,
+  chunk: Buffer,
+  stallMs: number,
 ): Promise<'sent' | 'closed' | 'stalled'> {
   if (res.destroyed) return 'closed';
   const socket = res.socket;

@@ -8,11 +8,14 @@ export const AGENT_LLM_KEY = 'agent:llmproxy.llm.api_key';
 export const ORG_LLM_KEY = 'llmproxy:llm.api_key';
 
 export function parseSecretsFile(value: unknown): SecretMap {
-  if (value === null || typeof value !== 'object' || Array.isArray(value)) throw new Error('secrets file must be a JSON object');
+  if (value === null || typeof value !== 'object' || Array.isArray(value))
+    throw new Error('secrets file must be a JSON object');
   const out: SecretMap = new Map();
   for (const [owner, entries] of Object.entries(value as Record<string, unknown>)) {
-    if (!/^(agent|org):.+/.test(owner)) throw new Error(`secrets file: key "${owner}" must be "agent:<id>" or "org:<id>"`);
-    if (entries === null || typeof entries !== 'object' || Array.isArray(entries)) throw new Error(`secrets file: "${owner}" must be an object of name → value`);
+    if (!/^(agent|org):.+/.test(owner))
+      throw new Error(`secrets file: key "${owner}" must be "agent:<id>" or "org:<id>"`);
+    if (entries === null || typeof entries !== 'object' || Array.isArray(entries))
+      throw new Error(`secrets file: "${owner}" must be an object of name → value`);
     const names = new Map<string, string>();
     for (const [name, v] of Object.entries(entries as Record<string, unknown>)) {
       if (typeof v !== 'string') throw new Error(`secrets file: "${owner}"."${name}" must be a string`);
@@ -38,7 +41,8 @@ export function secretSource(read: () => SecretMap): SecretSource {
       let byAgent = lists.get(map);
       if (byAgent === undefined) lists.set(map, (byAgent = new Map()));
       let values = byAgent.get(agentId);
-      if (values === undefined) byAgent.set(agentId, (values = Object.freeze([...(map.get(`agent:${agentId}`)?.values() ?? [])]) as string[]));
+      if (values === undefined)
+        byAgent.set(agentId, (values = Object.freeze([...(map.get(`agent:${agentId}`)?.values() ?? [])]) as string[]));
       return values;
     },
     get: (owner, name) => read().get(owner)?.get(name),

@@ -51,14 +51,20 @@ export interface StartOptions {
 
 export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: StartOptions = {}): Promise<RunningProxy> {
   const options = validateOptions(input);
-  const log = start.logger ?? createLogger({ level: options.logLevel, format: options.logFormat, component: 'llmproxy' });
+  const log =
+    start.logger ?? createLogger({ level: options.logLevel, format: options.logFormat, component: 'llmproxy' });
   const registry = start.registry ?? createRegistry({ defaultMetrics: true });
   const tls = await loadTls({ cert: options.tlsCert, key: options.tlsKey, ca: options.agentCa || undefined });
   const listen = parseAddr(options.addr);
 
   const policies = new PolicyCache<ResolvedPolicy>();
   const store = options.databaseDsn
-    ? await StoreSnapshotSource.open({ dsn: options.databaseDsn, enclaveId: options.enclaveId, log, onChange: () => policies.invalidate() })
+    ? await StoreSnapshotSource.open({
+        dsn: options.databaseDsn,
+        enclaveId: options.enclaveId,
+        log,
+        onChange: () => policies.invalidate(),
+      })
     : null;
   let snapshotFile: WatchedJsonFile<Snapshot> | null = null;
   if (options.policySnapshot) {
@@ -105,15 +111,36 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
     });
   }
 
-  const engine = new InspectionEngine({ timeoutMs: options.inspectTimeout, failClosed: options.inspectFailClosed, logger: log, registry, ...(start.inspectWorker ? { workerUrl: start.inspectWorker } : {}) });
-  const upstreamCa = options.upstreamCa ? await readFile(options.upstreamCa).catch((err: NodeJS.ErrnoException) => {
-    throw new Error(`cannot read --upstream-ca ${options.upstreamCa}: ${err.code ?? err.message}`);
-  }) : undefined;
-  const dispatcher = upstreamDispatcher({ ca: upstreamCa, headersTimeoutMs: options.upstreamTimeout, bodyTimeoutMs: options.upstreamIdleTimeout });
+  const engine = new InspectionEngine({
+    timeoutMs: options.inspectTimeout,
+    failClosed: options.inspectFailClosed,
+    logger: log,
+    registry,
+    ...(start.inspectWorker ? { workerUrl: start.inspectWorker } : {}),
+  });
+  const upstreamCa = options.upstreamCa
+    ? await readFile(options.upstreamCa).catch((err: NodeJS.ErrnoException) => {
+        throw new Error(`cannot read --upstream-ca ${options.upstreamCa}: ${err.code ?? err.message}`);
+      })
+    : undefined;
+  const dispatcher = upstreamDispatcher({
+    ca: upstreamCa,
+    headersTimeoutMs: options.upstreamTimeout,
+    bodyTimeoutMs: options.upstreamIdleTimeout,
+  });
   // Audit: the WAL shipped to --audit-dsn, or stdout lines with "stream":"audit".
-  const audit = start.audit ?? (options.auditDsn
-    ? await WalSink.open({ dir: options.auditWalDir, dsn: options.auditDsn, maxBytes: options.auditWalMaxBytes, log, registry, tables: ['llm_audit_log'] })
-    : new StdoutAuditSink());
+  const audit =
+    start.audit ??
+    (options.auditDsn
+      ? await WalSink.open({
+          dir: options.auditWalDir,
+          dsn: options.auditDsn,
+          maxBytes: options.auditWalMaxBytes,
+          log,
+          registry,
+          tables: ['llm_audit_log'],
+        })
+      : new StdoutAuditSink());
   const durableAudit = Boolean(options.auditDsn) || start.durableAudit === true;
 
   const proxy = new LlmProxy({
@@ -133,13 +160,16 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
   });
 
   const limiter = new ServerLimiter(options, { listener: 'llmproxy', registry, log, answer: clientErrorAnswer });
-  const server = https.createServer({
-    cert: tls.cert,
-    key: tls.key,
-    ...(tls.ca ? { ca: tls.ca, requestCert: true, rejectUnauthorized: false } : {}),
-    // Slow or silent clients: handshake, headers, whole request, keep-alive (core/server-limits.ts).
-    ...serverOptions(options),
-  }, proxy.handle);
+  const server = https.createServer(
+    {
+      cert: tls.cert,
+      key: tls.key,
+      ...(tls.ca ? { ca: tls.ca, requestCert: true, rejectUnauthorized: false } : {}),
+      // Slow or silent clients: handshake, headers, whole request, keep-alive (core/server-limits.ts).
+      ...serverOptions(options),
+    },
+    proxy.handle,
+  );
   limiter.attach(server);
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
@@ -147,33 +177,43 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
   });
 
   const metricsServer = options.metricsAddr
-    ? await startMetricsServer({ addr: options.metricsAddr, cert: tls.cert, key: tls.key, registry, limits: options, log })
+    ? await startMetricsServer({
+        addr: options.metricsAddr,
+        cert: tls.cert,
+        key: tls.key,
+        registry,
+        limits: options,
+        log,
+      })
     : null;
-  log.info({ addr: server.address(), metrics_port: metricsServer?.port ?? null, snapshot: options.policySnapshot || null }, 'llmproxy listening');
+  log.info(
+    { addr: server.address(), metrics_port: metricsServer?.port ?? null, snapshot: options.policySnapshot || null },
+    'llmproxy listening',
+  );
 
   let closing: Promise<void> | null = null;
   return {
     port: (server.address() as AddressInfo).port,
     metricsPort: metricsServer?.port ?? null,
     proxy,
-    close: () => (closing ??= (async () => {
-      const stopped = new Promise<void>((resolve) => server.close(() => resolve()));
-      server.closeIdleConnections();
-      await proxy.drain();
-      server.closeAllConnections();
-      await stopped;
-      await metricsServer?.close();
-      snapshotFile?.close();
-      await store?.close();
-      secretsFile?.close();
-      jwksFile?.close();
-      await engine.close();
-      await dispatcher.close();
-      await closeSidecarDispatcher();
-      await audit.flush();
-      await audit.close();
-      log.info('llmproxy stopped');
-    })()),
+    close: () =>
+      (closing ??= (async () => {
+        const stopped = new Promise<void>((resolve) => server.close(() => resolve()));
+        server.closeIdleConnections();
+        await proxy.drain();
+        server.closeAllConnections();
+        await stopped;
+        await metricsServer?.close();
+        snapshotFile?.close();
+        await store?.close();
+        secretsFile?.close();
+        jwksFile?.close();
+        await engine.close();
+        await dispatcher.close();
+        await closeSidecarDispatcher();
+        await audit.flush();
+        await audit.close();
+        log.info('llmproxy stopped');
+      })()),
   };
 }
-

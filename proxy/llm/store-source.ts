@@ -34,7 +34,12 @@ export class StoreSnapshotSource {
     this.#timer.unref();
   }
 
-  static async open(options: { dsn: string; enclaveId: string; log: Logger; onChange: () => void }): Promise<StoreSnapshotSource> {
+  static async open(options: {
+    dsn: string;
+    enclaveId: string;
+    log: Logger;
+    onChange: () => void;
+  }): Promise<StoreSnapshotSource> {
     const db = await openDb(options.dsn);
     let first: Snapshot;
     try {
@@ -52,13 +57,19 @@ export class StoreSnapshotSource {
     const s = enclaveId ? await enclaveSnapshot(db, enclaveId) : await wholeSnapshot(db);
     if (!s) throw new Error(`no enclave ${enclaveId} in the store`);
     // A stored row that does not validate is left out (the rest is served), never silently.
-    for (const row of s.skipped) log.warn({ scope: row.scope, key: row.key, reason: row.reason }, 'stored policy row does not validate: left out of the snapshot');
+    for (const row of s.skipped)
+      log.warn(
+        { scope: row.scope, key: row.key, reason: row.reason },
+        'stored policy row does not validate: left out of the snapshot',
+      );
     return s;
   }
 
   async #listen(dsn: string): Promise<void> {
     const client = new pg.Client({ connectionString: dsn });
-    client.on('error', (err) => this.#log.warn({ err }, 'policy store notifications lost; relying on the periodic reload'));
+    client.on('error', (err) =>
+      this.#log.warn({ err }, 'policy store notifications lost; relying on the periodic reload'),
+    );
     await client.connect();
     client.on('notification', () => void this.reload());
     await client.query(`LISTEN ${CHANGES_CHANNEL}`);
@@ -77,14 +88,17 @@ export class StoreSnapshotSource {
 
   #pending: Promise<void> | null = null;
 
-  #reload = coalesced(async () => {
-    try {
-      this.#value = await StoreSnapshotSource.#load(this.#db, this.#enclaveId, this.#log);
-      this.#onChange();
-    } catch (err) {
-      if (!this.#closed) this.#log.error({ err }, 'policy store reload failed; keeping the last good state');
-    }
-  }, () => this.#closed);
+  #reload = coalesced(
+    async () => {
+      try {
+        this.#value = await StoreSnapshotSource.#load(this.#db, this.#enclaveId, this.#log);
+        this.#onChange();
+      } catch (err) {
+        if (!this.#closed) this.#log.error({ err }, 'policy store reload failed; keeping the last good state');
+      }
+    },
+    () => this.#closed,
+  );
 
   async close(): Promise<void> {
     this.#closed = true;

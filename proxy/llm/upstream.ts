@@ -18,9 +18,11 @@ export const DEFAULT_UPSTREAMS: Record<WireFormat, string> = {
   'openai-responses': 'https://api.openai.com',
 };
 
-export function upstreamDispatcher(
-  options: { ca?: Buffer; headersTimeoutMs: number; bodyTimeoutMs: number },
-): Dispatcher {
+export function upstreamDispatcher(options: {
+  ca?: Buffer;
+  headersTimeoutMs: number;
+  bodyTimeoutMs: number;
+}): Dispatcher {
   const agent = new Agent({
     keepAliveTimeout: 30_000,
     connections: 256,
@@ -34,7 +36,11 @@ export function upstreamDispatcher(
 
 /** Which of the dispatcher's timers cut an upstream call (`err` or its cause), or null for any other failure. */
 export function upstreamTimeoutPhase(err: unknown): 'headers' | 'idle' | null {
-  for (let e = err as { code?: unknown; cause?: unknown } | undefined, depth = 0; e && depth < 4; e = e.cause as typeof e, depth++) {
+  for (
+    let e = err as { code?: unknown; cause?: unknown } | undefined, depth = 0;
+    e && depth < 4;
+    e = e.cause as typeof e, depth++
+  ) {
     if (e.code === 'UND_ERR_HEADERS_TIMEOUT') return 'headers';
     if (e.code === 'UND_ERR_BODY_TIMEOUT') return 'idle';
   }
@@ -63,7 +69,11 @@ const AGENT_ONLY = new Set(['authorization', 'x-api-key', 'content-length']);
 
 /** Request headers for the upstream: the agent's, minus its credentials, plus the real key and length. */
 export function upstreamHeaders(
-  format: WireFormat, incoming: IncomingHttpHeaders, credential: string, bodyLength: number | null, translated = false,
+  format: WireFormat,
+  incoming: IncomingHttpHeaders,
+  credential: string,
+  bodyLength: number | null,
+  translated = false,
 ): Record<string, string> {
   const out: Record<string, string> = {};
   for (const [name, value] of Object.entries(incoming)) {
@@ -94,7 +104,9 @@ export interface UpstreamAnswer {
  * (to HEAD, 1xx, 204, 304) are left as they are.
  */
 export function readableAnswer(answer: Dispatcher.ResponseData, method: string): UpstreamAnswer {
-  const coding = String(answer.headers['content-encoding'] ?? '').trim().toLowerCase();
+  const coding = String(answer.headers['content-encoding'] ?? '')
+    .trim()
+    .toLowerCase();
   const status = answer.statusCode;
   const bodiless = method === 'HEAD' || status < 200 || status === 204 || status === 304;
   return {
@@ -105,10 +117,19 @@ export function readableAnswer(answer: Dispatcher.ResponseData, method: string):
   };
 }
 
-const RESPONSE_DROP = new Set(['connection', 'keep-alive', 'transfer-encoding', 'trailer', 'upgrade', 'content-length']);
+const RESPONSE_DROP = new Set([
+  'connection',
+  'keep-alive',
+  'transfer-encoding',
+  'trailer',
+  'upgrade',
+  'content-length',
+]);
 
 /** Response headers for the agent: the upstream's minus hop-by-hop ones. */
-export function agentHeaders(upstream: Record<string, string | string[] | undefined>): Record<string, string | string[]> {
+export function agentHeaders(
+  upstream: Record<string, string | string[] | undefined>,
+): Record<string, string | string[]> {
   const out: Record<string, string | string[]> = {};
   for (const [name, value] of Object.entries(upstream)) {
     if (value === undefined || RESPONSE_DROP.has(name)) continue;

@@ -8,7 +8,11 @@ const base = ['serve', 'llmproxy', '--tls-cert', 'cert.pem', '--tls-key', 'key.p
 t.test('--upstream-timeout and --upstream-idle-timeout: flag or environment, checked', async (t) => {
   for (const [args, env, message] of [
     [['--upstream-timeout', 'soon'], {}, /--upstream-timeout <duration>' argument 'soon' is invalid/],
-    [[], { DVX_UPSTREAM_IDLE_TIMEOUT: 'soon' }, /--upstream-idle-timeout <duration>'.*'soon'.*DVX_UPSTREAM_IDLE_TIMEOUT.*invalid/],
+    [
+      [],
+      { DVX_UPSTREAM_IDLE_TIMEOUT: 'soon' },
+      /--upstream-idle-timeout <duration>'.*'soon'.*DVX_UPSTREAM_IDLE_TIMEOUT.*invalid/,
+    ],
     [['--upstream-timeout', '0s'], {}, /--upstream-timeout must be positive/],
     [[], { DVX_UPSTREAM_IDLE_TIMEOUT: '0s' }, /--upstream-idle-timeout must be positive/],
   ] as [string[], Record<string, string>, RegExp][]) {

@@ -20,17 +20,34 @@ const leaf = await issueCertificate(ca, { commonName: 'localhost', ipAddresses: 
 await writeFile(join(dir, 'cert.pem'), leaf.certPem);
 await writeFile(join(dir, 'key.pem'), leaf.keyPem);
 const quiet = createLogger({ level: 'error', destination: { write: () => {} } });
-const cp = await startControlPlane({
-  addr: '127.0.0.1:0', tlsCert: join(dir, 'cert.pem'), tlsKey: join(dir, 'key.pem'),
-  tlsHandshakeTimeout: 300, idleTimeout: 300, headersTimeout: 1_000, requestTimeout: 2_000, keepAliveTimeout: 300, maxConnectionsPerClient: 3, metricsAddr: '127.0.0.1:0',
-}, { logger: quiet });
+const cp = await startControlPlane(
+  {
+    addr: '127.0.0.1:0',
+    tlsCert: join(dir, 'cert.pem'),
+    tlsKey: join(dir, 'key.pem'),
+    tlsHandshakeTimeout: 300,
+    idleTimeout: 300,
+    headersTimeout: 1_000,
+    requestTimeout: 2_000,
+    keepAliveTimeout: 300,
+    maxConnectionsPerClient: 3,
+    metricsAddr: '127.0.0.1:0',
+  },
+  { logger: quiet },
+);
 t.teardown(() => cp.close());
 
 t.test('a TCP connection that never starts TLS is closed', async (t) => {
   const closed = await new Promise<boolean>((resolve) => {
     const s = net.connect({ host: '127.0.0.1', port: cp.port });
-    const timer = setTimeout(() => { s.destroy(); resolve(false); }, 10_000);
-    s.on('close', () => { clearTimeout(timer); resolve(true); });
+    const timer = setTimeout(() => {
+      s.destroy();
+      resolve(false);
+    }, 10_000);
+    s.on('close', () => {
+      clearTimeout(timer);
+      resolve(true);
+    });
     s.on('error', () => {});
   });
   t.ok(closed);
@@ -65,7 +82,7 @@ t.test('connections from one address past the bound are closed at accept', async
   for (const c of [...held, other]) c.socket.destroy();
 });
 
-t.test('the metrics listener is bounded too, and the control plane\'s connections are counted', async (t) => {
+t.test("the metrics listener is bounded too, and the control plane's connections are counted", async (t) => {
   const c = await openTls(cp.metricsPort!, { ca: ca.certPem });
   t.ok((await c.closed(10_000)).closed, 'a silent connection to the metrics listener is closed');
   const dispatcher = new Agent({ connect: { ca: ca.certPem } });

@@ -7,11 +7,20 @@ import { openTls, parseRawAnswer } from '../fixtures/raw-tls.ts';
 // node raise before any route runs: oversized headers (431), a path segment past the router's limit
 // (414), a body past bodyLimit (413), an unsupported body type (415), a malformed request (400), a
 // request that does not arrive in time (408).
-const h = await startCpHarness([{ clientId: 'root', org: 'org-a', human: true }], { seedAdmin: ['root'], headersTimeout: 300, requestTimeout: 600 });
+const h = await startCpHarness([{ clientId: 'root', org: 'org-a', human: true }], {
+  seedAdmin: ['root'],
+  headersTimeout: 300,
+  requestTimeout: 600,
+});
 t.teardown(() => h.close());
 const token = await h.issuer.token('root');
 
-const isProblem = (t: Pick<typeof tap, 'equal' | 'match'>, r: { status: number; headers: Record<string, string>; body: string }, status: number, slug: string) => {
+const isProblem = (
+  t: Pick<typeof tap, 'equal' | 'match'>,
+  r: { status: number; headers: Record<string, string>; body: string },
+  status: number,
+  slug: string,
+) => {
   t.equal(r.status, status, `status ${status}`);
   t.match(r.headers['content-type'], /^application\/problem\+json/, 'a problem document');
   t.match(JSON.parse(r.body), { type: `https://dvx.dev/problems/${slug}`, status });
@@ -25,8 +34,10 @@ async function rawExchange(raw: string | Buffer) {
   return { closed, ...parseRawAnswer(text) };
 }
 
-t.test('431: headers past node\'s limit, as a Problem', async (t) => {
-  const r = await rawExchange(`GET /api/v1/whoami HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${token}\r\nx-pad: ${'a'.repeat(32 * 1024)}\r\n\r\n`);
+t.test("431: headers past node's limit, as a Problem", async (t) => {
+  const r = await rawExchange(
+    `GET /api/v1/whoami HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${token}\r\nx-pad: ${'a'.repeat(32 * 1024)}\r\n\r\n`,
+  );
   isProblem(t, r, 431, 'headers-too-large');
   t.ok(r.closed, 'and the connection is closed');
 });
@@ -42,8 +53,10 @@ t.test('408: headers that never finish, as a Problem (or closed)', async (t) => 
   if (r.status !== 0) isProblem(t, r, 408, 'request-timeout');
 });
 
-t.test('414: an id past the router\'s parameter limit, as a Problem', async (t) => {
-  const r = await h.rawAt(h.cp.port, 'GET', `/api/v1/enclaves/${'x'.repeat(500)}`, undefined, { authorization: `Bearer ${token}` });
+t.test("414: an id past the router's parameter limit, as a Problem", async (t) => {
+  const r = await h.rawAt(h.cp.port, 'GET', `/api/v1/enclaves/${'x'.repeat(500)}`, undefined, {
+    authorization: `Bearer ${token}`,
+  });
   t.equal(r.status, 414);
   t.match(r.headers['content-type'], /^application\/problem\+json/);
   t.match(JSON.parse(r.text), { type: 'https://dvx.dev/problems/uri-too-long', status: 414 });
@@ -62,13 +75,19 @@ t.test('413: a 10 MB body, as a Problem', async (t) => {
 });
 
 t.test('415: a body that is not JSON, as a Problem', async (t) => {
-  const r = await h.rawAt(h.cp.port, 'POST', '/api/v1/orgs', '<org/>', { authorization: `Bearer ${token}`, 'content-type': 'application/xml' });
+  const r = await h.rawAt(h.cp.port, 'POST', '/api/v1/orgs', '<org/>', {
+    authorization: `Bearer ${token}`,
+    'content-type': 'application/xml',
+  });
   t.equal(r.status, 415, r.text);
   t.match(JSON.parse(r.text), { type: 'https://dvx.dev/problems/unsupported-media-type', status: 415 });
 });
 
 t.test('400: JSON that does not parse, as a Problem', async (t) => {
-  const r = await h.rawAt(h.cp.port, 'POST', '/api/v1/orgs', '{"id":', { authorization: `Bearer ${token}`, 'content-type': 'application/json' });
+  const r = await h.rawAt(h.cp.port, 'POST', '/api/v1/orgs', '{"id":', {
+    authorization: `Bearer ${token}`,
+    'content-type': 'application/json',
+  });
   t.equal(r.status, 400);
   t.match(JSON.parse(r.text), { type: 'https://dvx.dev/problems/bad-request', status: 400 });
 });

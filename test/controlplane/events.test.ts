@@ -13,9 +13,12 @@ import { announceGrantsChanged } from '../../controlplane/authz/capabilities.ts'
 
 const logs: Record<string, unknown>[] = [];
 const registry = createRegistry();
-const listenDeps = { log: createLogger({ level: 'debug', destination: { write: (s: string) => void logs.push(JSON.parse(s)) } }), failures: controlPlaneMetrics(registry).storeConnectionErrors };
+const listenDeps = {
+  log: createLogger({ level: 'debug', destination: { write: (s: string) => void logs.push(JSON.parse(s)) } }),
+  failures: controlPlaneMetrics(registry).storeConnectionErrors,
+};
 const until = async (ms: number, ok: () => boolean) => {
-  for (const end = Date.now() + ms; !ok() && Date.now() < end;) await new Promise((r) => setTimeout(r, 20));
+  for (const end = Date.now() + ms; !ok() && Date.now() < end; ) await new Promise((r) => setTimeout(r, 20));
   return ok();
 };
 
@@ -29,7 +32,11 @@ t.test('since, consumed and purge on PGlite', async (t) => {
   t.teardown(() => db.close());
   await migrate(db);
   await db.query(`INSERT INTO orgs (id, name, created_by) VALUES ('org-a', 'A', 't')`);
-  for (const id of ['enc-1', 'enc-2']) await db.query(`INSERT INTO enclaves (id, name, owning_org_id, broker_key_hash, created_by) VALUES ($1, $1, 'org-a', $1, 't')`, [id]);
+  for (const id of ['enc-1', 'enc-2'])
+    await db.query(
+      `INSERT INTO enclaves (id, name, owning_org_id, broker_key_hash, created_by) VALUES ($1, $1, 'org-a', $1, 't')`,
+      [id],
+    );
   const hub = new EventHub();
   await db.transaction(async (tx) => {
     t.equal(await hub.publishTo(tx, { kind: 'org', org: 'org-a' }, 'policy.changed', { n: 1 }), true);
@@ -37,14 +44,28 @@ t.test('since, consumed and purge on PGlite', async (t) => {
     t.equal(await hub.publish(tx, [], 'nothing', {}), false);
   });
   const enc1 = await hub.since(db, 'enc-1', 0);
-  t.same(enc1.map((e) => [e.kind, e.payload]), [['policy.changed', { n: 1 }], ['agent.created', { n: 2 }]]);
-  t.same((await hub.since(db, 'enc-1', enc1[0].id)).map((e) => e.kind), ['agent.created'], 'after the cursor only');
+  t.same(
+    enc1.map((e) => [e.kind, e.payload]),
+    [
+      ['policy.changed', { n: 1 }],
+      ['agent.created', { n: 2 }],
+    ],
+  );
+  t.same(
+    (await hub.since(db, 'enc-1', enc1[0].id)).map((e) => e.kind),
+    ['agent.created'],
+    'after the cursor only',
+  );
   t.equal((await hub.since(db, 'enc-2', 0)).length, 1);
   await hub.consumed(db, 'enc-1', enc1[0].id);
   t.equal(await hub.purge(db), 1, 'the consumed one');
   await db.query(`DELETE FROM enclaves WHERE id = 'enc-2'`);
   t.equal(await hub.purge(db), 1, "the deleted enclave's");
-  t.same((await hub.since(db, 'enc-1', 0)).map((e) => e.kind), ['agent.created'], 'the unconsumed one stays');
+  t.same(
+    (await hub.since(db, 'enc-1', 0)).map((e) => e.kind),
+    ['agent.created'],
+    'the unconsumed one stays',
+  );
   await hub.close();
 });
 
@@ -57,7 +78,9 @@ if (pgDb) {
     t.teardown(() => a.close());
     await migrate(a);
     await a.query(`INSERT INTO orgs (id, name, created_by) VALUES ('org-a', 'A', 't')`);
-    await a.query(`INSERT INTO enclaves (id, name, owning_org_id, broker_key_hash, created_by) VALUES ('enc-1', 'e', 'org-a', 'h', 't')`);
+    await a.query(
+      `INSERT INTO enclaves (id, name, owning_org_id, broker_key_hash, created_by) VALUES ('enc-1', 'e', 'org-a', 'h', 't')`,
+    );
     const publisher = new EventHub();
     const replica = new EventHub();
     await replica.listen(pgDb.dsn, listenDeps);
@@ -89,10 +112,12 @@ if (pgDb) {
       t.equal(told, 0, 'not before the commit');
     });
     t.ok(await until(2_000, () => told === 1), 'told after the commit');
-    await a.transaction(async (tx) => {
-      await announceGrantsChanged(tx);
-      throw new Error('rolled back');
-    }).catch(() => undefined);
+    await a
+      .transaction(async (tx) => {
+        await announceGrantsChanged(tx);
+        throw new Error('rolled back');
+      })
+      .catch(() => undefined);
     await new Promise((r) => setTimeout(r, 300));
     t.equal(told, 1, 'a rolled-back change is never announced');
   });
@@ -108,12 +133,22 @@ if (pgDb) {
     replica.onAuthzChange(() => told++);
     replica.onWake(() => woke++);
     const { rows } = await a.query<{ n: number }>(
-      `SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %' AND pid <> pg_backend_pid()`);
+      `SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %' AND pid <> pg_backend_pid()`,
+    );
     t.ok(rows[0].n >= 1, 'the LISTEN connection is killed');
-    t.ok(await until(10_000, () => told >= 1 && woke >= 1), 'once back, the authorization checks and the event handlers look again');
-    const failed = logs.find((l) => l.msg === 'the store LISTEN connection failed; reconnecting (changes of other replicas wait until then)');
+    t.ok(
+      await until(10_000, () => told >= 1 && woke >= 1),
+      'once back, the authorization checks and the event handlers look again',
+    );
+    const failed = logs.find(
+      (l) => l.msg === 'the store LISTEN connection failed; reconnecting (changes of other replicas wait until then)',
+    );
     t.ok((failed?.err as { stack?: string } | undefined)?.stack, 'logged with the error object');
-    t.match(await registry.metrics(), /dvx_controlplane_store_connection_errors_total\{connection="listen"\} [1-9]/, 'counted');
+    t.match(
+      await registry.metrics(),
+      /dvx_controlplane_store_connection_errors_total\{connection="listen"\} [1-9]/,
+      'counted',
+    );
     const before = told;
     await a.transaction((tx) => announceGrantsChanged(tx));
     t.ok(await until(5_000, () => told > before), 'and it hears the next change');

@@ -36,8 +36,15 @@ if (!pgDb) {
   /** A control plane on PostgreSQL in a child process; `lines` are its stdout JSON lines (log and audit). */
   const startChild = async () => {
     const options = {
-      addr: '127.0.0.1:0', tlsCert: join(h.dir, 'cert.pem'), tlsKey: join(h.dir, 'key.pem'), oidcIssuer: h.issuer.issuer, oidcAudience: AUDIENCE,
-      idpKey: join(h.dir, 'idp-key.json'), databaseDsn: pgDb.dsn, seedAdmin: ['root'], idpUndoGraceMs: 400,
+      addr: '127.0.0.1:0',
+      tlsCert: join(h.dir, 'cert.pem'),
+      tlsKey: join(h.dir, 'key.pem'),
+      oidcIssuer: h.issuer.issuer,
+      oidcAudience: AUDIENCE,
+      idpKey: join(h.dir, 'idp-key.json'),
+      databaseDsn: pgDb.dsn,
+      seedAdmin: ['root'],
+      idpUndoGraceMs: 400,
     };
     const child = spawn(process.execPath, [CHILD, JSON.stringify(options)], { stdio: ['ignore', 'pipe', 'inherit'] });
     children.add(child);
@@ -61,7 +68,15 @@ if (!pgDb) {
       });
       child.on('exit', (code) => reject(new Error(`control plane child exited (${code})`)));
     });
-    return { port, lines, kill: async () => { child.kill('SIGKILL'); await exited; children.delete(child); } };
+    return {
+      port,
+      lines,
+      kill: async () => {
+        child.kill('SIGKILL');
+        await exited;
+        children.delete(child);
+      },
+    };
   };
   const until = async (check: () => Promise<boolean> | boolean, ms = 15_000) => {
     const end = Date.now() + ms;
@@ -71,7 +86,12 @@ if (!pgDb) {
     }
     return false;
   };
-  const pending = async () => (await db.query<{ step: string; client_id: string; client_name: string; cause: string }>('SELECT step, client_id, client_name, cause FROM idp_pending_undo ORDER BY id')).rows;
+  const pending = async () =>
+    (
+      await db.query<{ step: string; client_id: string; client_name: string; cause: string }>(
+        'SELECT step, client_id, client_name, cause FROM idp_pending_undo ORDER BY id',
+      )
+    ).rows;
 
   t.test('killed between the registration and the commit: the next start removes the orphan client', async (t) => {
     const first = await startChild();
@@ -82,28 +102,54 @@ if (!pgDb) {
     await blocker.connect();
     await blocker.query('BEGIN');
     await blocker.query('LOCK TABLE service_accounts IN EXCLUSIVE MODE');
-    const call = h.callAt(first.port, 'root', 'POST', '/orgs/org-a/service-accounts', { name: 'orphan' }).catch((err: Error) => err);
-    t.ok(await until(async () => (await pending()).some((p) => p.client_id !== '')), 'the registration is on record before the account is stored');
+    const call = h
+      .callAt(first.port, 'root', 'POST', '/orgs/org-a/service-accounts', { name: 'orphan' })
+      .catch((err: Error) => err);
+    t.ok(
+      await until(async () => (await pending()).some((p) => p.client_id !== '')),
+      'the registration is on record before the account is stored',
+    );
     t.equal(h.issuer.registeredClients(), before + 1, 'the client exists at the IdP');
     await first.kill();
     t.type(await call, Error, 'the call dies with the process');
     await blocker.query('ROLLBACK');
     await blocker.end();
     const [row] = await pending();
-    t.match(row, { step: 'remove', client_id: /\S/, client_name: 'orphan', cause: 'in progress' }, 'the crash left the intent');
+    t.match(
+      row,
+      { step: 'remove', client_id: /\S/, client_name: 'orphan', cause: 'in progress' },
+      'the crash left the intent',
+    );
     t.same((await db.query('SELECT id FROM service_accounts')).rows, [], 'and no account');
 
     const second = await startChild();
     t.teardown(second.kill);
-    t.ok(await until(async () => (await pending()).length === 0), 'the restarted process took the row over once its grace passed');
+    t.ok(
+      await until(async () => (await pending()).length === 0),
+      'the restarted process took the row over once its grace passed',
+    );
     t.equal(h.issuer.registeredClients(), before, 'the orphan client is gone from the IdP');
-    t.ok(await until(() => second.lines.some((l) => l.action === 'service-account.idp-undo' && l.outcome === 'allow' && l.resource === `idp-client:${row.client_id}`)), 'and the undo is audited');
+    t.ok(
+      await until(() =>
+        second.lines.some(
+          (l) =>
+            l.action === 'service-account.idp-undo' &&
+            l.outcome === 'allow' &&
+            l.resource === `idp-client:${row.client_id}`,
+        ),
+      ),
+      'and the undo is audited',
+    );
 
     // A row whose account did commit (the undo runs against the store's state): nothing is removed.
     const kept = await h.callAt(second.port, 'root', 'POST', '/orgs/org-a/service-accounts', { name: 'kept' });
     t.equal(kept.status, 201);
     t.same(await pending(), [], 'a committed change settles its intent in its own transaction');
-    const account = (await db.query('SELECT registration_client_uri, registration_access_token FROM service_accounts WHERE id = $1', [kept.body.id])).rows[0];
+    const account = (
+      await db.query('SELECT registration_client_uri, registration_access_token FROM service_accounts WHERE id = $1', [
+        kept.body.id,
+      ])
+    ).rows[0];
     await db.query(
       `INSERT INTO idp_pending_undo (step, org_id, client_id, client_name, registration_client_uri, registration_access_token, cause) VALUES ('remove', 'org-a', $1, 'kept', $2, $3, 'in progress')`,
       [kept.body.id, account.registration_client_uri, account.registration_access_token],
@@ -111,7 +157,11 @@ if (!pgDb) {
     t.ok(await until(async () => (await pending()).length === 0), 'the sweep settles a row of a committed account');
     t.equal(h.issuer.registeredClients(), before + 1, 'without removing its client');
     const key = parseServiceAccountKey(kept.body.credential);
-    const token = await fetch(`${h.issuer.issuer}/token`, { method: 'POST', headers: { 'content-type': 'application/x-www-form-urlencoded' }, body: await tokenRequestForm(key, { resource: AUDIENCE, scope: 'api' }) });
+    const token = await fetch(`${h.issuer.issuer}/token`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/x-www-form-urlencoded' },
+      body: await tokenRequestForm(key, { resource: AUDIENCE, scope: 'api' }),
+    });
     t.equal(token.status, 200, 'the committed account still authenticates at the IdP');
   });
 
@@ -119,17 +169,39 @@ if (!pgDb) {
     const third = await startChild();
     const before = h.issuer.registeredClients();
     h.issuer.holdRegistrations();
-    const call = h.callAt(third.port, 'root', 'POST', '/orgs/org-a/service-accounts', { name: 'lost' }).catch((err: Error) => err);
+    const call = h
+      .callAt(third.port, 'root', 'POST', '/orgs/org-a/service-accounts', { name: 'lost' })
+      .catch((err: Error) => err);
     t.ok(await until(() => h.issuer.registeredClients() === before + 1), 'the IdP made the client');
-    t.match(await pending(), [{ step: 'remove', client_id: '', client_name: 'lost' }], 'its intent was on record first');
+    t.match(
+      await pending(),
+      [{ step: 'remove', client_id: '', client_name: 'lost' }],
+      'its intent was on record first',
+    );
     await third.kill();
     await call;
     h.issuer.releaseRegistrations();
     const fourth = await startChild();
     t.teardown(fourth.kill);
     t.ok(await until(async () => (await pending()).length === 0), 'the row is taken over');
-    t.ok(await until(() => fourth.lines.some((l) => l.action === 'service-account.idp-undo' && l.outcome === 'deny' && l.resource === 'idp-client-name:lost' && /interrupted before its client id was recorded/.test(String(l.reason)))), 'reported in the audit for the operator');
-    t.ok(fourth.lines.some((l) => l.level === 'error' || l.level === 50 ? /check the IdP for an orphan client/.test(String(l.msg)) : false), 'and logged');
+    t.ok(
+      await until(() =>
+        fourth.lines.some(
+          (l) =>
+            l.action === 'service-account.idp-undo' &&
+            l.outcome === 'deny' &&
+            l.resource === 'idp-client-name:lost' &&
+            /interrupted before its client id was recorded/.test(String(l.reason)),
+        ),
+      ),
+      'reported in the audit for the operator',
+    );
+    t.ok(
+      fourth.lines.some((l) =>
+        l.level === 'error' || l.level === 50 ? /check the IdP for an orphan client/.test(String(l.msg)) : false,
+      ),
+      'and logged',
+    );
   });
 
   t.test('an undo done whose row cannot be deleted keeps the original error', async (t) => {
@@ -137,12 +209,20 @@ if (!pgDb) {
     // the pending row then fails: the caller still gets the 503, and the row stays for the sweep. (The
     // trigger refuses only the delete after an undo, which has recorded its cause, not the commit's.)
     let stall = false;
-    const sink: AuditSink = { append: () => (stall ? new Promise(() => {}) : Promise.resolve()), flush: async () => {}, close: async () => {} };
+    const sink: AuditSink = {
+      append: () => (stall ? new Promise(() => {}) : Promise.resolve()),
+      flush: async () => {},
+      close: async () => {},
+    };
     const cp = await h.start({ seedAdmin: ['root'], auditCaptureTimeout: 300, databaseDsn: pgDb.dsn }, sink);
     t.teardown(() => cp.close());
     await h.callAt(cp.port, 'root', 'POST', '/orgs', { id: 'org-a', name: 'A' }); // 409 after the tests above
-    await db.query(`CREATE FUNCTION refuse_delete() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF OLD.cause <> 'in progress' THEN RAISE EXCEPTION 'deletes refused'; END IF; RETURN OLD; END $$`);
-    await db.query('CREATE TRIGGER refuse_delete BEFORE DELETE ON idp_pending_undo FOR EACH ROW EXECUTE FUNCTION refuse_delete()');
+    await db.query(
+      `CREATE FUNCTION refuse_delete() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF OLD.cause <> 'in progress' THEN RAISE EXCEPTION 'deletes refused'; END IF; RETURN OLD; END $$`,
+    );
+    await db.query(
+      'CREATE TRIGGER refuse_delete BEFORE DELETE ON idp_pending_undo FOR EACH ROW EXECUTE FUNCTION refuse_delete()',
+    );
     t.teardown(() => db.query('DROP TRIGGER IF EXISTS refuse_delete ON idp_pending_undo'));
     const before = h.issuer.registeredClients();
     stall = true;
@@ -151,6 +231,10 @@ if (!pgDb) {
     t.equal(refused.status, 503, 'the original error');
     t.match(refused.body, { detail: /audit/ });
     t.equal(h.issuer.registeredClients(), before, 'the client was removed');
-    t.match(await pending(), [{ step: 'remove', client_name: 'ghost', client_id: /\S/ }], 'the row stays for the sweep, which repeats the undo');
+    t.match(
+      await pending(),
+      [{ step: 'remove', client_name: 'ghost', client_id: /\S/ }],
+      'the row stays for the sweep, which repeats the undo',
+    );
   });
 }

@@ -49,7 +49,9 @@ t.test('every registered operator route is an operation of the document', async 
   t.ok(routes.length > 50, `${routes.length} routes`);
   // Parameters compared by position: fastify's tree shares one node between `:uid` and `:agent`.
   const shape = (path: string) => path.replace(/(:[A-Za-z_]+\|?)+/g, '{}').replace(/\{[A-Za-z_]+\}/g, '{}');
-  const documented = new Set(Object.entries(doc.paths).flatMap(([path, ops]) => Object.keys(ops).map((m) => `${m} ${shape(path)}`)));
+  const documented = new Set(
+    Object.entries(doc.paths).flatMap(([path, ops]) => Object.keys(ops).map((m) => `${m} ${shape(path)}`)),
+  );
   for (const route of routes) {
     const [method, path] = route.split(' ');
     t.ok(documented.has(`${method} ${shape(path)}`), `${route} is documented`);
@@ -86,7 +88,8 @@ t.test('every operation has its schemas', async (t) => {
         `${name}: its path parameters`,
       );
       if (op.requestBody) t.ok(hasSchema(op.requestBody.content), `${name}: its request body's schema`);
-      else if (['post', 'put'].includes(method)) t.ok(BODILESS.has(name), `${name}: a request body schema (or it takes none)`);
+      else if (['post', 'put'].includes(method))
+        t.ok(BODILESS.has(name), `${name}: a request body schema (or it takes none)`);
       t.ok('x-required-capability' in op, `${name}: its capability`);
     }
   }

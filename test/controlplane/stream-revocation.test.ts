@@ -18,8 +18,10 @@ import { CHANGES_CHANNEL } from '../../pipeline/policy/store-snapshot.ts';
 // The in-process cases run with the periodic re-check at 10 minutes, so an end seen within a few
 // seconds can only come from the change itself.
 const h = await startCpHarness([
-  { clientId: 'root', org: 'org-a', human: true }, { clientId: 'alice', org: 'org-a', human: true },
-  { clientId: 'bob', org: 'org-a', human: true }, { clientId: 'carol', org: 'org-a', human: true },
+  { clientId: 'root', org: 'org-a', human: true },
+  { clientId: 'alice', org: 'org-a', human: true },
+  { clientId: 'bob', org: 'org-a', human: true },
+  { clientId: 'carol', org: 'org-a', human: true },
   { clientId: 'dave', org: 'org-z', human: true },
 ]);
 t.teardown(() => h.close());
@@ -27,8 +29,14 @@ const dispatcher = new Agent({ connect: { rejectUnauthorized: false } });
 t.teardown(() => dispatcher.close());
 
 const cp = await h.start({
-  seedAdmin: ['root'], auditDsn: `pglite://${join(h.dir, 'audit')}`, auditWalDir: join(h.dir, 'wal'), auditStreamPollMs: 100,
-  agentTokenIssuerUrl: 'https://cp.dvx.test', agentTokenTtl: 2_000, streamRecheckMs: 600_000, tokenEndpointOverride: `${h.issuer.issuer}/token`,
+  seedAdmin: ['root'],
+  auditDsn: `pglite://${join(h.dir, 'audit')}`,
+  auditWalDir: join(h.dir, 'wal'),
+  auditStreamPollMs: 100,
+  agentTokenIssuerUrl: 'https://cp.dvx.test',
+  agentTokenTtl: 2_000,
+  streamRecheckMs: 600_000,
+  tokenEndpointOverride: `${h.issuer.issuer}/token`,
 });
 let closing: Promise<void> | null = null;
 const closeCp = () => (closing ??= cp.close());
@@ -39,7 +47,11 @@ await call('root', 'POST', '/orgs', { id: 'org-a', name: 'A' });
 /** A real SSE client: every event it receives, and whether the server ended the stream within a bound. */
 async function openStream(port: number, path: string, token: string) {
   const controller = new AbortController();
-  const res = await request(`https://127.0.0.1:${port}${path}`, { dispatcher, signal: controller.signal, headers: { authorization: `Bearer ${token}` } });
+  const res = await request(`https://127.0.0.1:${port}${path}`, {
+    dispatcher,
+    signal: controller.signal,
+    headers: { authorization: `Bearer ${token}` },
+  });
   const parser = new SseParser();
   const events: SseEvent[] = [];
   const done = (async () => {
@@ -57,7 +69,12 @@ async function openStream(port: number, path: string, token: string) {
     /** Waits up to `ms` for the server to end the stream; its final event, or null if it had not. */
     async endedWithin(ms: number): Promise<{ reason: string } | null> {
       let timer: NodeJS.Timeout | undefined;
-      const ended = await Promise.race([done, new Promise<false>((r) => { timer = setTimeout(() => r(false), ms); })]);
+      const ended = await Promise.race([
+        done,
+        new Promise<false>((r) => {
+          timer = setTimeout(() => r(false), ms);
+        }),
+      ]);
       clearTimeout(timer);
       if (!ended) {
         controller.abort();
@@ -76,13 +93,27 @@ const auditStream = async (t: Pick<typeof tap, 'equal'>, token: string) => {
 };
 
 t.test('deleting the grant ends the audit tail at once, with the reason', async (t) => {
-  const grant = (await call('root', 'POST', '/orgs/org-a/grants', { principal: 'user:alice', capability: 'audit:read' })).body;
+  const grant = (
+    await call('root', 'POST', '/orgs/org-a/grants', { principal: 'user:alice', capability: 'audit:read' })
+  ).body;
   const s = await auditStream(t, await h.issuer.token('alice'));
   t.equal(await s.endedWithin(300), null, 'it runs while the grant holds');
   const again = await auditStream(t, await h.issuer.token('alice'));
   t.equal((await call('root', 'DELETE', `/orgs/org-a/grants/${grant.id}`)).status, 204);
-  t.same(await again.endedWithin(5_000), { reason: 'grant_revoked' }, 'ended by the change, not by the 10-minute re-check');
-  t.equal((await h.rawAt(cp.port, 'GET', '/api/v1/audit/stream', undefined, { authorization: `Bearer ${await h.issuer.token('alice')}` })).status, 403, 'and it cannot be opened again');
+  t.same(
+    await again.endedWithin(5_000),
+    { reason: 'grant_revoked' },
+    'ended by the change, not by the 10-minute re-check',
+  );
+  t.equal(
+    (
+      await h.rawAt(cp.port, 'GET', '/api/v1/audit/stream', undefined, {
+        authorization: `Bearer ${await h.issuer.token('alice')}`,
+      })
+    ).status,
+    403,
+    'and it cannot be opened again',
+  );
   await s.endedWithin(0);
 });
 
@@ -122,14 +153,21 @@ t.test('disabling a service account ends its stream', async (t) => {
   const created = (await call('root', 'POST', '/orgs/org-a/service-accounts', { name: 'tail-bot' })).body;
   await call('root', 'POST', `/orgs/org-a/service-accounts/${created.id}/grants`, { capability: 'audit:read' });
   const form = await tokenRequestForm(parseServiceAccountKey(created.credential), { resource: AUDIENCE, scope: 'api' });
-  const token = JSON.parse((await h.rawAt(cp.port, 'POST', '/oauth/token', form.toString(), { 'content-type': 'application/x-www-form-urlencoded' })).text).access_token as string;
+  const token = JSON.parse(
+    (
+      await h.rawAt(cp.port, 'POST', '/oauth/token', form.toString(), {
+        'content-type': 'application/x-www-form-urlencoded',
+      })
+    ).text,
+  ).access_token as string;
   const s = await auditStream(t, token);
   t.equal((await call('root', 'POST', `/orgs/org-a/service-accounts/${created.id}/disable`, {})).status, 200);
   t.same(await s.endedWithin(5_000), { reason: 'account_disabled' });
 });
 
 t.test('rotating the broker key ends the broker events stream; the old key is refused after', async (t) => {
-  const registered = (await call('root', 'POST', '/enclaves', { name: 'e1', enclave_id: 'enc-1', owning_org: 'org-a' })).body;
+  const registered = (await call('root', 'POST', '/enclaves', { name: 'e1', enclave_id: 'enc-1', owning_org: 'org-a' }))
+    .body;
   const key = registered.key.token as string;
   const s = await openStream(cp.port, '/v1/broker/events', key);
   t.equal(s.status, 200);
@@ -137,11 +175,14 @@ t.test('rotating the broker key ends the broker events stream; the old key is re
   const again = await openStream(cp.port, '/v1/broker/events', key);
   t.equal((await call('root', 'POST', '/enclaves/enc-1/broker-key')).status, 201);
   t.same(await again.endedWithin(5_000), { reason: 'key_rotated' });
-  t.equal((await h.rawAt(cp.port, 'GET', '/v1/broker/events', undefined, { authorization: `Bearer ${key}` })).status, 401);
+  t.equal(
+    (await h.rawAt(cp.port, 'GET', '/v1/broker/events', undefined, { authorization: `Bearer ${key}` })).status,
+    401,
+  );
   await s.endedWithin(0);
 });
 
-t.test('another replica\'s change is caught by the periodic re-check', async (t) => {
+t.test("another replica's change is caught by the periodic re-check", async (t) => {
   const db = await freshPgDatabase('dvx_stream_recheck');
   if (!db) {
     if (process.env.CI) t.fail('PostgreSQL is not reachable on 127.0.0.1:5432');
@@ -149,10 +190,20 @@ t.test('another replica\'s change is caught by the periodic re-check', async (t)
     return;
   }
   t.teardown(() => db.drop());
-  const other = await h.start({ seedAdmin: ['root'], databaseDsn: db.dsn, auditDsn: `pglite://${join(h.dir, 'audit2')}`, auditWalDir: join(h.dir, 'wal2'), auditStreamPollMs: 100, streamRecheckMs: 200 });
+  const other = await h.start({
+    seedAdmin: ['root'],
+    databaseDsn: db.dsn,
+    auditDsn: `pglite://${join(h.dir, 'audit2')}`,
+    auditWalDir: join(h.dir, 'wal2'),
+    auditStreamPollMs: 100,
+    streamRecheckMs: 200,
+  });
   t.teardown(() => other.close());
   await h.callAt(other.port, 'root', 'POST', '/orgs', { id: 'org-a', name: 'A' });
-  await h.callAt(other.port, 'root', 'POST', '/orgs/org-a/grants', { principal: 'user:alice', capability: 'audit:read' });
+  await h.callAt(other.port, 'root', 'POST', '/orgs/org-a/grants', {
+    principal: 'user:alice',
+    capability: 'audit:read',
+  });
   const s = await openStream(other.port, '/api/v1/audit/stream', await h.issuer.token('alice'));
   t.equal(s.status, 200);
   // The grant is deleted behind this control plane's back, as another replica would.
@@ -163,7 +214,7 @@ t.test('another replica\'s change is caught by the periodic re-check', async (t)
   t.same(await s.endedWithin(20_000), { reason: 'grant_revoked' }, 'within the grant cache TTL and a re-check');
 });
 
-t.test('a revocation on another replica reaches this one\'s open streams through NOTIFY', async (t) => {
+t.test("a revocation on another replica reaches this one's open streams through NOTIFY", async (t) => {
   const db = await freshPgDatabase('dvx_stream_notify');
   if (!db) {
     if (process.env.CI) t.fail('PostgreSQL is not reachable on 127.0.0.1:5432');
@@ -172,49 +223,80 @@ t.test('a revocation on another replica reaches this one\'s open streams through
   }
   t.teardown(() => db.drop());
   // Two replicas on one store; the periodic re-check at 10 minutes, so only the nudge can end a stream.
-  const replica = (n: number) => h.start({ seedAdmin: ['root'], databaseDsn: db.dsn, auditDsn: `pglite://${join(h.dir, `audit-r${n}`)}`, auditWalDir: join(h.dir, `wal-r${n}`), auditStreamPollMs: 100, streamRecheckMs: 600_000 });
+  const replica = (n: number) =>
+    h.start({
+      seedAdmin: ['root'],
+      databaseDsn: db.dsn,
+      auditDsn: `pglite://${join(h.dir, `audit-r${n}`)}`,
+      auditWalDir: join(h.dir, `wal-r${n}`),
+      auditStreamPollMs: 100,
+      streamRecheckMs: 600_000,
+    });
   const a = await replica(1);
   t.teardown(() => a.close());
   const b = await replica(2);
   t.teardown(() => b.close());
   await h.callAt(a.port, 'root', 'POST', '/orgs', { id: 'org-a', name: 'A' });
-  const grant = (await h.callAt(a.port, 'root', 'POST', '/orgs/org-a/grants', { principal: 'user:alice', capability: 'audit:read' })).body;
+  const grant = (
+    await h.callAt(a.port, 'root', 'POST', '/orgs/org-a/grants', { principal: 'user:alice', capability: 'audit:read' })
+  ).body;
   const first = await openStream(b.port, '/api/v1/audit/stream', await h.issuer.token('alice'));
-  t.equal(first.status, 200, 'the stream opens on B (its grant cache now holds alice\'s grant)');
+  t.equal(first.status, 200, "the stream opens on B (its grant cache now holds alice's grant)");
   t.equal(await first.endedWithin(300), null, 'it runs while the grant holds');
   const s = await openStream(b.port, '/api/v1/audit/stream', await h.issuer.token('alice'));
   t.equal((await h.callAt(a.port, 'root', 'DELETE', `/orgs/org-a/grants/${grant.id}`)).status, 204, 'revoked on A');
-  t.same(await s.endedWithin(3_000), { reason: 'grant_revoked' }, 'B ends the stream at once: not the 10-minute re-check, not the 5 s cache');
-  const key = (await h.callAt(a.port, 'root', 'POST', '/enclaves', { name: 'e-r', enclave_id: 'enc-r', owning_org: 'org-a' })).body.key.token as string;
+  t.same(
+    await s.endedWithin(3_000),
+    { reason: 'grant_revoked' },
+    'B ends the stream at once: not the 10-minute re-check, not the 5 s cache',
+  );
+  const key = (
+    await h.callAt(a.port, 'root', 'POST', '/enclaves', { name: 'e-r', enclave_id: 'enc-r', owning_org: 'org-a' })
+  ).body.key.token as string;
   const events = await openStream(b.port, '/v1/broker/events', key);
   t.equal(events.status, 200);
   t.equal((await h.callAt(a.port, 'root', 'POST', '/enclaves/enc-r/broker-key')).status, 201, 'the key rotated on A');
   t.same(await events.endedWithin(3_000), { reason: 'key_rotated' }, 'B ends its broker events stream');
 });
 
-t.test('a broker events stream whose events cannot be read ends with store_unavailable, counted (not destroyed silently)', async (t) => {
-  const db = await freshPgDatabase('dvx_stream_store');
-  if (!db) {
-    if (process.env.CI) t.fail('PostgreSQL is not reachable on 127.0.0.1:5432');
-    t.comment('no PostgreSQL: skipped');
-    return;
-  }
-  t.teardown(() => db.drop());
-  const c = await h.start({ seedAdmin: ['root'], databaseDsn: db.dsn, auditDsn: `pglite://${join(h.dir, 'audit-s')}`, auditWalDir: join(h.dir, 'wal-s'), streamRecheckMs: 600_000 });
-  t.teardown(() => c.close());
-  await h.callAt(c.port, 'root', 'POST', '/orgs', { id: 'org-a', name: 'A' });
-  const key = (await h.callAt(c.port, 'root', 'POST', '/enclaves', { name: 'e-s', enclave_id: 'enc-s', owning_org: 'org-a' })).body.key.token as string;
-  const s = await openStream(c.port, '/v1/broker/events', key);
-  t.equal(s.status, 200);
-  // The events table goes away behind the control plane's back; a nudge makes the stream read it.
-  const client = new pg.Client({ connectionString: db.dsn });
-  await client.connect();
-  await client.query('ALTER TABLE events RENAME TO events_gone');
-  await client.query(`SELECT pg_notify('${CHANGES_CHANNEL}', '')`);
-  await client.end();
-  t.same(await s.endedWithin(5_000), { reason: 'store_unavailable' }, 'ended with its reason, not destroyed');
-  t.match(await c.registry.metrics(), /dvx_controlplane_streams_ended_total\{stream="broker_events",reason="store_unavailable"\} 1/, 'counted');
-});
+t.test(
+  'a broker events stream whose events cannot be read ends with store_unavailable, counted (not destroyed silently)',
+  async (t) => {
+    const db = await freshPgDatabase('dvx_stream_store');
+    if (!db) {
+      if (process.env.CI) t.fail('PostgreSQL is not reachable on 127.0.0.1:5432');
+      t.comment('no PostgreSQL: skipped');
+      return;
+    }
+    t.teardown(() => db.drop());
+    const c = await h.start({
+      seedAdmin: ['root'],
+      databaseDsn: db.dsn,
+      auditDsn: `pglite://${join(h.dir, 'audit-s')}`,
+      auditWalDir: join(h.dir, 'wal-s'),
+      streamRecheckMs: 600_000,
+    });
+    t.teardown(() => c.close());
+    await h.callAt(c.port, 'root', 'POST', '/orgs', { id: 'org-a', name: 'A' });
+    const key = (
+      await h.callAt(c.port, 'root', 'POST', '/enclaves', { name: 'e-s', enclave_id: 'enc-s', owning_org: 'org-a' })
+    ).body.key.token as string;
+    const s = await openStream(c.port, '/v1/broker/events', key);
+    t.equal(s.status, 200);
+    // The events table goes away behind the control plane's back; a nudge makes the stream read it.
+    const client = new pg.Client({ connectionString: db.dsn });
+    await client.connect();
+    await client.query('ALTER TABLE events RENAME TO events_gone');
+    await client.query(`SELECT pg_notify('${CHANGES_CHANNEL}', '')`);
+    await client.end();
+    t.same(await s.endedWithin(5_000), { reason: 'store_unavailable' }, 'ended with its reason, not destroyed');
+    t.match(
+      await c.registry.metrics(),
+      /dvx_controlplane_streams_ended_total\{stream="broker_events",reason="store_unavailable"\} 1/,
+      'counted',
+    );
+  },
+);
 
 // Last: it stops the control plane the other tests share.
 t.test('shutting down ends open streams with their reason', async (t) => {

@@ -15,7 +15,8 @@ const CONTENT = {
   api_key_detection: { enabled: true, severity: 'block' },
   patterns: WORST_PATTERNS,
 };
-const policyOf = (content: Record<string, unknown>) => policyFromDocument(validatePolicyDocument({ content_inspection: content }));
+const policyOf = (content: Record<string, unknown>) =>
+  policyFromDocument(validatePolicyDocument({ content_inspection: content }));
 const ALONE = {
   pii: compilePlan(policyOf({ pii_detection: CONTENT.pii_detection })),
   api_key: compilePlan(policyOf({ api_key_detection: CONTENT.api_key_detection })),
@@ -27,7 +28,10 @@ for (const c of WORST_CASES) {
   t.test(`${c.inspector}: ${c.name}`, async (t) => {
     const body = worstBody(c, 3 * 1024 * 1024);
     const out = scanBody(ALONE[c.inspector], { body, phase: c.phase, secrets: [WORST_SECRET] });
-    t.same(out.failures.map((f) => `${f.inspector}:${f.reason}`), c.failures ?? []);
+    t.same(
+      out.failures.map((f) => `${f.inspector}:${f.reason}`),
+      c.failures ?? [],
+    );
     t.same(out.findings.map((f) => `${f.inspector_type}:${f.match}`).sort(), c.expect);
   });
 }
@@ -51,7 +55,9 @@ t.test('the padding attack at engine level: card near misses, then a secret and 
   const e = new InspectionEngine();
   t.teardown(() => e.close());
   const policy = policyOf(CONTENT);
-  const content = '4111 1111 1111 111 '.repeat(Math.ceil(24 * 1024 * 1024 / 19)) + ` password ${WORST_SECRET} key AKIAIOSFODNN7EXAMPLE`;
+  const content =
+    '4111 1111 1111 111 '.repeat(Math.ceil((24 * 1024 * 1024) / 19)) +
+    ` password ${WORST_SECRET} key AKIAIOSFODNN7EXAMPLE`;
   const body = Buffer.from(JSON.stringify({ model: 'claude-sonnet-4-5', messages: [{ role: 'user', content }] }));
   await e.inspect({ body: worstBody(WORST_CASES[0], 256 * 1024), phase: 'request', policy, secrets: [WORST_SECRET] });
   const out = await e.inspect({ body, phase: 'request', policy, secrets: [WORST_SECRET] });

@@ -20,13 +20,16 @@ const zlibWrapped = (first: Buffer) =>
   first.length >= 2 && (first[0] & 0x0f) === 8 && ((first[0] << 8) | first[1]) % 31 === 0;
 const inflate = (first: Buffer) => (zlibWrapped(first) ? createInflate() : createInflateRaw());
 const DECODERS: Record<string, (first: Buffer) => Transform> = {
-  gzip: () => createGunzip(), 'x-gzip': () => createGunzip(), deflate: inflate, br: () => createBrotliDecompress(),
+  gzip: () => createGunzip(),
+  'x-gzip': () => createGunzip(),
+  deflate: inflate,
+  br: () => createBrotliDecompress(),
   zstd: () => createZstdDecompress(),
 };
 
 export function decodeAnswers(): Dispatcher.DispatcherComposeInterceptor {
   return (dispatch) => (opts, handler) =>
-    (opts.method === 'HEAD' ? dispatch(opts, handler) : dispatch(opts, new Decoding(handler)));
+    opts.method === 'HEAD' ? dispatch(opts, handler) : dispatch(opts, new Decoding(handler));
 }
 
 /** The handler between the dispatcher and the reader, and the controller the reader pauses and resumes. */
@@ -83,18 +86,26 @@ class Decoding implements Dispatcher.DispatchHandler, Dispatcher.DispatchControl
   }
 
   onRequestUpgrade(
-    controller: Dispatcher.DispatchController, statusCode: number, headers: IncomingHttpHeaders, socket: Duplex,
+    _controller: Dispatcher.DispatchController,
+    statusCode: number,
+    headers: IncomingHttpHeaders,
+    socket: Duplex,
   ): void {
     this.#down.onRequestUpgrade?.(this, statusCode, headers, socket);
   }
 
   onResponseStart(
-    controller: Dispatcher.DispatchController, statusCode: number, headers: IncomingHttpHeaders, statusMessage?: string,
+    controller: Dispatcher.DispatchController,
+    statusCode: number,
+    headers: IncomingHttpHeaders,
+    statusMessage?: string,
   ): void {
     this.#up = controller;
-    const coding = String(headers['content-encoding'] ?? '').trim().toLowerCase();
+    const coding = String(headers['content-encoding'] ?? '')
+      .trim()
+      .toLowerCase();
     const bodiless = statusCode < 200 || statusCode === 204 || statusCode === 304;
-    this.#make = coding === '' || coding === 'identity' || bodiless ? null : own(DECODERS, coding) ?? null;
+    this.#make = coding === '' || coding === 'identity' || bodiless ? null : (own(DECODERS, coding) ?? null);
     if (this.#make) {
       const { 'content-encoding': _coding, 'content-length': _length, ...plain } = headers;
       headers = plain;
@@ -102,7 +113,7 @@ class Decoding implements Dispatcher.DispatchHandler, Dispatcher.DispatchControl
     this.#down.onResponseStart?.(this, statusCode, headers, statusMessage);
   }
 
-  onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
+  onResponseData(_controller: Dispatcher.DispatchController, chunk: Buffer): void {
     if (!this.#make) {
       this.#down.onResponseData?.(this, chunk);
       return;
@@ -116,7 +127,7 @@ class Decoding implements Dispatcher.DispatchHandler, Dispatcher.DispatchControl
     else this.#start(head);
   }
 
-  onResponseEnd(controller: Dispatcher.DispatchController, trailers: IncomingHttpHeaders): void {
+  onResponseEnd(_controller: Dispatcher.DispatchController, trailers: IncomingHttpHeaders): void {
     if (!this.#make) {
       this.#down.onResponseEnd?.(this, trailers);
       return;
@@ -125,13 +136,16 @@ class Decoding implements Dispatcher.DispatchHandler, Dispatcher.DispatchControl
     this.#trailers = trailers;
     if (!this.#decoder) {
       // An empty body stays empty (zlib refuses empty input).
-      if (this.#head === null) return this.#finish();
+      if (this.#head === null) {
+        this.#finish();
+        return;
+      }
       this.#start(this.#head);
     }
     this.#decoder!.end();
   }
 
-  onResponseError(controller: Dispatcher.DispatchController, err: Error): void {
+  onResponseError(_controller: Dispatcher.DispatchController, err: Error): void {
     this.#decoder?.destroy();
     if (this.#errored) return;
     this.#errored = true;

@@ -7,8 +7,20 @@ import type { Dispatcher } from 'undici';
 // readable, to be inspected, metered and translated (a provider gzips JSON when asked, and every
 // fetch-based SDK asks). Any proxy of ours that forwards a caller's headers composes it.
 
-const DROP = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade',
-  'proxy-authorization', 'proxy-authenticate', 'host', 'expect', 'accept-encoding']);
+const DROP = new Set([
+  'connection',
+  'keep-alive',
+  'proxy-connection',
+  'transfer-encoding',
+  'te',
+  'trailer',
+  'upgrade',
+  'proxy-authorization',
+  'proxy-authenticate',
+  'host',
+  'expect',
+  'accept-encoding',
+]);
 
 export function scrubHeaders(): Dispatcher.DispatcherComposeInterceptor {
   return (dispatch) => (opts, handler) => {

@@ -14,26 +14,44 @@ export function admit(ctx: CallContext): void {
   const agent = snapshotAgent(snapshot, identity.agentId);
   if (agent) {
     if (agent.org_id !== identity.orgId) {
-      d.log.warn({
-        request_id: ctx.id, agent_id: identity.agentId, token_org: identity.orgId, snapshot_org: agent.org_id,
-      }, 'agent org does not match the snapshot');
+      d.log.warn(
+        {
+          request_id: ctx.id,
+          agent_id: identity.agentId,
+          token_org: identity.orgId,
+          snapshot_org: agent.org_id,
+        },
+        'agent org does not match the snapshot',
+      );
       // Recorded in the log of the org that owns the agent id: that is where the refusal is read.
       identify(ctx, { ...identity, orgId: agent.org_id, agentName: identity.agentName || agent.name });
-      throw new Refusal(ERRORS.agentRefused,
-        `token org_id "${identity.orgId}" differs from the agent's org in the snapshot`);
+      throw new Refusal(
+        ERRORS.agentRefused,
+        `token org_id "${identity.orgId}" differs from the agent's org in the snapshot`,
+      );
     }
     ctx.identity = {
-      ...identity, agentName: identity.agentName || agent.name, groupId: agent.group_id ?? identity.groupId,
+      ...identity,
+      agentName: identity.agentName || agent.name,
+      groupId: agent.group_id ?? identity.groupId,
     };
     if (agent.status === 'suspended' || agent.status === 'isolated' || agent.contained) {
-      d.log.warn({
-        request_id: ctx.id, agent_id: identity.agentId, status: agent.status, contained: agent.contained,
-      }, 'agent refused by its state');
+      d.log.warn(
+        {
+          request_id: ctx.id,
+          agent_id: identity.agentId,
+          status: agent.status,
+          contained: agent.contained,
+        },
+        'agent refused by its state',
+      );
       throw new Refusal(ERRORS.agentRefused, agent.contained ? 'agent is contained' : `agent is ${agent.status}`);
     }
   }
   if (tierRank(snapshot.enclave.isolation_class) < tierRank(d.options.minTier)) {
-    throw new Refusal(ERRORS.tierTooLow,
-      `enclave isolation class ${snapshot.enclave.isolation_class} is below --min-tier ${d.options.minTier}`);
+    throw new Refusal(
+      ERRORS.tierTooLow,
+      `enclave isolation class ${snapshot.enclave.isolation_class} is below --min-tier ${d.options.minTier}`,
+    );
   }
 }

@@ -15,10 +15,17 @@ export async function authenticate(ctx: CallContext): Promise<void> {
   } catch (err) {
     if (!(err instanceof AuthError)) throw err;
     d.metrics.authFailures.inc({ reason: err.reason });
-    d.log.warn({
-      err, reason: err.reason, request_id: ctx.id, path: ctx.path,
-      agent_id: err.identity?.agentId, org_id: err.identity?.orgId,
-    }, 'agent authentication failed');
+    d.log.warn(
+      {
+        err,
+        reason: err.reason,
+        request_id: ctx.id,
+        path: ctx.path,
+        agent_id: err.identity?.agentId,
+        org_id: err.identity?.orgId,
+      },
+      'agent authentication failed',
+    );
     // A token the issuer signed names its agent even when refused (expired, say): audited as that
     // agent's. Without a verified signature nothing names the caller, and no org's log takes the
     // record (docs/decisions.md, "Every refusal is audited"): the log line and the metric above are

@@ -5,7 +5,11 @@ import type { CallContext } from '../context.ts';
 import { ERRORS, Refusal } from '../errors.ts';
 import { routeOf } from '../translate/index.ts';
 import {
-  DEFAULT_UPSTREAMS, readableAnswer, upstreamHeaders, upstreamTarget, upstreamTimeoutPhase,
+  DEFAULT_UPSTREAMS,
+  readableAnswer,
+  upstreamHeaders,
+  upstreamTarget,
+  upstreamTimeoutPhase,
 } from '../upstream.ts';
 
 // The call to the upstream (undici; upstream.ts), at the caller's upstream: the snapshot's `upstream`
@@ -18,9 +22,10 @@ export async function forward(ctx: CallContext): Promise<void> {
   const format = ctx.format!;
   const upstreamFormat = ctx.upstreamFormat!;
   const translated = upstreamFormat !== format;
-  const base = resolveSnapshotSetting(ctx.snapshot, 'upstream', orgId, groupId, agentId)?.[upstreamFormat]
-    ?? resolveSnapshotSetting(ctx.snapshot, 'downstream_url', orgId, groupId, agentId)
-    ?? (d.options.upstreamDefault || DEFAULT_UPSTREAMS[upstreamFormat]);
+  const base =
+    resolveSnapshotSetting(ctx.snapshot, 'upstream', orgId, groupId, agentId)?.[upstreamFormat] ??
+    resolveSnapshotSetting(ctx.snapshot, 'downstream_url', orgId, groupId, agentId) ??
+    (d.options.upstreamDefault || DEFAULT_UPSTREAMS[upstreamFormat]);
   const target = upstreamTarget(base);
   const url = req.url ?? '/';
   const query = url.includes('?') ? url.slice(url.indexOf('?')) : '';
@@ -56,9 +61,13 @@ export async function forward(ctx: CallContext): Promise<void> {
   if (answer.unreadable !== null && ctx.inspect) {
     ctx.failOpen = true;
     ctx.failures.push({ phase: 'response', inspector: 'all', reason: 'content_coding' });
-    d.log.warn({
-      request_id: ctx.id, content_encoding: answer.unreadable,
-    }, 'inspection failopen: the upstream answer is in a content coding we cannot read');
+    d.log.warn(
+      {
+        request_id: ctx.id,
+        content_encoding: answer.unreadable,
+      },
+      'inspection failopen: the upstream answer is in a content coding we cannot read',
+    );
   }
   ctx.answer = answer;
 }
@@ -71,9 +80,12 @@ export function upstreamFailed(ctx: CallContext, err: Error, what: string, upstr
   const d = ctx.d;
   const phase = upstreamTimeoutPhase(err);
   if (phase !== null) d.metrics.upstreamTimeouts.inc({ phase });
-  const reason = phase === 'headers' ? `no response headers within ${d.options.upstreamTimeout} ms (--upstream-timeout)`
-    : phase === 'idle' ? `nothing received for ${d.options.upstreamIdleTimeout} ms (--upstream-idle-timeout)`
-    : err.message;
+  const reason =
+    phase === 'headers'
+      ? `no response headers within ${d.options.upstreamTimeout} ms (--upstream-timeout)`
+      : phase === 'idle'
+        ? `nothing received for ${d.options.upstreamIdleTimeout} ms (--upstream-idle-timeout)`
+        : err.message;
   ctx.error = `${what}: ${reason}`;
   d.log.warn({ request_id: ctx.id, upstream, timeout: phase, err }, what);
 }

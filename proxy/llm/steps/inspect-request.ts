@@ -15,7 +15,7 @@ export function inspectRequest(ctx: CallContext): Promise<void> | void {
 }
 
 async function inspectBody(ctx: CallContext): Promise<void> {
-  const contentType = ctx.inference ? undefined : ctx.req.headers['content-type'] ?? null;
+  const contentType = ctx.inference ? undefined : (ctx.req.headers['content-type'] ?? null);
   const outcome = await inspect(ctx, ctx.body, 'request', contentType);
   noteOutcome(ctx, outcome, 'request');
   if (outcome.decision === 'block') throw new Refusal(ERRORS.contentPolicy, null);

@@ -25,7 +25,9 @@ export function prefix(ctx: CallContext): void {
 export function securityPrefix(ctx: CallContext): string {
   const identity = ctx.identity!;
   return (ctx.prefix ??= securityContext({
-    agentId: identity.agentId, agentName: identity.agentName, orgId: identity.orgId,
+    agentId: identity.agentId,
+    agentName: identity.agentName,
+    orgId: identity.orgId,
     enclaveName: ctx.d.options.enclaveName || ctx.snapshot.enclave.name,
   }));
 }

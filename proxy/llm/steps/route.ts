@@ -24,9 +24,10 @@ export function route(ctx: CallContext): void {
   const format = inferenceFormat ?? passThroughFormat(ctx.path, req.headers);
   ctx.format = format;
   ctx.inference = inferenceFormat !== undefined;
-  ctx.upstreamFormat = inferenceFormat && options.translate && format !== options.translateUpstreamFormat
-    ? options.translateUpstreamFormat
-    : format;
+  ctx.upstreamFormat =
+    inferenceFormat && options.translate && format !== options.translateUpstreamFormat
+      ? options.translateUpstreamFormat
+      : format;
   const contentType = req.headers['content-type'];
   if (inferenceFormat && contentType !== undefined && !JSON_TYPE.test(contentType)) {
     throw new Refusal(ERRORS.unsupportedMediaType, `content-type ${contentType} refused`);

@@ -21,7 +21,8 @@ export function requestToCanonical(body: Record<string, unknown>): CRequest {
 export function requestFromCanonical(req: CRequest): Record<string, unknown> {
   const out: Record<string, unknown> = { model: req.model, max_tokens: req.max_tokens, messages: req.messages };
   if (req.system) out.system = req.system;
-  for (const k of ['temperature', 'top_p', 'stop_sequences', 'stream', 'tools', 'tool_choice'] as const) if (req[k] !== undefined) out[k] = req[k];
+  for (const k of ['temperature', 'top_p', 'stop_sequences', 'stream', 'tools', 'tool_choice'] as const)
+    if (req[k] !== undefined) out[k] = req[k];
   return out;
 }
 
@@ -52,7 +53,16 @@ export function responseFromCanonical(res: CResponse): Record<string, unknown> {
 /** Upstream Anthropic events are canonical already; `ping` and unknown events are dropped. */
 export function parseEvent(_event: string | null, data: string): CEvent[] {
   const e = JSON.parse(data) as CEvent | { type: string };
-  return ['message_start', 'content_block_start', 'content_block_delta', 'content_block_stop', 'message_delta', 'message_stop'].includes(e.type) ? [e as CEvent] : [];
+  return [
+    'message_start',
+    'content_block_start',
+    'content_block_delta',
+    'content_block_stop',
+    'message_delta',
+    'message_stop',
+  ].includes(e.type)
+    ? [e as CEvent]
+    : [];
 }
 
 export class AnthropicEmitter {
@@ -60,10 +70,20 @@ export class AnthropicEmitter {
     if (e.type === 'message_start') {
       return formatSse('message_start', {
         type: 'message_start',
-        message: { id: e.message.id, type: 'message', role: 'assistant', model: e.message.model, content: [], stop_reason: null, stop_sequence: null, usage: e.message.usage },
+        message: {
+          id: e.message.id,
+          type: 'message',
+          role: 'assistant',
+          model: e.message.model,
+          content: [],
+          stop_reason: null,
+          stop_sequence: null,
+          usage: e.message.usage,
+        },
       });
     }
-    if (e.type === 'message_delta') return formatSse('message_delta', { ...e, delta: { ...e.delta, stop_sequence: null } });
+    if (e.type === 'message_delta')
+      return formatSse('message_delta', { ...e, delta: { ...e.delta, stop_sequence: null } });
     return formatSse(e.type, e);
   }
 

@@ -53,15 +53,35 @@ export interface CResponse {
 
 /** Canonical stream events: Anthropic's, as objects. */
 export type CEvent =
-  | { type: 'message_start'; message: { id: string; model: string; usage: { input_tokens: number; output_tokens: number } } }
-  | { type: 'content_block_start'; index: number; content_block: { type: 'text'; text: string } | { type: 'tool_use'; id: string; name: string; input: Record<string, never> } | { type: 'thinking'; thinking: string } }
-  | { type: 'content_block_delta'; index: number; delta: { type: 'text_delta'; text: string } | { type: 'input_json_delta'; partial_json: string } | { type: 'thinking_delta'; thinking: string } }
+  | {
+      type: 'message_start';
+      message: { id: string; model: string; usage: { input_tokens: number; output_tokens: number } };
+    }
+  | {
+      type: 'content_block_start';
+      index: number;
+      content_block:
+        | { type: 'text'; text: string }
+        | { type: 'tool_use'; id: string; name: string; input: Record<string, never> }
+        | { type: 'thinking'; thinking: string };
+    }
+  | {
+      type: 'content_block_delta';
+      index: number;
+      delta:
+        | { type: 'text_delta'; text: string }
+        | { type: 'input_json_delta'; partial_json: string }
+        | { type: 'thinking_delta'; thinking: string };
+    }
   | { type: 'content_block_stop'; index: number }
-  | { type: 'message_delta'; delta: { stop_reason: CStopReason | null }; usage: { output_tokens: number; input_tokens?: number } }
+  | {
+      type: 'message_delta';
+      delta: { stop_reason: CStopReason | null };
+      usage: { output_tokens: number; input_tokens?: number };
+    }
   | { type: 'message_stop' };
 
 export const DEFAULT_MAX_TOKENS = 4096;
-
 
 /** Text of a tool result or message content, for formats that only carry strings there. */
 export function textOf(content: string | CBlock[]): string {

@@ -2,7 +2,7 @@ import { SseParser } from '../../../core/sse.ts';
 import type { WireFormat } from '../../../pipeline/policy/snapshot.ts';
 import * as anthropic from './anthropic.ts';
 import { TranslationError } from '../errors.ts';
-import { type CEvent, type CRequest, type CResponse } from './canonical.ts';
+import type { CEvent, CRequest, CResponse } from './canonical.ts';
 import * as chat from './openai-chat.ts';
 import * as responses from './openai-responses.ts';
 
@@ -28,10 +28,19 @@ const CODECS: Record<WireFormat, Codec> = {
     parser: () => ({ parse: anthropic.parseEvent, end: () => [] }),
     emitter: () => new anthropic.AnthropicEmitter(),
   },
-  'openai-chat': { route: '/v1/chat/completions', ...chat, parser: () => new chat.ChatParser(), emitter: () => new chat.ChatEmitter() },
-  'openai-responses': { route: '/v1/responses', ...responses, parser: () => new responses.ResponsesParser(), emitter: () => new responses.ResponsesEmitter() },
+  'openai-chat': {
+    route: '/v1/chat/completions',
+    ...chat,
+    parser: () => new chat.ChatParser(),
+    emitter: () => new chat.ChatEmitter(),
+  },
+  'openai-responses': {
+    route: '/v1/responses',
+    ...responses,
+    parser: () => new responses.ResponsesParser(),
+    emitter: () => new responses.ResponsesEmitter(),
+  },
 };
-
 
 export function routeOf(format: WireFormat): string {
   return CODECS[format].route;
@@ -44,7 +53,8 @@ function parseObject(body: Buffer, what: string): Obj {
   } catch {
     throw new TranslationError(`${what} is not valid JSON`);
   }
-  if (value === null || typeof value !== 'object' || Array.isArray(value)) throw new TranslationError(`${what} must be a JSON object`);
+  if (value === null || typeof value !== 'object' || Array.isArray(value))
+    throw new TranslationError(`${what} must be a JSON object`);
   return value as Obj;
 }
 

@@ -34,8 +34,11 @@ const request = (content: string) =>
   Buffer.from(JSON.stringify({ model: 'claude-sonnet-4-5', messages: [{ role: 'user', content }] }));
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
 const worstOf = (inspector: string) => (size: number) =>
-  WORST_CASES.filter((c) => c.inspector === inspector)
-    .map((c) => ({ name: c.name, body: worstBody(c, size), phase: c.phase }));
+  WORST_CASES.filter((c) => c.inspector === inspector).map((c) => ({
+    name: c.name,
+    body: worstBody(c, size),
+    phase: c.phase,
+  }));
 const key = (i: number) => `AKIA${i.toString(36).toUpperCase().padStart(16, 'Q')}`;
 const secretOf = (i: number) => `agent-secret-${String(i).padStart(6, '0')}`;
 
@@ -47,13 +50,21 @@ const CASES: Record<string, Case> = {
     hit: { body: Buffer.from(JSON.stringify({ model: 'gpt-4o-mini', messages: [] })), value: 'gpt-4o-mini' },
     // Every letter case of `model` is read; one finding says the call is refused.
     flood: (n) => ({
-      body: Buffer.from(`{${range(n).map((i) => `"${i % 2 ? 'Model' : 'model'}":"gpt-${i}"`).join(',')}}`),
+      body: Buffer.from(
+        `{${range(n)
+          .map((i) => `"${i % 2 ? 'Model' : 'model'}":"gpt-${i}"`)
+          .join(',')}}`,
+      ),
     }),
     // The top level is walked once however many keys and however long the values.
     worst: (size) => [
       {
         name: 'many top-level keys',
-        body: Buffer.from(`{${range(Math.floor(size / 16)).map((i) => `"k${i}":"vvvv",`).join('')}"model":"claude-x"}`),
+        body: Buffer.from(
+          `{${range(Math.floor(size / 16))
+            .map((i) => `"k${i}":"vvvv",`)
+            .join('')}"model":"claude-x"}`,
+        ),
         phase: 'request',
       },
       {
@@ -84,7 +95,13 @@ const CASES: Record<string, Case> = {
     phase: 'request',
     secrets: [],
     hit: { body: request('mail jane.doe@example.com today'), value: 'jane.doe@example.com' },
-    flood: (n) => ({ body: request(range(n).map((i) => `user${i}@example.com`).join(' ')) }),
+    flood: (n) => ({
+      body: request(
+        range(n)
+          .map((i) => `user${i}@example.com`)
+          .join(' '),
+      ),
+    }),
     worst: worstOf('pii'),
   },
   patterns: {
@@ -92,7 +109,13 @@ const CASES: Record<string, Case> = {
     phase: 'request',
     secrets: [],
     hit: { body: request('see INC-123456 now'), value: 'INC-123456' },
-    flood: (n) => ({ body: request(range(n).map((i) => `INC-${String(100000 + i)}`).join(' ')) }),
+    flood: (n) => ({
+      body: request(
+        range(n)
+          .map((i) => `INC-${String(100000 + i)}`)
+          .join(' '),
+      ),
+    }),
     worst: worstOf('patterns'),
   },
 };
@@ -116,7 +139,10 @@ function fastest(run: () => unknown, runs = 5): number {
 }
 
 t.test('every inspector of the registry has a conformance case', async (t) => {
-  t.same(INSPECTORS.map((i) => i.id).filter((id) => !(id in CASES)), []);
+  t.same(
+    INSPECTORS.map((i) => i.id).filter((id) => !(id in CASES)),
+    [],
+  );
   t.equal(new Set(INSPECTORS.map((i) => i.id)).size, INSPECTORS.length, 'ids are unique');
 });
 
@@ -149,7 +175,13 @@ for (const inspector of INSPECTORS) {
     // (The custom patterns read their candidates from the input's set pass, which needs their plan.)
     const patterns = inspector.id === PATTERNS ? (compiled as PatternPlan) : null;
     const input = new InspectionInput({
-      raw: body, phase: c.phase, secrets, modelsAnywhere: null, failures, normalizeDecoded: false, patterns,
+      raw: body,
+      phase: c.phase,
+      secrets,
+      modelsAnywhere: null,
+      failures,
+      normalizeDecoded: false,
+      patterns,
     });
     const found = inspector.scan(input, compiled);
     t.ok(found.length > 0, 'found');

@@ -1,5 +1,9 @@
 import t from 'tap';
-import { callSidecar, closeSidecarDispatcher, MAX_SIDECAR_RESPONSE_BYTES } from '../../../pipeline/inspectors/sidecar.ts';
+import {
+  callSidecar,
+  closeSidecarDispatcher,
+  MAX_SIDECAR_RESPONSE_BYTES,
+} from '../../../pipeline/inspectors/sidecar.ts';
 import { SidecarError } from '../../../pipeline/errors.ts';
 import { validateSidecar } from '../../../pipeline/policy/validate.ts';
 import { startSidecarServer } from '../../fixtures/sidecar-server.ts';
@@ -10,28 +14,62 @@ t.teardown(async () => {
   await server.close();
 });
 
-const sidecar = (path: string, extra: Record<string, unknown> = {}) => validateSidecar({ name: 'guard', url: server.url(path), on_request: true, ...extra }, 's');
+const sidecar = (path: string, extra: Record<string, unknown> = {}) =>
+  validateSidecar({ name: 'guard', url: server.url(path), on_request: true, ...extra }, 's');
 const identity = { agentId: '42', orgId: '7', agentName: 'builder' };
-const request = Buffer.from(JSON.stringify({ model: 'm', messages: [{ role: 'user', content: 'hi' }, { role: 'assistant', content: [{ type: 'text', text: 'yo' }] }] }));
+const request = Buffer.from(
+  JSON.stringify({
+    model: 'm',
+    messages: [
+      { role: 'user', content: 'hi' },
+      { role: 'assistant', content: [{ type: 'text', text: 'yo' }] },
+    ],
+  }),
+);
 
 t.test('the protocol: request fields, findings back with the configured severity, redacted', async (t) => {
-  const findings = await callSidecar({ sidecar: sidecar('/good', { severity: 'block' }), phase: 'request', body: request, identity });
-  t.same(findings, [{ inspector_type: 'sidecar:guard', severity: 'block', description: 'toxic content', match: 'dang****', location: 'sidecar' }]);
+  const findings = await callSidecar({
+    sidecar: sidecar('/good', { severity: 'block' }),
+    phase: 'request',
+    body: request,
+    identity,
+  });
+  t.same(findings, [
+    {
+      inspector_type: 'sidecar:guard',
+      severity: 'block',
+      description: 'toxic content',
+      match: 'dang****',
+      location: 'sidecar',
+    },
+  ]);
   const sent = server.received.at(-1)!.body;
   t.same(sent, { agent_id: 42, organization_id: 7, agent_name: 'builder', phase: 'request', body: request.toString() });
   t.notOk('context' in sent, 'no context without include_context');
 });
 
 t.test('include_context carries the request messages as recent_messages', async (t) => {
-  await callSidecar({ sidecar: sidecar('/clean', { include_context: true }), phase: 'response', body: Buffer.from('{"content":[]}'), identity, requestBody: request });
+  await callSidecar({
+    sidecar: sidecar('/clean', { include_context: true }),
+    phase: 'response',
+    body: Buffer.from('{"content":[]}'),
+    identity,
+    requestBody: request,
+  });
   const sent = server.received.at(-1)!.body as { phase: string; context: { recent_messages: unknown[] } };
   t.equal(sent.phase, 'response');
-  t.same(sent.context.recent_messages, [{ role: 'user', content: 'hi' }, { role: 'assistant', content: [{ type: 'text', text: 'yo' }] }]);
+  t.same(sent.context.recent_messages, [
+    { role: 'user', content: 'hi' },
+    { role: 'assistant', content: [{ type: 'text', text: 'yo' }] },
+  ]);
 });
 
 t.test('defaults: timeout 5000 ms, severity warn, phases off', async (t) => {
   const s = validateSidecar({ name: 'a', url: 'http://127.0.0.1:1/x' }, 's');
-  t.same([s.timeout_ms, s.severity, s.on_request, s.on_response, s.async, s.include_context], [5000, 'warn', false, false, false, false]);
+  t.same(
+    [s.timeout_ms, s.severity, s.on_request, s.on_response, s.async, s.include_context],
+    [5000, 'warn', false, false, false, false],
+  );
 });
 
 t.test('every fault is a SidecarError with its reason', async (t) => {
@@ -44,12 +82,17 @@ t.test('every fault is a SidecarError with its reason', async (t) => {
   ];
   for (const [path, extra, reason] of cases) {
     const started = Date.now();
-    const err = await callSidecar({ sidecar: sidecar(path, extra), phase: 'request', body: request, identity }).catch((e) => e);
+    const err = await callSidecar({ sidecar: sidecar(path, extra), phase: 'request', body: request, identity }).catch(
+      (e) => e,
+    );
     t.ok(err instanceof SidecarError, `${path} fails`);
     t.equal(err.reason, reason, `${path}: ${reason}`);
     if (path === '/hang') t.ok(Date.now() - started < 3000, 'the timeout cuts it');
   }
   const down = validateSidecar({ name: 'down', url: 'http://127.0.0.1:9/x' }, 's');
-  t.equal((await callSidecar({ sidecar: down, phase: 'request', body: request, identity }).catch((e) => e)).reason, 'network');
+  t.equal(
+    (await callSidecar({ sidecar: down, phase: 'request', body: request, identity }).catch((e) => e)).reason,
+    'network',
+  );
   t.equal(MAX_SIDECAR_RESPONSE_BYTES, 1024 * 1024);
 });

@@ -40,6 +40,9 @@ t.test('concurrent misses share one load; failures are not cached', async (t) =>
   const [a, b] = await Promise.all([cache.get('o', 'a', slow), cache.get('o', 'a', slow)]);
   t.equal(a, b);
   t.equal(loads, 1);
-  await t.rejects(cache.get('o', 'x', () => Promise.reject(new Error('db down'))), /db down/);
+  await t.rejects(
+    cache.get('o', 'x', () => Promise.reject(new Error('db down'))),
+    /db down/,
+  );
   t.equal(await cache.get('o', 'x', () => 7), 7);
 });

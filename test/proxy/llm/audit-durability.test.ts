@@ -17,7 +17,8 @@ import { startHarness } from '../../fixtures/llmproxy-harness.ts';
 // Audit, then replay: with a durable sink an answer leaves only once its record is durable; when the
 // record cannot be made durable in time the answer is refused (503), or a stream loses its final event.
 
-const body = (extra: Record<string, unknown> = {}) => JSON.stringify({ model: 'claude-sonnet-4-5', max_tokens: 8, messages: [{ role: 'user', content: 'hi' }], ...extra });
+const body = (extra: Record<string, unknown> = {}) =>
+  JSON.stringify({ model: 'claude-sonnet-4-5', max_tokens: 8, messages: [{ role: 'user', content: 'hi' }], ...extra });
 
 async function readWal(dir: string): Promise<Record<string, unknown>[]> {
   const table = await WalTable.open(join(dir, 'llm_audit_log'), 'llm_audit_log');
@@ -36,15 +37,29 @@ async function readWal(dir: string): Promise<Record<string, unknown>[]> {
 t.test('with a WAL, the record is durable before the answer leaves', async (t) => {
   const walDir = await mkdtemp(join(tmpdir(), 'dvx-pwal-'));
   const storeDir = await mkdtemp(join(tmpdir(), 'dvx-pstore-'));
-  t.teardown(() => Promise.all([rm(walDir, { recursive: true, force: true }), rm(storeDir, { recursive: true, force: true })]));
+  t.teardown(() =>
+    Promise.all([rm(walDir, { recursive: true, force: true }), rm(storeDir, { recursive: true, force: true })]),
+  );
   const log = createLogger({ level: 'error', destination: { write: () => {} } });
   // A store that is never reachable keeps every record in the WAL, where the test can see it.
-  const sink = await WalSink.open({ dir: walDir, dsn: 'postgres://nobody@127.0.0.1:1/none', log, registry: createRegistry(), tables: ['llm_audit_log'] });
+  const sink = await WalSink.open({
+    dir: walDir,
+    dsn: 'postgres://nobody@127.0.0.1:1/none',
+    log,
+    registry: createRegistry(),
+    tables: ['llm_audit_log'],
+  });
   const h = await startHarness({ audit: sink, durableAudit: true });
   t.teardown(() => h.close());
-  const plain = await h.call('/v1/messages', { headers: { 'content-type': 'application/json', 'x-api-key': await h.token() }, body: body() });
+  const plain = await h.call('/v1/messages', {
+    headers: { 'content-type': 'application/json', 'x-api-key': await h.token() },
+    body: body(),
+  });
   t.equal(plain.status, 200);
-  const streamed = await h.call('/v1/messages', { headers: { 'content-type': 'application/json', 'x-api-key': await h.token() }, body: body({ stream: true }) });
+  const streamed = await h.call('/v1/messages', {
+    headers: { 'content-type': 'application/json', 'x-api-key': await h.token() },
+    body: body({ stream: true }),
+  });
   t.match(streamed.text, /event: message_stop/, 'the final event arrives');
   const table = sink.table('llm_audit_log')!;
   const { records } = await table.read(table.checkpoint, 10);
@@ -59,40 +74,85 @@ t.test('capture-or-deny: a record that is not durable in time refuses the answer
   const h = await startHarness({ audit: stalledSink(), durableAudit: true, proxy: { auditCaptureTimeout: 200 } });
   t.teardown(() => h.close());
   const started = Date.now();
-  const plain = await h.call('/v1/messages', { headers: { 'content-type': 'application/json', 'x-api-key': await h.token() }, body: body() });
+  const plain = await h.call('/v1/messages', {
+    headers: { 'content-type': 'application/json', 'x-api-key': await h.token() },
+    body: body(),
+  });
   t.equal(plain.status, 503);
-  t.same(JSON.parse(plain.text), { type: 'error', error: { type: 'audit_unavailable', message: 'Request rejected: the audit record could not be made durable.' } });
+  t.same(JSON.parse(plain.text), {
+    type: 'error',
+    error: { type: 'audit_unavailable', message: 'Request rejected: the audit record could not be made durable.' },
+  });
   t.notMatch(plain.text, new RegExp(REPLY), 'nothing of the answer leaked');
   t.ok(Date.now() - started < 3000, 'refused at the capture timeout');
-  const res = await request(`${h.url}/v1/messages`, { method: 'POST', dispatcher: h.dispatcher, headers: { 'content-type': 'application/json', 'x-api-key': await h.token() }, body: body({ stream: true }) });
+  const res = await request(`${h.url}/v1/messages`, {
+    method: 'POST',
+    dispatcher: h.dispatcher,
+    headers: { 'content-type': 'application/json', 'x-api-key': await h.token() },
+    body: body({ stream: true }),
+  });
   const text = await res.body.text().catch(() => 'CUT');
   t.notMatch(text, /message_stop/, 'a stream never gets its final event');
 });
 
-t.test('capture-or-deny: a late record and the refusal are two records, and pass-through answers are gated too', async (t) => {
-  const got: Record<string, unknown>[] = [];
-  const slow: AuditSink = { append: (_table, record) => new Promise<void>((r) => setTimeout(() => { got.push(record); r(); }, 400)), flush: async () => {}, close: async () => {} };
-  const h = await startHarness({ audit: slow, durableAudit: true, proxy: { auditCaptureTimeout: 100 } });
-  t.teardown(() => h.close());
-  const plain = await h.call('/v1/messages', { headers: { 'content-type': 'application/json', 'x-api-key': await h.token() }, body: body({ metadata: { user_id: 'late' } }) });
-  t.equal(plain.status, 503);
-  await new Promise((r) => setTimeout(r, 600));
-  const mine = [...got];
-  t.equal(mine.length, 2, 'the record handed to the sink, and the refusal');
-  const attempted = mine.find((r) => !String(r.id).endsWith('.refused'))!;
-  t.match(attempted, { status: 200, upstream_status: 200 }, 'what was about to be answered');
-  t.match(mine.find((r) => r.id === `${attempted.id}.refused`), { status: 503, upstream_status: 200, error: /not durable within 100 ms/ }, 'what the agent got');
+t.test(
+  'capture-or-deny: a late record and the refusal are two records, and pass-through answers are gated too',
+  async (t) => {
+    const got: Record<string, unknown>[] = [];
+    const slow: AuditSink = {
+      append: (_table, record) =>
+        new Promise<void>((r) =>
+          setTimeout(() => {
+            got.push(record);
+            r();
+          }, 400),
+        ),
+      flush: async () => {},
+      close: async () => {},
+    };
+    const h = await startHarness({ audit: slow, durableAudit: true, proxy: { auditCaptureTimeout: 100 } });
+    t.teardown(() => h.close());
+    const plain = await h.call('/v1/messages', {
+      headers: { 'content-type': 'application/json', 'x-api-key': await h.token() },
+      body: body({ metadata: { user_id: 'late' } }),
+    });
+    t.equal(plain.status, 503);
+    await new Promise((r) => setTimeout(r, 600));
+    const mine = [...got];
+    t.equal(mine.length, 2, 'the record handed to the sink, and the refusal');
+    const attempted = mine.find((r) => !String(r.id).endsWith('.refused'))!;
+    t.match(attempted, { status: 200, upstream_status: 200 }, 'what was about to be answered');
+    t.match(
+      mine.find((r) => r.id === `${attempted.id}.refused`),
+      { status: 503, upstream_status: 200, error: /not durable within 100 ms/ },
+      'what the agent got',
+    );
 
-  const models = await request(`${h.url}/v1/models`, { method: 'GET', dispatcher: h.dispatcher, headers: { 'x-api-key': await h.token(), 'anthropic-version': '2023-06-01' } });
-  const text = await models.body.text().then(() => 'complete', () => 'cut');
-  t.equal(text, 'cut', 'a pass-through answer never completes without its record');
-});
+    const models = await request(`${h.url}/v1/models`, {
+      method: 'GET',
+      dispatcher: h.dispatcher,
+      headers: { 'x-api-key': await h.token(), 'anthropic-version': '2023-06-01' },
+    });
+    const text = await models.body.text().then(
+      () => 'complete',
+      () => 'cut',
+    );
+    t.equal(text, 'cut', 'a pass-through answer never completes without its record');
+  },
+);
 
 t.test('capture-or-deny off: the answer goes out and the failure is logged', async (t) => {
-  const failing: AuditSink = { append: () => Promise.reject(new Error('disk on fire')), flush: async () => {}, close: async () => {} };
+  const failing: AuditSink = {
+    append: () => Promise.reject(new Error('disk on fire')),
+    flush: async () => {},
+    close: async () => {},
+  };
   const h = await startHarness({ audit: failing, durableAudit: true, proxy: { auditCaptureOrDeny: false } });
   t.teardown(() => h.close());
-  const r = await h.call('/v1/messages', { headers: { 'content-type': 'application/json', 'x-api-key': await h.token() }, body: body() });
+  const r = await h.call('/v1/messages', {
+    headers: { 'content-type': 'application/json', 'x-api-key': await h.token() },
+    body: body(),
+  });
   t.equal(r.status, 200);
   await new Promise((res) => setTimeout(res, 50));
   t.ok(h.logs.some((l) => /audit record lost/.test(String(l.msg))));
@@ -106,7 +166,13 @@ t.test('a full disk under the WAL (real tmpfs) refuses answers with 503', async 
   const walDir = await mkdtemp(join(tmpdir(), 'dvx-fullwal-'));
   execFileSync('mount', ['-t', 'tmpfs', '-o', 'size=64k', 'tmpfs', walDir]);
   const log = createLogger({ level: 'error', destination: { write: () => {} } });
-  const sink = await WalSink.open({ dir: walDir, dsn: 'postgres://nobody@127.0.0.1:1/none', log, registry: createRegistry(), tables: ['llm_audit_log'] });
+  const sink = await WalSink.open({
+    dir: walDir,
+    dsn: 'postgres://nobody@127.0.0.1:1/none',
+    log,
+    registry: createRegistry(),
+    tables: ['llm_audit_log'],
+  });
   const h = await startHarness({ audit: sink, durableAudit: true });
   t.teardown(async () => {
     await h.close();
@@ -115,13 +181,23 @@ t.test('a full disk under the WAL (real tmpfs) refuses answers with 503', async 
   });
   let status = 200;
   for (let i = 0; i < 200 && status === 200; i++) {
-    status = (await h.call('/v1/messages', { headers: { 'content-type': 'application/json', 'x-api-key': await h.token() }, body: body({ metadata: { user_id: 'x'.repeat(2000) } }) })).status;
+    status = (
+      await h.call('/v1/messages', {
+        headers: { 'content-type': 'application/json', 'x-api-key': await h.token() },
+        body: body({ metadata: { user_id: 'x'.repeat(2000) } }),
+      })
+    ).status;
   }
   t.equal(status, 503, 'once the disk is full, answers are refused');
 });
 
 /** A dvx llmproxy process (to be killed), served by a harness's upstream, keys and snapshot. */
-async function killableProxy(t: { teardown: (fn: () => unknown) => void }, prefix: string, extraArgs: (dir: string) => string[], stdout: (dir: string) => 'ignore' | number) {
+async function killableProxy(
+  t: { teardown: (fn: () => unknown) => void },
+  prefix: string,
+  extraArgs: (dir: string) => string[],
+  stdout: (dir: string) => 'ignore' | number,
+) {
   const dir = await mkdtemp(join(tmpdir(), prefix));
   const upstreamHarness = await startHarness();
   t.teardown(async () => {
@@ -131,53 +207,120 @@ async function killableProxy(t: { teardown: (fn: () => unknown) => void }, prefi
   const hd = upstreamHarness.dir;
   const port = 20000 + Math.floor(Math.random() * 20000);
   const out = stdout(dir);
-  const child = spawn(DVX_BIN, ['serve', 'llmproxy', '--addr', `127.0.0.1:${port}`, '--tls-cert', join(hd, 'server.pem'), '--tls-key', join(hd, 'server-key.pem'),
-    '--agent-jwks', join(hd, 'jwks.json'), '--policy-snapshot', join(hd, 'snapshot.json'), '--secrets-file', join(hd, 'secrets.json'), '--log-level', 'error', ...extraArgs(dir)],
-  { stdio: ['ignore', out, 'inherit'] });
+  const child = spawn(
+    DVX_BIN,
+    [
+      'serve',
+      'llmproxy',
+      '--addr',
+      `127.0.0.1:${port}`,
+      '--tls-cert',
+      join(hd, 'server.pem'),
+      '--tls-key',
+      join(hd, 'server-key.pem'),
+      '--agent-jwks',
+      join(hd, 'jwks.json'),
+      '--policy-snapshot',
+      join(hd, 'snapshot.json'),
+      '--secrets-file',
+      join(hd, 'secrets.json'),
+      '--log-level',
+      'error',
+      ...extraArgs(dir),
+    ],
+    { stdio: ['ignore', out, 'inherit'] },
+  );
   if (typeof out === 'number') closeSync(out);
   const exited = new Promise((r) => child.on('exit', r));
   const dispatcher = new Agent({ connect: { ca: upstreamHarness.ca.certPem } });
   t.teardown(() => dispatcher.close());
   const url = `https://127.0.0.1:${port}`;
   for (let i = 0; i < 100; i++) {
-    const ok = await request(`${url}/healthz`, { dispatcher }).then((r) => r.body.text().then(() => r.statusCode === 200), () => false);
+    const ok = await request(`${url}/healthz`, { dispatcher }).then(
+      (r) => r.body.text().then(() => r.statusCode === 200),
+      () => false,
+    );
     if (ok) break;
     await new Promise((r) => setTimeout(r, 100));
   }
-  return { dir, url, dispatcher, token: await upstreamHarness.token(), kill: async () => { child.kill('SIGKILL'); await exited; } };
+  return {
+    dir,
+    url,
+    dispatcher,
+    token: await upstreamHarness.token(),
+    kill: async () => {
+      child.kill('SIGKILL');
+      await exited;
+    },
+  };
 }
 
 t.test('SIGKILL right after answers: every answered call has its record', async (t) => {
-  const { dir, url, dispatcher, token, kill } = await killableProxy(t, 'dvx-kill-', (d) => ['--audit-dsn', 'postgres://nobody@127.0.0.1:1/none', '--audit-wal-dir', join(d, 'wal')], () => 'ignore');
+  const { dir, url, dispatcher, token, kill } = await killableProxy(
+    t,
+    'dvx-kill-',
+    (d) => ['--audit-dsn', 'postgres://nobody@127.0.0.1:1/none', '--audit-wal-dir', join(d, 'wal')],
+    () => 'ignore',
+  );
   const walDir = join(dir, 'wal');
   const answered: string[] = [];
-  await Promise.all(Array.from({ length: 40 }, async (_, i) => {
-    const res = await request(`${url}/v1/messages`, { method: 'POST', dispatcher, headers: { 'content-type': 'application/json', 'x-api-key': token }, body: body({ metadata: { user_id: `call-${i}` }, stream: i % 2 === 0 }) });
-    const text = await res.body.text();
-    if (res.statusCode === 200 && (text.includes('message_stop') || text.includes(REPLY))) answered.push(`call-${i}`);
-  }));
+  await Promise.all(
+    Array.from({ length: 40 }, async (_, i) => {
+      const res = await request(`${url}/v1/messages`, {
+        method: 'POST',
+        dispatcher,
+        headers: { 'content-type': 'application/json', 'x-api-key': token },
+        body: body({ metadata: { user_id: `call-${i}` }, stream: i % 2 === 0 }),
+      });
+      const text = await res.body.text();
+      if (res.statusCode === 200 && (text.includes('message_stop') || text.includes(REPLY))) answered.push(`call-${i}`);
+    }),
+  );
   await kill();
   const records = await readWal(walDir);
   t.equal(answered.length, 40, 'every call was answered');
   t.equal(records.length, 40, 'and every one has its record after SIGKILL');
-
 });
 
 t.test('on stdout too: SIGKILL right after answers and refusals, every one has its line', async (t) => {
-  const { dir, url, dispatcher, token, kill } = await killableProxy(t, 'dvx-kill-stdout-', () => [], (d) => openSync(join(d, 'stdout'), 'w'));
+  const { dir, url, dispatcher, token, kill } = await killableProxy(
+    t,
+    'dvx-kill-stdout-',
+    () => [],
+    (d) => openSync(join(d, 'stdout'), 'w'),
+  );
   const answered: string[] = [];
-  await Promise.all(Array.from({ length: 45 }, async (_, i) => {
-    // Every third call carries a key the policy blocks: a refusal is an answer too.
-    const content = i % 3 === 2 ? 'key AKIAIOSFODNN7EXAMPLE' : 'hi';
-    const res = await request(`${url}/v1/messages`, { method: 'POST', dispatcher, headers: { 'content-type': 'application/json', 'x-api-key': token },
-      body: JSON.stringify({ model: 'claude-sonnet-4-5', max_tokens: 8, messages: [{ role: 'user', content }], metadata: { user_id: `call-${i}` }, stream: i % 3 === 0 }) });
-    const text = await res.body.text();
-    if ((res.statusCode === 200 && (text.includes('message_stop') || text.includes(REPLY))) || res.statusCode === 403) answered.push(`call-${i}`);
-  }));
+  await Promise.all(
+    Array.from({ length: 45 }, async (_, i) => {
+      // Every third call carries a key the policy blocks: a refusal is an answer too.
+      const content = i % 3 === 2 ? 'key AKIAIOSFODNN7EXAMPLE' : 'hi';
+      const res = await request(`${url}/v1/messages`, {
+        method: 'POST',
+        dispatcher,
+        headers: { 'content-type': 'application/json', 'x-api-key': token },
+        body: JSON.stringify({
+          model: 'claude-sonnet-4-5',
+          max_tokens: 8,
+          messages: [{ role: 'user', content }],
+          metadata: { user_id: `call-${i}` },
+          stream: i % 3 === 0,
+        }),
+      });
+      const text = await res.body.text();
+      if ((res.statusCode === 200 && (text.includes('message_stop') || text.includes(REPLY))) || res.statusCode === 403)
+        answered.push(`call-${i}`);
+    }),
+  );
   await kill();
-  const lines = readFileSync(join(dir, 'stdout'), 'utf8').split('\n').filter((l) => l.includes('"stream":"audit"')).map((l) => JSON.parse(l) as Record<string, unknown>);
+  const lines = readFileSync(join(dir, 'stdout'), 'utf8')
+    .split('\n')
+    .filter((l) => l.includes('"stream":"audit"'))
+    .map((l) => JSON.parse(l) as Record<string, unknown>);
   t.equal(answered.length, 45, 'every call was answered');
   t.equal(lines.length, 45, 'and every one has its audit line after SIGKILL');
-  t.equal(lines.filter((l) => l.status === 403 && l.decision === 'block').length, 15, 'the refusals with their findings');
+  t.equal(
+    lines.filter((l) => l.status === 403 && l.decision === 'block').length,
+    15,
+    'the refusals with their findings',
+  );
 });
-

@@ -12,7 +12,8 @@ const h = await startHarness({ proxy: { agentCa: '' } });
 t.teardown(() => h.close());
 
 const body = JSON.stringify({ model: 'claude-sonnet-4-5', max_tokens: 8, messages: [{ role: 'user', content: 'hi' }] });
-const messages = (headers: Record<string, string>) => h.call('/v1/messages', { headers: { 'content-type': 'application/json', ...headers }, body });
+const messages = (headers: Record<string, string>) =>
+  h.call('/v1/messages', { headers: { 'content-type': 'application/json', ...headers }, body });
 
 t.test('a valid token in either header', async (t) => {
   const token = await h.token();
@@ -41,10 +42,21 @@ t.test('refused tokens: 401 with WWW-Authenticate, never forwarded', async (t) =
     const r = await messages(token ? { authorization: `Bearer ${token}` } : {});
     t.equal(r.status, 401, name);
     t.equal(r.headers['www-authenticate'], 'Bearer', `${name}: WWW-Authenticate`);
-    t.same(JSON.parse(r.text), { type: 'error', error: { type: 'authentication_error', message: 'invalid or missing agent credential' } });
+    t.same(JSON.parse(r.text), {
+      type: 'error',
+      error: { type: 'authentication_error', message: 'invalid or missing agent credential' },
+    });
   }
   t.equal(h.upstream.received.length, before);
-  t.ok(h.logs.some((l) => l.msg === 'agent authentication failed' && (l.err as { message?: string } | undefined)?.message === 'token expired' && l.reason === 'expired'), 'the reason is logged');
+  t.ok(
+    h.logs.some(
+      (l) =>
+        l.msg === 'agent authentication failed' &&
+        (l.err as { message?: string } | undefined)?.message === 'token expired' &&
+        l.reason === 'expired',
+    ),
+    'the reason is logged',
+  );
 });
 
 t.test('agent states: suspended, isolated, contained and a foreign org are refused 403', async (t) => {
@@ -58,10 +70,21 @@ t.test('agent states: suspended, isolated, contained and a foreign org are refus
     t.equal(r.status, 403, sub);
     t.match(JSON.parse(r.text), { error: { type: 'permission_error' } });
   }
-  t.equal((await messages({ 'x-api-key': await h.token({ org_id: 'org-2' }) })).status, 403, 'token org differs from the snapshot');
+  t.equal(
+    (await messages({ 'x-api-key': await h.token({ org_id: 'org-2' }) })).status,
+    403,
+    'token org differs from the snapshot',
+  );
   const unlisted = await messages({ 'x-api-key': await h.token({ sub: 'agent-new' }) });
-  t.equal(unlisted.status, 500, 'an agent the snapshot does not list yet is served under its org: past auth, to the credential');
-  t.same(JSON.parse(unlisted.text), { type: 'error', error: { type: 'api_error', message: 'no LLM API credential configured' } });
+  t.equal(
+    unlisted.status,
+    500,
+    'an agent the snapshot does not list yet is served under its org: past auth, to the credential',
+  );
+  t.same(JSON.parse(unlisted.text), {
+    type: 'error',
+    error: { type: 'api_error', message: 'no LLM API credential configured' },
+  });
   await h.writeSnapshot(baseSnapshot(h.upstream.url));
 });
 
@@ -83,15 +106,31 @@ t.test('mTLS: an agent identity certificate from --agent-ca is a way in; a token
   await m.proxy.close();
   const { startLlmProxy } = await import('../../../proxy/llm/server.ts');
   const { createLogger } = await import('../../../core/logger.ts');
-  const proxy = await startLlmProxy({
-    addr: '127.0.0.1:0', tlsCert: join(m.dir, 'server.pem'), tlsKey: join(m.dir, 'server-key.pem'), agentCa: join(m.dir, 'ca.pem'),
-    policySnapshot: join(m.dir, 'snapshot.json'), secretsFile: join(m.dir, 'secrets.json'),
-  }, { logger: createLogger({ level: 'error', destination: { write: () => {} } }), audit: { append: async () => {}, flush: async () => {}, close: async () => {} } });
+  const proxy = await startLlmProxy(
+    {
+      addr: '127.0.0.1:0',
+      tlsCert: join(m.dir, 'server.pem'),
+      tlsKey: join(m.dir, 'server-key.pem'),
+      agentCa: join(m.dir, 'ca.pem'),
+      policySnapshot: join(m.dir, 'snapshot.json'),
+      secretsFile: join(m.dir, 'secrets.json'),
+    },
+    {
+      logger: createLogger({ level: 'error', destination: { write: () => {} } }),
+      audit: { append: async () => {}, flush: async () => {}, close: async () => {} },
+    },
+  );
   t.teardown(() => proxy.close());
   const agentCert = await issueCertificate(m.ca, { commonName: 'agent-1', usage: 'client', lifetimeMs: 5 * 60_000 });
   const withCert = new Agent({ connect: { ca: m.ca.certPem, cert: agentCert.certPem, key: agentCert.keyPem } });
   t.teardown(() => withCert.close());
-  const go = (dispatcher: Agent, headers: Record<string, string> = {}) => request(`https://127.0.0.1:${proxy.port}/v1/messages`, { method: 'POST', body, headers: { 'content-type': 'application/json', ...headers }, dispatcher });
+  const go = (dispatcher: Agent, headers: Record<string, string> = {}) =>
+    request(`https://127.0.0.1:${proxy.port}/v1/messages`, {
+      method: 'POST',
+      body,
+      headers: { 'content-type': 'application/json', ...headers },
+      dispatcher,
+    });
   const noOrg = await go(withCert);
   t.equal(noOrg.statusCode, 401, 'a certificate without O (org) is not an identity');
   await noOrg.body.text();
@@ -111,13 +150,28 @@ async function issueCertificateWithOrg(ca: { certPem: string; keyPem: string }) 
   const { webcrypto, createPrivateKey } = await import('node:crypto');
   const alg = { name: 'ECDSA', namedCurve: 'P-256', hash: 'SHA-256' } as const;
   const caCert = new x509.X509Certificate(ca.certPem);
-  const caKey = await webcrypto.subtle.importKey('pkcs8', createPrivateKey(ca.keyPem).export({ format: 'der', type: 'pkcs8' }), alg, false, ['sign']);
+  const caKey = await webcrypto.subtle.importKey(
+    'pkcs8',
+    createPrivateKey(ca.keyPem).export({ format: 'der', type: 'pkcs8' }),
+    alg,
+    false,
+    ['sign'],
+  );
   const keys = await webcrypto.subtle.generateKey(alg, true, ['sign', 'verify']);
   const cert = await x509.X509CertificateGenerator.create({
-    serialNumber: '01ab', subject: 'CN=agent-1, O=org-1', issuer: caCert.subject, notBefore: new Date(Date.now() - 60_000), notAfter: new Date(Date.now() + 300_000),
-    publicKey: keys.publicKey as never, signingKey: caKey as never, signingAlgorithm: alg,
+    serialNumber: '01ab',
+    subject: 'CN=agent-1, O=org-1',
+    issuer: caCert.subject,
+    notBefore: new Date(Date.now() - 60_000),
+    notAfter: new Date(Date.now() + 300_000),
+    publicKey: keys.publicKey as never,
+    signingKey: caKey as never,
+    signingAlgorithm: alg,
     extensions: [new x509.ExtendedKeyUsageExtension([x509.ExtendedKeyUsage.clientAuth])],
   });
   const der = Buffer.from(await webcrypto.subtle.exportKey('pkcs8', keys.privateKey));
-  return { certPem: cert.toString('pem'), keyPem: `-----BEGIN PRIVATE KEY-----\n${der.toString('base64').replace(/(.{64})/g, '$1\n')}\n-----END PRIVATE KEY-----\n` };
+  return {
+    certPem: cert.toString('pem'),
+    keyPem: `-----BEGIN PRIVATE KEY-----\n${der.toString('base64').replace(/(.{64})/g, '$1\n')}\n-----END PRIVATE KEY-----\n`,
+  };
 }

@@ -9,7 +9,16 @@ import { openTls, parseRawAnswer } from '../../fixtures/raw-tls.ts';
 // TLS connection that sends nothing, half a header, a kept-alive connection left idle, oversized
 // headers, and more connections from one address (and in total) than allowed. Small bounds; the only
 // time asserted is a generous "closed within".
-const slow = await startHarness({ proxy: { tlsHandshakeTimeout: 300, headersTimeout: 300, requestTimeout: 600, keepAliveTimeout: 300, idleTimeout: 2_000, metricsAddr: '127.0.0.1:0' } });
+const slow = await startHarness({
+  proxy: {
+    tlsHandshakeTimeout: 300,
+    headersTimeout: 300,
+    requestTimeout: 600,
+    keepAliveTimeout: 300,
+    idleTimeout: 2_000,
+    metricsAddr: '127.0.0.1:0',
+  },
+});
 t.teardown(() => slow.close());
 const port = slow.proxy.port;
 const ca = slow.ca.certPem;
@@ -19,12 +28,19 @@ async function metrics(h: Harness): Promise<string> {
   return res.body.text();
 }
 
-const tcpClosedWithin = (p: number, ms: number) => new Promise<boolean>((resolve) => {
-  const s = net.connect({ host: '127.0.0.1', port: p });
-  const timer = setTimeout(() => { s.destroy(); resolve(false); }, ms);
-  s.on('close', () => { clearTimeout(timer); resolve(true); });
-  s.on('error', () => {});
-});
+const tcpClosedWithin = (p: number, ms: number) =>
+  new Promise<boolean>((resolve) => {
+    const s = net.connect({ host: '127.0.0.1', port: p });
+    const timer = setTimeout(() => {
+      s.destroy();
+      resolve(false);
+    }, ms);
+    s.on('close', () => {
+      clearTimeout(timer);
+      resolve(true);
+    });
+    s.on('error', () => {});
+  });
 
 t.test('a TCP connection that never starts TLS is closed at the handshake bound', async (t) => {
   t.ok(await tcpClosedWithin(port, 10_000), 'closed');
@@ -47,7 +63,10 @@ t.test('half a header, then nothing: 408 in the agent format, closed', async (t)
   t.ok(r.closed, 'closed');
   const a = parseRawAnswer(r.text);
   t.equal(a.status, 408);
-  t.same(JSON.parse(a.body), { type: 'error', error: { type: 'timeout_error', message: 'request not received in time' } });
+  t.same(JSON.parse(a.body), {
+    type: 'error',
+    error: { type: 'timeout_error', message: 'request not received in time' },
+  });
 });
 
 t.test('a kept-alive connection left idle is closed', async (t) => {
@@ -75,7 +94,10 @@ t.test('a malformed request: 400 in the agent format', async (t) => {
   const r = await c.closed(10_000);
   const a = parseRawAnswer(r.text);
   t.equal(a.status, 400);
-  t.same(JSON.parse(a.body), { type: 'error', error: { type: 'invalid_request_error', message: 'malformed HTTP request' } });
+  t.same(JSON.parse(a.body), {
+    type: 'error',
+    error: { type: 'invalid_request_error', message: 'malformed HTTP request' },
+  });
   t.ok(r.closed);
 });
 
@@ -89,14 +111,23 @@ t.test('the reaped connections are counted', async (t) => {
 });
 
 t.test('connections per client address and in total are bounded', async (t) => {
-  const h = await startHarness({ proxy: { maxConnectionsPerClient: 3, maxConnections: 4, metricsAddr: '127.0.0.1:0' } });
+  const h = await startHarness({
+    proxy: { maxConnectionsPerClient: 3, maxConnections: 4, metricsAddr: '127.0.0.1:0' },
+  });
   t.teardown(() => h.close());
   const p = h.proxy.port;
-  const held = [await openTls(p, { ca: h.ca.certPem }), await openTls(p, { ca: h.ca.certPem }), await openTls(p, { ca: h.ca.certPem })];
+  const held = [
+    await openTls(p, { ca: h.ca.certPem }),
+    await openTls(p, { ca: h.ca.certPem }),
+    await openTls(p, { ca: h.ca.certPem }),
+  ];
   await t.rejects(openTls(p, { ca: h.ca.certPem }), 'a fourth from the same address is closed at accept');
   const other = await openTls(p, { ca: h.ca.certPem, localAddress: '127.0.0.2' });
   t.ok(other.socket.authorized, 'another address still gets in');
-  await t.rejects(openTls(p, { ca: h.ca.certPem, localAddress: '127.0.0.3' }), 'past the total, anyone is closed at accept');
+  await t.rejects(
+    openTls(p, { ca: h.ca.certPem, localAddress: '127.0.0.3' }),
+    'past the total, anyone is closed at accept',
+  );
   // The held ones still work.
   held[0].socket.write('GET /nowhere HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n');
   t.match((await held[0].closed(10_000)).text, /^HTTP\/1\.1 401 /, 'a held connection is served');

@@ -9,11 +9,20 @@ import { AGENT_SECRET, recordAfter, startHarness } from '../../fixtures/llmproxy
 
 const h = await startHarness();
 t.teardown(() => h.close());
-const body = (extra: Record<string, unknown> = {}) => JSON.stringify({ model: 'claude-sonnet-4-5', max_tokens: 8, messages: [{ role: 'user', content: 'hi' }], ...extra });
+const body = (extra: Record<string, unknown> = {}) =>
+  JSON.stringify({ model: 'claude-sonnet-4-5', max_tokens: 8, messages: [{ role: 'user', content: 'hi' }], ...extra });
 const post = async (headers: Record<string, string>, payload: string | Buffer = body(), path = '/v1/messages') =>
-  h.call(path, { headers: { 'content-type': 'application/json', 'x-api-key': await h.token(), 'anthropic-version': '2023-06-01', ...headers }, body: payload });
+  h.call(path, {
+    headers: {
+      'content-type': 'application/json',
+      'x-api-key': await h.token(),
+      'anthropic-version': '2023-06-01',
+      ...headers,
+    },
+    body: payload,
+  });
 
-t.test('the agent\'s Accept-Encoding stays behind: the upstream is asked for identity', async (t) => {
+t.test("the agent's Accept-Encoding stays behind: the upstream is asked for identity", async (t) => {
   const records = h.audit.length;
   const res = await post({ 'accept-encoding': 'gzip, deflate, br' });
   t.equal(res.status, 200);
@@ -21,7 +30,11 @@ t.test('the agent\'s Accept-Encoding stays behind: the upstream is asked for ide
   t.notOk(res.headers['content-encoding'], 'plain bytes to the agent');
   t.equal(res.headers['content-length'], String(Buffer.byteLength(res.text)), 'a held answer goes out with its length');
   t.equal(JSON.parse(res.text).content[0].text, REPLY);
-  t.match(await recordAfter(h, records), { status: 200, input_tokens: 12, output_tokens: 7 }, 'usage read from the answer');
+  t.match(
+    await recordAfter(h, records),
+    { status: 200, input_tokens: 12, output_tokens: 7 },
+    'usage read from the answer',
+  );
 });
 
 t.test('an upstream that gzips anyway: decoded, inspected, metered, delivered plain', async (t) => {
@@ -31,7 +44,12 @@ t.test('an upstream that gzips anyway: decoded, inspected, metered, delivered pl
   t.equal(res.status, 200);
   t.notOk(res.headers['content-encoding']);
   t.equal(JSON.parse(res.text).content[0].text, leak);
-  t.match(await recordAfter(h, records), { status: 200, input_tokens: 12, findings: [{ inspector_type: 'secrets', location: 'response_body' }], inspection_failopen: false });
+  t.match(await recordAfter(h, records), {
+    status: 200,
+    input_tokens: 12,
+    findings: [{ inspector_type: 'secrets', location: 'response_body' }],
+    inspection_failopen: false,
+  });
 });
 
 t.test('a compressed event stream is decoded as it arrives', async (t) => {
@@ -73,7 +91,10 @@ t.test('raw deflate, an empty coded body, and answers that carry no body', async
   const empty = await post({ 'x-test-behavior': 'encode:empty' });
   t.equal(empty.status, 200, 'an empty body under gzip is an empty body');
   t.equal(empty.text, '');
-  const head = await h.call('/v1/models', { method: 'HEAD', headers: { 'x-api-key': await h.token(), 'anthropic-version': '2023-06-01', 'x-test-behavior': 'encode:gzip' } });
+  const head = await h.call('/v1/models', {
+    method: 'HEAD',
+    headers: { 'x-api-key': await h.token(), 'anthropic-version': '2023-06-01', 'x-test-behavior': 'encode:gzip' },
+  });
   t.equal(head.status, 404, 'a HEAD answer is relayed, not decoded');
   t.equal(head.headers['content-encoding'], 'gzip', 'its headers as they came');
 });
@@ -91,6 +112,8 @@ t.test('a compression bomb is cut at the held-answer limit, decoded only as fast
   const res = await post({ 'x-test-behavior': 'encode:bomb' });
   t.equal(res.status, 502, '200 MB of zeros from a small gzip body: refused, not held');
   t.equal(res.text, 'Upstream request failed');
-  t.ok(h.logs.some((l) => /exceeds/.test(String((l.err as { message?: string } | undefined)?.message))), 'the reason is logged, with the error object');
+  t.ok(
+    h.logs.some((l) => /exceeds/.test(String((l.err as { message?: string } | undefined)?.message))),
+    'the reason is logged, with the error object',
+  );
 });
-

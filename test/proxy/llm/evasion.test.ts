@@ -9,23 +9,48 @@ import { AGENT_SECRET, startHarness } from '../../fixtures/llmproxy-harness.ts';
 const h = await startHarness();
 t.teardown(() => h.close());
 
-const anthropicBody = (content: string) => JSON.stringify({ model: 'claude-sonnet-4-5', max_tokens: 8, messages: [{ role: 'user', content }] });
+const anthropicBody = (content: string) =>
+  JSON.stringify({ model: 'claude-sonnet-4-5', max_tokens: 8, messages: [{ role: 'user', content }] });
 const post = async (body: string, headers: Record<string, string> = {}) =>
-  h.call('/v1/messages', { headers: { 'content-type': 'application/json', 'x-api-key': await h.token(), ...headers }, body });
+  h.call('/v1/messages', {
+    headers: { 'content-type': 'application/json', 'x-api-key': await h.token(), ...headers },
+    body,
+  });
 const zwsp = (s: string, at: number) => s.slice(0, at) + '\u200b' + s.slice(at);
 
 t.test('a request is blocked with the right findings, and nothing reaches the upstream', async (t) => {
   const cases: [string, string, Record<string, unknown>][] = [
-    ['the agent secret, upper case, a ZWSP inside', anthropicBody(`db password: ${zwsp(AGENT_SECRET.toUpperCase(), 7)}`),
-      { inspector_type: 'secrets', severity: 'block', location: 'request_body', match: 'hunt****' }],
-    ['an AWS key with &#x200b; inside', anthropicBody('key AKIA&#x200b;IOSFODNN7EXAMPLE'),
-      { inspector_type: 'api_key', severity: 'block', location: 'request_body', match: 'AKIA****', description: 'AWS access key ID' }],
-    ['an AWS key with a JSON-escaped ZWSP inside', anthropicBody('key AKIA\u200bIOSFODNN7EXAMPLE').replace('\u200b', '\\u200B'),
-      { inspector_type: 'api_key', severity: 'block', location: 'request_body', match: 'AKIA****' }],
-    ['an AWS key in full width', anthropicBody('key ＡＫＩＡＩＯＳＦＯＤＮＮ７ＥＸＡＭＰＬＥ'),
-      { inspector_type: 'api_key', severity: 'block', location: 'request_body', match: 'AKIA****' }],
-    ['the agent secret spelled with entities', anthropicBody(`pw ${AGENT_SECRET.replaceAll('-', '&#45;').replace('h', '&#x68;')}`),
-      { inspector_type: 'secrets', severity: 'block', location: 'request_body', match: 'hunt****' }],
+    [
+      'the agent secret, upper case, a ZWSP inside',
+      anthropicBody(`db password: ${zwsp(AGENT_SECRET.toUpperCase(), 7)}`),
+      { inspector_type: 'secrets', severity: 'block', location: 'request_body', match: 'hunt****' },
+    ],
+    [
+      'an AWS key with &#x200b; inside',
+      anthropicBody('key AKIA&#x200b;IOSFODNN7EXAMPLE'),
+      {
+        inspector_type: 'api_key',
+        severity: 'block',
+        location: 'request_body',
+        match: 'AKIA****',
+        description: 'AWS access key ID',
+      },
+    ],
+    [
+      'an AWS key with a JSON-escaped ZWSP inside',
+      anthropicBody('key AKIA\u200bIOSFODNN7EXAMPLE').replace('\u200b', '\\u200B'),
+      { inspector_type: 'api_key', severity: 'block', location: 'request_body', match: 'AKIA****' },
+    ],
+    [
+      'an AWS key in full width',
+      anthropicBody('key ＡＫＩＡＩＯＳＦＯＤＮＮ７ＥＸＡＭＰＬＥ'),
+      { inspector_type: 'api_key', severity: 'block', location: 'request_body', match: 'AKIA****' },
+    ],
+    [
+      'the agent secret spelled with entities',
+      anthropicBody(`pw ${AGENT_SECRET.replaceAll('-', '&#45;').replace('h', '&#x68;')}`),
+      { inspector_type: 'secrets', severity: 'block', location: 'request_body', match: 'hunt****' },
+    ],
   ];
   for (const [name, body, finding] of cases) {
     const before = h.upstream.received.length;
@@ -35,7 +60,10 @@ t.test('a request is blocked with the right findings, and nothing reaches the up
     t.equal(h.upstream.received.length, before, `${name}: nothing forwarded`);
     await until(() => h.proxy.proxy.inFlight === 0);
     t.match(h.audit.at(-1), { status: 403, findings: [finding] }, name);
-    t.notOk(JSON.stringify(h.audit.at(-1)).toLowerCase().includes(AGENT_SECRET.slice(4)), `${name}: the secret is not in the audit record`);
+    t.notOk(
+      JSON.stringify(h.audit.at(-1)).toLowerCase().includes(AGENT_SECRET.slice(4)),
+      `${name}: the secret is not in the audit record`,
+    );
   }
 });
 
@@ -43,7 +71,10 @@ t.test('a warn finding in normalized text is recorded and the call goes ahead', 
   const r = await post(anthropicBody('write to bob＠example&period;com'));
   t.equal(r.status, 200);
   await until(() => h.proxy.proxy.inFlight === 0);
-  t.match(h.audit.at(-1), { status: 200, findings: [{ inspector_type: 'pii', severity: 'warn', description: 'email address', match: 'bob@****' }] });
+  t.match(h.audit.at(-1), {
+    status: 200,
+    findings: [{ inspector_type: 'pii', severity: 'warn', description: 'email address', match: 'bob@****' }],
+  });
 });
 
 t.test('a response leaking the secret in another case, split by an entity, is recorded', async (t) => {
@@ -51,7 +82,10 @@ t.test('a response leaking the secret in another case, split by an entity, is re
   const r = await post(anthropicBody('hi'), { 'x-test-reply': leak });
   t.equal(r.status, 200, 'response inspection is observe-only');
   await until(() => h.proxy.proxy.inFlight === 0);
-  t.match(h.audit.at(-1), { status: 200, findings: [{ inspector_type: 'secrets', severity: 'block', location: 'response_body', match: 'hunt****' }] });
+  t.match(h.audit.at(-1), {
+    status: 200,
+    findings: [{ inspector_type: 'secrets', severity: 'block', location: 'response_body', match: 'hunt****' }],
+  });
 });
 
 t.test('ordinary text is no finding', async (t) => {

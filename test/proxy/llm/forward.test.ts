@@ -14,7 +14,10 @@ t.test('upstream down is 502 "Upstream request failed"; upstream errors are rela
   await h.writeSnapshot(baseSnapshot(h.upstream.url));
   const rejected = await post(h, '/v1/messages', anthropicBody('hi'), { 'x-test-behavior': 'auth' });
   t.equal(rejected.status, 401);
-  t.same(JSON.parse(rejected.text), { type: 'error', error: { type: 'authentication_error', message: 'invalid x-api-key' } });
+  t.same(JSON.parse(rejected.text), {
+    type: 'error',
+    error: { type: 'authentication_error', message: 'invalid x-api-key' },
+  });
   t.match(h.audit.at(-1), { status: 401, upstream_status: 401 });
 });
 
@@ -29,7 +32,17 @@ t.test('--upstream-ca: an HTTPS upstream signed by a private CA is trusted only 
     req.resume();
     req.on('end', () => {
       res.writeHead(200, { 'content-type': 'application/json' });
-      res.end(JSON.stringify({ id: 'm', type: 'message', role: 'assistant', model: 'x', content: [{ type: 'text', text: 'over tls' }], stop_reason: 'end_turn', usage: { input_tokens: 1, output_tokens: 1 } }));
+      res.end(
+        JSON.stringify({
+          id: 'm',
+          type: 'message',
+          role: 'assistant',
+          model: 'x',
+          content: [{ type: 'text', text: 'over tls' }],
+          stop_reason: 'end_turn',
+          usage: { input_tokens: 1, output_tokens: 1 },
+        }),
+      );
     });
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
@@ -44,5 +57,9 @@ t.test('--upstream-ca: an HTTPS upstream signed by a private CA is trusted only 
   t.match(ok.text, /over tls/);
   const untrusted = await startHarness({ snapshot: () => baseSnapshot(upstreamUrl) });
   t.teardown(() => untrusted.close());
-  t.equal((await post(untrusted, '/v1/messages', anthropicBody('hi'))).status, 502, 'without --upstream-ca the upstream is not trusted');
+  t.equal(
+    (await post(untrusted, '/v1/messages', anthropicBody('hi'))).status,
+    502,
+    'without --upstream-ca the upstream is not trusted',
+  );
 });

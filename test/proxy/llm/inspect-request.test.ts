@@ -19,7 +19,11 @@ t.test('flags: inspect:llm off skips inspection, audit:llm off writes no record'
   await until(() => h.proxy.proxy.inFlight === 0);
   t.equal(h.audit.length, before, 'not audited');
   await h.writeSnapshot(baseSnapshot(h.upstream.url));
-  t.equal((await post(h, '/v1/messages', anthropicBody(`pw ${AGENT_SECRET}`))).status, 403, 'back on after the next reload');
+  t.equal(
+    (await post(h, '/v1/messages', anthropicBody(`pw ${AGENT_SECRET}`))).status,
+    403,
+    'back on after the next reload',
+  );
 });
 
 t.test('a snapshot reload takes effect at once; a bad snapshot is refused whole', async (t) => {
@@ -29,7 +33,14 @@ t.test('a snapshot reload takes effect at once; a bad snapshot is refused whole'
   t.equal((await post(h, '/v1/messages', anthropicBody('hi'))).status, 403, 'the locked platform allowlist applies');
   t.match(h.audit.at(-1), { findings: [{ inspector_type: 'model_restriction', location: 'model' }] });
   await h.writeSnapshot({ ...snapshot, platform: { model_policy: { value: { mode: 'sometimes' } } } });
-  t.ok(h.logs.some((l) => /policy snapshot reload refused/.test(String(l.msg)) && /model_policy\.value\.mode/.test(String((l.err as { message?: string } | undefined)?.message))), 'the error names the field');
+  t.ok(
+    h.logs.some(
+      (l) =>
+        /policy snapshot reload refused/.test(String(l.msg)) &&
+        /model_policy\.value\.mode/.test(String((l.err as { message?: string } | undefined)?.message)),
+    ),
+    'the error names the field',
+  );
   t.equal((await post(h, '/v1/messages', anthropicBody('hi'))).status, 403, 'the last good snapshot stays');
   await h.writeSnapshot(baseSnapshot(h.upstream.url));
 });
@@ -40,12 +51,22 @@ t.test('the secrets filter follows a rewritten secrets file', async (t) => {
   const rotated = 'rotated-secret-value-0042';
   const reloads = () => h.logs.filter((l) => l.msg === 'secrets file reloaded').length;
   let seen = reloads();
-  await writeFile(`${path}.tmp`, JSON.stringify({ ...JSON.parse(original), 'agent:agent-1': { ...JSON.parse(original)['agent:agent-1'], db_password: rotated } }));
+  await writeFile(
+    `${path}.tmp`,
+    JSON.stringify({
+      ...JSON.parse(original),
+      'agent:agent-1': { ...JSON.parse(original)['agent:agent-1'], db_password: rotated },
+    }),
+  );
   await rename(`${path}.tmp`, path);
   t.ok(await until(() => reloads() > seen), 'the proxy reloaded the secrets file');
   seen = reloads();
   t.equal((await post(h, '/v1/messages', anthropicBody(`pw ${rotated}`))).status, 403, 'the new value is a needle');
-  t.equal((await post(h, '/v1/messages', anthropicBody(`pw ${AGENT_SECRET}`))).status, 200, 'the old one is not any more');
+  t.equal(
+    (await post(h, '/v1/messages', anthropicBody(`pw ${AGENT_SECRET}`))).status,
+    200,
+    'the old one is not any more',
+  );
   await writeFile(`${path}.tmp`, original);
   await rename(`${path}.tmp`, path);
   t.ok(await until(() => reloads() > seen), 'and reloaded it again');
@@ -58,7 +79,13 @@ t.test('fail closed: inspection that cannot finish in time is a 503', async (t) 
   const big = anthropicBody('x'.repeat(4 * 1024 * 1024));
   const r = await post(f, '/v1/messages', big);
   t.equal(r.status, 503);
-  t.same(JSON.parse(r.text), { type: 'error', error: { type: 'content_inspection_unavailable', message: 'Request rejected: content security inspection is unavailable.' } });
+  t.same(JSON.parse(r.text), {
+    type: 'error',
+    error: {
+      type: 'content_inspection_unavailable',
+      message: 'Request rejected: content security inspection is unavailable.',
+    },
+  });
   const open = await startHarness({ proxy: { inspectTimeout: 1 } });
   t.teardown(() => open.close());
   const passed = await post(open, '/v1/messages', big);

@@ -9,7 +9,8 @@ import { anthropicBody, post, startHarness } from '../../fixtures/llmproxy-harne
 t.test('graceful shutdown finishes the call in flight', async (t) => {
   const g = await startHarness();
   const res = await request(`${g.url}/v1/messages`, {
-    method: 'POST', dispatcher: g.dispatcher,
+    method: 'POST',
+    dispatcher: g.dispatcher,
     headers: { 'content-type': 'application/json', 'x-api-key': await g.token() },
     body: anthropicBody('hi', { stream: true }),
   });

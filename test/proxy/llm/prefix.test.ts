@@ -7,7 +7,12 @@ const h = await startHarness();
 t.teardown(() => h.close());
 
 t.test('400 when the body is not what the format needs', async (t) => {
-  for (const [path, body] of [['/v1/messages', '{"model":'], ['/v1/messages', '[1,2]'], ['/v1/messages', anthropicBody('x', { system: 42 })], ['/v1/chat/completions', '{"model":"gpt-4o"}']] as const) {
+  for (const [path, body] of [
+    ['/v1/messages', '{"model":'],
+    ['/v1/messages', '[1,2]'],
+    ['/v1/messages', anthropicBody('x', { system: 42 })],
+    ['/v1/chat/completions', '{"model":"gpt-4o"}'],
+  ] as const) {
     const r = await post(h, path, body);
     t.equal(r.status, 400, `${path} ${body.slice(0, 20)}`);
     t.match(JSON.parse(r.text), { type: 'error', error: { type: 'invalid_request_error' } });
@@ -16,12 +21,16 @@ t.test('400 when the body is not what the format needs', async (t) => {
 
 t.test('the system prompt gets the prefix in every shape', async (t) => {
   await post(h, '/v1/messages', anthropicBody('x', { system: [{ type: 'text', text: 'mine' }] }));
-  t.match(h.upstream.received.at(-1)!.body!.system, [{ type: 'text', text: /^\[dvx security context\]/ }, { type: 'text', text: 'mine' }]);
+  t.match(h.upstream.received.at(-1)!.body!.system, [
+    { type: 'text', text: /^\[dvx security context\]/ },
+    { type: 'text', text: 'mine' },
+  ]);
   await post(h, '/v1/messages', anthropicBody('x'));
   t.match(h.upstream.received.at(-1)!.body!.system, /^\[dvx security context\]/);
   await post(h, '/v1/responses', JSON.stringify({ model: 'gpt-4o', input: 'x' }));
   t.match(h.upstream.received.at(-1)!.body!.instructions, /^\[dvx security context\]/);
-  const raw = '{"model":"claude-sonnet-4-5",  "max_tokens":8,\n "messages":[{"role":"user","content":"keep   my   spacing"}]}';
+  const raw =
+    '{"model":"claude-sonnet-4-5",  "max_tokens":8,\n "messages":[{"role":"user","content":"keep   my   spacing"}]}';
   await post(h, '/v1/messages', raw);
   const sent = h.upstream.received.at(-1)!.raw.toString();
   t.ok(sent.endsWith(raw.slice(1)), 'the rest of the body is forwarded byte for byte');
@@ -30,9 +39,15 @@ t.test('the system prompt gets the prefix in every shape', async (t) => {
 t.test('a large body gets the prefix spliced in place, every other byte as sent', async (t) => {
   const big = 'y'.repeat(300 * 1024);
   for (const [label, raw] of [
-    ['system string', `{"model":"claude-sonnet-4-5","max_tokens":8,"system":"mine","messages":[{"role":"user","content":"${big}"}]}`],
+    [
+      'system string',
+      `{"model":"claude-sonnet-4-5","max_tokens":8,"system":"mine","messages":[{"role":"user","content":"${big}"}]}`,
+    ],
     ['no system', `{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[{"role":"user","content":"${big}"}]}`],
-    ['system blocks', `{"model":"claude-sonnet-4-5","system":[{"type":"text","text":"mine"}],"max_tokens":8,"messages":[{"role":"user","content":"${big}"}]}`],
+    [
+      'system blocks',
+      `{"model":"claude-sonnet-4-5","system":[{"type":"text","text":"mine"}],"max_tokens":8,"messages":[{"role":"user","content":"${big}"}]}`,
+    ],
   ] as const) {
     t.equal((await post(h, '/v1/messages', raw)).status, 200, label);
     const sent = h.upstream.received.at(-1)!;
@@ -40,6 +55,9 @@ t.test('a large body gets the prefix spliced in place, every other byte as sent'
     t.equal(parsed.messages[0].content, big, `${label}: content intact`);
     t.match(JSON.stringify(parsed.system), /\[dvx security context\]/, `${label}: prefix present`);
     const prefixEnd = sent.raw.indexOf('"messages"');
-    t.ok(sent.raw.subarray(prefixEnd).equals(Buffer.from(raw.slice(raw.indexOf('"messages"')))), `${label}: the tail is byte for byte`);
+    t.ok(
+      sent.raw.subarray(prefixEnd).equals(Buffer.from(raw.slice(raw.indexOf('"messages"')))),
+      `${label}: the tail is byte for byte`,
+    );
   }
 });

@@ -25,7 +25,9 @@ if (pgDb) {
 
   const ask = async (h: Awaited<ReturnType<typeof startHarness>>, model: string) => {
     try {
-      await h.anthropic(await h.token({ sub: 'bot-1', org_id: 'org-a', agent_name: 'b', group_id: null })).messages.create({ model, max_tokens: 8, messages: [{ role: 'user', content: 'hi' }] });
+      await h
+        .anthropic(await h.token({ sub: 'bot-1', org_id: 'org-a', agent_name: 'b', group_id: null }))
+        .messages.create({ model, max_tokens: 8, messages: [{ role: 'user', content: 'hi' }] });
       return 200;
     } catch (err) {
       return (err as { status?: number }).status ?? 0;
@@ -41,26 +43,37 @@ if (pgDb) {
   };
 
   for (const enclaveId of ['enc-1', '']) {
-    t.test(`a write through the API is enforced at once (${enclaveId ? '--enclave-id enc-1' : 'every org and agent'})`, async (t) => {
-      const h = await startHarness({ secrets: { 'agent:bot-1': { 'agent:llmproxy.llm.api_key': PLATFORM_KEY } }, proxy: { policySnapshot: '', databaseDsn: pgDb.dsn, enclaveId } });
-      t.teardown(() => h.close());
-      await call('DELETE', '/config/llmproxy/model_policy');
-      await call('PUT', '/platform/config/llmproxy/downstream_url', { value: JSON.stringify(h.upstream.url) });
-      await within(5000, async () => (await ask(h, 'claude-x')) === 200);
-      await call('PUT', '/config/llmproxy/model_policy', { value: JSON.stringify({ mode: 'blocklist', models: ['claude-x'] }) });
-      const ms = await within(5000, async () => (await ask(h, 'claude-x')) === 403);
-      t.pass(`blocked ${ms} ms after the write`);
-      t.equal(await ask(h, 'claude-y'), 200);
-      await call('PUT', '/feature-flags/inspect:llm', { enabled: false });
-      await within(5000, async () => (await ask(h, 'claude-x')) === 200);
-      await call('PUT', '/feature-flags/inspect:llm', { enabled: true });
-      await within(5000, async () => (await ask(h, 'claude-x')) === 403);
-    });
+    t.test(
+      `a write through the API is enforced at once (${enclaveId ? '--enclave-id enc-1' : 'every org and agent'})`,
+      async (t) => {
+        const h = await startHarness({
+          secrets: { 'agent:bot-1': { 'agent:llmproxy.llm.api_key': PLATFORM_KEY } },
+          proxy: { policySnapshot: '', databaseDsn: pgDb.dsn, enclaveId },
+        });
+        t.teardown(() => h.close());
+        await call('DELETE', '/config/llmproxy/model_policy');
+        await call('PUT', '/platform/config/llmproxy/downstream_url', { value: JSON.stringify(h.upstream.url) });
+        await within(5000, async () => (await ask(h, 'claude-x')) === 200);
+        await call('PUT', '/config/llmproxy/model_policy', {
+          value: JSON.stringify({ mode: 'blocklist', models: ['claude-x'] }),
+        });
+        const ms = await within(5000, async () => (await ask(h, 'claude-x')) === 403);
+        t.pass(`blocked ${ms} ms after the write`);
+        t.equal(await ask(h, 'claude-y'), 200);
+        await call('PUT', '/feature-flags/inspect:llm', { enabled: false });
+        await within(5000, async () => (await ask(h, 'claude-x')) === 200);
+        await call('PUT', '/feature-flags/inspect:llm', { enabled: true });
+        await within(5000, async () => (await ask(h, 'claude-x')) === 403);
+      },
+    );
   }
 
   t.test('an unknown enclave is refused at start', async (t) => {
     const log = createLogger({ level: 'error', destination: { write: () => {} } });
-    await t.rejects(StoreSnapshotSource.open({ dsn: pgDb.dsn, enclaveId: 'enc-nope', log, onChange: () => {} }), /no enclave enc-nope/);
+    await t.rejects(
+      StoreSnapshotSource.open({ dsn: pgDb.dsn, enclaveId: 'enc-nope', log, onChange: () => {} }),
+      /no enclave enc-nope/,
+    );
   });
 }
 
