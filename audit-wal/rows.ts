@@ -8,7 +8,8 @@ import type { AuditTable } from './sink.ts';
 // Mapping is total: a record is any JSON object (the WAL holds what producers wrote), so a column's
 // value may be an object where a string was meant. Text columns take primitives as they are and
 // anything else as its JSON text, never through `String()` (which throws on `{"toString":1}`): a
-// mapping that threw would look like a store that is down and block the table (P7.6).
+// mapping that threw would look like a store that is down and block the table (docs/decisions.md, "Shipping goes on
+// past a bad record and never crashes").
 
 export const COLUMNS: Record<AuditTable, readonly string[]> = {
   llm_audit_log: [

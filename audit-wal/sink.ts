@@ -1,5 +1,5 @@
 // The audit sink: where components hand their audit records. Records go to stdout as
-// `{"stream":"audit",…}` lines when no store is configured; the write-ahead log (P3) implements the
+// `{"stream":"audit",…}` lines when no store is configured; the write-ahead log implements the
 // same interface, and `append()` resolving means the record is as durable as the sink makes it.
 
 export type AuditTable = 'llm_audit_log' | 'audit_events';

@@ -11,8 +11,8 @@ import { conditions, formatMs, table } from './measure.ts';
 // Typical persona queries of the audit read API (the predicate the control plane builds, through the
 // store's own readEvents) over generated audit_events: ClickHouse with --rows, PostgreSQL with
 // --pg-rows, and as the baseline the same conditions as one plain query sent by the bare ClickHouse
-// client (ours reads in two passes: the page's ids from the light columns, then its rows). 100 orgs, 50 actors each, 10 % network flows, one row per
-// 100 ms of simulated time. Target: p99 ≤ 100 ms on ClickHouse.
+// client (ours reads in two passes: the page's ids from the light columns, then its rows). 100 orgs, 50 actors each,
+// 10 % network flows, one row per 100 ms of simulated time. Target: p99 ≤ 100 ms on ClickHouse.
 
 const ORGS = 100;
 const T0 = 1_763_800_000; // seconds

@@ -9,11 +9,12 @@ import { validatePolicyDocument } from '../pipeline/policy/validate.ts';
 // Part of `npm run bench -- pipeline`: what the normalized view (pipeline/normalized-view.ts) costs.
 // On an ASCII body the prefilter must make it free; on a body with non-ASCII text it is built once;
 // its own worst cases must stay linear with a small constant: a 32 MB body of each must leave the view
-// well inside the default 2 s deadline (P7.1). They are the pads the attacker review used (`\u200b&`,
+// well inside the default 2 s deadline (docs/decisions.md, "Padding no longer turns fail-open into a bypass"). They
+// are the pads that once timed the view out (`\u200b&`,
 // `Ａ&`, `a&#x301;`, `&#8203;x`: each `&` once cut a chunk and cost an NFKC call), entity floods, digit
 // runs after `&#`, combining-mark floods on ASCII and on other letters, full-width and 4-byte floods,
-// ASCII alternating with non-ASCII, invalid UTF-8, a character NFKC expands 18-fold, and the second
-// review's pads (marks on other letters between expanding characters or invalid bytes, a nested `&amp;`
+// ASCII alternating with non-ASCII, invalid UTF-8, a character NFKC expands 18-fold, and the later
+// pads (marks on other letters between expanding characters or invalid bytes, a nested `&amp;`
 // after them). An ASCII body with `&` is the first row: the machine is shared, the ratio is what counts.
 
 const plan = compilePlan(
@@ -83,7 +84,7 @@ const WORST: [string, string | Buffer, boolean?, string?][] = [
   ['compatibility jamo', 'ㄱㅏ'],
   ['U+FDFA (18× in NFKC)', '\ufdfa'],
   ['invalid UTF-8', Buffer.from(Array.from({ length: 64 }, (_, k) => 0x80 + k)), true],
-  // The second attacker review's pads: an NFC call per mark on another letter (every 16 bytes, or at
+  // Pads that once cost an NFC call per mark on another letter (every 16 bytes, or at
   // every invalid byte), and a nested `&amp;` after a view twice its input walked twice more.
   ['`α` + U+0316 + `և`×8, then `&amp;amp;amp;`', 'α\u0316' + '\u0587'.repeat(8), false, '&amp;amp;amp;'],
   ['`ᾀ` + U+0316 + `և`×8, then `&amp;amp;amp;`', 'ᾀ\u0316' + '\u0587'.repeat(8), false, '&amp;amp;amp;'],

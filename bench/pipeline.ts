@@ -177,14 +177,15 @@ export async function main(args: string[]): Promise<void> {
     await worstCases(quick),
   ].join('\n');
   process.stdout.write(out + '\n');
-  // P7 evasion: what the normalized view costs, and its own worst cases (bench/normalized-view.ts).
+  // Evasion: what the normalized view costs, and its own worst cases (bench/normalized-view.ts).
   process.stdout.write((await normalizedViewTable(quick)) + '\n');
 }
 
 /**
  * Each inspector alone on its own worst case (8 MB), against V8 RegExp running the same detection
  * (the baseline a naive implementation is) and, for PII, redact-pii; then every worst case in one
- * 32 MB body through the engine (two workers, as deployed) and the padding attack of P7.1.
+ * 32 MB body through the engine (two workers, as deployed) and the padding attack (docs/decisions.md,
+ * "Padding no longer turns fail-open into a bypass").
  */
 async function worstCases(quick: boolean): Promise<string> {
   const { SyncRedactor } = require('redact-pii') as { SyncRedactor: new (o: unknown) => { redact(s: string): string } };
@@ -290,7 +291,7 @@ async function worstCases(quick: boolean): Promise<string> {
   const e2e: string[][] = [];
   for (const [name, body] of [
     ['every worst case in one body', combinedWorstBody(32 * 1024 * 1024 - 4096)],
-    ['the P7.1 padding (card near misses, then a secret and a key)', padding],
+    ['the padding attack (card near misses, then a secret and a key)', padding],
   ] as const) {
     let last = { decision: '', failures: 0, findings: 0 };
     const m = await measure(

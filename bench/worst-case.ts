@@ -1,4 +1,4 @@
-// The worst case of each built-in inspector (P7.1: padding must not turn fail-open into a bypass): a
+// The worst case of each built-in inspector (padding must not turn fail-open into a bypass): a
 // body that fills megabytes with what that inspector has to look at hardest and still find nothing
 // in (near-miss card and SSN runs, `@` floods, key-prefix floods, backslash and `\u` floods, a secret
 // one character short, a repeated custom-pattern match, SSE lines that are not JSON), followed by one

@@ -3,7 +3,7 @@ import { CliError } from './errors.ts';
 import { registerLlmProxy } from './serve-llmproxy.ts';
 import { registerControlPlane } from './serve-controlplane.ts';
 
-// `dvx serve <component>`: one component per process (DESIGN.md, "One binary, many components").
+// `dvx serve <component>`: one component per process (docs/architecture.md).
 // Each component registers its own subcommand with its flags as it arrives; asking for one that does
 // not exist (yet) is a clear error that lists what there is.
 

@@ -24,7 +24,10 @@ export interface ChangeDeps {
   metrics: ControlPlaneMetrics;
 }
 
-/** Who a change is attributed to: a request's principal, or the control plane itself for work it does on its own (at start). */
+/**
+ * Who a change is attributed to: a request's principal, or the control plane itself for work it does on its own (at
+ * start).
+ */
 export interface ChangeActor {
   subject: string;
   kind: string;

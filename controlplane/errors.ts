@@ -2,7 +2,7 @@ import type { FastifyReply } from 'fastify';
 import { DvxError } from '../core/errors.ts';
 import { PROBLEM_CONTENT_TYPE, problem, type Problem } from '../core/problem.ts';
 
-// The control plane's error catalogue (STYLE.md rule 2), in two parts: the operator API's problems, one
+// The control plane's error catalogue (CONTRIBUTING.md, "Errors"), in two parts: the operator API's problems, one
 // stable `type` URI per error (documented in docs/api.md), every answer an RFC 9457 problem document;
 // and the package's error classes, each a DvxError with a stable code (docs/errors.md, "controlplane").
 

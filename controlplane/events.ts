@@ -32,7 +32,9 @@ export type ChangeTarget =
 
 const CHANNEL = CHANGES_CHANNEL;
 
-/** The enclaves a change concerns: every one for platform scope; an org's own and those running its agents; an agent's. */
+/**
+ * The enclaves a change concerns: every one for platform scope; an org's own and those running its agents; an agent's.
+ */
 export async function affectedEnclaves(db: Queryable, target: ChangeTarget): Promise<string[]> {
   const sql = {
     platform: ['SELECT id FROM enclaves ORDER BY id', []],

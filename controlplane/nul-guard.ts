@@ -8,7 +8,10 @@ import { ApiError, PROBLEMS } from './errors.ts';
 
 const NUL = '\u0000';
 
-/** The path of the first string (or object key) holding a NUL, walked without recursion (a deep body cannot overflow the stack). */
+/**
+ * The path of the first string (or object key) holding a NUL, walked without recursion (a deep body cannot overflow the
+ * stack).
+ */
 export function nulAt(root: unknown, rootPath: string): string | null {
   const stack: [unknown, string][] = [[root, rootPath]];
   while (stack.length > 0) {

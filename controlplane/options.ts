@@ -3,7 +3,7 @@ import { ControlPlaneOptionsError } from './errors.ts';
 import { AUDIT_DEFAULTS, auditOptionsProblem, type AuditOptions } from '../audit-wal/options.ts';
 import { SERVER_LIMIT_DEFAULTS, serverLimitsProblem, type ServerLimitOptions } from '../core/server-limits.ts';
 
-// The control plane's options: one defaults object, one validation (STYLE.md rule 4).
+// The control plane's options: one defaults object, one validation (CONTRIBUTING.md, "Layout").
 
 export interface ControlPlaneOptions extends AuditOptions, ServerLimitOptions {
   addr: string;

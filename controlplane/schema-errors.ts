@@ -5,7 +5,7 @@ import type { ErrorObject } from 'ajv';
 // detail starts with the field it is about ("name: is required", "grants[0].agent: must be a string").
 // ajv is set up so a schema only checks, never changes, what it is given: unknown fields are refused
 // (`additionalProperties: false`), not removed; no type coercion and no defaults (docs/decisions.md,
-// "P8: route schemas and the capability hook"). A schema may name its own message in `x-error`.
+// "Route schemas and the capability hook"). A schema may name its own message in `x-error`.
 
 type Verbose = ErrorObject & { parentSchema?: { 'x-error'?: string } };
 

@@ -116,7 +116,7 @@ export async function startControlPlane(
   });
   limiter.attach(app.server, { clientErrors: false });
 
-  // The server as a list of plugins (docs/decisions.md, "P8: control-plane store modules and plugins"):
+  // The server as a list of plugins (docs/decisions.md, "Control-plane store modules and plugins"):
   // problems and the NUL guard, health, then (full mode) bearer authentication, the issuer's discovery,
   // the /api/v1 families, the broker's routes and the token facade.
   await app.register(problems, { log });

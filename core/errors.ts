@@ -1,4 +1,4 @@
-// The root of every dvx error, and core's own catalogue (STYLE.md rule 2).
+// The root of every dvx error, and core's own catalogue (CONTRIBUTING.md, "Errors").
 //
 // Each package keeps its errors in one `errors.ts`: one class per error, each with a stable `code`
 // (`DVX_*`, never reused) declared once as a static and copied onto the instance, so the code is an

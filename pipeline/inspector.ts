@@ -3,7 +3,7 @@ import type { InspectionInput } from './inspection-input.ts';
 import type { PrefilterId } from './inspectors/patterns.ts';
 import type { ResolvedPolicy } from './policy/types.ts';
 
-// The contract every built-in inspector implements (docs/decisions.md, "P8: the inspector contract").
+// The contract every built-in inspector implements (docs/decisions.md, "The inspector contract").
 // The planner compiles each one once per policy version (plan.ts) and the scanner runs each, in the
 // registry's order, over one InspectionInput per body (scan.ts). An inspector is pure and synchronous:
 // no I/O, no state between calls beyond caches keyed by what it compiled. The sidecars are the one

@@ -83,7 +83,8 @@ function readBatchFile(content: Buffer, state: State, strict: boolean): boolean 
     try {
       value = JSON.parse(trimmed);
     } catch {
-      if (strict && (/^[{[]|custom_id/i.test(trimmed) || /"model"\s*:/i.test(trimmed))) return false; // a request line we cannot read
+      // A request line we cannot read.
+      if (strict && (/^[{[]|custom_id/i.test(trimmed) || /"model"\s*:/i.test(trimmed))) return false;
       continue;
     }
     if (value === null || typeof value !== 'object' || Array.isArray(value)) continue;

@@ -1,6 +1,6 @@
 import { isAscii } from 'node:buffer';
 
-// Evasion must not hide content (docs/decisions.md, "P7 evasion"): a key with a zero-width space in
+// Evasion must not hide content (docs/decisions.md, "Evasion: the normalized view"): a key with a zero-width space in
 // it, an address written with a full-width `＠` or `&commat;`, a card in full-width digits all read
 // the same to whoever receives them, and not at all to a detector matching bytes. The normalized view
 // is the text as a reader sees it:
@@ -22,7 +22,7 @@ import { isAscii } from 'node:buffer';
 // minus sign read as `-`. NFKC is NFC of the NFKD forms of the code points, so every code point that is
 // not a mark is mapped on its own, once per process (a table); Hangul jamo compose by Unicode's
 // arithmetic; only marks kept on another base (Greek, Cyrillic, Indic, Thai text) may need ICU, and
-// most do not (P7 second review: an NFC call per mark, or per invalid byte, ran at 10-20 MB/s): a mark
+// most do not (an NFC call per mark, or per invalid byte, ran at 10-20 MB/s): a mark
 // that cannot compose with its starter (two tables of what composes at all) and does not reorder after
 // the mark before it is kept as it is; a first mark that composes is composed by a per-pair cache; only
 // the rest (a second mark that composes or reorders) recompose the text from the mark's base on, one

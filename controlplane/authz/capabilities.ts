@@ -150,7 +150,10 @@ export function grantsChanged(db: object): void {
   for (const fn of changeListeners.get(db) ?? []) fn();
 }
 
-/** Calls `fn` after every change committed through this process on `db` (auditedChange, erasure); returns the unsubscribe. */
+/**
+ * Calls `fn` after every change committed through this process on `db` (auditedChange, erasure); returns the
+ * unsubscribe.
+ */
 export function onGrantsChanged(db: object, fn: () => void): () => void {
   let set = changeListeners.get(db);
   if (!set) changeListeners.set(db, (set = new Set()));

@@ -11,10 +11,10 @@ import {
 } from './capabilities.ts';
 import { describe, holds, type Target } from './guard.ts';
 
-// A caller may confer only what it holds (P7.7): a grant, a role's definition, a group membership that
-// carries the group's grants and a service account's grant pass on capabilities, and each of them is
-// refused (403 naming the capability and the scope) unless the caller holds every capability conferred
-// over the scope it is conferred at. The rule self-service service accounts always followed, applied
+// A caller may confer only what it holds (docs/decisions.md, "A caller confers only what it holds"): a grant, a role's
+// definition, a group membership that carries the group's grants and a service account's grant pass on capabilities,
+// and each of them is refused (403 naming the capability and the scope) unless the caller holds every capability
+// conferred over the scope it is conferred at. The rule self-service service accounts always followed, applied
 // to every route that confers. Without it an org admin could grant itself platform:config at its org
 // and write governance policy it was never given.
 

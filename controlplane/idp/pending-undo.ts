@@ -7,7 +7,7 @@ import { serviceAccountMetadata, type IdpProvisioner, type Registration } from '
 // set) is followed by a store change; if that change does not commit, the IdP step is undone: the
 // client of an account never stored is removed, a key set the store does not hold is put back to the
 // store's. The undo is persisted as an intent *before* the IdP is called, so that a crash at any point
-// leaves a row behind (P7.8):
+// leaves a row behind (docs/decisions.md, "A failed IdP undo is kept, reported and retried"):
 //
 //   intent row (retry after the grace) ─▶ IdP step ─┬▶ failed: nothing to undo, row deleted
 //                                                   └▶ registration recorded in the row ─▶ store change
@@ -287,7 +287,10 @@ export async function retryPendingUndos(
   return { done, failed };
 }
 
-/** The sweep: at once, then every half grace (at least every second), one run at a time; `stop` waits for the run in flight. */
+/**
+ * The sweep: at once, then every half grace (at least every second), one run at a time; `stop` waits for the run in
+ * flight.
+ */
 export function startUndoSweeper(deps: ChangeDeps, idp: IdpProvisioner, graceMs: number): { stop(): Promise<void> } {
   let running: Promise<void> = Promise.resolve();
   let stopped = false;

@@ -4,7 +4,7 @@ import type { FastifyPluginAsync } from 'fastify';
  * Marks a plugin as not encapsulated: what it adds (an error handler, a hook, a not-found handler)
  * applies to the instance it is registered on, as `fastify-plugin` does, by the same two symbols
  * fastify reads (lib/plugin-utils.js). fastify-plugin itself is not a dependency
- * (docs/decisions.md, "P8: control-plane store modules and plugins").
+ * (docs/decisions.md, "Control-plane store modules and plugins").
  */
 export function shared<O extends Record<string, unknown>>(
   name: string,

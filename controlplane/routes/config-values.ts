@@ -116,7 +116,8 @@ export function configValueRoutes(deps: ChangeDeps, events: EventHub) {
         if (!secret && !hasValue) bad('value', 'is required (or declare the key secret)');
         if (locked && s.kind === 'agent') bad('locked', 'is refused at agent scope');
         await scopeMustExist(db, s);
-        // Values of an org's scopes are sealed under its data key (erasure shreds it); platform values are not org data.
+        // Values of an org's scopes are sealed under its data key (erasure shreds it); platform values are not org
+        // data.
         const stored = secret
           ? null
           : deps.keys && s.kind !== 'platform'

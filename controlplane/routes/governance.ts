@@ -46,7 +46,8 @@ import {
 // Governance policy per scope and destination packs (operator-api.md: llmPolicyReq,
 // destinationPolicyReq, exec/ssh/tunnel, tunnel ports → policyWriteView; definePackReq → definePackView;
 // installPackView). Paths (not shown in the spec):
-//   PUT|GET|DELETE /api/v1/policies/{kind}?scope=…&org=…&group=…&agent=…   kind: llm, destination, exec, ssh, tunnel, tunnel-ports
+//   PUT|GET|DELETE /api/v1/policies/{kind}?scope=…&org=…&group=…&agent=…
+//     (kind: llm, destination, exec, ssh, tunnel, tunnel-ports)
 //   POST /api/v1/packs, GET /api/v1/packs
 //   PUT|DELETE /api/v1/packs/{name}/installations?scope=…
 //   GET /api/v1/agents/{id}/effective-governance
@@ -63,7 +64,10 @@ const KIND_OF_PATH: Record<string, GovernanceKind> = {
 };
 const PACK = /^[a-z0-9][a-z0-9_.-]{0,62}$/;
 
-/** Parses and validates a stored value; one that does not is named in `skipped` (like the snapshot builder's) and left out. */
+/**
+ * Parses and validates a stored value; one that does not is named in `skipped` (like the snapshot builder's) and left
+ * out.
+ */
 function stored<T>(skipped: SkippedRow[], scope: string, key: string, read: () => T): T | null {
   try {
     return read();
@@ -74,7 +78,10 @@ function stored<T>(skipped: SkippedRow[], scope: string, key: string, read: () =
   }
 }
 
-/** Every governance row and installed pack that applies to an agent, resolved; stored rows that do not validate are skipped and named. */
+/**
+ * Every governance row and installed pack that applies to an agent, resolved; stored rows that do not validate are
+ * skipped and named.
+ */
 export async function effectiveGovernance(db: Queryable, agent: { uid: string; org_id: string; group_id: string }) {
   const scope: Scope = { kind: 'agent', org: agent.org_id, group: agent.group_id, agent: agent.uid };
   const rows: GovernanceRows = {};

@@ -18,7 +18,8 @@ import { orgExists as orgStored } from '../store/orgs.ts';
 import { deleteConnector, getConnector, listConnectors, upsertConnector } from '../store/idp-connectors.ts';
 
 // An org's IdP connectors (spec: idpConnectorReq / idpConnectorView), under org:manage over the org in
-// the path. `client_secret` is write-only: stored (sealed under the org's data key), never answered; a PUT without it keeps the stored one.
+// the path. `client_secret` is write-only: stored (sealed under the org's data key), never answered; a PUT without it
+// keeps the stored one.
 // Types: "oidc" (issuer and client_id required) and "saml" (metadata_url required).
 
 const NAME = /^[a-z0-9][a-z0-9_-]{0,62}$/;

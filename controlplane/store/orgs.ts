@@ -1,7 +1,7 @@
 import type { Queryable } from '../../core/sql.ts';
 
 // Orgs in the store (spec: orgView). Plain functions over a Queryable: the pool, or the transaction
-// client of an audited change (docs/decisions.md, "P8: control-plane store modules and plugins").
+// client of an audited change (docs/decisions.md, "Control-plane store modules and plugins").
 
 export interface OrgView {
   id: string;

@@ -6,8 +6,8 @@ import type { Toggle } from '../policy/types.ts';
 
 // secrets: the agent's own secret values (≥ 8 characters) as needles, raw, in JSON-escaped form and
 // normalized (normalized-view.ts), matched in any letter case (spec: "Secrets filter"; docs/decisions.md,
-// "P7 evasion"). A match is reported as its first 4 characters + `****`; the value itself never leaves
-// this function: not in a finding, a log line or an error.
+// "Evasion: the normalized view"). A match is reported as its first 4 characters + `****`; the value itself never
+// leaves this function: not in a finding, a log line or an error.
 //
 // Any case, at indexOf speed: an ASCII form is looked for by its longest run of bytes that have no
 // case (digits, punctuation: `-2026` in `s3cr3t-db-password-2026`), and each hit compared in any case

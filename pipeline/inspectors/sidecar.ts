@@ -11,7 +11,7 @@ import type { Sidecar } from '../policy/types.ts';
 // thrown as a SidecarError; the engine turns it into a recorded fail-open with no findings.
 // Not in the inspector registry (inspectors/registry.ts): a sidecar is an asynchronous network call,
 // one per configured sidecar rather than compiled from the policy, that always fails open and has a
-// timeout of its own; the engine runs it beside the built-ins (docs/decisions.md, "P8: the inspector
+// timeout of its own; the engine runs it beside the built-ins (docs/decisions.md, "The inspector
 // contract").
 
 export const MAX_SIDECAR_RESPONSE_BYTES = 1024 * 1024;

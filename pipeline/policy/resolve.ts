@@ -15,7 +15,7 @@ import type {
   Toggle,
 } from './types.ts';
 
-// The policy resolver, shared by the proxies and the control plane (DESIGN.md, "Policy").
+// The policy resolver, shared by the proxies and the control plane (docs/decisions.md, "Resolution").
 //
 //   platform ─┐   per key: a locked (or `immutable: true`) row at platform, then org, then group wins;
 //   org ──────┤   otherwise the most specific row of agent → group → org → platform; otherwise nothing

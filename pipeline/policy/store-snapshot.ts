@@ -165,7 +165,10 @@ async function build(
   return { ...snapshot, skipped };
 }
 
-/** The document served to an enclave (`GET /v1/broker/snapshot`, `--policy-publish`): the snapshot, and the rows it skipped. */
+/**
+ * The document served to an enclave (`GET /v1/broker/snapshot`, `--policy-publish`): the snapshot, and the rows it
+ * skipped.
+ */
 export function storeSnapshotDocument(s: StoreSnapshot): Record<string, unknown> {
   return { ...snapshotDocument(s), skipped: s.skipped };
 }
@@ -247,7 +250,7 @@ async function configRows(
 
 /**
  * The config values an enclave serves (`dvx config-pull`), scope by scope like the policy snapshot:
- * `{version, enclave, platform, orgs: {ORG: {config, groups: {G: {config}}}}, agents: {UID: {org_id, group_id, config}}}`.
+ * {version, enclave, platform, orgs: {ORG: {config, groups: {G: {config}}}}, agents: {UID: {org_id, group_id, config}}}
  */
 export async function enclaveConfig(
   db: Queryable,
@@ -286,7 +289,10 @@ export async function enclaveConfig(
   };
 }
 
-/** Every org and every agent, for a proxy that serves no particular enclave (llmproxy --database-dsn without --enclave-id). */
+/**
+ * Every org and every agent, for a proxy that serves no particular enclave (llmproxy --database-dsn without
+ * --enclave-id).
+ */
 export async function wholeSnapshot(db: Queryable): Promise<StoreSnapshot> {
   const orgs = (await db.query<{ id: string }>('SELECT id FROM orgs ORDER BY id')).rows.map((r) => r.id);
   const agents = (

@@ -17,7 +17,7 @@ import type { SecretSource } from './secrets-file.ts';
 import type { UpstreamAnswer } from './upstream.ts';
 import type { TokenUsage } from './usage.ts';
 
-// One agent call as it goes through the steps (docs/decisions.md, "P8: the request path as steps").
+// One agent call as it goes through the steps (docs/decisions.md, "The request path as steps").
 // Everything a step decides lands here once: the snapshot is read once per call (a reload during the
 // call never mixes two policies), the flags and the policy are resolved once, and the fields of the
 // audit record (steps/audit.ts) fill in as the call goes. Every field is set in the constructor, so

@@ -61,7 +61,10 @@ export function badRequest(message: string): ProxyError {
   return jsonError(400, 'invalid_request_error', message);
 }
 
-/** The answer to a request node refused before it reached the proxy (oversized headers, a malformed request, one that did not arrive in time), in the same shape. */
+/**
+ * The answer to a request node refused before it reached the proxy (oversized headers, a malformed request, one that
+ * did not arrive in time), in the same shape.
+ */
 export function clientErrorAnswer(status: number): { contentType: string; body: string } {
   const [type, message] =
     status === 431

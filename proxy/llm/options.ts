@@ -10,7 +10,7 @@ import { AUDIT_DEFAULTS, auditOptionsProblem, type AuditOptions } from '../../au
 import { OptionsError } from './errors.ts';
 import { SERVER_LIMIT_DEFAULTS, serverLimitsProblem, type ServerLimitOptions } from '../../core/server-limits.ts';
 
-// llmproxy's options: one defaults object, one validation (STYLE.md rule 4). cli/ maps flags and
+// llmproxy's options: one defaults object, one validation (CONTRIBUTING.md, "Layout"). cli/ maps flags and
 // DVX_* variables onto it; nothing else reads the environment.
 
 // The official SDKs wait 10 minutes for an answer, and Anthropic's refuses to send a non-streaming call

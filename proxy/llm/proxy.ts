@@ -17,8 +17,8 @@ import { translate } from './steps/translate.ts';
 
 export type { ProxyDeps } from './context.ts';
 
-// One agent call, as steps (proxy/llm/steps/, one per file; docs/decisions.md, "P8: the request path
-// as steps"), each reading and filling the call's context (context.ts):
+// One agent call, as steps (proxy/llm/steps/, one per file; docs/decisions.md, "The request path as
+// steps"), each reading and filling the call's context (context.ts):
 //
 //   authenticate ─▶ admit (agent state, tier) ─▶ route ─▶ read body (≤ 32 MB) ─▶ [translate]
 //     ─▶ prefix ─▶ inspect request (403 block │ 503 fail-closed) ─▶ credential ─▶ forward (undici)

@@ -31,7 +31,8 @@ export async function readBody(req: IncomingMessage, limit: number, sharedFrom: 
     const out = backing.subarray(0, announced);
     let at = 0;
     for await (const chunk of req as AsyncIterable<Buffer>) {
-      if (at + chunk.length > announced) throw new RequestTooLargeError(`request body exceeds ${limit} bytes`); // more than announced: refuse
+      // More than announced: refuse.
+      if (at + chunk.length > announced) throw new RequestTooLargeError(`request body exceeds ${limit} bytes`);
       chunk.copy(out, at);
       at += chunk.length;
     }

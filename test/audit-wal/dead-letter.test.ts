@@ -336,7 +336,7 @@ t.test('ClickHouse: a batch that fails mid-way inserts nothing; errors are class
   t.type(refused, StoreUnavailableError, 'connection refused is unavailable');
 });
 
-// P7.6 review: a record that is a JSON object with objects where strings are meant (`{"toString":1}`
+// A record that is a JSON object with objects where strings are meant (`{"toString":1}`
 // as a text column, an object as event_time) once threw in the row mapping, outside the store's error
 // classification: the shipper took it for a store that is down and retried it forever. Mapping is
 // total now: such a record ships, its odd values as their JSON text.

@@ -296,7 +296,7 @@ for (const [name, dsn] of stores) {
         'actor_kind=robot',
         'colour=red',
         'since=2026-11-22T00:00:00Z&until=2026-11-21T00:00:00Z',
-        // P7.11: year 0000 (and instants outside 0001–9999 once in UTC), a day its month lacks, a NUL in a filter.
+        // Year 0000 (and instants outside 0001–9999 once in UTC), a day its month lacks, a NUL in a filter.
         'since=0000-01-01T00:00:00Z',
         'until=0001-01-01T00:30:00%2B01:00',
         'until=9999-12-31T23:59:59-01:00',

@@ -81,7 +81,7 @@ t.test('the platform admin appoints an org admin; the org admin manages its org 
   t.equal(forbidden.type, 'application/problem+json; charset=utf-8');
 });
 
-t.test('a grant confers only what its grantor holds over that scope (P7.7)', async (t) => {
+t.test('a grant confers only what its grantor holds over that scope', async (t) => {
   await call('platform-admin', 'POST', '/orgs', { id: 'org-1', name: 'One' });
   const before = (await call('platform-admin', 'GET', '/orgs/org-1/grants')).body.length;
   const refused = async (who: string, path: string, body: unknown, capability: string) => {

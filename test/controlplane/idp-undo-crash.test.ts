@@ -9,7 +9,7 @@ import { AUDIENCE } from '../fixtures/oidc-issuer.ts';
 import type { AuditSink } from '../../audit-wal/sink.ts';
 import { parseServiceAccountKey, tokenRequestForm } from '../../controlplane/idp/service-account-key.ts';
 
-// P7.8 review: the undo of an IdP registration is on record before the IdP is called, so a control
+// The undo of an IdP registration is on record before the IdP is called, so a control
 // plane killed (SIGKILL, a real child process) between the registration and the commit of the account
 // leaves a row the next process acts on: the orphan client is removed at the real oidc-provider IdP. A
 // row whose account did commit removes nothing. A kill during the registration itself (the IdP made

@@ -2,7 +2,7 @@ import t from 'tap';
 import { startCpHarness } from '../fixtures/controlplane-harness.ts';
 import { freshPgDatabase } from '../fixtures/pg-database.ts';
 
-// P7.11: PostgreSQL refuses U+0000 in text, so a NUL in a path parameter, a query filter or a body
+// PostgreSQL refuses U+0000 in text, so a NUL in a path parameter, a query filter or a body
 // string reached the store as a 500. Every operation of the OpenAPI document (every route family),
 // and the broker routes, now answer 400 Problem naming the field, on PGlite and on PostgreSQL.
 const pgDb = await freshPgDatabase('dvx_nul');

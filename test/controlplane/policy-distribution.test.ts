@@ -8,7 +8,7 @@ import { validateGovernance, type GovernanceKind } from '../../pipeline/policy/g
 import { startCpHarness } from '../fixtures/controlplane-harness.ts';
 import { freshPgDatabase } from '../fixtures/pg-database.ts';
 
-// P7.2: every value the authoring routes accept builds a snapshot the proxy's own loader accepts. On
+// Every value the authoring routes accept builds a snapshot the proxy's own loader accepts. On
 // the old code, content_inspection without pii_detection.types was stored as `"types": null` and from
 // then on GET /v1/broker/snapshot and the effective-policy read answered 500 for every enclave
 // carrying that scope.

@@ -4,7 +4,7 @@ import { startCpHarness } from '../fixtures/controlplane-harness.ts';
 // Role, capability and policy-kind names are the caller's strings: an Object.prototype member's name
 // (`constructor`, `toString`, `__proto__`, …) is a name like any other, never a lookup that reaches the
 // prototype. Once a grant of role `constructor` was a 500 on every grant route, and `PUT
-// /roles/constructor` a 409 "built-in role" (review of P7.9).
+// /roles/constructor` a 409 "built-in role".
 
 const PROTO = [
   'constructor',

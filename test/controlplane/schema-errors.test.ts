@@ -10,7 +10,7 @@ import {
 } from '../../controlplane/routes/schemas.ts';
 
 // A body its route's schema refuses is a 400 whose detail starts with the field, in the words the
-// routes' hand-written parsers used (docs/decisions.md, "P8: route schemas and the capability hook").
+// routes' hand-written parsers used (docs/decisions.md, "Route schemas and the capability hook").
 const app = Fastify({ logger: false, ...VALIDATION });
 const grant = object({ capability: NULLABLE_STRING, group: NULLABLE_STRING }, [], 'grantReq');
 const body = object(

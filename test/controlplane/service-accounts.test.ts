@@ -264,7 +264,7 @@ t.test('other orgs and bad input', async (t) => {
   );
 });
 
-t.test("a service account's grant confers only what the granting caller holds (P7.7)", async (t) => {
+t.test("a service account's grant confers only what the granting caller holds", async (t) => {
   const created = await call('admin-a', 'POST', '/orgs/org-a/service-accounts', { name: 'escalator' });
   t.equal(created.status, 201);
   const path = `/orgs/org-a/service-accounts/${created.body.id}/grants`;
@@ -324,7 +324,7 @@ t.test('a change whose audit record cannot be made durable leaves no client behi
   t.same((await h.callAt(strict.port, 'root', 'GET', '/orgs/org-a/service-accounts')).body, [], 'and nothing stored');
 });
 
-t.test('an undo the IdP refuses is kept, logged, counted, audited, and done at the next start (P7.8)', async (t) => {
+t.test('an undo the IdP refuses is kept, logged, counted, audited, and done at the next start', async (t) => {
   const pgDb = await freshPgDatabase('dvx_idp_undo');
   if (!pgDb) {
     if (process.env.CI) t.fail('no PostgreSQL at 127.0.0.1:5432');

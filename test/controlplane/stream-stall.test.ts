@@ -5,8 +5,8 @@ import { startCpHarness } from '../fixtures/controlplane-harness.ts';
 import { openTls } from '../fixtures/raw-tls.ts';
 import { freshPgDatabase } from '../fixtures/pg-database.ts';
 
-// The audit tail to a client that stops reading (P7.4, "send stall"): the stream waits for its
-// client (backpressure) instead of buffering every record in memory, and a client that takes nothing
+// The audit tail to a client that stops reading (docs/decisions.md, "Idle connections are reaped"): the stream waits
+// for its client (backpressure) instead of buffering every record in memory, and a client that takes nothing
 // for --idle-timeout has its stream ended and its connection closed. A slow reader that keeps reading
 // gets every record and stays connected. Real TLS clients that pause their socket, a real control
 // plane, a real PostgreSQL audit store holding ~32 MB of records; only generous "within" bounds.

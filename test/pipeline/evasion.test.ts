@@ -3,7 +3,7 @@ import { InspectionEngine } from '../../pipeline/engine.ts';
 import { policyFromDocument } from '../../pipeline/policy/resolve.ts';
 import { validatePolicyDocument } from '../../pipeline/policy/validate.ts';
 
-// P7 evasion through the engine: the normalized view is read inline, on a pool worker, and when a
+// Evasion through the engine: the normalized view is read inline, on a pool worker, and when a
 // large body is split across two workers (each half builds the view it needs), with the same findings.
 const policy = policyFromDocument(
   validatePolicyDocument({
@@ -49,7 +49,7 @@ t.test('inline, pool and split runs find what the evasions hid', async (t) => {
   t.same(summary(split.findings), EXPECTED, 'split across two workers');
 });
 
-t.test('a pad of invisibles and & the view once choked on does not time the inspection out (P7 review)', async (t) => {
+t.test('a pad of invisibles and & the view once choked on does not time the inspection out', async (t) => {
   // 12 MB of `\u200b&` took the old view 3.5 s, past the default 2 s deadline: the body passed fail-open
   // with no finding. Default deadline, pooled as a proxy runs it.
   const engine = new InspectionEngine({ threads: 2 });
@@ -82,7 +82,7 @@ t.test('a pad of invisibles and & the view once choked on does not time the insp
   t.same([...new Set(result.findings.map((f) => f.inspector_type))].sort(), ['api_key', 'secrets']);
 });
 
-t.test('a pad the view once took 2 s over does not time the inspection out (P7 second review)', async (t) => {
+t.test('a pad the view once took 2 s over does not time the inspection out (marks and invalid bytes)', async (t) => {
   // 32 MB of `α` with a mark, then `և` ×7 (its view is twice its size), and a nested `&amp;` at the
   // end: the old view made an NFC call every 16 bytes and walked the doubled view twice more, past the
   // default 2 s deadline (`normalized_view: timeout`, fail-open) two runs in three. Default deadline,

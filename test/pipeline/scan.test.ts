@@ -176,7 +176,7 @@ t.test('property: the RE2.Set prefilter never hides a built-in finding', async (
     'AIza',
     'sk-',
     '\\/',
-    // what the normalized view changes (P7 evasion): its findings must not depend on the prefilter either
+    // what the normalized view changes: its findings must not depend on the prefilter either
     '＠',
     '&#64;',
     '&commat;',

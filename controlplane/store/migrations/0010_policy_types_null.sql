@@ -1,4 +1,4 @@
--- Releases before P7.2 stored a content_inspection value in its validated form, where an omitted
+-- Earlier releases stored a content_inspection value in its validated form, where an omitted
 -- pii_detection.types ("every type") is null; the validator refuses null, so every snapshot carrying
 -- such a row failed. Rewrite those rows to the form authoring stores now: the field absent, which
 -- means the same. The LIKE guard keeps the jsonb cast to rows the old writer (JSON.stringify) produced.

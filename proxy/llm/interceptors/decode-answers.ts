@@ -11,7 +11,7 @@ import { own } from '../../../core/own.ts';
 // (upstream.ts reports it). Answers without a body (to HEAD, 1xx, 204, 304) are left as they are.
 //
 // Not undici's own `interceptors.decompress`: it reads "deflate" as the zlib wrapper only, where some
-// servers send raw deflate (docs/decisions.md, "P8: the request path as steps"). Like it, the decoder is
+// servers send raw deflate (docs/decisions.md, "The request path as steps"). Like it, the decoder is
 // pulled only as fast as the reader takes its output, so a small compressed answer never inflates
 // faster than it is consumed: a full decoder pauses the upstream, a paused reader stops the decoder.
 

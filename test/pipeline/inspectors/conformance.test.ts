@@ -11,7 +11,7 @@ import { policyFromDocument } from '../../../pipeline/policy/resolve.ts';
 import { validatePolicyDocument } from '../../../pipeline/policy/validate.ts';
 import { scanBody, type ScanResult } from '../../../pipeline/scan.ts';
 
-// The contract every inspector of the registry keeps (docs/decisions.md, "P8: the inspector contract"):
+// The contract every inspector of the registry keeps (docs/decisions.md, "The inspector contract"):
 // a known hit is found and reported redacted (the matched value never appears in what the scan
 // returns), findings stay bounded under a flood of distinct hits, a throw is a recorded failure (never a
 // pass) in the result and in the pool's per-inspector report, and the scan is linear on the inspector's

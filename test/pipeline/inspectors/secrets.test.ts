@@ -42,7 +42,7 @@ t.test('non-ASCII secrets redact by character', async (t) => {
   t.equal(f[0].match, 'Паро****');
 });
 
-t.test('a secret is found in any letter case (docs/decisions.md, "P7 evasion")', async (t) => {
+t.test('a secret is found in any letter case (docs/decisions.md, "Evasion: the normalized view")', async (t) => {
   t.equal(find('{"c":"HUNTER2HUNTER2"}', ['hunter2hunter2']).length, 1, 'upper case');
   t.equal(find('{"c":"hUnTeR2-hUnTeR2"}', ['Hunter2-Hunter2']).length, 1, 'mixed case');
   t.equal(

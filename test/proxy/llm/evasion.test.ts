@@ -2,10 +2,10 @@ import t from 'tap';
 import { until } from '../../fixtures/eventually.ts';
 import { AGENT_SECRET, startHarness } from '../../fixtures/llmproxy-harness.ts';
 
-// P7, "Evasion the detectors should not allow", end to end: what a reader of the upstream would
+// Evasion the detectors should not allow, end to end: what a reader of the upstream would
 // reassemble (a secret with a zero-width space inside and in upper case, a key spelled with HTML
 // entities or JSON-escaped invisibles, an address in full width) is found and, at `block`, never
-// forwarded (docs/decisions.md, "P7 evasion").
+// forwarded (docs/decisions.md, "Evasion: the normalized view").
 const h = await startHarness();
 t.teardown(() => h.close());
 

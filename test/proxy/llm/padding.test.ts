@@ -1,7 +1,7 @@
 import t from 'tap';
 import { AGENT_SECRET, baseSnapshot, startHarness, type Harness } from '../../fixtures/llmproxy-harness.ts';
 
-// P7.1: padding must not turn fail-open into a bypass. Megabytes of card-like digit groups (a near miss
+// Padding must not turn fail-open into a bypass. Megabytes of card-like digit groups (a near miss
 // of a card, re-scanned from every group) ahead of a secret and a key used to run the built-in group
 // past --inspect-timeout, and the secret and key went upstream with `findings: []`. Now every
 // inspector is linear on it (default deadline, real proxy), and an inspector that does miss the
@@ -80,8 +80,8 @@ t.test('24 MB of card near misses ahead of a secret and a key: 403, both found, 
 t.test(
   'an inspector that misses the deadline is named in the record; the block that finished still blocks',
   async (t) => {
-    // The real worker, hanging once api_key has reported: pii, patterns and the normalized view never finish. (2 MB: below
-    // the size where the patterns run on a second worker of their own.)
+    // The real worker, hanging once api_key has reported: pii, patterns and the normalized view never finish. (2 MB:
+    // below the size where the patterns run on a second worker of their own.)
     const h = await startHarness({
       snapshot,
       proxy: { inspectTimeout: 1500 },

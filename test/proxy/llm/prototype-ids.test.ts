@@ -9,9 +9,9 @@ import {
   policyLayers,
 } from '../../../pipeline/policy/snapshot.ts';
 
-// Ids that are Object.prototype's member names (P7.9): as a token's org_id or sub, as a secrets
-// owner, and as org and agent ids in the snapshot, each is an id like any other. Before, `__proto__`
-// as org_id read Object.prototype as the org and the call died with a 502 and no record.
+// Ids that are Object.prototype's member names (docs/decisions.md, "Ids named like Object.prototype members are ids"):
+// as a token's org_id or sub, as a secrets owner, and as org and agent ids in the snapshot, each is an id like any
+// other. Before, `__proto__` as org_id read Object.prototype as the org and the call died with a 502 and no record.
 const NAMES = ['__proto__', 'constructor', 'toString', 'hasOwnProperty', 'valueOf'];
 const orgKey = (name: string) => `sk-org-key-of-${name}`;
 const secrets: Record<string, Record<string, string>> = {

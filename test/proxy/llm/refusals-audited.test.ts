@@ -3,9 +3,9 @@ import { until } from '../../fixtures/eventually.ts';
 import { noneToken, tokenIssuer } from '../../fixtures/agent-identity.ts';
 import { baseSnapshot, startHarness } from '../../fixtures/llmproxy-harness.ts';
 
-// Every refusal is audited (P7.10): once the caller is known (a token the issuer signed, even one
-// refused on a claim), each answer of the proxy's own writes its llm_audit_log record, with decision
-// `deny` (or `block` for a policy match) and the reason in `error`. A caller nothing names (no
+// Every refusal is audited (docs/decisions.md, "Every refusal is audited"): once the caller is known (a token the
+// issuer signed, even one refused on a claim), each answer of the proxy's own writes its llm_audit_log record, with
+// decision `deny` (or `block` for a policy match) and the reason in `error`. A caller nothing names (no
 // credential, a forged or unsigned token) gets no record in any org's log: a log line and a metric.
 const h = await startHarness({ proxy: { minTier: 'vm' } });
 t.teardown(() => h.close());

@@ -3,13 +3,12 @@ import { request } from 'undici';
 import { startHarness } from '../../fixtures/llmproxy-harness.ts';
 import { openTls, parseRawAnswer } from '../../fixtures/raw-tls.ts';
 
-// A steady slow reader of a large answer is not mistaken for one that stopped reading (P7.4, "send
-// stall", the other side of send-stall.test.ts). Progress is a piece of the answer taken by the agent:
-// a held answer went out as one write, which completed only once the agent had taken nearly all of it,
-// so a reader slower than (answer size - socket buffers) / --idle-timeout was cut. Real TLS clients
-// pacing their reads, the real test upstream. The bound is 3 s: the kernel wakes a sender only once
-// about a third of its send buffer has drained (~1.3 MB), which a 1 MB/s reader takes in about 1.3 s
-// (docs/decisions.md, "P7.4"). No time is asserted.
+// A steady slow reader of a large answer is not mistaken for one that stopped reading (the other side of
+// send-stall.test.ts). Progress is a piece of the answer taken by the agent: a held answer went out as one write, which
+// completed only once the agent had taken nearly all of it, so a reader slower than (answer size - socket buffers) /
+// --idle-timeout was cut. Real TLS clients pacing their reads, the real test upstream. The bound is 3 s: the kernel
+// wakes a sender only once about a third of its send buffer has drained (~1.3 MB), which a 1 MB/s reader takes in about
+// 1.3 s (docs/decisions.md, "Idle connections are reaped"). No time is asserted.
 const IDLE_MS = 3_000;
 const h = await startHarness({ proxy: { idleTimeout: IDLE_MS, metricsAddr: '127.0.0.1:0' } });
 t.teardown(() => h.close());

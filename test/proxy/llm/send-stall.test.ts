@@ -4,8 +4,8 @@ import { startHarness } from '../../fixtures/llmproxy-harness.ts';
 import { openTls, parseRawAnswer } from '../../fixtures/raw-tls.ts';
 
 // An agent that asks for a large answer and stops reading it must not hold its connection, nor the
-// upstream connection feeding it (the shared pool every tenant uses), for ever (P7.4, "send stall"):
-// with nothing taken for --idle-timeout, the answer is cut, the upstream released, and the record
+// upstream connection feeding it (the shared pool every tenant uses), for ever (docs/decisions.md, "Idle connections
+// are reaped"): with nothing taken for --idle-timeout, the answer is cut, the upstream released, and the record
 // says the agent stopped reading. A slow reader that keeps reading is not cut. Real TLS clients that
 // pause their socket; the real test upstream, which sees its answer's connection closed. Small bounds;
 // the only times asserted are generous "within" bounds.

@@ -4,10 +4,10 @@ import { request } from 'undici';
 import { startHarness } from '../../fixtures/llmproxy-harness.ts';
 import { LLMPROXY_DEFAULTS, validateOptions } from '../../../proxy/llm/options.ts';
 
-// A dead upstream (P7.5): one that reads the request and never answers is cut at --upstream-timeout
-// with the spec's 502; one that starts a stream and then goes silent is cut at --upstream-idle-timeout
-// and the agent sees the stream end. Both are recorded and counted. The fixture's upstream is a real
-// node:http server (`x-test-behavior: hang | stall`); the flags are small so the test is quick.
+// A dead upstream (docs/decisions.md, "A dead upstream is cut, by two timers"): one that reads the request and never
+// answers is cut at --upstream-timeout with the spec's 502; one that starts a stream and then goes silent is cut at
+// --upstream-idle-timeout and the agent sees the stream end. Both are recorded and counted. The fixture's upstream is a
+// real node:http server (`x-test-behavior: hang | stall`); the flags are small so the test is quick.
 const h = await startHarness({ proxy: { upstreamTimeout: 400, upstreamIdleTimeout: 400, metricsAddr: '127.0.0.1:0' } });
 t.teardown(() => h.close());
 
