@@ -13,8 +13,11 @@ export async function policyOf(ctx: CallContext): Promise<ResolvedPolicy> {
   if (ctx.policy !== null) return ctx.policy;
   const { orgId, agentId, groupId } = ctx.identity!;
   const snapshot = ctx.snapshot;
-  ctx.policy = await ctx.d.policies.get(orgId, agentId, () =>
-    resolvePolicy(policyLayers(snapshot, orgId, groupId, agentId)),
+  ctx.policy = await ctx.d.policies.get(
+    orgId,
+    agentId,
+    () => resolvePolicy(policyLayers(snapshot, orgId, groupId, agentId)),
+    snapshot,
   );
   return ctx.policy;
 }

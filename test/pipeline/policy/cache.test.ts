@@ -46,3 +46,15 @@ t.test('concurrent misses share one load; failures are not cached', async (t) =>
   );
   t.equal(await cache.get('o', 'x', () => 7), 7);
 });
+
+t.test('an entry resolved from another source is a miss, so an old source never serves a new one', async (t) => {
+  const cache = new PolicyCache<string>();
+  const before = {};
+  const after = {};
+  t.equal(await cache.get('o', 'a', () => 'old', before), 'old');
+  cache.invalidate();
+  // A call that began before the reload resolves after it: its entry is tagged with its own source.
+  t.equal(await cache.get('o', 'a', () => 'old', before), 'old');
+  t.equal(await cache.get('o', 'a', () => 'new', after), 'new', 'a later call does not get the old policy');
+  t.equal(await cache.get('o', 'a', () => 'unused', after), 'new', 'and then hits its own');
+});

@@ -1,5 +1,7 @@
 import t from 'tap';
 import { readFile, rename, writeFile } from 'node:fs/promises';
+import { Readable } from 'node:stream';
+import { request } from 'undici';
 import { until } from '../../fixtures/eventually.ts';
 import { AGENT_SECRET, anthropicBody, baseSnapshot, post, startHarness } from '../../fixtures/llmproxy-harness.ts';
 
@@ -42,6 +44,41 @@ t.test('a snapshot reload takes effect at once; a bad snapshot is refused whole'
     'the error names the field',
   );
   t.equal((await post(h, '/v1/messages', anthropicBody('hi'))).status, 403, 'the last good snapshot stays');
+  await h.writeSnapshot(baseSnapshot(h.upstream.url));
+});
+
+t.test('a call that began before a reload does not put the old policy back for the calls after it', async (t) => {
+  // The policy is resolved from the snapshot a call read when it began, after its body has arrived. A
+  // call begun before a reload resolves after the reload has emptied the policy cache: what it resolves
+  // must not be what the next calls find there.
+  await h.writeSnapshot(baseSnapshot(h.upstream.url));
+  const body = Buffer.from(anthropicBody('hi'));
+  let release!: () => void;
+  const released = new Promise<void>((resolve) => (release = resolve));
+  async function* slowBody() {
+    yield body.subarray(0, 20);
+    await released;
+    yield body.subarray(20);
+  }
+  const first = request(`${h.url}/v1/messages`, {
+    method: 'POST',
+    headers: {
+      'content-type': 'application/json',
+      'content-length': String(body.length),
+      'x-api-key': await h.issuer.mint({}),
+    },
+    body: Readable.from(slowBody()),
+    dispatcher: h.dispatcher,
+  });
+  t.ok(await until(() => h.proxy.proxy.inFlight === 1), 'the first call is in flight, its body half sent');
+  const blocking = baseSnapshot(h.upstream.url) as { platform: Record<string, unknown> };
+  blocking.platform.model_policy = { value: { mode: 'blocklist', models: ['claude-sonnet-4-5'] } };
+  await h.writeSnapshot(blocking);
+  release();
+  const answer = await first;
+  await answer.body.text();
+  t.equal(answer.statusCode, 200, 'the call begun before the reload keeps the snapshot it began with');
+  t.equal((await post(h, '/v1/messages', body)).status, 403, 'the next call is judged by the new snapshot');
   await h.writeSnapshot(baseSnapshot(h.upstream.url));
 });
 
