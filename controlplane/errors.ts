@@ -1,5 +1,5 @@
 import type { FastifyReply } from 'fastify';
-import { DvxError } from '../core/errors.ts';
+import { coded } from '../core/errors.ts';
 import { PROBLEM_CONTENT_TYPE, problem, type Problem } from '../core/problem.ts';
 
 // The control plane's error catalogue (CONTRIBUTING.md, "Errors"), in two parts: the operator API's problems, one
@@ -40,8 +40,7 @@ export const PROBLEMS = {
 } as const satisfies Record<string, CatalogueEntry>;
 
 /** A request the operator API refuses: answered as the problem document of its catalogue entry. */
-export class ApiError extends DvxError {
-  static override readonly code = 'DVX_CONTROLPLANE_PROBLEM';
+export class ApiError extends coded('DVX_CONTROLPLANE_PROBLEM') {
   readonly entry: CatalogueEntry;
   readonly detail: string | undefined;
   constructor(e: CatalogueEntry, detail?: string, options?: ErrorOptions) {
@@ -52,34 +51,22 @@ export class ApiError extends DvxError {
 }
 
 /** A bearer token the control plane does not accept (bad signature, issuer, audience, org; a disabled account). */
-export class AuthenticationError extends DvxError {
-  static override readonly code = 'DVX_CONTROLPLANE_UNAUTHENTICATED';
-}
+export class AuthenticationError extends coded('DVX_CONTROLPLANE_UNAUTHENTICATED') {}
 
 /** A control-plane option (flag or DVX_* variable) that is missing, malformed or inconsistent. */
-export class ControlPlaneOptionsError extends DvxError {
-  static override readonly code = 'DVX_CONTROLPLANE_OPTIONS_INVALID';
-}
+export class ControlPlaneOptionsError extends coded('DVX_CONTROLPLANE_OPTIONS_INVALID') {}
 
 /** The KMS refused: unavailable provider, unreadable master key, a wrapped key it cannot unwrap. */
-export class KmsError extends DvxError {
-  static override readonly code = 'DVX_KMS_REFUSED';
-}
+export class KmsError extends coded('DVX_KMS_REFUSED') {}
 
 /** A sealed value of an org whose data key was destroyed by erasure: it can never be opened again. */
-export class OrgKeyShredded extends DvxError {
-  static override readonly code = 'DVX_ORG_KEY_SHREDDED';
-}
+export class OrgKeyShredded extends coded('DVX_ORG_KEY_SHREDDED') {}
 
 /** The IdP refused or did not answer a provisioning call (discovery, token, client registration). */
-export class IdpError extends DvxError {
-  static override readonly code = 'DVX_IDP_REFUSED';
-}
+export class IdpError extends coded('DVX_IDP_REFUSED') {}
 
 /** A --idp-key service-account key file that is not a valid key. */
-export class KeyFileError extends DvxError {
-  static override readonly code = 'DVX_IDP_KEY_FILE_INVALID';
-}
+export class KeyFileError extends coded('DVX_IDP_KEY_FILE_INVALID') {}
 
 export function problemOf(e: CatalogueEntry, detail: string | undefined, instance?: string): Problem {
   return problem({ type: e.type, title: e.title, status: e.status, detail, instance });

@@ -17,14 +17,20 @@ export class DvxError extends Error {
 }
 
 /** `--tls-cert`/`--tls-key`/a CA bundle is missing, unreadable, not PEM, or the key does not match. */
-export class TlsConfigError extends DvxError {
-  static override readonly code = 'DVX_TLS_CONFIG';
-}
+export class TlsConfigError extends coded('DVX_TLS_CONFIG') {}
 
 /**
  * A flag's or a `DVX_*` variable's value does not parse (a duration, an integer, a boolean). `flag()`
  * hands it to commander as its own invalid-argument error, so the usage line names the flag.
  */
-export class InvalidFlagError extends DvxError {
-  static override readonly code = 'DVX_INVALID_FLAG';
+export class InvalidFlagError extends coded('DVX_INVALID_FLAG') {}
+
+/**
+ * The base of one catalogue entry: `export class WalFullError extends coded('DVX_WAL_FULL') {}`. The
+ * class keeps its own name (the `name` of what is thrown) and may add fields and a constructor.
+ */
+export function coded(code: string) {
+  return class extends DvxError {
+    static override readonly code: string = code;
+  };
 }

@@ -1,10 +1,9 @@
-import { DvxError } from '../core/errors.ts';
+import { coded } from '../core/errors.ts';
 
 // The pipeline's error catalogue: stable codes, one class each (docs/errors.md, "pipeline").
 
 /** A policy document fails validation: the dotted path of the offending field is kept. */
-export class PolicyValidationError extends DvxError {
-  static override readonly code = 'DVX_POLICY_INVALID';
+export class PolicyValidationError extends coded('DVX_POLICY_INVALID') {
   /** Dotted path of the offending field, e.g. `content_inspection.patterns[2].severity`. */
   readonly path: string;
   constructor(path: string, message: string) {
@@ -14,18 +13,13 @@ export class PolicyValidationError extends DvxError {
 }
 
 /** A policy row asks for what its scope cannot have (a lock or `immutable` at agent scope). */
-export class PolicyScopeError extends DvxError {
-  static override readonly code = 'DVX_POLICY_SCOPE';
-}
+export class PolicyScopeError extends coded('DVX_POLICY_SCOPE') {}
 
 /** A body handed to the engine is larger than it inspects (MAX_INSPECTED_BYTES). */
-export class BodyTooLargeError extends DvxError {
-  static override readonly code = 'DVX_BODY_TOO_LARGE';
-}
+export class BodyTooLargeError extends coded('DVX_BODY_TOO_LARGE') {}
 
 /** A sidecar call failed: network, timeout, a non-200 status, bad JSON or a response over 1 MB. */
-export class SidecarError extends DvxError {
-  static override readonly code = 'DVX_SIDECAR_FAILED';
+export class SidecarError extends coded('DVX_SIDECAR_FAILED') {
   /** network | timeout | deadline | status | bad_json | too_large */
   readonly reason: string;
   constructor(reason: string, message: string, options?: ErrorOptions) {
@@ -35,11 +29,7 @@ export class SidecarError extends DvxError {
 }
 
 /** The inspection deadline passed before the waited-for inspectors finished (the abort reason). */
-export class DeadlineError extends DvxError {
-  static override readonly code = 'DVX_INSPECTION_DEADLINE';
-}
+export class DeadlineError extends coded('DVX_INSPECTION_DEADLINE') {}
 
 /** A model glob is malformed in Go's path.Match syntax (ErrBadPattern); it matches nothing. */
-export class BadGlobError extends DvxError {
-  static override readonly code = 'DVX_GLOB_MALFORMED';
-}
+export class BadGlobError extends coded('DVX_GLOB_MALFORMED') {}

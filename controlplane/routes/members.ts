@@ -87,52 +87,43 @@ export function memberRoutes(deps: ChangeDeps) {
       },
     );
 
-    api.put(
-      '/orgs/:org/groups/:group/members/:subject',
-      {
-        config: membersManage,
-        schema: { params: pathParams('org', 'group', 'subject'), response: NO_CONTENT },
-      },
-      async (req, reply) => {
-        const { org, group, subject } = params(req);
-        if (!(await groupExists(db, org, group)))
-          throw new ApiError(PROBLEMS.notFound, `no group ${group} in org ${org}`);
-        if (!(await memberExists(db, org, subject)))
-          throw new ApiError(PROBLEMS.notFound, `${subject} is not a member of org ${org}`);
-        // A membership confers the group's grants: only a caller holding all of them may add one.
-        const carried = await grantsTo(db, `group:${org}:${group}`);
-        for (const g of carried)
-          await requireConferrable(
-            db,
-            req,
-            await conferredBy(db, g.role, g.capability),
-            grantScope(g),
-            `membership of group ${group}`,
-          );
-        await auditedChange(deps, req, 'membership.put', org, async (tx) => {
-          await addMembership(tx, org, group, subject);
-          return { result: null, resource: `membership:${org}:${group}:${subject}` };
-        });
-        return reply.code(204).send();
-      },
-    );
+    // A group membership, added or removed: no body, 204.
+    const membership = {
+      config: membersManage,
+      schema: { params: pathParams('org', 'group', 'subject'), response: NO_CONTENT },
+    };
+    api.put('/orgs/:org/groups/:group/members/:subject', membership, async (req, reply) => {
+      const { org, group, subject } = params(req);
+      if (!(await groupExists(db, org, group)))
+        throw new ApiError(PROBLEMS.notFound, `no group ${group} in org ${org}`);
+      if (!(await memberExists(db, org, subject)))
+        throw new ApiError(PROBLEMS.notFound, `${subject} is not a member of org ${org}`);
+      // A membership confers the group's grants: only a caller holding all of them may add one.
+      const carried = await grantsTo(db, `group:${org}:${group}`);
+      for (const g of carried)
+        await requireConferrable(
+          db,
+          req,
+          await conferredBy(db, g.role, g.capability),
+          grantScope(g),
+          `membership of group ${group}`,
+        );
+      await auditedChange(deps, req, 'membership.put', org, async (tx) => {
+        await addMembership(tx, org, group, subject);
+        return { result: null, resource: `membership:${org}:${group}:${subject}` };
+      });
+      return reply.code(204).send();
+    });
 
-    api.delete(
-      '/orgs/:org/groups/:group/members/:subject',
-      {
-        config: membersManage,
-        schema: { params: pathParams('org', 'group', 'subject'), response: NO_CONTENT },
-      },
-      async (req, reply) => {
-        const { org, group, subject } = params(req);
-        await auditedChange(deps, req, 'membership.delete', org, async (tx) => {
-          if (!(await removeMembership(tx, org, group, subject)))
-            throw new ApiError(PROBLEMS.notFound, `${subject} is not in group ${group}`);
-          return { result: null, resource: `membership:${org}:${group}:${subject}` };
-        });
-        return reply.code(204).send();
-      },
-    );
+    api.delete('/orgs/:org/groups/:group/members/:subject', membership, async (req, reply) => {
+      const { org, group, subject } = params(req);
+      await auditedChange(deps, req, 'membership.delete', org, async (tx) => {
+        if (!(await removeMembership(tx, org, group, subject)))
+          throw new ApiError(PROBLEMS.notFound, `${subject} is not in group ${group}`);
+        return { result: null, resource: `membership:${org}:${group}:${subject}` };
+      });
+      return reply.code(204).send();
+    });
 
     // Offboarding: the member, their group memberships and every grant to them in the org, at once.
     api.post(

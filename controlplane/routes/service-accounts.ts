@@ -112,21 +112,10 @@ const scopeOf = (t: Target) => ({
   agent_id: t.kind === 'agent' ? t.agent : '',
 });
 
-const ACCOUNT_VIEW = viewSchema('serviceAccountView', {
-  id: STRING,
-  owner: STRING,
-  level: STRING,
-  status: STRING,
-  org_id: STRING,
-  created_at: STRING,
-});
+const ACCOUNT_FIELDS = { id: STRING, owner: STRING, level: STRING, status: STRING, org_id: STRING, created_at: STRING };
+const ACCOUNT_VIEW = viewSchema('serviceAccountView', ACCOUNT_FIELDS);
 const CREDENTIAL_VIEW = viewSchema('serviceAccountCredentialView', {
-  id: STRING,
-  owner: STRING,
-  level: STRING,
-  status: STRING,
-  org_id: STRING,
-  created_at: STRING,
+  ...ACCOUNT_FIELDS,
   credential: ANY,
 });
 const KEY_VIEW = viewSchema('serviceAccountKeyView', { id: STRING, credential: ANY });

@@ -1,4 +1,4 @@
-import { DvxError } from '../../core/errors.ts';
+import { coded } from '../../core/errors.ts';
 import type { AgentIdentity } from './auth.ts';
 
 // llmproxy's error catalogue (docs/errors.md, "proxy/llm") and its answers of its own.
@@ -76,9 +76,7 @@ export function clientErrorAnswer(status: number): { contentType: string; body: 
 }
 
 /** The options given to `dvx serve llmproxy` do not hold together (the CLI answers with the message). */
-export class OptionsError extends DvxError {
-  static override readonly code = 'DVX_LLMPROXY_OPTIONS';
-}
+export class OptionsError extends coded('DVX_LLMPROXY_OPTIONS') {}
 
 /** Why an agent's credential was refused; the `dvx_llmproxy_auth_failures_total` label. */
 export type AuthFailure =
@@ -94,8 +92,7 @@ export type AuthFailure =
   | 'agent';
 
 /** An agent presented no credential, or one that does not verify (spec: Authentication). */
-export class AuthError extends DvxError {
-  static override readonly code = 'DVX_AGENT_AUTH';
+export class AuthError extends coded('DVX_AGENT_AUTH') {
   /** The metric label: what about the credential failed. */
   readonly reason: AuthFailure;
   /**
@@ -113,24 +110,16 @@ export class AuthError extends DvxError {
 }
 
 /** A request body cannot be converted to the upstream's wire format (--translate); the agent gets a 400. */
-export class TranslationError extends DvxError {
-  static override readonly code = 'DVX_TRANSLATION';
-}
+export class TranslationError extends coded('DVX_TRANSLATION') {}
 
 /** An inference body is not the JSON shape its format needs for the security-context prefix; a 400. */
-export class BodyShapeError extends DvxError {
-  static override readonly code = 'DVX_BODY_SHAPE';
-}
+export class BodyShapeError extends coded('DVX_BODY_SHAPE') {}
 
 /** A request body is larger than the proxy reads (32 MB), announced or sent; a 413. */
-export class RequestTooLargeError extends DvxError {
-  static override readonly code = 'DVX_REQUEST_TOO_LARGE';
-}
+export class RequestTooLargeError extends coded('DVX_REQUEST_TOO_LARGE') {}
 
 /** An upstream answer held whole (a plain answer) grew past the held-answer bound; a 502. */
-export class AnswerTooLargeError extends DvxError {
-  static override readonly code = 'DVX_ANSWER_TOO_LARGE';
-}
+export class AnswerTooLargeError extends coded('DVX_ANSWER_TOO_LARGE') {}
 
 /**
  * A call answered by the proxy itself, before or instead of relaying the upstream's answer: `answer` is
@@ -139,8 +128,7 @@ export class AnswerTooLargeError extends DvxError {
  * keeps the pipeline's decision, an upstream failure has its error recorded already). Thrown by a step
  * and turned into the answer and its audit record in one place (proxy.ts).
  */
-export class Refusal extends DvxError {
-  static override readonly code = 'DVX_LLMPROXY_REFUSAL';
+export class Refusal extends coded('DVX_LLMPROXY_REFUSAL') {
   readonly answer: ProxyError;
   readonly reason: string | null;
   readonly headers: Record<string, string> | null;
