@@ -123,12 +123,11 @@ export class InspectionInput {
   setHits(stage: Stage): SetHits | null {
     if (this.#patterns === null) return null;
     if (stage === 'literal') {
-      if (this.#literalHits === undefined) this.#literalHits = this.#setPass(this.decoded());
+      if (this.#literalHits === undefined) this.#literalHits = this.#setPass(() => this.decoded());
       return this.#literalHits;
     }
     if (this.#normalizedHits === undefined) {
-      const view = this.normalized();
-      this.#normalizedHits = view ? this.#setPass(view) : null;
+      this.#normalizedHits = this.#setPass(() => this.normalized());
     }
     return this.#normalizedHits;
   }
@@ -138,9 +137,11 @@ export class InspectionInput {
     return this.phase === 'request' ? (this.setHits(stage)?.prefilters ?? null) : null;
   }
 
-  #setPass(view: Buffer): SetHits | null {
+  /** The set pass over a view, built inside the guard: a view that fails to build fails the patterns only. */
+  #setPass(view: () => Buffer | null): SetHits | null {
     try {
-      return hits(view, this.#patterns!);
+      const bytes = view();
+      return bytes ? hits(bytes, this.#patterns!) : null;
     } catch (err) {
       this.#failures.push({ inspector: PATTERNS, reason: failureReason(err) });
       return null;

@@ -61,13 +61,26 @@ export function checkDeclaration(route: RouteOptions): void {
   }
 }
 
+const checked = new WeakMap<FastifyRequest, Target>();
+
+/**
+ * The target the hook checked this request's capability over. A handler that loads the resource again
+ * compares it with this: between the check and the load the resource may have been deleted and made
+ * anew under another owner, and what was authorized is the old one.
+ */
+export function checkedTarget(req: FastifyRequest): Target | undefined {
+  return checked.get(req);
+}
+
 /** preValidation: the declared capability over the declared target, or the route's own check. */
 export function enforceCapability(db: Queryable) {
   return async (req: FastifyRequest): Promise<void> => {
     const config = req.routeOptions.config;
     if (config.authorize) return config.authorize(req);
     if (config.requiredCapability && config.capabilityTarget) {
-      return requireCapability(db, req, config.requiredCapability, await config.capabilityTarget(req));
+      const target = await config.capabilityTarget(req);
+      await requireCapability(db, req, config.requiredCapability, target);
+      checked.set(req, target);
     }
   };
 }

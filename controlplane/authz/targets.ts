@@ -1,7 +1,8 @@
 import type { FastifyRequest } from 'fastify';
 import type { Queryable } from '../../core/sql.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
-import { targetResolver } from './capability-hook.ts';
+import { getAgent, type AgentRow } from '../store/agents.ts';
+import { checkedTarget, targetResolver } from './capability-hook.ts';
 
 // The capability targets routes declare (spec: Authentication, rule 4: from the route path, never the
 // body). Targets that need the store (an agent's org, an enclave's owner) are declared beside their routes.
@@ -42,4 +43,18 @@ export function agentOrg(db: Queryable) {
     ]);
     return { kind: 'org', org: rows[0]?.org_id ?? req.principal?.orgId ?? '' };
   });
+}
+
+/**
+ * The agent `{id}` of a route checked over agentOrg, loaded for the handler: 404 when there is none, and
+ * when it is no longer in the org the capability was checked over (deleted and made anew elsewhere
+ * between the check and this load).
+ */
+export async function checkedAgent(db: Queryable, req: FastifyRequest, id: string): Promise<AgentRow> {
+  const agent = await getAgent(db, id);
+  const target = checkedTarget(req);
+  if (!agent || target?.kind !== 'org' || target.org !== agent.org_id) {
+    throw new ApiError(PROBLEMS.notFound, `no agent ${id}`);
+  }
+  return agent;
 }

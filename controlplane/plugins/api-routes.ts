@@ -1,10 +1,11 @@
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { AgentOperatorIssuer } from '../auth/agent-operator-issuer.ts';
 import type { ServiceAccountStatus } from '../auth/service-account-status.ts';
 import { callerGrants } from '../authz/capabilities.ts';
 import { enforceCapability } from '../authz/capability-hook.ts';
 import type { ChangeDeps } from '../audited-change.ts';
 import type { ErasureDeps } from '../erasure.ts';
+import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
 import type { IdpProvisioner } from '../idp/provisioner.ts';
 import { CONTROLPLANE_DEFAULTS } from '../options.ts';
@@ -36,9 +37,22 @@ import { serviceAccountRoutes } from '../routes/service-accounts.ts';
 export function apiRoutes(deps: ChangeDeps, document: unknown, wired: Families) {
   return async (api: FastifyInstance) => {
     api.addHook('preValidation', enforceCapability(deps.db));
+    api.addHook('preValidation', jsonBodiesOnly);
     api.get('/openapi.json', OPENAPI_ROUTE, async () => document);
     await mountApi(api, deps, wired);
   };
+}
+
+/**
+ * A route's body is a JSON object. fastify parses `text/plain` into a string, and validates a body
+ * schema keyed by media type (routes/schemas.ts optionalBody) only for the types it names, so without
+ * this a text/plain body would reach the handler unvalidated. Runs after the capability check: a caller
+ * without the capability learns nothing of the body's shape. Routes without a body schema ignore a body.
+ */
+async function jsonBodiesOnly(req: FastifyRequest): Promise<void> {
+  if (typeof req.body === 'string' && req.routeOptions.schema?.body) {
+    throw new ApiError(PROBLEMS.badRequest, 'body: must be a JSON object');
+  }
 }
 
 const WHOAMI_VIEW = viewSchema('whoamiView', {

@@ -3,10 +3,9 @@ import { orgFlag, policyLayers, resolveSnapshotSetting } from '../../pipeline/po
 import { resolvePolicy } from '../../pipeline/policy/resolve.ts';
 import { agentSnapshot } from '../../pipeline/policy/store-snapshot.ts';
 import type { ChangeDeps } from '../audited-change.ts';
-import { agentOrg } from '../authz/targets.ts';
+import { agentOrg, checkedAgent } from '../authz/targets.ts';
 import { reportSkipped } from '../skipped-rows.ts';
 import { FLAGS } from './feature-flags.ts';
-import { loadAgent } from './policy.ts';
 import { ANY, BOOLEAN, pathParams, STRING, viewSchema } from './schemas.ts';
 
 // The effective LLM policy of an agent (llm-content-policy.md: Policy hierarchy): the proxy's own resolver
@@ -33,7 +32,7 @@ export function effectivePolicyRoutes(deps: ChangeDeps) {
       '/agents/:id/effective-policy',
       { config: agentsManage, schema: { params: pathParams('id'), response: { 200: EFFECTIVE_VIEW } } },
       async (req) => {
-        const agent = await loadAgent(db, (req.params as { id: string }).id);
+        const agent = await checkedAgent(db, req, (req.params as { id: string }).id);
         const snapshot = await agentSnapshot(db, agent.org_id, agent);
         reportSkipped(deps, `agent:${agent.uid}`, snapshot.skipped);
         const group = agent.group_id || null;

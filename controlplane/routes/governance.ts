@@ -15,12 +15,11 @@ import {
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { reportSkipped } from '../skipped-rows.ts';
 import type { SkippedRow } from '../../pipeline/policy/store-snapshot.ts';
-import { agentOrg, PLATFORM } from '../authz/targets.ts';
+import { agentOrg, checkedAgent, PLATFORM } from '../authz/targets.ts';
 import { bad } from '../bad-request.ts';
 import { ANY, arrayOf, BOOLEAN, NO_CONTENT, object, pathParams, STRING, TEXT, viewSchema } from './schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
-import { getAgent } from '../store/agents.ts';
 import { deletePolicy, getPolicy, policiesAt, policyLocked, upsertPolicy } from '../store/governance-policies.ts';
 import {
   installPack,
@@ -335,8 +334,7 @@ export function governanceRoutes(deps: ChangeDeps, events: EventHub) {
       },
       async (req) => {
         const id = (req.params as { id: string }).id;
-        const agent = await getAgent(db, id);
-        if (!agent) throw new ApiError(PROBLEMS.notFound, `no agent ${id}`);
+        const agent = await checkedAgent(db, req, id);
         const effective = await effectiveGovernance(db, agent);
         reportSkipped(deps, `agent:${id}`, effective.skipped);
         return { agent: id, org_id: agent.org_id, group_id: agent.group_id, ...effective };

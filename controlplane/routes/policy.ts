@@ -3,12 +3,11 @@ import { PolicyValidationError } from '../../pipeline/errors.ts';
 import { SETTING_KEYS, settingJson, validateSetting, type SettingKey } from '../../pipeline/policy/snapshot.ts';
 import { patternProblem } from '../../pipeline/inspectors/patterns.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
-import { agentOrg, PLATFORM, TOKEN_ORG, tokenOrg } from '../authz/targets.ts';
+import { agentOrg, checkedAgent, PLATFORM, TOKEN_ORG, tokenOrg } from '../authz/targets.ts';
 import { bad } from '../bad-request.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { ChangeTarget, EventHub } from '../events.ts';
 import { orgExists } from '../store/orgs.ts';
-import { getAgent, type AgentRow } from '../store/agents.ts';
 import {
   agentOverrides,
   deleteAgentOverride,
@@ -58,13 +57,6 @@ const OVERRIDE_REQ = object(
   [],
   'agentOverrideReq',
 );
-
-/** The agent `id`, authorized before over its org (authz/targets.ts agentOrg); 404 when there is none. */
-export async function loadAgent(db: Queryable, id: string): Promise<AgentRow> {
-  const agent = await getAgent(db, id);
-  if (!agent) throw new ApiError(PROBLEMS.notFound, `no agent ${id}`);
-  return agent;
-}
 
 function settingKey(key: string): SettingKey {
   if (!(SETTING_KEYS as readonly string[]).includes(key))
@@ -222,7 +214,7 @@ export function policyRoutes(deps: ChangeDeps, events: EventHub) {
       '/agents/:id/config',
       { config: agentsManage, schema: { params: pathParams('id'), response: { 200: arrayOf(OVERRIDE_VIEW) } } },
       async (req) => {
-        const agent = await loadAgent(db, p(req).id);
+        const agent = await checkedAgent(db, req, p(req).id);
         return (await agentOverrides(db, SERVICE, agent.uid)).map((r) => ({
           override_service: SERVICE,
           key: r.key,
@@ -236,7 +228,7 @@ export function policyRoutes(deps: ChangeDeps, events: EventHub) {
       '/agents/:id/config',
       { config: agentsManage, schema: { params: pathParams('id'), body: OVERRIDE_REQ, response: { 200: WRITE_VIEW } } },
       async (req) => {
-        const agent = await loadAgent(db, p(req).id);
+        const agent = await checkedAgent(db, req, p(req).id);
         const body = req.body as Record<string, unknown>;
         if (body.override_service !== SERVICE) bad('override_service', `must be "${SERVICE}"`);
         if (typeof body.key !== 'string') bad('key', 'is required');
@@ -267,7 +259,7 @@ export function policyRoutes(deps: ChangeDeps, events: EventHub) {
       '/agents/:id/config/:key',
       { config: agentsManage, schema: { params: pathParams('id', 'key'), response: NO_CONTENT } },
       async (req, reply) => {
-        const agent = await loadAgent(db, p(req).id);
+        const agent = await checkedAgent(db, req, p(req).id);
         const key = settingKey(p(req).key);
         await auditedChange(deps, req, 'llm-policy.delete', agent.org_id, async (tx) => {
           if (!(await deleteAgentOverride(tx, SERVICE, agent.uid, key)))

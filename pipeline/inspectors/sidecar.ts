@@ -123,8 +123,9 @@ export function parseSidecarFindings(sidecar: Sidecar, raw: Buffer): Finding[] {
   let parsed: unknown;
   try {
     parsed = JSON.parse(raw.toString('utf8'));
-  } catch (err) {
-    throw new SidecarError('bad_json', `sidecar ${sidecar.name} returned malformed JSON`, { cause: err });
+  } catch {
+    // No cause: JSON.parse's message quotes the answer, which may carry what the sidecar inspected.
+    throw new SidecarError('bad_json', `sidecar ${sidecar.name} returned malformed JSON`);
   }
   const list = (parsed as { findings?: unknown } | null)?.findings;
   if (parsed === null || typeof parsed !== 'object' || !Array.isArray(list)) {

@@ -56,8 +56,11 @@ export class CallContext {
   readonly id: string;
   readonly started: number;
   readonly path: string;
-  /** The policy snapshot this call reads, and only this one. */
-  readonly snapshot: Snapshot;
+  /**
+   * The policy snapshot this call reads, and only this one: taken again once the caller is known
+   * (steps/authenticate.ts), and from then on never replaced.
+   */
+  snapshot: Snapshot;
 
   identity: AgentIdentity | null = null;
   /** `audit:llm` of the caller's org: the call has a record. */

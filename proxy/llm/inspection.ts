@@ -13,9 +13,10 @@ export async function policyOf(ctx: CallContext): Promise<ResolvedPolicy> {
   if (ctx.policy !== null) return ctx.policy;
   const { orgId, agentId, groupId } = ctx.identity!;
   const snapshot = ctx.snapshot;
+  // The group is part of the key: for an agent the snapshot does not list, it is the token's claim.
   ctx.policy = await ctx.d.policies.get(
     orgId,
-    agentId,
+    `${agentId}\u0000${groupId ?? ''}`,
     () => resolvePolicy(policyLayers(snapshot, orgId, groupId, agentId)),
     snapshot,
   );

@@ -10,10 +10,12 @@ const UNAUTHENTICATED_HEADERS = { 'www-authenticate': 'Bearer' };
 
 export async function authenticate(ctx: CallContext): Promise<void> {
   const d = ctx.d;
+  let identity: AgentIdentity;
   try {
-    identify(ctx, await d.auth.authenticate(ctx.req.headers, ctx.req.socket as TLSSocket));
+    identity = await d.auth.authenticate(ctx.req.headers, ctx.req.socket as TLSSocket);
   } catch (err) {
     if (!(err instanceof AuthError)) throw err;
+    ctx.snapshot = d.snapshot();
     d.metrics.authFailures.inc({ reason: err.reason });
     d.log.warn(
       {
@@ -33,6 +35,10 @@ export async function authenticate(ctx: CallContext): Promise<void> {
     if (err.identity) identify(ctx, err.identity);
     throw new Refusal(ERRORS.unauthenticated, `agent authentication failed: ${err.message}`, UNAUTHENTICATED_HEADERS);
   }
+  // The call's one snapshot is the one current when its caller is known: a reload while the token was
+  // verified (a suspension, a containment) applies to this call.
+  ctx.snapshot = d.snapshot();
+  identify(ctx, identity);
 }
 
 /** The call is that agent's from here on: its record goes to its org's log, if the org audits. */

@@ -88,6 +88,8 @@ t.test('every fault is a SidecarError with its reason', async (t) => {
     t.ok(err instanceof SidecarError, `${path} fails`);
     t.equal(err.reason, reason, `${path}: ${reason}`);
     if (path === '/hang') t.ok(Date.now() - started < 3000, 'the timeout cuts it');
+    // What a malformed answer said never reaches the error (nor the log line that carries it).
+    if (path === '/garbage') t.equal(err.cause, undefined, 'no cause quoting the answer');
   }
   const down = validateSidecar({ name: 'down', url: 'http://127.0.0.1:9/x' }, 's');
   t.equal(

@@ -82,6 +82,25 @@ t.test('a call that began before a reload does not put the old policy back for t
   await h.writeSnapshot(baseSnapshot(h.upstream.url));
 });
 
+t.test("an agent the snapshot does not list is judged by its token's group, each group on its own", async (t) => {
+  const snapshot = baseSnapshot(h.upstream.url) as {
+    orgs: Record<string, { groups: Record<string, unknown> }>;
+  };
+  snapshot.orgs['org-1'].groups = {
+    'g-block': { config: { model_policy: { value: { mode: 'blocklist', models: ['claude-sonnet-4-5'] } } } },
+  };
+  await h.writeSnapshot(snapshot);
+  const as = (group: string) => ({ sub: 'unlisted-agent', org_id: 'org-1', group_id: group });
+  // No credential is configured for it: a call its policy lets through ends at the credential step (500).
+  t.not((await post(h, '/v1/messages', anthropicBody('hi'), {}, as('g-open'))).status, 403, 'its own group');
+  t.equal(
+    (await post(h, '/v1/messages', anthropicBody('hi'), {}, as('g-block'))).status,
+    403,
+    "another group of the same agent is not served the first one's cached policy",
+  );
+  await h.writeSnapshot(baseSnapshot(h.upstream.url));
+});
+
 t.test('the secrets filter follows a rewritten secrets file', async (t) => {
   const path = `${h.dir}/secrets.json`;
   const original = await readFile(path, 'utf8');
