@@ -21,6 +21,8 @@ export interface Scope {
   org: string;
   group: string;
   agent: string;
+  /** An agent scope whose agent is not there (or not in the org named): the 404 scopeMustExist answers. */
+  missing?: string;
 }
 
 export const PLATFORM: Scope = { kind: 'platform', org: '', group: '', agent: '' };
@@ -73,8 +75,13 @@ async function parseScope(db: Queryable, req: FastifyRequest): Promise<Scope> {
   if (kind === 'agent') {
     if (!s.agent) bad('agent', 'is required at agent scope');
     const placed = await getAgent(db, s.agent);
-    if (!placed) throw new ApiError(PROBLEMS.notFound, `no agent ${s.agent}`);
-    if (s.org && s.org !== placed.org_id) throw new ApiError(PROBLEMS.notFound, `no agent ${s.agent} in org ${s.org}`);
+    if (!placed || (s.org && s.org !== placed.org_id)) {
+      // Checked over the org the caller named, or its own, and answered 404 only after that check
+      // (scopeMustExist), as agentOrg does: a caller without the capability learns nothing of which
+      // agents exist, nor in which org.
+      const missing = s.org ? `no agent ${s.agent} in org ${s.org}` : `no agent ${s.agent}`;
+      return { ...s, org: s.org || (req.principal?.orgId ?? ''), group: '', missing };
+    }
     return { ...s, org: placed.org_id, group: placed.group_id };
   }
   if (!s.org) bad('org', `is required at ${kind} scope`);
@@ -82,8 +89,9 @@ async function parseScope(db: Queryable, req: FastifyRequest): Promise<Scope> {
   return s;
 }
 
-/** 404 for an org or group that does not exist (an agent scope was checked by scopeOf). */
+/** 404 for an org, group or agent that does not exist (an agent's was found by scopeOf). */
 export async function scopeMustExist(db: Queryable, s: Scope): Promise<void> {
+  if (s.missing) throw new ApiError(PROBLEMS.notFound, s.missing);
   if (s.kind === 'platform' || s.kind === 'agent') return;
   if (!(await orgExists(db, s.org))) throw new ApiError(PROBLEMS.notFound, `no org ${s.org}`);
   if (s.kind === 'group' && !(await groupExists(db, s.org, s.group)))
