@@ -37,7 +37,28 @@ export function refusalOf(agent: Pick<BrokerAgent, 'status' | 'contained' | 'uid
   return null;
 }
 
-/** Sets the broker-side status (and why); returns the row, or null for an agent the broker does not know. */
+/**
+ * Changes an agent's status (and why) and queues the change for the control plane (broker_status_outbox,
+ * delivered by status-report.ts, kept while the control plane is away). Returns the row, or null for an
+ * agent the broker does not know. Call it inside the transaction of the change it belongs to.
+ */
+export async function changeStatus(
+  tx: Queryable,
+  uid: string,
+  status: AgentStatus,
+  reason: string | null,
+): Promise<BrokerAgent | null> {
+  const row = await setStatus(tx, uid, status, reason);
+  if (row)
+    await tx.query(
+      `INSERT INTO broker_status_outbox (agent_uid, status, reason) VALUES ($1, $2, $3)
+       ON CONFLICT (agent_uid) DO UPDATE SET status = EXCLUDED.status, reason = EXCLUDED.reason, queued_at = now(), attempts = 0`,
+      [uid, status, reason],
+    );
+  return row;
+}
+
+/** Sets the broker-side status (and why) without reporting it; returns the row, or null for an unknown agent. */
 export async function setStatus(
   db: Queryable,
   uid: string,

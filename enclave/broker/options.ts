@@ -117,7 +117,8 @@ export function validateBrokerOptions(input: Partial<BrokerOptions>): BrokerOpti
   if (o.controlplane) {
     if (!/^https?:\/\/[^/]+/.test(o.controlplane))
       throw new BrokerOptionsError('--controlplane must be an absolute http(s) URL');
-    if (!o.brokerKey) throw new BrokerOptionsError('--controlplane needs --broker-key (the key the enclave was registered with)');
+    if (!o.brokerKey)
+      throw new BrokerOptionsError('--controlplane needs --broker-key (the key the enclave was registered with)');
     if (!o.enclaveId) throw new BrokerOptionsError('--controlplane needs --enclave-id (the registered enclave)');
   }
   if (o.localIssuer) {
