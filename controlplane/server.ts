@@ -8,7 +8,7 @@ import { loadTls } from '../core/tls.ts';
 import { PROBLEM_CONTENT_TYPE } from '../core/problem.ts';
 import { ServerLimiter, serverOptions } from '../core/server-limits.ts';
 import { startMetricsServer } from '../core/metrics-server.ts';
-import { OidcAuthenticator, type Principal } from './auth/oidc.ts';
+import { OidcAuthenticator } from '../core/oidc.ts';
 import { grantsChanged } from './authz/capabilities.ts';
 import { ControlPlaneOptionsError, entryForStatus, PROBLEMS, problemOf, sendProblem } from './errors.ts';
 import { isSkeleton, validateOptions, type ControlPlaneOptions } from './options.ts';
@@ -20,17 +20,17 @@ import { VALIDATION } from './schema-errors.ts';
 import { tokenFacade } from './routes/token-facade.ts';
 import { AgentOperatorIssuer } from './auth/agent-operator-issuer.ts';
 import { openStore, type AuditStore } from '../audit-wal/store.ts';
-import { openKms } from './crypto/kms.ts';
+import { openKms } from '../core/kms.ts';
 import { OrgKeys } from './crypto/org-keys.ts';
 import { resumeErasures, type ErasureDeps } from './erasure.ts';
 import { brokerRoutes } from './routes/broker.ts';
-import { problems } from './plugins/problems.ts';
+import { problems } from '../core/problems-plugin.ts';
 import { health } from './plugins/health.ts';
 import { bearerAuth } from './plugins/bearer-auth.ts';
 import { agentIssuerDiscovery } from './plugins/agent-issuer-discovery.ts';
 import { apiRoutes, mountApi } from './plugins/api-routes.ts';
 import { EventHub } from './events.ts';
-import { streamGuardDeps } from './stream-guard.ts';
+import { streamGuardDeps } from '../core/stream-guard.ts';
 import { startPublisher } from './publish.ts';
 import { enclaveConfig, enclaveSnapshot, storeSnapshotDocument } from '../pipeline/policy/store-snapshot.ts';
 import { reportSkipped } from './skipped-rows.ts';
@@ -63,12 +63,6 @@ export interface RunningControlPlane {
   app: FastifyInstance;
   registry: Registry;
   close(): Promise<void>;
-}
-
-declare module 'fastify' {
-  interface FastifyRequest {
-    principal?: Principal;
-  }
 }
 
 const SKELETON_DETAIL =
@@ -119,7 +113,7 @@ export async function startControlPlane(
   // The server as a list of plugins (docs/decisions.md, "Control-plane store modules and plugins"):
   // problems and the NUL guard, health, then (full mode) bearer authentication, the issuer's discovery,
   // the /api/v1 families, the broker's routes and the token facade.
-  await app.register(problems, { log });
+  await app.register(problems, { log, component: 'controlplane' });
   await app.register(health(enclaveFields(options)));
 
   let db: Db | null = null;

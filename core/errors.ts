@@ -1,3 +1,5 @@
+import type { CatalogueEntry } from './problem.ts';
+
 // The root of every dvx error, and core's own catalogue (CONTRIBUTING.md, "Errors").
 //
 // Each package keeps its errors in one `errors.ts`: one class per error, each with a stable `code`
@@ -24,6 +26,23 @@ export class TlsConfigError extends coded('DVX_TLS_CONFIG') {}
  * hands it to commander as its own invalid-argument error, so the usage line names the flag.
  */
 export class InvalidFlagError extends coded('DVX_INVALID_FLAG') {}
+
+/** A request an operator-facing API refuses: answered as the problem document of its catalogue entry (core/problem.ts). */
+export class ApiError extends coded('DVX_API_PROBLEM') {
+  readonly entry: CatalogueEntry;
+  readonly detail: string | undefined;
+  constructor(e: CatalogueEntry, detail?: string, options?: ErrorOptions) {
+    super(detail ?? e.title, options);
+    this.entry = e;
+    this.detail = detail;
+  }
+}
+
+/** A bearer token an operator API does not accept (bad signature, issuer, audience, org; a disabled account). */
+export class AuthenticationError extends coded('DVX_UNAUTHENTICATED') {}
+
+/** The KMS refused: unavailable provider, unreadable master key, a wrapped key it cannot unwrap. */
+export class KmsError extends coded('DVX_KMS_REFUSED') {}
 
 /**
  * The base of one catalogue entry: `export class WalFullError extends coded('DVX_WAL_FULL') {}`. The

@@ -10,7 +10,7 @@ import {
 } from 'jose';
 import { newId } from '../../core/ids.ts';
 import type { Queryable } from '../../core/sql.ts';
-import type { Principal } from './oidc.ts';
+import type { Principal } from '../../core/oidc.ts';
 import { AuthenticationError } from '../errors.ts';
 
 // The control plane's own issuer for the agent-operator caller class (spec: "Agent operators"):

@@ -127,7 +127,7 @@ interface CacheState {
 }
 const caches = new WeakMap<object, CacheState>();
 
-// Who is told after the cache is dropped: open streams re-check their authorization (stream-guard.ts).
+// Who is told after the cache is dropped: open streams re-check their authorization (core/stream-guard.ts).
 const changeListeners = new WeakMap<object, Set<() => void>>();
 
 /** The PostgreSQL channel every committed change is announced on, to every replica. */

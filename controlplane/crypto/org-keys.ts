@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import type { Queryable } from '../../core/sql.ts';
-import { open, seal, type Kms } from './kms.ts';
+import { open, seal, type Kms } from '../../core/kms.ts';
 import { OrgKeyShredded } from '../errors.ts';
 
 // Per-org data keys: created on first use, stored wrapped by the KMS (`org_keys`), cached unwrapped in

@@ -1,9 +1,9 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { AgentOperatorIssuer } from '../auth/agent-operator-issuer.ts';
-import type { OidcAuthenticator } from '../auth/oidc.ts';
+import type { OidcAuthenticator } from '../../core/oidc.ts';
 import type { ServiceAccountStatus } from '../auth/service-account-status.ts';
 import { ApiError, AuthenticationError, PROBLEMS } from '../errors.ts';
-import { shared } from './shared.ts';
+import { shared } from '../../core/fastify-shared.ts';
 
 export interface BearerAuthOptions extends Record<string, unknown> {
   oidc: OidcAuthenticator;

@@ -1,3 +1,4 @@
+import { onGrantsChanged } from '../authz/capabilities.ts';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { newId } from '../../core/ids.ts';
 import { formatSse, startSseResponse } from '../../core/sse.ts';
@@ -14,14 +15,14 @@ import { ANY, arrayOf, INTEGER, pathParams, query, viewSchema } from './schemas.
 import { ApiError, OrgKeyShredded, PROBLEMS } from '../errors.ts';
 import { getAgent } from '../store/agents.ts';
 import type { ServiceAccountStatus } from '../auth/service-account-status.ts';
-import { StreamGuard, type StreamEndReason, type StreamGuardDeps } from '../stream-guard.ts';
+import { StreamGuard, type StreamEndReason, type StreamGuardDeps } from '../../core/stream-guard.ts';
 import { isSealed, type OrgKeys } from '../crypto/org-keys.ts';
 
 // The audit read API (operator-api.md: the audit routes, Audit rules 1–3, Events "Audit tail"),
 // mounted when an audit store is configured (--audit-dsn):
 //   GET /api/v1/audit/events   RecordPage {records, next_offset}, (event_time, id) order
 //   GET /api/v1/audit/stream   SSE, one AuditRecord per `data`, `id` the resume cursor; Last-Event-ID;
-//                              ends with `event: end` when the caller's authorization does (stream-guard.ts)
+//                              ends with `event: end` when the caller's authorization does (core/stream-guard.ts)
 //   GET /api/v1/agents/{id}/audit-log   an agent's LLM audit entries, with findings
 // The caller's scope (authz/audit-scope.ts) is ANDed into every query and every poll. A platform
 // operator's read of another org writes an audit record into that org's own view, before answering.
@@ -191,7 +192,7 @@ export function auditRoutes(deps: ChangeDeps, store: AuditStore, options: AuditR
           {
             stream: 'audit',
             res,
-            db,
+            wake: (recheck) => onGrantsChanged(db, recheck),
             expiresAt: typeof p.claims.exp === 'number' ? p.claims.exp * 1000 : null,
             recheck: async (): Promise<StreamEndReason | null> => {
               if (p.kind === 'service' && (await options.accountStatus.disabled(p.subject, true)))

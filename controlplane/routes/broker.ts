@@ -1,3 +1,4 @@
+import { onGrantsChanged } from '../authz/capabilities.ts';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { coalesced } from '../../core/coalesce.ts';
 import { formatSse, startSseResponse } from '../../core/sse.ts';
@@ -12,7 +13,7 @@ import { brokerKeyHash, enclaveByBrokerKey, type EnclaveRow } from '../store/enc
 import { getAgent } from '../store/agents.ts';
 import type { AgentOperatorIssuer } from '../auth/agent-operator-issuer.ts';
 import { auditedChange } from '../audited-change.ts';
-import { StreamGuard, type StreamGuardDeps } from '../stream-guard.ts';
+import { StreamGuard, type StreamGuardDeps } from '../../core/stream-guard.ts';
 
 // The enclave-facing surface, authenticated by the broker key (not an operator token):
 //   GET /v1/broker/snapshot  the desired state of this enclave (docs/snapshot.md)
@@ -124,7 +125,7 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
         {
           stream: 'broker_events',
           res,
-          db,
+          wake: (recheck) => onGrantsChanged(db, recheck),
           expiresAt: null,
           recheck: async () => {
             const current = await brokerKeyHash(db, e.id);

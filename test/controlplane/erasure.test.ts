@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { openDb } from '../../core/sql.ts';
 import { openStore } from '../../audit-wal/store.ts';
-import { openKms } from '../../controlplane/crypto/kms.ts';
+import { openKms } from '../../core/kms.ts';
 import { OrgKeys } from '../../controlplane/crypto/org-keys.ts';
 import { OrgKeyShredded } from '../../controlplane/errors.ts';
 import { startCpHarness } from '../fixtures/controlplane-harness.ts';

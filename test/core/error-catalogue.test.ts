@@ -21,11 +21,14 @@ async function sources(dir: string): Promise<string[]> {
 
 async function catalogues(): Promise<Map<string, string>> {
   const codes = new Map<string, string>();
+  // A class one catalogue re-exports from a lower layer's (the control plane's ApiError is core's) is one entry.
+  const classes = new Set<unknown>();
   for (const pkg of PACKAGES) {
     for (const file of (await sources(pkg)).filter((f) => f.endsWith('/errors.ts'))) {
       const mod = (await import(pathToFileURL(join(ROOT, file)).href)) as Record<string, unknown>;
       for (const [name, value] of Object.entries(mod)) {
-        if (typeof value !== 'function' || !(value.prototype instanceof Error)) continue;
+        if (typeof value !== 'function' || !(value.prototype instanceof Error) || classes.has(value)) continue;
+        classes.add(value);
         if (!(value.prototype instanceof DvxError) && value !== DvxError)
           throw new Error(`${file}: ${name} does not extend DvxError`);
         const code = (value as typeof DvxError).code;

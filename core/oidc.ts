@@ -1,6 +1,6 @@
 import { createRemoteJWKSet, jwtVerify, errors as joseErrors, customFetch, type JWTPayload } from 'jose';
-import { fetchTrusting } from '../../core/fetch.ts';
-import { AuthenticationError } from '../errors.ts';
+import { fetchTrusting } from './fetch.ts';
+import { AuthenticationError } from './errors.ts';
 
 // Operator authentication by the OIDC issuer (spec: Authentication): discovery, then the issuer's JWKS
 // through jose (keys cached, re-fetched on an unknown `kid`), `iss` checked, `aud` checked when an
@@ -15,6 +15,13 @@ export interface Principal {
   subject: string;
   orgId: string;
   claims: JWTPayload;
+}
+
+// The caller an operator API authenticated, on its request (the control plane, the broker's operator listener).
+declare module 'fastify' {
+  interface FastifyRequest {
+    principal?: Principal;
+  }
 }
 
 export interface OidcOptions {

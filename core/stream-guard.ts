@@ -1,17 +1,16 @@
 import type { ServerResponse } from 'node:http';
 import type { Registry } from 'prom-client';
-import { coalesced } from '../core/coalesce.ts';
-import type { Logger } from '../core/logger.ts';
-import { counter, type Counter } from '../core/metrics.ts';
-import { formatSse } from '../core/sse.ts';
-import { onGrantsChanged } from './authz/capabilities.ts';
+import { coalesced } from './coalesce.ts';
+import type { Logger } from './logger.ts';
+import { counter, type Counter } from './metrics.ts';
+import { formatSse } from './sse.ts';
 
 // A long-lived stream (the audit tail, the broker events) stays authorized for as long as it runs, not
 // only when it opens: it lives exactly as long as the same request, made again now, would be answered.
 //
 //   open ─▶ timer at the credential's `exp`                          ─▶ end "token_expired"
-//        ─▶ every change committed by any replica (grantsChanged, after the grant cache is dropped:
-//           this process's at once, another's on its NOTIFY, events.ts) ─▶ recheck() ─▶ end <its reason>
+//        ─▶ every change the component says may matter (`wake`: in the control plane, every change
+//           committed by any replica, after the grant cache is dropped) ─▶ recheck() ─▶ end <its reason>
 //        ─▶ every recheckMs (a row edited by hand, the LISTEN connection down) ─▶ recheck()
 //
 // Ending writes one last SSE event, then closes the response (docs/api.md, "Stream end"):
@@ -47,15 +46,22 @@ export interface StreamGuardDeps {
   ended: Counter<'stream' | 'reason'>;
 }
 
-export function streamGuardDeps(registry: Registry, log: Logger, recheckMs: number, stallMs: number): StreamGuardDeps {
+/** `component` names the metric: dvx_<component>_streams_ended_total. */
+export function streamGuardDeps(
+  registry: Registry,
+  log: Logger,
+  recheckMs: number,
+  stallMs: number,
+  component = 'controlplane',
+): StreamGuardDeps {
   return {
     log,
     recheckMs,
     stallMs,
     ended: counter(
       registry,
-      'dvx_controlplane_streams_ended_total',
-      'Long-lived streams the control plane ended, by stream and reason',
+      `dvx_${component}_streams_ended_total`,
+      `Long-lived streams the ${component} ended, by stream and reason`,
       ['stream', 'reason'],
     ),
   };
@@ -65,8 +71,8 @@ export interface GuardedStream {
   /** `audit` or `broker_events`, for metrics and logs. */
   stream: string;
   res: ServerResponse;
-  /** The store whose committed changes wake a re-check. */
-  db: object;
+  /** Subscribes to the changes that may end the stream (grants committed, a key rotated); returns the unsubscribe. */
+  wake?: (recheck: () => void) => () => void;
   /** When the credential expires (ms since the epoch); null when it does not. */
   expiresAt: number | null;
   /** Whether the stream is still authorized: null, or the reason to end it. */
@@ -105,7 +111,7 @@ export class StreamGuard {
       },
       () => this.#stopped,
     );
-    this.#cleanup.push(onGrantsChanged(s.db, () => void check()));
+    if (s.wake) this.#cleanup.push(s.wake(() => void check()));
     const interval = setInterval(() => void check(), deps.recheckMs);
     interval.unref();
     this.#cleanup.push(() => clearInterval(interval));

@@ -1,5 +1,6 @@
 import type { FastifyRequest } from 'fastify';
-import { ApiError, PROBLEMS } from './errors.ts';
+import { ApiError } from './errors.ts';
+import { PROBLEMS } from './problem.ts';
 
 // PostgreSQL (and PGlite) refuse U+0000 in text and jsonb, so a NUL in a path parameter, a query
 // filter or any string of a JSON body reached the store as a 500. It is refused for every operator

@@ -1,6 +1,6 @@
 import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
 import { readFile, writeFile } from 'node:fs/promises';
-import { KmsError } from '../errors.ts';
+import { KmsError } from './errors.ts';
 
 // Key management for per-org data keys (crypto-shred). A KMS wraps and unwraps data keys; the data
 // keys never leave the process unwrapped and are never stored unwrapped. Providers:
