@@ -6,7 +6,13 @@ import { CONTROLPLANE_DEFAULTS, type ControlPlaneOptions } from '../controlplane
 import { ControlPlaneOptionsError } from '../controlplane/errors.ts';
 import { startControlPlane } from '../controlplane/server.ts';
 import { CliError } from './errors.ts';
-import { addAuditFlags, addCommonFlags, addConnectionFlags, addMetricsAndEnclaveFlags } from './server-flags.ts';
+import {
+  addAuditFlags,
+  addCommonFlags,
+  addConnectionFlags,
+  addMetricsAndEnclaveFlags,
+  addSeedAdminFlag,
+} from './server-flags.ts';
 
 // `dvx serve controlplane`: the operator API (spec: Server components, controlplane row). The flags
 // here are the ones built so far; the rest of the row arrives with the features they configure.
@@ -109,19 +115,6 @@ export function registerControlPlane(serve: Command): void {
         default: d.databaseDsn,
       }),
     )
-    .addOption(
-      flag('--seed-admin <subject>', {
-        description: 'grant this subject the platform administrator role at start (repeatable)',
-        default: [] as string[],
-        parse: undefined,
-      }).argParser((v: string, prev: string[] = []) => [
-        ...prev,
-        ...v
-          .split(',')
-          .map((s) => s.trim())
-          .filter(Boolean),
-      ]),
-    )
     .action(async (opts: Partial<ControlPlaneOptions>) => {
       let running;
       try {
@@ -132,6 +125,7 @@ export function registerControlPlane(serve: Command): void {
       }
       await runUntilSignal(() => running.close());
     });
+  addSeedAdminFlag(command, 'the platform administrator role');
   addBooleanFlag(
     command,
     'policy-publish',

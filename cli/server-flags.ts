@@ -136,3 +136,20 @@ export function addConnectionFlags(command: Command, d: ServerLimitOptions): Com
       }),
     );
 }
+
+/** `--seed-admin SUBJECT`, repeatable (and comma-separated); `grants` says what the subject gets. */
+export function addSeedAdminFlag(command: Command, grants: string): Command {
+  return command.addOption(
+    flag('--seed-admin <subject>', {
+      description: `grant this subject ${grants} at start (repeatable)`,
+      default: [] as string[],
+      parse: undefined,
+    }).argParser((v: string, prev: string[] = []) => [
+      ...prev,
+      ...v
+        .split(',')
+        .map((s) => s.trim())
+        .filter(Boolean),
+    ]),
+  );
+}

@@ -21,7 +21,7 @@ export interface BrokerOptions extends AuditOptions, ServerLimitOptions {
   enclaveName: string;
   /** The control plane's base URL; empty runs the enclave on its store alone. */
   controlplane: string;
-  /** The key `POST /api/v1/enclaves` returned (registerBrokerView.key, or the bare token). */
+  /** The broker key's token (the CLI reads it from --broker-key FILE: registerBrokerView.key, or the bare token). */
   brokerKey: string;
   /** CA bundle trusted for the control plane and the local issuer. */
   caCert: string;
