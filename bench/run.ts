@@ -5,6 +5,7 @@ const BENCHES: Record<string, () => Promise<{ main: (args: string[]) => Promise<
   wal: () => import('./wal.ts'),
   controlplane: () => import('./controlplane.ts'),
   'audit-query': () => import('./audit-query.ts'),
+  broker: () => import('./broker.ts'),
 };
 
 const [name, ...args] = process.argv.slice(2);
