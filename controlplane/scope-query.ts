@@ -1,7 +1,7 @@
 import type { FastifyRequest } from 'fastify';
 import type { Target } from './authz/guard.ts';
 import { targetResolver, type TargetResolver } from './authz/capability-hook.ts';
-import { query } from './routes/schemas.ts';
+import { query } from '../core/schemas.ts';
 import { bad } from './bad-request.ts';
 import { ApiError, PROBLEMS } from './errors.ts';
 import type { ChangeTarget } from './events.ts';

@@ -16,7 +16,7 @@ import { openDb, type Db } from '../core/sql.ts';
 import { migrate } from './store/migrate.ts';
 import { seedPlatformAdmin } from './store/grants.ts';
 import { openApiDocument, surfaceOperations } from './openapi.ts';
-import { VALIDATION } from './schema-errors.ts';
+import { VALIDATION } from '../core/schema-errors.ts';
 import { tokenFacade } from './routes/token-facade.ts';
 import { AgentOperatorIssuer } from './auth/agent-operator-issuer.ts';
 import { openStore, type AuditStore } from '../audit-wal/store.ts';

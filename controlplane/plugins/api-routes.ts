@@ -22,7 +22,7 @@ import { idpConnectorRoutes } from '../routes/idp-connectors.ts';
 import { policyRoutes } from '../routes/policy.ts';
 import { featureFlagRoutes } from '../routes/feature-flags.ts';
 import { effectivePolicyRoutes } from '../routes/effective-policy.ts';
-import { STRING, STRINGS, viewSchema } from '../routes/schemas.ts';
+import { STRING, STRINGS, viewSchema } from '../../core/schemas.ts';
 import { OPENAPI_ROUTE } from '../openapi.ts';
 import { memberRoutes } from '../routes/members.ts';
 import { orgRoutes } from '../routes/orgs.ts';

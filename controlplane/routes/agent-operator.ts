@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { AgentOperatorIssuer } from '../auth/agent-operator-issuer.ts';
 import { PATH_ORG } from '../authz/targets.ts';
-import { INTEGER, pathParams, STRING, viewSchema } from './schemas.ts';
+import { INTEGER, pathParams, STRING, viewSchema } from '../../core/schemas.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import { getAgent } from '../store/agents.ts';

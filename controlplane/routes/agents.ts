@@ -16,7 +16,7 @@ import {
   STRINGS,
   TEXT,
   viewSchema,
-} from './schemas.ts';
+} from '../../core/schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
 import { orgExists } from '../store/orgs.ts';

@@ -11,7 +11,7 @@ import type { AuditStore } from '../../audit-wal/store.ts';
 import type { ChangeDeps } from '../audited-change.ts';
 import { auditScope, type AuditScope } from '../authz/audit-scope.ts';
 import { requireCapability } from '../authz/guard.ts';
-import { ANY, arrayOf, INTEGER, pathParams, query, viewSchema } from './schemas.ts';
+import { ANY, arrayOf, INTEGER, pathParams, query, viewSchema } from '../../core/schemas.ts';
 import { ApiError, OrgKeyShredded, PROBLEMS } from '../errors.ts';
 import { getAgent } from '../store/agents.ts';
 import type { ServiceAccountStatus } from '../auth/service-account-status.ts';

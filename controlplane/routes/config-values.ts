@@ -11,7 +11,7 @@ import {
   pathParams,
   STRING,
   viewSchema,
-} from './schemas.ts';
+} from '../../core/schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
 import {

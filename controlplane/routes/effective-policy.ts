@@ -6,7 +6,7 @@ import type { ChangeDeps } from '../audited-change.ts';
 import { agentOrg, checkedAgent } from '../authz/targets.ts';
 import { reportSkipped } from '../skipped-rows.ts';
 import { FLAGS } from './feature-flags.ts';
-import { ANY, BOOLEAN, pathParams, STRING, viewSchema } from './schemas.ts';
+import { ANY, BOOLEAN, pathParams, STRING, viewSchema } from '../../core/schemas.ts';
 
 // The effective LLM policy of an agent (llm-content-policy.md: Policy hierarchy): the proxy's own resolver
 // over the state the agent's enclave receives, under agents:manage over the agent's org.

@@ -1,7 +1,7 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { PLATFORM } from '../authz/targets.ts';
-import { BOOLEAN, INTEGER, object, optionalBody, pathParams, STRING, viewSchema } from './schemas.ts';
+import { BOOLEAN, INTEGER, object, optionalBody, pathParams, STRING, viewSchema } from '../../core/schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import { runErasure, type ErasureDeps } from '../erasure.ts';
 import { orgExists } from '../store/orgs.ts';

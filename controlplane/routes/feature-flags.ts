@@ -6,7 +6,7 @@ import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
 import { orgFlags, putFlag } from '../store/feature-flags.ts';
 import { orgExists } from '../store/orgs.ts';
-import { arrayOf, BOOLEAN, NULLABLE_BOOLEAN, object, pathParams, STRING, viewSchema } from './schemas.ts';
+import { arrayOf, BOOLEAN, NULLABLE_BOOLEAN, object, pathParams, STRING, viewSchema } from '../../core/schemas.ts';
 
 // Org feature flags (llm-content-policy.md: Endpoints): `inspect:llm` and `audit:llm`, enabled when never
 // set, for the caller's org (org:manage over it). A change is audited and published to the org's enclaves.

@@ -17,7 +17,7 @@ import { reportSkipped } from '../skipped-rows.ts';
 import type { SkippedRow } from '../../pipeline/policy/store-snapshot.ts';
 import { agentOrg, checkedAgent, PLATFORM } from '../authz/targets.ts';
 import { bad } from '../bad-request.ts';
-import { ANY, arrayOf, BOOLEAN, NO_CONTENT, object, pathParams, STRING, TEXT, viewSchema } from './schemas.ts';
+import { ANY, arrayOf, BOOLEAN, NO_CONTENT, object, pathParams, STRING, TEXT, viewSchema } from '../../core/schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
 import { deletePolicy, getPolicy, policiesAt, policyLocked, upsertPolicy } from '../store/governance-policies.ts';

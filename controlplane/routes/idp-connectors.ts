@@ -10,7 +10,7 @@ import {
   STRING,
   TEXT,
   viewSchema,
-} from './schemas.ts';
+} from '../../core/schemas.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { bad, httpsUrl } from '../bad-request.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';

@@ -1,6 +1,6 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { PATH_ORG, PLATFORM } from '../authz/targets.ts';
-import { arrayOf, NO_CONTENT, object, pathParams, STRING, TEXT, viewSchema } from './schemas.ts';
+import { arrayOf, NO_CONTENT, object, pathParams, STRING, TEXT, viewSchema } from '../../core/schemas.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import { deleteOrg, getOrg, insertOrg, listOrgs, orgExists, orgWasErased, updateOrg } from '../store/orgs.ts';

@@ -28,7 +28,7 @@ import {
   pathParams,
   STRING,
   viewSchema,
-} from './schemas.ts';
+} from '../../core/schemas.ts';
 
 // LLM content policy and settings of service `llmproxy` (llm-content-policy.md: Endpoints, Policy
 // hierarchy): platform rows (platform:config), the caller's org rows (org:manage over it), agent

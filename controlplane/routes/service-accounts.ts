@@ -22,7 +22,7 @@ import {
   STRING,
   TEXT,
   viewSchema,
-} from './schemas.ts';
+} from '../../core/schemas.ts';
 import { ApiError, IdpError, PROBLEMS } from '../errors.ts';
 import { serviceAccountMetadata, type IdpProvisioner, type Registration } from '../idp/provisioner.ts';
 import type { ServiceAccountKey } from '../idp/service-account-key.ts';
