@@ -6,21 +6,6 @@ import { coded } from '../core/errors.ts';
 /** A broker option (flag or DVX_* variable) that is missing, malformed or inconsistent. */
 export class BrokerOptionsError extends coded('DVX_BROKER_OPTIONS_INVALID') {}
 
-/**
- * An agent route refused the request (listener :8450): answered as a Problem document of `status`
- * (400 bad body, 401 no valid credential, 403 the agent is refused, 404, 409 a replayed refresh token or
- * a locked config key). `problem` is the slug of its `type` URI.
- */
-export class AgentRouteError extends coded('DVX_BROKER_AGENT_REFUSED') {
-  readonly status: number;
-  readonly problem: string;
-  constructor(status: number, problem: string, detail: string, options?: ErrorOptions) {
-    super(detail, options);
-    this.status = status;
-    this.problem = problem;
-  }
-}
-
 /** A platform JWT presented to the broker does not verify (signature, key, issuer, lifetime, claims). */
 export class PlatformJwtError extends coded('DVX_BROKER_JWT_REJECTED') {}
 

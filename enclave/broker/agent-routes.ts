@@ -1,9 +1,10 @@
-import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
 import pkg from '../../package.json' with { type: 'json' };
 import { AuditUnavailableError } from '../../audit-wal/errors.ts';
-import { PROBLEM_CONTENT_TYPE, problem } from '../../core/problem.ts';
+import { ApiError } from '../../core/errors.ts';
+import { PROBLEMS, sendProblem, type CatalogueEntry } from '../../core/problem.ts';
 import type { Queryable } from '../../core/sql.ts';
-import { AgentConfigLockedError, AgentRouteError, CsrInvalidError, PlatformJwtError } from '../errors.ts';
+import { AgentConfigLockedError, CsrInvalidError, PlatformJwtError } from '../errors.ts';
 import { changeStatus, getAgent, refusalOf, type BrokerAgent } from './agents.ts';
 import { auditedChange, auditRefusal, type BrokerActor } from './audit.ts';
 import { redeemBootstrapToken, tokenHash } from './bootstrap-tokens.ts';
@@ -21,7 +22,8 @@ import type { SigningKeys } from './identity/signing-keys.ts';
 // An exchange prepares its whole answer (JWT, certificate, secrets, config) before the transaction that
 // uses its token, and that transaction is the last thing it does: a failure on the way leaves the token
 // usable, so an agent is never left holding a spent token and nothing else (docs/decisions.md,
-// "Agent exchanges").
+// "Agent exchanges"). Refusals are ApiErrors of core/problem.ts's catalogue; the errors of the identity
+// modules are mapped onto it here, everything else goes to the server's handler (core/problems-plugin.ts).
 
 /** Secrets and config as the agent sees them; the broker's secret and config stores implement it. */
 export interface AgentView {
@@ -41,49 +43,6 @@ export interface AgentIdentity {
   keys: SigningKeys;
   ca: EnclaveCa;
   view: AgentView;
-}
-
-const PROBLEM_BASE = 'https://dvx.dev/problems/';
-const TITLES: Record<string, string> = {
-  'bad-request': 'The request is malformed',
-  unauthenticated: 'A valid agent credential is required',
-  forbidden: 'The agent may not use the agent routes now',
-  'not-found': 'No such resource',
-  'refresh-token-replayed': 'The refresh token was used before: its family is revoked',
-  'config-locked': 'The config key is locked at a broader scope',
-  'request-timeout': 'The request did not arrive in time',
-  'payload-too-large': 'The request body is too large',
-  'unsupported-media-type': 'The request body is not of a supported media type',
-  'uri-too-long': 'The request URI or a path segment is too long',
-  'audit-unavailable': 'The change was refused: its audit record could not be made durable',
-  internal: 'Internal error',
-};
-const SLUG_OF_STATUS: Record<number, string> = {
-  400: 'bad-request',
-  401: 'unauthenticated',
-  403: 'forbidden',
-  404: 'not-found',
-  408: 'request-timeout',
-  413: 'payload-too-large',
-  414: 'uri-too-long',
-  415: 'unsupported-media-type',
-};
-
-function sendProblem(reply: FastifyReply, status: number, slug: string, detail: string | undefined, url: string) {
-  if (status === 401) reply.header('www-authenticate', 'Bearer');
-  return reply
-    .code(status)
-    .type(PROBLEM_CONTENT_TYPE)
-    .header('cache-control', 'no-store')
-    .send(
-      problem({
-        type: PROBLEM_BASE + slug,
-        title: TITLES[slug] ?? TITLES['bad-request'],
-        status,
-        detail,
-        instance: url.split('?')[0],
-      }),
-    );
 }
 
 const REPLAYED: unique symbol = Symbol('replayed');
@@ -125,7 +84,7 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
     req: FastifyRequest,
     action: string,
     agent: Pick<BrokerAgent, 'uid' | 'org_id'> | null,
-    status: number,
+    entry: CatalogueEntry,
     reason: string,
   ): Promise<never> {
     await auditRefusal(
@@ -136,7 +95,7 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
       agent ? `agent:${agent.uid}` : 'agent',
       reason,
     );
-    throw new AgentRouteError(status, SLUG_OF_STATUS[status] ?? 'bad-request', reason);
+    throw new ApiError(entry, reason);
   }
 
   async function agentSecrets(agent: BrokerAgent): Promise<Record<string, string>> {
@@ -170,20 +129,28 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
       [tokenHash(body.token), new Date(now)],
     );
     const uid = rows[0]?.agent_uid;
-    if (!uid) return refuse(req, 'agent.bootstrap', null, 401, 'unknown, used or expired bootstrap token');
+    if (!uid)
+      return refuse(req, 'agent.bootstrap', null, PROBLEMS.unauthenticated, 'unknown, used or expired bootstrap token');
     const agent = await getAgent(deps.db, uid);
-    if (!agent) return refuse(req, 'agent.bootstrap', null, 401, 'the bootstrap token names no agent of this enclave');
+    if (!agent)
+      return refuse(
+        req,
+        'agent.bootstrap',
+        null,
+        PROBLEMS.unauthenticated,
+        'the bootstrap token names no agent of this enclave',
+      );
     const refusal = refusalOf(agent);
-    if (refusal) return refuse(req, 'agent.bootstrap', agent, 403, refusal);
+    if (refusal) return refuse(req, 'agent.bootstrap', agent, PROBLEMS.forbidden, refusal);
     const bundle = await prepare(agent, body.csr, now);
     let family: { familyId: string; token: string };
     try {
       family = await auditedChange(deps, agentActor(uid, req.id), 'agent.bootstrap', agent.org_id, async (tx) => {
         if ((await redeemBootstrapToken(tx, body.token, now)) !== uid)
-          throw new AgentRouteError(401, 'unauthenticated', 'bootstrap token already used');
+          throw new ApiError(PROBLEMS.unauthenticated, 'bootstrap token already used');
         const current = await getAgent(tx, uid);
         const refusedNow = current ? refusalOf(current) : `agent ${uid} is gone`;
-        if (refusedNow) throw new AgentRouteError(403, 'forbidden', refusedNow);
+        if (refusedNow) throw new ApiError(PROBLEMS.forbidden, refusedNow);
         // One identity per agent: a new bootstrap (an operator re-provisioned it) ends the older ones.
         const revoked = await revokeAgentFamilies(tx, uid, 'rebootstrapped', now);
         const started = await startFamily(tx, uid, ttl(), now);
@@ -199,7 +166,7 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
         };
       });
     } catch (err) {
-      if (err instanceof AgentRouteError) return refuse(req, 'agent.bootstrap', agent, err.status, err.message);
+      if (err instanceof ApiError) return refuse(req, 'agent.bootstrap', agent, err.entry, err.message);
       throw err;
     }
     deps.bus.emit('agent', uid);
@@ -216,14 +183,21 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
   async function refresh(req: FastifyRequest, body: { refresh_token: string; csr?: string }) {
     const now = deps.now();
     const peek = await peekRefreshToken(deps.db, body.refresh_token, now);
-    if (!peek) return refuse(req, 'agent.refresh', null, 401, 'unknown or expired refresh token');
+    if (!peek) return refuse(req, 'agent.refresh', null, PROBLEMS.unauthenticated, 'unknown or expired refresh token');
     const agent = await getAgent(deps.db, peek.uid);
-    if (!agent) return refuse(req, 'agent.refresh', null, 401, 'the refresh token names no agent of this enclave');
+    if (!agent)
+      return refuse(
+        req,
+        'agent.refresh',
+        null,
+        PROBLEMS.unauthenticated,
+        'the refresh token names no agent of this enclave',
+      );
     if (peek.state === 'revoked')
-      return refuse(req, 'agent.refresh', agent, 401, 'the refresh token family is revoked');
+      return refuse(req, 'agent.refresh', agent, PROBLEMS.unauthenticated, 'the refresh token family is revoked');
     if (peek.state === 'used') return replayed(req, agent, body.refresh_token, now);
     const refusal = refusalOf(agent);
-    if (refusal) return refuse(req, 'agent.refresh', agent, 403, refusal);
+    if (refusal) return refuse(req, 'agent.refresh', agent, PROBLEMS.forbidden, refusal);
     const bundle = await prepare(agent, body.csr, now);
     // A successful renewal changes no state an operator governs and is not audited; its refusals are.
     let next: string | typeof REPLAYED;
@@ -232,16 +206,16 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
         const r = await rotate(tx, body.refresh_token, ttl(), now);
         if (r && 'replayed' in r) throw REPLAYED_SIGNAL;
         if (!r || !('ok' in r) || r.uid !== agent.uid)
-          throw new AgentRouteError(401, 'unauthenticated', 'the refresh token is no longer valid');
+          throw new ApiError(PROBLEMS.unauthenticated, 'the refresh token is no longer valid');
         const current = await getAgent(tx, agent.uid);
         const refusedNow = current ? refusalOf(current) : `agent ${agent.uid} is gone`;
-        if (refusedNow) throw new AgentRouteError(403, 'forbidden', refusedNow);
+        if (refusedNow) throw new ApiError(PROBLEMS.forbidden, refusedNow);
         return r.next;
       });
     } catch (err) {
       // Lost a race with a rotation of the same token: a replay after all (the rotation rolled back).
       if (err === REPLAYED_SIGNAL) next = REPLAYED;
-      else if (err instanceof AgentRouteError) return refuse(req, 'agent.refresh', agent, err.status, err.message);
+      else if (err instanceof ApiError) return refuse(req, 'agent.refresh', agent, err.entry, err.message);
       else throw err;
     }
     if (next === REPLAYED) return replayed(req, agent, body.refresh_token, now);
@@ -264,7 +238,7 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
         async (tx) => {
           const r = await rotate(tx, token, ttl(), now);
           if (!r || !('replayed' in r))
-            throw new AgentRouteError(401, 'unauthenticated', 'the refresh token family is revoked');
+            throw new ApiError(PROBLEMS.unauthenticated, 'the refresh token family is revoked');
           const current = await getAgent(tx, agent.uid);
           let status = current?.status ?? 'unknown';
           if (current && !refusalOf(current)) {
@@ -281,7 +255,7 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
         },
       );
     } catch (err) {
-      if (err instanceof AgentRouteError) return refuse(req, 'agent.refresh', agent, err.status, err.message);
+      if (err instanceof ApiError) return refuse(req, 'agent.refresh', agent, err.entry, err.message);
       throw err;
     }
     deps.bus.emit('agent', agent.uid);
@@ -289,9 +263,8 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
       { agent: agent.uid, org_id: agent.org_id, family_id: outcome.familyId, status: outcome.status },
       'refresh token replayed: its family is revoked',
     );
-    throw new AgentRouteError(
-      409,
-      'refresh-token-replayed',
+    throw new ApiError(
+      PROBLEMS.conflict,
       `the refresh token was used before: its family is revoked and agent ${agent.uid} is ${outcome.status}`,
     );
   }
@@ -302,11 +275,11 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
   /** The bearer platform JWT, verified against the broker's keys; its agent known and not refused. */
   async function authenticate(req: FastifyRequest): Promise<void> {
     const token = bearerToken(req.headers.authorization);
-    if (!token) throw new AgentRouteError(401, 'unauthenticated', 'a platform JWT is required (Authorization: Bearer)');
+    if (!token) throw new ApiError(PROBLEMS.unauthenticated, 'a platform JWT is required (Authorization: Bearer)');
     const claims = await verifyPlatformJwt(keys, token, deps.now());
     const agent = await getAgent(deps.db, claims.sub);
     if (!agent || agent.org_id !== claims.org_id)
-      throw new AgentRouteError(401, 'unauthenticated', 'the token names no agent of this enclave');
+      throw new ApiError(PROBLEMS.unauthenticated, 'the token names no agent of this enclave');
     const refusal = refusalOf(agent);
     if (refusal) {
       await auditRefusal(
@@ -317,28 +290,26 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
         `agent:${agent.uid}`,
         refusal,
       );
-      throw new AgentRouteError(403, 'forbidden', refusal);
+      throw new ApiError(PROBLEMS.forbidden, refusal);
     }
     authenticated.set(req, agent);
   }
 
   return async (app: FastifyInstance) => {
-    app.setErrorHandler((err: FastifyError, req, reply) => {
-      const url = req.url;
-      if (err instanceof AgentRouteError) return sendProblem(reply, err.status, err.problem, err.message, url);
-      if (err instanceof PlatformJwtError) return sendProblem(reply, 401, 'unauthenticated', err.message, url);
-      if (err instanceof CsrInvalidError) return sendProblem(reply, 400, 'bad-request', err.message, url);
-      if (err instanceof AgentConfigLockedError) return sendProblem(reply, 409, 'config-locked', err.message, url);
-      if (err instanceof AuditUnavailableError)
-        return sendProblem(reply, 503, 'audit-unavailable', 'the audit store did not take the record in time', url);
-      if (err.validation) return sendProblem(reply, 400, 'bad-request', err.message, url);
-      if (err.code === 'FST_ERR_CTP_BODY_TOO_LARGE')
-        return sendProblem(reply, 413, 'payload-too-large', 'the request body is too large', url);
-      // fastify's own refusals of a request (content type, length, JSON syntax) keep their status.
-      if (err.statusCode && err.statusCode >= 400 && err.statusCode < 500)
-        return sendProblem(reply, err.statusCode, SLUG_OF_STATUS[err.statusCode] ?? 'bad-request', err.message, url);
-      deps.log.error({ err, request_id: req.id, url: url.split('?')[0] }, 'agent route failed');
-      return sendProblem(reply, 500, 'internal', undefined, url);
+    // The identity modules' errors as Problems; anything else to the server's handler.
+    app.setErrorHandler((err: Error, req, reply) => {
+      const entry =
+        err instanceof PlatformJwtError
+          ? PROBLEMS.unauthenticated
+          : err instanceof CsrInvalidError
+            ? PROBLEMS.badRequest
+            : err instanceof AgentConfigLockedError
+              ? PROBLEMS.conflict
+              : err instanceof AuditUnavailableError
+                ? PROBLEMS.auditUnavailable
+                : null;
+      if (!entry) throw err;
+      return sendProblem(reply, entry, err.message, req.url.split('?')[0]);
     });
 
     app.get('/.well-known/jwks.json', async (_req, reply) => {
@@ -394,8 +365,7 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
       authed.get('/v1/agent/secrets/:name', { schema: { params: SECRET_PARAMS } }, async (req) => {
         const { name } = req.params as { name: string };
         const secrets = agentSecretName(name) ? await agentSecrets(agentOf(req)) : {};
-        if (!Object.hasOwn(secrets, name))
-          throw new AgentRouteError(404, 'not-found', `no secret ${name} for this agent`);
+        if (!Object.hasOwn(secrets, name)) throw new ApiError(PROBLEMS.notFound, `no secret ${name} for this agent`);
         return { name, value: secrets[name] };
       });
 
@@ -410,7 +380,7 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
           const { value } = req.body as { value: unknown };
           // PostgreSQL's jsonb cannot hold a NUL character: refused here rather than failing in the store.
           if (JSON.stringify(value).includes('\\u0000'))
-            throw new AgentRouteError(400, 'bad-request', 'value: must not contain a NUL character');
+            throw new ApiError(PROBLEMS.badRequest, 'value: must not contain a NUL character');
           try {
             await auditedChange(deps, agentActor(agent.uid, req.id), 'agent.config.write', agent.org_id, async (tx) => {
               await view.putConfig(tx, agent, key, value);

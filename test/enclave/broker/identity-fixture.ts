@@ -1,6 +1,6 @@
 import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
 import { EventEmitter } from 'node:events';
-import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Writable } from 'node:stream';
@@ -13,27 +13,12 @@ import type { BrokerBus, BrokerDeps, Sealer } from '../../../enclave/broker/deps
 import { BROKER_DEFAULTS, type BrokerOptions } from '../../../enclave/broker/options.ts';
 import { AgentConfigLockedError } from '../../../enclave/errors.ts';
 import type { AgentView } from '../../../enclave/broker/agent-routes.ts';
+import { migrate } from '../../../enclave/broker/store/migrate.ts';
 import { freshPgDatabase } from '../../fixtures/pg-database.ts';
 
 // What the identity tests stand on: a migrated broker store (PGlite or PostgreSQL), an AES-GCM sealer,
 // an audit sink that keeps its records, a log that keeps its lines, a clock the test moves, and a small
 // AgentView over broker_secrets / broker_agent_config (the broker's own one is elsewhere).
-
-const MIGRATIONS = new URL('../../../enclave/broker/store/migrations/', import.meta.url);
-
-export async function migrateBroker(db: Db): Promise<void> {
-  const files = (await readdir(MIGRATIONS)).filter((f) => /^\d{4}_[a-z0-9_]+\.sql$/.test(f)).sort();
-  await db.transaction(async (tx) => {
-    for (const file of files) {
-      const sql = await readFile(new URL(file, MIGRATIONS), 'utf8');
-      for (const statement of sql
-        .split(/;\s*$/m)
-        .map((s) => s.trim())
-        .filter((s) => s && !/^(--[^\n]*\n?)+$/.test(s)))
-        await tx.query(statement);
-    }
-  });
-}
 
 export interface TestStore {
   kind: 'pglite' | 'postgres';
@@ -59,7 +44,7 @@ export async function brokerStore(kind: 'pglite' | 'postgres'): Promise<TestStor
     cleanup = pg.drop;
   }
   const db = await openDb(dsn);
-  await migrateBroker(db);
+  await migrate(db);
   const others: Db[] = [];
   return {
     kind,
