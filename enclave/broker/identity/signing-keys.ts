@@ -37,7 +37,7 @@ export const MAX_PRE_PUBLISH_MS = 10 * 60_000;
 /** How long the keys read from the store are trusted before they are read again. */
 const CACHE_MS = 5_000;
 /** Advisory lock of key creation: processes sharing a store create one key per rotation, not one each. */
-const LOCK_KEY = 0x64767802;
+const LOCK_KEY = 0x64767804; // "dvx" + 4 (2: broker migrations, 3: data keys)
 
 /** The agent's claims of its platform JWT; `iss`, `iat`, `exp` and `jti` are added by `mint`. */
 export interface PlatformClaims {
