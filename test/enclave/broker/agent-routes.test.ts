@@ -7,6 +7,7 @@ import { createLocalJWKSet, decodeProtectedHeader, generateKeyPair, jwtVerify, S
 import { Agent, request } from 'undici';
 import * as x509 from '@peculiar/x509';
 import { problems } from '../../../core/problems-plugin.ts';
+import { VALIDATION } from '../../../core/schema-errors.ts';
 import { changeStatus, getAgent } from '../../../enclave/broker/agents.ts';
 import { agentRoutes } from '../../../enclave/broker/agent-routes.ts';
 import { issueBootstrapToken } from '../../../enclave/broker/bootstrap-tokens.ts';
@@ -86,7 +87,7 @@ async function startBroker(store: TestStore): Promise<Broker> {
     https: { cert: await readFile(tlsFiles.cert), key: await readFile(tlsFiles.key) },
     logger: false,
     bodyLimit: 1024 * 1024,
-    ajv: { customOptions: { coerceTypes: false, useDefaults: false, removeAdditional: false, allErrors: false } },
+    ...VALIDATION,
   });
   await app.register(problems, { log: deps.log, component: 'broker' });
   await app.register(agentRoutes(deps, { keys, ca, view }));
@@ -414,7 +415,11 @@ for (const kind of ['pglite', 'postgres'] as const) {
         problem(t, await b.call('POST', path, { raw: 'token=x', type: 'application/x-www-form-urlencoded' }), 415);
         problem(t, await b.call('POST', path), 400);
       }
-      problem(t, await b.call('POST', '/v1/agent/bootstrap', { body: { token, extra: 1 } }), 400);
+      const extra = await b.call('POST', '/v1/agent/bootstrap', { body: { token, extra: 1 } });
+      problem(t, extra, 400);
+      t.equal(extra.body.detail, 'extra: unknown field', 'the detail names the field');
+      const typed = await b.call('POST', '/v1/agent/refresh', { body: { refresh_token: 42 } });
+      t.equal(typed.body.detail, 'refresh_token: must be a string');
       problem(t, await b.call('POST', '/v1/agent/bootstrap', { body: { token: 'dvxb_nope' } }), 401);
       problem(t, await b.call('POST', '/v1/agent/refresh', { body: { refresh_token: 'dvxr_nope' } }), 401);
       problem(t, await b.call('POST', '/v1/agent/bootstrap', { body: { token, csr: 'not a csr' } }), 400);
