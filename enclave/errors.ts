@@ -5,3 +5,18 @@ import { coded } from '../core/errors.ts';
 
 /** A broker option (flag or DVX_* variable) that is missing, malformed or inconsistent. */
 export class BrokerOptionsError extends coded('DVX_BROKER_OPTIONS_INVALID') {}
+
+/** A platform JWT presented to the broker does not verify (signature, key, issuer, lifetime, claims). */
+export class PlatformJwtError extends coded('DVX_BROKER_JWT_REJECTED') {}
+
+/** A signing key of the platform JWT cannot be made or opened (its sealed private key, an empty key store). */
+export class SigningKeyError extends coded('DVX_BROKER_SIGNING_KEY') {}
+
+/** The enclave CA files: only one of the pair exists, unreadable, not PEM, not a CA, or the key does not match. */
+export class EnclaveCaError extends coded('DVX_BROKER_ENCLAVE_CA_INVALID') {}
+
+/** A certificate signing request an agent sent does not parse, its self-signature fails, or its key is not P-256. */
+export class CsrInvalidError extends coded('DVX_BROKER_CSR_INVALID') {}
+
+/** An agent wrote a config key that a broader scope (platform, org, group) locked: answered 409. */
+export class AgentConfigLockedError extends coded('DVX_BROKER_CONFIG_LOCKED') {}

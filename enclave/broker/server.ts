@@ -22,7 +22,11 @@ import { ServerLimiter, serverOptions } from '../../core/server-limits.ts';
 import { openDb, type Db } from '../../core/sql.ts';
 import { loadTls } from '../../core/tls.ts';
 import { BrokerOptionsError } from '../errors.ts';
+import { agentRoutes, type AgentIdentity, type AgentView } from './agent-routes.ts';
 import type { BrokerBus, BrokerDeps } from './deps.ts';
+import { EnclaveCa } from './identity/enclave-ca.ts';
+import { SigningKeys } from './identity/signing-keys.ts';
+import { storeAgentView } from './identity/store-view.ts';
 import { operatorAuth } from './operator/auth.ts';
 import { grantRoutes } from './operator/grant-routes.ts';
 import { seedAdmin } from './operator/grants.ts';
@@ -46,6 +50,8 @@ export interface RunningBroker {
   operatorPort: number;
   metricsPort: number | null;
   deps: BrokerDeps;
+  /** The platform JWT's keys, the enclave CA and the agents' view of secrets and config. */
+  identity: AgentIdentity;
   agentApp: FastifyInstance;
   operatorApp: FastifyInstance;
   close(): Promise<void>;
@@ -57,6 +63,8 @@ export interface BrokerStart {
   audit?: AuditSink;
   registry?: Registry;
   now?: () => number;
+  /** Secrets and config as agents see them; by default straight over the store (identity/store-view.ts). */
+  agentView?: AgentView;
 }
 
 /** One TLS fastify listener with the broker's limits, validation and Problem answers. */
@@ -179,9 +187,21 @@ export async function startBroker(input: Partial<BrokerOptions>, start: BrokerSt
     };
     for (const subject of options.seedAdmin) await seedAdmin(db, subject, options.owningOrg);
 
+    // The agent identity: the platform JWT's signing keys (in the store, rotated) and the enclave CA
+    // (made on the first start when both of its files are absent).
+    const keys = await SigningKeys.open(deps);
+    cleanups.push(async () => keys.close());
+    const ca = await EnclaveCa.load(
+      { cert: options.enclaveCaCert, key: options.enclaveCaKey },
+      { commonName: `dvx enclave CA ${options.enclaveName || options.enclaveId || ''}`.trim() },
+    );
+    if (ca.generated) log.info({ cert: options.enclaveCaCert }, 'enclave CA created');
+    const identity: AgentIdentity = { keys, ca, view: start.agentView ?? storeAgentView(deps) };
+
     // The agent listener.
     const agentApp = await listener('broker', options, tls, registry, log);
     cleanups.push(() => agentApp.close());
+    await agentApp.register(agentRoutes(deps, identity));
     notFound(agentApp);
 
     // The operator listener: without --local-issuer no operator can authenticate, and every /api/v1
@@ -237,6 +257,7 @@ export async function startBroker(input: Partial<BrokerOptions>, start: BrokerSt
       operatorPort,
       metricsPort: metricsServer?.port ?? null,
       deps,
+      identity,
       agentApp,
       operatorApp,
       close: () => (closed ??= closeAll()),
