@@ -12,7 +12,7 @@ import { ADDRESS_REQ, ENCLAVE_VIEW, hashBrokerKey, setAddress, type AddressReq }
 import { brokerKeyHash, enclaveByBrokerKey, type EnclaveRow } from '../store/enclaves.ts';
 import { getAgent, setAgentStatusFrom, type AgentRow } from '../store/agents.ts';
 import { agentView, AGENT_VIEW } from './agents.ts';
-import { object, pathParams } from './schemas.ts';
+import { object, pathParams } from '../../core/schemas.ts';
 import type { AgentOperatorIssuer } from '../auth/agent-operator-issuer.ts';
 import { auditedChange, auditedChangeBy } from '../audited-change.ts';
 import { StreamGuard, type StreamGuardDeps } from '../../core/stream-guard.ts';
