@@ -6,6 +6,7 @@ import { AgentHostDirError } from '../errors.ts';
 import { changeStatus } from './agents.ts';
 import { issueBootstrapToken, tokenHash } from './bootstrap-tokens.ts';
 import type { BrokerDeps } from './deps.ts';
+import { revokeAgentFamilies } from './identity/refresh-tokens.ts';
 
 // Provisioning (spec: States and transitions, "enclave provisions the agent"): the agent's status becomes
 // `provisioning` (queued for the control plane), and a single-use bootstrap token bound to it is
@@ -124,11 +125,7 @@ export async function deliverBootstrapToken(deps: BrokerDeps, uid: string, token
  */
 export async function forgetAgentIn(tx: Queryable, uid: string, reason: string, nowMs: number): Promise<void> {
   await tx.query('DELETE FROM broker_bootstrap_tokens WHERE agent_uid = $1', [uid]);
-  await tx.query(
-    'UPDATE broker_token_families SET revoked_at = $2, revoked_reason = $3 WHERE agent_uid = $1 AND revoked_at IS NULL',
-    [uid, new Date(nowMs), reason],
-  );
-  await tx.query('DELETE FROM broker_refresh_tokens WHERE agent_uid = $1 AND used_at IS NULL', [uid]);
+  await revokeAgentFamilies(tx, uid, reason, nowMs);
   await tx.query('DELETE FROM broker_agent_config WHERE agent_uid = $1', [uid]);
   await tx.query('DELETE FROM broker_status_outbox WHERE agent_uid = $1', [uid]);
   await tx.query('DELETE FROM broker_agents WHERE uid = $1', [uid]);
