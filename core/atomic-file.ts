@@ -5,10 +5,24 @@ import { basename, dirname, join } from 'node:path';
 // directory, renamed over the target, and the directory fsynced, so a reader (a watcher reloading on
 // rename) sees the old file or the new one, never a half-written one, even across a crash.
 
-export async function writeFileAtomic(path: string, data: string | Uint8Array): Promise<void> {
+export interface AtomicWriteOptions {
+  /**
+   * The file's mode, set on the temporary file before its first byte is written and before the rename
+   * (so the content is never readable under a wider mode); the temporary file is then created exclusively.
+   */
+  mode?: number;
+}
+
+export async function writeFileAtomic(
+  path: string,
+  data: string | Uint8Array,
+  options: AtomicWriteOptions = {},
+): Promise<void> {
   const tmp = join(dirname(path), `.${basename(path)}.${process.pid}.${Date.now()}.tmp`);
-  const file = await open(tmp, 'w', 0o644);
+  const file = options.mode === undefined ? await open(tmp, 'w', 0o644) : await open(tmp, 'wx', options.mode & 0o777);
   try {
+    // The umask may have narrowed the mode asked for at creation: set it exactly.
+    if (options.mode !== undefined) await file.chmod(options.mode & 0o777);
     await file.writeFile(data);
     await file.sync();
   } catch (err) {

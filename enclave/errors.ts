@@ -20,3 +20,12 @@ export class CsrInvalidError extends coded('DVX_BROKER_CSR_INVALID') {}
 
 /** An agent wrote a config key that a broader scope (platform, org, group) locked: answered 409. */
 export class AgentConfigLockedError extends coded('DVX_BROKER_CONFIG_LOCKED') {}
+
+/** The control plane served the state of another enclave than --enclave-id (a key or id misconfigured): not applied. */
+export class EnclaveMismatchError extends coded('DVX_BROKER_ENCLAVE_MISMATCH') {}
+
+/** An agent's state changed while the broker converged it (an exchange won the race): retried on the next pull. */
+export class AgentStateChangedError extends coded('DVX_BROKER_AGENT_STATE_CHANGED') {}
+
+/** An agent's bootstrap token could not be placed under --agent-host-dir (unsafe uid, a symlink, a write error). */
+export class AgentHostDirError extends coded('DVX_BROKER_AGENT_HOST_DIR') {}

@@ -33,3 +33,13 @@ export class DeadlineError extends coded('DVX_INSPECTION_DEADLINE') {}
 
 /** A model glob is malformed in Go's path.Match syntax (ErrBadPattern); it matches nothing. */
 export class BadGlobError extends coded('DVX_GLOB_MALFORMED') {}
+
+/** A config-values document (docs/snapshot.md, "Config values") fails validation: the offending field's path is kept. */
+export class ConfigValuesError extends coded('DVX_CONFIG_VALUES_INVALID') {
+  /** Dotted path of the offending field, e.g. `config.orgs.org-1.config.api.token.locked`. */
+  readonly path: string;
+  constructor(path: string, message: string) {
+    super(`${path}: ${message}`);
+    this.path = path;
+  }
+}

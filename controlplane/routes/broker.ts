@@ -10,9 +10,11 @@ import { enclaveConfig, enclaveSnapshot, storeSnapshotDocument } from '../../pip
 import { reportSkipped } from '../skipped-rows.ts';
 import { ADDRESS_REQ, ENCLAVE_VIEW, hashBrokerKey, setAddress, type AddressReq } from './enclaves.ts';
 import { brokerKeyHash, enclaveByBrokerKey, type EnclaveRow } from '../store/enclaves.ts';
-import { getAgent } from '../store/agents.ts';
+import { getAgent, setAgentStatusFrom, type AgentRow } from '../store/agents.ts';
+import { agentView, AGENT_VIEW } from './agents.ts';
+import { object, pathParams } from '../../core/schemas.ts';
 import type { AgentOperatorIssuer } from '../auth/agent-operator-issuer.ts';
-import { auditedChange } from '../audited-change.ts';
+import { auditedChange, auditedChangeBy } from '../audited-change.ts';
 import { StreamGuard, type StreamGuardDeps } from '../../core/stream-guard.ts';
 
 // The enclave-facing surface, authenticated by the broker key (not an operator token):
@@ -24,7 +26,39 @@ import { StreamGuard, type StreamGuardDeps } from '../../core/stream-guard.ts';
 //   PUT /v1/broker/address   the broker reports its own addresses (addressReq → enclaveView)
 //   POST /v1/broker/agents/{uid}/operator-token   a 60 s agent-operator token for an agent this enclave
 //                            runs (spec: Agent operators); a contained agent is refused (403)
+//   PUT /v1/broker/agents/{uid}/status   the broker reports a status it set (spec: States and
+//                            transitions) → agentView; 404 for an agent it does not run, 409 when the
+//                            agent's current status does not allow it
 // Resuming with Last-Event-ID N marks the enclave's events up to N consumed (the hourly purge takes them).
+
+// What a broker may set, from which statuses (spec: States and transitions). The broker owns
+// `provisioning` and `active` and suspends an agent whose refresh token was replayed; the operator owns
+// suspended, isolated and their restore, so a broker never moves an agent out of them.
+const BROKER_TRANSITIONS: Record<string, readonly string[]> = {
+  provisioning: ['created', 'provisioning', 'active'],
+  active: ['provisioning', 'active'],
+  suspended: ['created', 'provisioning', 'active'],
+};
+const STATUS_REQ = object(
+  {
+    status: {
+      type: 'string',
+      enum: Object.keys(BROKER_TRANSITIONS),
+      'x-error': `must be one of ${Object.keys(BROKER_TRANSITIONS).join(', ')}`,
+    },
+    reason: {
+      type: ['string', 'null'],
+      pattern: '^[A-Za-z0-9_.:-]{1,100}$',
+      'x-error': 'must be 1–100 letters, digits, ".", "_", ":" or "-"',
+    },
+  },
+  ['status'],
+  'agentStatusReq',
+);
+interface StatusReq {
+  status: string;
+  reason?: string | null;
+}
 
 export interface BrokerOptions {
   heartbeatMs: number;
@@ -106,6 +140,62 @@ export function brokerRoutes(deps: ChangeDeps, events: EventHub, options: Broker
         }));
       });
     }
+
+    // The enclave's report of a status it set. The check and the write are one statement, so an
+    // operator's suspend or isolate made meanwhile stands (409). Audited as the enclave; published like
+    // an operator's change, so the snapshot and agentView show it within seconds.
+    app.put(
+      '/v1/broker/agents/:uid/status',
+      {
+        preValidation,
+        schema: { params: pathParams('uid'), body: STATUS_REQ, response: { 200: AGENT_VIEW } },
+      },
+      async (req) => {
+        const e = caller.get(req)!;
+        const uid = (req.params as { uid: string }).uid;
+        const { status, reason } = req.body as StatusReq;
+        const agent = await getAgent(db, uid);
+        if (!agent || agent.enclave_id !== e.id)
+          throw new ApiError(PROBLEMS.notFound, `enclave ${e.id} runs no agent ${uid}`);
+        if (agent.status === status) return agentView(agent);
+        const from = BROKER_TRANSITIONS[status];
+        const actor = { subject: `enclave:${e.id}`, kind: 'service', traceId: String(req.id) };
+        const row = await auditedChangeBy<{ changed?: AgentRow; stands?: string | null }>(
+          deps,
+          actor,
+          `agent.status.${status}`,
+          agent.org_id,
+          async (tx) => {
+            const changed = await setAgentStatusFrom(tx, uid, e.id, status, from);
+            if (changed)
+              await events.publishTo(tx, { kind: 'agent', agent: uid }, 'agent.changed', {
+                agent_id: uid,
+                org_id: changed.org_id,
+                status: changed.status,
+                contained: changed.contained,
+              });
+            if (changed) return { result: { changed }, resource: `agent:${uid}`, ...(reason ? { reason } : {}) };
+            // Refused: recorded (outcome deny) with the status that stands.
+            const current = await getAgent(tx, uid);
+            const stands = current?.enclave_id === e.id ? current.status : null;
+            return {
+              result: { stands },
+              resource: `agent:${uid}`,
+              outcome: 'deny' as const,
+              reason: stands ? `agent is ${stands}` : 'agent not in this enclave',
+            };
+          },
+        ).finally(() => events.wake());
+        if (row.changed) return agentView(row.changed);
+        if (!row.stands) throw new ApiError(PROBLEMS.notFound, `enclave ${e.id} runs no agent ${uid}`);
+        throw new ApiError(
+          PROBLEMS.conflict,
+          `agent ${uid} is ${row.stands}: a broker may not set ${status} from it${
+            row.stands === 'suspended' || row.stands === 'isolated' ? ' (only an operator restores it)' : ''
+          }`,
+        );
+      },
+    );
 
     app.get('/v1/broker/events', async (req, reply) => {
       const e = await authenticate(req);

@@ -43,6 +43,25 @@ export async function setAgentState(
   return rows[0];
 }
 
+/**
+ * Sets the status of an agent of `enclave` only when it is now one of `from` (the check and the write in
+ * one statement, so an operator's change made meanwhile is never overwritten). Undefined when the agent
+ * is not of that enclave or not in one of `from`.
+ */
+export async function setAgentStatusFrom(
+  tx: Queryable,
+  uid: string,
+  enclave: string,
+  status: string,
+  from: readonly string[],
+): Promise<AgentRow | undefined> {
+  const { rows } = await tx.query<AgentRow>(
+    `UPDATE agents SET status = $3, updated_at = now() WHERE uid = $1 AND enclave_id = $2 AND status = ANY($4::text[]) RETURNING ${COLUMNS}`,
+    [uid, enclave, status, [...from]],
+  );
+  return rows[0];
+}
+
 /** Create or update on `uid`, with the agent's packs installed at its own scope (composed at read time). */
 export async function upsertAgent(
   tx: Queryable,

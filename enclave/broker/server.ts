@@ -23,6 +23,7 @@ import { openDb, type Db } from '../../core/sql.ts';
 import { loadTls } from '../../core/tls.ts';
 import { BrokerOptionsError } from '../errors.ts';
 import { agentRoutes, type AgentIdentity, type AgentView } from './agent-routes.ts';
+import { startConvergence, type Convergence } from './convergence.ts';
 import type { BrokerBus, BrokerDeps } from './deps.ts';
 import { EnclaveCa } from './identity/enclave-ca.ts';
 import { SigningKeys } from './identity/signing-keys.ts';
@@ -52,6 +53,8 @@ export interface RunningBroker {
   deps: BrokerDeps;
   /** The platform JWT's keys, the enclave CA and the agents' view of secrets and config. */
   identity: AgentIdentity;
+  /** The control plane followed: the last good snapshot and config, agents provisioned, statuses reported. */
+  convergence: Convergence;
   agentApp: FastifyInstance;
   operatorApp: FastifyInstance;
   close(): Promise<void>;
@@ -187,6 +190,16 @@ export async function startBroker(input: Partial<BrokerOptions>, start: BrokerSt
     };
     for (const subject of options.seedAdmin) await seedAdmin(db, subject, options.owningOrg);
 
+    // The control plane followed (or, without --controlplane, the store alone): the kept snapshot and
+    // config are loaded before any listener opens; pulls, provisioning and status reports run from here
+    // on, and a control plane that is away stops nothing.
+    const convergence = await startConvergence(deps, {
+      controlplane: options.controlplane,
+      brokerToken: options.brokerKey,
+      ca: options.caCert ? await readFile(options.caCert) : undefined,
+    });
+    cleanups.push(() => convergence.close());
+
     // The agent identity: the platform JWT's signing keys (in the store, rotated) and the enclave CA
     // (made on the first start when both of its files are absent).
     const keys = await SigningKeys.open(deps);
@@ -258,6 +271,7 @@ export async function startBroker(input: Partial<BrokerOptions>, start: BrokerSt
       metricsPort: metricsServer?.port ?? null,
       deps,
       identity,
+      convergence,
       agentApp,
       operatorApp,
       close: () => (closed ??= closeAll()),

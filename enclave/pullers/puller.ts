@@ -8,13 +8,17 @@ import { SseParser } from '../../core/sse.ts';
 // control plane with the broker key, write it atomically where the components read it, and pull again
 // on every event of the enclave's SSE stream (the nudge) and on an interval (spec: 30 s default). With
 // events off, the interval alone. A state that fails validation is not written: the last good one
-// stays. Writes happen only when the state changed (its `version` aside).
+// stays. Writes happen only when the state changed (its `version` aside). The broker runs the same
+// puller without (or with) a file: `onDocument` hands it each validated state, `lastEventId` and
+// `onCursor` keep its place in the event stream across restarts, and `onNudge` tells it the stream
+// asked for a pull (so its other puller pulls too).
 
 export interface PullerOptions {
   controlplane: string;
   /** `/v1/broker/snapshot` or `/v1/broker/config`. */
   route: string;
   brokerToken: string;
+  /** Where the state is written; empty: not written (onDocument alone). */
   out: string;
   intervalMs: number;
   events: boolean;
@@ -22,13 +26,23 @@ export interface PullerOptions {
   insecureSkipVerify?: boolean;
   /** Throws when the pulled document is not acceptable (the proxy's own snapshot validator). */
   validate?: (doc: unknown) => void;
+  /** Each validated state, on every pull; a throw is logged and `ready` waits for a pull it accepts. */
+  onDocument?: (doc: unknown) => Promise<void> | void;
+  /** The event stream's cursor to resume from (Last-Event-ID), e.g. kept across restarts. */
+  lastEventId?: string | null;
+  /** The cursor moved: the id of the last event of a batch the stream delivered. */
+  onCursor?: (id: string) => void;
+  /** The event stream asked for a pull (it connected, or events arrived). */
+  onNudge?: () => void;
   log: Logger;
 }
 
 export interface RunningPuller {
-  /** Resolves after the first successful write (or the first pull that found the file current). */
+  /** Resolves after the first pull written (or found current) and accepted by onDocument. */
   ready: Promise<void>;
   pulls(): number;
+  /** Pulls now (coalesced with a pull in flight). */
+  nudge(): Promise<void>;
   close(): Promise<void>;
 }
 
@@ -58,10 +72,18 @@ export function startPuller(o: PullerOptions): RunningPuller {
         o.validate?.(doc);
         count++;
         const key = withoutVersion(doc);
-        if (key !== last) {
+        if (o.out && key !== last) {
           await writeFileAtomic(o.out, JSON.stringify(doc, null, 2) + '\n');
           last = key;
           o.log.info({ out: o.out, version: (doc as { version?: string }).version }, 'desired state written');
+        }
+        if (o.onDocument) {
+          try {
+            await o.onDocument(doc);
+          } catch (err) {
+            o.log.warn({ err, route: o.route }, 'the pulled state could not be applied; trying again on the next pull');
+            return;
+          }
         }
         markReady();
       } catch (err) {
@@ -72,6 +94,7 @@ export function startPuller(o: PullerOptions): RunningPuller {
   );
   let pending: Promise<void> | null = null;
   const nudge = () => {
+    if (closed) return Promise.resolve();
     pending = pull();
     return pending;
   };
@@ -81,7 +104,7 @@ export function startPuller(o: PullerOptions): RunningPuller {
 
   // The nudge: any event on the enclave's stream means "pull again". Reconnects with Last-Event-ID.
   const follow = async () => {
-    let cursor: string | null = null;
+    let cursor: string | null = o.lastEventId || null;
     let backoff = 250;
     while (!closed) {
       stream = new AbortController();
@@ -97,11 +120,17 @@ export function startPuller(o: PullerOptions): RunningPuller {
         }
         backoff = 250;
         void nudge(); // whatever happened while disconnected
+        o.onNudge?.();
         const parser = new SseParser();
         for await (const chunk of res.body) {
           const events = parser.push(chunk as Buffer);
+          const before = cursor;
           for (const e of events) if (e.id) cursor = e.id;
-          if (events.length > 0) void nudge();
+          if (cursor && cursor !== before) o.onCursor?.(cursor);
+          if (events.length > 0) {
+            void nudge();
+            o.onNudge?.();
+          }
         }
       } catch (err) {
         if (closed) return;
@@ -117,6 +146,7 @@ export function startPuller(o: PullerOptions): RunningPuller {
   return {
     ready,
     pulls: () => count,
+    nudge,
     async close() {
       closed = true;
       clearInterval(timer);
