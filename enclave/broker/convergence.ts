@@ -115,7 +115,7 @@ export async function startConvergence(deps: BrokerDeps, o: ConvergenceOptions):
   let retryMs = RETRY_MIN_MS;
   const reconcile = coalesced(
     async () => {
-      if (!snapshot) return;
+      if (!snapshot || closed) return;
       const { failed } = await reconcileAgents(deps, snapshot);
       if (failed === 0) {
         retryMs = RETRY_MIN_MS;
@@ -398,6 +398,7 @@ export async function reconcileAgents(
     rows.delete(uid);
     if (!isSafeUid(uid)) {
       if (!unsafeLogged.has(uid)) {
+        if (unsafeLogged.size >= 1000) unsafeLogged.clear(); // bounded, whatever a snapshot holds
         unsafeLogged.add(uid);
         log.error(
           { agent: JSON.stringify(uid).slice(0, 200) },

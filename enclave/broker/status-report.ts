@@ -39,6 +39,9 @@ interface OutboxRow {
 
 type Outcome = 'delivered' | 'refused' | 'retry';
 
+/** The reasons the control plane takes (agentStatusReq.reason). */
+const REASON = /^[A-Za-z0-9_.:-]{1,100}$/;
+
 export function startStatusReport(deps: BrokerDeps, o: StatusReportOptions): StatusReporter {
   const base = o.controlplane.replace(/\/+$/, '');
   const dispatcher = new Agent({
@@ -55,6 +58,8 @@ export function startStatusReport(deps: BrokerDeps, o: StatusReportOptions): Sta
   let retryTimer: NodeJS.Timeout | null = null;
 
   const put = async (uid: string, status: string, reason: string | null) => {
+    // A reason the control plane would refuse (400, the report lost) is left out rather than sent.
+    if (reason !== null && !REASON.test(reason)) reason = null;
     const res = await request(`${base}/v1/broker/agents/${encodeURIComponent(uid)}/status`, {
       method: 'PUT',
       dispatcher,
