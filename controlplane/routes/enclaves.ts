@@ -6,7 +6,17 @@ import { callerGrants } from '../authz/capabilities.ts';
 import { targetResolver } from '../authz/capability-hook.ts';
 import { PLATFORM } from '../authz/targets.ts';
 import { bad, httpsUrl } from '../bad-request.ts';
-import { ANY, arrayOf, NO_CONTENT, NULLABLE_STRING, object, pathParams, STRING, TEXT, viewSchema } from '../../core/schemas.ts';
+import {
+  ANY,
+  arrayOf,
+  NO_CONTENT,
+  NULLABLE_STRING,
+  object,
+  pathParams,
+  STRING,
+  TEXT,
+  viewSchema,
+} from '../../core/schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
 import { orgExists } from '../store/orgs.ts';

@@ -3,7 +3,16 @@ import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { builtInRole, CAPABILITIES } from '../authz/capabilities.ts';
 import type { Target } from '../authz/guard.ts';
 import { PATH_ORG, PLATFORM } from '../authz/targets.ts';
-import { arrayOf, INTEGER, NO_CONTENT, NULLABLE_STRING, object, pathParams, STRING, viewSchema } from '../../core/schemas.ts';
+import {
+  arrayOf,
+  INTEGER,
+  NO_CONTENT,
+  NULLABLE_STRING,
+  object,
+  pathParams,
+  STRING,
+  viewSchema,
+} from '../../core/schemas.ts';
 import { conferredBy, grantScope, requireConferrable } from '../authz/confer.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { Queryable } from '../../core/sql.ts';

@@ -3,7 +3,16 @@ import { effectiveCapabilities, groupsOf } from '../authz/capabilities.ts';
 import { conferredBy, grantScope, requireConferrable } from '../authz/confer.ts';
 import { requireCapability } from '../authz/guard.ts';
 import { PATH_ORG } from '../authz/targets.ts';
-import { arrayOf, NO_CONTENT, object, optionalBody, pathParams, STRING, STRINGS, viewSchema } from '../../core/schemas.ts';
+import {
+  arrayOf,
+  NO_CONTENT,
+  object,
+  optionalBody,
+  pathParams,
+  STRING,
+  STRINGS,
+  viewSchema,
+} from '../../core/schemas.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import { orgExists } from '../store/orgs.ts';

@@ -2,7 +2,15 @@ import type { FastifyInstance } from 'fastify';
 import { BUILT_IN_ROLES, builtInRole, CAPABILITIES, type Capability } from '../authz/capabilities.ts';
 import { requireConferrable } from '../authz/confer.ts';
 import { PLATFORM } from '../authz/targets.ts';
-import { arrayOf, NO_CONTENT, object as objectSchema, pathParams, STRING, STRINGS, viewSchema } from '../../core/schemas.ts';
+import {
+  arrayOf,
+  NO_CONTENT,
+  object as objectSchema,
+  pathParams,
+  STRING,
+  STRINGS,
+  viewSchema,
+} from '../../core/schemas.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import { deleteRole, insertRole, listCustomRoles, roleIsGranted, updateRole } from '../store/roles.ts';

@@ -1,13 +1,7 @@
 import t from 'tap';
 import Fastify from 'fastify';
 import { VALIDATION } from '../../core/schema-errors.ts';
-import {
-  NON_EMPTY_STRINGS,
-  NULLABLE_BOOLEAN,
-  NULLABLE_STRING,
-  object,
-  TEXT,
-} from '../../core/schemas.ts';
+import { NON_EMPTY_STRINGS, NULLABLE_BOOLEAN, NULLABLE_STRING, object, TEXT } from '../../core/schemas.ts';
 
 // A body its route's schema refuses is a 400 whose detail starts with the field, in the words the
 // routes' hand-written parsers used (docs/decisions.md, "Route schemas and the capability hook").
