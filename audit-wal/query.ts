@@ -75,6 +75,12 @@ export interface AuditQuery {
   limit: number;
   offset: number;
   after?: AuditCursor;
+  /**
+   * Also the LLM calls (llm_audit_log), each read as an AuditRecord of action `inference.request`
+   * (read.ts, LLM_AS_EVENT): the enclave broker's view of its own store. The control plane reads them
+   * per agent only (GET /agents/{id}/audit-log).
+   */
+  llm?: boolean;
 }
 
 export type Condition =

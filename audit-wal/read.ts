@@ -92,6 +92,89 @@ export function clickhouseWhere(q: Pick<AuditQuery, 'predicate' | 'filters' | 'a
 
 export const CH_EVENT_SELECT = `id, ${CH_MS} AS ts, ${AUDIT_RECORD_FIELDS.filter((f) => f !== 'attrs' && f !== 'event_time').join(', ')}, attrs_keys, attrs_values`;
 
+// The LLM calls as audit events (AuditQuery.llm, the enclave broker's reads): each llm_audit_log row
+// is read as an AuditRecord, in the same (event_time, id) order and under the same conditions as the
+// audit_events rows:
+//   action "inference.request", actor "agent:<agent_id>" (empty when the call named no agent; actor_kind
+//   empty: an agent is not an operator), outcome "deny" for a blocked or denied call, else "allow",
+//   resource the request path, reason the error, source "llmproxy", and the call's figures in attrs
+//   (LLM_ATTRS, as text; an absent value ''). Its internal `kind` is "llm": a predicate or filter on
+//   another kind (a platform operator's "event", network flows) leaves the calls out.
+
+/** The LLM call's fields carried in the record's attrs. */
+export const LLM_ATTRS = [
+  'format',
+  'upstream_format',
+  'model',
+  'status',
+  'upstream_status',
+  'decision',
+  'latency_ms',
+  'request_bytes',
+  'response_bytes',
+  'input_tokens',
+  'output_tokens',
+  'findings',
+  'inspection_failopen',
+  'inspection_failures',
+] as const;
+
+/** Each AuditRecord field of an LLM call, per dialect; a field not named here is the empty string. */
+const LLM_AS_EVENT: Record<string, { pg: string; ch: string }> = {
+  id: { pg: 'id', ch: 'id' },
+  kind: { pg: "'llm'::text", ch: "'llm'" },
+  action: { pg: "'inference.request'::text", ch: "'inference.request'" },
+  actor: {
+    pg: "CASE WHEN agent_id = '' THEN '' ELSE 'agent:' || agent_id END",
+    ch: "if(agent_id = '', '', concat('agent:', agent_id))",
+  },
+  agent_id: { pg: 'agent_id', ch: 'agent_id' },
+  agent_name: { pg: 'agent_name', ch: 'agent_name' },
+  org_id: { pg: 'org_id', ch: 'org_id' },
+  enclave_id: { pg: 'enclave_id', ch: 'enclave_id' },
+  event_time: { pg: 'event_time', ch: 'event_time' },
+  outcome: {
+    pg: "CASE WHEN decision IN ('block', 'deny') THEN 'deny' ELSE 'allow' END",
+    ch: "if(decision IN ('block', 'deny'), 'deny', 'allow')",
+  },
+  reason: { pg: "coalesce(error, '')", ch: 'error' },
+  resource: { pg: 'path', ch: 'path' },
+  source: { pg: "'llmproxy'::text", ch: "'llmproxy'" },
+  dst_port: { pg: 'NULL::integer', ch: 'CAST(NULL AS Nullable(UInt16))' },
+  identified: { pg: 'false', ch: 'toUInt8(0)' },
+  attrs: {
+    pg: `jsonb_build_object(${LLM_ATTRS.map((a) => `'${a}', coalesce(${a}::text, '')`).join(', ')})`,
+    ch: '',
+  },
+};
+const llmField = (f: string, dialect: 'pg' | 'ch') =>
+  LLM_AS_EVENT[f]?.[dialect] ?? (dialect === 'pg' ? "''::text" : "''");
+
+/** PostgreSQL: audit_events and the LLM calls as one relation of audit_events' columns (its WHERE goes into both). */
+export const PG_EVENTS_WITH_LLM = `(SELECT id, kind, ${AUDIT_RECORD_FIELDS.join(', ')} FROM audit_events UNION ALL SELECT ${[
+  'id',
+  'kind',
+  ...AUDIT_RECORD_FIELDS,
+]
+  .map((f) => `${llmField(f, 'pg')} AS ${f}`)
+  .join(', ')} FROM llm_audit_log) AS events`;
+
+/**
+ * ClickHouse: the LLM calls with the columns of CH_EVENT_SELECT (and `kind`), over `table`
+ * (its llm_audit_log). Its expressions are aliased with the record's field names, which ClickHouse
+ * lets the WHERE of clickhouseWhere() use as they are.
+ */
+export function chLlmSelect(table: string): string {
+  const values = LLM_ATTRS.map((a) =>
+    a === 'inspection_failopen' ? "if(inspection_failopen = 1, 'true', 'false')" : `ifNull(toString(${a}), '')`,
+  );
+  const fields = AUDIT_RECORD_FIELDS.filter((f) => f !== 'attrs' && f !== 'event_time').map((f) => {
+    const e = llmField(f, 'ch');
+    return e === f ? f : `${e} AS ${f}`;
+  });
+  return `SELECT id, ${CH_MS} AS ts, ${fields.join(', ')}, [${LLM_ATTRS.map((a) => chString(a)).join(', ')}] AS attrs_keys, [${values.join(', ')}] AS attrs_values, 'llm' AS kind FROM ${table}`;
+}
+
 /** A row of either store as a ReadRecord: every AuditRecord field, typed as the spec says. */
 export function toRecord(row: Record<string, unknown>): ReadRecord {
   const out: Record<string, unknown> = { id: String(row.id) };

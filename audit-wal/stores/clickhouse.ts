@@ -7,6 +7,7 @@ import { clickhouseRow, mapRows } from '../rows.ts';
 import type { AuditQuery } from '../query.ts';
 import {
   CH_EVENT_SELECT,
+  chLlmSelect,
   chString,
   clickhouseWhere,
   toLlmEntry,
@@ -158,6 +159,7 @@ export class ClickHouseStore implements AuditStore {
    */
   async readEvents(q: AuditQuery): Promise<ReadRecord[]> {
     const where = clickhouseWhere(q);
+    if (q.llm) return this.#readWithLlm(q, where);
     // A platform operator's control-plane events of every org: the time-ordered view (narrowed to one
     // org, the base table's (org_id, event_time) key serves better).
     const everyOrgEvents =
@@ -185,6 +187,22 @@ export class ClickHouseStore implements AuditStore {
       })
     ).json()) as Record<string, unknown>[];
     return rows.map(toRecord);
+  }
+
+  /**
+   * The events and the LLM calls (read.ts, chLlmSelect) in one pass: both tables under the same
+   * conditions, merged in (event_time, id) order. The enclave's own store (the broker's reads).
+   */
+  async #readWithLlm(q: AuditQuery, where: string): Promise<ReadRecord[]> {
+    const rs = await this.#client.query({
+      query: `SELECT * FROM (
+                SELECT ${CH_EVENT_SELECT}, kind FROM ${this.#db}.audit_events WHERE ${where}
+                UNION ALL
+                ${chLlmSelect(`${this.#db}.llm_audit_log`)} WHERE ${where}
+              ) ORDER BY ts, id LIMIT 1 BY id LIMIT ${Math.trunc(q.offset)}, ${Math.trunc(q.limit)}`,
+      format: 'JSONEachRow',
+    });
+    return ((await rs.json()) as Record<string, unknown>[]).map(toRecord);
   }
 
   async readLlm(q: LlmQuery): Promise<Record<string, unknown>[]> {

@@ -6,7 +6,7 @@ import { StoreRejectedError, StoreUnavailableError } from '../errors.ts';
 import type { AuditTable } from '../sink.ts';
 import { COLUMNS, mapRows, postgresRow } from '../rows.ts';
 import type { AuditQuery } from '../query.ts';
-import { postgresWhere, toLlmEntry, toRecord, type LlmQuery, type ReadRecord } from '../read.ts';
+import { PG_EVENTS_WITH_LLM, postgresWhere, toLlmEntry, toRecord, type LlmQuery, type ReadRecord } from '../read.ts';
 
 // PostgreSQL (pg) and PGlite share the schema and the statement: a batch goes in as one JSON
 // parameter, `json_populate_recordset` turns it into rows, and `ON CONFLICT (id) DO NOTHING` makes a
@@ -88,7 +88,7 @@ export class PostgresStore implements AuditStore {
   async readEvents(q: AuditQuery): Promise<ReadRecord[]> {
     const { where, params } = postgresWhere(q);
     const { rows } = await this.#db.query(
-      `SELECT * FROM audit_events WHERE ${where} ORDER BY event_time, id LIMIT ${Math.trunc(q.limit)} OFFSET ${Math.trunc(q.offset)}`,
+      `SELECT * FROM ${q.llm ? PG_EVENTS_WITH_LLM : 'audit_events'} WHERE ${where} ORDER BY event_time, id LIMIT ${Math.trunc(q.limit)} OFFSET ${Math.trunc(q.offset)}`,
       params,
     );
     return (rows as Record<string, unknown>[]).map(toRecord);

@@ -62,6 +62,10 @@ export interface BrokerOptions extends AuditOptions, ServerLimitOptions {
   refreshTtl: number;
   /** SSE heartbeat on the satellite events stream. */
   heartbeatMs: number;
+  /** How often an open audit tail (GET /api/v1/audit/stream) asks the audit store for new records. */
+  auditStreamPollMs: number;
+  /** How often an open stream re-checks its caller's grants with no grant change seen in this process. */
+  streamRecheckMs: number;
 }
 
 export const BROKER_DEFAULTS: BrokerOptions = {
@@ -97,6 +101,8 @@ export const BROKER_DEFAULTS: BrokerOptions = {
   bootstrapTtl: 24 * 3600_000,
   refreshTtl: 24 * 3600_000,
   heartbeatMs: 30_000,
+  auditStreamPollMs: 1000,
+  streamRecheckMs: 5_000,
   ...AUDIT_DEFAULTS,
   ...SERVER_LIMIT_DEFAULTS,
 };
@@ -144,6 +150,8 @@ export function validateBrokerOptions(input: Partial<BrokerOptions>): BrokerOpti
     ['--bootstrap-ttl', o.bootstrapTtl],
     ['--refresh-ttl', o.refreshTtl],
     ['heartbeat', o.heartbeatMs],
+    ['auditStreamPollMs', o.auditStreamPollMs],
+    ['streamRecheckMs', o.streamRecheckMs],
   ] as const)
     if (!(v > 0)) throw new BrokerOptionsError(`${name} must be positive`);
   if (o.keyRotation < 15 * 60_000)

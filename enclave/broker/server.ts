@@ -28,6 +28,7 @@ import type { BrokerBus, BrokerDeps } from './deps.ts';
 import { EnclaveCa } from './identity/enclave-ca.ts';
 import { SigningKeys } from './identity/signing-keys.ts';
 import { storeAgentView } from './identity/store-view.ts';
+import { brokerAuditRoutes, noAuditStore } from './operator/audit-routes.ts';
 import { operatorAuth } from './operator/auth.ts';
 import { grantRoutes } from './operator/grant-routes.ts';
 import { seedAdmin } from './operator/grants.ts';
@@ -230,6 +231,10 @@ export async function startBroker(input: Partial<BrokerOptions>, start: BrokerSt
       });
       await operatorApp.register(operatorAuth, { oidc });
       await operatorApp.register(grantRoutes(deps), { prefix: '/api/v1' });
+      // The enclave's audit, read back from --audit-dsn; without a store, a 404 that says so.
+      await operatorApp.register(auditStore ? brokerAuditRoutes(deps, auditStore) : noAuditStore, {
+        prefix: '/api/v1',
+      });
     } else {
       operatorApp.addHook('onRequest', async (req, reply) => {
         if (req.url.startsWith('/api/v1'))

@@ -14,7 +14,7 @@ import {
 import { auditedChange } from '../audit.ts';
 import type { BrokerDeps } from '../deps.ts';
 import { requireCapability } from './auth.ts';
-import { brokerRole, deleteGrant, insertGrant, isBrokerCapability, listGrants } from './grants.ts';
+import { brokerRole, deleteGrant, grantsChanged, insertGrant, isBrokerCapability, listGrants } from './grants.ts';
 
 // The enclave's own grants, over the caller's org (members:* in this enclave):
 //   GET    /api/v1/grants        → [grantView {id, principal, role, capability, scope_kind: "org", org_id}]
@@ -99,6 +99,7 @@ export function grantRoutes(deps: BrokerDeps) {
           attrs: { principal: g.principal, granted: role ?? capability! },
         };
       });
+      grantsChanged(db);
       return reply.code(201).send(view(grant));
     });
 
@@ -111,6 +112,7 @@ export function grantRoutes(deps: BrokerDeps) {
         if (!g) throw new ApiError(PROBLEMS.notFound, `no grant ${raw} in org ${org(req)}`);
         return { result: g, resource: `grant:${g.id}` };
       });
+      grantsChanged(db);
       return reply.code(204).send();
     });
   };

@@ -33,6 +33,25 @@ export interface BrokerGrant {
 const COLUMNS = 'id, principal, role, capability, org_id';
 const row = (r: BrokerGrant): BrokerGrant => ({ ...r, id: Number(r.id) });
 
+// Who is told when the enclave's grants change: open audit streams re-check their caller at once
+// (core/stream-guard.ts). insertGrant and deleteGrant run inside their caller's transaction, so the caller
+// announces the change once it committed (grantsChanged): a re-check before the commit would still find
+// the grant. A change made elsewhere (a row edited by hand) is seen by the streams' periodic re-check.
+const listeners = new WeakMap<object, Set<() => void>>();
+
+/** Calls `fn` after every grant change committed through this process on `db`; returns the unsubscribe. */
+export function onGrantsChanged(db: object, fn: () => void): () => void {
+  let set = listeners.get(db);
+  if (!set) listeners.set(db, (set = new Set()));
+  set.add(fn);
+  return () => set.delete(fn);
+}
+
+/** Announces a committed grant change on `db` to this process's listeners. */
+export function grantsChanged(db: object): void {
+  for (const fn of listeners.get(db) ?? []) fn();
+}
+
 export async function listGrants(db: Queryable, org: string): Promise<BrokerGrant[]> {
   return (
     await db.query<BrokerGrant>(`SELECT ${COLUMNS} FROM broker_grants WHERE org_id = $1 ORDER BY id`, [org])
@@ -61,7 +80,7 @@ export async function deleteGrant(db: Queryable, org: string, id: number): Promi
 }
 
 export async function seedAdmin(db: Queryable, subject: string, org: string): Promise<void> {
-  await insertGrant(db, { principal: `user:${subject}`, role: 'admin', capability: null, org });
+  if (await insertGrant(db, { principal: `user:${subject}`, role: 'admin', capability: null, org })) grantsChanged(db);
 }
 
 /** The principals a caller acts as: its subject, and each of its groups in its org. */
