@@ -55,7 +55,7 @@ export async function satelliteToken(path: string, log: Logger): Promise<string>
     }
   }
   const token = `dvxs_${randomBytes(32).toString('base64url')}`;
-  const tmp = join(dirname(path), `.${basename(path)}.${process.pid}.${Date.now()}.tmp`);
+  const tmp = join(dirname(path), `.${basename(path)}.${randomBytes(8).toString('hex')}.tmp`);
   try {
     const file = await open(tmp, 'wx', 0o600);
     try {

@@ -1,6 +1,7 @@
 import t from 'tap';
 import { createServer } from 'node:net';
-import { readFile, stat, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { request } from 'undici';
 import { SseParser, type SseEvent } from '../../../core/sse.ts';
@@ -9,6 +10,7 @@ import { createLogger } from '../../../core/logger.ts';
 import { startBrokerHarness, type BrokerHarness } from '../../fixtures/broker-harness.ts';
 import { until } from '../../fixtures/eventually.ts';
 import { tokenIssuer } from '../../fixtures/agent-identity.ts';
+import { startCpHarness } from '../../fixtures/controlplane-harness.ts';
 import { addAgent } from './secrets-fixture.ts';
 
 // The satellites' routes on the agent listener: the satellite token (created 0600 on first start,
@@ -147,8 +149,8 @@ t.test('GET /v1/satellite/secrets and the events stream', async (t) => {
   for (const v of ['sk-org-a-key-0123', 'group-pw-12345', 'sk-agent-1-key-0123'])
     t.notOk(h.logs.join('\n').includes(v), 'no value in a log line');
 
-  // A satellite that does not read: the stream holds only the newest version for it, never a backlog,
-  // and the broker shuts down with the stream open.
+  // A second satellite that opens the stream and never reads it: writes go on for the first, and the
+  // broker still shuts down with both streams open (each ends with `event: end`, or is cut).
   const idle = await request(`https://127.0.0.1:${h.broker.agentPort}/v1/satellite/events`, {
     dispatcher: h.dispatcher,
     headers: { authorization: `Bearer ${token}` },
@@ -210,4 +212,65 @@ t.test("the agent-operator token on an agent's behalf", async (t) => {
   t.match(down.body, { type: 'https://dvx.dev/problems/controlplane-unavailable' });
   t.equal((await mint('agent-contained')).status, 403, 'contained: refused before the control plane is asked');
   t.notOk(h.logs.join('\n').includes('dvx-broker-key-secret-0123'), 'the broker key is in no log line');
+});
+
+t.test('the agent-operator token comes from a real control plane, through the broker', async (t) => {
+  const cph = await startCpHarness([{ clientId: 'root', org: 'org-a', human: true }], {
+    seedAdmin: ['root'],
+    agentTokenIssuerUrl: 'https://cp.dvx.test',
+  });
+  t.teardown(() => cph.close());
+  await cph.call('root', 'POST', '/orgs', { id: 'org-a', name: 'A' });
+  const reg = await cph.call('root', 'POST', '/enclaves', { name: 'eu', enclave_id: 'enc-test', owning_org: 'org-a' });
+  t.equal(reg.status, 201);
+  t.equal(
+    (await cph.call('root', 'POST', '/orgs/org-a/agents', { uid: 'bot-1', name: 'one', enclave_id: 'enc-test' }))
+      .status,
+    201,
+  );
+  const dir = await mkdtemp(join(tmpdir(), 'dvx-cp-ca-'));
+  t.teardown(() => rm(dir, { recursive: true, force: true }));
+  await writeFile(join(dir, 'ca.pem'), cph.ca);
+
+  const h = await startBrokerHarness({
+    controlplane: `https://127.0.0.1:${cph.cp.port}`,
+    brokerKey: reg.body.key.token,
+    enclaveId: 'enc-test',
+    caCert: join(dir, 'ca.pem'),
+  });
+  t.teardown(() => h.close());
+  const token = (await readFile(join(h.dir, 'state', 'satellite-token'), 'utf8')).trim();
+  await addAgent(h, 'bot-1', 'org-a', null);
+  await addAgent(h, 'bot-unknown-upstream', 'org-a', null);
+  const mint = (uid: string) => h.agent('POST', `/v1/satellite/agents/${uid}/operator-token`, undefined, token);
+
+  const ok = await mint('bot-1');
+  t.equal(ok.status, 200);
+  t.match(ok.body, { token_type: 'Bearer', expires_in: 60, access_token: /^ey/ });
+  t.equal(ok.headers['cache-control'], 'no-store');
+  t.match(cph.audit.at(-1), {
+    action: 'agent-operator-token.mint',
+    actor: 'enclave:enc-test',
+    resource: 'agent:bot-1',
+  });
+  // The control plane's own refusal is relayed as it answered.
+  const unknown = await mint('bot-unknown-upstream');
+  t.equal(unknown.status, 404);
+  t.match(unknown.body, { type: 'https://dvx.dev/problems/not-found' });
+
+  // Contained on the broker's side: refused there; the control plane is not asked (no new mint record).
+  const records = cph.audit.length;
+  await addAgent(h, 'bot-1', 'org-a', null, 'active', true);
+  t.equal((await mint('bot-1')).status, 403);
+  t.equal(cph.audit.length, records, 'the control plane was not asked');
+
+  // A broker key the control plane does not know: a 502, not the control plane's 401 (the satellite's
+  // token is fine).
+  await addAgent(h, 'bot-1', 'org-a', null);
+  await h.broker.close();
+  await h.restart({ brokerKey: 'dvxb_not-the-key' });
+  const refused = await mint('bot-1');
+  t.equal(refused.status, 502);
+  t.match(refused.body.detail, /answered 401/);
+  t.notOk(h.logs.join('\n').includes(reg.body.key.token), 'the broker key is in no log line');
 });
