@@ -33,8 +33,6 @@ export interface SecretBrokerOptions {
   refreshMs?: number;
   /** An events stream silent this long is dropped and reopened (the broker heartbeats every 30 s). */
   streamIdleMs?: number;
-  /** Each time a new copy is in place. */
-  onChange?: (version: number) => void;
 }
 
 const REQUEST_TIMEOUT_MS = 10_000;
@@ -85,7 +83,7 @@ export function parseSatelliteSecrets(doc: unknown): { version: number; map: Sec
 }
 
 export class SecretBroker {
-  readonly #o: Required<Omit<SecretBrokerOptions, 'ca' | 'onChange'>> & Pick<SecretBrokerOptions, 'onChange'>;
+  readonly #o: Required<Omit<SecretBrokerOptions, 'ca'>>;
   readonly #dispatcher: Agent;
   #token: string;
   #map: SecretMap = new Map();
@@ -163,7 +161,6 @@ export class SecretBroker {
       if (first || this.#failures > 0) log.info({ version, owners: map.size }, 'secrets loaded from the secret broker');
       else log.debug({ version, owners: map.size }, 'secrets reloaded from the secret broker');
       this.#failures = 0;
-      this.#o.onChange?.(version);
     } catch (err) {
       if (this.#closed) return;
       this.#failures++;
