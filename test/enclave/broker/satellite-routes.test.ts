@@ -130,22 +130,31 @@ t.test('GET /v1/satellite/secrets and the events stream', async (t) => {
   await put('db_password', 'group-pw-12345', '?group=g-1');
   await put('agent:llmproxy.llm.api_key', 'sk-agent-1-key-0123', '?agent=agent-1');
   t.ok(await until(() => stream.versions().at(-1) === 3), 'an event for each write');
+  // Names that are Object.prototype members are names like any other.
+  await put('__proto__', 'proto-value-123', '?agent=agent-2');
+  await put('constructor', 'ctor-value-123', '?agent=agent-2');
+  t.ok(await until(() => stream.versions().at(-1) === 5));
   t.same(stream.versions(), [...new Set(stream.versions())].sort(), 'versions only go up, none twice');
 
   const all = await h.agent('GET', '/v1/satellite/secrets', undefined, token);
   t.same(all.body, {
-    version: 3,
+    version: 5,
     agents: {
       'agent-1': {
         'llmproxy:llm.api_key': 'sk-org-a-key-0123',
         db_password: 'group-pw-12345',
         'agent:llmproxy.llm.api_key': 'sk-agent-1-key-0123',
       },
-      'agent-2': { 'llmproxy:llm.api_key': 'sk-org-a-key-0123' },
+      'agent-2': {
+        'llmproxy:llm.api_key': 'sk-org-a-key-0123',
+        ['__proto__']: 'proto-value-123',
+        constructor: 'ctor-value-123',
+      },
       'agent-c': {},
     },
     orgs: { 'org-a': { 'llmproxy:llm.api_key': 'sk-org-a-key-0123' } },
   });
+  t.ok(Object.hasOwn(all.body.agents['agent-2'], '__proto__'), '__proto__ is an own entry');
   for (const v of ['sk-org-a-key-0123', 'group-pw-12345', 'sk-agent-1-key-0123'])
     t.notOk(h.logs.join('\n').includes(v), 'no value in a log line');
 
@@ -157,7 +166,7 @@ t.test('GET /v1/satellite/secrets and the events stream', async (t) => {
   });
   t.equal(idle.statusCode, 200);
   for (let i = 0; i < 5; i++) await put('churn', `churn-value-${i}`);
-  t.ok(await until(() => stream.versions().at(-1) === 8));
+  t.ok(await until(() => stream.versions().at(-1) === 10));
   await h.broker.close();
   t.ok(await until(() => stream.ended()), 'the stream ends when the broker stops');
   t.match(stream.raw(), /event: end\ndata: \{"reason":"shutdown"\}/);

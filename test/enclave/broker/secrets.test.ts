@@ -84,6 +84,8 @@ async function routes(t: Test, h: BrokerHarness) {
     ['a number', await put('x', 42), /value: must be a string/],
     ['an empty group', await put('x', 'value-1234', '?group='), /group: must be/],
     ['an unknown query', await put('x', 'value-1234', '?org=org-b'), /org: unknown query parameter/],
+    ['two agents', await put('x', 'value-1234', '?agent=agent-1&agent=agent-2'), /agent: must be a string/],
+    ['a NUL in the value', await put('x', 'a\u0000b-value'), /NUL/],
     [
       'no value',
       await h.operator('admin-a', 'PUT', '/api/v1/secrets/x', { other: 'y' }),
