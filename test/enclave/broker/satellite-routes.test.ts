@@ -1,7 +1,5 @@
 import t from 'tap';
-import { createServer } from 'node:net';
-import { mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { readFile, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { request } from 'undici';
 import { SseParser, type SseEvent } from '../../../core/sse.ts';
@@ -10,13 +8,11 @@ import { createLogger } from '../../../core/logger.ts';
 import { startBrokerHarness, type BrokerHarness } from '../../fixtures/broker-harness.ts';
 import { until } from '../../fixtures/eventually.ts';
 import { tokenIssuer } from '../../fixtures/agent-identity.ts';
-import { startCpHarness } from '../../fixtures/controlplane-harness.ts';
 import { addAgent } from './secrets-fixture.ts';
 
 // The satellites' routes on the agent listener: the satellite token (created 0600 on first start,
-// kept across restarts, compared by hash), the merged secrets every satellite is served, the event
-// stream that says when they changed, and the agent-operator token refused for a contained agent before
-// the control plane is asked.
+// kept across restarts, compared by hash), the merged secrets every satellite is served and the event
+// stream that says when they changed. The agent-operator token: satellite-operator-token.test.ts.
 
 const PERSONAS = [{ clientId: 'admin-a', org: 'org-a', human: true }];
 
@@ -57,9 +53,11 @@ async function events(h: BrokerHarness, token: string) {
   };
 }
 
+// One broker for the file (each start of a PGlite store takes seconds).
+const h = await startBrokerHarness({ seedAdmin: ['admin-a'], heartbeatMs: 100 }, PERSONAS);
+t.teardown(() => h.close());
+
 t.test('the satellite token: created 0600 once, kept, and the only way in', async (t) => {
-  const h = await startBrokerHarness({ seedAdmin: ['admin-a'], heartbeatMs: 100 }, PERSONAS);
-  t.teardown(() => h.close());
   const file = join(h.dir, 'state', 'satellite-token');
   t.equal((await stat(file)).mode & 0o777, 0o600, 'the token file is 0600');
   const token = (await readFile(file, 'utf8')).trim();
@@ -104,8 +102,6 @@ t.test('the satellite token: created 0600 once, kept, and the only way in', asyn
 });
 
 t.test('GET /v1/satellite/secrets and the events stream', async (t) => {
-  const h = await startBrokerHarness({ seedAdmin: ['admin-a'], heartbeatMs: 100 }, PERSONAS);
-  t.teardown(() => h.close());
   const token = (await readFile(join(h.dir, 'state', 'satellite-token'), 'utf8')).trim();
   await addAgent(h, 'agent-1', 'org-a', 'g-1');
   await addAgent(h, 'agent-2', 'org-a', null);
@@ -171,115 +167,4 @@ t.test('GET /v1/satellite/secrets and the events stream', async (t) => {
   t.ok(await until(() => stream.ended()), 'the stream ends when the broker stops');
   t.match(stream.raw(), /event: end\ndata: \{"reason":"shutdown"\}/);
   await idle.body.dump().catch(() => {});
-  await h.restart();
-});
-
-t.test("the agent-operator token on an agent's behalf", async (t) => {
-  // A control plane that is not there: a port nothing listens on.
-  const port = await new Promise<number>((resolve) => {
-    const s = createServer().listen(0, '127.0.0.1', () => {
-      const p = (s.address() as { port: number }).port;
-      s.close(() => resolve(p));
-    });
-  });
-  const h = await startBrokerHarness({ seedAdmin: ['admin-a'] }, PERSONAS);
-  t.teardown(() => h.close());
-  const token = (await readFile(join(h.dir, 'state', 'satellite-token'), 'utf8')).trim();
-  await addAgent(h, 'agent-1', 'org-a', 'g-1');
-  await addAgent(h, 'agent-contained', 'org-a', 'g-1', 'active', true);
-  await addAgent(h, 'agent-suspended', 'org-a', 'g-1', 'suspended');
-  const mint = (uid: string) => h.agent('POST', `/v1/satellite/agents/${uid}/operator-token`, undefined, token);
-
-  t.equal((await mint('nobody')).status, 404, 'an agent this enclave does not run');
-  const contained = await mint('agent-contained');
-  t.equal(contained.status, 403);
-  t.match(contained.body.detail, /contained/);
-  t.equal((await mint('agent-suspended')).status, 403, 'a suspended agent likewise');
-  t.match(
-    h.audit.find((r) => r.action === 'agent-operator-token.mint'),
-    {
-      outcome: 'deny',
-      resource: 'agent:agent-contained',
-      org_id: 'org-a',
-      actor: 'satellite',
-      reason: 'agent agent-contained is contained',
-    },
-    'the refusal is audited',
-  );
-  const none = await mint('agent-1');
-  t.equal(none.status, 503, 'no --controlplane');
-  t.match(none.body, { type: 'https://dvx.dev/problems/no-controlplane', detail: /--controlplane/ });
-
-  await h.broker.close();
-  await h.restart({
-    controlplane: `https://127.0.0.1:${port}`,
-    brokerKey: 'dvx-broker-key-secret-0123',
-    enclaveId: 'enc-test',
-  });
-  const down = await mint('agent-1');
-  t.equal(down.status, 502, 'the control plane unreachable');
-  t.match(down.body, { type: 'https://dvx.dev/problems/controlplane-unavailable' });
-  t.equal((await mint('agent-contained')).status, 403, 'contained: refused before the control plane is asked');
-  t.notOk(h.logs.join('\n').includes('dvx-broker-key-secret-0123'), 'the broker key is in no log line');
-});
-
-t.test('the agent-operator token comes from a real control plane, through the broker', async (t) => {
-  const cph = await startCpHarness([{ clientId: 'root', org: 'org-a', human: true }], {
-    seedAdmin: ['root'],
-    agentTokenIssuerUrl: 'https://cp.dvx.test',
-  });
-  t.teardown(() => cph.close());
-  await cph.call('root', 'POST', '/orgs', { id: 'org-a', name: 'A' });
-  const reg = await cph.call('root', 'POST', '/enclaves', { name: 'eu', enclave_id: 'enc-test', owning_org: 'org-a' });
-  t.equal(reg.status, 201);
-  t.equal(
-    (await cph.call('root', 'POST', '/orgs/org-a/agents', { uid: 'bot-1', name: 'one', enclave_id: 'enc-test' }))
-      .status,
-    201,
-  );
-  const dir = await mkdtemp(join(tmpdir(), 'dvx-cp-ca-'));
-  t.teardown(() => rm(dir, { recursive: true, force: true }));
-  await writeFile(join(dir, 'ca.pem'), cph.ca);
-
-  const h = await startBrokerHarness({
-    controlplane: `https://127.0.0.1:${cph.cp.port}`,
-    brokerKey: reg.body.key.token,
-    enclaveId: 'enc-test',
-    caCert: join(dir, 'ca.pem'),
-  });
-  t.teardown(() => h.close());
-  const token = (await readFile(join(h.dir, 'state', 'satellite-token'), 'utf8')).trim();
-  await addAgent(h, 'bot-1', 'org-a', null);
-  await addAgent(h, 'bot-unknown-upstream', 'org-a', null);
-  const mint = (uid: string) => h.agent('POST', `/v1/satellite/agents/${uid}/operator-token`, undefined, token);
-
-  const ok = await mint('bot-1');
-  t.equal(ok.status, 200);
-  t.match(ok.body, { token_type: 'Bearer', expires_in: 60, access_token: /^ey/ });
-  t.equal(ok.headers['cache-control'], 'no-store');
-  t.match(cph.audit.at(-1), {
-    action: 'agent-operator-token.mint',
-    actor: 'enclave:enc-test',
-    resource: 'agent:bot-1',
-  });
-  // The control plane's own refusal is relayed as it answered.
-  const unknown = await mint('bot-unknown-upstream');
-  t.equal(unknown.status, 404);
-  t.match(unknown.body, { type: 'https://dvx.dev/problems/not-found' });
-
-  // Contained on the broker's side: refused there; the control plane is not asked (no new mint record).
-  const records = cph.audit.length;
-  await addAgent(h, 'bot-1', 'org-a', null, 'active', true);
-  t.equal((await mint('bot-1')).status, 403);
-  t.equal(cph.audit.length, records, 'the control plane was not asked');
-
-  // A broker key the control plane does not know: a 502, not the control plane's 401 (the satellite's
-  // token is fine).
-  await addAgent(h, 'bot-1', 'org-a', null);
-  await h.broker.close();
-  await h.restart({ brokerKey: 'dvxb_not-the-key' });
-  const refused = await mint('bot-1');
-  t.equal(refused.status, 502);
-  t.match(refused.body.detail, /answered 401/);
-  t.notOk(h.logs.join('\n').includes(reg.body.key.token), 'the broker key is in no log line');
 });
