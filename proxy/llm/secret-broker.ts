@@ -14,7 +14,7 @@ import type { SecretMap } from './secrets-file.ts';
 //   orgs:   {org: {name: value}}  →  `org:<org>`    the org's own
 //
 // The copy is fetched at start, again on every `secrets` event of `GET /v1/satellite/events` whose
-// version differs from the copy's (the stream reconnects with backoff), and every --refresh (30 s) as a
+// version differs from the copy's (the stream reconnects with backoff), and every 30 s as a
 // safety net. A fetch that fails keeps the last good copy and says so in the log.
 //
 // A broker that cannot be reached at start does not stop the proxy (docs/decisions.md, "The enclave's
