@@ -68,6 +68,25 @@ export function registerLlmProxy(serve: Command): void {
       }),
     )
     .addOption(
+      flag('--secret-broker-url <url>', {
+        description:
+          "the enclave broker's agent URL: secrets (credentials, secrets-filter needles) come from it (instead of --secrets-file)",
+        default: d.secretBrokerUrl,
+      }),
+    )
+    .addOption(
+      flag('--secret-broker-token-file <file>', {
+        description: "the broker's satellite token (its --satellite-token-file)",
+        default: d.secretBrokerTokenFile,
+      }),
+    )
+    .addOption(
+      flag('--broker-ca <file>', {
+        description: 'CA bundle trusted for the broker (--secret-broker-url, an https --agent-jwks)',
+        default: d.brokerCa,
+      }),
+    )
+    .addOption(
       flag('--upstream-default <url>', {
         description: 'upstream base URL when policy names none',
         default: d.upstreamDefault,

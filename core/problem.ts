@@ -66,6 +66,8 @@ export const PROBLEMS = {
   unsupportedMediaType: entry('unsupported-media-type', 'The request body is not of a supported media type', 415),
   uriTooLong: entry('uri-too-long', 'The request URI or a path segment is too long', 414),
   headersTooLarge: entry('headers-too-large', 'The request header fields are too large', 431),
+  controlPlaneUnavailable: entry('controlplane-unavailable', 'The control plane refused or did not answer', 502),
+  controlPlaneNotConfigured: entry('no-controlplane', 'This enclave runs without a control plane', 503),
 } as const satisfies Record<string, CatalogueEntry>;
 
 export function problemOf(e: CatalogueEntry, detail: string | undefined, instance?: string): Problem {

@@ -32,7 +32,9 @@ import { brokerAuditRoutes, noAuditStore } from './operator/audit-routes.ts';
 import { operatorAuth } from './operator/auth.ts';
 import { grantRoutes } from './operator/grant-routes.ts';
 import { seedAdmin } from './operator/grants.ts';
+import { secretRoutes } from './operator/secret-routes.ts';
 import { validateBrokerOptions, type BrokerOptions } from './options.ts';
+import { satelliteRoutes } from './satellite-routes.ts';
 import { openSealer } from './sealer.ts';
 import { migrate } from './store/migrate.ts';
 
@@ -216,6 +218,7 @@ export async function startBroker(input: Partial<BrokerOptions>, start: BrokerSt
     const agentApp = await listener('broker', options, tls, registry, log);
     cleanups.push(() => agentApp.close());
     await agentApp.register(agentRoutes(deps, identity));
+    await agentApp.register(await satelliteRoutes(deps));
     notFound(agentApp);
 
     // The operator listener: without --local-issuer no operator can authenticate, and every /api/v1
@@ -235,6 +238,7 @@ export async function startBroker(input: Partial<BrokerOptions>, start: BrokerSt
       await operatorApp.register(auditStore ? brokerAuditRoutes(deps, auditStore) : noAuditStore, {
         prefix: '/api/v1',
       });
+      await operatorApp.register(secretRoutes(deps), { prefix: '/api/v1' });
     } else {
       operatorApp.addHook('onRequest', async (req, reply) => {
         if (req.url.startsWith('/api/v1'))

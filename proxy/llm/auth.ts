@@ -2,9 +2,11 @@ import type { IncomingHttpHeaders } from 'node:http';
 import type { TLSSocket } from 'node:tls';
 import type { X509Certificate } from 'node:crypto';
 import { AuthError, type AuthFailure } from './errors.ts';
+import { fetchTrusting } from '../../core/fetch.ts';
 import {
   createLocalJWKSet,
   createRemoteJWKSet,
+  customFetch,
   jwtVerify,
   errors as joseErrors,
   type JWTPayload,
@@ -37,8 +39,13 @@ export function jwksFromDocument(doc: unknown): JWTVerifyGetKey {
   return createLocalJWKSet(doc as JSONWebKeySet);
 }
 
-export function jwksFromUrl(url: string): JWTVerifyGetKey {
-  return createRemoteJWKSet(new URL(url), { cooldownDuration: 5_000, cacheMaxAge: 600_000 });
+/** A remote JWKS (the broker's `/.well-known/jwks.json`), fetched trusting `ca` too when given. */
+export function jwksFromUrl(url: string, ca?: Buffer): JWTVerifyGetKey {
+  return createRemoteJWKSet(new URL(url), {
+    cooldownDuration: 5_000,
+    cacheMaxAge: 600_000,
+    ...(ca ? { [customFetch]: fetchTrusting(ca) } : {}),
+  });
 }
 
 /** The token and the header it came in, or null when neither header holds something JWT-shaped. */

@@ -17,8 +17,10 @@ export function resolveCredential(
   secrets: SecretSource,
 ): string | null {
   if (mode === 'platform') {
+    // The agent's own map may hold the org-level name too: the broker merges a group's key into it.
     return (
       secrets.get(`agent:${identity.agentId}`, AGENT_LLM_KEY) ??
+      secrets.get(`agent:${identity.agentId}`, ORG_LLM_KEY) ??
       secrets.get(`org:${identity.orgId}`, ORG_LLM_KEY) ??
       null
     );

@@ -121,6 +121,9 @@ export class RequestTooLargeError extends coded('DVX_REQUEST_TOO_LARGE') {}
 /** An upstream answer held whole (a plain answer) grew past the held-answer bound; a 502. */
 export class AnswerTooLargeError extends coded('DVX_ANSWER_TOO_LARGE') {}
 
+/** The secret broker (--secret-broker-url) did not answer, refused the satellite token, or sent an unusable map. */
+export class SecretBrokerError extends coded('DVX_SECRET_BROKER') {}
+
 /**
  * A call answered by the proxy itself, before or instead of relaying the upstream's answer: `answer` is
  * the wire body (one of ERRORS, or a 400 of badRequest). A refusal of ours carries its `reason` (the

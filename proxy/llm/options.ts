@@ -39,6 +39,12 @@ export interface LlmProxyOptions extends AuditOptions, ServerLimitOptions {
   /** The control plane's PostgreSQL store, read directly instead of --policy-snapshot. */
   databaseDsn: string;
   secretsFile: string;
+  /** The enclave broker's agent base URL: secrets come from its satellite routes (instead of --secrets-file). */
+  secretBrokerUrl: string;
+  /** The satellite token the broker issued (its --satellite-token-file). */
+  secretBrokerTokenFile: string;
+  /** CA bundle trusted for the broker (--secret-broker-url, and an https --agent-jwks). */
+  brokerCa: string;
   upstreamDefault: string;
   upstreamCa: string;
   /** ms from the request sent to the upstream's response headers (a plain answer's come with its last token). */
@@ -67,6 +73,9 @@ export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
   policySnapshot: '',
   databaseDsn: '',
   secretsFile: '',
+  secretBrokerUrl: '',
+  secretBrokerTokenFile: '',
+  brokerCa: '',
   upstreamDefault: '',
   upstreamCa: '',
   upstreamTimeout: DEFAULT_UPSTREAM_TIMEOUT_MS,
@@ -99,6 +108,21 @@ export function validateOptions(input: Partial<LlmProxyOptions>): LlmProxyOption
       throw new OptionsError('--upstream-default must be an http(s) URL');
     o.upstreamDefault = o.upstreamDefault.replace(/\/+$/, '');
   }
+  if (o.secretsFile && o.secretBrokerUrl)
+    throw new OptionsError('--secrets-file and --secret-broker-url are two sources of the same secrets: choose one');
+  if (o.secretBrokerUrl) {
+    let url: URL;
+    try {
+      url = new URL(o.secretBrokerUrl);
+    } catch {
+      throw new OptionsError(`--secret-broker-url "${o.secretBrokerUrl}" is not an absolute URL`);
+    }
+    if (url.protocol !== 'https:') throw new OptionsError('--secret-broker-url must be https (the broker is TLS only)');
+    if (!o.secretBrokerTokenFile)
+      throw new OptionsError("--secret-broker-url needs --secret-broker-token-file (the broker's satellite token)");
+    o.secretBrokerUrl = o.secretBrokerUrl.replace(/\/+$/, '');
+  } else if (o.secretBrokerTokenFile)
+    throw new OptionsError('--secret-broker-token-file is the token of --secret-broker-url, which is not set');
   if (!(WIRE_FORMATS as readonly string[]).includes(o.translateUpstreamFormat))
     throw new OptionsError(`--translate-upstream-format must be one of ${WIRE_FORMATS.join(', ')}`);
   if (o.databaseDsn && o.policySnapshot)

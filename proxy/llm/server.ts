@@ -19,10 +19,11 @@ import { PolicyCache } from '../../pipeline/policy/cache.ts';
 import { EMPTY_SNAPSHOT, validateSnapshot, type Snapshot } from '../../pipeline/policy/snapshot.ts';
 import type { ResolvedPolicy } from '../../pipeline/policy/types.ts';
 import { AgentAuthenticator, jwksFromDocument, jwksFromUrl } from './auth.ts';
-import { clientErrorAnswer } from './errors.ts';
+import { clientErrorAnswer, OptionsError } from './errors.ts';
 import { proxyMetrics } from './metrics.ts';
 import { validateOptions, type LlmProxyOptions } from './options.ts';
 import { LlmProxy } from './proxy.ts';
+import { SecretBroker } from './secret-broker.ts';
 import { parseSecretsFile, secretSource, type SecretMap } from './secrets-file.ts';
 import { upstreamDispatcher } from './upstream.ts';
 import pkg from '../../package.json' with { type: 'json' };
@@ -88,6 +89,20 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
     });
   }
   const emptySecrets: SecretMap = new Map();
+  // The broker's CA: for --secret-broker-url, and for an https --agent-jwks (the broker serves the JWKS).
+  const brokerCa = options.brokerCa
+    ? await readFile(options.brokerCa).catch((err: NodeJS.ErrnoException) => {
+        throw new OptionsError(`cannot read --broker-ca ${options.brokerCa}: ${err.code ?? err.message}`);
+      })
+    : undefined;
+  const secretBroker = options.secretBrokerUrl
+    ? await SecretBroker.start({
+        url: options.secretBrokerUrl,
+        tokenFile: options.secretBrokerTokenFile,
+        ca: brokerCa,
+        log,
+      })
+    : null;
 
   let jwksFile: WatchedJsonFile<ReturnType<typeof jwksFromDocument>> | null = null;
   let remoteJwks: ReturnType<typeof jwksFromUrl> | null = null;
@@ -98,7 +113,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
       return () => Promise.reject(new Error('no JWKS configured'));
     },
   });
-  if (/^https?:\/\//.test(options.agentJwks)) remoteJwks = jwksFromUrl(options.agentJwks);
+  if (/^https?:\/\//.test(options.agentJwks)) remoteJwks = jwksFromUrl(options.agentJwks, brokerCa);
   else if (options.agentJwks) {
     jwksFile = await WatchedJsonFile.open({
       path: options.agentJwks,
@@ -148,7 +163,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
     auth,
     snapshot: () => store?.value ?? snapshotFile?.value ?? EMPTY_SNAPSHOT,
     policies,
-    secrets: secretSource(() => secretsFile?.value ?? emptySecrets),
+    secrets: secretSource(() => secretBroker?.map ?? secretsFile?.value ?? emptySecrets),
     engine,
     dispatcher,
     audit,
@@ -207,6 +222,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
         snapshotFile?.close();
         await store?.close();
         secretsFile?.close();
+        await secretBroker?.close();
         jwksFile?.close();
         await engine.close();
         await dispatcher.close();

@@ -2,13 +2,11 @@ import { createHash } from 'node:crypto';
 import type { BrokerAgent } from '../agents.ts';
 import type { AgentView } from '../agent-routes.ts';
 import type { BrokerDeps } from '../deps.ts';
+import { allSecretsOf } from '../secrets.ts';
 
-// A minimal AgentView straight over the broker's store, which the server wires until the secret store
-// (secrets: merged org → group → agent) and the merged config (platform → org → group → agent, with
-// locks) take its place: secrets from broker_secrets, config the agent's own keys (broker_agent_config)
-// with nothing locked above them.
-
-const RANK: Record<string, number> = { org: 0, group: 1, agent: 2 };
+// The AgentView over the broker's store: secrets from the secret store (secrets.ts: merged org → group →
+// agent), and, until the merged config (platform → org → group → agent, with locks) takes its place,
+// config the agent's own keys (broker_agent_config) with nothing locked above them.
 
 /** JSON with object keys sorted, so equal config hashes equally whatever order it was built in. */
 function canonical(v: unknown): string {
@@ -26,19 +24,8 @@ export const configHash = (config: Record<string, unknown>): string =>
 
 export function storeAgentView(deps: Pick<BrokerDeps, 'db' | 'sealer'>): AgentView {
   return {
-    async secrets(agent: BrokerAgent) {
-      const { rows } = await deps.db.query<{ scope_kind: string; name: string; sealed: string }>(
-        `SELECT scope_kind, name, sealed FROM broker_secrets
-          WHERE org_id = $1 AND (scope_kind = 'org' AND scope_id = $1
-                              OR scope_kind = 'group' AND scope_id = $2
-                              OR scope_kind = 'agent' AND scope_id = $3)`,
-        [agent.org_id, agent.group_id ?? '', agent.uid],
-      );
-      const out: Record<string, string> = Object.create(null);
-      for (const r of rows.sort((a, b) => RANK[a.scope_kind]! - RANK[b.scope_kind]!))
-        if (r.scope_kind !== 'group' || agent.group_id) out[r.name] = await deps.sealer.open(r.sealed);
-      return out;
-    },
+    // Every secret of the agent (agent-routes.ts drops the satellite names before serving them).
+    secrets: (agent: BrokerAgent) => allSecretsOf(deps, agent),
     async config(agent: BrokerAgent) {
       const { rows } = await deps.db.query<{ key: string; value: unknown }>(
         'SELECT key, value FROM broker_agent_config WHERE agent_uid = $1 ORDER BY key',
