@@ -27,7 +27,7 @@ import { startConvergence, type Convergence } from './convergence.ts';
 import type { BrokerBus, BrokerDeps } from './deps.ts';
 import { EnclaveCa } from './identity/enclave-ca.ts';
 import { SigningKeys } from './identity/signing-keys.ts';
-import { storeAgentView } from './identity/store-view.ts';
+import { storeAgentView } from './agent-view.ts';
 import { brokerAuditRoutes, noAuditStore } from './operator/audit-routes.ts';
 import { operatorAuth } from './operator/auth.ts';
 import { grantRoutes } from './operator/grant-routes.ts';
@@ -69,7 +69,7 @@ export interface BrokerStart {
   audit?: AuditSink;
   registry?: Registry;
   now?: () => number;
-  /** Secrets and config as agents see them; by default straight over the store (identity/store-view.ts). */
+  /** Secrets and config as agents see them; by default over the store and the kept config document (agent-view.ts). */
   agentView?: AgentView;
 }
 
@@ -212,7 +212,11 @@ export async function startBroker(input: Partial<BrokerOptions>, start: BrokerSt
       { commonName: `dvx enclave CA ${options.enclaveName || options.enclaveId || ''}`.trim() },
     );
     if (ca.generated) log.info({ cert: options.enclaveCaCert }, 'enclave CA created');
-    const identity: AgentIdentity = { keys, ca, view: start.agentView ?? storeAgentView(deps) };
+    const identity: AgentIdentity = {
+      keys,
+      ca,
+      view: start.agentView ?? storeAgentView(deps, () => convergence.config()),
+    };
 
     // The agent listener.
     const agentApp = await listener('broker', options, tls, registry, log);
