@@ -5,7 +5,7 @@ import { ApiError } from '../../core/errors.ts';
 import { PROBLEMS, sendProblem, type CatalogueEntry } from '../../core/problem.ts';
 import type { Queryable } from '../../core/sql.ts';
 import { AgentConfigLockedError, CsrInvalidError, PlatformJwtError } from '../errors.ts';
-import { changeStatus, getAgent, refusalOf, type BrokerAgent } from './agents.ts';
+import { changeStatus, getAgent, lockAgent, refusalOf, type BrokerAgent } from './agents.ts';
 import { auditedChange, auditRefusal, type BrokerActor } from './audit.ts';
 import { redeemBootstrapToken, tokenHash } from './bootstrap-tokens.ts';
 import type { BrokerDeps } from './deps.ts';
@@ -146,9 +146,11 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
     let family: { familyId: string; token: string };
     try {
       family = await auditedChange(deps, agentActor(uid, req.id), 'agent.bootstrap', agent.org_id, async (tx) => {
+        // The agent's row first (the order convergence takes too): a suspension committed meanwhile is
+        // seen here, and the status written below never overwrites it.
+        const current = await lockAgent(tx, uid);
         if ((await redeemBootstrapToken(tx, body.token, now)) !== uid)
           throw new ApiError(PROBLEMS.unauthenticated, 'bootstrap token already used');
-        const current = await getAgent(tx, uid);
         const refusedNow = current ? refusalOf(current) : `agent ${uid} is gone`;
         if (refusedNow) throw new ApiError(PROBLEMS.forbidden, refusedNow);
         // One identity per agent: a new bootstrap (an operator re-provisioned it) ends the older ones.
@@ -203,11 +205,11 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
     let next: string | typeof REPLAYED;
     try {
       next = await deps.db.transaction(async (tx) => {
+        const current = await lockAgent(tx, agent.uid);
         const r = await rotate(tx, body.refresh_token, ttl(), now);
         if (r && 'replayed' in r) throw REPLAYED_SIGNAL;
         if (!r || !('ok' in r) || r.uid !== agent.uid)
           throw new ApiError(PROBLEMS.unauthenticated, 'the refresh token is no longer valid');
-        const current = await getAgent(tx, agent.uid);
         const refusedNow = current ? refusalOf(current) : `agent ${agent.uid} is gone`;
         if (refusedNow) throw new ApiError(PROBLEMS.forbidden, refusedNow);
         return r.next;
@@ -236,10 +238,10 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
         'agent.refresh_token_replayed',
         agent.org_id,
         async (tx) => {
+          const current = await lockAgent(tx, agent.uid);
           const r = await rotate(tx, token, ttl(), now);
           if (!r || !('replayed' in r))
             throw new ApiError(PROBLEMS.unauthenticated, 'the refresh token family is revoked');
-          const current = await getAgent(tx, agent.uid);
           let status = current?.status ?? 'unknown';
           if (current && !refusalOf(current)) {
             await changeStatus(tx, agent.uid, 'suspended', 'refresh_token_replayed');
