@@ -66,6 +66,21 @@ const CONFIG_BODY = closed({ value: {} }, ['value']);
 const SECRET_PARAMS = closed({ name: { type: 'string', minLength: 1, maxLength: 256 } }, ['name']);
 const CONFIG_PARAMS = closed({ key: { type: 'string', pattern: '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$' } }, ['key']);
 
+/** How deep a config value may nest: far past any config, well short of what recursion over it could take. */
+const MAX_CONFIG_DEPTH = 64;
+
+/** Whether `value` nests objects/arrays deeper than `max` levels, walked without recursion. */
+function nestedDeeperThan(value: unknown, max: number): boolean {
+  const stack: [unknown, number][] = [[value, 1]];
+  while (stack.length > 0) {
+    const [v, depth] = stack.pop()!;
+    if (v === null || typeof v !== 'object') continue;
+    if (depth > max) return true;
+    for (const child of Object.values(v)) stack.push([child, depth + 1]);
+  }
+  return false;
+}
+
 /** A name an agent may be served: satellite secrets carry a service prefix (`llmproxy:…`, `agent:llmproxy.…`). */
 const agentSecretName = (name: string) => !name.includes(':');
 
@@ -380,6 +395,9 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
           const agent = agentOf(req);
           const { key } = req.params as { key: string };
           const { value } = req.body as { value: unknown };
+          // Serialising and storing it recurse over it: a value nested past any config is refused first.
+          if (nestedDeeperThan(value, MAX_CONFIG_DEPTH))
+            throw new ApiError(PROBLEMS.badRequest, `value: nested deeper than ${MAX_CONFIG_DEPTH} levels`);
           // PostgreSQL's jsonb cannot hold a NUL character: refused here rather than failing in the store.
           if (JSON.stringify(value).includes('\\u0000'))
             throw new ApiError(PROBLEMS.badRequest, 'value: must not contain a NUL character');

@@ -115,6 +115,31 @@ async function stop(b: Broker) {
   await b.app.close();
 }
 
+for (const kind of ['pglite', 'postgres'] as const) {
+  t.test(`${kind}: a config value nested deeper than any config is 400, not 500`, async (t) => {
+    const store = await openStore(t, kind);
+    if (!store) return;
+    const b = await startBroker(store.db);
+    t.teardown(() => stop(b));
+    await addAgent(store.db, { uid: 'deep-1', org_id: 'org-a' });
+    const boot = await b.call('POST', '/v1/agent/bootstrap', { body: { token: await b.token('deep-1') } });
+    t.equal(boot.status, 200);
+    const depth = 100_000;
+    const raw = `{"value":${'['.repeat(depth)}${']'.repeat(depth)}}`;
+    const a = await b.call('PUT', '/v1/agent/config/deep.key', { raw, jwt: boot.body.jwt });
+    problem(t, a, 400);
+    t.match(a.body.detail, /value: .*nested/);
+    const shallow = await b.call('PUT', '/v1/agent/config/deep.key', {
+      body: { value: { a: [{ b: [1, 2, { c: 'x' }] }] } },
+      jwt: boot.body.jwt,
+    });
+    t.equal(shallow.status, 200, 'an ordinary nested value is taken');
+    t.same(shallow.body.config['deep.key'], { a: [{ b: [1, 2, { c: 'x' }] }] });
+    t.notMatch(b.deps.logText(), /request failed/, 'nothing failed on the way');
+  });
+
+}
+
 t.test('postgres: an exchange racing an operator suspension or isolation never undoes it', async (t) => {
   const store = await openStore(t, 'postgres');
   if (!store) return;
