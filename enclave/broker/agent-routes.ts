@@ -7,11 +7,17 @@ import type { Queryable } from '../../core/sql.ts';
 import { AgentConfigLockedError, CsrInvalidError, PlatformJwtError } from '../errors.ts';
 import { changeStatus, getAgent, lockAgent, refusalOf, type BrokerAgent } from './agents.ts';
 import { auditedChange, auditRefusal, type BrokerActor } from './audit.ts';
-import { redeemBootstrapToken, tokenHash } from './bootstrap-tokens.ts';
+import { pruneBootstrapTokens, redeemBootstrapToken, tokenHash } from './bootstrap-tokens.ts';
 import type { BrokerDeps } from './deps.ts';
 import { MAX_CSR_BYTES, type EnclaveCa } from './identity/enclave-ca.ts';
 import { bearerToken, verifyPlatformJwt } from './identity/jwt.ts';
-import { peekRefreshToken, revokeAgentFamilies, rotate, startFamily } from './identity/refresh-tokens.ts';
+import {
+  peekRefreshToken,
+  pruneRefreshTokens,
+  revokeAgentFamilies,
+  rotate,
+  startFamily,
+} from './identity/refresh-tokens.ts';
 import type { SigningKeys } from './identity/signing-keys.ts';
 
 // The agent listener's routes (spec: llm-content-policy, enclave-side agent-facing routes; operator-api,
@@ -44,6 +50,13 @@ export interface AgentIdentity {
   ca: EnclaveCa;
   view: AgentView;
 }
+
+export interface AgentRoutesOptions {
+  /** How often spent tokens and dead families are deleted (default 10 minutes). */
+  pruneEveryMs?: number;
+}
+
+const PRUNE_EVERY_MS = 10 * 60_000;
 
 const REPLAYED: unique symbol = Symbol('replayed');
 /** Thrown out of a renewal's transaction that met a replay, so that the rotation rolls back. */
@@ -90,7 +103,7 @@ const agentActor = (uid: string | null, traceId: string): BrokerActor => ({
   traceId,
 });
 
-export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
+export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity, options: AgentRoutesOptions = {}) {
   const { keys, ca, view } = identity;
   const ttl = () => deps.options.refreshTtl;
 
@@ -312,7 +325,32 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
     authenticated.set(req, agent);
   }
 
+  /**
+   * Every exchange leaves rows behind (a renewal every few minutes per agent): the tokens that expired
+   * (a used refresh token is kept until then, to recognise its replay), used bootstrap tokens, and the
+   * families left without a token go, so the tables hold what can still be presented.
+   */
+  async function prune(): Promise<void> {
+    const now = deps.now();
+    await pruneRefreshTokens(deps.db, now);
+    await pruneBootstrapTokens(deps.db, now);
+  }
+
   return async (app: FastifyInstance) => {
+    let pruning: Promise<void> | null = null;
+    const pruner = setInterval(() => {
+      pruning ??= prune()
+        .catch((err: unknown) => deps.log.warn({ err }, 'spent agent tokens could not be pruned; retrying later'))
+        .finally(() => {
+          pruning = null;
+        });
+    }, options.pruneEveryMs ?? PRUNE_EVERY_MS);
+    pruner.unref();
+    app.addHook('onClose', async () => {
+      clearInterval(pruner);
+      await pruning;
+    });
+
     // The identity modules' errors as Problems; anything else to the server's handler.
     app.setErrorHandler((err: Error, req, reply) => {
       const entry =

@@ -47,7 +47,7 @@ interface Broker {
   token(uid: string): Promise<string>;
 }
 
-async function startBroker(db: Db): Promise<Broker> {
+async function startBroker(db: Db, pruneEveryMs?: number): Promise<Broker> {
   const clock = testClock();
   const deps = testDeps(db, {}, clock);
   const keys = await SigningKeys.open(deps, { checkEveryMs: 0 });
@@ -59,7 +59,9 @@ async function startBroker(db: Db): Promise<Broker> {
     ...VALIDATION,
   });
   await app.register(problems, { log: deps.log, component: 'broker' });
-  await app.register(agentRoutes(deps, { keys, ca, view: testAgentView(db, deps.sealer) }));
+  await app.register(
+    agentRoutes(deps, { keys, ca, view: testAgentView(db, deps.sealer) }, pruneEveryMs ? { pruneEveryMs } : {}),
+  );
   await app.listen({ port: 0, host: '127.0.0.1' });
   const port = (app.server.address() as { port: number }).port;
   return {
@@ -138,6 +140,36 @@ for (const kind of ['pglite', 'postgres'] as const) {
     t.notMatch(b.deps.logText(), /request failed/, 'nothing failed on the way');
   });
 
+  t.test(`${kind}: spent tokens and dead families are pruned`, async (t) => {
+    const store = await openStore(t, kind);
+    if (!store) return;
+    const db = store.db;
+    const b = await startBroker(db, 50);
+    t.teardown(() => stop(b));
+    await addAgent(db, { uid: 'prune-1', org_id: 'org-a' });
+    const boot = await b.call('POST', '/v1/agent/bootstrap', { body: { token: await b.token('prune-1') } });
+    t.equal(boot.status, 200);
+    let refresh = boot.body.refresh_token as string;
+    for (let i = 0; i < 3; i++) {
+      const r = await b.call('POST', '/v1/agent/refresh', { body: { refresh_token: refresh } });
+      t.equal(r.status, 200);
+      refresh = r.body.refresh_token;
+    }
+    const count = async (table: string) => Number((await db.query(`SELECT count(*) AS n FROM ${table}`)).rows[0].n);
+    t.equal(await count('broker_refresh_tokens'), 4, 'the used tokens are kept while a replay could come');
+
+    // Past --refresh-ttl the used tokens are gone, the live one stays... and then it expires too.
+    b.clock.advance(b.deps.options.refreshTtl - 1000);
+    const r = await b.call('POST', '/v1/agent/refresh', { body: { refresh_token: refresh } });
+    t.equal(r.status, 200);
+    b.clock.advance(2000);
+    t.ok(await until(async () => (await count('broker_refresh_tokens')) === 1), 'the expired tokens are pruned');
+    t.equal(await count('broker_bootstrap_tokens'), 0, 'the used bootstrap token is pruned');
+    t.equal(await count('broker_token_families'), 1, 'the family with a live token stays');
+    b.clock.advance(b.deps.options.refreshTtl);
+    t.ok(await until(async () => (await count('broker_token_families')) === 0), 'a family without tokens is pruned');
+    t.equal(await count('broker_refresh_tokens'), 0);
+  });
 }
 
 t.test('postgres: an exchange racing an operator suspension or isolation never undoes it', async (t) => {
