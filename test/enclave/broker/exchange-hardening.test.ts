@@ -226,3 +226,19 @@ t.test('postgres: an exchange racing an operator suspension or isolation never u
     t.match(await getAgent(db, 'race-2'), { status: 'isolated', reason: 'operator' }, 'isolated, not suspended');
   });
 });
+
+t.test('pglite: a store that stops answering is not an agent credential refused', async (t) => {
+  const store = (await brokerStore('pglite'))!;
+  // The store is closed by the test: only its directory is left to remove.
+  t.teardown(() => rm(store.dsn.slice('pglite://'.length), { recursive: true, force: true }));
+  const b = await startBroker(store.db);
+  t.teardown(() => stop(b));
+  await addAgent(store.db, { uid: 'down-1', org_id: 'org-a' });
+  const boot = await b.call('POST', '/v1/agent/bootstrap', { body: { token: await b.token('down-1') } });
+  t.equal(boot.status, 200);
+  b.clock.advance(10_000); // past the keys' cache: the next verification reads the store
+  await store.db.close();
+  const a = await b.call('GET', '/v1/agent/config', { jwt: boot.body.jwt });
+  t.ok(a.status >= 500, `a server error, not a refused credential: ${a.status}`);
+  t.match(a.type, /^application\/problem\+json/);
+});
