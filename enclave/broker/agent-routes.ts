@@ -5,13 +5,19 @@ import { ApiError } from '../../core/errors.ts';
 import { PROBLEMS, sendProblem, type CatalogueEntry } from '../../core/problem.ts';
 import type { Queryable } from '../../core/sql.ts';
 import { AgentConfigLockedError, CsrInvalidError, PlatformJwtError } from '../errors.ts';
-import { changeStatus, getAgent, refusalOf, type BrokerAgent } from './agents.ts';
+import { changeStatus, getAgent, lockAgent, refusalOf, type BrokerAgent } from './agents.ts';
 import { auditedChange, auditRefusal, type BrokerActor } from './audit.ts';
-import { redeemBootstrapToken, tokenHash } from './bootstrap-tokens.ts';
+import { pruneBootstrapTokens, redeemBootstrapToken, tokenHash } from './bootstrap-tokens.ts';
 import type { BrokerDeps } from './deps.ts';
 import { MAX_CSR_BYTES, type EnclaveCa } from './identity/enclave-ca.ts';
 import { bearerToken, verifyPlatformJwt } from './identity/jwt.ts';
-import { peekRefreshToken, revokeAgentFamilies, rotate, startFamily } from './identity/refresh-tokens.ts';
+import {
+  peekRefreshToken,
+  pruneRefreshTokens,
+  revokeAgentFamilies,
+  rotate,
+  startFamily,
+} from './identity/refresh-tokens.ts';
 import type { SigningKeys } from './identity/signing-keys.ts';
 
 // The agent listener's routes (spec: llm-content-policy, enclave-side agent-facing routes; operator-api,
@@ -45,6 +51,13 @@ export interface AgentIdentity {
   view: AgentView;
 }
 
+export interface AgentRoutesOptions {
+  /** How often spent tokens and dead families are deleted (default 10 minutes). */
+  pruneEveryMs?: number;
+}
+
+const PRUNE_EVERY_MS = 10 * 60_000;
+
 const REPLAYED: unique symbol = Symbol('replayed');
 /** Thrown out of a renewal's transaction that met a replay, so that the rotation rolls back. */
 const REPLAYED_SIGNAL = new Error('refresh token replayed');
@@ -66,6 +79,21 @@ const CONFIG_BODY = closed({ value: {} }, ['value']);
 const SECRET_PARAMS = closed({ name: { type: 'string', minLength: 1, maxLength: 256 } }, ['name']);
 const CONFIG_PARAMS = closed({ key: { type: 'string', pattern: '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$' } }, ['key']);
 
+/** How deep a config value may nest: far past any config, well short of what recursion over it could take. */
+const MAX_CONFIG_DEPTH = 64;
+
+/** Whether `value` nests objects/arrays deeper than `max` levels, walked without recursion. */
+function nestedDeeperThan(value: unknown, max: number): boolean {
+  const stack: [unknown, number][] = [[value, 1]];
+  while (stack.length > 0) {
+    const [v, depth] = stack.pop()!;
+    if (v === null || typeof v !== 'object') continue;
+    if (depth > max) return true;
+    for (const child of Object.values(v)) stack.push([child, depth + 1]);
+  }
+  return false;
+}
+
 /** A name an agent may be served: satellite secrets carry a service prefix (`llmproxy:…`, `agent:llmproxy.…`). */
 const agentSecretName = (name: string) => !name.includes(':');
 
@@ -75,7 +103,7 @@ const agentActor = (uid: string | null, traceId: string): BrokerActor => ({
   traceId,
 });
 
-export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
+export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity, options: AgentRoutesOptions = {}) {
   const { keys, ca, view } = identity;
   const ttl = () => deps.options.refreshTtl;
 
@@ -146,9 +174,11 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
     let family: { familyId: string; token: string };
     try {
       family = await auditedChange(deps, agentActor(uid, req.id), 'agent.bootstrap', agent.org_id, async (tx) => {
+        // The agent's row first (the order convergence takes too): a suspension committed meanwhile is
+        // seen here, and the status written below never overwrites it.
+        const current = await lockAgent(tx, uid);
         if ((await redeemBootstrapToken(tx, body.token, now)) !== uid)
           throw new ApiError(PROBLEMS.unauthenticated, 'bootstrap token already used');
-        const current = await getAgent(tx, uid);
         const refusedNow = current ? refusalOf(current) : `agent ${uid} is gone`;
         if (refusedNow) throw new ApiError(PROBLEMS.forbidden, refusedNow);
         // One identity per agent: a new bootstrap (an operator re-provisioned it) ends the older ones.
@@ -203,11 +233,11 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
     let next: string | typeof REPLAYED;
     try {
       next = await deps.db.transaction(async (tx) => {
+        const current = await lockAgent(tx, agent.uid);
         const r = await rotate(tx, body.refresh_token, ttl(), now);
         if (r && 'replayed' in r) throw REPLAYED_SIGNAL;
         if (!r || !('ok' in r) || r.uid !== agent.uid)
           throw new ApiError(PROBLEMS.unauthenticated, 'the refresh token is no longer valid');
-        const current = await getAgent(tx, agent.uid);
         const refusedNow = current ? refusalOf(current) : `agent ${agent.uid} is gone`;
         if (refusedNow) throw new ApiError(PROBLEMS.forbidden, refusedNow);
         return r.next;
@@ -236,10 +266,10 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
         'agent.refresh_token_replayed',
         agent.org_id,
         async (tx) => {
+          const current = await lockAgent(tx, agent.uid);
           const r = await rotate(tx, token, ttl(), now);
           if (!r || !('replayed' in r))
             throw new ApiError(PROBLEMS.unauthenticated, 'the refresh token family is revoked');
-          const current = await getAgent(tx, agent.uid);
           let status = current?.status ?? 'unknown';
           if (current && !refusalOf(current)) {
             await changeStatus(tx, agent.uid, 'suspended', 'refresh_token_replayed');
@@ -295,7 +325,32 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
     authenticated.set(req, agent);
   }
 
+  /**
+   * Every exchange leaves rows behind (a renewal every few minutes per agent): the tokens that expired
+   * (a used refresh token is kept until then, to recognise its replay), used bootstrap tokens, and the
+   * families left without a token go, so the tables hold what can still be presented.
+   */
+  async function prune(): Promise<void> {
+    const now = deps.now();
+    await pruneRefreshTokens(deps.db, now);
+    await pruneBootstrapTokens(deps.db, now);
+  }
+
   return async (app: FastifyInstance) => {
+    let pruning: Promise<void> | null = null;
+    const pruner = setInterval(() => {
+      pruning ??= prune()
+        .catch((err: unknown) => deps.log.warn({ err }, 'spent agent tokens could not be pruned; retrying later'))
+        .finally(() => {
+          pruning = null;
+        });
+    }, options.pruneEveryMs ?? PRUNE_EVERY_MS);
+    pruner.unref();
+    app.addHook('onClose', async () => {
+      clearInterval(pruner);
+      await pruning;
+    });
+
     // The identity modules' errors as Problems; anything else to the server's handler.
     app.setErrorHandler((err: Error, req, reply) => {
       const entry =
@@ -378,6 +433,9 @@ export function agentRoutes(deps: BrokerDeps, identity: AgentIdentity) {
           const agent = agentOf(req);
           const { key } = req.params as { key: string };
           const { value } = req.body as { value: unknown };
+          // Serialising and storing it recurse over it: a value nested past any config is refused first.
+          if (nestedDeeperThan(value, MAX_CONFIG_DEPTH))
+            throw new ApiError(PROBLEMS.badRequest, `value: nested deeper than ${MAX_CONFIG_DEPTH} levels`);
           // PostgreSQL's jsonb cannot hold a NUL character: refused here rather than failing in the store.
           if (JSON.stringify(value).includes('\\u0000'))
             throw new ApiError(PROBLEMS.badRequest, 'value: must not contain a NUL character');

@@ -26,6 +26,15 @@ export async function getAgent(db: Queryable, uid: string): Promise<BrokerAgent 
   return rows[0] ?? null;
 }
 
+/**
+ * The agent's row, locked for the rest of the transaction `tx`: a change of it committed meanwhile (an
+ * operator's suspension converged, an exchange) is waited for and seen, never overwritten.
+ */
+export async function lockAgent(tx: Queryable, uid: string): Promise<BrokerAgent | null> {
+  const { rows } = await tx.query<BrokerAgent>(`SELECT ${COLUMNS} FROM broker_agents WHERE uid = $1 FOR UPDATE`, [uid]);
+  return rows[0] ?? null;
+}
+
 export async function listAgents(db: Queryable): Promise<BrokerAgent[]> {
   return (await db.query<BrokerAgent>(`SELECT ${COLUMNS} FROM broker_agents ORDER BY uid`)).rows;
 }

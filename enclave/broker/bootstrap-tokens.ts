@@ -45,3 +45,13 @@ export async function hasLiveBootstrapToken(tx: Queryable, uid: string, nowMs: n
   );
   return rows.length > 0;
 }
+
+/**
+ * Deletes the tokens that can no longer be used (used or expired). A used one is not needed to refuse
+ * it: a token the store does not know is refused the same way.
+ */
+export async function pruneBootstrapTokens(db: Queryable, nowMs: number): Promise<void> {
+  await db.query('DELETE FROM broker_bootstrap_tokens WHERE used_at IS NOT NULL OR expires_at <= $1', [
+    new Date(nowMs),
+  ]);
+}

@@ -4,7 +4,7 @@ import { canonicalJson, validateConfigDocument, type ConfigDocument } from '../.
 import { validateSnapshot, type AgentState, type Snapshot } from '../../pipeline/policy/snapshot.ts';
 import { AgentStateChangedError, EnclaveMismatchError } from '../errors.ts';
 import { startPuller, type RunningPuller } from '../pullers/puller.ts';
-import { listAgents, REFUSED_STATUSES, setStatus, type BrokerAgent } from './agents.ts';
+import { listAgents, lockAgent, REFUSED_STATUSES, setStatus, type BrokerAgent } from './agents.ts';
 import { auditedChange, BROKER_ACTOR } from './audit.ts';
 import type { BrokerDeps } from './deps.ts';
 import {
@@ -243,14 +243,6 @@ export async function startConvergence(deps: BrokerDeps, o: ConvergenceOptions):
       await saveCursor();
     },
   };
-}
-
-const COLUMNS = 'uid, org_id, group_id, name, status, cp_status, contained, reason';
-
-/** The agent's row, locked for the rest of the transaction (an exchange changing it waits, or wins first). */
-async function lockAgent(tx: Queryable, uid: string): Promise<BrokerAgent | null> {
-  const { rows } = await tx.query<BrokerAgent>(`SELECT ${COLUMNS} FROM broker_agents WHERE uid = $1 FOR UPDATE`, [uid]);
-  return rows[0] ?? null;
 }
 
 function changedMeanwhile(uid: string): never {

@@ -37,6 +37,8 @@ export async function verifyPlatformJwt(keys: SigningKeys, token: string, nowMs:
       currentDate: new Date(nowMs),
     }));
   } catch (err) {
+    // A store that does not answer while the keys are read is the broker's failure, not the token's.
+    if (!(err instanceof joseErrors.JOSEError) && !(err instanceof SigningKeyError)) throw err;
     throw new PlatformJwtError(describe(err), { cause: err });
   }
   const { sub, org_id, agent_name, group_id, jti, iat, exp } = payload as Record<string, unknown>;
