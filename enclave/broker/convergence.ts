@@ -10,6 +10,7 @@ import type { BrokerDeps } from './deps.ts';
 import {
   deliverBootstrapToken,
   forgetAgentIn,
+  revokeCredentialsIn,
   hasLiveFamily,
   isSafeUid,
   provisionIn,
@@ -335,6 +336,7 @@ export async function reconcileAgents(
           uid,
           want.contained,
         ]);
+        if (want.contained) await revokeCredentialsIn(tx, uid, 'operator_contained', now);
         return undefined;
       });
     }
@@ -346,6 +348,9 @@ export async function reconcileAgents(
           const cur = await lockAgent(tx, uid);
           if (!cur || cur.status === cpStatus) changedMeanwhile(uid);
           await setStatus(tx, uid, cpStatus as BrokerAgent['status'], 'operator');
+          // What the agent could authenticate with dies with the suspension: a restore re-provisions it,
+          // so a credential copied before the operator acted never comes back with it.
+          await revokeCredentialsIn(tx, uid, `operator_${cpStatus}`, now);
           return { attrs: { status: cpStatus, was: cur.status } };
         });
     } else if (refused(row.status)) {
@@ -363,11 +368,24 @@ export async function reconcileAgents(
           await setStatus(tx, uid, 'active', 'restored');
           return { attrs: { reprovisioned: 'false', was: cur.status } };
         });
-    } else if (row.status === 'created' || (row.status === 'provisioning' && !liveTokens.has(uid))) {
-      const reason = row.status === 'created' ? 'provisioned' : 'bootstrap_token_expired';
+    } else if (
+      row.status === 'created' ||
+      (row.status === 'provisioning' && !liveTokens.has(uid)) ||
+      (row.status === 'active' && !want.contained && !liveTokens.has(uid) && !(await hasLiveFamily(db, uid, now)))
+    ) {
+      // A new agent; a bootstrap token that expired unused; an active agent left with nothing to
+      // authenticate with (its refresh tokens expired while it was away, or a containment revoked them
+      // and was released): each gets a new bootstrap token.
+      const reason =
+        row.status === 'created'
+          ? 'provisioned'
+          : row.status === 'provisioning'
+            ? 'bootstrap_token_expired'
+            : 'credentials_lapsed';
       await step(uid, 'agent.provision', want.org_id, async (tx) => {
         const cur = await lockAgent(tx, uid);
         if (!cur || cur.status !== row.status) changedMeanwhile(uid);
+        if (cur.status === 'active' && (await hasLiveFamily(tx, uid, now))) changedMeanwhile(uid);
         return { token: await provisionIn(tx, deps, uid, reason), attrs: { reason } };
       });
     } else if (cpStatus !== row.status && !queued.has(uid)) {

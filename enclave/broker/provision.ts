@@ -119,6 +119,12 @@ export async function deliverBootstrapToken(deps: BrokerDeps, uid: string, token
   }
 }
 
+/** Revokes everything an agent could authenticate with: its unused bootstrap tokens, its refresh-token families. */
+export async function revokeCredentialsIn(tx: Queryable, uid: string, reason: string, nowMs: number): Promise<void> {
+  await tx.query('DELETE FROM broker_bootstrap_tokens WHERE agent_uid = $1 AND used_at IS NULL', [uid]);
+  await revokeAgentFamilies(tx, uid, reason, nowMs);
+}
+
 /**
  * Revokes everything an agent could authenticate with (its unused bootstrap tokens, its refresh-token
  * families) and forgets what the broker kept for it (its own config values, a pending status report).

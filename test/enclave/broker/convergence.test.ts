@@ -211,25 +211,31 @@ async function backend(t: Test, kind: 'pglite' | 'postgres') {
     t.equal((await cpView('bot-1')).status, 'suspended', 'the broker did not report over the operator');
   });
 
-  await t.test('restore: with a live refresh family it is active; with none it is provisioned again', async (t) => {
+  await t.test("restore: the suspension revoked the agent's credentials, so it is provisioned again", async (t) => {
     const used = await readFile(tokenFile('bot-1'), 'utf8');
-    await call('admin-a', 'POST', '/orgs/org-a/agents/bot-1/restore');
-    t.ok(await until(async () => (await row('bot-1'))?.status === 'active', WITHIN), 'active again');
-    t.equal(await readFile(tokenFile('bot-1'), 'utf8'), used, 'no new token');
-    t.equal(provisions('bot-1'), 1);
-
-    await deps.db.query('UPDATE broker_token_families SET revoked_at = now() WHERE agent_uid = $1', ['bot-1']);
-    await call('admin-a', 'POST', '/orgs/org-a/agents/bot-1/isolate');
-    t.ok(await until(async () => (await row('bot-1'))?.status === 'isolated', WITHIN), 'isolated');
+    t.match(
+      (await deps.db.query('SELECT revoked_reason FROM broker_token_families WHERE agent_uid = $1', ['bot-1'])).rows,
+      [{ revoked_reason: 'operator_suspended' }],
+      'the suspension revoked its family',
+    );
     await call('admin-a', 'POST', '/orgs/org-a/agents/bot-1/restore');
     t.ok(await until(async () => (await row('bot-1'))?.status === 'provisioning', WITHIN), 'provisioned again');
     t.ok(
       await until(async () => (await readFile(tokenFile('bot-1'), 'utf8')) !== used, WITHIN),
       'a new bootstrap token in its host',
     );
+    const second = await readFile(tokenFile('bot-1'), 'utf8');
+    await call('admin-a', 'POST', '/orgs/org-a/agents/bot-1/isolate');
+    t.ok(await until(async () => (await row('bot-1'))?.status === 'isolated', WITHIN), 'isolated');
+    await call('admin-a', 'POST', '/orgs/org-a/agents/bot-1/restore');
+    t.ok(await until(async () => (await row('bot-1'))?.status === 'provisioning', WITHIN), 'provisioned again');
+    t.ok(
+      await until(async () => (await readFile(tokenFile('bot-1'), 'utf8')) !== second, WITHIN),
+      'the unused token the isolation voided is replaced',
+    );
     t.match(
       store.audit.filter((r) => r.action === 'agent.restore' && r.resource === 'agent:bot-1'),
-      [{ attrs: { reprovisioned: 'false', was: 'suspended' } }, { attrs: { reprovisioned: 'true', was: 'isolated' } }],
+      [{ attrs: { reprovisioned: 'true', was: 'suspended' } }, { attrs: { reprovisioned: 'true', was: 'isolated' } }],
       'each restore audited, saying what it did',
     );
     t.ok(await until(async () => (await cpView('bot-1')).status === 'provisioning', WITHIN), 'agentView follows');

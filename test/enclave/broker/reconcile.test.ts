@@ -122,3 +122,59 @@ t.test('an empty snapshot removes every agent, and their files', async (t) => {
   t.same((await deps.db.query('SELECT 1 FROM broker_bootstrap_tokens')).rows, []);
   for (const uid of await readdir(hostDir)) t.same(await readdir(join(hostDir, uid)), [], `${uid}: no token left`);
 });
+
+t.test("an operator's suspension revokes the agent's credentials; the restore re-provisions it", async (t) => {
+  const base = { 'ok-1': agent(), 'bot-s': agent(), 'bot-a': agent('provisioning') };
+  await reconcileAgents(deps, snapshot({ ...base, 'bot-r': agent() }));
+  // The agent bootstrapped: active, with a live refresh-token family.
+  await deps.db.query(`UPDATE broker_agents SET status = 'active', cp_status = 'active' WHERE uid = 'bot-r'`);
+  await deps.db.query(`UPDATE broker_bootstrap_tokens SET used_at = now() WHERE agent_uid = 'bot-r'`);
+  await deps.db.query(`INSERT INTO broker_token_families (family_id, agent_uid) VALUES ('fam-r', 'bot-r')`);
+  await deps.db.query(
+    `INSERT INTO broker_refresh_tokens (token_hash, family_id, agent_uid, expires_at) VALUES ('h-r', 'fam-r', 'bot-r', now() + interval '1 hour')`,
+  );
+  await reconcileAgents(deps, snapshot({ ...base, 'bot-r': agent('active') }));
+  t.match(await getAgent(deps.db, 'bot-r'), { status: 'active' }, 'a live family: nothing to do');
+
+  await reconcileAgents(deps, snapshot({ ...base, 'bot-r': agent('suspended') }));
+  t.match(await getAgent(deps.db, 'bot-r'), { status: 'suspended', reason: 'operator' });
+  t.match(
+    (await deps.db.query(`SELECT revoked_reason FROM broker_token_families WHERE family_id = 'fam-r'`)).rows,
+    [{ revoked_reason: 'operator_suspended' }],
+    'the family died with the suspension',
+  );
+  const before = await readFile(join(hostDir, 'bot-r', 'bootstrap-token'), 'utf8');
+  await reconcileAgents(deps, snapshot({ ...base, 'bot-r': agent('active') }));
+  t.match(await getAgent(deps.db, 'bot-r'), { status: 'provisioning', reason: 'restored' });
+  t.not(await readFile(join(hostDir, 'bot-r', 'bootstrap-token'), 'utf8'), before, 'a new bootstrap token');
+});
+
+t.test(
+  'an active agent whose credentials lapsed, or were revoked by a released containment, is re-provisioned',
+  async (t) => {
+    const base = { 'ok-1': agent(), 'bot-s': agent(), 'bot-a': agent('provisioning') };
+    await reconcileAgents(deps, snapshot({ ...base, 'bot-l': agent() }));
+    await deps.db.query(`UPDATE broker_agents SET status = 'active', cp_status = 'active' WHERE uid = 'bot-l'`);
+    await deps.db.query(`UPDATE broker_bootstrap_tokens SET used_at = now() WHERE agent_uid = 'bot-l'`);
+    await deps.db.query(`INSERT INTO broker_token_families (family_id, agent_uid) VALUES ('fam-l', 'bot-l')`);
+    await deps.db.query(
+      `INSERT INTO broker_refresh_tokens (token_hash, family_id, agent_uid, expires_at) VALUES ('h-l', 'fam-l', 'bot-l', now() + interval '1 hour')`,
+    );
+    // Contained: refused, and its family revoked; no token while contained.
+    await reconcileAgents(deps, snapshot({ ...base, 'bot-l': agent('active', { contained: true }) }));
+    t.match(await getAgent(deps.db, 'bot-l'), { status: 'active', contained: true });
+    t.match((await deps.db.query(`SELECT revoked_reason FROM broker_token_families WHERE family_id = 'fam-l'`)).rows, [
+      { revoked_reason: 'operator_contained' },
+    ]);
+    await reconcileAgents(deps, snapshot({ ...base, 'bot-l': agent('active', { contained: true }) }));
+    t.match(await getAgent(deps.db, 'bot-l'), { status: 'active' }, 'still contained: not provisioned');
+    // Released: nothing left to authenticate with, so a new bootstrap token.
+    await reconcileAgents(deps, snapshot({ ...base, 'bot-l': agent('active') }));
+    t.match(await getAgent(deps.db, 'bot-l'), {
+      status: 'provisioning',
+      contained: false,
+      reason: 'credentials_lapsed',
+    });
+    t.match(await readFile(join(hostDir, 'bot-l', 'bootstrap-token'), 'utf8'), /^dvxb_/);
+  },
+);
