@@ -1,3 +1,4 @@
+import 'reflect-metadata';
 import { createHash, createPrivateKey, createPublicKey, webcrypto } from 'node:crypto';
 import { chmod, link, mkdir, readdir, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -109,6 +110,15 @@ export function safeSecretName(name: string): boolean {
     !/[/\\]/.test(name) &&
     !/[\u0000-\u001f\u007f]/.test(name)
   );
+}
+
+/**
+ * When to renew a JWT that lives `lifetimeMs`, counted from its arrival: a random instant in the renewal
+ * window (so a fleet started together does not renew together), or at 80% of the JWT's lifetime when that
+ * comes first (a short-lived JWT is renewed while it is still good, with time left to retry).
+ */
+export function renewalDelay(lifetimeMs: number, minMs: number, maxMs: number, random = Math.random()): number {
+  return Math.min(minMs + random * (maxMs - minMs), 0.8 * lifetimeMs);
 }
 
 const sha256 = (s: string) => createHash('sha256').update(s).digest('hex');
@@ -313,9 +323,8 @@ export class AgentLogin {
 
   #renewalDelay(state: LoginState): number {
     const o = this.#o;
-    const window = o.renewMinMs + Math.random() * (o.renewMaxMs - o.renewMinMs);
-    const lifetime = state.jwtExpiresAt - this.#receivedAt;
-    return Math.min(window, 0.8 * lifetime) - (o.now() - this.#receivedAt);
+    const due = renewalDelay(state.jwtExpiresAt - this.#receivedAt, o.renewMinMs, o.renewMaxMs);
+    return due - (o.now() - this.#receivedAt);
   }
 
   #receivedAt = 0;
