@@ -1,12 +1,13 @@
 import 'reflect-metadata';
 import { createHash, createPrivateKey, createPublicKey, webcrypto } from 'node:crypto';
-import { chmod, link, mkdir, readdir, readFile, rm } from 'node:fs/promises';
+import { chmod, type FileHandle, link, mkdir, open, readdir, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import * as x509 from '@peculiar/x509';
 import { decodeJwt } from 'jose';
 import { Agent, request } from 'undici';
 import { writeFileAtomic } from '../core/atomic-file.ts';
+import { DvxError } from '../core/errors.ts';
 import type { Logger } from '../core/logger.ts';
 import { AgentLoginInputError, AgentLoginRefusedError, AgentLoginUnavailableError } from './errors.ts';
 
@@ -125,12 +126,30 @@ const sha256 = (s: string) => createHash('sha256').update(s).digest('hex');
 
 const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
 
+/** A token file holds one token: more than this is not one (and a device file is not read forever). */
+const MAX_TOKEN_FILE_BYTES = 64 * 1024;
+
+/** The file's text, trimmed; null when it does not exist. Reads at most MAX_TOKEN_FILE_BYTES + 1 bytes. */
 async function readTrimmed(path: string): Promise<string | null> {
+  let file: FileHandle;
   try {
-    return (await readFile(path, 'utf8')).trim();
+    file = await open(path, 'r');
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null;
     throw err;
+  }
+  try {
+    const buffer = Buffer.alloc(MAX_TOKEN_FILE_BYTES + 1);
+    let length = 0;
+    for (;;) {
+      const { bytesRead } = await file.read(buffer, length, buffer.length - length, null);
+      if (bytesRead === 0 || (length += bytesRead) === buffer.length) break;
+    }
+    if (length > MAX_TOKEN_FILE_BYTES)
+      throw new AgentLoginInputError(`${path} is larger than ${MAX_TOKEN_FILE_BYTES} bytes: not a token file`);
+    return buffer.subarray(0, length).toString('utf8').trim();
+  } finally {
+    await file.close();
   }
 }
 
@@ -189,6 +208,19 @@ async function ensureDir(path: string): Promise<void> {
   }
 }
 
+/** Runs the writes of `fn` under `dir`; a failure of the file system (full, read-only) is an unusable DIR. */
+async function writing<T>(dir: string, fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (err) {
+    if (err instanceof DvxError) throw err;
+    throw new AgentLoginInputError(
+      `cannot write the agent's files under ${dir}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`,
+      { cause: err },
+    );
+  }
+}
+
 /** Writes `data` to `path` (0600, atomically) unless it holds exactly that already. */
 async function writeIfChanged(path: string, data: string): Promise<boolean> {
   const current = await readFile(path, 'utf8').catch(() => null); // absent or unreadable: written anew
@@ -201,12 +233,16 @@ async function writeIfChanged(path: string, data: string): Promise<boolean> {
   return true;
 }
 
-/** The broker's Problem detail (never holds a token, by the broker's own rule), or a generic phrase. */
+/**
+ * The broker's Problem detail (never holds a token, by the broker's own rule), or a generic phrase; bounded,
+ * and with control characters replaced (it is printed on a terminal).
+ */
 function problemDetail(text: string): string {
+  const clean = (s: string, max: number) => s.slice(0, max).replace(/[\u0000-\u001f\u007f-\u009f]/g, '?');
   try {
     const doc = JSON.parse(text) as { detail?: unknown; title?: unknown };
-    if (typeof doc.detail === 'string' && doc.detail) return doc.detail.slice(0, 500);
-    if (typeof doc.title === 'string' && doc.title) return doc.title.slice(0, 200);
+    if (typeof doc.detail === 'string' && doc.detail) return clean(doc.detail, 500);
+    if (typeof doc.title === 'string' && doc.title) return clean(doc.title, 200);
   } catch {
     // not a Problem document: said generically below
   }
@@ -371,7 +407,13 @@ export class AgentLogin {
 
   /** One exchange: a refresh when a refresh token is on disk, else (or when its family is dead) a bootstrap. */
   async #exchange(): Promise<void> {
-    const refreshToken = await readTrimmed(this.#path(FILES.refreshToken));
+    const refreshToken = await readTrimmed(this.#path(FILES.refreshToken)).catch((err: unknown) => {
+      if (err instanceof AgentLoginInputError) throw err;
+      throw new AgentLoginInputError(
+        `cannot read ${this.#path(FILES.refreshToken)}: ${(err as NodeJS.ErrnoException).code ?? 'error'}`,
+        { cause: err },
+      );
+    });
     if (refreshToken) {
       try {
         return await this.#apply('refresh', await this.#post('/v1/agent/refresh', { refresh_token: refreshToken }));
@@ -401,7 +443,9 @@ export class AgentLogin {
     const body: Record<string, string> = { token };
     const answer = await this.#post('/v1/agent/bootstrap', body);
     // Redeemed: never presented again, whatever happens next.
-    await writeFileAtomic(this.#path(FILES.redeemed), `${sha256(token)}\n`, { mode: FILE_MODE });
+    await writing(this.#o.out, () =>
+      writeFileAtomic(this.#path(FILES.redeemed), `${sha256(token)}\n`, { mode: FILE_MODE }),
+    );
     await this.#apply('bootstrap', answer);
   }
 
@@ -415,6 +459,7 @@ export class AgentLogin {
     try {
       token = await readTrimmed(file);
     } catch (err) {
+      if (err instanceof AgentLoginInputError) throw err;
       throw new AgentLoginInputError(
         `cannot read --token-file ${file}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`,
         { cause: err },
@@ -428,7 +473,8 @@ export class AgentLogin {
           : `--token-file ${file} is empty`,
       );
     }
-    if (/\s/.test(token)) throw new AgentLoginInputError(`--token-file ${file} holds more than one token`);
+    if (/\s/.test(token) || token.length > 1024)
+      throw new AgentLoginInputError(`--token-file ${file} does not hold one bootstrap token`);
     const redeemed = await readTrimmed(this.#path(FILES.redeemed)).catch(() => null); // unreadable: none known
     return redeemed === sha256(token) ? null : token;
   }
@@ -502,8 +548,10 @@ export class AgentLogin {
     } catch {
       throw new AgentLoginUnavailableError(`the broker's answer to ${path} is not JSON`);
     }
-    if (isObject(doc) && typeof doc.refresh_token === 'string' && doc.refresh_token && !/\s/.test(doc.refresh_token))
-      await writeFileAtomic(this.#path(FILES.refreshToken), doc.refresh_token, { mode: FILE_MODE });
+    if (isObject(doc) && typeof doc.refresh_token === 'string' && doc.refresh_token && !/\s/.test(doc.refresh_token)) {
+      const token = doc.refresh_token;
+      await writing(this.#o.out, () => writeFileAtomic(this.#path(FILES.refreshToken), token, { mode: FILE_MODE }));
+    }
     const bad = (what: string) =>
       new AgentLoginUnavailableError(`the broker's answer to ${path} is malformed: ${what}`);
     if (!isObject(doc)) throw bad('not an object');
@@ -531,19 +579,22 @@ export class AgentLogin {
       typeof claims.exp === 'number' && typeof claims.iat === 'number' && claims.exp > claims.iat
         ? (claims.exp - claims.iat) * 1000
         : DEFAULT_JWT_LIFETIME_MS;
-    await writeFileAtomic(this.#path(FILES.jwt), b.jwt, { mode: FILE_MODE });
-    if (b.certificate) await writeIfChanged(this.#path(FILES.cert), b.certificate);
-    const { written, removed, skipped } = await this.#writeSecrets(b.secrets);
-    await writeIfChanged(
-      this.#path(FILES.config),
-      `${JSON.stringify({ config: b.config, config_hash: b.config_hash }, null, 2)}\n`,
-    );
     const identity = {
       agent_id: b.agent_id ?? String(claims.sub ?? ''),
       org_id: b.org_id ?? String(claims.org_id ?? ''),
       agent_name: b.agent_name ?? String(claims.agent_name ?? ''),
     };
-    await writeIfChanged(this.#path(FILES.identity), `${JSON.stringify(identity, null, 2)}\n`);
+    const { written, removed, skipped } = await writing(o.out, async () => {
+      await writeFileAtomic(this.#path(FILES.jwt), b.jwt, { mode: FILE_MODE });
+      if (b.certificate) await writeIfChanged(this.#path(FILES.cert), b.certificate);
+      const counts = await this.#writeSecrets(b.secrets);
+      await writeIfChanged(
+        this.#path(FILES.config),
+        `${JSON.stringify({ config: b.config, config_hash: b.config_hash }, null, 2)}\n`,
+      );
+      await writeIfChanged(this.#path(FILES.identity), `${JSON.stringify(identity, null, 2)}\n`);
+      return counts;
+    });
     this.#receivedAt = receivedAt;
     this.#state = {
       agentId: identity.agent_id,

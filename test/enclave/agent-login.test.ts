@@ -1,7 +1,7 @@
 import t from 'tap';
 import { spawn } from 'node:child_process';
 import { X509Certificate, createPrivateKey, createPublicKey } from 'node:crypto';
-import { mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Writable } from 'node:stream';
@@ -167,6 +167,16 @@ t.test('usage and input errors exit 2 with a message naming the problem', async 
   });
   t.equal(env.code, 2, 'every flag reads DVX_*');
   t.match(env.stderr, /absent does not exist/);
+  await writeFile(join(a.dir, 'huge'), 'x'.repeat(70_000));
+  await t.rejects(login({ tokenFile: join(a.dir, 'huge'), out: a.out }, { once: true }).run.run(), {
+    name: 'AgentLoginInputError',
+    message: /larger than 65536 bytes: not a token file/,
+  });
+  await writeFile(join(a.dir, 'two'), 'dvxb_one\ndvxb_two\n');
+  await t.rejects(login({ tokenFile: join(a.dir, 'two'), out: a.out }, { once: true }).run.run(), {
+    name: 'AgentLoginInputError',
+    message: /does not hold one bootstrap token/,
+  });
   t.equal((await getAgent(db, a.uid))!.status, 'provisioning', 'nothing was exchanged');
 });
 
@@ -261,6 +271,34 @@ t.test('a replayed refresh token: 409 and the family dead; agent-login stops wit
   t.equal(dead.code, 4);
   t.match(dead.stderr, /401/);
 });
+
+t.test(
+  'the new refresh token is on disk before the other files: a run that fails writing them loses nothing',
+  async (t) => {
+    const a = await agent();
+    tokens.push(a.token);
+    await putSecret('agent', a.uid, 'blocked', 'v');
+    t.equal((await runDvx(args(a, '--once'))).code, 0);
+    const spent = await read(join(a.out, 'refresh-token'));
+    tokens.push(spent);
+    // The secret's file cannot be replaced (a non-empty directory stands in its place): the run fails midway.
+    await rm(join(a.out, 'secrets', 'blocked'));
+    await mkdir(join(a.out, 'secrets', 'blocked'));
+    await writeFile(join(a.out, 'secrets', 'blocked', 'x'), '');
+    await t.rejects(login(a, { once: true }).run.run(), {
+      name: 'AgentLoginInputError',
+      message: /cannot write the agent's files under/,
+    });
+    const next = await read(join(a.out, 'refresh-token'));
+    tokens.push(next);
+    t.not(next, spent, 'the rotated token was persisted although the run failed');
+    await rm(join(a.out, 'secrets', 'blocked'), { recursive: true });
+    const { run } = login(a, { once: true });
+    t.ok(await run.run(), 'the next run renews: no replay');
+    t.equal((await getAgent(db, a.uid))!.status, 'active');
+    t.equal(await read(join(a.out, 'secrets', 'blocked')), 'v');
+  },
+);
 
 t.test('a suspended agent: 403, exit 4; restored, the same family renews again', async (t) => {
   const a = await agent();
