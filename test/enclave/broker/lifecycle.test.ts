@@ -29,6 +29,11 @@ if (!pgBroker && process.env.CI) t.fail('PostgreSQL is not reachable on 127.0.0.
 if (pgBroker) t.teardown(() => pgBroker.drop());
 else t.comment('PostgreSQL is not reachable: the broker runs on PGlite');
 
+/** A setup step that must hold (no assertion at the top level: tap would end the root test there). */
+function must(ok: boolean, what: string): void {
+  if (!ok) throw new Error(`setup failed: ${what}`);
+}
+
 const work = await mkdtemp(join(tmpdir(), 'dvx-lifecycle-'));
 t.teardown(() => rm(work, { recursive: true, force: true }));
 
@@ -65,7 +70,7 @@ const registered = await call('root', 'POST', '/enclaves', {
   enclave_id: 'enc-1',
   owning_org: 'org-a',
 });
-t.equal(registered.status, 201, 'the enclave is registered');
+must(registered.status === 201, 'the enclave is registered');
 const brokerKey = registered.body.key.token as string;
 const cpCa = join(work, 'cp-ca.pem');
 await writeFile(cpCa, cph.ca);
@@ -93,7 +98,7 @@ t.teardown(() => h.close());
 const brokerUrl = `https://127.0.0.1:${h.broker.agentPort}`;
 const brokerCa = join(work, 'broker-ca.pem');
 await writeFile(brokerCa, h.tls.ca.certPem);
-t.ok(await until(() => stat(snapshotOut).then(() => true), WITHIN), "the broker wrote the enclave's snapshot");
+must(await until(() => stat(snapshotOut).then(() => true), WITHIN), "the broker writes the enclave's snapshot");
 
 // llmproxy: platform JWTs verified against the broker's JWKS, secrets from the broker, the snapshot
 // the broker writes.
@@ -109,9 +114,8 @@ const proxy = await startHarness({
 });
 t.teardown(() => proxy.close());
 await call('root', 'PUT', '/platform/config/llmproxy/downstream_url', { value: JSON.stringify(proxy.upstream.url) });
-t.equal(
-  (await h.operator('enclave-admin', 'PUT', '/api/v1/secrets/llmproxy:llm.api_key', { value: ORG_KEY })).status,
-  200,
+must(
+  (await h.operator('enclave-admin', 'PUT', '/api/v1/secrets/llmproxy:llm.api_key', { value: ORG_KEY })).status === 200,
   "the org's provider key is a broker secret",
 );
 
