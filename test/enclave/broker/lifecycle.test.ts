@@ -167,7 +167,7 @@ const jwt = () => readFile(join(out, 'jwt'), 'utf8');
 async function ask(text = 'hello'): Promise<number> {
   try {
     await proxy.anthropic(await jwt()).messages.create({
-      model: 'claude-sonnet-4-5',
+      model: 'claude-lifecycle-test',
       max_tokens: 16,
       messages: [{ role: 'user', content: text }],
     });
