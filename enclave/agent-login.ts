@@ -263,6 +263,8 @@ export class AgentLogin {
   readonly #dispatcher: Agent;
   readonly #base: string;
   #state: LoginState | null = null;
+  /** Local time the last bundle arrived (its JWT's lifetime is counted from here). */
+  #receivedAt = 0;
 
   constructor(options: AgentLoginOptions) {
     let url: URL;
@@ -312,10 +314,10 @@ export class AgentLogin {
    */
   async run(): Promise<LoginState | null> {
     const o = this.#o;
-    await ensureDir(o.out);
-    await ensureDir(this.#path(FILES.secrets));
     let unlock: () => Promise<void>;
     try {
+      await ensureDir(o.out);
+      await ensureDir(this.#path(FILES.secrets));
       unlock = await lockDir(o.out);
     } catch (err) {
       await this.#dispatcher.close();
@@ -362,8 +364,6 @@ export class AgentLogin {
     const due = renewalDelay(state.jwtExpiresAt - this.#receivedAt, o.renewMinMs, o.renewMaxMs);
     return due - (o.now() - this.#receivedAt);
   }
-
-  #receivedAt = 0;
 
   /** Until when a failing first exchange is retried: the JWT on disk's expiry, or one JWT lifetime. */
   async #deadlineOnDisk(): Promise<number> {
