@@ -17,8 +17,9 @@ import { runDvx, type RunResult } from '../../fixtures/run-dvx.ts';
 // official Anthropic SDK. Operator creates an agent → agent.created reaches the broker → the token file
 // appears → agent-login bootstraps → the SDK calls llmproxy → renewal → a replayed refresh token: 409, the
 // family dead, the control plane shows it → restore: provisioned again, bootstrapped again → suspend: 403
-// on every agent route → restore. Also: one winner of a concurrent bootstrap, a broker restarted mid-way
-// keeps its state, a stopped control plane stops nothing, and no token or secret in any captured line.
+// on every agent route, the family revoked → restore: provisioned and bootstrapped again. Also: one
+// winner of a concurrent bootstrap, a broker restarted mid-way keeps its state, a stopped control plane
+// stops nothing, and no token or secret in any captured line.
 
 const WITHIN = 15_000;
 const ORG_KEY = 'sk-ant-org-key-3c9e1f7a-never-logged';
@@ -296,16 +297,26 @@ t.test('suspend on the control plane: 403 on every agent route within seconds; r
   t.same(await agentRoutes(token, 'x'.repeat(40)), [200, 200, 200, 200, 401], 'before: served');
   t.equal((await call('admin-a', 'POST', '/orgs/org-a/agents/bot-1/suspend')).body.status, 'suspended');
   t.ok(
-    await until(async () => (await agentRoutes(token, refresh)).every((s) => s === 403), WITHIN),
-    '403 on every agent route, the refresh too',
+    await until(async () => (await agentRoutes(token, refresh)).slice(0, 4).every((s) => s === 403), WITHIN),
+    '403 on every route of the platform JWT',
   );
-  t.equal((await agentLogin('bot-1')).code, 4, 'agent-login is refused (exit 4)');
+  // The suspension revoked what the agent held: its refresh token is refused too (401 once revoked).
+  t.ok([401, 403].includes((await agentRoutes(token, refresh))[4]!), 'the refresh is refused');
+  const refused = await agentLogin('bot-1');
+  t.equal(refused.code, 4, 'agent-login is refused (exit 4)');
   t.ok(await until(async () => (await ask()) === 403, WITHIN), 'llmproxy refuses it too');
+  const old = (await readFile(tokenFile('bot-1'), 'utf8')).trim();
   t.equal((await call('admin-a', 'POST', '/orgs/org-a/agents/bot-1/restore')).status, 200);
-  t.ok(await until(async () => (await brokerRow('bot-1'))?.status === 'active', WITHIN), 'restored at the broker');
+  t.ok(
+    await until(async () => (await readFile(tokenFile('bot-1'), 'utf8').catch(() => old)).trim() !== old, WITHIN),
+    'restored: provisioned again (a new bootstrap token)',
+  );
+  secrets.add((await readFile(tokenFile('bot-1'), 'utf8')).trim());
   const r = await agentLogin('bot-1');
-  t.equal(r.code, 0, `the refusal spent nothing: the family renews (${r.stderr})`);
-  t.ok(await until(async () => (await ask()) === 200, WITHIN));
+  t.equal(r.code, 0, r.stderr);
+  t.match(r.stdout, /redeeming the new bootstrap token/, 'its dead family found, the new token redeemed');
+  t.equal((await brokerRow('bot-1'))?.status, 'active');
+  t.ok(await until(async () => (await ask()) === 200, WITHIN), 'served again');
 });
 
 t.test('the control plane stopped: the broker keeps serving refresh and the JWKS', async (t) => {
