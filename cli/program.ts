@@ -4,6 +4,7 @@ import { serveCommand } from './serve.ts';
 import { devCommand } from './dev.ts';
 import { walCommand } from './wal.ts';
 import { configPullCommand, policyPullCommand, waitFileCommand } from './pull.ts';
+import { agentLoginCommand } from './agent-login.ts';
 import { CliError } from './errors.ts';
 import { EXIT_USAGE } from './exit-codes.ts';
 import pkg from '../package.json' with { type: 'json' };
@@ -21,6 +22,7 @@ export function buildProgram(): Command {
   program.addCommand(policyPullCommand());
   program.addCommand(configPullCommand());
   program.addCommand(waitFileCommand());
+  program.addCommand(agentLoginCommand());
   const all = (c: Command): Command[] => [c, ...c.commands.flatMap(all)];
   for (const c of all(program)) {
     c.exitOverride();

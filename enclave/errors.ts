@@ -29,3 +29,30 @@ export class AgentStateChangedError extends coded('DVX_BROKER_AGENT_STATE_CHANGE
 
 /** An agent's bootstrap token could not be placed under --agent-host-dir (unsafe uid, a symlink, a write error). */
 export class AgentHostDirError extends coded('DVX_BROKER_AGENT_HOST_DIR') {}
+
+/** dvx agent-login cannot start: a missing or empty token file, an unusable output directory, a second agent-login on it. */
+export class AgentLoginInputError extends coded('DVX_AGENT_LOGIN_INPUT') {}
+
+/**
+ * The broker refused an agent's exchange for good: 401 (unknown, used or revoked token), 403 (the agent is
+ * suspended, isolated or contained), 409 (a replayed refresh token: the family is revoked), or another 4xx.
+ */
+export class AgentLoginRefusedError extends coded('DVX_AGENT_LOGIN_REFUSED') {
+  readonly status: number;
+  constructor(message: string, status: number, options?: ErrorOptions) {
+    super(message, options);
+    this.status = status;
+  }
+}
+
+/**
+ * The broker could not be reached, or failed (5xx, 429, a malformed answer): retried until the agent's JWT
+ * expires, then the run ends with it. `retryAfterMs`: the broker's Retry-After, when it sent one.
+ */
+export class AgentLoginUnavailableError extends coded('DVX_AGENT_LOGIN_UNAVAILABLE') {
+  readonly retryAfterMs: number | undefined;
+  constructor(message: string, options?: ErrorOptions & { retryAfterMs?: number }) {
+    super(message, options);
+    this.retryAfterMs = options?.retryAfterMs;
+  }
+}
