@@ -1,6 +1,6 @@
 import 'reflect-metadata';
 import { createHash, createPrivateKey, createPublicKey, webcrypto } from 'node:crypto';
-import { chmod, type FileHandle, link, mkdir, open, readdir, readFile, rm } from 'node:fs/promises';
+import { chmod, type FileHandle, link, lstat, mkdir, open, readdir, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import * as x509 from '@peculiar/x509';
@@ -196,11 +196,19 @@ async function lockDir(dir: string): Promise<() => Promise<void>> {
   }
 }
 
-async function ensureDir(path: string): Promise<void> {
+/**
+ * Makes `path` a 0700 directory. `owned`: a directory agent-login creates and empties itself (DIR/secrets),
+ * which must be a real directory, never a symlink planted there: files are written into it and every
+ * entry not served is removed, which through a link would happen wherever it points.
+ */
+async function ensureDir(path: string, owned = false): Promise<void> {
   try {
     await mkdir(path, { recursive: true, mode: DIR_MODE });
+    if (owned && !(await lstat(path)).isDirectory())
+      throw new AgentLoginInputError(`${path} is not a directory (a symlink or a file): remove it`);
     await chmod(path, DIR_MODE);
   } catch (err) {
+    if (err instanceof AgentLoginInputError) throw err;
     throw new AgentLoginInputError(
       `cannot use ${path} as a private directory: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`,
       { cause: err },
@@ -317,7 +325,7 @@ export class AgentLogin {
     let unlock: () => Promise<void>;
     try {
       await ensureDir(o.out);
-      await ensureDir(this.#path(FILES.secrets));
+      await ensureDir(this.#path(FILES.secrets), true);
       unlock = await lockDir(o.out);
     } catch (err) {
       await this.#dispatcher.close();
@@ -622,7 +630,7 @@ export class AgentLogin {
   /** One file per served secret under DIR/secrets; files of secrets no longer served are removed. */
   async #writeSecrets(secrets: Record<string, string>) {
     const dir = this.#path(FILES.secrets);
-    await ensureDir(dir);
+    await ensureDir(dir, true);
     let written = 0;
     let removed = 0;
     let skipped = 0;

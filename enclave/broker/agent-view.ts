@@ -14,7 +14,7 @@ import type { BrokerAgent } from './agents.ts';
 import type { AgentView } from './agent-routes.ts';
 import type { BrokerDeps } from './deps.ts';
 import { AgentConfigLockedError } from '../errors.ts';
-import { allSecretsOf } from './secrets.ts';
+import { agentSecrets, allSecretsOf } from './secrets.ts';
 
 // What an agent is served about itself (the agent routes and the bootstrap / refresh bundles):
 //   secrets  every secret of the agent, merged org → group → agent (agent-routes.ts drops the satellite
@@ -24,6 +24,7 @@ import { allSecretsOf } from './secrets.ts';
 //            (pipeline/policy/config-values.ts), with the values the agent wrote for itself at agent
 //            scope; a key declared secret (`secret: true`) gets its bytes from the secret store by the
 //            same name (agent over group over org), and is left out while no secret of that name exists
+//            or when the name is a satellite secret's (it carries a `:`)
 //   config_hash  SHA-256 of the config's canonical JSON: it changes exactly when the config does.
 // An agent may not write a key a broader scope locked, nor one declared secret (409).
 
@@ -58,7 +59,9 @@ export function storeAgentView(
       const merged = mergeAgentConfig(document() ?? EMPTY, agent, await ownValues(deps.db, agent.uid));
       const config = merged.config;
       if (merged.secrets.length > 0) {
-        const secrets = await allSecretsOf(deps, agent);
+        // The agent's own names only: a satellite secret (a name with `:`) never reaches the agent, whoever
+        // declared its name secret.
+        const secrets = await agentSecrets(deps, agent);
         for (const key of merged.secrets) if (Object.hasOwn(secrets, key)) config[key] = secrets[key];
       }
       return { config, config_hash: configHash(config) };

@@ -1,7 +1,7 @@
 import t from 'tap';
 import { spawn } from 'node:child_process';
 import { X509Certificate, createPrivateKey, createPublicKey } from 'node:crypto';
-import { mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, readFile, rm, stat, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Writable } from 'node:stream';
@@ -417,6 +417,23 @@ t.test('--csr: a P-256 key made under DIR, a 5-minute certificate naming the age
     new X509Certificate(await read(join(a.out, 'cert.pem'))).publicKey.equals(createPublicKey(key)),
     'renewal keeps the key',
   );
+});
+
+t.test('a symlink planted as DIR/secrets is refused: nothing written or removed where it points', async (t) => {
+  const a = await agent();
+  tokens.push(a.token);
+  await putSecret('agent', a.uid, 'db_password', DB_PASSWORD);
+  const elsewhere = join(a.dir, 'elsewhere');
+  await mkdir(elsewhere, { mode: 0o755 });
+  await writeFile(join(elsewhere, 'precious'), 'keep me');
+  await mkdir(a.out, { mode: 0o700 });
+  await symlink(elsewhere, join(a.out, 'secrets'));
+  const { run } = login(a, { once: true });
+  await t.rejects(run.run(), { name: 'AgentLoginInputError', message: /secrets/ });
+  t.same(await readdir(elsewhere), ['precious'], 'nothing removed, no secret written through the link');
+  t.equal(await read(join(elsewhere, 'precious')), 'keep me');
+  t.equal(await mode(elsewhere), 0o755, 'its mode untouched');
+  t.equal((await getAgent(db, a.uid))!.status, 'provisioning', 'refused before any exchange');
 });
 
 t.test('refusals in-process are typed: AgentLoginRefusedError with the status', async (t) => {

@@ -95,3 +95,36 @@ t.test('before any config document: only what the agent wrote', async (t) => {
   const { config } = await storeAgentView(deps, () => null).config(agent);
   t.same(config, { 'feature.x': { on: true }, 'log.level': 'error' });
 });
+
+t.test('a declared-secret key never fills a satellite secret (a name with ":") into the config', async (t) => {
+  // An operator who may author config but not the enclave's secrets declares the LLM key's name secret:
+  // the agent must still never read the org's LLM credential, which only satellites are served.
+  await putSecret(deps, actor, { kind: 'org', org: 'org-1' }, 'llmproxy:llm.api_key', 'sk-org-llm-key-0123');
+  await putSecret(deps, actor, { kind: 'agent', org: 'org-1', uid: 'a-1' }, 'agent:llmproxy.llm.api_key', 'sk-a1');
+  const saved = doc;
+  doc = validateConfigDocument({
+    version: 'v2',
+    enclave: { id: 'enc-test', name: 'test-enclave' },
+    platform: {},
+    orgs: {
+      'org-1': {
+        config: { 'llmproxy:llm.api_key': row(null, { secret: true }) },
+        groups: {},
+      },
+    },
+    agents: {
+      'a-1': {
+        org_id: 'org-1',
+        group_id: 'ops',
+        config: { 'agent:llmproxy.llm.api_key': row(null, { secret: true }) },
+      },
+    },
+  });
+  t.teardown(() => {
+    doc = saved;
+  });
+  const { config } = await view.config(agent);
+  t.notOk('llmproxy:llm.api_key' in config, 'the org LLM key stays a satellite secret');
+  t.notOk('agent:llmproxy.llm.api_key' in config, "the agent's LLM key stays a satellite secret");
+  t.notMatch(JSON.stringify(config), /sk-org-llm-key|sk-a1/);
+});
