@@ -74,10 +74,10 @@ async function post(dispatcher: Agent, url: string, body: unknown, headers: Reco
 }
 
 /** Agents the broker knows, each `active`-able: rows as convergence writes them. */
-async function seedAgents(broker: RunningBroker, n: number): Promise<string[]> {
+async function seedAgents(broker: RunningBroker, n: number, prefix = 'bench'): Promise<string[]> {
   const uids: string[] = [];
   for (let i = 0; i < n; i++) {
-    const uid = `bench-${i}`;
+    const uid = `${prefix}-${i}`;
     await broker.deps.db.query(
       `INSERT INTO broker_agents (uid, org_id, group_id, name, status) VALUES ($1, 'org-bench', NULL, $1, 'provisioning')
        ON CONFLICT (uid) DO NOTHING`,
@@ -97,19 +97,19 @@ async function exchanges(label: string, broker: RunningBroker, dispatcher: Agent
     const token = await issueBootstrapToken(broker.deps.db, uid, 3_600_000, Date.now());
     await post(dispatcher, `${base}/v1/agent/bootstrap`, { token });
   };
-  // Each of the 8 in-flight loops rotates its own chain (a refresh token is single use).
+  // Each of the 8 in-flight loops rotates its own chain (a refresh token is single use), each of its own
+  // agent (a bootstrap revokes the agent's older families).
+  const chainAgents = await seedAgents(broker, 8, 'chain');
   const chains: string[] = [];
   for (let c = 0; c < 8; c++) {
-    const token = await issueBootstrapToken(broker.deps.db, uids[c]!, 3_600_000, Date.now());
+    const token = await issueBootstrapToken(broker.deps.db, chainAgents[c]!, 3_600_000, Date.now());
     chains.push(String((await post(dispatcher, `${base}/v1/agent/bootstrap`, { token })).refresh_token));
   }
-  let next = 0;
+  // A chain is taken while its refresh is in flight and put back with its successor.
   const refresh = async () => {
-    const c = next++ % chains.length;
-    const held = chains[c]!;
-    chains[c] = '';
+    const held = chains.shift()!;
     const out = await post(dispatcher, `${base}/v1/agent/refresh`, { refresh_token: held });
-    chains[c] = String(out.refresh_token);
+    chains.push(String(out.refresh_token));
   };
   return [
     await run(`ours: bootstrap exchange (${label})`, bootstrap, seconds, 20),
@@ -181,7 +181,7 @@ export async function main(args: string[]): Promise<void> {
   for (const b of brokers) results.push(...(await exchanges(b.label, b.broker, dispatcher, seconds)));
 
   // A JWT the broker minted, for the peer route and llmproxy.
-  const [uid] = await seedAgents(first, 1);
+  const [uid] = await seedAgents(first, 1, 'proxy');
   const minted = await post(dispatcher, `${brokerBase}/v1/agent/bootstrap`, {
     token: await issueBootstrapToken(first.deps.db, uid!, 3_600_000, Date.now()),
   });
