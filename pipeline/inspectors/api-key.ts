@@ -95,11 +95,25 @@ function past(view: Buffer, i: number): number {
   return view[i - 1] === 0x5c ? i + 1 : keyRunEnd(view, i + 1);
 }
 
-export function scan(view: Buffer, plan: ApiKeyPlan, location: FindingLocation): Finding[] {
+/**
+ * The keys in `view`, as findings (redacted). `onValue`, when given, is told every distinct key in full,
+ * past the findings' cap: the tool-call record's redaction (pipeline/tool-policy/redact.ts) replaces them.
+ */
+export function scan(
+  view: Buffer,
+  plan: ApiKeyPlan,
+  location: FindingLocation,
+  onValue?: (value: string) => void,
+): Finding[] {
   const findings: Finding[] = [];
   const seen = new Set<string>();
   const add = (shape: KeyShape, key: string | null) => {
-    if (key === null || seen.has(key) || findings.length >= MAX_FINDINGS_PER_INSPECTOR) return;
+    if (key === null || seen.has(key)) return;
+    if (onValue) {
+      seen.add(key);
+      onValue(key);
+    }
+    if (findings.length >= MAX_FINDINGS_PER_INSPECTOR) return;
     seen.add(key);
     findings.push({
       inspector_type: id,

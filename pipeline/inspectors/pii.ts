@@ -232,11 +232,25 @@ function isSeparator(b: number | undefined): boolean {
   return b === SPACE || b === DASH;
 }
 
-export function scan(view: Buffer, plan: PiiPlan, location: FindingLocation): Finding[] {
+/**
+ * The PII in `view`, as findings (redacted). `onValue`, when given, is told every distinct value in full,
+ * past the findings' cap: the tool-call record's redaction (pipeline/tool-policy/redact.ts) replaces them.
+ */
+export function scan(
+  view: Buffer,
+  plan: PiiPlan,
+  location: FindingLocation,
+  onValue?: (value: string) => void,
+): Finding[] {
   const findings: Finding[] = [];
   const seen = new Set<string>();
   const add = (description: string, value: string) => {
-    if (seen.has(value) || findings.length >= MAX_FINDINGS_PER_INSPECTOR) return;
+    if (seen.has(value)) return;
+    if (onValue) {
+      seen.add(value);
+      onValue(value);
+    }
+    if (findings.length >= MAX_FINDINGS_PER_INSPECTOR) return;
     seen.add(value);
     findings.push({ inspector_type: id, severity: plan.severity, description, match: redact(value), location });
   };

@@ -32,6 +32,8 @@ export interface InspectionRule {
   verdict?: string;
   summary?: string;
   arg_gt?: Record<string, number>;
+  /** A glob on the request's model (path.Match syntax) narrowing the rule. */
+  model_match?: string;
 }
 export interface LlmGovernance {
   credential_mode?: string | null;

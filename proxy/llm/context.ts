@@ -14,6 +14,7 @@ import type { AgentAuthenticator, AgentIdentity } from './auth.ts';
 import type { ProxyMetrics } from './metrics.ts';
 import type { LlmProxyOptions } from './options.ts';
 import type { SecretSource } from './secrets-file.ts';
+import type { Decide } from './tools/types.ts';
 import type { UpstreamAnswer } from './upstream.ts';
 import type { TokenUsage } from './usage.ts';
 
@@ -37,6 +38,12 @@ export interface ProxyDeps {
   version: string;
   /** Answers wait for their record (audit, then replay); capture-or-deny only with a durable sink. */
   capture: Omit<CaptureOptions, 'log'>;
+  /**
+   * A seam for the call's tool-call decider: when set, the relay step takes `ctx.decideTool` from it
+   * for a call that has none yet. The tool-call step (steps/tool-policy.ts) is the production source of
+   * `decideTool`; tests of the relays set this to decide without a policy or a broker.
+   */
+  toolDecider?: (ctx: CallContext) => Decide | null;
 }
 
 /** An inspector that did not finish (`inspector: 'all'` when none could run: an unreadable answer). */
@@ -83,6 +90,11 @@ export class CallContext {
   body: Buffer = EMPTY;
   credential: string | null = null;
   answer: UpstreamAnswer | null = null;
+  /**
+   * Decides this call's tool calls (the tool-call step, before `forward`); null when no tool rule
+   * applies, and then the relays do nothing more than without a tool policy.
+   */
+  decideTool: Decide | null = null;
 
   // The audit record's fields (steps/audit.ts).
   /** Set when --translate converted the call to another wire format. */

@@ -22,7 +22,7 @@ import { AgentAuthenticator, jwksFromDocument, jwksFromUrl } from './auth.ts';
 import { clientErrorAnswer, OptionsError } from './errors.ts';
 import { proxyMetrics } from './metrics.ts';
 import { validateOptions, type LlmProxyOptions } from './options.ts';
-import { LlmProxy } from './proxy.ts';
+import { LlmProxy, type ProxyDeps } from './proxy.ts';
 import { SecretBroker } from './secret-broker.ts';
 import { parseSecretsFile, secretSource, type SecretMap } from './secrets-file.ts';
 import { upstreamDispatcher } from './upstream.ts';
@@ -48,6 +48,8 @@ export interface StartOptions {
   durableAudit?: boolean;
   /** The inspection pool's worker module (EngineOptions.workerUrl); tests inject faults with it. */
   inspectWorker?: URL;
+  /** The tool-call decider seam (ProxyDeps.toolDecider): tests set one before the tool-call step does. */
+  toolDecider?: ProxyDeps['toolDecider'];
 }
 
 export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: StartOptions = {}): Promise<RunningProxy> {
@@ -172,6 +174,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
     version: pkg.version,
     // Every answer waits for its record; only a durable sink can refuse one (capture-or-deny).
     capture: { captureOrDeny: durableAudit && options.auditCaptureOrDeny, timeoutMs: options.auditCaptureTimeout },
+    ...(start.toolDecider ? { toolDecider: start.toolDecider } : {}),
   });
 
   const limiter = new ServerLimiter(options, { listener: 'llmproxy', registry, log, answer: clientErrorAnswer });

@@ -2,6 +2,7 @@ import { MAX_BODY_BYTES } from '../../../pipeline/engine.ts';
 import type { CallContext } from '../context.ts';
 import { AnswerTooLargeError, ERRORS, Refusal } from '../errors.ts';
 import { agentGone, send } from '../relay-body.ts';
+import { decidePlainAnswer } from '../tools/plain.ts';
 import { translateResponse } from '../translate/index.ts';
 import { agentHeaders } from '../upstream.ts';
 import { usageOf } from '../usage.ts';
@@ -10,7 +11,8 @@ import { upstreamFailed } from './forward.ts';
 import { inspectResponse } from './inspect-response.ts';
 
 // A plain answer: held, inspected (observe-only), [translated], its record written, then replayed byte
-// for byte. A tool policy decides here, on the held answer, before anything is written.
+// for byte. A tool policy decides here, on the held answer, before anything is written: an answer
+// with a refused call is sent rewritten (tools/plain.ts), any other as it came.
 
 /**
  * A plain answer is held whole, up to this size: far past any model's answer, and a bound on what a
@@ -47,6 +49,18 @@ export async function relayPlain(ctx: CallContext): Promise<void> {
     }
   }
   ctx.status = answer.statusCode;
+  // A tool policy decides the answer's tool calls here, before any of it is sent (tools/plain.ts).
+  if (ctx.decideTool !== null && answer.statusCode >= 200 && answer.statusCode < 300) {
+    const decided = await decidePlainAnswer(format, out, ctx.decideTool, res);
+    if (decided.kind === 'gone') return agentGone(ctx, 'closed');
+    if (decided.kind === 'unreadable') {
+      // Calls that cannot be found cannot be decided: the answer is not delivered (fail closed).
+      ctx.error = `tool policy: ${decided.why}${answer.unreadable ? ` (content coding ${answer.unreadable})` : ''}`;
+      d.log.warn({ request_id: ctx.id }, ctx.error);
+      throw new Refusal(ERRORS.upstreamFailed, null);
+    }
+    if (decided.kind === 'rewritten') out = decided.body;
+  }
   // The whole answer is here: sent with its length (not chunked encoding), once its record is written.
   const headers = { ...agentHeaders(answer.headers), 'content-length': String(out.length) };
   const delivered = await deliver(ctx, () => res.writeHead(answer.statusCode, headers));
