@@ -118,9 +118,6 @@ function problemText(text: string): string {
   }
 }
 
-/** Transient while waiting: the broker did not answer, or answered 5xx. */
-class Transient extends Error {}
-
 export class ApprovalsClient {
   readonly #o: Required<Omit<ApprovalsClientOptions, 'ca'>>;
   readonly #dispatcher: Agent;
@@ -151,13 +148,14 @@ export class ApprovalsClient {
     const path = `/v1/satellite/approvals/${encodeURIComponent(id)}?wait=${wait}`;
     const { status, text } = await this.#call('GET', path, undefined, wait * 1000, signal);
     if (status === 200) return this.#view(text);
-    if (status >= 500) throw new Transient(`the broker answered ${status} to GET ${path}`);
+    if (status >= 500)
+      throw new ApprovalsUnavailableError(`the broker answered ${status} to GET ${path}`, { transient: true });
     throw this.#unexpected(`GET ${path}`, status, text);
   }
 
   /**
    * Long-polls until the approval is no longer pending, or `deadline` (performance.now() ms) passes:
-   * then the last view seen (still pending). Transient failures are retried until the deadline; an
+   * then the last view seen (still pending). Transient failures are asked again until the deadline; an
    * abort rejects with the signal's reason.
    */
   async waitDecided(id: string, deadline: number, now: () => number, signal?: AbortSignal): Promise<ApprovalView> {
@@ -182,7 +180,7 @@ export class ApprovalsClient {
         continue;
       } catch (err) {
         if (signal?.aborted) throw signal.reason;
-        if (!(err instanceof Transient)) throw err;
+        if (!(err instanceof ApprovalsUnavailableError) || !err.transient) throw err;
         lastError = err;
         this.#o.log.warn({ err, approval_id: id }, 'approval service did not answer a long poll; asking again');
       }
@@ -221,8 +219,8 @@ export class ApprovalsClient {
 
   /**
    * One request, its answer read whole (bounded). A 401 reads the token file again (the broker's token
-   * may have been replaced) and tries once more. Network failures and timeouts are Transient for a
-   * GET, ApprovalsUnavailableError otherwise.
+   * may have been replaced) and tries once more. Network failures and timeouts are an
+   * ApprovalsUnavailableError, transient for a GET (the long poll asks again).
    */
   async #call(
     method: 'GET' | 'POST',
@@ -255,8 +253,7 @@ export class ApprovalsClient {
       if (signal?.aborted) throw signal.reason;
       if (err instanceof ApprovalsUnavailableError) throw err;
       const message = `approval service unreachable: ${(err as Error).message}`;
-      if (method === 'GET') throw new Transient(message, { cause: err });
-      throw new ApprovalsUnavailableError(message, { cause: err });
+      throw new ApprovalsUnavailableError(message, { cause: err, transient: method === 'GET' });
     }
     if (status === 401 && !retried) {
       try {

@@ -128,7 +128,15 @@ export class SecretBrokerError extends coded('DVX_SECRET_BROKER') {}
  * The approval service (--approvals-url) could not be used: unreachable, timed out, refused the satellite
  * token, answered an unexpected status or an unusable body. The held tool call is denied (fail closed).
  */
-export class ApprovalsUnavailableError extends coded('DVX_APPROVALS_UNAVAILABLE') {}
+export class ApprovalsUnavailableError extends coded('DVX_APPROVALS_UNAVAILABLE') {
+  /** No answer or a 5xx: while the approval is awaited, the broker is asked again until the deadline. */
+  readonly transient: boolean;
+
+  constructor(message: string, options?: ErrorOptions & { transient?: boolean }) {
+    super(message, options);
+    this.transient = options?.transient === true;
+  }
+}
 
 /** The broker refused a new approval past its limits (429): the tool call is denied, `approval rate limit exceeded`. */
 export class ApprovalRateLimitError extends coded('DVX_APPROVAL_RATE_LIMIT') {}
