@@ -4,8 +4,8 @@ import type { Logger } from '../../core/logger.ts';
 import { ApprovalRateLimitError, ApprovalsUnavailableError } from './errors.ts';
 import { readSatelliteToken } from './secret-broker.ts';
 
-// llmproxy's side of the broker's satellite approvals API (`--approvals-url`; docs/decisions.md, "Tool
-// calls decided before the agent acts"), authenticated with the satellite token of
+// llmproxy's side of the broker's satellite approvals API (`--approvals-url`; docs/decisions.md,
+// "Tool-call decisions: approvals, escalation and their record"), authenticated with the satellite token of
 // `--secret-broker-token-file`, over TLS trusting `--broker-ca`:
 //
 //   POST /v1/satellite/approvals                 create → 201 approvalView (429: past the limits)

@@ -16,9 +16,10 @@ import {
 } from './tool-policy-standin.ts';
 import type { Decide, ToolCall, ToolVerdict } from './tools/types.ts';
 
-// The tool-call decision of one call (docs/decisions.md, "Tool calls decided before the agent acts"):
-// the call's `Decide`, built once per call from its governance's `llm_policy.inspection`, null when
-// that has no rule (the relays then cost nothing). For each tool call of the answer:
+// The tool-call decision of one call (docs/decisions.md, "Tool-call decisions: approvals, escalation
+// and their record"): the call's `Decide`, built once per call from its governance's
+// `llm_policy.inspection`, null when that has no rule (the relays then cost nothing). For each tool
+// call of the answer:
 //
 //   evaluate (strictest matching rule) ─▶ allow ─▶ recorded (durable first, with capture-or-deny) ─▶ run
 //                                       ─▶ deny  ─▶ recorded ─▶ the agent reads the denial
