@@ -27,9 +27,10 @@ export interface ApprovalRequest {
   org_id: string;
   agent_id: string;
   agent_name: string;
-  model: string | null;
+  /** The request's model ('' when it named none). */
+  model: string;
   tool: string;
-  /** The redacted arguments, as JSON text (or the raw text when they do not parse). */
+  /** The redacted arguments, as JSON text (or the raw text when they do not parse); at most 16 KiB. */
   arguments: string;
   args_digest: string;
   rule: string | null;
@@ -65,9 +66,11 @@ export interface ApprovalsClientOptions {
 }
 
 /** Far past any approvalView (the arguments are bounded by MAX_APPROVAL_ARGUMENTS_BYTES). */
-const MAX_ANSWER_BYTES = 4 * 1024 * 1024;
-/** Redacted arguments larger than this are not sent for approval: the call is denied. */
-export const MAX_APPROVAL_ARGUMENTS_BYTES = 1024 * 1024;
+const MAX_ANSWER_BYTES = 1024 * 1024;
+/** The broker takes at most this much of arguments (UTF-8): larger ones are not sent, the call is denied. */
+export const MAX_APPROVAL_ARGUMENTS_BYTES = 16 * 1024;
+/** The broker's shortest expiry (`expires_in_ms` ≥ 1 s). */
+export const MIN_APPROVAL_EXPIRY_MS = 1000;
 const REQUEST_TIMEOUT_MS = 10_000;
 const MAX_WAIT_S = 30;
 const MAX_BACKOFF_MS = 5_000;

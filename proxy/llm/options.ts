@@ -161,8 +161,8 @@ export function validateOptions(input: Partial<LlmProxyOptions>): LlmProxyOption
     throw new OptionsError(
       '--secret-broker-token-file is the token of --secret-broker-url and --approvals-url, neither of which is set',
     );
-  if (!(o.escalationTimeout > 0) || o.escalationTimeout > MAX_ESCALATION_TIMEOUT_MS)
-    throw new OptionsError('--escalation-timeout must be positive and at most 1h');
+  if (!(o.escalationTimeout >= 1000) || o.escalationTimeout > MAX_ESCALATION_TIMEOUT_MS)
+    throw new OptionsError('--escalation-timeout must be from 1s to 1h');
   if (!(INSPECTION_DISCLOSURES as readonly string[]).includes(o.inspectionDisclosure))
     throw new OptionsError(`--inspection-disclosure must be one of ${INSPECTION_DISCLOSURES.join(', ')}`);
   if (!(WIRE_FORMATS as readonly string[]).includes(o.translateUpstreamFormat))

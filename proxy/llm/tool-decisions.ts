@@ -3,7 +3,7 @@ import { newId } from '../../core/ids.ts';
 import { gated } from '../../audit-wal/gate.ts';
 import { AuditUnavailableError } from '../../audit-wal/errors.ts';
 import type { LlmGovernance } from '../../pipeline/policy/governance.ts';
-import { MAX_APPROVAL_ARGUMENTS_BYTES, type ApprovalView } from './approvals-client.ts';
+import { MAX_APPROVAL_ARGUMENTS_BYTES, MIN_APPROVAL_EXPIRY_MS, type ApprovalView } from './approvals-client.ts';
 import type { CallContext } from './context.ts';
 import { ApprovalRateLimitError } from './errors.ts';
 import {
@@ -11,7 +11,7 @@ import {
   denialMessage,
   evaluateToolCall,
   redactArguments,
-  type CompiledToolPolicy,
+  type ToolPolicy,
   type ToolEvaluation,
 } from './tool-policy-standin.ts';
 import type { Decide, ToolCall, ToolVerdict } from './tools/types.ts';
@@ -49,10 +49,10 @@ interface Outcome {
   heldMs?: number;
 }
 
-const compiled = new WeakMap<object, CompiledToolPolicy | null>();
+const compiled = new WeakMap<object, ToolPolicy | null>();
 
 /** The policy compiled once per resolved inspection object (governance is resolved per snapshot). */
-function policyFor(inspection: NonNullable<LlmGovernance['inspection']>): CompiledToolPolicy | null {
+function policyFor(inspection: NonNullable<LlmGovernance['inspection']>): ToolPolicy | null {
   let policy = compiled.get(inspection);
   if (policy === undefined) compiled.set(inspection, (policy = compileToolPolicy(inspection)));
   return policy;
@@ -89,7 +89,7 @@ function agentGoneSignal(ctx: CallContext): () => AbortSignal {
 
 async function decide(
   ctx: CallContext,
-  policy: CompiledToolPolicy,
+  policy: ToolPolicy,
   call: ToolCall,
   gone: () => AbortSignal,
 ): Promise<ToolVerdict> {
@@ -106,7 +106,7 @@ async function decide(
 /** A `require_approval` call: held for a person, until decided or --escalation-timeout. */
 async function approval(
   ctx: CallContext,
-  policy: CompiledToolPolicy,
+  policy: ToolPolicy,
   call: ToolCall,
   ev: ToolEvaluation,
   args: string,
@@ -143,14 +143,14 @@ async function approval(
       org_id: identity.orgId,
       agent_id: identity.agentId,
       agent_name: identity.agentName,
-      model: ctx.model,
+      model: ctx.model ?? '',
       tool: call.name,
       arguments: args,
       args_digest: ev.argsDigest,
       rule: ev.rule,
       summary: ev.summary,
       policy_version: policy.version,
-      expires_in_ms: Math.max(1, Math.round(deadline - performance.now())),
+      expires_in_ms: Math.max(MIN_APPROVAL_EXPIRY_MS, Math.round(deadline - performance.now())),
     });
   } catch (err) {
     if (err instanceof ApprovalRateLimitError)
@@ -195,7 +195,7 @@ function applied(
   view: ApprovalView,
   created: ApprovalView,
   ev: ToolEvaluation,
-  policy: CompiledToolPolicy,
+  policy: ToolPolicy,
   deny: (reason: string, agentReason: string, decidedBy: DecidedBy, more?: Partial<Outcome>) => Outcome,
   held: () => number,
 ): Outcome {
@@ -250,7 +250,7 @@ function applied(
 /** Records the decision and counts it; an allow that cannot be made durable (capture-or-deny) is a deny. */
 async function settle(
   ctx: CallContext,
-  policy: CompiledToolPolicy,
+  policy: ToolPolicy,
   call: ToolCall,
   ev: ToolEvaluation,
   args: string,
@@ -308,7 +308,7 @@ function append(ctx: CallContext, row: Record<string, unknown>): void {
 
 function record(
   ctx: CallContext,
-  policy: CompiledToolPolicy,
+  policy: ToolPolicy,
   call: ToolCall,
   ev: ToolEvaluation,
   args: string,
@@ -345,7 +345,7 @@ function record(
 }
 
 /** A failure inside the decision (a bug): the call is denied, and the denial recorded as far as it can be. */
-function internalFailure(ctx: CallContext, policy: CompiledToolPolicy, call: ToolCall, err: unknown): ToolVerdict {
+function internalFailure(ctx: CallContext, policy: ToolPolicy, call: ToolCall, err: unknown): ToolVerdict {
   ctx.d.log.error({ err, request_id: ctx.id, tool: call.name }, 'tool call decision failed: denied');
   const reason = `the decision failed: ${(err as Error)?.message ?? String(err)}`;
   try {
@@ -367,7 +367,7 @@ function internalFailure(ctx: CallContext, policy: CompiledToolPolicy, call: Too
   }
 }
 
-function safeEvaluation(policy: CompiledToolPolicy, call: ToolCall, model: string | null): Partial<ToolEvaluation> {
+function safeEvaluation(policy: ToolPolicy, call: ToolCall, model: string | null): Partial<ToolEvaluation> {
   try {
     const { verdict, argsDigest, argsParsed } = evaluateToolCall(policy, { ...call, model });
     return { verdict, argsDigest, argsParsed };

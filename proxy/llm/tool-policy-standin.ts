@@ -11,13 +11,16 @@ import type { ToolCall } from './tools/types.ts';
 // decisions (tool-decisions.ts) can be built and tested before those land. tool-decisions.ts imports
 // these five names from here and nothing else of the evaluator:
 //
-//   compileToolPolicy(inspection)            → CompiledToolPolicy | null   (null: no rule at all)
+//   compileToolPolicy(inspection)            → ToolPolicy | null   (null: no rule at all)
 //   evaluateToolCall(policy, {name, arguments, model}) → ToolEvaluation
 //   redactArguments(argumentsText, secrets)  → string
 //   denialMessage({name, id}, reason, disclosure) → string
 //   type ToolVerdictName = 'allow' | 'deny' | 'require_approval'
 //
-// When H3's versions land, this file goes and tool-decisions.ts imports theirs (adapting the names).
+// The names and signatures are those of H3's modules (branch p10-plain: pipeline/tool-policy/compile.ts
+// compileToolPolicy and ToolPolicy, evaluate.ts evaluateToolCall and ToolEvaluation, redact.ts
+// redactArguments; proxy/llm/tools/denial.ts denialMessage): the swap is this file deleted and
+// tool-decisions.ts importing from those four paths.
 
 export type ToolVerdictName = 'allow' | 'deny' | 'require_approval';
 
@@ -32,7 +35,7 @@ interface CompiledRule {
   argGt: [path: string[], bound: number][];
 }
 
-export interface CompiledToolPolicy {
+export interface ToolPolicy {
   /** SHA-256 (hex, first 16) of the canonical JSON of the resolved inspection policy. */
   version: string;
   rules: readonly CompiledRule[];
@@ -55,9 +58,7 @@ export interface ToolEvaluation {
 const RANK: Record<ToolVerdictName, number> = { allow: 0, require_approval: 1, deny: 2 };
 
 /** The policy's rules compiled once; null when there is no rule (no decision to make). */
-export function compileToolPolicy(
-  inspection: LlmGovernance['inspection'] | null | undefined,
-): CompiledToolPolicy | null {
+export function compileToolPolicy(inspection: LlmGovernance['inspection'] | null | undefined): ToolPolicy | null {
   if (!inspection || !Array.isArray(inspection.inspectors)) return null;
   const rules: CompiledRule[] = [];
   inspection.inspectors.forEach((insp, i) => {
@@ -100,7 +101,7 @@ function at(value: unknown, path: string[]): unknown {
 }
 
 export function evaluateToolCall(
-  policy: CompiledToolPolicy,
+  policy: ToolPolicy,
   call: { name: string; arguments: string; model: string | null },
 ): ToolEvaluation {
   const args = parseArguments(call.arguments);
@@ -108,7 +109,8 @@ export function evaluateToolCall(
   let failClosed = false;
   for (const rule of policy.rules) {
     if (rule.tool !== null && !pathMatch(rule.tool, call.name)) continue;
-    if (rule.modelMatch !== null && !pathMatch(rule.modelMatch, call.model ?? '')) continue;
+    // A request that names no model meets every model_match (fail closed).
+    if (rule.modelMatch !== null && call.model && !pathMatch(rule.modelMatch, call.model)) continue;
     let matched = true;
     if (rule.argGt.length > 0) {
       if (!args.parsed) failClosed = true;

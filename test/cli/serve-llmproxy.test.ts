@@ -28,8 +28,8 @@ t.test('--upstream-timeout and --upstream-idle-timeout: flag or environment, che
 t.test('--approvals-url, --escalation-timeout, --inspection-disclosure: flag or environment, checked', async (t) => {
   for (const [args, env, message] of [
     [['--escalation-timeout', 'soon'], {}, /--escalation-timeout <duration>' argument 'soon' is invalid/],
-    [['--escalation-timeout', '0s'], {}, /--escalation-timeout must be positive and at most 1h/],
-    [[], { DVX_ESCALATION_TIMEOUT: '2h' }, /--escalation-timeout must be positive and at most 1h/],
+    [['--escalation-timeout', '0s'], {}, /--escalation-timeout must be from 1s to 1h/],
+    [[], { DVX_ESCALATION_TIMEOUT: '2h' }, /--escalation-timeout must be from 1s to 1h/],
     [
       ['--inspection-disclosure', 'loud'],
       {},

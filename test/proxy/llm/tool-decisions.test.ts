@@ -182,18 +182,21 @@ t.test('allow and deny by the policy, recorded; detailed names the reason', asyn
   t.same(await decide(tc('read_file', { path: '/etc/hosts' })), { allow: true, message: '' });
   t.same(await decide(tc('search', { q: 'x' })), { allow: true, message: '' }, 'no rule matched: allow');
   t.same(await decide(tc('transfer', { amount: 50 })), { allow: true, message: '' }, 'arg_gt not over the bound');
-  t.same(await decide(tc('rm_rf', { path: '/' }, 'toolu_01')), {
-    allow: false,
-    message: '[dvx] The tool call rm_rf (id toolu_01) was not run: destructive tools are not allowed.',
-  });
-  t.equal(
+  const rm = await decide(tc('rm_rf', { path: '/' }, 'toolu_01'));
+  t.equal(rm.allow, false);
+  // The reason's wording is the evaluator's: the rule's summary is in it.
+  t.match(
+    rm.message,
+    /^\[dvx\] The tool call rm_rf \(id toolu_01\) was not run: .*destructive tools are not allowed.*\.$/,
+  );
+  t.match(
     (await decide(tc('wire', { to: { limit: 11 } }, 'w1'))).message,
-    '[dvx] The tool call wire (id w1) was not run: denied by rule inspectors[1].rules[0].',
+    /^\[dvx\] The tool call wire \(id w1\) was not run: .*inspectors\[1\]\.rules\[0\].*\.$/,
     'an unnamed inspector, a dotted arg_gt path',
   );
   t.equal((await decide(tc('wire', { to: { limit: 10 } }))).allow, true);
   t.equal(e.sink.rows.length, 6);
-  const [read, search, , rm] = e.sink.rows;
+  const [read, search, , rmRow] = e.sink.rows;
   t.match(read, {
     call_id: ctx.id,
     org_id: 'org-1',
@@ -216,8 +219,14 @@ t.test('allow and deny by the policy, recorded; detailed names the reason', asyn
     approval_id: null,
     held_ms: 0,
   });
-  t.match(search, { rule: null, inspector: null, verdict: 'allow', outcome: 'allow', reason: 'no rule matched' });
-  t.match(rm, { verdict: 'deny', outcome: 'deny', reason: 'destructive tools are not allowed', decided_by: 'policy' });
+  t.match(search, { rule: null, inspector: null, verdict: 'allow', outcome: 'allow', reason: /no rule/ });
+  t.match(rmRow, {
+    rule: 'money.rules[1]',
+    verdict: 'deny',
+    outcome: 'deny',
+    reason: /destructive tools are not allowed/,
+    decided_by: 'policy',
+  });
   t.ok(
     e.sink.rows.every((r) => r.policy_version === read.policy_version),
     'one policy version',
@@ -237,7 +246,7 @@ t.test('opaque: the agent reads "refused by policy"; the record keeps the detail
     (await decide(tc('transfer', { amount: 1000 }, 'toolu_10'))).message,
     '[dvx] The tool call transfer (id toolu_10) was not run: refused by policy.',
   );
-  t.match(e.sink.rows, [{ reason: 'destructive tools are not allowed' }, { reason: 'no approval service configured' }]);
+  t.match(e.sink.rows, [{ reason: /destructive tools are not allowed/ }, { reason: 'no approval service configured' }]);
 });
 
 t.test('require_approval without --approvals-url: denied, approvals-unavailable', async (t) => {
@@ -277,8 +286,8 @@ t.test('approved by a person: allowed, the approval carries the redacted argumen
     tool: 'transfer',
     rule: 'money.rules[0]',
     summary: 'large transfers need a person',
-    arguments: '{"amount":1000,"note":"password [REDACTED]"}',
   });
+  t.match(created.arguments, /^\{"amount":1000,"note":"password [^"]+"\}$/);
   t.notMatch(JSON.stringify(created), SECRET, 'the secret never leaves for the broker');
   t.ok(
     Number(created.expires_in_ms) > 299_000 && Number(created.expires_in_ms) <= 300_000,
@@ -292,7 +301,7 @@ t.test('approved by a person: allowed, the approval carries the redacted argumen
     approval_id: peer.approvals.keys().next().value,
     args_digest: created.args_digest,
     policy_version: created.policy_version,
-    arguments: '{"amount":1000,"note":"password [REDACTED]"}',
+    arguments: created.arguments,
   });
   t.ok((row.held_ms as number) >= 100, `held ${row.held_ms} ms`);
   t.equal(row.decided_at, peer.approvals.values().next().value!.decided_at, "decided_at is the person's");
@@ -326,15 +335,15 @@ t.test('denied by a person: the agent reads the reason, the record names who', a
 t.test('no decision before --escalation-timeout: denied (escalation timeout)', async (t) => {
   const peer = await startApprovalsPeer();
   t.teardown(() => peer.close());
-  const e = await env(t, { peer, options: { escalationTimeout: 600 } });
+  const e = await env(t, { peer, options: { escalationTimeout: 1000 } });
   const { decide } = await decider(e);
   const started = Date.now();
   const v = await decide(tc('transfer', { amount: 1000 }, 't3'));
-  t.ok(Date.now() - started >= 550 && Date.now() - started < 3000, `${Date.now() - started} ms`);
+  t.ok(Date.now() - started >= 950 && Date.now() - started < 4000, `${Date.now() - started} ms`);
   t.equal(v.message, '[dvx] The tool call transfer (id t3) was not run: escalation timeout.');
   t.match(e.sink.rows[0], { outcome: 'deny', decided_by: 'escalation-timeout', reason: 'escalation timeout' });
-  t.ok((e.sink.rows[0].held_ms as number) >= 550);
-  t.equal(peer.created[0].expires_in_ms, 600);
+  t.ok((e.sink.rows[0].held_ms as number) >= 950);
+  t.ok(Number(peer.created[0].expires_in_ms) >= 1000 - 50 && Number(peer.created[0].expires_in_ms) <= 1000);
 });
 
 t.test('past the broker limits: denied, approval rate limit exceeded', async (t) => {
@@ -411,8 +420,8 @@ t.test('arguments that do not parse match every arg_gt (fail closed) and the rec
   t.match(e.sink.rows[0].reason, /no approval service configured/);
   const w = await decide(tc('wire', '[1,2]', 't9'));
   t.equal(w.allow, false, 'an array is no arguments object');
-  t.match(e.sink.rows[1], { args_parsed: false, verdict: 'deny', reason: /do not parse/ });
-  t.match(w.message, /do not parse/);
+  t.match(e.sink.rows[1], { args_parsed: false, verdict: 'deny', reason: /arg_gt/ }, 'the reason says why');
+  t.match(w.message, /arg_gt/);
   // Prototype keys are data, never a path into the prototype.
   t.equal((await decide(tc('transfer', '{"__proto__":{"amount":1000}}'))).allow, true);
   t.equal((await decide(tc('wire', '{"to":{"__proto__":{"limit":99}}}'))).allow, true);
