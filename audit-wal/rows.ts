@@ -1,8 +1,8 @@
 import { StoreRejectedError } from './errors.ts';
 import type { AuditTable } from './sink.ts';
 
-// Audit records as each store's rows. Records carry `event_time` as an ISO 8601 string; ClickHouse
-// gets `DateTime` ("YYYY-MM-DD hh:mm:ss", UTC) plus the milliseconds apart; maps become key/value
+// Audit records as each store's rows. Records carry `event_time` (and `decided_at`) as an ISO 8601
+// string; ClickHouse gets `DateTime` ("YYYY-MM-DD hh:mm:ss", UTC) plus the milliseconds apart; maps become key/value
 // arrays there and jsonb in Postgres.
 //
 // Mapping is total: a record is any JSON object (the WAL holds what producers wrote), so a column's
@@ -70,6 +70,32 @@ export const COLUMNS: Record<AuditTable, readonly string[]> = {
     'src_ip',
     'trace_id',
   ],
+  tool_call_decisions: [
+    'id',
+    'event_time',
+    'call_id',
+    'org_id',
+    'agent_id',
+    'agent_name',
+    'enclave_id',
+    'model',
+    'tool',
+    'tool_call_id',
+    'args_digest',
+    'arguments',
+    'args_parsed',
+    'rule',
+    'inspector',
+    'summary',
+    'verdict',
+    'outcome',
+    'reason',
+    'policy_version',
+    'decided_by',
+    'decided_at',
+    'approval_id',
+    'held_ms',
+  ],
 };
 
 type Row = Record<string, unknown>;
@@ -85,7 +111,12 @@ const NUMERIC = new Set([
   'input_tokens',
   'output_tokens',
   'dst_port',
+  'held_ms',
 ]);
+/** Boolean columns: `true` only for a JSON true. */
+const BOOLEAN = new Set(['inspection_failopen', 'identified', 'args_parsed']);
+/** Time columns besides event_time (ISO 8601 in the record); ClickHouse keeps their milliseconds apart. */
+const TIMES = new Set(['decided_at']);
 const NULLABLE = new Set([
   'upstream_status',
   'upstream_latency_ms',
@@ -97,6 +128,10 @@ const NULLABLE = new Set([
   'format',
   'upstream_format',
   'error',
+  'rule',
+  'inspector',
+  'summary',
+  'approval_id',
 ]);
 
 /** A text column's value from any JSON value. */
@@ -110,10 +145,12 @@ function text(v: unknown): string {
   }
 }
 
-function time(record: Row): Date {
-  const v = record.event_time;
+/** A time column's value; one that is missing or does not parse is the record's event_time, else now. */
+function time(record: Row, col = 'event_time'): Date {
+  const v = record[col];
   const t = typeof v === 'string' ? new Date(v) : new Date(NaN);
-  return Number.isNaN(t.getTime()) ? new Date() : t;
+  if (!Number.isNaN(t.getTime())) return t;
+  return col === 'event_time' ? new Date() : time(record);
 }
 
 /** A row for Postgres: every column present, numbers as numbers, JSON columns as JSON. */
@@ -121,12 +158,12 @@ export function postgresRow(table: AuditTable, record: Row): Row {
   const row: Row = {};
   for (const col of COLUMNS[table]) {
     const v = record[col];
-    if (col === 'event_time') row[col] = time(record).toISOString();
+    if (col === 'event_time' || TIMES.has(col)) row[col] = time(record, col).toISOString();
     else if (col === 'findings' || col === 'inspection_failures') row[col] = Array.isArray(v) ? v : [];
     else if (col === 'attrs') row[col] = v && typeof v === 'object' && !Array.isArray(v) ? v : {};
     else if (col === 'kind') row[col] = text(v ?? 'event');
     else if (col === 'decision') row[col] = text(v ?? 'allow');
-    else if (col === 'inspection_failopen' || col === 'identified') row[col] = v === true;
+    else if (BOOLEAN.has(col)) row[col] = v === true;
     else if (NUMERIC.has(col)) row[col] = typeof v === 'number' ? v : NULLABLE.has(col) ? null : 0;
     else row[col] = v === undefined || v === null ? (NULLABLE.has(col) ? null : '') : text(v);
   }
@@ -141,12 +178,16 @@ export function clickhouseRow(table: AuditTable, record: Row): Row {
     if (col === 'event_time') {
       row.event_time = t.toISOString().slice(0, 19).replace('T', ' ');
       row.event_time_ms = t.getUTCMilliseconds();
+    } else if (TIMES.has(col)) {
+      const at = new Date(v as string);
+      row[col] = at.toISOString().slice(0, 19).replace('T', ' ');
+      row[`${col}_ms`] = at.getUTCMilliseconds();
     } else if (col === 'findings' || col === 'inspection_failures') row[col] = JSON.stringify(v);
     else if (col === 'attrs') {
       const entries = Object.entries(v as Row);
       row.attrs_keys = entries.map(([k]) => k);
       row.attrs_values = entries.map(([, x]) => text(x));
-    } else if (col === 'inspection_failopen' || col === 'identified') row[col] = v ? 1 : 0;
+    } else if (BOOLEAN.has(col)) row[col] = v ? 1 : 0;
     else if (v === null && !NUMERIC.has(col)) row[col] = '';
     else row[col] = v;
   }

@@ -4,7 +4,7 @@ import { addBooleanFlag, flag, parseDurationFlag } from '../core/options.ts';
 import { runUntilSignal } from '../core/shutdown.ts';
 import { DEFAULT_INSPECT_TIMEOUT_MS } from '../pipeline/engine.ts';
 import { ISOLATION_CLASSES, WIRE_FORMATS } from '../pipeline/policy/snapshot.ts';
-import { LLMPROXY_DEFAULTS, type LlmProxyOptions } from '../proxy/llm/options.ts';
+import { INSPECTION_DISCLOSURES, LLMPROXY_DEFAULTS, type LlmProxyOptions } from '../proxy/llm/options.ts';
 import { OptionsError } from '../proxy/llm/errors.ts';
 import { startLlmProxy } from '../proxy/llm/server.ts';
 import { CliError } from './errors.ts';
@@ -76,14 +76,36 @@ export function registerLlmProxy(serve: Command): void {
     )
     .addOption(
       flag('--secret-broker-token-file <file>', {
-        description: "the broker's satellite token (its --satellite-token-file)",
+        description:
+          "the broker's satellite token (its --satellite-token-file), for --secret-broker-url and --approvals-url",
         default: d.secretBrokerTokenFile,
       }),
     )
     .addOption(
       flag('--broker-ca <file>', {
-        description: 'CA bundle trusted for the broker (--secret-broker-url, an https --agent-jwks)',
+        description: 'CA bundle trusted for the broker (--secret-broker-url, --approvals-url, an https --agent-jwks)',
         default: d.brokerCa,
+      }),
+    )
+    .addOption(
+      flag('--approvals-url <url>', {
+        description:
+          "the enclave broker's agent URL for tool-call approvals (satellite token of --secret-broker-token-file); unset: require_approval is denied",
+        default: d.approvalsUrl,
+      }),
+    )
+    .addOption(
+      flag('--escalation-timeout <duration>', {
+        description: 'how long a tool call is held for a decision before it is denied',
+        default: d.escalationTimeout,
+        parse: parseDurationFlag,
+      }),
+    )
+    .addOption(
+      flag('--inspection-disclosure <mode>', {
+        description: 'what an agent reads when its tool call is refused: the reason (detailed) or "refused by policy"',
+        choices: INSPECTION_DISCLOSURES,
+        default: d.inspectionDisclosure,
       }),
     )
     .addOption(

@@ -7,13 +7,15 @@ import { checkHeader, decodeFrames, HEADER_BYTES } from '../audit-wal/frame.ts';
 import { readDropped } from '../audit-wal/wal-table.ts';
 import { DEAD_LETTER_DIR, deadLetterEntry, DeadLetterSpool, type DeadLetter } from '../audit-wal/dead-letter.ts';
 import type { AuditTable } from '../audit-wal/sink.ts';
+import { TABLES } from '../audit-wal/wal-sink.ts';
 import { openStore } from '../audit-wal/store.ts';
 import { DsnError, StoreUnavailableError } from '../audit-wal/errors.ts';
 import { createLogger } from '../core/logger.ts';
 import { CliError } from './errors.ts';
 import { EXIT_BLOCKED, EXIT_OK, EXIT_UNAVAILABLE } from './exit-codes.ts';
 
-// `dvx wal stat | tail | verify --dir DIR`: SRE tools over an audit spool. They only read: a running
+// `dvx wal stat | tail | verify --dir DIR`: SRE tools over an audit spool (one directory per table:
+// llm_audit_log, audit_events, tool_call_decisions). They only read: a running
 // component may keep appending and shipping while they look. `dvx wal dead-letter list` reads the
 // dead-letter spools the same way; `dvx wal dead-letter replay` writes one, under its lock.
 
@@ -225,6 +227,10 @@ async function deadLetterListCommand(opts: { dir: string; table?: string }): Pro
 
 async function deadLetterReplayCommand(opts: { dir: string; table?: string; auditDsn: string }): Promise<number> {
   const names = await deadLetterTables(opts.dir, opts.table);
+  // Only a table the stores know is replayed into (its name goes into the INSERT).
+  const unknown = names.filter((n) => !(TABLES as readonly string[]).includes(n));
+  if (unknown.length > 0)
+    throw new CliError(`not an audit table: ${unknown.join(', ')} (the tables are ${TABLES.join(', ')})`);
   let store;
   try {
     store = await openStore(opts.auditDsn);

@@ -218,7 +218,7 @@ export class ClickHouseStore implements AuditStore {
   /** A DELETE mutation per table, waited for (mutations run in the background). */
   async eraseOrg(org: string): Promise<number> {
     let n = 0;
-    for (const table of ['audit_events', 'llm_audit_log']) {
+    for (const table of ['audit_events', 'llm_audit_log', 'tool_call_decisions']) {
       const rs = await this.#client.query({
         query: `SELECT count() AS n FROM ${this.#db}.${table} WHERE org_id = ${chString(org)}`,
         format: 'JSONEachRow',

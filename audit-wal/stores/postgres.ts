@@ -104,7 +104,7 @@ export class PostgresStore implements AuditStore {
 
   async eraseOrg(org: string): Promise<number> {
     let n = 0;
-    for (const table of ['audit_events', 'llm_audit_log']) {
+    for (const table of ['audit_events', 'llm_audit_log', 'tool_call_decisions']) {
       const { rows } = await this.#db.query(
         `WITH gone AS (DELETE FROM ${table} WHERE org_id = $1 RETURNING 1) SELECT count(*)::int AS n FROM gone`,
         [org],

@@ -80,3 +80,35 @@ PARTITION BY toYYYYMM(event_time)
 ORDER BY (event_time, id)
 POPULATE AS SELECT * FROM {db}.audit_events WHERE kind = 'event'
 ;
+-- One row per tool call llmproxy's tool-call policy decided; call_id is the call's llm_audit_log id.
+CREATE TABLE IF NOT EXISTS {db}.tool_call_decisions (
+  id             String,
+  event_time     DateTime,
+  event_time_ms  UInt16,
+  call_id        String,
+  org_id         String,
+  agent_id       String,
+  agent_name     String,
+  enclave_id     String,
+  model          String,
+  tool           String,
+  tool_call_id   String,
+  args_digest    String,
+  arguments      String,
+  args_parsed    UInt8,
+  rule           String,
+  inspector      String,
+  summary        String,
+  verdict        String,
+  outcome        String,
+  reason         String,
+  policy_version String,
+  decided_by     String,
+  decided_at     DateTime,
+  decided_at_ms  UInt16,
+  approval_id    String,
+  held_ms        Float64
+) ENGINE = ReplacingMergeTree()
+PARTITION BY toYYYYMM(event_time)
+ORDER BY (org_id, event_time, id)
+;

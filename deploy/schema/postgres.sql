@@ -66,3 +66,34 @@ CREATE TABLE IF NOT EXISTS audit_events (
 CREATE INDEX IF NOT EXISTS audit_events_org_time ON audit_events (org_id, event_time);
 -- Reads across every org (platform operators) and the tail's (event_time, id) cursor walk this one.
 CREATE INDEX IF NOT EXISTS audit_events_time ON audit_events (event_time, id);
+
+-- One row per tool call llmproxy's tool-call policy decided; call_id is the call's llm_audit_log id.
+-- verdict is the policy's (allow, deny, require_approval), outcome what happened (allow, deny).
+CREATE TABLE IF NOT EXISTS tool_call_decisions (
+  id             text PRIMARY KEY,
+  event_time     timestamptz NOT NULL,
+  call_id        text NOT NULL DEFAULT '',
+  org_id         text NOT NULL DEFAULT '',
+  agent_id       text NOT NULL DEFAULT '',
+  agent_name     text NOT NULL DEFAULT '',
+  enclave_id     text NOT NULL DEFAULT '',
+  model          text,
+  tool           text NOT NULL DEFAULT '',
+  tool_call_id   text NOT NULL DEFAULT '',
+  args_digest    text NOT NULL DEFAULT '',
+  arguments      text NOT NULL DEFAULT '',
+  args_parsed    boolean NOT NULL DEFAULT false,
+  rule           text,
+  inspector      text,
+  summary        text,
+  verdict        text NOT NULL DEFAULT '',
+  outcome        text NOT NULL DEFAULT '',
+  reason         text NOT NULL DEFAULT '',
+  policy_version text NOT NULL DEFAULT '',
+  decided_by     text NOT NULL DEFAULT '',
+  decided_at     timestamptz NOT NULL,
+  approval_id    text,
+  held_ms        double precision NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS tool_call_decisions_org_time ON tool_call_decisions (org_id, event_time);
+CREATE INDEX IF NOT EXISTS tool_call_decisions_call ON tool_call_decisions (call_id);

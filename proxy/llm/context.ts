@@ -8,8 +8,10 @@ import type { CaptureOptions } from '../../audit-wal/gate.ts';
 import type { InspectionEngine } from '../../pipeline/engine.ts';
 import type { Finding, Phase } from '../../pipeline/finding.ts';
 import type { PolicyCache } from '../../pipeline/policy/cache.ts';
+import type { EffectiveGovernance } from '../../pipeline/policy/governance.ts';
 import type { Snapshot, WireFormat } from '../../pipeline/policy/snapshot.ts';
 import type { ResolvedPolicy } from '../../pipeline/policy/types.ts';
+import type { ApprovalsClient } from './approvals-client.ts';
 import type { AgentAuthenticator, AgentIdentity } from './auth.ts';
 import type { ProxyMetrics } from './metrics.ts';
 import type { LlmProxyOptions } from './options.ts';
@@ -33,6 +35,8 @@ export interface ProxyDeps {
   engine: InspectionEngine;
   dispatcher: Dispatcher;
   audit: AuditSink;
+  /** The broker's approvals (--approvals-url); null: a call that requires approval is denied. */
+  approvals: ApprovalsClient | null;
   log: Logger;
   metrics: ProxyMetrics;
   version: string;
@@ -77,6 +81,14 @@ export class CallContext {
   /** Resolved once, by the first inspection that needs it (inspection.ts). */
   policy: ResolvedPolicy | null = null;
 
+  /** The caller's governance (llm_policy and the rest), resolved once per call. */
+  governance: EffectiveGovernance | null = null;
+  /**
+   * Decides each tool call of the answer (steps/tool-policy.ts, tool-decisions.ts); null when no tool
+   * rule applies to this call, and the relays take their path without tool calls.
+   */
+  decideTool: Decide | null = null;
+
   /** The agent's wire format (a pass-through route's API family). */
   format: WireFormat | null = null;
   /** Set when the route is an inference route (POST to one of INFERENCE_ROUTES). */
@@ -90,11 +102,6 @@ export class CallContext {
   body: Buffer = EMPTY;
   credential: string | null = null;
   answer: UpstreamAnswer | null = null;
-  /**
-   * Decides this call's tool calls (the tool-call step, before `forward`); null when no tool rule
-   * applies, and then the relays do nothing more than without a tool policy.
-   */
-  decideTool: Decide | null = null;
 
   // The audit record's fields (steps/audit.ts).
   /** Set when --translate converted the call to another wire format. */

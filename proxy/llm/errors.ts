@@ -125,6 +125,23 @@ export class AnswerTooLargeError extends coded('DVX_ANSWER_TOO_LARGE') {}
 export class SecretBrokerError extends coded('DVX_SECRET_BROKER') {}
 
 /**
+ * The approval service (--approvals-url) could not be used: unreachable, timed out, refused the satellite
+ * token, answered an unexpected status or an unusable body. The held tool call is denied (fail closed).
+ */
+export class ApprovalsUnavailableError extends coded('DVX_APPROVALS_UNAVAILABLE') {
+  /** No answer or a 5xx: while the approval is awaited, the broker is asked again until the deadline. */
+  readonly transient: boolean;
+
+  constructor(message: string, options?: ErrorOptions & { transient?: boolean }) {
+    super(message, options);
+    this.transient = options?.transient === true;
+  }
+}
+
+/** The broker refused a new approval past its limits (429): the tool call is denied, `approval rate limit exceeded`. */
+export class ApprovalRateLimitError extends coded('DVX_APPROVAL_RATE_LIMIT') {}
+
+/**
  * A call answered by the proxy itself, before or instead of relaying the upstream's answer: `answer` is
  * the wire body (one of ERRORS, or a 400 of badRequest). A refusal of ours carries its `reason` (the
  * record's `error`, decision `deny`); a null reason is an answer that is no refusal of ours (a block

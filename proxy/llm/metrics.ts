@@ -5,6 +5,7 @@ import { counter, histogram } from '../../core/metrics.ts';
 const LATENCY = [
   0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 ];
+const HELD = [0.05, 0.25, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600];
 const BYTES = [1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 33554432];
 
 export function proxyMetrics(registry: Registry) {
@@ -42,6 +43,19 @@ export function proxyMetrics(registry: Registry) {
       [],
     ),
     authFailures: counter(registry, 'dvx_llmproxy_auth_failures_total', 'Refused agent credentials', ['reason']),
+    toolDecisions: counter(
+      registry,
+      'dvx_llmproxy_tool_decisions_total',
+      "Tool calls decided, by the policy's verdict (allow, deny, require_approval) and what happened (allow, deny)",
+      ['verdict', 'outcome'],
+    ),
+    toolHeld: histogram(
+      registry,
+      'dvx_llmproxy_tool_held_seconds',
+      'How long a tool call that requires approval was held until it was decided, by outcome',
+      ['outcome'],
+      HELD,
+    ),
   };
 }
 

@@ -19,6 +19,17 @@ import { SERVER_LIMIT_DEFAULTS, serverLimitsProblem, type ServerLimitOptions } f
 // without a word (docs/decisions.md, "A dead upstream is cut, by two timers").
 export const DEFAULT_UPSTREAM_TIMEOUT_MS = 600_000;
 export const DEFAULT_UPSTREAM_IDLE_TIMEOUT_MS = 300_000;
+/** A held tool call with no decision this long is denied (spec: Limits, `--escalation-timeout`). */
+export const DEFAULT_ESCALATION_TIMEOUT_MS = 300_000;
+/**
+ * The longest a call may be held for a person: the official SDKs give up on an answer after 10 minutes,
+ * and a longer hold only keeps a connection and an upstream answer pinned for an agent that has left.
+ */
+export const MAX_ESCALATION_TIMEOUT_MS = 3_600_000;
+
+/** What the agent reads when its tool call is refused (spec: `--inspection-disclosure`). */
+export const INSPECTION_DISCLOSURES = ['detailed', 'opaque'] as const;
+export type InspectionDisclosure = (typeof INSPECTION_DISCLOSURES)[number];
 
 export interface LlmProxyOptions extends AuditOptions, ServerLimitOptions {
   addr: string;
@@ -43,8 +54,17 @@ export interface LlmProxyOptions extends AuditOptions, ServerLimitOptions {
   secretBrokerUrl: string;
   /** The satellite token the broker issued (its --satellite-token-file). */
   secretBrokerTokenFile: string;
-  /** CA bundle trusted for the broker (--secret-broker-url, and an https --agent-jwks). */
+  /** CA bundle trusted for the broker (--secret-broker-url, --approvals-url, and an https --agent-jwks). */
   brokerCa: string;
+  /**
+   * The broker's agent base URL for tool-call approvals (its satellite approvals routes), authenticated
+   * with the satellite token of --secret-broker-token-file. Empty: a `require_approval` call is denied.
+   */
+  approvalsUrl: string;
+  /** ms a tool call is held for a person's decision before it is denied. */
+  escalationTimeout: number;
+  /** `detailed` names why a tool call was refused to the agent; `opaque` says only "refused by policy". */
+  inspectionDisclosure: InspectionDisclosure;
   upstreamDefault: string;
   upstreamCa: string;
   /** ms from the request sent to the upstream's response headers (a plain answer's come with its last token). */
@@ -76,6 +96,9 @@ export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
   secretBrokerUrl: '',
   secretBrokerTokenFile: '',
   brokerCa: '',
+  approvalsUrl: '',
+  escalationTimeout: DEFAULT_ESCALATION_TIMEOUT_MS,
+  inspectionDisclosure: 'detailed',
   upstreamDefault: '',
   upstreamCa: '',
   upstreamTimeout: DEFAULT_UPSTREAM_TIMEOUT_MS,
@@ -121,8 +144,27 @@ export function validateOptions(input: Partial<LlmProxyOptions>): LlmProxyOption
     if (!o.secretBrokerTokenFile)
       throw new OptionsError("--secret-broker-url needs --secret-broker-token-file (the broker's satellite token)");
     o.secretBrokerUrl = o.secretBrokerUrl.replace(/\/+$/, '');
-  } else if (o.secretBrokerTokenFile)
-    throw new OptionsError('--secret-broker-token-file is the token of --secret-broker-url, which is not set');
+  }
+  if (o.approvalsUrl) {
+    let url: URL;
+    try {
+      url = new URL(o.approvalsUrl);
+    } catch {
+      throw new OptionsError(`--approvals-url "${o.approvalsUrl}" is not an absolute URL`);
+    }
+    if (url.protocol !== 'https:') throw new OptionsError('--approvals-url must be https (the broker is TLS only)');
+    if (!o.secretBrokerTokenFile)
+      throw new OptionsError("--approvals-url needs --secret-broker-token-file (the broker's satellite token)");
+    o.approvalsUrl = o.approvalsUrl.replace(/\/+$/, '');
+  }
+  if (o.secretBrokerTokenFile && !o.secretBrokerUrl && !o.approvalsUrl)
+    throw new OptionsError(
+      '--secret-broker-token-file is the token of --secret-broker-url and --approvals-url, neither of which is set',
+    );
+  if (!(o.escalationTimeout >= 1000) || o.escalationTimeout > MAX_ESCALATION_TIMEOUT_MS)
+    throw new OptionsError('--escalation-timeout must be from 1s to 1h');
+  if (!(INSPECTION_DISCLOSURES as readonly string[]).includes(o.inspectionDisclosure))
+    throw new OptionsError(`--inspection-disclosure must be one of ${INSPECTION_DISCLOSURES.join(', ')}`);
   if (!(WIRE_FORMATS as readonly string[]).includes(o.translateUpstreamFormat))
     throw new OptionsError(`--translate-upstream-format must be one of ${WIRE_FORMATS.join(', ')}`);
   if (o.databaseDsn && o.policySnapshot)

@@ -13,6 +13,7 @@ import { prefix } from './steps/prefix.ts';
 import { readBody } from './steps/read-body.ts';
 import { relay } from './steps/relay.ts';
 import { route } from './steps/route.ts';
+import { toolPolicy } from './steps/tool-policy.ts';
 import { translate } from './steps/translate.ts';
 
 export type { ProxyDeps } from './context.ts';
@@ -21,7 +22,8 @@ export type { ProxyDeps } from './context.ts';
 // steps"), each reading and filling the call's context (context.ts):
 //
 //   authenticate ─▶ admit (agent state, tier) ─▶ route ─▶ read body (≤ 32 MB) ─▶ [translate]
-//     ─▶ prefix ─▶ inspect request (403 block │ 503 fail-closed) ─▶ credential ─▶ forward (undici)
+//     ─▶ prefix ─▶ inspect request (403 block │ 503 fail-closed) ─▶ credential
+//     ─▶ tool policy (the call's Decide for its answer's tool calls, or none) ─▶ forward (undici)
 //     ─▶ relay: stream    events pass through as they arrive [translated], a copy feeds the response
 //                         pipeline at the end; the final event waits for the audit record
 //               plain     held, response pipeline (observe-only), [translated], audit record, then
@@ -41,6 +43,7 @@ const STEPS: readonly Step[] = [
   prefix,
   inspectRequest,
   credential,
+  toolPolicy,
   forward,
   relay,
 ];

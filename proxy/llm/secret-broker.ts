@@ -38,7 +38,8 @@ export interface SecretBrokerOptions {
 const REQUEST_TIMEOUT_MS = 10_000;
 const MAX_BACKOFF_MS = 10_000;
 
-async function readToken(path: string): Promise<string> {
+/** The satellite token of --secret-broker-token-file (also --approvals-url's); a missing or empty file refuses. */
+export async function readSatelliteToken(path: string): Promise<string> {
   let text: string;
   try {
     text = await readFile(path, 'utf8');
@@ -98,7 +99,7 @@ export class SecretBroker {
 
   /** Reads the token (a missing or empty file refuses the start), fetches once, then follows the broker. */
   static async start(o: SecretBrokerOptions): Promise<SecretBroker> {
-    const broker = new SecretBroker(o, await readToken(o.tokenFile));
+    const broker = new SecretBroker(o, await readSatelliteToken(o.tokenFile));
     await broker.#fetch();
     broker.#timer = setInterval(() => void broker.#fetch(), broker.#o.refreshMs);
     broker.#timer.unref();
@@ -133,7 +134,7 @@ export class SecretBroker {
   /** A 401: the token file may hold a new token (the broker's was replaced); read it again. */
   async #refused(): Promise<void> {
     try {
-      this.#token = await readToken(this.#o.tokenFile);
+      this.#token = await readSatelliteToken(this.#o.tokenFile);
     } catch (err) {
       this.#o.log.error({ err }, 'secret broker: the satellite token file cannot be read again');
     }

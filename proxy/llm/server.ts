@@ -18,6 +18,7 @@ import { closeSidecarDispatcher } from '../../pipeline/inspectors/sidecar.ts';
 import { PolicyCache } from '../../pipeline/policy/cache.ts';
 import { EMPTY_SNAPSHOT, validateSnapshot, type Snapshot } from '../../pipeline/policy/snapshot.ts';
 import type { ResolvedPolicy } from '../../pipeline/policy/types.ts';
+import { ApprovalsClient } from './approvals-client.ts';
 import { AgentAuthenticator, jwksFromDocument, jwksFromUrl } from './auth.ts';
 import { clientErrorAnswer, OptionsError } from './errors.ts';
 import { proxyMetrics } from './metrics.ts';
@@ -91,7 +92,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
     });
   }
   const emptySecrets: SecretMap = new Map();
-  // The broker's CA: for --secret-broker-url, and for an https --agent-jwks (the broker serves the JWKS).
+  // The broker's CA: for --secret-broker-url, --approvals-url, and an https --agent-jwks (the broker serves the JWKS).
   const brokerCa = options.brokerCa
     ? await readFile(options.brokerCa).catch((err: NodeJS.ErrnoException) => {
         throw new OptionsError(`cannot read --broker-ca ${options.brokerCa}: ${err.code ?? err.message}`);
@@ -100,6 +101,15 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
   const secretBroker = options.secretBrokerUrl
     ? await SecretBroker.start({
         url: options.secretBrokerUrl,
+        tokenFile: options.secretBrokerTokenFile,
+        ca: brokerCa,
+        log,
+      })
+    : null;
+  // Tool-call approvals: the broker's satellite approvals routes, with the same satellite token.
+  const approvals = options.approvalsUrl
+    ? await ApprovalsClient.open({
+        url: options.approvalsUrl,
         tokenFile: options.secretBrokerTokenFile,
         ca: brokerCa,
         log,
@@ -155,7 +165,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
           maxBytes: options.auditWalMaxBytes,
           log,
           registry,
-          tables: ['llm_audit_log'],
+          tables: ['llm_audit_log', 'tool_call_decisions'],
         })
       : new StdoutAuditSink());
   const durableAudit = Boolean(options.auditDsn) || start.durableAudit === true;
@@ -169,6 +179,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
     engine,
     dispatcher,
     audit,
+    approvals,
     log,
     metrics: proxyMetrics(registry),
     version: pkg.version,
@@ -226,6 +237,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
         await store?.close();
         secretsFile?.close();
         await secretBroker?.close();
+        await approvals?.close();
         jwksFile?.close();
         await engine.close();
         await dispatcher.close();

@@ -24,3 +24,30 @@ t.test('--upstream-timeout and --upstream-idle-timeout: flag or environment, che
   t.match(help, /--upstream-timeout <duration> .*?\(default: 600000, env: DVX_UPSTREAM_TIMEOUT\)/);
   t.match(help, /--upstream-idle-timeout <duration> .*?\(default: 300000, env: DVX_UPSTREAM_IDLE_TIMEOUT\)/);
 });
+
+t.test('--approvals-url, --escalation-timeout, --inspection-disclosure: flag or environment, checked', async (t) => {
+  for (const [args, env, message] of [
+    [['--escalation-timeout', 'soon'], {}, /--escalation-timeout <duration>' argument 'soon' is invalid/],
+    [['--escalation-timeout', '0s'], {}, /--escalation-timeout must be from 1s to 1h/],
+    [[], { DVX_ESCALATION_TIMEOUT: '2h' }, /--escalation-timeout must be from 1s to 1h/],
+    [
+      ['--inspection-disclosure', 'loud'],
+      {},
+      /--inspection-disclosure <mode>' argument 'loud' is invalid.*detailed, opaque/,
+    ],
+    [[], { DVX_INSPECTION_DISCLOSURE: 'loud' }, /DVX_INSPECTION_DISCLOSURE.*invalid/],
+    [['--approvals-url', 'http://broker:8450'], {}, /--approvals-url must be https/],
+    [[], { DVX_APPROVALS_URL: 'https://broker:8450' }, /--approvals-url needs --secret-broker-token-file/],
+  ] as [string[], Record<string, string>, RegExp][]) {
+    const r = await runDvx([...base, ...args], { env });
+    t.equal(r.code, 2, `${args.join(' ')} ${JSON.stringify(env)}`);
+    t.match(r.stderr, message);
+  }
+  const help = (await runDvx(['serve', 'llmproxy', '--help'])).stdout.replace(/\s+/g, ' ');
+  t.match(help, /--approvals-url <url> .*?\(default: "", env: DVX_APPROVALS_URL\)/);
+  t.match(help, /--escalation-timeout <duration> .*?\(default: 300000, env: DVX_ESCALATION_TIMEOUT\)/);
+  t.match(
+    help,
+    /--inspection-disclosure <mode> .*?\(choices: "detailed", "opaque", default: "detailed", env: DVX_INSPECTION_DISCLOSURE\)/,
+  );
+});

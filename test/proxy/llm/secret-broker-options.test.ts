@@ -60,7 +60,10 @@ t.test('options: one secret source, an https broker, its token', async (t) => {
     () => validateOptions({ ...base, secretBrokerUrl: 'b:/x', secretBrokerTokenFile: 't' }),
     /must be https|absolute/,
   );
-  t.throws(() => validateOptions({ ...base, secretBrokerTokenFile: 't' }), /--secret-broker-url, which is not set/);
+  t.throws(
+    () => validateOptions({ ...base, secretBrokerTokenFile: 't' }),
+    /--secret-broker-token-file is the token of --secret-broker-url and --approvals-url, neither of which is set/,
+  );
   t.equal(
     validateOptions({ ...base, secretBrokerUrl: 'https://b:8450/', secretBrokerTokenFile: 't' }).secretBrokerUrl,
     'https://b:8450',
