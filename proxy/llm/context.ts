@@ -8,6 +8,7 @@ import type { CaptureOptions } from '../../audit-wal/gate.ts';
 import type { InspectionEngine } from '../../pipeline/engine.ts';
 import type { Finding, Phase } from '../../pipeline/finding.ts';
 import type { PolicyCache } from '../../pipeline/policy/cache.ts';
+import type { EffectiveGovernance } from '../../pipeline/policy/governance.ts';
 import type { Snapshot, WireFormat } from '../../pipeline/policy/snapshot.ts';
 import type { ResolvedPolicy } from '../../pipeline/policy/types.ts';
 import type { AgentAuthenticator, AgentIdentity } from './auth.ts';
@@ -69,6 +70,12 @@ export class CallContext {
   inspect = false;
   /** Resolved once, by the first inspection that needs it (inspection.ts). */
   policy: ResolvedPolicy | null = null;
+  /**
+   * The caller's governance policy (llm_policy and the rest), resolved once by admit from the call's
+   * snapshot (cached per snapshot and caller: snapshot-governance.ts); null when no governance row nor
+   * pack applies to the caller.
+   */
+  governance: EffectiveGovernance | null = null;
 
   /** The agent's wire format (a pass-through route's API family). */
   format: WireFormat | null = null;
