@@ -185,6 +185,7 @@ const governance: Record<string, fc.Arbitrary<Record<string, unknown>>> = {
                     tool: text,
                     verdict: fc.constantFrom('allow', 'deny', 'require_approval', 'maybe'),
                     summary: text,
+                    model_match: glob,
                     arg_gt: fc.dictionary(
                       fc.constantFrom('n', 'size'),
                       fc.double({ noNaN: true, noDefaultInfinity: true }),
