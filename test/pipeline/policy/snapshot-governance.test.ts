@@ -1,4 +1,5 @@
 import t from 'tap';
+import { readFileSync } from 'node:fs';
 import { PolicyValidationError } from '../../../pipeline/errors.ts';
 import {
   gateRefusal,
@@ -350,4 +351,13 @@ t.test('gates: every deny refuses, every allow list is a gate', async (t) => {
   t.match(gateRefusal(g, 'claude-x-preview'), /deny glob "\*-preview"/);
   t.match(gateRefusal(g, null), /no allow list/, 'an unreadable name passes no gate');
   t.equal(gateRefusal({ allow_gates: [], deny: ['x'] }, null), null, 'and no deny');
+});
+
+t.test("docs/snapshot.md's example loads and resolves", async (t) => {
+  const md = readFileSync(new URL('../../../docs/snapshot.md', import.meta.url), 'utf8');
+  const s = validateSnapshot(JSON.parse(md.split('```json\n')[1].split('```')[0]));
+  const e = snapshotGovernance(s, 'org-1', 'g-1', 'agent-1');
+  t.same(e.packs, ['hipaa', 'no-paste', 'corp-only', 'lab']);
+  t.same(e.llm.models.allow_gates, [['claude-*', 'gpt-*'], ['claude-*']]);
+  t.same([e.exec, e.ssh, e.tunnel_ports], [true, false, [443]]);
 });
