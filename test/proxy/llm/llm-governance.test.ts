@@ -213,3 +213,22 @@ t.test('no governance: nothing resolved for the call', async (t) => {
   t.equal(r.status, 200);
   t.match(r.record, { decision: 'allow', error: null });
 });
+
+t.test('providers with --translate: the provider the call reaches, not the one the agent speaks', async (t) => {
+  const tr = await startHarness({
+    proxy: { translate: true, translateUpstreamFormat: 'openai-chat' },
+    snapshot: (url) => {
+      const d = baseSnapshot(url) as unknown as Doc;
+      d.orgs['org-1'].config.llm_policy = { value: { providers: { deny: ['anthropic'] } } };
+      return d;
+    },
+  });
+  t.teardown(() => tr.close());
+  const msg = await tr.anthropic(await tr.token()).messages.create({
+    model: 'claude-sonnet-4-5',
+    max_tokens: 8,
+    messages: [{ role: 'user', content: 'hi' }],
+  });
+  t.equal(msg.type, 'message', 'an Anthropic-speaking agent reaches openai: allowed');
+  t.equal(tr.upstream.received.at(-1)!.path, '/v1/chat/completions');
+});
