@@ -1,5 +1,7 @@
 import type { FastifyInstance } from 'fastify';
-import { orgFlag, policyLayers, resolveSnapshotSetting } from '../../pipeline/policy/snapshot.ts';
+import { orgFlag, policyLayers, resolveSnapshotSetting, WIRE_FORMATS } from '../../pipeline/policy/snapshot.ts';
+import { governedSetting } from '../../pipeline/policy/snapshot-governance.ts';
+import { governedUpstream } from '../../pipeline/policy/governance.ts';
 import { resolvePolicy } from '../../pipeline/policy/resolve.ts';
 import { agentSnapshot } from '../../pipeline/policy/store-snapshot.ts';
 import type { ChangeDeps } from '../audited-change.ts';
@@ -9,7 +11,9 @@ import { FLAGS } from './feature-flags.ts';
 import { ANY, BOOLEAN, pathParams, STRING, viewSchema } from '../../core/schemas.ts';
 
 // The effective LLM policy of an agent (llm-content-policy.md: Policy hierarchy): the proxy's own resolver
-// over the state the agent's enclave receives, under agents:manage over the agent's org.
+// over the state the agent's enclave receives, under agents:manage over the agent's org. `credential_mode`
+// and `upstream` are what llmproxy uses: the settings with the governance llm_policy's fields
+// (snapshot-governance.ts), `upstream` per wire format.
 
 const EFFECTIVE_VIEW = viewSchema('effectivePolicyView', {
   agent: STRING,
@@ -43,13 +47,22 @@ export function effectivePolicyRoutes(deps: ChangeDeps) {
           group_id: agent.group_id,
           flags: Object.fromEntries(FLAGS.map((f) => [f, orgFlag(snapshot, agent.org_id, f)])),
           policy,
-          credential_mode:
-            resolveSnapshotSetting(snapshot, 'credential_mode', agent.org_id, group, agent.uid) ?? 'platform',
+          credential_mode: governedSetting(snapshot, 'credential_mode', agent.org_id, group, agent.uid) ?? 'platform',
           downstream_url: resolveSnapshotSetting(snapshot, 'downstream_url', agent.org_id, group, agent.uid),
-          upstream: resolveSnapshotSetting(snapshot, 'upstream', agent.org_id, group, agent.uid) ?? {},
+          upstream: upstreamView(governedSetting(snapshot, 'upstream', agent.org_id, group, agent.uid) ?? {}),
           skipped: snapshot.skipped,
         };
       },
     );
   };
+}
+
+/** The upstream map per wire format (a governance map may name a provider for its formats). */
+function upstreamView(map: Record<string, string>): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const f of WIRE_FORMATS) {
+    const url = governedUpstream(map, f);
+    if (url !== undefined) out[f] = url;
+  }
+  return out;
 }

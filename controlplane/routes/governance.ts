@@ -4,32 +4,20 @@ import type { Queryable } from '../../core/sql.ts';
 import { PolicyValidationError } from '../../pipeline/errors.ts';
 import { validatePacks } from '../../pipeline/policy/snapshot.ts';
 import { policyDocumentJson } from '../../pipeline/policy/validate.ts';
-import {
-  resolveGovernance,
-  validateGovernance,
-  validateRules,
-  type GovernanceKind,
-  type GovernanceRows,
-  type PackRules,
-} from '../../pipeline/policy/governance.ts';
+import { validateGovernance, validateRules, type GovernanceKind } from '../../pipeline/policy/governance.ts';
+import { isGovernanceKey } from '../../pipeline/policy/snapshot.ts';
+import { snapshotGovernance } from '../../pipeline/policy/snapshot-governance.ts';
+import { agentSnapshot } from '../../pipeline/policy/store-snapshot.ts';
+import type { AgentRow } from '../store/agents.ts';
 import { auditedChange, type ChangeDeps } from '../audited-change.ts';
 import { reportSkipped } from '../skipped-rows.ts';
-import type { SkippedRow } from '../../pipeline/policy/store-snapshot.ts';
 import { agentOrg, checkedAgent, PLATFORM } from '../authz/targets.ts';
 import { bad } from '../bad-request.ts';
 import { ANY, arrayOf, BOOLEAN, NO_CONTENT, object, pathParams, STRING, TEXT, viewSchema } from '../../core/schemas.ts';
 import { ApiError, PROBLEMS } from '../errors.ts';
 import type { EventHub } from '../events.ts';
-import { deletePolicy, getPolicy, policiesAt, policyLocked, upsertPolicy } from '../store/governance-policies.ts';
-import {
-  installPack,
-  listPacks,
-  packExists,
-  packInstallations,
-  packRulesAt,
-  uninstallPack,
-  upsertPack,
-} from '../store/packs.ts';
+import { deletePolicy, getPolicy, policyLocked, upsertPolicy } from '../store/governance-policies.ts';
+import { installPack, listPacks, packExists, packInstallations, uninstallPack, upsertPack } from '../store/packs.ts';
 import {
   broaderScopes,
   rowKey,
@@ -64,48 +52,14 @@ const KIND_OF_PATH: Record<string, GovernanceKind> = {
 const PACK = /^[a-z0-9][a-z0-9_.-]{0,62}$/;
 
 /**
- * Parses and validates a stored value; one that does not is named in `skipped` (like the snapshot builder's) and left
- * out.
+ * What an agent's enclave resolves (pipeline/policy/snapshot-governance.ts) over the snapshot built for it
+ * from the store, so the read shows what is enforced. `skipped` names the governance rows and packs the
+ * builder left out because they do not validate.
  */
-function stored<T>(skipped: SkippedRow[], scope: string, key: string, read: () => T): T | null {
-  try {
-    return read();
-  } catch (err) {
-    if (!(err instanceof PolicyValidationError) && !(err instanceof SyntaxError)) throw err;
-    skipped.push({ scope, key, reason: err.message });
-    return null;
-  }
-}
-
-/**
- * Every governance row and installed pack that applies to an agent, resolved; stored rows that do not validate are
- * skipped and named.
- */
-export async function effectiveGovernance(db: Queryable, agent: { uid: string; org_id: string; group_id: string }) {
-  const scope: Scope = { kind: 'agent', org: agent.org_id, group: agent.group_id, agent: agent.uid };
-  const rows: GovernanceRows = {};
-  const skipped: SkippedRow[] = [];
-  for (const s of broaderScopes(scope, true)) {
-    for (const r of await policiesAt<GovernanceKind>(db, rowKey(s))) {
-      const row = stored(skipped, scopeName(s), r.kind, () =>
-        validateGovernance(r.kind, { ...JSON.parse(r.value), locked: r.locked }),
-      );
-      if (row) ((rows[r.kind] ??= {}) as Record<string, unknown>)[s.kind] = row;
-    }
-  }
-  const packs: PackRules[] = [];
-  for (const s of broaderScopes(scope, true)) {
-    for (const p of await packRulesAt(db, rowKey(s))) {
-      if (packs.some((q) => q.name === p.name) || skipped.some((k) => k.scope === `pack:${p.name}`)) continue;
-      const pack = stored(skipped, `pack:${p.name}`, 'rules', () => ({
-        name: p.name,
-        allow: validateRules(JSON.parse(p.allow), 'allow'),
-        deny: validateRules(JSON.parse(p.deny), 'deny'),
-      }));
-      if (pack) packs.push(pack);
-    }
-  }
-  return { ...resolveGovernance(rows, packs), skipped };
+export async function effectiveGovernance(db: Queryable, agent: AgentRow) {
+  const snapshot = await agentSnapshot(db, agent.org_id, agent);
+  const skipped = snapshot.skipped.filter((r) => isGovernanceKey(r.key) || r.scope.startsWith('pack:'));
+  return { ...snapshotGovernance(snapshot, agent.org_id, agent.group_id || null, agent.uid), skipped };
 }
 
 const KIND = pathParams('kind');

@@ -1,7 +1,8 @@
 import { isIP } from 'node:net';
 import { PolicyValidationError } from '../errors.ts';
-import { isValidPattern } from '../path-match.ts';
+import { isValidPattern, pathMatch } from '../path-match.ts';
 import { resolveSetting, type RowsByScope, type Scope } from './resolve.ts';
+import type { WireFormat } from './snapshot.ts';
 
 // Governance policy (operator-api.md: llmPolicyReq, destinationPolicyReq, exec/ssh/tunnel, tunnel
 // ports; llm-content-policy.md "Governance scopes for interactive access") and its resolution across
@@ -12,6 +13,8 @@ import { resolveSetting, type RowsByScope, type Scope } from './resolve.ts';
 //   tunnel_ports        {ports}: the lock-aware most specific row; none or [] → every port denied
 //   llm                 credential_mode, upstream, inspection: lock-aware most specific;
 //                       models and providers: deny globs union across scopes, each allow is a gate
+//                       (`providers` names: PROVIDER_OF_FORMAT; `upstream` keys: a wire format or a
+//                       provider name, the format's own key first)
 //   destination         deny rules union across scopes and packs; each allow list (scope or pack) is a gate
 
 export const GOVERNANCE_KINDS = ['llm', 'destination', 'exec', 'ssh', 'tunnel', 'tunnel_ports'] as const;
@@ -32,7 +35,7 @@ export interface InspectionRule {
   verdict?: string;
   summary?: string;
   arg_gt?: Record<string, number>;
-  /** A glob on the request's model (path.Match syntax) narrowing the rule. */
+  /** A glob (pathMatch) over the request's model: the rule applies only to calls of a matching model. */
   model_match?: string;
 }
 export interface LlmGovernance {
@@ -49,6 +52,30 @@ export interface GovernanceValues {
   ssh: { enabled: boolean };
   tunnel: { enabled: boolean };
   tunnel_ports: { ports: number[] };
+}
+
+/**
+ * The provider a wire format reaches: what `llm_policy.providers` globs match, and the provider-wide key
+ * of `llm_policy.upstream` (docs/decisions.md, "The governance llm policy reaches the proxy").
+ */
+export const PROVIDER_OF_FORMAT = {
+  'anthropic-messages': 'anthropic',
+  'openai-chat': 'openai',
+  'openai-responses': 'openai',
+} as const satisfies Record<WireFormat, string>;
+
+const UPSTREAM_KEYS: readonly string[] = [
+  ...Object.keys(PROVIDER_OF_FORMAT),
+  ...new Set(Object.values(PROVIDER_OF_FORMAT)),
+];
+
+/** The base URL `llm_policy.upstream` names for a wire format: the format's own key, else its provider's. */
+export function governedUpstream(upstream: Record<string, string>, format: WireFormat): string | undefined {
+  return Object.hasOwn(upstream, format)
+    ? upstream[format]
+    : Object.hasOwn(upstream, PROVIDER_OF_FORMAT[format])
+      ? upstream[PROVIDER_OF_FORMAT[format]]
+      : undefined;
 }
 
 export interface PackRules {
@@ -79,6 +106,20 @@ function strings(v: unknown, path: string, check?: (s: string, p: string) => voi
 const glob = (s: string, p: string) => {
   if (!isValidPattern(s)) fail(p, 'is not a valid glob');
 };
+
+/** An absolute http(s) URL, its trailing slashes dropped (the form the snapshot's `upstream` keeps). */
+function httpUrl(v: unknown, path: string): string {
+  if (typeof v !== 'string') fail(path, 'must be an http(s) URL');
+  let url: URL | null = null;
+  try {
+    url = new URL(v as string);
+  } catch {
+    // refused below
+  }
+  if (!url || (url.protocol !== 'http:' && url.protocol !== 'https:') || !url.host)
+    fail(path, 'must be an http(s) URL');
+  return (v as string).replace(/\/+$/, '');
+}
 
 function validateRule(v: unknown, path: string): Rule {
   const o = obj(v, path, ['cidr', 'host', 'port', 'reason']);
@@ -170,10 +211,10 @@ export function validateGovernance<K extends GovernanceKind>(
       if (o.models !== undefined) llm.models = allowDeny(o.models, 'models');
       if (o.providers !== undefined) llm.providers = allowDeny(o.providers, 'providers');
       if (o.upstream !== undefined) {
-        const u = obj(o.upstream, 'upstream', Object.keys((o.upstream as Obj) ?? {}));
-        for (const [k, url] of Object.entries(u))
-          if (typeof url !== 'string' || !/^https?:\/\/[^/]/.test(url)) fail(`upstream.${k}`, 'must be an http(s) URL');
-        llm.upstream = u as Record<string, string>;
+        const u = obj(o.upstream, 'upstream', UPSTREAM_KEYS);
+        const map: Record<string, string> = {};
+        for (const [k, url] of Object.entries(u)) map[k] = httpUrl(url, `upstream.${k}`);
+        llm.upstream = map;
       }
       if (o.inspection !== undefined) {
         const ins = obj(o.inspection, 'inspection', ['inspectors']);
@@ -186,9 +227,12 @@ export function validateGovernance<K extends GovernanceKind>(
             if (!Array.isArray(insp.rules ?? [])) fail(`${p}.rules`, 'must be an array');
             const rules = ((insp.rules ?? []) as unknown[]).map((r, j) => {
               const rp = `${p}.rules[${j}]`;
-              const rule = obj(r, rp, ['tool', 'verdict', 'summary', 'arg_gt']);
-              for (const f of ['tool', 'verdict', 'summary'])
+              const rule = obj(r, rp, ['tool', 'verdict', 'summary', 'arg_gt', 'model_match']);
+              for (const f of ['tool', 'verdict', 'summary', 'model_match'])
                 if (rule[f] !== undefined && typeof rule[f] !== 'string') fail(`${rp}.${f}`, 'must be a string');
+              for (const f of ['tool', 'model_match'])
+                if (rule[f] !== undefined && !isValidPattern(rule[f] as string))
+                  fail(`${rp}.${f}`, 'is not a valid glob');
               if (rule.verdict !== undefined && !['allow', 'deny', 'require_approval'].includes(rule.verdict as string))
                 fail(`${rp}.verdict`, 'must be allow, deny or require_approval');
               if (rule.arg_gt !== undefined) {
@@ -221,8 +265,8 @@ export interface EffectiveGovernance {
     credential_mode: string | null;
     upstream: Record<string, string>;
     inspection: LlmGovernance['inspection'] | null;
-    models: { allow_gates: string[][]; deny: string[] };
-    providers: { allow_gates: string[][]; deny: string[] };
+    models: GlobGates;
+    providers: GlobGates;
   };
   packs: string[];
 }
@@ -246,7 +290,8 @@ export function resolveGovernance(rows: GovernanceRows, packs: PackRules[]): Eff
     const byScope: RowsByScope<LlmGovernance[K]> = {};
     for (const s of ORDER) {
       const r = rows.llm?.[s];
-      if (r && r.value[k] !== undefined) byScope[s] = { value: r.value[k], locked: r.locked };
+      // A null (credential_mode) sets nothing: the scope inherits, as if the field were omitted.
+      if (r && r.value[k] !== undefined && r.value[k] !== null) byScope[s] = { value: r.value[k], locked: r.locked };
     }
     return resolveSetting(byScope);
   };
@@ -281,4 +326,26 @@ export function resolveGovernance(rows: GovernanceRows, packs: PackRules[]): Eff
     },
     packs: packs.map((p) => p.name),
   };
+}
+
+/** Resolved allow/deny globs: every deny glob refuses, and every allow list is a gate the name must pass. */
+export interface GlobGates {
+  allow_gates: string[][];
+  deny: string[];
+}
+
+/** True when no glob of these gates can refuse anything. */
+export function gatesOpen(g: GlobGates): boolean {
+  return g.deny.length === 0 && g.allow_gates.length === 0;
+}
+
+/**
+ * Why these gates refuse a name, or null when they permit it: a deny glob it matches, else the first
+ * allow list it matches nothing of. A null name (none could be read) passes the denies and no allow list.
+ */
+export function gateRefusal(g: GlobGates, name: string | null): string | null {
+  if (name !== null) for (const d of g.deny) if (pathMatch(d, name)) return `matches deny glob ${JSON.stringify(d)}`;
+  for (const gate of g.allow_gates)
+    if (name === null || !gate.some((a) => pathMatch(a, name))) return `is on no allow list of ${JSON.stringify(gate)}`;
+  return null;
 }

@@ -4,6 +4,7 @@ import type { PolicyLayers, PolicyPack, PolicyRow, RowsByScope, ScopeRows } from
 import { resolveSetting } from './resolve.ts';
 import type { PolicyDocument, PolicyKey, PolicyValues } from './types.ts';
 import { dict, own } from '../../core/own.ts';
+import { validateGovernance, validateRules, type GovernanceKind, type PackRules } from './governance.ts';
 
 // The policy snapshot: the desired state an enclave's proxies enforce, written by `dvx policy-pull`
 // (or by hand until the control plane exists). docs/snapshot.md pins the shape. Validation is whole:
@@ -18,6 +19,29 @@ export const SETTING_KEYS = [
   'upstream',
 ] as const;
 export type SettingKey = (typeof SETTING_KEYS)[number];
+
+/**
+ * The governance keys (operator-api.md: llmPolicyReq, destinationPolicyReq, …), authored through
+ * `/api/v1/policies/{kind}`, carried at every scope next to the settings and resolved by
+ * pipeline/policy/governance.ts (snapshot-governance.ts).
+ */
+export const GOVERNANCE_KEYS = {
+  llm_policy: 'llm',
+  destination_policy: 'destination',
+  exec_policy: 'exec',
+  ssh_policy: 'ssh',
+  tunnel_policy: 'tunnel',
+  tunnel_ports_policy: 'tunnel_ports',
+} as const satisfies Record<string, GovernanceKind>;
+export type GovernanceKey = keyof typeof GOVERNANCE_KEYS;
+
+/** Every key a scope's rows may carry. */
+export const ROW_KEYS = [...SETTING_KEYS, ...(Object.keys(GOVERNANCE_KEYS) as GovernanceKey[])] as const;
+export type RowKey = SettingKey | GovernanceKey;
+
+export function isGovernanceKey(key: string): key is GovernanceKey {
+  return Object.hasOwn(GOVERNANCE_KEYS, key);
+}
 
 export const ISOLATION_CLASSES = ['plain', 'vm', 'node-cvm', 'per-agent-tee'] as const;
 export type IsolationClass = (typeof ISOLATION_CLASSES)[number];
@@ -34,13 +58,17 @@ export interface SettingValues {
   upstream: UpstreamMap;
 }
 
-export type ConfigRows = { [K in SettingKey]?: PolicyRow<unknown> };
+export type ConfigRows = { [K in RowKey]?: PolicyRow<unknown> };
+
+/** A pack installed at platform or org scope: its LLM policy (`config`) and its destination rules. */
+export interface SnapshotPack extends PolicyPack, PackRules {}
 
 export interface OrgState {
   config: ConfigRows;
   flags: { 'inspect:llm'?: boolean; 'audit:llm'?: boolean };
-  groups: Record<string, { config: ConfigRows }>;
-  packs: PolicyPack[];
+  /** A group's packs (installed at its scope) contribute their destination rules only. */
+  groups: Record<string, { config: ConfigRows; packs: PackRules[] }>;
+  packs: SnapshotPack[];
 }
 
 export type AgentStatus = 'active' | 'suspended' | 'isolated' | string;
@@ -52,6 +80,8 @@ export interface AgentState {
   status: AgentStatus;
   contained: boolean;
   config: ConfigRows;
+  /** The agent's own packs (its `policy_packs`): their destination rules only. */
+  packs: PackRules[];
 }
 
 export interface Snapshot {
@@ -126,20 +156,42 @@ export function validateSetting(key: SettingKey, value: unknown, path: string): 
 }
 
 /** A setting's validated value as the JSON that validates back to it (`policyValueJson` for the policy keys). */
-export function settingJson(key: SettingKey, value: unknown): unknown {
+export function settingJson(key: RowKey, value: unknown): unknown {
   return isPolicyKey(key) ? policyValueJson(key, value as PolicyValues[PolicyKey]) : value;
+}
+
+/**
+ * A governance key's value: what `validateGovernance` accepts from the authoring route, less `locked`
+ * (the row's own field). Its errors are re-rooted at `path`.
+ */
+export function validateGovernanceValue(key: GovernanceKey, value: unknown, path: string): unknown {
+  const o = obj(value, path);
+  if (Object.hasOwn(o, 'locked')) fail(`${path}.locked`, 'unknown field (a row is locked by its own `locked`)');
+  try {
+    return validateGovernance(GOVERNANCE_KEYS[key], o).value;
+  } catch (err) {
+    if (!(err instanceof PolicyValidationError)) throw err;
+    // The governance validator names fields from its request body (`body.x`, `models.allow[0]`).
+    const field = err.path.replace(/^body\.?/, '');
+    fail(field ? `${path}.${field}` : path, err.message.slice(err.path.length + 2));
+  }
+}
+
+/** Any row key's value (a setting, a policy key or a governance key), validated. */
+export function validateRowValue(key: RowKey, value: unknown, path: string): unknown {
+  return isGovernanceKey(key) ? validateGovernanceValue(key, value, path) : validateSetting(key, value, path);
 }
 
 /** One row `KEY: {value, locked}` of a scope (`lockable` false at agent scope), validated. */
 export function validateConfigRow(key: string, raw: unknown, p: string, lockable: boolean): PolicyRow<unknown> {
-  if (!(SETTING_KEYS as readonly string[]).includes(key)) fail(p, `unknown key (one of ${SETTING_KEYS.join(', ')})`);
+  if (!(ROW_KEYS as readonly string[]).includes(key)) fail(p, `unknown key (one of ${ROW_KEYS.join(', ')})`);
   const row = obj(raw, p);
   for (const k of Object.keys(row))
     if (k !== 'value' && k !== 'locked') fail(`${p}.${k}`, 'unknown field (value, locked)');
   if (!('value' in row)) fail(`${p}.value`, 'is required');
   if (row.locked !== undefined && typeof row.locked !== 'boolean') fail(`${p}.locked`, 'must be a boolean');
   if (!lockable && row.locked) fail(`${p}.locked`, 'locked is refused at agent scope');
-  const v = validateSetting(key as SettingKey, row.value, `${p}.value`);
+  const v = validateRowValue(key as RowKey, row.value, `${p}.value`);
   if (!lockable && (v as { immutable?: unknown } | null)?.immutable === true)
     fail(`${p}.value.immutable`, 'refused at agent scope');
   return { value: v, locked: row.locked === true };
@@ -150,13 +202,13 @@ function configRows(value: unknown, path: string, lockable: boolean): ConfigRows
   const o = obj(value, path);
   const rows: ConfigRows = {};
   for (const [key, raw] of Object.entries(o))
-    rows[key as SettingKey] = validateConfigRow(key, raw, `${path}.${key}`, lockable);
+    rows[key as RowKey] = validateConfigRow(key, raw, `${path}.${key}`, lockable);
   return rows;
 }
 
 function rowsJson(rows: ConfigRows, lockable: boolean): Record<string, unknown> {
   const out: Record<string, unknown> = {};
-  for (const [key, row] of Object.entries(rows) as [SettingKey, PolicyRow<unknown>][]) {
+  for (const [key, row] of Object.entries(rows) as [RowKey, PolicyRow<unknown>][]) {
     out[key] = lockable
       ? { value: settingJson(key, row.value), locked: row.locked }
       : { value: settingJson(key, row.value) };
@@ -173,32 +225,77 @@ export function snapshotDocument(s: Snapshot): Record<string, unknown> {
   const orgs: Record<string, unknown> = {};
   for (const [id, o] of Object.entries(s.orgs)) {
     const groups: Record<string, unknown> = {};
-    for (const [g, group] of Object.entries(o.groups)) groups[g] = { config: rowsJson(group.config, true) };
+    for (const [g, group] of Object.entries(o.groups))
+      groups[g] = { config: rowsJson(group.config, true), ...packsJson('packs', group.packs ?? []) };
     orgs[id] = {
       config: rowsJson(o.config, true),
       flags: o.flags,
       groups,
-      packs: o.packs.map((p) => ({ name: p.name, config: policyDocumentJson(p.config) })),
+      packs: o.packs.map((p) => ({
+        name: p.name,
+        config: policyDocumentJson(p.config),
+        ...rulesJson(p),
+      })),
     };
   }
   const agents: Record<string, unknown> = {};
-  for (const [id, a] of Object.entries(s.agents)) agents[id] = { ...a, config: rowsJson(a.config, false) };
+  for (const [id, a] of Object.entries(s.agents)) {
+    const { packs, ...rest } = a;
+    agents[id] = { ...rest, config: rowsJson(a.config, false), ...packsJson('packs', packs ?? []) };
+  }
   return { version: s.version, enclave: s.enclave, platform: rowsJson(s.platform, true), orgs, agents };
 }
 
-export function validatePacks(value: unknown, path: string): PolicyPack[] {
+/** A pack's destination rules, omitted when empty (a pack of LLM policy alone reads as before). */
+function rulesJson(p: PackRules): Record<string, unknown> {
+  return { ...(p.allow.length > 0 ? { allow: p.allow } : {}), ...(p.deny.length > 0 ? { deny: p.deny } : {}) };
+}
+
+function packsJson(field: string, packs: PackRules[]): Record<string, unknown> {
+  return packs.length > 0 ? { [field]: packs.map((p) => ({ name: p.name, ...rulesJson(p) })) } : {};
+}
+
+function fields(o: Obj, path: string, allowed: readonly string[]): void {
+  for (const k of Object.keys(o))
+    if (!allowed.includes(k)) fail(`${path}.${k}`, `unknown field (${allowed.join(', ')})`);
+}
+
+/** Packs installed at platform or org scope: `{name, config?, allow?, deny?}`. */
+export function validatePacks(value: unknown, path: string): SnapshotPack[] {
   if (value === undefined) return [];
   if (!Array.isArray(value)) fail(path, 'must be an array');
   return value.map((raw, i) => {
     const p = `${path}[${i}]`;
     const o = obj(raw, p);
+    fields(o, p, ['name', 'config', 'allow', 'deny']);
     const config: PolicyDocument = {};
     for (const [key, v] of Object.entries(obj(o.config ?? {}, `${p}.config`))) {
       if (!isPolicyKey(key))
         fail(`${p}.config.${key}`, 'a pack carries model_policy, content_inspection or sidecar_inspection only');
       (config as Obj)[key] = validatePolicyValue(key, v, `${p}.config`);
     }
-    return { name: str(o.name, `${p}.name`), config };
+    return {
+      name: str(o.name, `${p}.name`),
+      config,
+      allow: validateRules(o.allow, `${p}.allow`),
+      deny: validateRules(o.deny, `${p}.deny`),
+    };
+  });
+}
+
+/** Packs installed at a group's or an agent's scope: `{name, allow?, deny?}` (their destination rules). */
+export function validateRulePacks(value: unknown, path: string): PackRules[] {
+  if (value === undefined) return [];
+  if (!Array.isArray(value)) fail(path, 'must be an array');
+  return value.map((raw, i) => {
+    const p = `${path}[${i}]`;
+    const o = obj(raw, p);
+    fields(o, p, ['name', 'allow', 'deny']);
+    return {
+      name: str(o.name, `${p}.name`),
+      allow: validateRules(o.allow, `${p}.allow`),
+      deny: validateRules(o.deny, `${p}.deny`),
+    };
   });
 }
 
@@ -219,7 +316,12 @@ export function validateSnapshot(value: unknown): Snapshot {
     }
     const groups: OrgState['groups'] = dict();
     for (const [g, graw] of Object.entries(obj(o.groups ?? {}, `${p}.groups`))) {
-      groups[g] = { config: configRows(obj(graw, `${p}.groups.${g}`).config, `${p}.groups.${g}.config`, true) };
+      const gp = `${p}.groups.${g}`;
+      const group = obj(graw, gp);
+      groups[g] = {
+        config: configRows(group.config, `${gp}.config`, true),
+        packs: validateRulePacks(group.packs, `${gp}.packs`),
+      };
     }
     orgs[id] = {
       config: configRows(o.config, `${p}.config`, true),
@@ -240,6 +342,7 @@ export function validateSnapshot(value: unknown): Snapshot {
       status: str(a.status ?? 'active', `${p}.status`),
       contained: a.contained === true,
       config: configRows(a.config, `${p}.config`, false),
+      packs: validateRulePacks(a.packs, `${p}.packs`),
     };
   }
   return {
@@ -264,7 +367,7 @@ export const EMPTY_SNAPSHOT: Snapshot = validateSnapshot({
 });
 
 /** The rows that apply to one agent, scope by scope. */
-function scopes(snapshot: Snapshot, orgId: string, groupId: string | null, agentId: string) {
+export function agentScopes(snapshot: Snapshot, orgId: string, groupId: string | null, agentId: string) {
   const org = snapshotOrg(snapshot, orgId);
   const agent = snapshotAgent(snapshot, agentId);
   return {
@@ -276,7 +379,7 @@ function scopes(snapshot: Snapshot, orgId: string, groupId: string | null, agent
 }
 
 export function policyLayers(snapshot: Snapshot, orgId: string, groupId: string | null, agentId: string): PolicyLayers {
-  const s = scopes(snapshot, orgId, groupId, agentId);
+  const s = agentScopes(snapshot, orgId, groupId, agentId);
   const pick = (rows: ConfigRows): ScopeRows => {
     const out: ScopeRows = {};
     for (const key of ['model_policy', 'content_inspection', 'sidecar_inspection'] as const)
@@ -299,7 +402,7 @@ export function resolveSnapshotSetting<K extends keyof SettingValues>(
   groupId: string | null,
   agentId: string,
 ): SettingValues[K] | null {
-  const s = scopes(snapshot, orgId, groupId, agentId);
+  const s = agentScopes(snapshot, orgId, groupId, agentId);
   const rows: RowsByScope<SettingValues[K]> = {};
   for (const scope of ['platform', 'org', 'group', 'agent'] as const) {
     const row = s[scope][key];

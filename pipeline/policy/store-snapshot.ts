@@ -1,11 +1,20 @@
 import { PolicyValidationError } from '../errors.ts';
-import { snapshotDocument, validateConfigRow, validatePacks, validateSnapshot, type Snapshot } from './snapshot.ts';
-import type { PolicyPack, PolicyRow } from './resolve.ts';
+import {
+  SETTING_KEYS,
+  snapshotDocument,
+  validateConfigRow,
+  validatePacks,
+  validateSnapshot,
+  type SnapshotPack,
+  type Snapshot,
+} from './snapshot.ts';
+import type { PolicyRow } from './resolve.ts';
+import type { PackRules } from './governance.ts';
 import type { Queryable } from '../../core/sql.ts';
 
 // The snapshot an enclave converges on (docs/snapshot.md), built from the store: the platform's
-// llmproxy rows, every org the enclave serves (its owner and the orgs of the agents it runs) with
-// their rows, groups and flags, and the agents it runs. The result goes through the proxy's own
+// llmproxy rows and governance policies, every org the enclave serves (its owner and the orgs of the
+// agents it runs) with their rows, groups, flags and packs, and the agents it runs. The result goes through the proxy's own
 // validator, so what an enclave receives is exactly what its llmproxy accepts. The same builder serves
 // the operator's "effective policy" read, so the API shows what the proxy enforces.
 
@@ -33,7 +42,10 @@ export interface StoreSnapshot extends Snapshot {
   skipped: SkippedRow[];
 }
 
-/** Parses and validates one stored row; a row that does not is recorded in `skipped` and left out. */
+/**
+ * Parses and validates one stored row; a row that does not is recorded in `skipped` and left out. A
+ * settings table holds the settings only: a governance key there (by hand) is refused like any unknown key.
+ */
 function storedRow(
   skipped: SkippedRow[],
   scope: string,
@@ -41,8 +53,11 @@ function storedRow(
   text: string,
   locked: boolean,
   lockable: boolean,
+  setting = true,
 ): PolicyRow<unknown> | null {
   try {
+    if (setting && !(SETTING_KEYS as readonly string[]).includes(key))
+      throw new PolicyValidationError(`${scope}.${key}`, `unknown llmproxy key (one of ${SETTING_KEYS.join(', ')})`);
     return validateConfigRow(
       key,
       { value: JSON.parse(text), ...(lockable || locked ? { locked } : {}) },
@@ -73,40 +88,111 @@ async function rowsOf(
     const row = storedRow(skipped, name, r.key, r.value, r.locked, true);
     if (row) out[r.key] = row;
   }
+  await governanceRows(db, skipped, out, name, [scope, org, group, '']);
   return out;
 }
 
-async function orgState(db: Queryable, skipped: SkippedRow[], org: string) {
+/**
+ * The governance policies stored at one scope (controlplane/store/governance-policies.ts), as rows
+ * `KIND_policy` added to `out`; validated like every other row (a lock at agent scope is refused).
+ */
+async function governanceRows(
+  db: Queryable,
+  skipped: SkippedRow[],
+  out: Rows,
+  name: string,
+  at: [string, string, string, string],
+): Promise<void> {
+  const agent = at[0] === 'agent';
+  const { rows } = await db.query<{ kind: string; value: string; locked: boolean }>(
+    agent
+      ? `SELECT kind, value, locked FROM governance_policy WHERE scope_kind = 'agent' AND agent_id = $1 ORDER BY kind`
+      : 'SELECT kind, value, locked FROM governance_policy WHERE scope_kind = $1 AND org_id = $2 AND group_id = $3 AND agent_id = $4 ORDER BY kind',
+    agent ? [at[3]] : at,
+  );
+  for (const r of rows) {
+    const key = `${r.kind}_policy`;
+    const row = storedRow(skipped, name, key, r.value, r.locked, !agent, false);
+    if (row) out[key] = row;
+  }
+}
+
+/**
+ * Pack definitions, each validated once per build: one that does not validate is skipped whole (a
+ * pack is one authored unit: its LLM policy and its destination rules) and named once.
+ */
+class PackDefinitions {
+  #db: Queryable;
+  #skipped: SkippedRow[];
+  #seen = new Map<string, SnapshotPack | null>();
+  constructor(db: Queryable, skipped: SkippedRow[]) {
+    this.#db = db;
+    this.#skipped = skipped;
+  }
+
+  /** The valid packs installed where `where` says (`$1`, `$2`: its parameters), most general scope first. */
+  async installed(where: string, params: unknown[]): Promise<SnapshotPack[]> {
+    const { rows } = await this.#db.query<{ name: string; allow: string; deny: string; config: string }>(
+      `SELECT p.name, p.allow, p.deny, p.config FROM pack_installs i JOIN policy_packs p ON p.name = i.pack WHERE (${where})
+        GROUP BY p.name, p.allow, p.deny, p.config
+        ORDER BY min(CASE i.scope_kind WHEN 'platform' THEN 0 WHEN 'org' THEN 1 WHEN 'group' THEN 2 ELSE 3 END), p.name`,
+      params,
+    );
+    const out: SnapshotPack[] = [];
+    for (const r of rows) {
+      if (!this.#seen.has(r.name)) {
+        try {
+          const doc = {
+            name: r.name,
+            config: JSON.parse(r.config),
+            allow: JSON.parse(r.allow),
+            deny: JSON.parse(r.deny),
+          };
+          this.#seen.set(r.name, validatePacks([doc], `pack:${r.name}`)[0]);
+        } catch (err) {
+          if (!(err instanceof PolicyValidationError) && !(err instanceof SyntaxError)) throw err;
+          this.#seen.set(r.name, null);
+          this.#skipped.push({ scope: `pack:${r.name}`, key: 'definition', reason: err.message });
+        }
+      }
+      const pack = this.#seen.get(r.name);
+      if (pack) out.push(pack);
+    }
+    return out;
+  }
+}
+
+const rulesOf = (packs: SnapshotPack[]): PackRules[] =>
+  packs.map((p) => ({ name: p.name, allow: p.allow, deny: p.deny }));
+
+async function orgState(db: Queryable, skipped: SkippedRow[], packDefs: PackDefinitions, org: string) {
   const flags = (
     await db.query<{ flag: string; enabled: boolean }>('SELECT flag, enabled FROM feature_flags WHERE org_id = $1', [
       org,
     ])
   ).rows;
+  // Every group with anything at its scope: settings, governance policies or packs.
   const groupIds = (
     await db.query<{ group_id: string }>(
-      `SELECT DISTINCT group_id FROM service_config WHERE service = $1 AND scope_kind = 'group' AND org_id = $2 ORDER BY group_id`,
+      `SELECT group_id FROM service_config WHERE service = $1 AND scope_kind = 'group' AND org_id = $2
+       UNION SELECT group_id FROM governance_policy WHERE scope_kind = 'group' AND org_id = $2
+       UNION SELECT group_id FROM pack_installs WHERE scope_kind = 'group' AND org_id = $2
+       ORDER BY group_id`,
       [SERVICE, org],
     )
   ).rows.map((r) => r.group_id);
-  const groups: Record<string, { config: Rows }> = {};
-  for (const g of groupIds) groups[g] = { config: await rowsOf(db, skipped, 'group', org, g) };
-  // Packs carrying LLM policy, installed at platform scope or at this org's scope; one that does not
-  // validate is skipped whole (a pack is one authored unit).
-  const packs: PolicyPack[] = [];
-  const { rows } = await db.query<{ name: string; config: string }>(
-    `SELECT DISTINCT p.name, p.config FROM pack_installs i JOIN policy_packs p ON p.name = i.pack
-      WHERE p.config <> '{}' AND (i.scope_kind = 'platform' OR (i.scope_kind = 'org' AND i.org_id = $1)) ORDER BY p.name`,
-    [org],
-  );
-  for (const r of rows) {
-    try {
-      packs.push(...validatePacks([{ name: r.name, config: JSON.parse(r.config) }], `pack:${r.name}`));
-    } catch (err) {
-      if (!(err instanceof PolicyValidationError) && !(err instanceof SyntaxError)) throw err;
-      if (!skipped.some((s) => s.scope === `pack:${r.name}`))
-        skipped.push({ scope: `pack:${r.name}`, key: 'config', reason: err.message });
-    }
-  }
+  const groups: Record<string, { config: Rows; packs: PackRules[] }> = {};
+  for (const g of groupIds)
+    groups[g] = {
+      config: await rowsOf(db, skipped, 'group', org, g),
+      packs: rulesOf(
+        await packDefs.installed(`i.scope_kind = 'group' AND i.org_id = $1 AND i.group_id = $2`, [org, g]),
+      ),
+    };
+  // Packs installed at platform scope or at this org's: their LLM policy and their destination rules.
+  const packs = await packDefs.installed(`i.scope_kind = 'platform' OR (i.scope_kind = 'org' AND i.org_id = $1)`, [
+    org,
+  ]);
   return {
     config: await rowsOf(db, skipped, 'org', org),
     flags: Object.fromEntries(flags.map((f) => [f.flag, f.enabled])),
@@ -124,7 +210,7 @@ interface AgentRow {
   contained: boolean;
 }
 
-async function agentState(db: Queryable, skipped: SkippedRow[], a: AgentRow) {
+async function agentState(db: Queryable, skipped: SkippedRow[], packDefs: PackDefinitions, a: AgentRow) {
   const { rows } = await db.query<{ key: string; value: string }>(
     'SELECT key, value FROM agent_config WHERE override_service = $1 AND agent_id = $2 ORDER BY key',
     [SERVICE, a.uid],
@@ -134,6 +220,7 @@ async function agentState(db: Queryable, skipped: SkippedRow[], a: AgentRow) {
     const row = storedRow(skipped, `agent:${a.uid}`, r.key, r.value, false, false);
     if (row) config[r.key] = row;
   }
+  await governanceRows(db, skipped, config, `agent:${a.uid}`, ['agent', a.org_id, '', a.uid]);
   return {
     org_id: a.org_id,
     group_id: a.group_id || null,
@@ -141,6 +228,8 @@ async function agentState(db: Queryable, skipped: SkippedRow[], a: AgentRow) {
     status: a.status,
     contained: a.contained,
     config,
+    // The agent's own packs (its policy_packs, installed at its scope).
+    packs: rulesOf(await packDefs.installed(`i.scope_kind = 'agent' AND i.agent_id = $1`, [a.uid])),
   };
 }
 
@@ -152,10 +241,11 @@ async function build(
   version: string,
 ): Promise<StoreSnapshot> {
   const skipped: SkippedRow[] = [];
+  const packDefs = new PackDefinitions(db, skipped);
   const orgs: Record<string, unknown> = {};
-  for (const org of [...new Set(orgIds)].sort()) orgs[org] = await orgState(db, skipped, org);
+  for (const org of [...new Set(orgIds)].sort()) orgs[org] = await orgState(db, skipped, packDefs, org);
   const agentStates: Record<string, unknown> = {};
-  for (const a of agents) agentStates[a.uid] = await agentState(db, skipped, a);
+  for (const a of agents) agentStates[a.uid] = await agentState(db, skipped, packDefs, a);
   const platform = await rowsOf(db, skipped, 'platform');
   // Every row is validated already; the whole goes through the proxy's own validator once more in its
   // wire form, so what an enclave receives is exactly what its llmproxy accepts.

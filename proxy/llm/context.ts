@@ -80,9 +80,13 @@ export class CallContext {
   inspect = false;
   /** Resolved once, by the first inspection that needs it (inspection.ts). */
   policy: ResolvedPolicy | null = null;
-
-  /** The caller's governance (llm_policy and the rest), resolved once per call. */
+  /**
+   * The caller's governance policy (llm_policy and the rest), resolved once by admit from the call's
+   * snapshot (cached per snapshot and caller: snapshot-governance.ts); null when no governance row nor
+   * pack applies to the caller.
+   */
   governance: EffectiveGovernance | null = null;
+
   /**
    * Decides each tool call of the answer (steps/tool-policy.ts, tool-decisions.ts); null when no tool
    * rule applies to this call, and the relays take their path without tool calls.

@@ -9,6 +9,7 @@ import { authenticate } from './steps/authenticate.ts';
 import { credential } from './steps/credential.ts';
 import { forward } from './steps/forward.ts';
 import { inspectRequest } from './steps/inspect-request.ts';
+import { modelPolicy, providerPolicy } from './steps/llm-policy.ts';
 import { prefix } from './steps/prefix.ts';
 import { readBody } from './steps/read-body.ts';
 import { relay } from './steps/relay.ts';
@@ -21,8 +22,9 @@ export type { ProxyDeps } from './context.ts';
 // One agent call, as steps (proxy/llm/steps/, one per file; docs/decisions.md, "The request path as
 // steps"), each reading and filling the call's context (context.ts):
 //
-//   authenticate ─▶ admit (agent state, tier) ─▶ route ─▶ read body (≤ 32 MB) ─▶ [translate]
-//     ─▶ prefix ─▶ inspect request (403 block │ 503 fail-closed) ─▶ credential
+//   authenticate ─▶ admit (agent state, tier, governance) ─▶ route ─▶ provider policy
+//     ─▶ read body (≤ 32 MB) ─▶ [translate] ─▶ prefix ─▶ model policy (governance llm_policy: 403)
+//     ─▶ inspect request (403 block │ 503 fail-closed) ─▶ credential
 //     ─▶ tool policy (the call's Decide for its answer's tool calls, or none) ─▶ forward (undici)
 //     ─▶ relay: stream    events pass through as they arrive [translated], a copy feeds the response
 //                         pipeline at the end; the final event waits for the audit record
@@ -38,9 +40,11 @@ const STEPS: readonly Step[] = [
   authenticate,
   admit,
   route,
+  providerPolicy,
   readBody,
   translate,
   prefix,
+  modelPolicy,
   inspectRequest,
   credential,
   toolPolicy,

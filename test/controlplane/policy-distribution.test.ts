@@ -185,6 +185,7 @@ const governance: Record<string, fc.Arbitrary<Record<string, unknown>>> = {
                     tool: text,
                     verdict: fc.constantFrom('allow', 'deny', 'require_approval', 'maybe'),
                     summary: text,
+                    model_match: glob,
                     arg_gt: fc.dictionary(
                       fc.constantFrom('n', 'size'),
                       fc.double({ noNaN: true, noDefaultInfinity: true }),
@@ -352,17 +353,19 @@ t.test(
     const gov = await at('GET', '/agents/bot-1/effective-governance');
     t.equal(gov.status, 200, 'the effective-governance read is served');
     t.equal(gov.body.ssh, true, 'with the good rows');
+    // The governance rows are in the snapshot now (key KIND_policy), built in its order: orgs, then the platform.
     t.match(gov.body.skipped, [
-      { scope: 'platform', key: 'exec', reason: /JSON/ },
-      { scope: 'org:org-a', key: 'destination', reason: /allow: must be an array/ },
+      { scope: 'org:org-a', key: 'destination_policy', reason: /allow: must be an array/ },
+      { scope: 'platform', key: 'exec_policy', reason: /JSON/ },
     ]);
+    t.equal(gov.body.skipped.length, 2, "the effective-governance read names its own rows, not the settings'");
     const counted = (await cp.registry.getSingleMetric('dvx_controlplane_policy_rows_skipped_total')!.get()).values;
     t.same(
       counted.map((v) => [v.labels.key, v.value]).sort(),
       [
         ['content_inspection', 2],
-        ['destination', 1],
-        ['exec', 1],
+        ['destination_policy', 1],
+        ['exec_policy', 1],
         ['model_policy', 2],
       ],
       'counted on every build that skips them',
@@ -379,9 +382,9 @@ t.test(
       (await h.rawAt(cp.port, 'GET', '/v1/broker/snapshot', undefined, { authorization: `Bearer ${key}` })).text,
     );
     t.same(
-      after.skipped.map((s: { scope: string }) => s.scope),
-      ['org:org-a'],
-      'the legacy row is served again',
+      after.skipped.map((s: { scope: string; key: string }) => `${s.scope} ${s.key}`),
+      ['org:org-a model_policy', 'org:org-a destination_policy', 'platform exec_policy'],
+      'the legacy row is served again (the bad governance rows are skipped from the snapshot too)',
     );
     t.same(
       (

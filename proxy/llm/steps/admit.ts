@@ -1,11 +1,13 @@
 import { snapshotAgent } from '../../../pipeline/policy/snapshot.ts';
+import { governanceOf } from '../../../pipeline/policy/snapshot-governance.ts';
 import type { CallContext } from '../context.ts';
 import { ERRORS, Refusal } from '../errors.ts';
 import { tierRank } from '../options.ts';
 import { identify } from './authenticate.ts';
 
 // Whether this agent may call at all, by the snapshot: its org, its state (suspended, isolated,
-// contained) and the enclave's isolation class against --min-tier.
+// contained) and the enclave's isolation class against --min-tier. The agent known, its governance
+// policy is resolved for the call (ctx.governance).
 
 export function admit(ctx: CallContext): void {
   const d = ctx.d;
@@ -54,4 +56,6 @@ export function admit(ctx: CallContext): void {
       `enclave isolation class ${snapshot.enclave.isolation_class} is below --min-tier ${d.options.minTier}`,
     );
   }
+  const { orgId, groupId, agentId } = ctx.identity!;
+  ctx.governance = governanceOf(snapshot, orgId, groupId, agentId);
 }

@@ -1,6 +1,8 @@
 import { performance } from 'node:perf_hooks';
 import type { Dispatcher } from 'undici';
+import { governedUpstream } from '../../../pipeline/policy/governance.ts';
 import { resolveSnapshotSetting } from '../../../pipeline/policy/snapshot.ts';
+import { governedSetting } from '../../../pipeline/policy/snapshot-governance.ts';
 import type { CallContext } from '../context.ts';
 import { ERRORS, Refusal } from '../errors.ts';
 import { routeOf } from '../translate/index.ts';
@@ -13,8 +15,8 @@ import {
 } from '../upstream.ts';
 
 // The call to the upstream (undici; upstream.ts), at the caller's upstream: the snapshot's `upstream`
-// for the format, else its `downstream_url`, else --upstream-default, else the provider. The agent
-// leaving aborts it.
+// for the format (with the governance llm_policy's `upstream`, snapshot-governance.ts), else its
+// `downstream_url`, else --upstream-default, else the provider. The agent leaving aborts it.
 
 export async function forward(ctx: CallContext): Promise<void> {
   const { req, res, d } = ctx;
@@ -22,8 +24,12 @@ export async function forward(ctx: CallContext): Promise<void> {
   const format = ctx.format!;
   const upstreamFormat = ctx.upstreamFormat!;
   const translated = upstreamFormat !== format;
+  const upstreams =
+    ctx.governance === null
+      ? resolveSnapshotSetting(ctx.snapshot, 'upstream', orgId, groupId, agentId)
+      : governedSetting(ctx.snapshot, 'upstream', orgId, groupId, agentId);
   const base =
-    resolveSnapshotSetting(ctx.snapshot, 'upstream', orgId, groupId, agentId)?.[upstreamFormat] ??
+    (upstreams ? governedUpstream(upstreams, upstreamFormat) : undefined) ??
     resolveSnapshotSetting(ctx.snapshot, 'downstream_url', orgId, groupId, agentId) ??
     (d.options.upstreamDefault || DEFAULT_UPSTREAMS[upstreamFormat]);
   const target = upstreamTarget(base);
