@@ -134,8 +134,8 @@ export class StreamGate {
   push(chunk: Buffer): void {
     if (this.#ended || this.#cancelled) return;
     for (const frame of this.#framer.push(chunk)) this.#take(frame);
-    if (this.#heldBytes + this.#framer.pending > this.#maxHeld) return this.#overflow();
-    this.#settle();
+    if (this.#heldBytes + this.#framer.pending > this.#maxHeld) this.#overflow();
+    else this.#settle();
   }
 
   /** The upstream ended: a call not yet whole is dropped, the rest waits for its decision. */

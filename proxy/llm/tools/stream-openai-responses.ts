@@ -182,7 +182,14 @@ export class ResponsesToolStream implements StreamToolFormat {
     this.#shift += out.length - 1;
     if (out.length === 1 && out[0] === e && first === seq) return frame.raw;
     if (out.length === 0) return EMPTY;
-    return Buffer.from(out.map((o, i) => formatSse(o.type as string, { ...o, sequence_number: first + i })).join(''));
+    return Buffer.from(
+      out
+        .map((o, i) => {
+          const { type, sequence_number: _, ...rest } = o;
+          return formatSse(type as string, { type, sequence_number: first + i, ...rest });
+        })
+        .join(''),
+    );
   }
 }
 
@@ -197,7 +204,7 @@ function messageItem(itemId: string, status: 'in_progress' | 'completed', text: 
   };
 }
 
-/** `fc_abc` → `msg_abc`: a message item's id, derived from the call's so it is stable across events. */
+/** `fc_abc` → `msg_dvx_abc`: a message item's id, derived from the call's so every event agrees on it. */
 function messageId(itemId: string): string {
-  return `msg_${itemId.startsWith('fc_') ? itemId.slice(3) : itemId}`;
+  return `msg_dvx_${itemId.startsWith('fc_') ? itemId.slice(3) : itemId}`;
 }
