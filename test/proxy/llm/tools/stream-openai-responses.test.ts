@@ -1,0 +1,94 @@
+import t from 'tap';
+import type { Decide } from '../../../../proxy/llm/tools/types.ts';
+import { denyDeletes, eventsOf, responsesStream, through } from './stream-fixtures.ts';
+
+// Responses streams through the tool gate: a refused function_call item becomes a message item at its
+// output_index, in the events and in the response objects, sequence numbers kept gapless.
+
+type Obj = Record<string, any>;
+const F = 'openai-responses';
+const allow: Decide = async () => ({ allow: true, message: '' });
+const data = (out: Buffer) => eventsOf(out).map((e) => e.data as Obj);
+
+t.test('a refused item: a message item at its output_index, events renumbered without gaps', async (t) => {
+  const { out } = await through(F, [Buffer.from(responsesStream())], denyDeletes);
+  const events = data(out);
+  t.same(
+    events.map((e) => e.sequence_number),
+    events.map((_, i) => i),
+  );
+  t.same(
+    events.filter((e) => e.output_index === 2).map((e) => e.type),
+    [
+      'response.output_item.added',
+      'response.content_part.added',
+      'response.output_text.delta',
+      'response.output_text.done',
+      'response.content_part.done',
+      'response.output_item.done',
+    ],
+  );
+  t.same(events.filter((e) => e.output_index === 2).at(-1)!.item, {
+    id: 'msg_dvx_2',
+    type: 'message',
+    status: 'completed',
+    role: 'assistant',
+    content: [
+      {
+        type: 'output_text',
+        text: '[dvx] The tool call delete_files (id call_2) was not run: denied by rule.',
+        annotations: [],
+        logprobs: [],
+      },
+    ],
+  });
+  const completed = events.at(-1)!;
+  t.same(
+    completed.response.output.map((o: Obj) => o.id),
+    ['msg_1', 'fc_1', 'msg_dvx_2'],
+    'the final response says the same',
+  );
+  t.same(completed.response.usage, { input_tokens: 20, output_tokens: 30, total_tokens: 50 });
+});
+
+t.test('the final response may not smuggle or change a call', async (t) => {
+  const stream = responsesStream()
+    .replace(
+      '"arguments":"{\\"city\\":\\"Paris\\"}"},{"id":"fc_2"',
+      '"arguments":"{\\"city\\":\\"Rome\\"}"},{"id":"fc_2"',
+    )
+    .replace(
+      /("response":\{[^\n]*"output":\[)([^\n]*"status":"completed")/,
+      '$1{"id":"fc_9","type":"function_call","status":"completed","call_id":"call_9","name":"rm","arguments":"{}"},$2',
+    );
+  t.not(stream, responsesStream(), 'the fixture was altered');
+  const { out, gate } = await through(F, [Buffer.from(stream)], allow);
+  const completed = data(out).at(-1)!;
+  t.same(
+    completed.response.output.map((o: Obj) => o.type),
+    ['message', 'message', 'message', 'function_call'],
+  );
+  t.match(completed.response.output[0].content[0].text, /rm \(id call_9\) was not run: it was not streamed/);
+  t.match(completed.response.output[2].content[0].text, /get_weather \(id call_1\) was not run: the final response/);
+  t.same(completed.response.output[3].call_id, 'call_2');
+  t.same(
+    gate.calls.map((c) => c.state),
+    ['allowed', 'allowed', 'refused', 'refused'],
+  );
+});
+
+t.test('arguments streamed inconsistently are refused without a decision', async (t) => {
+  const stream = responsesStream().replace(
+    '"type":"response.function_call_arguments.done","sequence_number":11,"item_id":"fc_1","output_index":1,"arguments":"{\\"city\\":\\"Paris\\"}"',
+    '"type":"response.function_call_arguments.done","sequence_number":11,"item_id":"fc_1","output_index":1,"arguments":"{\\"city\\":\\"Oslo\\"}"',
+  );
+  t.not(stream, responsesStream());
+  const decided: string[] = [];
+  const { out } = await through(F, [Buffer.from(stream)], async (c) => {
+    decided.push(c.name);
+    return { allow: true, message: '' };
+  });
+  t.same(decided, ['delete_files']);
+  t.match(out.toString(), /get_weather \(id call_1\) was not run: its arguments were not streamed consistently/);
+  t.notMatch(out.toString(), /Oslo/);
+});
