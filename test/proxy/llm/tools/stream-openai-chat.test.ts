@@ -11,26 +11,32 @@ const refuse =
   (...names: string[]): Decide =>
   async (c) =>
     names.includes(c.name) ? { allow: false, message: `no ${c.name}` } : { allow: true, message: '' };
-const chunks = (out: Buffer) => eventsOf(out).filter((e) => typeof e.data === 'object').map((e) => e.data as Obj);
+const chunks = (out: Buffer) =>
+  eventsOf(out)
+    .filter((e) => typeof e.data === 'object')
+    .map((e) => e.data as Obj);
 const entries = (out: Buffer) => chunks(out).flatMap((c) => c.choices.flatMap((ch: Obj) => ch.delta?.tool_calls ?? []));
 
-t.test('the first call refused: the second becomes index 0, the message is content after a paragraph break', async (t) => {
-  const { out } = await through(F, [Buffer.from(chatStream())], refuse('get_weather'));
-  t.same(
-    entries(out).map((e: Obj) => [e.index, e.id ?? null, e.function.arguments]),
-    [
-      [0, 'call_2', ''],
-      [0, null, '{"path":"/"}'],
-    ],
-  );
-  const content = chunks(out)
-    .flatMap((c) => c.choices.map((ch: Obj) => ch.delta?.content ?? ''))
-    .join('');
-  t.equal(content, 'Checking.\n\nno get_weather');
-  t.equal(chunks(out).find((c) => c.choices[0]?.finish_reason)!.choices[0].finish_reason, 'tool_calls');
-  t.match(out.toString(), /data: \[DONE\]\n\n$/);
-  t.same(chunks(out).at(-1)!.usage, { prompt_tokens: 20, completion_tokens: 30, total_tokens: 50 }, 'usage intact');
-});
+t.test(
+  'the first call refused: the second becomes index 0, the message is content after a paragraph break',
+  async (t) => {
+    const { out } = await through(F, [Buffer.from(chatStream())], refuse('get_weather'));
+    t.same(
+      entries(out).map((e: Obj) => [e.index, e.id ?? null, e.function.arguments]),
+      [
+        [0, 'call_2', ''],
+        [0, null, '{"path":"/"}'],
+      ],
+    );
+    const content = chunks(out)
+      .flatMap((c) => c.choices.map((ch: Obj) => ch.delta?.content ?? ''))
+      .join('');
+    t.equal(content, 'Checking.\n\nno get_weather');
+    t.equal(chunks(out).find((c) => c.choices[0]?.finish_reason)!.choices[0].finish_reason, 'tool_calls');
+    t.match(out.toString(), /data: \[DONE\]\n\n$/);
+    t.same(chunks(out).at(-1)!.usage, { prompt_tokens: 20, completion_tokens: 30, total_tokens: 50 }, 'usage intact');
+  },
+);
 
 t.test('every call refused: no tool_calls, finish_reason stop, chunks of argument pieces gone', async (t) => {
   const { out } = await through(F, [Buffer.from(chatStream())], refuse('get_weather', 'delete_files'));
