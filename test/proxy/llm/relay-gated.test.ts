@@ -106,7 +106,7 @@ t.test('a refused call reaches the Anthropic SDK as text, the allowed one intact
     .stream({ model: 'm', max_tokens: 10, messages: [{ role: 'user', content: 'hi' }] })
     .finalMessage();
   t.same(
-    m.content.map((b) => (b.type === 'text' ? b.text : b.name)),
+    m.content.map((b) => (b.type === 'text' ? b.text : b.type === 'tool_use' ? b.name : b.type)),
     ['Checking.', 'get_weather', 'no delete_files (toolu_2)'],
   );
   t.equal(m.stop_reason, 'tool_use');
