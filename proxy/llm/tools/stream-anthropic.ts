@@ -31,6 +31,7 @@ export class AnthropicToolStream implements StreamToolFormat {
   read(frame: SseFrame, calls: CallTracker): readonly number[] {
     const e = objectOf(frame);
     if (e === null) return NONE;
+    if (e.type === 'message_start') return this.#readStart(e, calls);
     const index = e.index;
     if (typeof index !== 'number') return NONE;
     if (e.type === 'content_block_start') {
@@ -64,8 +65,38 @@ export class AnthropicToolStream implements StreamToolFormat {
     return [call.seq];
   }
 
+  /**
+   * message_start's message is the SDKs' starting snapshot: a tool_use already in its content was never
+   * streamed as a block, so it is refused (the API sends `content: []`).
+   */
+  #readStart(e: Record<string, unknown>, calls: CallTracker): readonly number[] {
+    const content = (e.message as Record<string, unknown> | undefined)?.content;
+    if (!Array.isArray(content)) return NONE;
+    const seqs: number[] = [];
+    for (const block of content) {
+      if (block === null || typeof block !== 'object' || (block as Record<string, unknown>).type !== 'tool_use')
+        continue;
+      const b = block as Record<string, unknown>;
+      const seq = calls.open();
+      const call = { id: String(b.id ?? ''), name: String(b.name ?? ''), arguments: JSON.stringify(b.input ?? {}) };
+      calls.refuse(seq, call, 'it was not streamed as a content block');
+      seqs.push(seq);
+    }
+    return seqs.length > 0 ? seqs : NONE;
+  }
+
   render(frame: SseFrame, seqs: readonly number[], calls: readonly CallOutcome[]): Buffer {
     const e = frame.parsed as Record<string, unknown> | null | undefined;
+    if (e?.type === 'message_start' && seqs.length > 0) {
+      const message = e.message as Record<string, unknown>;
+      let n = 0;
+      const content = (message.content as unknown[]).map((block) =>
+        block !== null && typeof block === 'object' && (block as Record<string, unknown>).type === 'tool_use'
+          ? { type: 'text', text: calls[seqs[n++]].message }
+          : block,
+      );
+      return Buffer.from(formatSse(frame.event, { ...e, message: { ...message, content } }));
+    }
     if (seqs.length === 0) {
       if (e?.type !== 'message_delta') return frame.raw;
       const delta = e.delta as Record<string, unknown> | undefined;
