@@ -4,7 +4,7 @@ import type { CallOutcome, CallTracker, StreamToolFormat } from './stream-gate.t
 
 // Anthropic Messages streams for the tool gate (stream-gate.ts). A call is a `tool_use` content block:
 // content_block_start (id, name), input_json_delta deltas (its arguments), content_block_stop (whole).
-// Blocks come one after another; each is its own call. A refused block becomes a `text` block at the
+// Blocks come one after another; each is its own call; a delta for a block already stopped is dropped. A refused block becomes a `text` block at the
 // same index carrying the message (start + one text_delta, its stop kept); its deltas are dropped.
 // message_delta's stop_reason `tool_use` becomes `end_turn` when no allowed call remains.
 
@@ -27,6 +27,9 @@ export class AnthropicToolStream implements StreamToolFormat {
   #open = new Map<number, OpenCall>();
   /** Every call's content index, by seq. */
   #indexOf: number[] = [];
+  /** Stopped tool_use blocks by content index, and the deltas that came for them after. */
+  #closed = new Map<number, number>();
+  #late = new WeakSet<SseFrame>();
 
   read(frame: SseFrame, calls: CallTracker): readonly number[] {
     const e = objectOf(frame);
@@ -49,7 +52,13 @@ export class AnthropicToolStream implements StreamToolFormat {
       return [seq];
     }
     const call = this.#open.get(index);
-    if (call === undefined) return NONE;
+    if (call === undefined) {
+      // A delta for a tool_use block already stopped would change what was decided: it never goes out.
+      const closed = this.#closed.get(index);
+      if (closed === undefined || e.type !== 'content_block_delta') return NONE;
+      this.#late.add(frame);
+      return [closed];
+    }
     if (e.type === 'content_block_delta') {
       const delta = e.delta as Record<string, unknown> | undefined;
       if (delta?.type === 'input_json_delta' && typeof delta.partial_json === 'string')
@@ -58,6 +67,7 @@ export class AnthropicToolStream implements StreamToolFormat {
     }
     if (e.type === 'content_block_stop') {
       this.#open.delete(index);
+      this.#closed.set(index, call.seq);
       const args = call.parts.length > 0 ? call.parts.join('') : JSON.stringify(call.input ?? {});
       calls.whole(call.seq, { id: call.id, name: call.name, arguments: args });
       return [call.seq];
@@ -104,6 +114,7 @@ export class AnthropicToolStream implements StreamToolFormat {
       return Buffer.from(formatSse(frame.event, { ...e, delta: { ...delta, stop_reason: 'end_turn' } }));
     }
     const outcome = calls[seqs[0]];
+    if (this.#late.has(frame)) return EMPTY;
     if (outcome.state === 'allowed') return frame.raw;
     if (outcome.state === 'dropped') return EMPTY;
     // Refused: the block's start becomes a text block with the message; its deltas go; its stop stays.

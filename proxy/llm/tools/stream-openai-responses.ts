@@ -43,6 +43,8 @@ export class ResponsesToolStream implements StreamToolFormat {
   #calls: Call[] = [];
   /** Per response event: the seq replacing each function_call item of its `output` (by position). */
   #outputs = new WeakMap<SseFrame, Map<number, number>>();
+  /** Events of a call that came after it was whole. */
+  #late = new WeakSet<SseFrame>();
   /** Events out minus events in so far: added to upstream sequence numbers. */
   #shift = 0;
 
@@ -70,11 +72,15 @@ export class ResponsesToolStream implements StreamToolFormat {
     const call = typeof e.output_index === 'number' ? this.#byOutput.get(e.output_index) : undefined;
     if (call === undefined) return NONE;
     const open = calls.calls[call.seq].state === 'open';
-    if (e.type === 'response.function_call_arguments.delta' && open && typeof e.delta === 'string')
-      call.parts.push(e.delta);
-    else if (e.type === 'response.function_call_arguments.done' && open && typeof e.arguments === 'string')
+    // Once the call is whole, more of its arguments would change what was decided: they never go out.
+    if (!open) {
+      this.#late.add(frame);
+      return [call.seq];
+    }
+    if (e.type === 'response.function_call_arguments.delta' && typeof e.delta === 'string') call.parts.push(e.delta);
+    else if (e.type === 'response.function_call_arguments.done' && typeof e.arguments === 'string')
       call.done = e.arguments;
-    else if (e.type === 'response.output_item.done' && open) {
+    else if (e.type === 'response.output_item.done') {
       const item = (e.item ?? {}) as Obj;
       const joined = call.parts.join('');
       const args = typeof item.arguments === 'string' ? item.arguments : (call.done ?? joined);
@@ -131,6 +137,7 @@ export class ResponsesToolStream implements StreamToolFormat {
     if (seqs.length === 0) return this.#renumber(frame, e, [e]);
     const call = this.#calls[seqs[0]];
     const outcome = calls[seqs[0]];
+    if (this.#late.has(frame)) return this.#renumber(frame, e, []);
     if (outcome.state === 'allowed') return this.#renumber(frame, e, [e]);
     if (outcome.state === 'dropped') return this.#renumber(frame, e, []);
     const base = { item_id: messageId(call.itemId), output_index: call.outputIndex };

@@ -91,3 +91,16 @@ t.test('a tool_use smuggled into message_start’s content is refused, never dec
   ]);
   t.equal(gate.calls[0].state, 'refused');
 });
+
+t.test('a delta for a tool_use block already stopped never reaches the agent', async (t) => {
+  const late =
+    'event: content_block_delta\ndata: {"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":",\\"x\\":1"}}\n\n';
+  const stream = anthropicStream();
+  const at = stream.indexOf(
+    'event: content_block_start',
+    stream.indexOf('"index":1,"content_block":{"type":"tool_use"') + 1,
+  );
+  const { out } = await through(F, [Buffer.from(stream.slice(0, at) + late + stream.slice(at))], denyDeletes);
+  t.notMatch(out.toString(), /\\"x\\":1/);
+  t.match(out.toString(), /"name":"get_weather"/, 'the call itself is delivered as decided');
+});

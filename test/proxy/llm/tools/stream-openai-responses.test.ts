@@ -92,3 +92,26 @@ t.test('arguments streamed inconsistently are refused without a decision', async
   t.match(out.toString(), /get_weather \(id call_1\) was not run: its arguments were not streamed consistently/);
   t.notMatch(out.toString(), /Oslo/);
 });
+
+t.test('argument events for a call already whole never reach the agent', async (t) => {
+  const stream = responsesStream();
+  const at = stream.indexOf(
+    'event: response.output_item.added',
+    stream.indexOf('"output_index":1,"item":{"id":"fc_1","type":"function_call","status":"completed"'),
+  );
+  const late =
+    'event: response.function_call_arguments.delta\ndata: {"type":"response.function_call_arguments.delta","sequence_number":99,"item_id":"fc_1","output_index":1,"delta":"junk"}\n\n';
+  let n = 0; // the upstream numbers the late event like any other
+  const input = (stream.slice(0, at) + late + stream.slice(at)).replace(
+    /"sequence_number":\d+/g,
+    () => `"sequence_number":${n++}`,
+  );
+  const { out } = await through(F, [Buffer.from(input)], allow);
+  t.notMatch(out.toString(), /junk/);
+  const seqs = data(out).map((e) => e.sequence_number);
+  t.same(
+    seqs,
+    seqs.map((_, i) => i),
+    'numbering closes the gap',
+  );
+});
