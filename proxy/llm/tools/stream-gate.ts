@@ -199,7 +199,7 @@ export class StreamGate {
     const decided = c.call;
     let verdict: Promise<ToolVerdict>;
     try {
-      verdict = this.#decide(decided);
+      verdict = Promise.resolve(this.#decide(decided));
     } catch {
       verdict = Promise.reject(new Error('decide threw'));
     }
@@ -212,8 +212,14 @@ export class StreamGate {
   #decided(seq: number, verdict: ToolVerdict): void {
     const c = this.#calls[seq];
     if (this.#cancelled || c.state !== 'deciding') return;
-    c.state = verdict.allow === true ? 'allowed' : 'refused';
-    c.message = verdict.allow === true ? '' : String(verdict.message);
+    // Only an explicit allow allows; a refusal without a text still says what happened.
+    const allow = verdict?.allow === true;
+    c.state = allow ? 'allowed' : 'refused';
+    c.message = allow
+      ? ''
+      : typeof verdict?.message === 'string' && verdict.message !== ''
+        ? verdict.message
+        : this.#refusal(c.call!, 'refused by policy');
     this.#settle();
   }
 

@@ -241,3 +241,21 @@ for (const format of FORMATS) {
     t.ok(out.equals(withJunk), 'in order, byte for byte');
   });
 }
+
+t.test('a Decide breaking its contract cannot crash the gate or let a call through', async (t) => {
+  const bytes = Buffer.from(STREAMS['anthropic-messages']());
+  const odd = [
+    (() => ({ allow: true, message: '' })) as unknown as Decide, // not a promise: still honoured
+    (async () => null) as unknown as Decide,
+    (async () => ({ allow: 'yes', message: '' })) as unknown as Decide,
+    (async () => ({ allow: false })) as unknown as Decide,
+  ];
+  const states = [];
+  for (const decide of odd) {
+    const { gate, out } = await through('anthropic-messages', [bytes], decide);
+    states.push(gate.calls[0].state);
+    if (gate.calls[0].state === 'refused')
+      t.match(out.toString(), /get_weather \(id toolu_1\) was not run: refused by policy/);
+  }
+  t.same(states, ['allowed', 'refused', 'refused', 'refused']);
+});
