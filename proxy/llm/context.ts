@@ -18,7 +18,6 @@ import type { LlmProxyOptions } from './options.ts';
 import type { SecretSource } from './secrets-file.ts';
 import type { Decide } from './tools/types.ts';
 import type { UpstreamAnswer } from './upstream.ts';
-import type { Decide } from './tools/types.ts';
 import type { TokenUsage } from './usage.ts';
 
 // One agent call as it goes through the steps (docs/decisions.md, "The request path as steps").
@@ -107,8 +106,6 @@ export class CallContext {
   body: Buffer = EMPTY;
   credential: string | null = null;
   answer: UpstreamAnswer | null = null;
-  /** Decides the answer's tool calls (the tool-call step); null when no tool rule applies: no gate at all. */
-  decideTool: Decide | null = null;
 
   // The audit record's fields (steps/audit.ts).
   /** Set when --translate converted the call to another wire format. */
