@@ -32,7 +32,7 @@ export async function relayStream(ctx: CallContext): Promise<void> {
     tail = translator && !res.destroyed ? Buffer.from(translator.end()) : Buffer.alloc(0);
     if (guard) tail = Buffer.concat([guard.push(tail), guard.rest()]);
   } else {
-    const gate = streamToolGate(format, ctx.decideTool);
+    const gate = streamToolGate(format, ctx.decideTool, { disclosure: ctx.d.options.inspectionDisclosure });
     const translation = translator && {
       push: (chunk: Buffer) => Buffer.from(translator.push(chunk)),
       end: () => Buffer.from(translator.end()),

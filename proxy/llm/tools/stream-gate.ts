@@ -1,5 +1,6 @@
 import { MAX_BODY_BYTES } from '../../../pipeline/engine.ts';
 import type { WireFormat } from '../../../pipeline/policy/snapshot.ts';
+import { type Disclosure, denialMessage } from './denial.ts';
 import { type SseFrame, SseFramer } from './sse-frames.ts';
 import type { Decide, ToolCall, ToolVerdict } from './types.ts';
 
@@ -62,16 +63,11 @@ export interface StreamGateOptions {
    * answer there.
    */
   maxHeldBytes?: number;
-  /** The message of a call the gate refuses itself (overflow, an inconsistent answer). */
-  refusal?: (call: ToolCall, reason: string) => string;
+  /** How the gate words a refusal of its own (overflow, an inconsistent answer): --inspection-disclosure. */
+  disclosure?: Disclosure;
 }
 
 export const DEFAULT_KEEP_ALIVE_MS = 15_000;
-
-/** `[dvx] The tool call <name> (id <id>) was not run: <reason>.` (the detailed disclosure's shape). */
-export function gateRefusal(call: ToolCall, reason: string): string {
-  return `[dvx] The tool call ${call.name} (id ${call.id}) was not run: ${reason}.`;
-}
 
 export class StreamGate {
   readonly #format: StreamToolFormat;
@@ -99,7 +95,8 @@ export class StreamGate {
     this.#decide = decide;
     this.#keepAliveMs = options.keepAliveMs ?? DEFAULT_KEEP_ALIVE_MS;
     this.#maxHeld = options.maxHeldBytes ?? MAX_BODY_BYTES;
-    this.#refusal = options.refusal ?? gateRefusal;
+    const disclosure = options.disclosure ?? 'detailed';
+    this.#refusal = (call, reason) => denialMessage(call, reason, disclosure);
     const calls = this.#calls;
     this.#tracker = {
       calls,

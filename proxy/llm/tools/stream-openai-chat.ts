@@ -1,18 +1,22 @@
+import { LEGACY_FUNCTION_CALL_ID } from './plain-openai-chat.ts';
 import { type SseFrame, objectOf } from './sse-frames.ts';
 import type { CallOutcome, CallTracker, StreamToolFormat } from './stream-gate.ts';
 
 // OpenAI chat completion streams for the tool gate (stream-gate.ts). A call is one index of a choice's
-// `delta.tool_calls`: its first entry brings id and name, the next ones argument pieces. Like the
+// `delta.tool_calls`: its first entry brings id and name, the next ones argument pieces (`function`
+// calls, and `custom` ones whose pieces are free-text `input`); or the legacy `delta.function_call`. Like the
 // official SDK, a call is whole once another index of the same choice appears, or the choice finishes
 // (`finish_reason`), or `[DONE]`; a piece arriving for a call already whole is dropped, so the agent
 // runs exactly what was decided. A refused call's entries are removed (the remaining calls re-indexed
 // from 0 in order), and its message goes out as a content delta where the call began, after "\n\n"
 // when the choice has content before it; `finish_reason` tool_calls becomes stop when the choice has
-// no allowed call left. Every choice of the answer is gated, not only the first.
+// no allowed call left (function_call likewise). Every choice of the answer is gated, not only the first.
 
 interface Call {
   seq: number;
   choice: number;
+  /** The legacy `delta.function_call` (no index, no id), not one of `tool_calls`. */
+  legacy: boolean;
   id: string;
   name: string;
   parts: string[];
@@ -34,6 +38,9 @@ interface Seen {
 }
 
 const NONE: readonly number[] = [];
+/** The legacy function_call's place among a choice's calls. */
+const LEGACY = -1;
+const isObj = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
 const EMPTY = Buffer.alloc(0);
 type Obj = Record<string, unknown>;
 
@@ -57,18 +64,22 @@ export class ChatToolStream implements StreamToolFormat {
       if (c === null || typeof c !== 'object') continue;
       const choice = this.#choice(Number((c as Obj).index ?? 0));
       const delta = (c as Obj).delta as Obj | undefined;
-      const entries = delta && Array.isArray(delta.tool_calls) ? (delta.tool_calls as unknown[]) : [];
-      for (const entry of entries) {
-        if (entry === null || typeof entry !== 'object') continue;
-        const e = entry as Obj;
-        const index = Number(e.index ?? 0);
-        const fn = (e.function ?? {}) as Obj;
+      const entries: Obj[] = [];
+      if (delta && Array.isArray(delta.tool_calls)) for (const x of delta.tool_calls) if (isObj(x)) entries.push(x);
+      if (delta && isObj(delta.function_call)) entries.push(delta.function_call);
+      for (const e of entries) {
+        const legacy = e === delta!.function_call;
+        const index = legacy ? LEGACY : Number(e.index ?? 0);
+        // A function call's name and arguments, or a custom tool call's name and free-text input.
+        const fn = legacy ? e : isObj(e.custom) ? e.custom : isObj(e.function) ? e.function : {};
+        const piece = typeof fn.arguments === 'string' ? fn.arguments : fn.input;
         let call = choice.byIndex.get(index);
         let opened = false;
         if (call === undefined) {
           // A new index: the calls before it are whole (as the SDK reads them).
           this.#closeAll(choice, calls);
-          call = { seq: calls.open(), choice: Number((c as Obj).index ?? 0), id: '', name: '', parts: [] };
+          const id = legacy ? LEGACY_FUNCTION_CALL_ID : '';
+          call = { seq: calls.open(), choice: Number((c as Obj).index ?? 0), legacy, id, name: '', parts: [] };
           this.#calls[call.seq] = call;
           choice.byIndex.set(index, call);
           choice.seqs.push(call.seq);
@@ -76,9 +87,9 @@ export class ChatToolStream implements StreamToolFormat {
         }
         const late = calls.calls[call.seq].state !== 'open';
         if (!late) {
-          if (typeof e.id === 'string' && e.id !== '') call.id = e.id;
+          if (!legacy && typeof e.id === 'string' && e.id !== '') call.id = e.id;
           if (typeof fn.name === 'string' && fn.name !== '') call.name = fn.name;
-          if (typeof fn.arguments === 'string') call.parts.push(fn.arguments);
+          if (typeof piece === 'string') call.parts.push(piece);
         }
         let seen = this.#seen.get(frame);
         if (seen === undefined) this.#seen.set(frame, (seen = { entries: new Map() }));
@@ -101,38 +112,54 @@ export class ChatToolStream implements StreamToolFormat {
       const choice = this.#choice(Number((c as Obj).index ?? 0));
       const delta = (c as Obj).delta as Obj | undefined;
       let out = c as Obj;
-      if (delta && seen !== undefined && Array.isArray(delta.tool_calls)) {
-        const kept: Obj[] = [];
-        const messages: string[] = [];
-        for (const entry of delta.tool_calls as unknown[]) {
-          const s = entry !== null && typeof entry === 'object' ? seen.entries.get(entry) : undefined;
-          if (s === undefined) continue; // not a call entry: dropped as unreadable
-          const outcome = calls[s.seq];
-          if (s.late || outcome.state !== 'allowed') {
-            if (!s.late && s.opened && outcome.state === 'refused') messages.push(outcome.message);
-            continue;
-          }
-          const index = this.#allowedBefore(choice, s.seq, calls);
-          kept.push(index === (entry as Obj).index ? (entry as Obj) : { ...(entry as Obj), index });
-        }
+      if (delta && seen !== undefined) {
         const next: Obj = { ...delta };
-        if (kept.length > 0) next.tool_calls = kept;
-        else delete next.tool_calls;
+        const messages: string[] = [];
+        let touched = false;
+        /** Whether the entry stays; a refused call's message where it began. */
+        const keep = (entry: unknown): { seq: number } | null => {
+          const s = isObj(entry) ? seen.entries.get(entry) : undefined;
+          if (s === undefined) return null; // not a call entry: dropped as unreadable
+          const outcome = calls[s.seq];
+          if (!s.late && outcome.state === 'allowed') return s;
+          if (!s.late && s.opened && outcome.state === 'refused') messages.push(outcome.message);
+          return null;
+        };
+        if (Array.isArray(delta.tool_calls)) {
+          const entries = delta.tool_calls as unknown[];
+          const kept: Obj[] = [];
+          for (const entry of entries) {
+            const s = keep(entry);
+            if (s === null) continue;
+            const index = this.#allowedBefore(choice, s.seq, calls);
+            kept.push(index === (entry as Obj).index ? (entry as Obj) : { ...(entry as Obj), index });
+          }
+          if (kept.length !== entries.length || kept.some((k, i) => k !== entries[i])) {
+            touched = true;
+            if (kept.length > 0) next.tool_calls = kept;
+            else delete next.tool_calls;
+          }
+        }
+        if (isObj(delta.function_call) && keep(delta.function_call) === null) {
+          touched = true;
+          delete next.function_call;
+        }
         if (messages.length > 0) {
           const before = typeof delta.content === 'string' ? delta.content : '';
           const lead = choice.wrote || before !== '' ? '\n\n' : '';
           next.content = before + lead + messages.join('\n\n');
+          touched = true;
         }
-        const same =
-          kept.length === (delta.tool_calls as unknown[]).length &&
-          kept.every((k, i) => k === (delta.tool_calls as unknown[])[i]) &&
-          messages.length === 0;
-        if (!same) {
+        if (touched) {
           out = { ...out, delta: next };
           changed = true;
         }
       }
-      if (out.finish_reason === 'tool_calls' && !choice.seqs.some((s) => calls[s].state === 'allowed')) {
+      const finish = out.finish_reason;
+      if (
+        (finish === 'tool_calls' || finish === 'function_call') &&
+        !choice.seqs.some((s) => calls[s].state === 'allowed')
+      ) {
         out = { ...out, finish_reason: 'stop' };
         changed = true;
       }
@@ -166,7 +193,7 @@ export class ChatToolStream implements StreamToolFormat {
     let n = 0;
     for (const s of choice.seqs) {
       if (s === seq) break;
-      if (calls[s].state === 'allowed') n++;
+      if (calls[s].state === 'allowed' && !this.#calls[s].legacy) n++;
     }
     return n;
   }

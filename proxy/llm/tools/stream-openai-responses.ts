@@ -1,12 +1,14 @@
 import { formatSse } from '../../../core/sse.ts';
+import { denialItem } from './plain-openai-responses.ts';
 import { type SseFrame, objectOf } from './sse-frames.ts';
 import type { CallOutcome, CallTracker, StreamToolFormat } from './stream-gate.ts';
 
-// OpenAI Responses streams for the tool gate (stream-gate.ts). A call is a `function_call` output item:
-// response.output_item.added, function_call_arguments.delta/.done, response.output_item.done (whole:
-// its item's `arguments` are what is decided, and must agree with the deltas and `.done`, else the call
-// is refused). A refused item becomes a `message` item (role assistant, one output_text part carrying
-// the message) at the same output_index: `added` where the call's was, the text part's events and the
+// OpenAI Responses streams for the tool gate (stream-gate.ts). A call is a `function_call` output item
+// (or a `custom_tool_call`, its free-text `input` in place of `arguments`): response.output_item.added,
+// function_call_arguments.delta/.done (custom_tool_call_input.delta/.done), response.output_item.done
+// (whole: its item's arguments are what is decided, and must agree with the deltas and `.done`, else
+// the call is refused). A refused item becomes the plain answers' `message` item (denialItem: role
+// assistant, one output_text part carrying the message, id msg_dvx_<item id>) at the same output_index: `added` where the call's was, the text part's events and the
 // item's `done` where the call's `done` was; its argument events are dropped. The response objects of
 // response.created/in_progress/completed/incomplete/failed list the items: their function_call items
 // are rewritten the same way, and one the stream never announced, or whose arguments differ from the
@@ -16,6 +18,8 @@ type Obj = Record<string, unknown>;
 
 interface Call {
   seq: number;
+  /** The item as announced (its id and call_id name the denial item). */
+  item: Obj;
   itemId: string;
   callId: string;
   name: string;
@@ -24,6 +28,11 @@ interface Call {
   done: string | null;
 }
 
+/** The client-run call items, and the field holding each one's arguments. */
+const ARGS_OF: Record<string, string> = { function_call: 'arguments', custom_tool_call: 'input' };
+const argsOf = (item: Obj): unknown => item[ARGS_OF[item.type as string]];
+const isCall = (item: unknown): item is Obj =>
+  item !== null && typeof item === 'object' && Object.hasOwn(ARGS_OF, (item as Obj).type as string);
 const NONE: readonly number[] = [];
 const EMPTY = Buffer.alloc(0);
 const RESPONSE_EVENTS = new Set([
@@ -53,15 +62,17 @@ export class ResponsesToolStream implements StreamToolFormat {
     if (e === null || typeof e.type !== 'string') return NONE;
     if (RESPONSE_EVENTS.has(e.type)) return this.#readResponse(frame, e, calls);
     if (e.type === 'response.output_item.added') {
-      const item = e.item as Obj | undefined;
-      if (item?.type !== 'function_call' || typeof e.output_index !== 'number') return NONE;
+      const item = e.item;
+      if (!isCall(item) || typeof e.output_index !== 'number') return NONE;
+      const first = argsOf(item);
       const call: Call = {
         seq: calls.open(),
+        item,
         itemId: String(item.id ?? ''),
         callId: String(item.call_id ?? ''),
         name: String(item.name ?? ''),
         outputIndex: e.output_index,
-        parts: typeof item.arguments === 'string' && item.arguments !== '' ? [item.arguments] : [],
+        parts: typeof first === 'string' && first !== '' ? [first] : [],
         done: null,
       };
       this.#calls[call.seq] = call;
@@ -77,13 +88,16 @@ export class ResponsesToolStream implements StreamToolFormat {
       this.#late.add(frame);
       return [call.seq];
     }
-    if (e.type === 'response.function_call_arguments.delta' && typeof e.delta === 'string') call.parts.push(e.delta);
-    else if (e.type === 'response.function_call_arguments.done' && typeof e.arguments === 'string')
-      call.done = e.arguments;
-    else if (e.type === 'response.output_item.done') {
+    const kind = e.type.startsWith('response.custom_tool_call_input.') ? 'input' : 'arguments';
+    if (e.type === `response.${kind === 'input' ? 'custom_tool_call_input' : 'function_call_arguments'}.delta`) {
+      if (typeof e.delta === 'string') call.parts.push(e.delta);
+    } else if (e.type === `response.${kind === 'input' ? 'custom_tool_call_input' : 'function_call_arguments'}.done`) {
+      if (typeof e[kind] === 'string') call.done = e[kind] as string;
+    } else if (e.type === 'response.output_item.done') {
       const item = (e.item ?? {}) as Obj;
       const joined = call.parts.join('');
-      const args = typeof item.arguments === 'string' ? item.arguments : (call.done ?? joined);
+      const final = argsOf({ ...item, type: call.item.type });
+      const args = typeof final === 'string' ? final : (call.done ?? joined);
       const named = { id: call.callId, name: call.name, arguments: args };
       if (
         (call.parts.length > 0 && joined !== args) ||
@@ -104,13 +118,13 @@ export class ResponsesToolStream implements StreamToolFormat {
     let seqs: number[] | null = null;
     const replace = new Map<number, number>();
     output.forEach((item: unknown, i) => {
-      if (item === null || typeof item !== 'object' || (item as Obj).type !== 'function_call') return;
-      const it = item as Obj;
+      if (!isCall(item)) return;
+      const it = item;
       const known = this.#byCallId.get(String(it.call_id ?? ''));
       const named = {
         id: String(it.call_id ?? ''),
         name: String(it.name ?? ''),
-        arguments: String(it.arguments ?? ''),
+        arguments: String(argsOf(it) ?? ''),
       };
       let seq: number;
       if (known === undefined || calls.calls[known.seq].state === 'open') {
@@ -140,18 +154,19 @@ export class ResponsesToolStream implements StreamToolFormat {
     if (this.#late.has(frame)) return this.#renumber(frame, e, []);
     if (outcome.state === 'allowed') return this.#renumber(frame, e, [e]);
     if (outcome.state === 'dropped') return this.#renumber(frame, e, []);
-    const base = { item_id: messageId(call.itemId), output_index: call.outputIndex };
     const text = outcome.message;
-    const part = { type: 'output_text', text, annotations: [], logprobs: [] };
+    const done = denialItem(call.item, text);
+    const base = { item_id: done.id, output_index: call.outputIndex };
+    const part = { type: 'output_text', text, annotations: [] };
     if (e.type === 'response.output_item.added')
-      return this.#renumber(frame, e, [{ ...e, item: messageItem(call.itemId, 'in_progress', null) }]);
+      return this.#renumber(frame, e, [{ ...e, item: { ...done, status: 'in_progress', content: [] } }]);
     if (e.type === 'response.output_item.done')
       return this.#renumber(frame, e, [
         { type: 'response.content_part.added', ...base, content_index: 0, part: { ...part, text: '' } },
         { type: 'response.output_text.delta', ...base, content_index: 0, delta: text, logprobs: [] },
         { type: 'response.output_text.done', ...base, content_index: 0, text, logprobs: [] },
         { type: 'response.content_part.done', ...base, content_index: 0, part },
-        { ...e, item: messageItem(call.itemId, 'completed', text) },
+        { ...e, item: done },
       ]);
     return this.#renumber(frame, e, []);
   }
@@ -168,8 +183,7 @@ export class ResponsesToolStream implements StreamToolFormat {
       if (outcome === undefined || outcome.state === 'allowed') output.push(item);
       else {
         changed = true;
-        if (outcome.state === 'refused')
-          output.push(messageItem(String((item as Obj).id ?? ''), 'completed', outcome.message));
+        if (outcome.state === 'refused') output.push(denialItem(item as Obj, outcome.message));
       }
     });
     return this.#renumber(frame, e, [changed ? { ...e, response: { ...response, output } } : e]);
@@ -198,20 +212,4 @@ export class ResponsesToolStream implements StreamToolFormat {
         .join(''),
     );
   }
-}
-
-/** The message item standing for a refused call's item. */
-function messageItem(itemId: string, status: 'in_progress' | 'completed', text: string | null): Obj {
-  return {
-    id: messageId(itemId),
-    type: 'message',
-    status,
-    role: 'assistant',
-    content: text === null ? [] : [{ type: 'output_text', text, annotations: [], logprobs: [] }],
-  };
-}
-
-/** `fc_abc` → `msg_dvx_abc`: a message item's id, derived from the call's so every event agrees on it. */
-function messageId(itemId: string): string {
-  return `msg_dvx_${itemId.startsWith('fc_') ? itemId.slice(3) : itemId}`;
 }

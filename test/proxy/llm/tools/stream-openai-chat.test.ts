@@ -102,3 +102,33 @@ t.test('several choices, several calls in one chunk: each choice gated and re-in
   t.same(first.choices[1].delta, { tool_calls: [tc(0, '{}', 'b0', 'ok')] });
   t.same(second.choices[1], { index: 1, delta: { content: 'no deny_me' }, finish_reason: 'tool_calls' });
 });
+
+t.test('custom tool calls and the legacy function_call are decided and rewritten too', async (t) => {
+  const custom = (index: number, input: string, id?: string, name?: string) => ({
+    index,
+    ...(id ? { id, type: 'custom' } : {}),
+    custom: { ...(name ? { name } : {}), input },
+  });
+  const stream =
+    chunk([{ index: 0, delta: { role: 'assistant', tool_calls: [custom(0, 'rm -rf ', 'c1', 'shell')] } }]) +
+    chunk([{ index: 0, delta: { tool_calls: [custom(0, '/')] } }]) +
+    chunk([{ index: 0, delta: { tool_calls: [tc(1, '{}', 'c2', 'ok')] } }]) +
+    chunk([{ index: 0, delta: {}, finish_reason: 'tool_calls' }]) +
+    chunk([{ index: 1, delta: { function_call: { name: 'old_style', arguments: '{"a"' } } }]) +
+    chunk([{ index: 1, delta: { function_call: { arguments: ':1}' } } }]) +
+    chunk([{ index: 1, delta: {}, finish_reason: 'function_call' }]) +
+    'data: [DONE]\n\n';
+  const decided: string[] = [];
+  const { out } = await through(F, [Buffer.from(stream)], async (c) => {
+    decided.push(`${c.id}:${c.name}:${c.arguments}`);
+    return c.name === 'ok' ? { allow: true, message: '' } : { allow: false, message: `no ${c.name} (${c.id})` };
+  });
+  t.same(decided, ['c1:shell:rm -rf /', 'c2:ok:{}', 'function_call:old_style:{"a":1}']);
+  const all = chunks(out);
+  t.same(all[0].choices[0].delta, { role: 'assistant', content: 'no shell (c1)' });
+  t.same(all[1].choices[0].delta, { tool_calls: [tc(0, '{}', 'c2', 'ok')] }, 'the function call becomes index 0');
+  t.equal(all[2].choices[0].finish_reason, 'tool_calls');
+  t.same(all[3].choices[0], { index: 1, delta: { content: 'no old_style (function_call)' } });
+  t.same(all[4].choices[0], { index: 1, delta: {}, finish_reason: 'stop' }, 'no function call left');
+  t.notMatch(out.toString(), /rm -rf|old_style"/);
+});

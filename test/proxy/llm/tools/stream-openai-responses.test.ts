@@ -29,7 +29,7 @@ t.test('a refused item: a message item at its output_index, events renumbered wi
     ],
   );
   t.same(events.filter((e) => e.output_index === 2).at(-1)!.item, {
-    id: 'msg_dvx_2',
+    id: 'msg_dvx_fc_2',
     type: 'message',
     status: 'completed',
     role: 'assistant',
@@ -38,14 +38,13 @@ t.test('a refused item: a message item at its output_index, events renumbered wi
         type: 'output_text',
         text: '[dvx] The tool call delete_files (id call_2) was not run: denied by rule.',
         annotations: [],
-        logprobs: [],
       },
     ],
   });
   const completed = events.at(-1)!;
   t.same(
     completed.response.output.map((o: Obj) => o.id),
-    ['msg_1', 'fc_1', 'msg_dvx_2'],
+    ['msg_1', 'fc_1', 'msg_dvx_fc_2'],
     'the final response says the same',
   );
   t.same(completed.response.usage, { input_tokens: 20, output_tokens: 30, total_tokens: 50 });
@@ -115,3 +114,40 @@ t.test('argument events for a call already whole never reach the agent', async (
     'numbering closes the gap',
   );
 });
+
+t.test('a custom_tool_call is decided on its input and refused like a function call', async (t) => {
+  const stream = responsesStream()
+    .replaceAll('"type":"function_call"', '"type":"custom_tool_call"')
+    .replaceAll('response.function_call_arguments.', 'response.custom_tool_call_input.')
+    .replace(/("type":"response\.custom_tool_call_input\.done"[^\n]*?)"arguments":/g, '$1"input":')
+    .replace(/("type":"custom_tool_call"[^}]*?)"arguments":/g, '$1"input":');
+  t.notMatch(stream, /"arguments"/, 'every function call turned custom');
+  const decided: string[] = [];
+  const { out } = await through(F, [Buffer.from(stream)], async (c) => {
+    decided.push(`${c.name}:${c.arguments}`);
+    return verdict(c.name);
+  });
+  t.same(decided, ['get_weather:{"city":"Paris"}', 'delete_files:{"path":"/"}']);
+  const completed = data(out).at(-1)!;
+  t.same(
+    completed.response.output.map((o: Obj) => `${o.type}:${o.id}`),
+    ['message:msg_1', 'custom_tool_call:fc_1', 'message:msg_dvx_fc_2'],
+  );
+});
+
+t.test('the gate words its own refusals by --inspection-disclosure', async (t) => {
+  const stream = responsesStream().replace(
+    /("response\.completed".*"output":\[)/,
+    '$1{"id":"fc_9","type":"function_call","status":"completed","call_id":"call_9","name":"rm","arguments":"{}"},',
+  );
+  const { out } = await through(F, [Buffer.from(stream)], allow, { disclosure: 'opaque' });
+  const completed = data(out).at(-1)!;
+  t.equal(
+    completed.response.output[0].content[0].text,
+    '[dvx] The tool call rm (id call_9) was not run: refused by policy.',
+  );
+});
+
+function verdict(name: string) {
+  return name === 'delete_files' ? { allow: false, message: `no ${name}` } : { allow: true, message: '' };
+}

@@ -140,7 +140,7 @@ t.test('OpenAI SDK: responses.stream().finalResponse()', async (t) => {
     [
       ['message', 'msg_1'],
       ['function_call', 'fc_1'],
-      ['message', 'msg_dvx_2'],
+      ['message', 'msg_dvx_fc_2'],
     ],
   );
   const denial = r.output[2];
