@@ -18,8 +18,9 @@ import { STREAMS } from './tools/stream-fixtures.ts';
 
 // The stream relay step (steps/relay-stream.ts) with a tool Decide set, over real sockets: a node:http
 // upstream serving provider streams, the relay step writing to a real agent connection (the official
-// SDKs, or undici). Until the tool-call step exists, the test sets ctx.decideTool itself: everything
-// from the upstream answer to the agent's socket is the real path (translator, gate, final-event guard).
+// SDKs, or undici), the step alone: ctx.decideTool set by the test, everything from the upstream answer
+// to the agent's socket the real path (translator, gate, final-event guard). The whole proxy with a
+// decider: tool-calls-stream.test.ts.
 
 const PATHS: Record<WireFormat, string> = {
   'anthropic-messages': '/v1/messages',
