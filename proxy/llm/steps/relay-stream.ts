@@ -1,6 +1,9 @@
+import { MAX_BODY_BYTES } from '../../../pipeline/engine.ts';
 import { FinalEventGuard } from '../final-event.ts';
 import type { CallContext } from '../context.ts';
 import { relayBody, type ChunkFilter } from '../relay-body.ts';
+import { relayGated } from '../relay-gated.ts';
+import { streamToolGate } from '../tools/stream-formats.ts';
 import { StreamTranslator } from '../translate/index.ts';
 import { agentHeaders } from '../upstream.ts';
 import { usageOf } from '../usage.ts';
@@ -8,7 +11,9 @@ import { deliver } from './audit.ts';
 import { inspectResponse } from './inspect-response.ts';
 
 // SSE: events go to the agent as they arrive [translated]; the same bytes feed the response pipeline
-// at the end; the final event waits for the audit record (final-event.ts).
+// at the end; the final event waits for the audit record (final-event.ts). With a tool policy
+// (ctx.decideTool), a tool call and what follows it wait for the call's decision
+// (tools/stream-gate.ts, relay-gated.ts): upstream → [translator] → tool gate → [final-event guard].
 
 export async function relayStream(ctx: CallContext): Promise<void> {
   const { res } = ctx;
@@ -21,9 +26,25 @@ export async function relayStream(ctx: CallContext): Promise<void> {
   const translator = upstreamFormat !== format ? new StreamTranslator(upstreamFormat, format) : null;
   const guard = ctx.audit ? new FinalEventGuard(format) : null;
   const copy: Buffer[] = [];
-  await relayBody(ctx, copy, translator || guard ? new StreamOut(translator, guard) : null, 'upstream stream failed');
-  let tail = translator && !res.destroyed ? Buffer.from(translator.end()) : Buffer.alloc(0);
-  if (guard) tail = Buffer.concat([guard.push(tail), guard.rest()]);
+  let tail: Buffer;
+  if (ctx.decideTool === null) {
+    await relayBody(ctx, copy, translator || guard ? new StreamOut(translator, guard) : null, 'upstream stream failed');
+    tail = translator && !res.destroyed ? Buffer.from(translator.end()) : Buffer.alloc(0);
+    if (guard) tail = Buffer.concat([guard.push(tail), guard.rest()]);
+  } else {
+    const gate = streamToolGate(format, ctx.decideTool, { disclosure: ctx.d.options.inspectionDisclosure });
+    const translation = translator && {
+      push: (chunk: Buffer) => Buffer.from(translator.push(chunk)),
+      end: () => Buffer.from(translator.end()),
+    };
+    await relayGated(ctx, copy, translation, gate, guard, 'upstream stream failed');
+    tail = guard ? guard.rest() : Buffer.alloc(0);
+    if (gate.overflowed && !res.destroyed) {
+      // Past what may be held, the answer is cut where the gate stopped (the calls it held refused).
+      ctx.error = `the answer held for tool-call decisions exceeded ${MAX_BODY_BYTES} bytes; cut there`;
+      res.destroy();
+    }
+  }
   const body = Buffer.concat(copy);
   ctx.usage = usageOf(upstreamFormat, body, true);
   await inspectResponse(ctx, body);

@@ -1,0 +1,215 @@
+import { formatSse } from '../../../core/sse.ts';
+import { denialItem } from './plain-openai-responses.ts';
+import { type SseFrame, objectOf } from './sse-frames.ts';
+import type { CallOutcome, CallTracker, StreamToolFormat } from './stream-gate.ts';
+
+// OpenAI Responses streams for the tool gate (stream-gate.ts). A call is a `function_call` output item
+// (or a `custom_tool_call`, its free-text `input` in place of `arguments`): response.output_item.added,
+// function_call_arguments.delta/.done (custom_tool_call_input.delta/.done), response.output_item.done
+// (whole: its item's arguments are what is decided, and must agree with the deltas and `.done`, else
+// the call is refused). A refused item becomes the plain answers' `message` item (denialItem: role
+// assistant, one output_text part carrying the message, id msg_dvx_<item id>) at the same output_index: `added` where the call's was, the text part's events and the
+// item's `done` where the call's `done` was; its argument events are dropped. The response objects of
+// response.created/in_progress/completed/incomplete/failed list the items: their function_call items
+// are rewritten the same way, and one the stream never announced, or whose arguments differ from the
+// decided ones, is refused. `sequence_number` is renumbered after a change so it stays gapless.
+
+type Obj = Record<string, unknown>;
+
+interface Call {
+  seq: number;
+  /** The item as announced (its id and call_id name the denial item). */
+  item: Obj;
+  itemId: string;
+  callId: string;
+  name: string;
+  outputIndex: number;
+  parts: string[];
+  done: string | null;
+}
+
+/** The client-run call items, and the field holding each one's arguments. */
+const ARGS_OF: Record<string, string> = { function_call: 'arguments', custom_tool_call: 'input' };
+const argsOf = (item: Obj): unknown => item[ARGS_OF[item.type as string]];
+const isCall = (item: unknown): item is Obj =>
+  item !== null && typeof item === 'object' && Object.hasOwn(ARGS_OF, (item as Obj).type as string);
+const NONE: readonly number[] = [];
+const EMPTY = Buffer.alloc(0);
+const RESPONSE_EVENTS = new Set([
+  'response.created',
+  'response.queued',
+  'response.in_progress',
+  'response.completed',
+  'response.incomplete',
+  'response.failed',
+]);
+
+export class ResponsesToolStream implements StreamToolFormat {
+  readonly format = 'openai-responses' as const;
+  readonly keepAlive = Buffer.from(': keep-alive\n\n');
+  #byOutput = new Map<number, Call>();
+  #byCallId = new Map<string, Call>();
+  #calls: Call[] = [];
+  /** Per response event: the seq replacing each function_call item of its `output` (by position). */
+  #outputs = new WeakMap<SseFrame, Map<number, number>>();
+  /** Events of a call that came after it was whole. */
+  #late = new WeakSet<SseFrame>();
+  /** Events out minus events in so far: added to upstream sequence numbers. */
+  #shift = 0;
+
+  read(frame: SseFrame, calls: CallTracker): readonly number[] {
+    const e = objectOf(frame);
+    if (e === null || typeof e.type !== 'string') return NONE;
+    if (RESPONSE_EVENTS.has(e.type)) return this.#readResponse(frame, e, calls);
+    if (e.type === 'response.output_item.added') {
+      const item = e.item;
+      if (!isCall(item) || typeof e.output_index !== 'number') return NONE;
+      const first = argsOf(item);
+      const call: Call = {
+        seq: calls.open(),
+        item,
+        itemId: String(item.id ?? ''),
+        callId: String(item.call_id ?? ''),
+        name: String(item.name ?? ''),
+        outputIndex: e.output_index,
+        parts: typeof first === 'string' && first !== '' ? [first] : [],
+        done: null,
+      };
+      this.#calls[call.seq] = call;
+      this.#byOutput.set(call.outputIndex, call);
+      this.#byCallId.set(call.callId, call);
+      return [call.seq];
+    }
+    const call = typeof e.output_index === 'number' ? this.#byOutput.get(e.output_index) : undefined;
+    if (call === undefined) return NONE;
+    const open = calls.calls[call.seq].state === 'open';
+    // Once the call is whole, more of its arguments would change what was decided: they never go out.
+    if (!open) {
+      this.#late.add(frame);
+      return [call.seq];
+    }
+    const kind = e.type.startsWith('response.custom_tool_call_input.') ? 'input' : 'arguments';
+    if (e.type === `response.${kind === 'input' ? 'custom_tool_call_input' : 'function_call_arguments'}.delta`) {
+      if (typeof e.delta === 'string') call.parts.push(e.delta);
+    } else if (e.type === `response.${kind === 'input' ? 'custom_tool_call_input' : 'function_call_arguments'}.done`) {
+      if (typeof e[kind] === 'string') call.done = e[kind] as string;
+    } else if (e.type === 'response.output_item.done') {
+      const item = (e.item ?? {}) as Obj;
+      const joined = call.parts.join('');
+      const final = argsOf({ ...item, type: call.item.type });
+      const args = typeof final === 'string' ? final : (call.done ?? joined);
+      const named = { id: call.callId, name: call.name, arguments: args };
+      if (
+        (call.parts.length > 0 && joined !== args) ||
+        (call.done !== null && call.done !== args) ||
+        (item.call_id !== undefined && item.call_id !== call.callId) ||
+        (item.name !== undefined && item.name !== call.name)
+      )
+        calls.refuse(call.seq, named, 'its arguments were not streamed consistently');
+      else calls.whole(call.seq, named);
+    }
+    return [call.seq];
+  }
+
+  /** A response object: each function_call item in its output must be a decided call, as decided. */
+  #readResponse(frame: SseFrame, e: Obj, calls: CallTracker): readonly number[] {
+    const output = (e.response as Obj | undefined)?.output;
+    if (!Array.isArray(output)) return NONE;
+    let seqs: number[] | null = null;
+    const replace = new Map<number, number>();
+    output.forEach((item: unknown, i) => {
+      if (!isCall(item)) return;
+      const it = item;
+      const known = this.#byCallId.get(String(it.call_id ?? ''));
+      const named = {
+        id: String(it.call_id ?? ''),
+        name: String(it.name ?? ''),
+        arguments: String(argsOf(it) ?? ''),
+      };
+      let seq: number;
+      if (known === undefined || calls.calls[known.seq].state === 'open') {
+        seq = calls.open();
+        calls.refuse(seq, named, 'it was not streamed as an output item');
+      } else {
+        const decided = calls.calls[known.seq].call;
+        if (decided !== null && (decided.arguments !== named.arguments || decided.name !== named.name)) {
+          seq = calls.open();
+          calls.refuse(seq, named, 'the final response changed its arguments');
+        } else seq = known.seq;
+      }
+      replace.set(i, seq);
+      (seqs ??= []).push(seq);
+    });
+    if (replace.size > 0) this.#outputs.set(frame, replace);
+    return seqs ?? NONE;
+  }
+
+  render(frame: SseFrame, seqs: readonly number[], calls: readonly CallOutcome[]): Buffer {
+    const e = frame.parsed as Obj | null | undefined;
+    if (e === null || e === undefined) return frame.raw;
+    if (RESPONSE_EVENTS.has(e.type as string)) return this.#renderResponse(frame, e, calls);
+    if (seqs.length === 0) return this.#renumber(frame, e, [e]);
+    const call = this.#calls[seqs[0]];
+    const outcome = calls[seqs[0]];
+    if (this.#late.has(frame)) return this.#renumber(frame, e, []);
+    if (outcome.state === 'allowed') return this.#renumber(frame, e, [e]);
+    if (outcome.state === 'dropped') return this.#renumber(frame, e, []);
+    const text = outcome.message;
+    const done = denialItem(call.item, text);
+    const base = { item_id: done.id, output_index: call.outputIndex };
+    const part = { type: 'output_text', text, annotations: [] };
+    if (e.type === 'response.output_item.added')
+      return this.#renumber(frame, e, [{ ...e, item: { ...done, status: 'in_progress', content: [] } }]);
+    if (e.type === 'response.output_item.done')
+      return this.#renumber(frame, e, [
+        { type: 'response.content_part.added', ...base, content_index: 0, part: { ...part, text: '' } },
+        { type: 'response.output_text.delta', ...base, content_index: 0, delta: text, logprobs: [] },
+        { type: 'response.output_text.done', ...base, content_index: 0, text, logprobs: [] },
+        { type: 'response.content_part.done', ...base, content_index: 0, part },
+        { ...e, item: done },
+      ]);
+    return this.#renumber(frame, e, []);
+  }
+
+  #renderResponse(frame: SseFrame, e: Obj, calls: readonly CallOutcome[]): Buffer {
+    const replace = this.#outputs.get(frame);
+    if (replace === undefined) return this.#renumber(frame, e, [e]);
+    const response = e.response as Obj;
+    let changed = false;
+    const output: unknown[] = [];
+    (response.output as unknown[]).forEach((item, i) => {
+      const seq = replace.get(i);
+      const outcome = seq === undefined ? undefined : calls[seq];
+      if (outcome === undefined || outcome.state === 'allowed') output.push(item);
+      else {
+        changed = true;
+        if (outcome.state === 'refused') output.push(denialItem(item as Obj, outcome.message));
+      }
+    });
+    return this.#renumber(frame, e, [changed ? { ...e, response: { ...response, output } } : e]);
+  }
+
+  /**
+   * What goes out for an upstream event `e`: the events `out` (the first in its place, the others
+   * after it), numbered on from its sequence_number; its own bytes when it is unchanged.
+   */
+  #renumber(frame: SseFrame, e: Obj, out: Obj[]): Buffer {
+    const seq = e.sequence_number;
+    if (typeof seq !== 'number') {
+      if (out.length === 1 && out[0] === e) return frame.raw;
+      return Buffer.from(out.map((o) => formatSse(o.type as string, o)).join(''));
+    }
+    const first = seq + this.#shift;
+    this.#shift += out.length - 1;
+    if (out.length === 1 && out[0] === e && first === seq) return frame.raw;
+    if (out.length === 0) return EMPTY;
+    return Buffer.from(
+      out
+        .map((o, i) => {
+          const { type, sequence_number: _, ...rest } = o;
+          return formatSse(type as string, { type, sequence_number: first + i, ...rest });
+        })
+        .join(''),
+    );
+  }
+}
