@@ -10,13 +10,15 @@ import { exportJWK, generateKeyPair, SignJWT } from 'jose';
 import { generateCa, issueCertificate } from '../core/tls.ts';
 import { BENCH_PATTERNS, llmRequestBody } from './corpus.ts';
 import { conditions, formatMs, table } from './measure.ts';
+import { startToolUpstream, toolCallProfile, writeToolSnapshots, type ToolContender } from './tool-call-profile.ts';
 
 // npm run bench -- proxy [--quick]
 // Added latency over direct at fixed request rates, one table: the mock Anthropic upstream and this
 // load generator share core 0; each proxy runs alone on core 1 (taskset). Contenders: direct; the
 // floor (bare node:https + undici pass-through); dvx with inspection off; dvx with the full set
 // (all built-ins + 10 RE2 patterns); @portkey-ai/gateway plain and with its regex guardrail. Then
-// time-to-first-token through each for an SSE answer, and the memory a 32 MB request costs dvx.
+// time-to-first-token through each for an SSE answer, and the memory a 32 MB request costs dvx. Then
+// the tool-call profile (tool-call-profile.ts): an answer with tool calls, with and without a tool policy.
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const NODE = process.execPath;
@@ -430,6 +432,75 @@ export async function main(args: string[]): Promise<void> {
     }
   }
   upstream.close();
+
+  // The tool-call profile: its own upstream (answers with tool calls), the floor and dvx before it.
+  const toolUpstream = await startToolUpstream();
+  const snaps = await writeToolSnapshots(dir, toolUpstream.url);
+  const started: { stop: () => Promise<void> }[] = [];
+  let tools = '';
+  try {
+    const floorPortFile = join(dir, 'floor-tools.port');
+    const floor = pinned([
+      NODE,
+      join(ROOT, 'bench/floor-proxy.ts'),
+      join(dir, 'cert.pem'),
+      join(dir, 'key.pem'),
+      toolUpstream.url,
+      floorPortFile,
+    ]);
+    started.push({ stop: () => stopChild(floor) });
+    await waitFor(async () => (await readFile(floorPortFile, 'utf8')).length > 0, 'floor proxy');
+    const json = { 'content-type': 'application/json' };
+    const contenders: ToolContender[] = [
+      { name: 'direct (no proxy)', url: toolUpstream.url, headers: json, dispatcher: plain, baseline: true },
+      {
+        name: 'floor: node:https + undici pass-through',
+        url: `https://127.0.0.1:${Number(await readFile(floorPortFile, 'utf8'))}`,
+        headers: json,
+        dispatcher: tls,
+      },
+    ];
+    for (const [on, port] of [
+      [false, 18482],
+      [true, 18483],
+    ] as const) {
+      const child = pinned([
+        NODE,
+        join(ROOT, 'cli/main.ts'),
+        'serve',
+        'llmproxy',
+        '--addr',
+        `127.0.0.1:${port}`,
+        '--tls-cert',
+        join(dir, 'cert.pem'),
+        '--tls-key',
+        join(dir, 'key.pem'),
+        '--agent-jwks',
+        join(dir, 'jwks.json'),
+        '--policy-snapshot',
+        on ? snaps.on : snaps.off,
+        '--secrets-file',
+        join(dir, 'secrets.json'),
+        '--log-level',
+        'error',
+      ]);
+      started.push({ stop: () => stopChild(child) });
+      const url = `https://127.0.0.1:${port}`;
+      await waitFor(async () => (await request(`${url}/healthz`, { dispatcher: tls })).statusCode === 200, 'dvx');
+      contenders.push({
+        name: on ? 'dvx: tool policy on (3 rules, calls allowed)' : 'dvx: no tool policy',
+        url,
+        headers: { ...json, 'x-api-key': await token(), 'anthropic-version': '2023-06-01' },
+        dispatcher: tls,
+      });
+    }
+    tools = await toolCallProfile(contenders, quick);
+  } catch (err) {
+    tools = `(tool-call profile failed: ${(err as Error).message})`;
+  } finally {
+    for (const s of started) await s.stop();
+    toolUpstream.close();
+  }
   await tls.close();
   await plain.close();
   await rm(dir, { recursive: true, force: true });
@@ -456,6 +527,10 @@ export async function main(args: string[]): Promise<void> {
       table(['contender', 'time to first token (SSE, p50)'], ttfts),
       '',
       memory,
+      '',
+      '### tool-call profile (content inspection off; closed loop, one call at a time)',
+      '',
+      tools,
       '',
     ].join('\n'),
   );
