@@ -43,11 +43,11 @@ export interface ProxyDeps {
   /** Answers wait for their record (audit, then replay); capture-or-deny only with a durable sink. */
   capture: Omit<CaptureOptions, 'log'>;
   /**
-   * A seam for the call's tool-call decider: when set, the relay step takes `ctx.decideTool` from it
-   * for a call that has none yet. The tool-call step (steps/tool-policy.ts) is the production source of
-   * `decideTool`; tests of the relays set this to decide without a policy or a broker.
+   * Builds a call's tool-call decision (steps/tool-policy.ts): tool-decisions.ts's `toolDecider` (the
+   * caller's llm_policy, the approvals on the broker), unless the proxy was started with another
+   * (StartOptions.toolDecider: the relays' tests decide without a broker).
    */
-  toolDecider?: (ctx: CallContext) => Decide | null;
+  toolDecider: (ctx: CallContext) => Decide | null;
 }
 
 /** An inspector that did not finish (`inspector: 'all'` when none could run: an unreadable answer). */

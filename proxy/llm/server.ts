@@ -26,6 +26,7 @@ import { validateOptions, type LlmProxyOptions } from './options.ts';
 import { LlmProxy, type ProxyDeps } from './proxy.ts';
 import { SecretBroker } from './secret-broker.ts';
 import { parseSecretsFile, secretSource, type SecretMap } from './secrets-file.ts';
+import { toolDecider } from './tool-decisions.ts';
 import { upstreamDispatcher } from './upstream.ts';
 import pkg from '../../package.json' with { type: 'json' };
 
@@ -49,7 +50,7 @@ export interface StartOptions {
   durableAudit?: boolean;
   /** The inspection pool's worker module (EngineOptions.workerUrl); tests inject faults with it. */
   inspectWorker?: URL;
-  /** The tool-call decider seam (ProxyDeps.toolDecider): tests set one before the tool-call step does. */
+  /** Decides the calls' tool calls in place of the caller's llm_policy (ProxyDeps.toolDecider). */
   toolDecider?: ProxyDeps['toolDecider'];
 }
 
@@ -185,7 +186,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
     version: pkg.version,
     // Every answer waits for its record; only a durable sink can refuse one (capture-or-deny).
     capture: { captureOrDeny: durableAudit && options.auditCaptureOrDeny, timeoutMs: options.auditCaptureTimeout },
-    ...(start.toolDecider ? { toolDecider: start.toolDecider } : {}),
+    toolDecider: start.toolDecider ?? toolDecider,
   });
 
   const limiter = new ServerLimiter(options, { listener: 'llmproxy', registry, log, answer: clientErrorAnswer });

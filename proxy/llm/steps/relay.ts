@@ -8,7 +8,6 @@ import { relayStream } from './relay-stream.ts';
 
 export function relay(ctx: CallContext): Promise<void> {
   const answer = ctx.answer!;
-  if (ctx.decideTool === null && ctx.d.toolDecider) ctx.decideTool = ctx.d.toolDecider(ctx);
   if (String(answer.headers['content-type'] ?? '').startsWith('text/event-stream')) return relayStream(ctx);
   if (!ctx.inference) return relayPassThrough(ctx);
   return relayPlain(ctx);

@@ -101,6 +101,7 @@ async function env(
     log: quiet,
     metrics: proxyMetrics(registry),
     capture: { captureOrDeny: o.captureOrDeny ?? false, timeoutMs: 150 },
+    toolDecider,
   } as unknown as ProxyDeps;
 
   const pending: ((v: { req: IncomingMessage; res: ServerResponse }) => void)[] = [];
