@@ -93,7 +93,14 @@ export async function createApproval(deps: BrokerDeps, actor: BrokerActor, r: Ap
     });
   } catch (err) {
     if (err instanceof ApprovalLimitError) {
-      await auditRefusal(deps, actor, 'approval.create', r.org_id, `agent:${r.agent_id}`, `${err.message} (${err.limit})`);
+      await auditRefusal(
+        deps,
+        actor,
+        'approval.create',
+        r.org_id,
+        `agent:${r.agent_id}`,
+        `${err.message} (${err.limit})`,
+      );
       throw err;
     }
     // The same call created meanwhile by a create racing this one (the unique index refused this one).
@@ -108,11 +115,7 @@ export async function createApproval(deps: BrokerDeps, actor: BrokerActor, r: Ap
 }
 
 /** An earlier approval of the same call: answered when it is the same request, 409 when it is not. */
-function replayed(
-  deps: BrokerDeps,
-  row: Parameters<typeof approvalView>[0],
-  r: ApprovalRequest,
-): ApprovalView {
+function replayed(deps: BrokerDeps, row: Parameters<typeof approvalView>[0], r: ApprovalRequest): ApprovalView {
   if (row.org_id !== r.org_id || row.args_digest !== r.args_digest || row.policy_version !== r.policy_version)
     throw new ApiError(
       PROBLEMS.conflict,

@@ -2,7 +2,16 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { coalesced } from '../../../core/coalesce.ts';
 import { ApiError } from '../../../core/errors.ts';
 import { PROBLEMS } from '../../../core/problem.ts';
-import { arrayOf, INTEGER, NULLABLE_STRING, object, optionalBody, pathParams, query, viewSchema } from '../../../core/schemas.ts';
+import {
+  arrayOf,
+  INTEGER,
+  NULLABLE_STRING,
+  object,
+  optionalBody,
+  pathParams,
+  query,
+  viewSchema,
+} from '../../../core/schemas.ts';
 import { formatSse, startSseResponse } from '../../../core/sse.ts';
 import { StreamGuard, streamGuardDeps } from '../../../core/stream-guard.ts';
 import { ApprovalSettledError } from '../../errors.ts';
@@ -165,20 +174,23 @@ export function approvalOperatorRoutes(deps: BrokerDeps) {
         guardDeps,
       );
       streams.add(guard);
-      const send = coalesced(async () => {
-        let events: Awaited<ReturnType<typeof eventsAfter>>;
-        try {
-          events = await eventsAfter(db, orgId, cursor, PAGE);
-        } catch (err) {
-          await guard.write(`: store unavailable (${(err as Error).message.slice(0, 100)}); retrying\n\n`);
-          return false;
-        }
-        for (const e of events) {
-          if (!(await guard.write(formatSse('approval', e.view, e.seq)))) return false;
-          cursor = e.seq;
-        }
-        return events.length === PAGE;
-      }, () => guard.stopped);
+      const send = coalesced(
+        async () => {
+          let events: Awaited<ReturnType<typeof eventsAfter>>;
+          try {
+            events = await eventsAfter(db, orgId, cursor, PAGE);
+          } catch (err) {
+            await guard.write(`: store unavailable (${(err as Error).message.slice(0, 100)}); retrying\n\n`);
+            return false;
+          }
+          for (const e of events) {
+            if (!(await guard.write(formatSse('approval', e.view, e.seq)))) return false;
+            cursor = e.seq;
+          }
+          return events.length === PAGE;
+        },
+        () => guard.stopped,
+      );
       const onChange = (c: { orgId: string }) => {
         if (c.orgId === orgId) void send();
       };

@@ -51,7 +51,12 @@ export const APPROVAL_REQUEST = object(
       pattern: '^[0-9a-f]{16,64}$',
       'x-error': 'must be 16 to 64 lowercase hex digits',
     },
-    expires_in_ms: { ...INTEGER, minimum: MIN_EXPIRY_MS, maximum: MAX_EXPIRY_MS, 'x-error': 'must be an integer from 1000 to 86400000' },
+    expires_in_ms: {
+      ...INTEGER,
+      minimum: MIN_EXPIRY_MS,
+      maximum: MAX_EXPIRY_MS,
+      'x-error': 'must be an integer from 1000 to 86400000',
+    },
   },
   [
     'request_id',
@@ -107,13 +112,17 @@ export function approvalSatelliteRoutes(deps: BrokerDeps, waits: ApprovalWaits) 
     app.post(
       '/v1/satellite/approvals',
       // 16 KiB of arguments may take six times that as JSON text inside JSON (every character escaped).
-      { bodyLimit: 6 * MAX_ARGUMENTS_BYTES + 8192, schema: { body: APPROVAL_REQUEST, response: { 201: APPROVAL_VIEW } } },
+      {
+        bodyLimit: 6 * MAX_ARGUMENTS_BYTES + 8192,
+        schema: { body: APPROVAL_REQUEST, response: { 201: APPROVAL_VIEW } },
+      },
       async (req, reply) => {
         const request = checked(req.body as ApprovalRequest);
         try {
           return reply.code(201).send(await createApproval(deps, actor(req), request));
         } catch (err) {
-          if (err instanceof ApprovalLimitError) throw new ApiError(PROBLEMS.tooManyRequests, err.message, { cause: err });
+          if (err instanceof ApprovalLimitError)
+            throw new ApiError(PROBLEMS.tooManyRequests, err.message, { cause: err });
           throw err;
         }
       },
@@ -122,18 +131,19 @@ export function approvalSatelliteRoutes(deps: BrokerDeps, waits: ApprovalWaits) 
     app.get(
       '/v1/satellite/approvals/:id',
       { schema: { params: pathParams('id'), querystring: query(['wait'], true), response: { 200: APPROVAL_VIEW } } },
-      async (req) => {
+      async (req, reply) => {
         const id = idOf(req);
         const ms = waitMs((req.query as { wait?: unknown }).wait);
+        // The response closes before it was sent: the caller left, and its wait ends.
         const gone = new AbortController();
         const left = () => gone.abort();
-        req.raw.socket.once('close', left);
+        reply.raw.once('close', left);
         try {
           const view = ms > 0 ? await waits.wait(id, ms, gone.signal) : await read(id);
           if (!view) throw new ApiError(PROBLEMS.notFound, `no approval ${id}`);
           return view;
         } finally {
-          req.raw.socket.off('close', left);
+          reply.raw.off('close', left);
         }
       },
     );
@@ -162,4 +172,3 @@ export function approvalSatelliteRoutes(deps: BrokerDeps, waits: ApprovalWaits) 
     return row && approvalView(row, deps.now());
   }
 }
-

@@ -78,7 +78,7 @@ async function change(
 ): Promise<ApprovalView> {
   const logged = await auditedChange(deps, actor, ACTION[to], orgId, async (tx) => {
     const locked = await lockApproval(tx, id);
-    if (!locked || locked.status !== 'pending') throw new ApprovalSettledError(id, locked?.status ?? 'gone');
+    if (locked?.status !== 'pending') throw new ApprovalSettledError(id, locked?.status ?? 'gone');
     const now = deps.now();
     const due = isDue(locked, now);
     if (to === 'expired' ? !due : due) throw new ApprovalSettledError(id, to === 'expired' ? 'pending' : 'due');

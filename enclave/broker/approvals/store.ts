@@ -78,7 +78,11 @@ export async function countsFor(tx: Queryable, org: string, agent: string, now: 
     [org, agent, now, hourAgo],
   );
   const r = rows[0]!;
-  return { agentPending: Number(r.agent_pending), orgPending: Number(r.org_pending), agentLastHour: Number(r.agent_hour) };
+  return {
+    agentPending: Number(r.agent_pending),
+    orgPending: Number(r.org_pending),
+    agentLastHour: Number(r.agent_hour),
+  };
 }
 
 export async function insertApproval(tx: Queryable, row: ApprovalRow): Promise<ApprovalRow> {

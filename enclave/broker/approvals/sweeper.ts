@@ -3,11 +3,10 @@ import { expire } from './settle.ts';
 import { dueIds, pruneEvents } from './store.ts';
 
 // Marks pending approvals past their expiry `expired` (audited as `escalation-timeout`, announced like
-// every change), every second; and drops the feed's events older than 7 days, every hour. Readers never
+// every change), every approvalSweepMs (1 s); and drops the feed's events older than 7 days, every hour. Readers never
 // wait for it: a pending row past its expiry already reads as expired (view.ts). A store that does not
 // answer is logged and tried again on the next tick.
 
-export const SWEEP_MS = 1000;
 export const FEED_RETENTION_MS = 7 * 24 * 3600_000;
 const PRUNE_MS = 3600_000;
 const BATCH = 100;
@@ -46,7 +45,7 @@ export function startSweeper(deps: BrokerDeps): Sweeper {
   const timer = setInterval(() => {
     if (closed || running) return;
     sweep().catch((err: unknown) => deps.log.warn({ err }, 'approval expiry sweep failed; retried'));
-  }, SWEEP_MS);
+  }, deps.options.approvalSweepMs);
   timer.unref();
   return {
     sweep,

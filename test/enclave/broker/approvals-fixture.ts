@@ -66,7 +66,8 @@ export async function openFeed(h: BrokerHarness, who: string, headers: Record<st
     events,
     raw: () => raw,
     ended: () => ended,
-    approvals: () => events.filter((e) => e.event === 'approval').map((e) => ({ id: e.id, ...JSON.parse(e.data) })),
+    /** The approvalViews received, each with its event's id as `seq`. */
+    approvals: () => events.filter((e) => e.event === 'approval').map((e) => ({ ...JSON.parse(e.data), seq: e.id })),
     async close() {
       controller.abort();
       await done;

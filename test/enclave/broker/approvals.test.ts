@@ -41,7 +41,8 @@ for (const [who, role] of [
 }
 await insertGrant(h.broker.deps.db, { principal: 'user:eve-b', role: 'admin', capability: null, org: 'org-b' });
 
-const create = (body: unknown, bearer: string | null = token) => h.agent('POST', '/v1/satellite/approvals', body, bearer);
+const create = (body: unknown, bearer: string | null = token) =>
+  h.agent('POST', '/v1/satellite/approvals', body, bearer);
 const auditOf = (resource: string) => h.audit.filter((r) => r.resource === resource);
 
 t.test('create, read, list, approve, deny: the approvalView, the 409s, the audit', async (t) => {
@@ -114,14 +115,12 @@ t.test('create, read, list, approve, deny: the approvalView, the 409s, the audit
     [second.body.id],
   );
   const page = await h.operator('approver-a', 'GET', '/api/v1/approvals?limit=1&offset=1');
-  t.same(
-    page.body,
-    { approvals: [made.body], next_offset: 2 },
-    'paging',
-  );
+  t.same(page.body, { approvals: [made.body], next_offset: 2 }, 'paging');
 
   // Approve, with a reason; then every further decision or cancel is a 409.
-  const approved = await h.operator('approver-a', 'POST', `/api/v1/approvals/${id}/approve`, { reason: 'ok, expected' });
+  const approved = await h.operator('approver-a', 'POST', `/api/v1/approvals/${id}/approve`, {
+    reason: 'ok, expected',
+  });
   t.equal(approved.status, 200);
   t.match(approved.body, { id, status: 'approved', reason: 'ok, expected', decided_by: 'approver-a' });
   t.ok(Date.parse(approved.body.decided_at) >= Date.parse(approved.body.created_at));
@@ -132,7 +131,10 @@ t.test('create, read, list, approve, deny: the approvalView, the 409s, the audit
     const res = await h.operator(who, 'POST', path);
     t.equal(res.status, 409, `${path} once approved`);
     t.match(res.type, /^application\/problem\+json/);
-    t.match(res.body, { type: 'https://dvx.dev/problems/conflict', detail: `approval ${id} is approved, no longer pending` });
+    t.match(res.body, {
+      type: 'https://dvx.dev/problems/conflict',
+      detail: `approval ${id} is approved, no longer pending`,
+    });
   }
   t.equal((await h.agent('POST', `/v1/satellite/approvals/${id}/cancel`, undefined, token)).status, 409);
   t.same((await h.operator('admin-a', 'GET', `/api/v1/approvals?status=approved`)).body.approvals, [approved.body]);
@@ -171,7 +173,10 @@ t.test('cancel: by the satellite, once; not after a decision', async (t) => {
   t.same(twice.body, cancelled.body);
   t.equal((await h.operator('admin-a', 'POST', `/api/v1/approvals/${id}/approve`)).status, 409, 'no approving it');
   t.equal((await h.agent('POST', '/v1/satellite/approvals/nope/cancel', undefined, token)).status, 404);
-  t.match(auditOf(`approval:${id}`), [{ action: 'approval.create' }, { action: 'approval.cancel', actor: 'satellite' }]);
+  t.match(auditOf(`approval:${id}`), [
+    { action: 'approval.create' },
+    { action: 'approval.cancel', actor: 'satellite' },
+  ]);
 });
 
 t.test('orgs: an operator sees and decides its own org only; another org’s approval is a 404', async (t) => {
@@ -187,7 +192,10 @@ t.test('orgs: an operator sees and decides its own org only; another org’s app
     t.equal(res.status, 404, `eve (org-b) ${method} ${path}`);
     t.equal(res.body.detail, `no approval ${a.id} in org org-b`, 'the same answer as for no approval at all');
   }
-  t.same((await h.operator('eve-b', 'GET', `/api/v1/approvals/does-not-exist`)).body.detail, 'no approval does-not-exist in org org-b');
+  t.same(
+    (await h.operator('eve-b', 'GET', `/api/v1/approvals/does-not-exist`)).body.detail,
+    'no approval does-not-exist in org org-b',
+  );
   t.same(
     (await h.operator('eve-b', 'GET', '/api/v1/approvals')).body.approvals.map((x: { id: string }) => x.id),
     [b.id],
@@ -222,8 +230,12 @@ t.test('grants: approvals:read to read, approvals:decide to decide', async (t) =
   t.equal((await h.operator('admin-a', 'GET', `/api/v1/approvals/${a.id}`)).body.status, 'pending', 'still pending');
   // A capability granted alone works like the role.
   t.equal(
-    (await h.operator('admin-a', 'POST', '/api/v1/grants', { principal: 'user:member-a', capability: 'approvals:decide' }))
-      .status,
+    (
+      await h.operator('admin-a', 'POST', '/api/v1/grants', {
+        principal: 'user:member-a',
+        capability: 'approvals:decide',
+      })
+    ).status,
     201,
   );
   t.equal((await h.operator('member-a', 'POST', `/api/v1/approvals/${a.id}/deny`, { reason: 'no' })).status, 200);
@@ -244,13 +256,25 @@ t.test('bad input: every field checked, a 400 naming it; unknown agents, refused
     ['a tool of 257 characters', { ...base, tool: 'x'.repeat(257) }, /^tool: /],
     ['a tool with a zero-width space', { ...base, tool: 'transfer\u200bfunds' }, /^tool: must be visible characters/],
     ['a request_id with a newline', { ...base, request_id: 'a\nb' }, /^request_id: /],
-    ['a summary with a bidi override', { ...base, summary: 'safe \u202egnp.exe' }, /^summary: must not contain control/],
+    [
+      'a summary with a bidi override',
+      { ...base, summary: 'safe \u202egnp.exe' },
+      /^summary: must not contain control/,
+    ],
     ['arguments past 16 KiB', { ...base, arguments: 'x'.repeat(16 * 1024 + 1) }, /^arguments: /],
-    ['arguments past 16 KiB in bytes', { ...base, arguments: 'é'.repeat(8 * 1024 + 1) }, /^arguments: must be at most 16384 bytes/],
+    [
+      'arguments past 16 KiB in bytes',
+      { ...base, arguments: 'é'.repeat(8 * 1024 + 1) },
+      /^arguments: must be at most 16384 bytes/,
+    ],
     ['arguments not a string', { ...base, arguments: { a: 1 } }, /^arguments: must be a string/],
     ['a digest not SHA-256 hex', { ...base, args_digest: 'abc' }, /^args_digest: must be 64 lowercase hex digits/],
     ['a policy version not hex', { ...base, policy_version: 'v1' }, /^policy_version: must be 16 to 64/],
-    ['expires_in_ms under 1 s', { ...base, expires_in_ms: 999 }, /^expires_in_ms: must be an integer from 1000 to 86400000/],
+    [
+      'expires_in_ms under 1 s',
+      { ...base, expires_in_ms: 999 },
+      /^expires_in_ms: must be an integer from 1000 to 86400000/,
+    ],
     ['expires_in_ms past 24 h', { ...base, expires_in_ms: 86_400_001 }, /^expires_in_ms: /],
     ['expires_in_ms a fraction', { ...base, expires_in_ms: 1500.5 }, /^expires_in_ms: /],
     ['expires_in_ms a string', { ...base, expires_in_ms: '60000' }, /^expires_in_ms: /],
@@ -320,7 +344,12 @@ t.test('curl: an operator approves from the command line', async (t) => {
   ]);
   const [body, status] = stdout.split('\n');
   t.equal(status, '200');
-  t.match(JSON.parse(body!), { id: a.id, status: 'approved', reason: 'checked with finance', decided_by: 'approver-a' });
+  t.match(JSON.parse(body!), {
+    id: a.id,
+    status: 'approved',
+    reason: 'checked with finance',
+    decided_by: 'approver-a',
+  });
 });
 
 t.test('a restart keeps every approval and its status', async (t) => {
