@@ -24,6 +24,7 @@ import { loadTls } from '../../core/tls.ts';
 import { BrokerOptionsError } from '../errors.ts';
 import { agentRoutes, type AgentIdentity, type AgentView } from './agent-routes.ts';
 import { approvalOperatorRoutes } from './approvals/operator-routes.ts';
+import { approvalsPage } from './approvals/page.ts';
 import { startApprovals, type ApprovalLoop } from './approvals/start.ts';
 import { startConvergence, type Convergence } from './convergence.ts';
 import type { BrokerBus, BrokerDeps } from './deps.ts';
@@ -254,6 +255,8 @@ export async function startBroker(input: Partial<BrokerOptions>, start: BrokerSt
       });
       await operatorApp.register(secretRoutes(deps), { prefix: '/api/v1' });
       await operatorApp.register(approvalOperatorRoutes(deps), { prefix: '/api/v1' });
+      // The approvals page for people (no data in it; it reads the routes above with a pasted token).
+      await operatorApp.register(approvalsPage);
     } else {
       operatorApp.addHook('onRequest', async (req, reply) => {
         if (req.url.startsWith('/api/v1'))
