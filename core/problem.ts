@@ -68,6 +68,8 @@ export const PROBLEMS = {
   headersTooLarge: entry('headers-too-large', 'The request header fields are too large', 431),
   controlPlaneUnavailable: entry('controlplane-unavailable', 'The control plane refused or did not answer', 502),
   controlPlaneNotConfigured: entry('no-controlplane', 'This enclave runs without a control plane', 503),
+  tooManyRequests: entry('too-many-requests', 'A limit on requests of this kind was reached', 429),
+  busy: entry('busy', 'The service is busy: retry shortly', 503),
 } as const satisfies Record<string, CatalogueEntry>;
 
 export function problemOf(e: CatalogueEntry, detail: string | undefined, instance?: string): Problem {
@@ -102,6 +104,8 @@ export function entryForStatus(status: number): CatalogueEntry {
       return PROBLEMS.headersTooLarge;
     case 404:
       return PROBLEMS.notFound;
+    case 429:
+      return PROBLEMS.tooManyRequests;
     default:
       return status >= 400 && status < 500 ? PROBLEMS.badRequest : PROBLEMS.internal;
   }

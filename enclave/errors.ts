@@ -56,3 +56,24 @@ export class AgentLoginUnavailableError extends coded('DVX_AGENT_LOGIN_UNAVAILAB
     this.retryAfterMs = options?.retryAfterMs;
   }
 }
+
+/**
+ * An approval request past a limit (10 pending per agent, 100 pending per org, 50 requests per agent per
+ * hour): answered 429 `approval rate limit exceeded`, and llmproxy denies the held call.
+ */
+export class ApprovalLimitError extends coded('DVX_BROKER_APPROVAL_LIMIT') {
+  readonly limit: string;
+  constructor(limit: string) {
+    super('approval rate limit exceeded');
+    this.limit = limit;
+  }
+}
+
+/** An approval that is no longer pending (decided, expired or cancelled) was decided or cancelled: answered 409. */
+export class ApprovalSettledError extends coded('DVX_BROKER_APPROVAL_SETTLED') {
+  readonly status: string;
+  constructor(id: string, status: string) {
+    super(`approval ${id} is ${status}, no longer pending`);
+    this.status = status;
+  }
+}

@@ -15,8 +15,15 @@ export interface Sealer {
   open(sealed: string): Promise<string>;
 }
 
-/** In-process change notifications: a secret was written (the new version), an agent's state changed. */
-export type BrokerBus = EventEmitter<{ secrets: [version: number]; agent: [uid: string] }>;
+/**
+ * In-process change notifications: a secret was written (the new version), an agent's state changed, an
+ * approval changed (its feed seq, id and org; approvals/feed.ts).
+ */
+export type BrokerBus = EventEmitter<{
+  secrets: [version: number];
+  agent: [uid: string];
+  approvals: [change: { seq: number; id: string; orgId: string }];
+}>;
 
 export interface BrokerDeps {
   db: Db;

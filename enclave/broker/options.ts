@@ -66,6 +66,8 @@ export interface BrokerOptions extends AuditOptions, ServerLimitOptions {
   auditStreamPollMs: number;
   /** How often an open stream re-checks its caller's grants with no grant change seen in this process. */
   streamRecheckMs: number;
+  /** How often the approvals' sweeper marks pending approvals past their expiry (approvals/sweeper.ts). */
+  approvalSweepMs: number;
 }
 
 export const BROKER_DEFAULTS: BrokerOptions = {
@@ -103,6 +105,7 @@ export const BROKER_DEFAULTS: BrokerOptions = {
   heartbeatMs: 30_000,
   auditStreamPollMs: 1000,
   streamRecheckMs: 5_000,
+  approvalSweepMs: 1000,
   ...AUDIT_DEFAULTS,
   ...SERVER_LIMIT_DEFAULTS,
 };
@@ -152,6 +155,7 @@ export function validateBrokerOptions(input: Partial<BrokerOptions>): BrokerOpti
     ['heartbeat', o.heartbeatMs],
     ['auditStreamPollMs', o.auditStreamPollMs],
     ['streamRecheckMs', o.streamRecheckMs],
+    ['approvalSweepMs', o.approvalSweepMs],
   ] as const)
     if (!(v > 0)) throw new BrokerOptionsError(`${name} must be positive`);
   if (o.keyRotation < 15 * 60_000)

@@ -11,6 +11,8 @@ import { formatSse, startSseResponse } from '../../core/sse.ts';
 import { StreamGuard, streamGuardDeps } from '../../core/stream-guard.ts';
 import { BrokerOptionsError } from '../errors.ts';
 import { refusalOf, getAgent } from './agents.ts';
+import { approvalSatelliteRoutes } from './approvals/satellite-routes.ts';
+import type { ApprovalWaits } from './approvals/waits.ts';
 import { auditRefusal } from './audit.ts';
 import type { BrokerDeps } from './deps.ts';
 import { satelliteSecrets, secretsVersion } from './secrets.ts';
@@ -22,6 +24,7 @@ import { satelliteSecrets, secretsVersion } from './secrets.ts';
 //   GET  /v1/satellite/events                        SSE: `event: secrets` `data: {"version":N}` at once and
 //                                                    after every change; `: heartbeat` every --heartbeat
 //   POST /v1/satellite/agents/{uid}/operator-token   the control plane's agent-operator token for the agent
+//   /v1/satellite/approvals…                         llmproxy's held tool calls (approvals/satellite-routes.ts)
 //
 // The token is the file --satellite-token-file (default <state-dir>/satellite-token), created 0600 with
 // 32 random bytes on first start; co-located satellites read the same file. It is compared by its
@@ -75,7 +78,10 @@ export async function satelliteToken(path: string, log: Logger): Promise<string>
   }
 }
 
-export async function satelliteRoutes(deps: BrokerDeps): Promise<(app: FastifyInstance) => Promise<void>> {
+export async function satelliteRoutes(
+  deps: BrokerDeps,
+  waits: ApprovalWaits,
+): Promise<(app: FastifyInstance) => Promise<void>> {
   const { db, options, log } = deps;
   const expected = sha256(await satelliteToken(options.satelliteTokenFile, log));
   const ca = options.caCert
@@ -114,6 +120,8 @@ export async function satelliteRoutes(deps: BrokerDeps): Promise<(app: FastifyIn
     app.addHook('onClose', async () => {
       await controlplane?.dispatcher.close();
     });
+
+    await app.register(approvalSatelliteRoutes(deps, waits));
 
     app.get('/v1/satellite/secrets', async (_req, reply) =>
       reply.header('cache-control', 'no-store').send(await satelliteSecrets(deps)),

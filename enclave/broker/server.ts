@@ -23,6 +23,9 @@ import { openDb, type Db } from '../../core/sql.ts';
 import { loadTls } from '../../core/tls.ts';
 import { BrokerOptionsError } from '../errors.ts';
 import { agentRoutes, type AgentIdentity, type AgentView } from './agent-routes.ts';
+import { approvalOperatorRoutes } from './approvals/operator-routes.ts';
+import { approvalsPage } from './approvals/page.ts';
+import { startApprovals, type ApprovalLoop } from './approvals/start.ts';
 import { startConvergence, type Convergence } from './convergence.ts';
 import type { BrokerBus, BrokerDeps } from './deps.ts';
 import { EnclaveCa } from './identity/enclave-ca.ts';
@@ -42,7 +45,9 @@ import { migrate } from './store/migrate.ts';
 //
 //   agent listener (--addr, :8450)         JWKS, /v1/agent/* (agent-routes.ts), /v1/satellite/* (satellites)
 //   operator listener (--operator-addr)    /api/v1/* behind --local-issuer tokens and the enclave's own
-//                                          grants: grants, secrets, the enclave's audit
+//                                          grants: grants, secrets, the enclave's audit, the approvals
+//   approvals                              held tool calls: their expiry, the satellites' long-polls
+//                                          (approvals/, docs/approvals.md)
 //   convergence                            the control plane's events and pulls → the broker's store,
 //                                          agent provisioning, status reports (convergence.ts)
 //
@@ -58,6 +63,8 @@ export interface RunningBroker {
   identity: AgentIdentity;
   /** The control plane followed: the last good snapshot and config, agents provisioned, statuses reported. */
   convergence: Convergence;
+  /** The approval loop: its expiry sweeper and the satellites' long-polls. */
+  approvals: ApprovalLoop;
   agentApp: FastifyInstance;
   operatorApp: FastifyInstance;
   close(): Promise<void>;
@@ -218,11 +225,15 @@ export async function startBroker(input: Partial<BrokerOptions>, start: BrokerSt
       view: start.agentView ?? storeAgentView(deps, () => convergence.config()),
     };
 
+    // The approval loop (its routes on both listeners); closed after them.
+    const approvals = startApprovals(deps);
+    cleanups.push(() => approvals.close());
+
     // The agent listener.
     const agentApp = await listener('broker', options, tls, registry, log);
     cleanups.push(() => agentApp.close());
     await agentApp.register(agentRoutes(deps, identity));
-    await agentApp.register(await satelliteRoutes(deps));
+    await agentApp.register(await satelliteRoutes(deps, approvals.waits));
     notFound(agentApp);
 
     // The operator listener: without --local-issuer no operator can authenticate, and every /api/v1
@@ -243,6 +254,9 @@ export async function startBroker(input: Partial<BrokerOptions>, start: BrokerSt
         prefix: '/api/v1',
       });
       await operatorApp.register(secretRoutes(deps), { prefix: '/api/v1' });
+      await operatorApp.register(approvalOperatorRoutes(deps), { prefix: '/api/v1' });
+      // The approvals page for people (no data in it; it reads the routes above with a pasted token).
+      await operatorApp.register(approvalsPage);
     } else {
       operatorApp.addHook('onRequest', async (req, reply) => {
         if (req.url.startsWith('/api/v1'))
@@ -285,6 +299,7 @@ export async function startBroker(input: Partial<BrokerOptions>, start: BrokerSt
       deps,
       identity,
       convergence,
+      approvals,
       agentApp,
       operatorApp,
       close: () => (closed ??= closeAll()),

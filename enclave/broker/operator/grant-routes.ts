@@ -20,7 +20,8 @@ import { brokerRole, deleteGrant, grantsChanged, insertGrant, isBrokerCapability
 //   GET    /api/v1/grants        → [grantView {id, principal, role, capability, scope_kind: "org", org_id}]
 //   POST   /api/v1/grants        {principal, role | capability} → 201 grantView; 409 when identical
 //   DELETE /api/v1/grants/{id}   → 204; 404 when the org has no such grant
-// Roles: admin (every broker capability), auditor (audit:read, audit:read:all), member (audit:read).
+// Roles: admin (every broker capability), auditor (audit:read, audit:read:all, approvals:read), member
+// (audit:read), approver (approvals:read, approvals:decide).
 // A caller confers only what it holds. Every change is audited before it is committed.
 
 const GRANT_VIEW = viewSchema('brokerGrantView', {

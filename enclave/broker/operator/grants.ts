@@ -5,16 +5,27 @@ import type { Queryable } from '../../../core/sql.ts';
 // The broker authorizes its operator listener from these alone (never from the control plane's
 // grants): --seed-admin's subjects get `admin` over the owning org at start; an admin grants the rest.
 // Principals: `user:<subject>` (the local issuer's `sub`) or `group:<org>:<group>` (its groups claim).
+// Roles: admin (everything), auditor (reads: the audit, the approvals), member (its own audit records),
+// approver (the approvals: read and decide). Deciding a held tool call is granted on purpose, never by
+// membership alone (docs/approvals.md).
 
-export const BROKER_CAPABILITIES = ['audit:read', 'audit:read:all', 'secrets:manage', 'members:*'] as const;
+export const BROKER_CAPABILITIES = [
+  'audit:read',
+  'audit:read:all',
+  'secrets:manage',
+  'members:*',
+  'approvals:read',
+  'approvals:decide',
+] as const;
 export type BrokerCapability = (typeof BROKER_CAPABILITIES)[number];
 
 /** Looked up by names callers send, without a prototype (a role named `constructor` is just unknown). */
 export const BROKER_ROLES: Readonly<Record<string, readonly BrokerCapability[]>> = Object.freeze(
   Object.assign(dict<readonly BrokerCapability[]>(), {
     admin: BROKER_CAPABILITIES,
-    auditor: ['audit:read', 'audit:read:all'],
+    auditor: ['audit:read', 'audit:read:all', 'approvals:read'],
     member: ['audit:read'],
+    approver: ['approvals:read', 'approvals:decide'],
   } satisfies Record<string, readonly BrokerCapability[]>),
 );
 

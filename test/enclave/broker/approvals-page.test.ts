@@ -1,0 +1,147 @@
+import t from 'tap';
+import { chromium, type Browser } from 'playwright-core';
+import { startBrokerHarness } from '../../fixtures/broker-harness.ts';
+import { until } from '../../fixtures/eventually.ts';
+import { approvalRequest, satelliteTokenOf } from './approvals-fixture.ts';
+import { addAgent } from './secrets-fixture.ts';
+
+// The approvals page in a real browser (Debian's chromium, headless, driven by playwright-core): an
+// operator pastes a token; a pending call appears without a reload, with its arguments pretty-printed
+// and a countdown; clicking approve decides it (the broker says approved, the page shows it). The page
+// loads nothing but itself and the broker's API, under a strict CSP (a violation would be reported).
+
+const CHROMIUM = '/usr/bin/chromium';
+const h = await startBrokerHarness({ seedAdmin: ['admin-a'] }, [
+  { clientId: 'admin-a', org: 'org-a', human: true },
+  { clientId: 'member-a', org: 'org-a', human: true },
+]);
+t.teardown(() => h.close());
+const token = await satelliteTokenOf(h);
+await addAgent(h, 'agent-1', 'org-a', null);
+
+let browser: Browser;
+try {
+  browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    args: [
+      '--headless',
+      '--no-sandbox',
+      '--disable-gpu',
+      '--disable-quic',
+      '--no-first-run',
+      '--disable-background-networking',
+      '--disable-component-update',
+      '--disable-sync',
+    ],
+  });
+} catch (err) {
+  if (process.env.CI) throw err;
+  t.plan(0, `no chromium at ${CHROMIUM}: ${(err as Error).message.split('\n')[0]}`);
+  process.exit(0);
+}
+t.teardown(() => browser.close());
+
+t.test('the page: strict headers, no data without a token', async (t) => {
+  const res = await h.operator(null, 'GET', '/approvals');
+  t.equal(res.status, 200);
+  t.match(res.type, /^text\/html/);
+  const csp = String(res.headers['content-security-policy']);
+  t.match(csp, /default-src 'none'/);
+  t.match(csp, /script-src 'sha256-[A-Za-z0-9+/=]+'/);
+  t.notMatch(csp, /unsafe-inline|unsafe-eval|https?:/, 'no inline allowance, no other origin');
+  t.equal(res.headers['x-frame-options'], 'DENY');
+  t.notMatch(res.body, /src=|href=/, 'nothing to load');
+});
+
+t.test('a pending call appears live; approve decides it', async (t) => {
+  const context = await browser.newContext({ ignoreHTTPSErrors: true });
+  t.teardown(() => context.close());
+  const page = await context.newPage();
+  const origin = `https://127.0.0.1:${h.broker.operatorPort}`;
+  const elsewhere: string[] = [];
+  const problems: string[] = [];
+  page.on('request', (r) => {
+    if (!r.url().startsWith(origin)) elsewhere.push(r.url());
+  });
+  page.on('console', (m) => {
+    if (m.type() === 'error') problems.push(m.text());
+  });
+  page.on('pageerror', (e) => problems.push(e.message));
+  await page.goto(`${origin}/approvals`);
+  await page.fill('#token', await h.issuer!.token('admin-a'));
+  await page.click('#save');
+  await page.waitForFunction("document.querySelector('#state')?.textContent === 'live'");
+
+  // One made before the page listed, one after: both appear without a reload.
+  const first = (
+    await h.agent(
+      'POST',
+      '/v1/satellite/approvals',
+      approvalRequest('org-a', 'agent-1', {
+        tool: 'delete_repo',
+        arguments: JSON.stringify({ repo: 'acme/prod', force: true }),
+      }),
+      token,
+    )
+  ).body;
+  const card = page.locator(`[data-id="${first.id}"]`);
+  await card.waitFor({ timeout: 10_000 });
+  t.equal(await card.getAttribute('data-status'), 'pending');
+  t.match(await card.locator('h2').textContent(), /delete_repo/);
+  t.equal(
+    await card.locator('pre.arguments').textContent(),
+    JSON.stringify({ repo: 'acme/prod', force: true }, null, 2),
+    'the arguments pretty-printed',
+  );
+  t.match(await card.textContent(), /transfers above 100 need a person/, 'the rule summary');
+  t.match(await card.locator('.countdown').textContent(), /^expires in (1m 0s|\d+s)$/, 'a countdown');
+
+  await card.locator('input.reason').fill('looked at it');
+  await card.locator('button.approve').click();
+  t.ok(
+    await until(
+      async () => (await h.operator('admin-a', 'GET', `/api/v1/approvals/${first.id}`)).body.status === 'approved',
+    ),
+    'the broker has it approved',
+  );
+  const decided = page.locator(`[data-id="${first.id}"][data-status="approved"]`);
+  await decided.waitFor({ timeout: 10_000 });
+  t.match(await decided.textContent(), /approved.*by admin-a — looked at it/);
+  t.match((await h.operator('admin-a', 'GET', `/api/v1/approvals/${first.id}`)).body, {
+    reason: 'looked at it',
+    decided_by: 'admin-a',
+  });
+
+  // A decision made elsewhere reaches the page through the feed.
+  // Markup in what a call carries is shown as text, never run or loaded.
+  const markup = '<img src=/x onerror="document.title=1"><b>bold</b>';
+  const second = (
+    await h.agent(
+      'POST',
+      '/v1/satellite/approvals',
+      approvalRequest('org-a', 'agent-1', { summary: markup, arguments: JSON.stringify({ html: markup }) }),
+      token,
+    )
+  ).body;
+  const held = page.locator(`[data-id="${second.id}"][data-status="pending"]`);
+  await held.waitFor({ timeout: 10_000 });
+  t.match(await held.textContent(), markup, 'the markup as text');
+  t.equal(await held.locator('img, b').count(), 0, 'no element made from it');
+  t.equal(await page.title(), 'dvx approvals');
+  await h.operator('admin-a', 'POST', `/api/v1/approvals/${second.id}/deny`, { reason: 'no' });
+  await page.locator(`[data-id="${second.id}"][data-status="denied"]`).waitFor({ timeout: 10_000 });
+
+  t.same(elsewhere, [], 'no request to another origin');
+  t.same(problems, [], 'no script error, no CSP violation');
+});
+
+t.test('a token without approvals:read is told so', async (t) => {
+  const context = await browser.newContext({ ignoreHTTPSErrors: true });
+  t.teardown(() => context.close());
+  const page = await context.newPage();
+  await page.goto(`https://127.0.0.1:${h.broker.operatorPort}/approvals`);
+  await page.fill('#token', await h.issuer!.token('member-a'));
+  await page.click('#save');
+  await page.waitForFunction("/feed refused/.test(document.querySelector('#state')?.textContent ?? '')");
+  t.match(await page.textContent('#state'), /requires approvals:read/);
+});
