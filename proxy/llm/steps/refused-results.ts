@@ -22,7 +22,12 @@ import type { ToolCall } from '../tools/types.ts';
 // whose answers were never rewritten costs one Map lookup. Chat Completions holds no state; a
 // translated call (--translate) forwards no state either: neither is touched.
 
-/** Records a rewritten answer's refused calls when the request asked the provider to hold the conversation. */
+/**
+ * Records refused calls of a rewritten answer (its `id` as the agent sees it) when the request asked
+ * the provider to hold the conversation. Called by the plain relay once per answer, and by the stream
+ * gate as each call is refused (calls add up per answer). Must run before the answer's last byte
+ * leaves, so the agent's next turn finds them. `custom`: a Responses `custom_tool_call`.
+ */
 export function rememberRefusals(
   ctx: CallContext,
   answerId: string | null,

@@ -77,10 +77,19 @@ export class RefusalMemory {
     return this.#perAgent.has(agentId);
   }
 
-  /** Remembers an answer's refused calls (replacing what was remembered for that answer). */
-  remember(agentId: string, answerId: string, refusals: readonly RememberedRefusal[]): void {
-    if (refusals.length === 0 || answerId === '') return;
+  /**
+   * Remembers refused calls of an answer, added to those already remembered for it (a stream reports
+   * them one by one, as each is decided); a call remembered again replaces its first record.
+   */
+  remember(agentId: string, answerId: string, more: readonly RememberedRefusal[]): void {
+    if (more.length === 0 || answerId === '') return;
     const key = keyOf(agentId, answerId);
+    const known = this.#entries.get(key);
+    let refusals = more;
+    if (known !== undefined && known.expires > this.#now()) {
+      const again = new Set(more.map((m) => m.callId));
+      refusals = [...known.refusals.filter((r) => !again.has(r.callId)), ...more];
+    }
     this.#delete(key);
     let bytes = ENTRY_OVERHEAD_BYTES + 2 * key.length;
     for (const r of refusals) bytes += 2 * (r.callId.length + r.tool.length + r.message.length) + 64;

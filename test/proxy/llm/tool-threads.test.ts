@@ -416,3 +416,18 @@ t.test('the memory is bounded: a continuation of an evicted answer reaches the p
     t.equal(kept.status, 200, `${id} is still remembered`);
   }
 });
+
+t.test('the results must fit the 32 MB bound of a body', async (t) => {
+  const client = h.openai(await h.token());
+  const first = await client.responses.create(
+    { model: 'gpt-4o', input: 'Clean up.' },
+    { headers: script([{ name: 'delete_file', input: { path: '/' } }]) },
+  );
+  const head = `{"model":"gpt-4o","previous_response_id":${JSON.stringify(first.id)},"input":"`;
+  const body = `${head}${'a'.repeat(32 * 1024 * 1024 - head.length - 2)}"}`;
+  t.equal(Buffer.byteLength(body), 32 * 1024 * 1024, 'a body at the bound');
+  const before = h.upstream.received.length;
+  const res = await post(h, '/v1/responses', body);
+  t.equal(res.status, 413, 'past it with the results added: refused, not cut');
+  t.equal(h.upstream.received.length, before, 'nothing reached the provider');
+});

@@ -53,10 +53,13 @@ t.test('bounded by answers: the least recently used goes first', async (t) => {
   t.equal(m.evictions, 1);
   t.equal(m.recall('agent-1', 'b'), null, 'b, the least recently used, is gone');
   for (const id of ['a', 'c', 'd']) t.ok(m.recall('agent-1', id), `${id} kept`);
-  // Remembering an answer again replaces it, no second entry.
+  // More refusals of an answer are added to it (a stream reports them one by one), no second entry;
+  // a call remembered again replaces its first record.
   m.remember('agent-1', 'd', [refusal('d2')]);
   t.equal(m.size, 3);
-  t.same(m.recall('agent-1', 'd'), [refusal('d2')]);
+  t.same(m.recall('agent-1', 'd'), [refusal('d'), refusal('d2')]);
+  m.remember('agent-1', 'd', [refusal('d', 'again')]);
+  t.same(m.recall('agent-1', 'd'), [refusal('d2'), refusal('d', 'again')]);
 });
 
 t.test('bounded by bytes', async (t) => {
