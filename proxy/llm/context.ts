@@ -16,6 +16,7 @@ import type { AgentAuthenticator, AgentIdentity } from './auth.ts';
 import type { ProxyMetrics } from './metrics.ts';
 import type { LlmProxyOptions } from './options.ts';
 import type { SecretSource } from './secrets-file.ts';
+import type { RefusalMemory } from './tools/refusal-memory.ts';
 import type { Decide } from './tools/types.ts';
 import type { UpstreamAnswer } from './upstream.ts';
 import type { TokenUsage } from './usage.ts';
@@ -40,6 +41,11 @@ export interface ProxyDeps {
   log: Logger;
   metrics: ProxyMetrics;
   version: string;
+  /**
+   * The refused tool calls of rewritten answers, per agent and answer id, for the conversations a
+   * provider holds (steps/refused-results.ts); per process, bounded.
+   */
+  refusals: RefusalMemory;
   /** Answers wait for their record (audit, then replay); capture-or-deny only with a durable sink. */
   capture: Omit<CaptureOptions, 'log'>;
   /**

@@ -12,6 +12,7 @@ import { inspectRequest } from './steps/inspect-request.ts';
 import { modelPolicy, providerPolicy } from './steps/llm-policy.ts';
 import { prefix } from './steps/prefix.ts';
 import { readBody } from './steps/read-body.ts';
+import { refusedResults } from './steps/refused-results.ts';
 import { relay } from './steps/relay.ts';
 import { route } from './steps/route.ts';
 import { toolPolicy } from './steps/tool-policy.ts';
@@ -23,7 +24,8 @@ export type { ProxyDeps } from './context.ts';
 // steps"), each reading and filling the call's context (context.ts):
 //
 //   authenticate ─▶ admit (agent state, tier, governance) ─▶ route ─▶ provider policy
-//     ─▶ read body (≤ 32 MB) ─▶ [translate] ─▶ prefix ─▶ model policy (governance llm_policy: 403)
+//     ─▶ read body (≤ 32 MB) ─▶ [translate] ─▶ refused results (a server-held conversation's refused
+//        tool calls answered: steps/refused-results.ts) ─▶ prefix ─▶ model policy (governance llm_policy: 403)
 //     ─▶ inspect request (403 block │ 503 fail-closed) ─▶ credential
 //     ─▶ tool policy (the call's Decide for its answer's tool calls, or none) ─▶ forward (undici)
 //     ─▶ relay: stream    events pass through as they arrive [translated], a copy feeds the response
@@ -43,6 +45,7 @@ const STEPS: readonly Step[] = [
   providerPolicy,
   readBody,
   translate,
+  refusedResults,
   prefix,
   modelPolicy,
   inspectRequest,

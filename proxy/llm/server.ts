@@ -22,6 +22,7 @@ import { ApprovalsClient } from './approvals-client.ts';
 import { AgentAuthenticator, jwksFromDocument, jwksFromUrl } from './auth.ts';
 import { clientErrorAnswer, OptionsError } from './errors.ts';
 import { proxyMetrics } from './metrics.ts';
+import { RefusalMemory, type RefusalMemoryOptions } from './tools/refusal-memory.ts';
 import { validateOptions, type LlmProxyOptions } from './options.ts';
 import { LlmProxy, type ProxyDeps } from './proxy.ts';
 import { SecretBroker } from './secret-broker.ts';
@@ -52,6 +53,8 @@ export interface StartOptions {
   inspectWorker?: URL;
   /** Decides the calls' tool calls in place of the caller's llm_policy (ProxyDeps.toolDecider). */
   toolDecider?: ProxyDeps['toolDecider'];
+  /** Bounds of the refused-calls memory (tools/refusal-memory.ts); the defaults otherwise. */
+  refusalMemory?: RefusalMemoryOptions;
 }
 
 export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: StartOptions = {}): Promise<RunningProxy> {
@@ -183,6 +186,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
     approvals,
     log,
     metrics: proxyMetrics(registry),
+    refusals: new RefusalMemory(start.refusalMemory),
     version: pkg.version,
     // Every answer waits for its record; only a durable sink can refuse one (capture-or-deny).
     capture: { captureOrDeny: durableAudit && options.auditCaptureOrDeny, timeoutMs: options.auditCaptureTimeout },

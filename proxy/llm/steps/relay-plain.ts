@@ -9,6 +9,7 @@ import { usageOf } from '../usage.ts';
 import { deliver } from './audit.ts';
 import { upstreamFailed } from './forward.ts';
 import { inspectResponse } from './inspect-response.ts';
+import { rememberRefusals } from './refused-results.ts';
 
 // A plain answer: held, inspected (observe-only), [translated], its record written, then replayed byte
 // for byte. A tool policy decides here, on the held answer, before anything is written: an answer
@@ -59,7 +60,11 @@ export async function relayPlain(ctx: CallContext): Promise<void> {
       d.log.warn({ request_id: ctx.id }, ctx.error);
       throw new Refusal(ERRORS.upstreamFailed, null);
     }
-    if (decided.kind === 'rewritten') out = decided.body;
+    if (decided.kind === 'rewritten') {
+      out = decided.body;
+      // A provider holding the conversation keeps the refused calls: their results go in the next turn.
+      rememberRefusals(ctx, decided.answerId, decided.refusedCalls);
+    }
   }
   // The whole answer is here: sent with its length (not chunked encoding), once its record is written.
   const headers = { ...agentHeaders(answer.headers), 'content-length': String(out.length) };

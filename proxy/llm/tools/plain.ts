@@ -26,12 +26,30 @@ export const PLAIN_CODECS: Readonly<Record<WireFormat, PlainToolCodec>> = {
 export type PlainDecision =
   /** No call refused (or none at all): send the answer as it came. */
   | { kind: 'untouched'; calls: number }
-  /** Some refused: send `body` instead. */
-  | { kind: 'rewritten'; body: Buffer; calls: number; refused: number }
+  /**
+   * Some refused: send `body` instead. `refusedCalls`, with the answer's `id` (`answerId`, null when it
+   * has none), is what a server-held conversation must be answered with (steps/refused-results.ts).
+   */
+  | {
+      kind: 'rewritten';
+      body: Buffer;
+      calls: number;
+      refused: number;
+      answerId: string | null;
+      refusedCalls: RefusedCall[];
+    }
   /** The answer is not a JSON object: its calls cannot be found (the caller fails closed). */
   | { kind: 'unreadable'; why: string }
   /** The agent's connection closed before every call was decided. */
   | { kind: 'gone' };
+
+/** A refused call and the denial the agent read in its place. */
+export interface RefusedCall {
+  call: ToolCall;
+  message: string;
+  /** A Responses `custom_tool_call` (its result is a `custom_tool_call_output`). */
+  custom?: boolean;
+}
 
 export async function decidePlainAnswer(
   format: WireFormat,
@@ -54,8 +72,15 @@ export async function decidePlainAnswer(
   const verdicts = await untilClosed(res, Promise.all(calls.map((call) => decideSafely(decide, call))));
   if (verdicts === null) return { kind: 'gone' };
   const refused = new Map<number, string>();
+  const refusedCalls: RefusedCall[] = [];
   verdicts.forEach((v, i) => {
-    if (!v.allow) refused.set(calls[i].seq, v.message);
+    if (v.allow) return;
+    refused.set(calls[i].seq, v.message);
+    refusedCalls.push({
+      call: calls[i],
+      message: v.message,
+      ...(isCustomCall(format, answer, calls[i]) ? { custom: true } : {}),
+    });
   });
   if (refused.size === 0) return { kind: 'untouched', calls: calls.length };
   const rewritten = codec.rewrite(answer as AnswerJson, refused);
@@ -64,7 +89,25 @@ export async function decidePlainAnswer(
     body: Buffer.from(JSON.stringify(rewritten)),
     calls: calls.length,
     refused: refused.size,
+    answerId: typeof (answer as AnswerJson).id === 'string' ? ((answer as AnswerJson).id as string) : null,
+    refusedCalls,
   };
+}
+
+/** Whether a Responses call is a `custom_tool_call` item (its result has its own item type). */
+function isCustomCall(format: WireFormat, answer: unknown, call: ToolCall): boolean {
+  if (format !== 'openai-responses') return false;
+  const output = (answer as AnswerJson).output;
+  return (
+    Array.isArray(output) &&
+    output.some(
+      (item: unknown) =>
+        item !== null &&
+        typeof item === 'object' &&
+        (item as AnswerJson).type === 'custom_tool_call' &&
+        (item as AnswerJson).call_id === call.id,
+    )
+  );
 }
 
 /** Decide never rejects by contract; should one anyway, the call is refused (fail closed), never run. */
