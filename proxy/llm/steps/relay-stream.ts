@@ -9,6 +9,7 @@ import { agentHeaders } from '../upstream.ts';
 import { usageOf } from '../usage.ts';
 import { deliver } from './audit.ts';
 import { inspectResponse } from './inspect-response.ts';
+import { rememberRefusals } from './refused-results.ts';
 
 // SSE: events go to the agent as they arrive [translated]; the same bytes feed the response pipeline
 // at the end; the final event waits for the audit record (final-event.ts). With a tool policy
@@ -32,7 +33,10 @@ export async function relayStream(ctx: CallContext): Promise<void> {
     tail = translator && !res.destroyed ? Buffer.from(translator.end()) : Buffer.alloc(0);
     if (guard) tail = Buffer.concat([guard.push(tail), guard.rest()]);
   } else {
-    const gate = streamToolGate(format, ctx.decideTool, { disclosure: ctx.d.options.inspectionDisclosure });
+    const gate = streamToolGate(format, ctx.decideTool, {
+      disclosure: ctx.d.options.inspectionDisclosure,
+      onRefused: ({ answerId, call, message, custom }) => rememberRefusals(ctx, answerId, [{ call, message, custom }]),
+    });
     const translation = translator && {
       push: (chunk: Buffer) => Buffer.from(translator.push(chunk)),
       end: () => Buffer.from(translator.end()),

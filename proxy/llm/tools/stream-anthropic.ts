@@ -30,6 +30,8 @@ export class AnthropicToolStream implements StreamToolFormat {
   /** Stopped tool_use blocks by content index, and the deltas that came for them after. */
   #closed = new Map<number, number>();
   #late = new WeakSet<SseFrame>();
+  /** The message's id, from message_start. */
+  answerId: string | null = null;
 
   read(frame: SseFrame, calls: CallTracker): readonly number[] {
     const e = objectOf(frame);
@@ -80,6 +82,8 @@ export class AnthropicToolStream implements StreamToolFormat {
    * streamed as a block, so it is refused (the API sends `content: []`).
    */
   #readStart(e: Record<string, unknown>, calls: CallTracker): readonly number[] {
+    const id = (e.message as Record<string, unknown> | undefined)?.id;
+    if (this.answerId === null && typeof id === 'string') this.answerId = id;
     const content = (e.message as Record<string, unknown> | undefined)?.content;
     if (!Array.isArray(content)) return NONE;
     const seqs: number[] = [];

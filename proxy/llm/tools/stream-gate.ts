@@ -52,6 +52,10 @@ export interface StreamToolFormat {
    * when nothing changes. Called once per event, in order, so it may count what went out.
    */
   render(frame: SseFrame, seqs: readonly number[], calls: readonly CallOutcome[]): Buffer;
+  /** The answer's id once an event has named it (Anthropic message, Responses response); chat has none. */
+  readonly answerId?: string | null;
+  /** Whether call `seq` is a free-text custom tool call (Responses `custom_tool_call`). */
+  isCustom?(seq: number): boolean;
 }
 
 export interface StreamGateOptions {
@@ -65,6 +69,12 @@ export interface StreamGateOptions {
   maxHeldBytes?: number;
   /** How the gate words a refusal of its own (overflow, an inconsistent answer): --inspection-disclosure. */
   disclosure?: Disclosure;
+  /**
+   * Told of each refused call as it is refused, before its denial can go out (with the answer's id):
+   * a provider holding the conversation gets the refusal as an error tool result on the next turn
+   * (steps/refused-results.ts).
+   */
+  onRefused?: (refused: { answerId: string | null; call: ToolCall; message: string; custom: boolean }) => void;
 }
 
 export const DEFAULT_KEEP_ALIVE_MS = 15_000;
@@ -75,6 +85,7 @@ export class StreamGate {
   readonly #keepAliveMs: number;
   readonly #maxHeld: number;
   readonly #refusal: (call: ToolCall, reason: string) => string;
+  readonly #onRefused: StreamGateOptions['onRefused'];
   readonly #framer = new SseFramer();
   readonly #calls: CallOutcome[] = [];
   readonly #tracker: CallTracker;
@@ -97,6 +108,7 @@ export class StreamGate {
     this.#maxHeld = options.maxHeldBytes ?? MAX_BODY_BYTES;
     const disclosure = options.disclosure ?? 'detailed';
     this.#refusal = (call, reason) => denialMessage(call, reason, disclosure);
+    this.#onRefused = options.onRefused;
     const calls = this.#calls;
     this.#tracker = {
       calls,
@@ -108,6 +120,7 @@ export class StreamGate {
         c.call = { seq, ...call };
         c.state = 'refused';
         c.message = this.#refusal(c.call, reason);
+        this.#refused(c);
       },
     };
   }
@@ -217,7 +230,15 @@ export class StreamGate {
       : typeof verdict?.message === 'string' && verdict.message !== ''
         ? verdict.message
         : this.#refusal(c.call!, 'refused by policy');
+    if (!allow) this.#refused(c);
     this.#settle();
+  }
+
+  /** Tells onRefused of a call just refused. */
+  #refused(c: CallOutcome): void {
+    if (this.#onRefused === undefined || c.call === null) return;
+    const custom = this.#format.isCustom?.(c.call.seq) ?? false;
+    this.#onRefused({ answerId: this.#format.answerId ?? null, call: c.call, message: c.message, custom });
   }
 
   /** Releases held events from the front as far as decisions allow; keeps the keep-alive to what is held. */
@@ -248,6 +269,7 @@ export class StreamGate {
       else if (c.state === 'deciding') {
         c.state = 'refused';
         c.message = this.#refusal(c.call!, `the answer held for its decision exceeded ${this.#maxHeld} bytes`);
+        this.#refused(c);
       }
     }
     this.#settle();

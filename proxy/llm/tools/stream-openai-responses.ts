@@ -56,6 +56,12 @@ export class ResponsesToolStream implements StreamToolFormat {
   #late = new WeakSet<SseFrame>();
   /** Events out minus events in so far: added to upstream sequence numbers. */
   #shift = 0;
+  /** The response's id, from its first response event. */
+  answerId: string | null = null;
+
+  isCustom(seq: number): boolean {
+    return this.#calls[seq]?.item.type === 'custom_tool_call';
+  }
 
   read(frame: SseFrame, calls: CallTracker): readonly number[] {
     const e = objectOf(frame);
@@ -113,6 +119,8 @@ export class ResponsesToolStream implements StreamToolFormat {
 
   /** A response object: each function_call item in its output must be a decided call, as decided. */
   #readResponse(frame: SseFrame, e: Obj, calls: CallTracker): readonly number[] {
+    const id = (e.response as Obj | undefined)?.id;
+    if (this.answerId === null && typeof id === 'string') this.answerId = id;
     const output = (e.response as Obj | undefined)?.output;
     if (!Array.isArray(output)) return NONE;
     let seqs: number[] | null = null;

@@ -290,73 +290,83 @@ t.test('bodies with prototype keys', async (t) => {
   }
 });
 
-t.test('OpenAI Agents SDK with previousResponseId: the refused call is answered by an error output', async (t) => {
-  const ran: string[] = [];
-  const plain = h.openai(await h.token());
-  // The chain's first answer, a text one: the run continues it.
-  const primer = await plain.responses.create({ model: 'gpt-4o', input: 'Hello.' });
-  const client = plain.withOptions({
-    defaultHeaders: script([
-      { name: 'get_weather', input: { city: 'Oslo' } },
-      { name: 'delete_file', input: { path: '/srv/data' } },
-    ]),
-  });
-  const agent = new Agent({
-    name: 'ops agent',
-    instructions: 'Help.',
-    model: new OpenAIResponsesModel(client as never, 'gpt-4o'),
-    tools: [
-      tool({
-        name: 'get_weather',
-        description: 'Weather of a city',
-        parameters: {
-          type: 'object',
-          properties: { city: { type: 'string' } },
-          required: ['city'],
-          additionalProperties: false,
-        },
-        strict: true,
-        execute: async (input) => {
-          ran.push(`get_weather:${(input as { city: string }).city}`);
-          return 'cold';
-        },
-      }),
-      tool({
-        name: 'delete_file',
-        description: 'Deletes a file',
-        parameters: {
-          type: 'object',
-          properties: { path: { type: 'string' } },
-          required: ['path'],
-          additionalProperties: false,
-        },
-        strict: true,
-        execute: async (input) => {
-          ran.push(`delete_file:${(input as { path: string }).path}`);
-          return 'deleted';
-        },
-      }),
-    ],
-  });
-  const before = h.upstream.received.length;
-  const result = await run(agent, 'Weather in Oslo, then clean up.', { previousResponseId: primer.id });
-  t.same(ran, ['get_weather:Oslo'], 'only the allowed tool ran');
-  t.equal(result.finalOutput, 'On it.', "the loop ended on the model's text");
-  const turns = h.upstream.received.slice(before);
-  t.equal(turns.length, 2);
-  t.equal(turns[0].body!.previous_response_id, primer.id, 'the run continues the chain');
-  t.ok(String(turns[1].body!.previous_response_id).startsWith('resp_held_'), 'and its own answer');
-  const input = turns[1].body!.input as { type: string; call_id?: string; output?: unknown }[];
-  t.same(
-    input.map((i) => [i.type, i.call_id]),
-    [
-      ['function_call_output', 'call_2'],
-      ['function_call_output', 'call_1'],
-    ],
-    'only the new items are sent: the refusal first, then the allowed call’s output',
+for (const stream of [false, true])
+  t.test(
+    `OpenAI Agents SDK with previousResponseId${stream ? ', streamed' : ''}: the refused call is answered by an error output`,
+    async (t) => {
+      const ran: string[] = [];
+      const plain = h.openai(await h.token());
+      // The chain's first answer, a text one: the run continues it.
+      const primer = await plain.responses.create({ model: 'gpt-4o', input: 'Hello.' });
+      const client = plain.withOptions({
+        defaultHeaders: script([
+          { name: 'get_weather', input: { city: 'Oslo' } },
+          { name: 'delete_file', input: { path: '/srv/data' } },
+        ]),
+      });
+      const agent = new Agent({
+        name: 'ops agent',
+        instructions: 'Help.',
+        model: new OpenAIResponsesModel(client as never, 'gpt-4o'),
+        tools: [
+          tool({
+            name: 'get_weather',
+            description: 'Weather of a city',
+            parameters: {
+              type: 'object',
+              properties: { city: { type: 'string' } },
+              required: ['city'],
+              additionalProperties: false,
+            },
+            strict: true,
+            execute: async (input) => {
+              ran.push(`get_weather:${(input as { city: string }).city}`);
+              return 'cold';
+            },
+          }),
+          tool({
+            name: 'delete_file',
+            description: 'Deletes a file',
+            parameters: {
+              type: 'object',
+              properties: { path: { type: 'string' } },
+              required: ['path'],
+              additionalProperties: false,
+            },
+            strict: true,
+            execute: async (input) => {
+              ran.push(`delete_file:${(input as { path: string }).path}`);
+              return 'deleted';
+            },
+          }),
+        ],
+      });
+      const before = h.upstream.received.length;
+      const result = stream
+        ? await run(agent, 'Weather in Oslo, then clean up.', { previousResponseId: primer.id, stream: true })
+        : await run(agent, 'Weather in Oslo, then clean up.', { previousResponseId: primer.id });
+      if (stream) {
+        for await (const _ of result as AsyncIterable<unknown>);
+        await (result as { completed: Promise<void> }).completed;
+      }
+      t.same(ran, ['get_weather:Oslo'], 'only the allowed tool ran');
+      t.equal(result.finalOutput, 'On it.', "the loop ended on the model's text");
+      const turns = h.upstream.received.slice(before);
+      t.equal(turns.length, 2);
+      t.equal(turns[0].body!.previous_response_id, primer.id, 'the run continues the chain');
+      t.ok(String(turns[1].body!.previous_response_id).startsWith('resp_held_'), 'and its own answer');
+      const input = turns[1].body!.input as { type: string; call_id?: string; output?: unknown }[];
+      t.same(
+        input.map((i) => [i.type, i.call_id]),
+        [
+          ['function_call_output', 'call_2'],
+          ['function_call_output', 'call_1'],
+        ],
+        'only the new items are sent: the refusal first, then the allowed call’s output',
+      );
+      t.match(input[0].output, DENIAL);
+    },
   );
-  t.match(input[0].output, DENIAL);
-});
 
 t.test('Responses with previous_response_id: a string input becomes an item list', async (t) => {
   const client = h.openai(await h.token());
