@@ -37,6 +37,23 @@ export function passThroughFormat(path: string, headers: IncomingHttpHeaders): W
   return path.startsWith('/v1/responses') ? 'openai-responses' : 'openai-chat';
 }
 
+/**
+ * An Anthropic request's `thread` (server-held conversation state) when it is one: `{type: "create"}`
+ * or `{type: "continue", previous_message_id}`; null otherwise.
+ */
+export function anthropicThread(body: Buffer): Record<string, unknown> | null {
+  const found = topLevel(body, 'thread');
+  if (!found?.value || body[found.value.start] !== 0x7b) return null;
+  try {
+    const thread: unknown = JSON.parse(body.toString('utf8', found.value.start, found.value.end));
+    if (thread === null || typeof thread !== 'object' || Array.isArray(thread)) return null;
+    const type = (thread as Record<string, unknown>).type;
+    return type === 'create' || type === 'continue' ? (thread as Record<string, unknown>) : null;
+  } catch {
+    return null;
+  }
+}
+
 export function isAnthropic(format: WireFormat): boolean {
   return format === 'anthropic-messages';
 }

@@ -3,6 +3,7 @@ import { redact } from '../../../pipeline/finding.ts';
 import { topLevel, topLevelString } from '../../../pipeline/json-view.ts';
 import type { CallContext } from '../context.ts';
 import { ERRORS, Refusal } from '../errors.ts';
+import { anthropicThread } from '../formats.ts';
 import type { RememberedRefusal } from '../tools/refusal-memory.ts';
 import type { ToolCall } from '../tools/types.ts';
 
@@ -47,7 +48,7 @@ export function rememberRefusals(
  * continue), a Responses request unless `store: false` (stored by default).
  */
 function holdsConversation(ctx: CallContext): boolean {
-  if (ctx.format === 'anthropic-messages') return threadOf(ctx.body) !== null;
+  if (ctx.format === 'anthropic-messages') return anthropicThread(ctx.body) !== null;
   if (ctx.format === 'openai-responses') {
     const store = topLevel(ctx.body, 'store');
     return !(store?.value && ctx.body.toString('latin1', store.value.start, store.value.end) === 'false');
@@ -59,22 +60,10 @@ type Obj = Record<string, unknown>;
 const OUTPUT_TYPES = new Set<unknown>(['function_call_output', 'custom_tool_call_output']);
 const isObj = (v: unknown): v is Obj => v !== null && typeof v === 'object' && !Array.isArray(v);
 
-/** The request's `thread` object when it is one ({type: create|continue, …}), else null. */
-function threadOf(body: Buffer): Obj | null {
-  const found = topLevel(body, 'thread');
-  if (!found?.value || body[found.value.start] !== 0x7b) return null;
-  try {
-    const thread: unknown = JSON.parse(body.toString('utf8', found.value.start, found.value.end));
-    return isObj(thread) && (thread.type === 'create' || thread.type === 'continue') ? thread : null;
-  } catch {
-    return null;
-  }
-}
-
 /** The answer a request continues: Anthropic `thread.previous_message_id`, Responses `previous_response_id`. */
 function continuedAnswer(ctx: CallContext): string | null {
   if (ctx.format === 'anthropic-messages') {
-    const thread = threadOf(ctx.body);
+    const thread = anthropicThread(ctx.body);
     return thread?.type === 'continue' && typeof thread.previous_message_id === 'string'
       ? thread.previous_message_id
       : null;

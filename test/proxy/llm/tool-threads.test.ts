@@ -110,6 +110,8 @@ t.test('Anthropic tool runner, server-held thread: the refused call is answered 
   const turns = h.upstream.received.slice(before);
   t.equal(turns.length, 2, 'two turns: the calls, then the answer to the tool results');
   t.same(turns[0].body!.thread, { type: 'create' }, 'the SDK asked the provider to hold the conversation');
+  t.match(turns[0].body!.system, /\[dvx security context\]/, 'the thread is created with the security prefix');
+  t.equal(turns[1].body!.system, undefined, 'a continuation repeats no system: the thread keeps its own');
   const thread = turns[1].body!.thread as { type: string; previous_message_id: string };
   t.equal(thread.type, 'continue', 'the second turn continues the thread');
   const messages = turns[1].body!.messages as Message[];
