@@ -13,16 +13,20 @@ import {
   pendingOf,
   POLICY,
   raw,
+  sha256,
   snapshotWith,
   startE2eBroker,
   startE2eProxy,
   viaSdk,
+  upstreamBytes,
   type Format,
 } from './tool-approvals-fixture.ts';
+import { PLATFORM_KEY } from '../../fixtures/llmproxy-harness.ts';
 
 // The tool-call approval loop end to end when it does not end in a person's yes or no: the escalation
 // timeout, the broker's rate limit, opaque disclosure, no broker configured, the broker unreachable,
-// and a policy that changes while a call is held. Every format, plain and streamed, through the
+// a policy that changes while a call is held, arguments with secrets in them, a tool name no person
+// should be shown. Every format, plain and streamed, through the
 // official SDKs; each case checks what the agent read, the proxy's tool_call_decisions rows and the
 // broker's approvals.
 
@@ -38,7 +42,6 @@ const only = (seen: { text?: string; call?: string }[]) => seen.map((s) => s.tex
 t.test('escalation timeout: no decision in time, the broker shows it expired, the agent is denied', async (t) => {
   const h = await startE2eProxy(b, { escalationTimeout: 2000 });
   t.teardown(() => h.close());
-  const began = Date.now();
   await Promise.all(
     EVERY.map(async ([format, stream, tag]) => {
       const tool = `hold_${tag}_late`;
@@ -58,7 +61,6 @@ t.test('escalation timeout: no decision in time, the broker shows it expired, th
       t.equal((await b.operator('admin-1', 'POST', `/api/v1/approvals/${view.id}/approve`, {})).status, 409);
     }),
   );
-  t.ok(Date.now() - began < 10_000, 'the six held at once');
 });
 
 t.test('rate limit: past 10 pending approvals of an agent, approval rate limit exceeded', async (t) => {
@@ -70,7 +72,11 @@ t.test('rate limit: past 10 pending approvals of an agent, approval rate limit e
   );
   for (const p of held) p.catch(() => {});
   t.ok(
-    await until(async () => (await b.operator('admin-1', 'GET', '/api/v1/approvals?status=pending&agent=agent-4')).body.approvals.length === 10),
+    await until(
+      async () =>
+        (await b.operator('admin-1', 'GET', '/api/v1/approvals?status=pending&agent=agent-4')).body.approvals.length ===
+        10,
+    ),
     '10 pending on the broker',
   );
   for (const [format, stream, tag] of EVERY) {
@@ -97,39 +103,49 @@ t.test('rate limit: past 10 pending approvals of an agent, approval rate limit e
   t.match((await other).seen, [{ call: 'hold_limit_other' }]);
   abort.abort();
   t.ok(
-    await until(async () => (await b.operator('admin-1', 'GET', '/api/v1/approvals?status=cancelled&agent=agent-4')).body.approvals.length === 10),
+    await until(
+      async () =>
+        (await b.operator('admin-1', 'GET', '/api/v1/approvals?status=cancelled&agent=agent-4')).body.approvals
+          .length === 10,
+    ),
     'the agent gone: its ten approvals cancelled',
   );
 });
 
-t.test('opaque disclosure: the agent reads "refused by policy"; the record and the broker keep the detail', async (t) => {
-  const h = await startE2eProxy(b, { inspectionDisclosure: 'opaque' });
-  t.teardown(() => h.close());
-  await Promise.all(
-    EVERY.map(async ([format, stream, tag]) => {
-      const [held, denied] = [`hold_${tag}_opaque`, `deny_${tag}_opaque`];
-      const answer = viaSdk(h, format, stream, 'agent-3', [
-        { name: held, input: {} },
-        { name: denied, input: {} },
-      ]);
-      const pending = await pendingOf(b, held);
-      await decide(b, pending.id, 'deny', 'internal ticket 4711');
-      const sdk = await answer;
-      const opaque = (tool: string, n: number) => denial(tool, idOf(format, n), 'refused by policy');
-      t.same(
-        only(sdk.seen),
-        format === 'openai-chat'
-          ? [`${opaque(held, 1)}\n\n${opaque(denied, 2)}`]
-          : [opaque(held, 1), opaque(denied, 2)],
-        `${format} ${stream}`,
-      );
-      t.notMatch(JSON.stringify(sdk.seen), /4711|admin-1|Never in tests/, 'no detail');
-      t.match((await decisionsOf(h, held))[0], { decided_by: 'admin-1', reason: 'denied by admin-1: internal ticket 4711' });
-      t.match((await decisionsOf(h, denied))[0], { reason: 'denied by rule e2e.rules[1] (Never in tests)' });
-      t.match(await approvalView(b, pending.id), { status: 'denied', reason: 'internal ticket 4711' });
-    }),
-  );
-});
+t.test(
+  'opaque disclosure: the agent reads "refused by policy"; the record and the broker keep the detail',
+  async (t) => {
+    const h = await startE2eProxy(b, { inspectionDisclosure: 'opaque' });
+    t.teardown(() => h.close());
+    await Promise.all(
+      EVERY.map(async ([format, stream, tag]) => {
+        const [held, denied] = [`hold_${tag}_opaque`, `deny_${tag}_opaque`];
+        const answer = viaSdk(h, format, stream, 'agent-3', [
+          { name: held, input: {} },
+          { name: denied, input: {} },
+        ]);
+        const pending = await pendingOf(b, held);
+        await decide(b, pending.id, 'deny', 'internal ticket 4711');
+        const sdk = await answer;
+        const opaque = (tool: string, n: number) => denial(tool, idOf(format, n), 'refused by policy');
+        t.same(
+          only(sdk.seen),
+          format === 'openai-chat'
+            ? [`${opaque(held, 1)}\n\n${opaque(denied, 2)}`]
+            : [opaque(held, 1), opaque(denied, 2)],
+          `${format} ${stream}`,
+        );
+        t.notMatch(JSON.stringify(sdk.seen), /4711|admin-1|Never in tests/, 'no detail');
+        t.match((await decisionsOf(h, held))[0], {
+          decided_by: 'admin-1',
+          reason: 'denied by admin-1: internal ticket 4711',
+        });
+        t.match((await decisionsOf(h, denied))[0], { reason: 'denied by rule e2e.rules[1] (Never in tests)' });
+        t.match(await approvalView(b, pending.id), { status: 'denied', reason: 'internal ticket 4711' });
+      }),
+    );
+  },
+);
 
 t.test('no --approvals-url: a call needing approval is denied, recorded', async (t) => {
   const h = await startE2eProxy(null);
@@ -205,4 +221,42 @@ t.test('the policy changes while a call is held: the approval given under the ol
     t.match((await again).seen, [{ call: tool }]);
     await h.writeSnapshot(snapshotWith()(h.upstream.url));
   }
+});
+
+t.test('what a person sees is redacted; what the agent runs is what the model sent', async (t) => {
+  const h = await startE2eProxy(b);
+  t.teardown(() => h.close());
+  const args = { to: 'ops@example.com', note: `key ${PLATFORM_KEY}`, amount: 900 };
+  const answer = raw(h, 'openai-responses', false, 'agent-6', [{ name: 'pay_redacted', input: args }]);
+  const pending = await pendingOf(b, 'pay_redacted');
+  const shown = JSON.stringify(pending.arguments);
+  t.notMatch(shown, PLATFORM_KEY, 'no key on the broker');
+  t.notMatch(shown, 'ops@example.com', 'no e-mail address on the broker');
+  t.match(pending.arguments, { amount: 900 }, 'the rest as it was');
+  t.equal(
+    pending.args_digest,
+    sha256(JSON.stringify({ amount: 900, note: args.note, to: args.to })),
+    'the digest of the real arguments',
+  );
+  await decide(b, pending.id, 'approve');
+  const { res, headers, body } = await answer;
+  t.equal(await res.body.text(), await upstreamBytes(h, '/v1/responses', body, headers), 'delivered byte for byte');
+  const [row] = await decisionsOf(h, 'pay_redacted');
+  t.notMatch(String(row.arguments), PLATFORM_KEY, 'nor in the record');
+  t.equal(row.arguments, JSON.stringify(pending.arguments), 'the record holds what the person saw');
+});
+
+t.test('a tool name the broker will not show a person (a bidi override) is denied, never waved through', async (t) => {
+  const h = await startE2eProxy(b);
+  t.teardown(() => h.close());
+  const tool = 'hold_\u202etxt.exe';
+  const sdk = await viaSdk(h, 'anthropic-messages', true, 'agent-6', [{ name: tool, input: {} }]);
+  t.same(only(sdk.seen), [denial(tool, 'toolu_1', 'the approval service is unavailable')]);
+  t.match((await decisionsOf(h, tool))[0], {
+    verdict: 'require_approval',
+    outcome: 'deny',
+    decided_by: 'approvals-unavailable',
+    reason: /^approval service unavailable: .*400/,
+  });
+  t.same(await approvalsOf(b, tool), [], 'nothing pending for a person to misread');
 });

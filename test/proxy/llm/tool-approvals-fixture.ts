@@ -47,7 +47,14 @@ export function snapshotWith(policy: unknown = POLICY) {
     };
     s.orgs['org-1'].config.llm_policy = { value: policy };
     for (const uid of AGENTS)
-      s.agents[uid] = { org_id: 'org-1', group_id: 'g-1', name: `n-${uid}`, status: 'active', contained: false, config: {} };
+      s.agents[uid] = {
+        org_id: 'org-1',
+        group_id: 'g-1',
+        name: `n-${uid}`,
+        status: 'active',
+        contained: false,
+        config: {},
+      };
     return s;
   };
 }
@@ -88,9 +95,12 @@ export function startE2eProxy(
   });
 }
 
-/** The scripted calls (and leading text) as the test upstream's headers. */
+/** The scripted calls (and leading text) as the test upstream's headers (JSON, non-ASCII escaped). */
 export const script = (list: ScriptedTool[], reply?: string): Record<string, string> => ({
-  'x-test-tools': JSON.stringify(list),
+  'x-test-tools': JSON.stringify(list).replace(
+    /[\u0080-\uffff]/g,
+    (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`,
+  ),
   ...(reply ? { 'x-test-reply': reply } : {}),
 });
 
@@ -181,7 +191,11 @@ export const WIRE: Record<
   'openai-chat': {
     path: '/v1/chat/completions',
     auth: (token) => ({ authorization: `Bearer ${token}` }),
-    body: (stream) => ({ model: 'gpt-4o', messages: [{ role: 'user', content: 'go' }], ...(stream ? { stream: true } : {}) }),
+    body: (stream) => ({
+      model: 'gpt-4o',
+      messages: [{ role: 'user', content: 'go' }],
+      ...(stream ? { stream: true } : {}),
+    }),
   },
   'openai-responses': {
     path: '/v1/responses',

@@ -480,7 +480,8 @@ t.test('an approval given while the policy changed (or went away) does not apply
     t.match(e.sink.rows.at(-1), {
       outcome: 'deny',
       decided_by: 'carol',
-      reason: /^approved by carol, but the approval does not apply: the policy changed while the call was held \(version [0-9a-f]{16}, /,
+      reason:
+        /^approved by carol, but the approval does not apply: the policy changed while the call was held \(version [0-9a-f]{16}, /,
     });
     t.match(e.sink.rows.at(-1)!.reason, now);
     e.snapshot = snapshotOf(POLICY);
