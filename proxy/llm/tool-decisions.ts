@@ -3,6 +3,7 @@ import { newId } from '../../core/ids.ts';
 import { gated } from '../../audit-wal/gate.ts';
 import { AuditUnavailableError } from '../../audit-wal/errors.ts';
 import type { LlmGovernance } from '../../pipeline/policy/governance.ts';
+import { governanceOf } from '../../pipeline/policy/snapshot-governance.ts';
 import { MAX_APPROVAL_ARGUMENTS_BYTES, MIN_APPROVAL_EXPIRY_MS, type ApprovalView } from './approvals-client.ts';
 import type { CallContext } from './context.ts';
 import { ApprovalRateLimitError } from './errors.ts';
@@ -183,7 +184,18 @@ async function approval(
       { approvalId },
     );
   }
-  return applied(view, created, ev, policy, deny, held);
+  return applied(view, created, ev, policy, currentVersion(ctx), deny, held);
+}
+
+/**
+ * The version of the caller's tool policy in the snapshot the proxy holds now (null: no tool rule any
+ * more). A call is held under the policy of its start; an approval given meanwhile applies only while
+ * that policy is still the caller's: a person's yes never outlives the policy it was asked under.
+ */
+function currentVersion(ctx: CallContext): string | null {
+  const { orgId, groupId, agentId } = ctx.identity!;
+  const inspection = governanceOf(ctx.d.snapshot(), orgId, groupId, agentId)?.llm.inspection;
+  return inspection ? (policyFor(inspection)?.version ?? null) : null;
 }
 
 /** A decided (or timed-out) approval as the call's outcome: an approval applies only to this call as it is. */
@@ -192,6 +204,8 @@ function applied(
   created: ApprovalView,
   ev: ToolEvaluation,
   policy: ToolPolicy,
+  /** The caller's policy version now (currentVersion). */
+  current: string | null,
   deny: (reason: string, agentReason: string, decidedBy: DecidedBy, more?: Partial<Outcome>) => Outcome,
   held: () => number,
 ): Outcome {
@@ -223,7 +237,9 @@ function applied(
               ? `it was given under policy version ${view.policy_version}, not ${policy.version}`
               : !(decidedAt <= expiresAt)
                 ? 'it was decided after it expired'
-                : null;
+                : current !== policy.version
+                  ? `the policy changed while the call was held (version ${policy.version}, now ${current ?? 'none'})`
+                  : null;
       if (why !== null)
         return deny(
           `approved by ${person}, but the approval does not apply: ${why}`,

@@ -7,7 +7,8 @@ import { startCpHarness } from '../fixtures/controlplane-harness.ts';
 import { PLATFORM_KEY, startHarness } from '../fixtures/llmproxy-harness.ts';
 
 // The governance llm_policy authored through the control plane (PUT /api/v1/policies/llm) reaches a
-// running llmproxy through the puller and is enforced; a delete lifts it.
+// running llmproxy through the puller and is enforced (models, and tool calls by its inspection); a
+// delete lifts it.
 const cph = await startCpHarness([{ clientId: 'root', org: 'org-a', human: true }], { seedAdmin: ['root'] });
 t.teardown(() => cph.close());
 const call = (method: string, path: string, body?: unknown) => cph.call('root', method, path, body);
@@ -73,4 +74,55 @@ t.test('authored, pulled, enforced, lifted', async (t) => {
   t.equal((await call('DELETE', '/policies/llm?scope=org&org=org-a')).status, 204);
   t.equal((await call('DELETE', '/policies/llm?scope=agent&agent=bot-1')).status, 204);
   t.same(await converges([true, true, true]), [true, true, true], 'lifted');
+});
+
+t.test('a tool policy authored, pulled, enforced on tool calls, lifted', async (t) => {
+  const token = await proxy.token({ sub: 'bot-1', org_id: 'org-a', agent_name: 'b', group_id: null });
+  const client = proxy.anthropic(token).withOptions({
+    defaultHeaders: {
+      'x-test-tools': JSON.stringify([
+        { name: 'get_weather', input: { city: 'Oslo' } },
+        { name: 'delete_file', input: { path: '/srv' } },
+      ]),
+    },
+  });
+  const ask = () =>
+    client.messages.create({ model: 'claude-a', max_tokens: 8, messages: [{ role: 'user', content: 'go' }] });
+  const kinds = async () => (await ask()).content.map((b) => b.type).join(',');
+  /** Waits (a few seconds at most) until the agent receives the blocks expected. */
+  const converges = async (expected: string) => {
+    let actual = '';
+    for (let i = 0; i < 60 && actual !== expected; i++) {
+      actual = await kinds();
+      if (actual !== expected) await new Promise((r) => setTimeout(r, 100));
+    }
+    return actual;
+  };
+  t.equal(await converges('tool_use,tool_use'), 'tool_use,tool_use', 'no tool policy: both calls');
+  const policy = {
+    inspection: {
+      inspectors: [{ name: 'ops', rules: [{ tool: 'delete_*', verdict: 'deny', summary: 'No deletions' }] }],
+    },
+  };
+  t.equal((await call('PUT', '/policies/llm?scope=org&org=org-a', policy)).status, 200);
+  t.equal(await converges('tool_use,text'), 'tool_use,text', 'the denied call refused once pulled');
+  const msg = await ask();
+  t.match(msg.content[0], { type: 'tool_use', name: 'get_weather' });
+  t.equal(
+    msg.content[1].type === 'text' && msg.content[1].text,
+    '[dvx] The tool call delete_file (id toolu_2) was not run: denied by rule ops.rules[0] (No deletions).',
+  );
+  const rows = proxy.audit.filter((r) => r.table === 'tool_call_decisions' && r.tool === 'delete_file');
+  t.match(rows.at(-1), {
+    org_id: 'org-a',
+    agent_id: 'bot-1',
+    verdict: 'deny',
+    outcome: 'deny',
+    decided_by: 'policy',
+    rule: 'ops.rules[0]',
+    inspector: 'ops',
+    policy_version: /^[0-9a-f]{16}$/,
+  });
+  t.equal((await call('DELETE', '/policies/llm?scope=org&org=org-a')).status, 204);
+  t.equal(await converges('tool_use,tool_use'), 'tool_use,tool_use', 'lifted');
 });

@@ -7,7 +7,7 @@ import { createLogger } from '../../../core/logger.ts';
 import { createRegistry } from '../../../core/metrics.ts';
 import type { AuditSink, AuditTable } from '../../../audit-wal/sink.ts';
 import type { EffectiveGovernance, LlmGovernance } from '../../../pipeline/policy/governance.ts';
-import { EMPTY_SNAPSHOT } from '../../../pipeline/policy/snapshot.ts';
+import { validateSnapshot, type Snapshot } from '../../../pipeline/policy/snapshot.ts';
 import { ApprovalsClient } from '../../../proxy/llm/approvals-client.ts';
 import { CallContext, type ProxyDeps } from '../../../proxy/llm/context.ts';
 import { proxyMetrics } from '../../../proxy/llm/metrics.ts';
@@ -60,6 +60,8 @@ interface Env {
   deps: ProxyDeps;
   sink: KeptSink;
   registry: ReturnType<typeof createRegistry>;
+  /** The snapshot the proxy holds now (the caller's policy when a decision is applied): POLICY's at first. */
+  snapshot: Snapshot;
   /** An agent's call held open: its context and a way to make the agent leave. */
   call(governance?: LlmGovernance['inspection'] | null): Promise<{ ctx: CallContext; leave: () => void }>;
 }
@@ -94,7 +96,7 @@ async function env(
       ...(url ? { approvalsUrl: url, secretBrokerTokenFile: o.peer!.tokenFile } : {}),
       ...o.options,
     }),
-    snapshot: () => EMPTY_SNAPSHOT,
+    snapshot: () => e.snapshot,
     secrets: secretSource(() => new Map([['agent:agent-1', new Map([['db_password', SECRET]])]])),
     audit: sink,
     approvals,
@@ -112,10 +114,11 @@ async function env(
     return new Promise<void>((r) => server.close(() => r()));
   });
   const port = (server.address() as AddressInfo).port;
-  return {
+  const e: Env = {
     deps,
     sink,
     registry,
+    snapshot: snapshotOf(POLICY),
     async call(governance = POLICY) {
       const arrived = new Promise<{ req: IncomingMessage; res: ServerResponse }>((r) => pending.push(r));
       const socket = net.connect(port, '127.0.0.1');
@@ -141,6 +144,18 @@ async function env(
       return { ctx, leave: () => socket.destroy() };
     },
   };
+  return e;
+}
+
+/** A snapshot whose org-1 holds `inspection` as its llm_policy (agent-1 in it). */
+function snapshotOf(inspection: LlmGovernance['inspection'] | null): Snapshot {
+  return validateSnapshot({
+    version: 'v1',
+    enclave: { id: 'enc-1' },
+    platform: {},
+    orgs: { 'org-1': { config: inspection ? { llm_policy: { value: { inspection } } } : {}, flags: {} } },
+    agents: { 'agent-1': { org_id: 'org-1', name: 'builder', status: 'active', contained: false, config: {} } },
+  });
 }
 
 const tc = (name: string, args: unknown, id = `toolu_${name}`, seq = 0): ToolCall => ({
@@ -444,6 +459,35 @@ t.test('an approval for other arguments, another policy version, or decided afte
     t.equal(v.message, '[dvx] The tool call transfer (id tx) was not run: the approval does not apply to this call.');
     t.match(e.sink.rows.at(-1), { outcome: 'deny', decided_by: 'carol', reason }, JSON.stringify(patch));
   }
+});
+
+t.test('an approval given while the policy changed (or went away) does not apply', async (t) => {
+  const peer = await startApprovalsPeer();
+  t.teardown(() => peer.close());
+  const e = await env(t, { peer });
+  const { decide } = await decider(e);
+  const changed = { inspectors: [...POLICY!.inspectors, { rules: [{ tool: 'other', verdict: 'deny' as const }] }] };
+  for (const [next, now] of [
+    [snapshotOf(changed), /now [0-9a-f]{16}\)$/],
+    [snapshotOf(null), /now none\)$/],
+  ] as const) {
+    peer.onCreate = (a) => {
+      e.snapshot = next;
+      setTimeout(() => peer.decide(a.id, 'approved', 'carol'), 20);
+    };
+    const v = await decide(tc('transfer', { amount: 1000 }, 'tp'));
+    t.equal(v.message, '[dvx] The tool call transfer (id tp) was not run: the approval does not apply to this call.');
+    t.match(e.sink.rows.at(-1), {
+      outcome: 'deny',
+      decided_by: 'carol',
+      reason:
+        /^approved by carol, but the approval does not apply: the policy changed while the call was held \(version [0-9a-f]{16}, /,
+    });
+    t.match(e.sink.rows.at(-1)!.reason, now);
+    e.snapshot = snapshotOf(POLICY);
+  }
+  peer.onCreate = (a) => setTimeout(() => peer.decide(a.id, 'approved', 'carol'), 20);
+  t.equal((await decide(tc('transfer', { amount: 1000 }))).allow, true, 'the same policy again: it applies');
 });
 
 t.test('capture-or-deny: an allow whose record is not durable in time is a deny', async (t) => {
