@@ -1,6 +1,7 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { isDeepStrictEqual } from 'node:util';
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
 import type { Test } from 'tap';
@@ -88,12 +89,16 @@ export interface AgentCall {
 
 /** Every call the agent received must be one decided and allowed, with the arguments decided. */
 export function onlyAllowed(t: Test, s: SmugglingServer, got: AgentCall[]): void {
-  t.ok(got.length + s.decided.length > 0, 'the answer had a call');
-  for (const c of got) {
+  const offenders = got.filter((c) => {
     const d = s.decided.find((x) => x.call.id === c.id && x.call.name === c.name && x.verdict.allow);
-    t.ok(d, `the agent's call ${c.name} (${c.id}) was decided and allowed`);
-    if (d) t.same(c.args, JSON.parse(d.call.arguments), `${c.name} runs with the arguments decided`);
-  }
+    if (d === undefined) return true;
+    try {
+      return !isDeepStrictEqual(c.args, JSON.parse(d.call.arguments));
+    } catch {
+      return true;
+    }
+  });
+  t.same(offenders, [], 'every call the agent received was decided and allowed, with the arguments decided');
 }
 
 type Obj = Record<string, unknown>;
