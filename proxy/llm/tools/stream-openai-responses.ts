@@ -1,5 +1,5 @@
 import { formatSse } from '../../../core/sse.ts';
-import { denialItem } from './plain-openai-responses.ts';
+import { CALL_ITEMS, callArguments, callName, denialItem, isCallItem } from './plain-openai-responses.ts';
 import { type SseFrame, objectOf } from './sse-frames.ts';
 import type { CallOutcome, CallTracker, StreamToolFormat } from './stream-gate.ts';
 
@@ -36,11 +36,9 @@ interface Call {
   done: string | null;
 }
 
-/** The client-run call items, and the field holding each one's arguments. */
-const ARGS_OF: Record<string, string> = { function_call: 'arguments', custom_tool_call: 'input' };
-const argsOf = (item: Obj): unknown => item[ARGS_OF[item.type as string]];
-const isCall = (item: unknown): item is Obj =>
-  item !== null && typeof item === 'object' && Object.hasOwn(ARGS_OF, (item as Obj).type as string);
+/** The client-run call items (plain-openai-responses.ts), and the field holding each one's arguments. */
+const argsOf = (item: Obj): unknown => item[CALL_ITEMS[item.type as string]];
+const isCall = isCallItem;
 const NONE: readonly number[] = [];
 const EMPTY = Buffer.alloc(0);
 const RESPONSE_EVENTS = new Set([
@@ -95,7 +93,7 @@ export class ResponsesToolStream implements StreamToolFormat {
         item,
         itemId: String(item.id ?? ''),
         callId: String(item.call_id ?? ''),
-        name: String(item.name ?? ''),
+        name: callName(item),
         outputIndex: at,
         parts: typeof first === 'string' && first !== '' ? [first] : [],
         done: null,
@@ -132,7 +130,12 @@ export class ResponsesToolStream implements StreamToolFormat {
       const item = (e.item ?? {}) as Obj;
       const joined = call.parts.join('');
       const final = argsOf({ ...item, type: call.item.type });
-      const args = typeof final === 'string' ? final : (call.done ?? joined);
+      const args =
+        typeof final === 'string'
+          ? final
+          : final !== null && typeof final === 'object'
+            ? callArguments({ ...item, type: call.item.type })
+            : (call.done ?? joined);
       const named = { id: call.callId, name: call.name, arguments: args };
       if (
         item.type !== call.item.type ||
@@ -152,8 +155,8 @@ export class ResponsesToolStream implements StreamToolFormat {
     const seq = calls.open();
     const named = {
       id: String(item.call_id ?? ''),
-      name: String(item.name ?? ''),
-      arguments: String(argsOf(item) ?? ''),
+      name: callName(item),
+      arguments: callArguments(item),
     };
     calls.refuse(seq, named, 'it was not streamed as an output item');
     this.#stray.set(frame, { seq, at });
@@ -172,8 +175,8 @@ export class ResponsesToolStream implements StreamToolFormat {
       const known = this.#byCallId.get(String(it.call_id ?? ''));
       const named = {
         id: String(it.call_id ?? ''),
-        name: String(it.name ?? ''),
-        arguments: String(argsOf(it) ?? ''),
+        name: callName(it),
+        arguments: callArguments(it),
       };
       let seq: number;
       if (known === undefined || calls.calls[known.seq].state === 'open') {

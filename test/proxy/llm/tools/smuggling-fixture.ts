@@ -35,7 +35,7 @@ export interface SmugglingServer {
 
 export function verdictOf(call: ToolCall): ToolVerdict {
   const no = { allow: false, message: `[dvx] The tool call ${call.name} (id ${call.id}) was not run: refused.` };
-  if (call.name === 'delete_files') return no;
+  if (call.name === 'delete_files' || call.name === 'local_shell') return no;
   if (call.name === 'pay') {
     try {
       const amount = (JSON.parse(call.arguments) as { amount?: unknown }).amount;

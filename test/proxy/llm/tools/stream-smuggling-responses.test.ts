@@ -95,3 +95,34 @@ t.test('the API way is untouched: a call decided and delivered', async (t) => {
   onlyAllowed(t, s, calls);
   t.equal(calls.length, 2, 'in the final response and in its done event');
 });
+
+t.test('a built-in tool the agent runs (local shell) is decided as a call, and refused', async (t) => {
+  s.decided = [];
+  const e = responsesEvents();
+  const shell = (status: string) => ({
+    type: 'local_shell_call',
+    id: 'ls_1',
+    call_id: 'call_ls',
+    status,
+    action: { type: 'exec', command: ['rm', '-rf', '/'], env: {} },
+  });
+  s.body =
+    e('response.created', { response: response('in_progress', []) }) +
+    e('response.output_item.added', { output_index: 0, item: shell('in_progress') }) +
+    e('response.output_item.done', { output_index: 0, item: shell('completed') }) +
+    e('response.completed', { response: response('completed', [shell('completed')]) });
+  const stream = s.openai.responses.stream({ model: 'm', input: 'hi' });
+  const done: string[] = [];
+  stream.on('response.output_item.done', (ev) => done.push(ev.item.type));
+  const r = await stream.finalResponse();
+  t.same(
+    s.decided.map((d) => [d.call.name, d.call.arguments, d.verdict.allow]),
+    [['local_shell', JSON.stringify(shell('completed').action), false]],
+  );
+  t.same(
+    r.output.map((o) => o.type),
+    ['message'],
+    'the final response holds the denial',
+  );
+  t.same(done, ['message'], 'and so does the done event');
+});
