@@ -97,9 +97,29 @@ function matches(rule: CompiledToolRule, call: ToolCallFacts, args: ParsedArgume
     return why.join('; ');
   }
   for (const { path, segments, bound } of rule.argGt) {
-    const over = valuesAt(args.object, segments).find((v) => typeof v === 'number' && v > bound);
+    const over = valuesAt(args.object, segments).find((v) => {
+      const n = numberOf(v);
+      return n !== null && n > bound;
+    });
     if (over === undefined) return null;
     why.push(`${path} is ${String(over)}, greater than ${bound}`);
   }
   return why.join('; ');
+}
+
+/** A decimal number written as text: `"100000"`, `" 1e6 "`, `"1_000_000"`, `"inf"`. */
+const NUMERIC_TEXT = /^[+-]?(?:(?:\d(?:_?\d)*)?\.?\d(?:_?\d)*(?:[eE][+-]?\d+)?|inf(?:inity)?)$/i;
+
+/**
+ * The number a value stands for in an `arg_gt` comparison, or null: a JSON number, or text that reads
+ * as one, since the tools' own argument parsers coerce it (pydantic's lax mode, zod's coerce, most
+ * hand-written ones): `{"amount": "100000"}` pays 100000 (fail closed).
+ */
+function numberOf(v: unknown): number | null {
+  if (typeof v === 'number') return v;
+  if (typeof v !== 'string') return null;
+  const text = v.trim();
+  if (!NUMERIC_TEXT.test(text)) return null;
+  if (/^[+-]?inf/i.test(text)) return text.startsWith('-') ? -Infinity : Infinity;
+  return Number(text.replaceAll('_', ''));
 }

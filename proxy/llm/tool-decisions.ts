@@ -62,7 +62,40 @@ export function toolDecider(ctx: CallContext): Decide | null {
   const policy = policyFor(inspection);
   if (policy === null) return null;
   const gone = agentGoneSignal(ctx);
-  return (call) => decide(ctx, policy, call, gone).catch((err: unknown) => internalFailure(ctx, policy, call, err));
+  const decider: Decide = (call) =>
+    decide(ctx, policy, call, gone).catch((err: unknown) => internalFailure(ctx, policy, call, err));
+  decider.refused = (call, reason) => gateRefusal(ctx, policy, call, reason);
+  return decider;
+}
+
+/**
+ * A call the stream gate refused without asking (an inconsistent stream, the hold bound): recorded as
+ * a deny by `gate`, with what the policy would have said as its verdict.
+ */
+function gateRefusal(ctx: CallContext, policy: ToolPolicy, call: ToolCall, reason: string): void {
+  try {
+    const ev: ToolEvaluation = {
+      verdict: 'deny',
+      rule: null,
+      inspector: null,
+      summary: null,
+      reason,
+      argsDigest: '',
+      argsParsed: false,
+      ...safeEvaluation(policy, call, ctx.model),
+    };
+    const args = redactArguments(call.arguments, ctx.d.secrets.agentSecrets(ctx.identity!.agentId));
+    const outcome: Outcome = {
+      allow: false,
+      reason: `refused by the tool gate: ${reason}`,
+      agentReason: reason,
+      decidedBy: 'gate',
+    };
+    append(ctx, record(ctx, policy, call, ev, args, outcome));
+    ctx.d.metrics.toolDecisions.inc({ verdict: ev.verdict, outcome: 'deny' });
+  } catch (err) {
+    ctx.d.log.error({ err, request_id: ctx.id, tool: call.name }, 'tool call refusal record lost');
+  }
 }
 
 /**

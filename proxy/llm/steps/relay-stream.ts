@@ -1,4 +1,6 @@
+import type { Readable } from 'node:stream';
 import { MAX_BODY_BYTES } from '../../../pipeline/engine.ts';
+import { ERRORS, Refusal } from '../errors.ts';
 import { FinalEventGuard } from '../final-event.ts';
 import type { CallContext } from '../context.ts';
 import { relayBody, type ChunkFilter } from '../relay-body.ts';
@@ -21,6 +23,17 @@ export async function relayStream(ctx: CallContext): Promise<void> {
   const answer = ctx.answer!;
   const format = ctx.format!;
   const upstreamFormat = ctx.upstreamFormat!;
+  if (ctx.decideTool !== null && answer.unreadable !== null) {
+    // A coding the proxy cannot undo (a stacked `gzip, gzip`, which the agent's fetch may undo): the
+    // gate would see no event in it and let every byte through. Calls that cannot be found cannot be
+    // decided: nothing of it goes out (fail closed), as for a plain answer.
+    ctx.error = `tool policy: the stream is in a content coding the proxy cannot read (content coding ${answer.unreadable})`;
+    ctx.d.log.warn({ request_id: ctx.id }, ctx.error);
+    const body = answer.body as Readable;
+    body.on('error', () => undefined); // the upstream released: its abort is no failure of ours
+    body.destroy();
+    throw new Refusal(ERRORS.upstreamFailed, null);
+  }
   ctx.status = answer.statusCode;
   res.writeHead(answer.statusCode, agentHeaders(answer.headers));
   res.flushHeaders();

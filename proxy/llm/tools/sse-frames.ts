@@ -2,10 +2,12 @@
 // tool gate (stream-gate.ts) must release an allowed event byte for byte, so unlike core/sse.ts this
 // keeps each event's raw bytes — every byte from the end of the previous event to the blank line that
 // ends this one, comments and odd fields included. Bytes arrive split anywhere (inside a line, between
-// a CR and its LF, inside a UTF-8 sequence); lines end with LF, CRLF or CR.
+// a CR and its LF, inside a UTF-8 sequence); lines end with LF, CRLF or CR. Where the SDKs read a
+// stream more loosely than the spec (a byte-order mark on any line), the framer reads it their way.
 
 const LF = 0x0a;
 const CR = 0x0d;
+const EMPTY = Buffer.alloc(0);
 
 /** One event as it came: its bytes, and the fields a format reads from it. */
 export interface SseFrame {
@@ -87,14 +89,16 @@ export class SseFramer {
   #line(contentEnd: number, next: number, out: SseFrame[]): void {
     const start = this.#lineStart;
     this.#lineStart = next;
-    if (contentEnd === start) {
+    let bytes = contentEnd === start ? EMPTY : this.#slice(start, contentEnd);
+    // A byte-order mark opening a line is not part of it: the spec drops one only at the start of the
+    // stream, but the official SDKs decode each line on its own and drop it from every line, so a
+    // `<BOM>data:` line is data to them, and a line of only a BOM ends their event. The gate must read
+    // at least every event they read.
+    if (bytes.length >= 3 && bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf) bytes = bytes.subarray(3);
+    if (bytes.length === 0) {
       if (next > contentEnd) this.#emit(next, out);
       return;
     }
-    let bytes = this.#slice(start, contentEnd);
-    // A byte-order mark opening the stream is not part of its first field.
-    if (start === 0 && bytes.length >= 3 && bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf)
-      bytes = bytes.subarray(3);
     const line = bytes.toString('utf8');
     if (line.startsWith(':')) return;
     const colon = line.indexOf(':');

@@ -7,6 +7,14 @@ import type { CallOutcome, CallTracker, StreamToolFormat } from './stream-gate.t
 // Blocks come one after another; each is its own call; a delta for a block already stopped is dropped. A refused block becomes a `text` block at the
 // same index carrying the message (start + one text_delta, its stop kept); its deltas are dropped.
 // message_delta's stop_reason `tool_use` becomes `end_turn` when no allowed call remains.
+//
+// Where a block is: the official SDKs put each started block at the next position of the message's
+// content (after message_start's own content), whatever `index` its start says, and apply a delta to
+// the block at the delta's `index` (`"1"` as much as `1`). The gate reads positions the same way, and
+// what the API never sends is not let through: a tool_use block started under an index that is not
+// its position is refused (a client keyed by `index` would read it elsewhere); another block's start
+// goes out with its position as index; a delta or stop whose index is not a whole number naming a
+// started block is dropped.
 
 interface OpenCall {
   seq: number;
@@ -32,26 +40,42 @@ export class AnthropicToolStream implements StreamToolFormat {
   #late = new WeakSet<SseFrame>();
   /** The message's id, from message_start. */
   answerId: string | null = null;
+  /** Blocks in the message so far: the position the next started block takes. */
+  #blocks = 0;
+  /** Events no client may read (a delta or stop under an index naming no block): dropped. */
+  #dropped = new WeakSet<SseFrame>();
+  /** Starts of blocks other than tool_use whose index was not their position: sent with the position. */
+  #moved = new WeakMap<SseFrame, number>();
 
   read(frame: SseFrame, calls: CallTracker): readonly number[] {
     const e = objectOf(frame);
     if (e === null) return NONE;
     if (e.type === 'message_start') return this.#readStart(e, calls);
-    const index = e.index;
-    if (typeof index !== 'number') return NONE;
     if (e.type === 'content_block_start') {
+      const at = this.#blocks++;
       const block = e.content_block as Record<string, unknown> | undefined;
-      if (block?.type !== 'tool_use') return NONE;
+      if (block?.type !== 'tool_use') {
+        if (e.index !== at) this.#moved.set(frame, at);
+        return NONE;
+      }
       const seq = calls.open();
-      this.#indexOf[seq] = index;
-      this.#open.set(index, {
-        seq,
-        id: String(block.id ?? ''),
-        name: String(block.name ?? ''),
-        parts: [],
-        input: block.input,
-      });
+      this.#indexOf[seq] = at;
+      const call = { seq, id: String(block.id ?? ''), name: String(block.name ?? ''), parts: [], input: block.input };
+      if (e.index !== at) {
+        calls.refuse(
+          seq,
+          { id: call.id, name: call.name, arguments: JSON.stringify(call.input ?? {}) },
+          'its content block index was not its position in the message',
+        );
+        this.#closed.set(at, seq);
+      } else this.#open.set(at, call);
       return [seq];
+    }
+    if (e.type !== 'content_block_delta' && e.type !== 'content_block_stop') return NONE;
+    const index = e.index;
+    if (typeof index !== 'number' || !Number.isInteger(index) || index < 0 || index >= this.#blocks) {
+      this.#dropped.add(frame);
+      return NONE;
     }
     const call = this.#open.get(index);
     if (call === undefined) {
@@ -67,13 +91,16 @@ export class AnthropicToolStream implements StreamToolFormat {
         call.parts.push(delta.partial_json);
       return [call.seq];
     }
-    if (e.type === 'content_block_stop') {
-      this.#open.delete(index);
-      this.#closed.set(index, call.seq);
-      const args = call.parts.length > 0 ? call.parts.join('') : JSON.stringify(call.input ?? {});
-      calls.whole(call.seq, { id: call.id, name: call.name, arguments: args });
-      return [call.seq];
-    }
+    this.#open.delete(index);
+    this.#closed.set(index, call.seq);
+    // The SDKs take the deltas' text when there is any, else the start's input (deltas of '' read as
+    // `{}` by one SDK, as the start's input by another: refused when those differ).
+    const joined = call.parts.join('');
+    const input = JSON.stringify(call.input ?? {});
+    const named = { id: call.id, name: call.name, arguments: joined !== '' ? joined : input };
+    if (joined === '' && call.parts.length > 0 && input !== '{}')
+      calls.refuse(call.seq, named, 'its arguments were not streamed consistently');
+    else calls.whole(call.seq, named);
     return [call.seq];
   }
 
@@ -85,6 +112,7 @@ export class AnthropicToolStream implements StreamToolFormat {
     const id = (e.message as Record<string, unknown> | undefined)?.id;
     if (this.answerId === null && typeof id === 'string') this.answerId = id;
     const content = (e.message as Record<string, unknown> | undefined)?.content;
+    this.#blocks = Array.isArray(content) ? content.length : 0;
     if (!Array.isArray(content)) return NONE;
     const seqs: number[] = [];
     for (const block of content) {
@@ -111,6 +139,9 @@ export class AnthropicToolStream implements StreamToolFormat {
       );
       return Buffer.from(formatSse(frame.event, { ...e, message: { ...message, content } }));
     }
+    if (this.#dropped.has(frame)) return EMPTY;
+    const moved = this.#moved.get(frame);
+    if (moved !== undefined) return Buffer.from(formatSse(frame.event, { ...e, index: moved }));
     if (seqs.length === 0) {
       if (e?.type !== 'message_delta') return frame.raw;
       const delta = e.delta as Record<string, unknown> | undefined;

@@ -120,6 +120,7 @@ export class StreamGate {
         c.call = { seq, ...call };
         c.state = 'refused';
         c.message = this.#refusal(c.call, reason);
+        this.#reportRefused(c.call, reason);
         this.#refused(c);
       },
     };
@@ -267,12 +268,23 @@ export class StreamGate {
     for (const c of this.#calls) {
       if (c.state === 'open') c.state = 'dropped';
       else if (c.state === 'deciding') {
+        const reason = `the answer held for its decision exceeded ${this.#maxHeld} bytes`;
         c.state = 'refused';
-        c.message = this.#refusal(c.call!, `the answer held for its decision exceeded ${this.#maxHeld} bytes`);
+        c.message = this.#refusal(c.call!, reason);
+        this.#reportRefused(c.call!, reason);
         this.#refused(c);
       }
     }
     this.#settle();
+  }
+
+  /** A refusal of the gate's own goes to the Decide's owner, to be recorded like a decision. */
+  #reportRefused(call: ToolCall, reason: string): void {
+    try {
+      this.#decide.refused?.(call, reason);
+    } catch {
+      // Recording is the owner's; a failure there changes nothing here: the call stays refused.
+    }
   }
 
   #keepAlive(): void {

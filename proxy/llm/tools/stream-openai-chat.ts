@@ -62,7 +62,9 @@ export class ChatToolStream implements StreamToolFormat {
     let seqs: number[] | null = null;
     for (const c of chunk.choices as unknown[]) {
       if (c === null || typeof c !== 'object') continue;
-      const choice = this.#choice(Number((c as Obj).index ?? 0));
+      const at = choiceIndex(c as Obj);
+      if (at === null) continue;
+      const choice = this.#choice(at);
       const delta = (c as Obj).delta as Obj | undefined;
       const entries: Obj[] = [];
       if (delta && Array.isArray(delta.tool_calls)) for (const x of delta.tool_calls) if (isObj(x)) entries.push(x);
@@ -79,7 +81,7 @@ export class ChatToolStream implements StreamToolFormat {
           // A new index: the calls before it are whole (as the SDK reads them).
           this.#closeAll(choice, calls);
           const id = legacy ? LEGACY_FUNCTION_CALL_ID : '';
-          call = { seq: calls.open(), choice: Number((c as Obj).index ?? 0), legacy, id, name: '', parts: [] };
+          call = { seq: calls.open(), choice: at, legacy, id, name: '', parts: [] };
           this.#calls[call.seq] = call;
           choice.byIndex.set(index, call);
           choice.seqs.push(call.seq);
@@ -107,11 +109,20 @@ export class ChatToolStream implements StreamToolFormat {
     if (chunk === null || chunk === undefined || !Array.isArray(chunk.choices)) return frame.raw;
     const seen = this.#seen.get(frame);
     let changed = false;
-    const choices = (chunk.choices as unknown[]).map((c) => {
-      if (c === null || typeof c !== 'object') return c;
-      const choice = this.#choice(Number((c as Obj).index ?? 0));
+    const choices = (chunk.choices as unknown[]).flatMap((c) => {
+      if (c === null || typeof c !== 'object') return [c];
+      const at = choiceIndex(c as Obj);
+      if (at === null) {
+        changed = true;
+        return [];
+      }
+      const choice = this.#choice(at);
       const delta = (c as Obj).delta as Obj | undefined;
       let out = c as Obj;
+      if (out.index !== at) {
+        out = { ...out, index: at };
+        changed = true;
+      }
       if (delta && seen !== undefined) {
         const next: Obj = { ...delta };
         const messages: string[] = [];
@@ -165,7 +176,7 @@ export class ChatToolStream implements StreamToolFormat {
       }
       const content = (out.delta as Obj | undefined)?.content;
       if (typeof content === 'string' && content !== '') choice.wrote = true;
-      return out;
+      return [out];
     });
     if (!changed) return frame.raw;
     const rewritten = { ...chunk, choices };
@@ -197,6 +208,17 @@ export class ChatToolStream implements StreamToolFormat {
     }
     return n;
   }
+}
+
+/**
+ * The choice's index as the gate reads it (a missing one is 0), or null when that is no whole number
+ * from 0. It goes out as this number: the SDK reads `choices[index]` with the index as it came (a
+ * missing one, or `"0x0"`, lands beside the choices; `-1` is the last one to Python), so a choice the
+ * gate read as another's could have added pieces to a decided call. One with no such index is dropped.
+ */
+function choiceIndex(c: Obj): number | null {
+  const at = Number(c.index ?? 0);
+  return Number.isInteger(at) && at >= 0 ? at : null;
 }
 
 /** A chunk left with nothing for the agent once a refused call's pieces are taken out. */

@@ -1,5 +1,5 @@
 import { formatSse } from '../../../core/sse.ts';
-import { denialItem } from './plain-openai-responses.ts';
+import { CALL_ITEMS, callArguments, callName, denialItem, isCallItem } from './plain-openai-responses.ts';
 import { type SseFrame, objectOf } from './sse-frames.ts';
 import type { CallOutcome, CallTracker, StreamToolFormat } from './stream-gate.ts';
 
@@ -13,6 +13,14 @@ import type { CallOutcome, CallTracker, StreamToolFormat } from './stream-gate.t
 // response.created/in_progress/completed/incomplete/failed list the items: their function_call items
 // are rewritten the same way, and one the stream never announced, or whose arguments differ from the
 // decided ones, is refused. `sequence_number` is renumbered after a change so it stays gapless.
+//
+// Where an item is: the SDK pushes each added item at the next position of `output` (whatever its
+// `output_index`), and replaces the item at an event's `output_index` with a `.done` item. The gate
+// reads positions the same way: a call item added under an index that is not its position, or carried
+// by an `output_item.done` for a position that holds no call (or a call of another type), is refused
+// by the gate and goes out as the denial's message item; an event whose `output_index` is not a whole
+// number naming an added item is dropped; another item added under the wrong index goes out with its
+// position.
 
 type Obj = Record<string, unknown>;
 
@@ -28,11 +36,9 @@ interface Call {
   done: string | null;
 }
 
-/** The client-run call items, and the field holding each one's arguments. */
-const ARGS_OF: Record<string, string> = { function_call: 'arguments', custom_tool_call: 'input' };
-const argsOf = (item: Obj): unknown => item[ARGS_OF[item.type as string]];
-const isCall = (item: unknown): item is Obj =>
-  item !== null && typeof item === 'object' && Object.hasOwn(ARGS_OF, (item as Obj).type as string);
+/** The client-run call items (plain-openai-responses.ts), and the field holding each one's arguments. */
+const argsOf = (item: Obj): unknown => item[CALL_ITEMS[item.type as string]];
+const isCall = isCallItem;
 const NONE: readonly number[] = [];
 const EMPTY = Buffer.alloc(0);
 const RESPONSE_EVENTS = new Set([
@@ -62,22 +68,39 @@ export class ResponsesToolStream implements StreamToolFormat {
   isCustom(seq: number): boolean {
     return this.#calls[seq]?.item.type === 'custom_tool_call';
   }
+  /** Items in the response so far: the position the next added item takes. */
+  #items = 0;
+  /** Events carrying a call item the gate refuses itself, with its seq and position. */
+  #stray = new WeakMap<SseFrame, { seq: number; at: number }>();
+  /** Items other than calls added under an index that is not their position: sent with the position. */
+  #moved = new WeakMap<SseFrame, number>();
+  /** Events no client may read (an output_index naming no item): dropped. */
+  #dropped = new WeakSet<SseFrame>();
 
   read(frame: SseFrame, calls: CallTracker): readonly number[] {
     const e = objectOf(frame);
     if (e === null || typeof e.type !== 'string') return NONE;
-    if (RESPONSE_EVENTS.has(e.type)) return this.#readResponse(frame, e, calls);
+    if (RESPONSE_EVENTS.has(e.type)) {
+      const output = (e.response as Obj | undefined)?.output;
+      this.#items = Array.isArray(output) ? output.length : 0;
+      return this.#readResponse(frame, e, calls);
+    }
     if (e.type === 'response.output_item.added') {
+      const at = this.#items++;
       const item = e.item;
-      if (!isCall(item) || typeof e.output_index !== 'number') return NONE;
+      if (!isCall(item)) {
+        if (e.output_index !== at) this.#moved.set(frame, at);
+        return NONE;
+      }
+      if (e.output_index !== at) return this.#refuseStray(frame, item, at, calls);
       const first = argsOf(item);
       const call: Call = {
         seq: calls.open(),
         item,
         itemId: String(item.id ?? ''),
         callId: String(item.call_id ?? ''),
-        name: String(item.name ?? ''),
-        outputIndex: e.output_index,
+        name: callName(item),
+        outputIndex: at,
         parts: typeof first === 'string' && first !== '' ? [first] : [],
         done: null,
       };
@@ -86,8 +109,18 @@ export class ResponsesToolStream implements StreamToolFormat {
       this.#byCallId.set(call.callId, call);
       return [call.seq];
     }
-    const call = typeof e.output_index === 'number' ? this.#byOutput.get(e.output_index) : undefined;
-    if (call === undefined) return NONE;
+    if (!Object.hasOwn(e, 'output_index')) return NONE;
+    const at = e.output_index;
+    if (typeof at !== 'number' || !Number.isInteger(at) || at < 0 || at >= this.#items) {
+      this.#dropped.add(frame);
+      return NONE;
+    }
+    const call = this.#byOutput.get(at);
+    if (call === undefined) {
+      // A call item done where no call was added: the SDK would put it in that item's place.
+      if (e.type === 'response.output_item.done' && isCall(e.item)) return this.#refuseStray(frame, e.item, at, calls);
+      return NONE;
+    }
     const open = calls.calls[call.seq].state === 'open';
     // Once the call is whole, more of its arguments would change what was decided: they never go out.
     if (!open) {
@@ -103,9 +136,15 @@ export class ResponsesToolStream implements StreamToolFormat {
       const item = (e.item ?? {}) as Obj;
       const joined = call.parts.join('');
       const final = argsOf({ ...item, type: call.item.type });
-      const args = typeof final === 'string' ? final : (call.done ?? joined);
+      const args =
+        typeof final === 'string'
+          ? final
+          : final !== null && typeof final === 'object'
+            ? callArguments({ ...item, type: call.item.type })
+            : (call.done ?? joined);
       const named = { id: call.callId, name: call.name, arguments: args };
       if (
+        item.type !== call.item.type ||
         (call.parts.length > 0 && joined !== args) ||
         (call.done !== null && call.done !== args) ||
         (item.call_id !== undefined && item.call_id !== call.callId) ||
@@ -115,6 +154,19 @@ export class ResponsesToolStream implements StreamToolFormat {
       else calls.whole(call.seq, named);
     }
     return [call.seq];
+  }
+
+  /** A call item the stream does not carry the way the API does: refused, never decided. */
+  #refuseStray(frame: SseFrame, item: Obj, at: number, calls: CallTracker): readonly number[] {
+    const seq = calls.open();
+    const named = {
+      id: String(item.call_id ?? ''),
+      name: callName(item),
+      arguments: callArguments(item),
+    };
+    calls.refuse(seq, named, 'it was not streamed as an output item');
+    this.#stray.set(frame, { seq, at });
+    return [seq];
   }
 
   /** A response object: each function_call item in its output must be a decided call, as decided. */
@@ -131,8 +183,8 @@ export class ResponsesToolStream implements StreamToolFormat {
       const known = this.#byCallId.get(String(it.call_id ?? ''));
       const named = {
         id: String(it.call_id ?? ''),
-        name: String(it.name ?? ''),
-        arguments: String(argsOf(it) ?? ''),
+        name: callName(it),
+        arguments: callArguments(it),
       };
       let seq: number;
       if (known === undefined || calls.calls[known.seq].state === 'open') {
@@ -156,6 +208,14 @@ export class ResponsesToolStream implements StreamToolFormat {
     const e = frame.parsed as Obj | null | undefined;
     if (e === null || e === undefined) return frame.raw;
     if (RESPONSE_EVENTS.has(e.type as string)) return this.#renderResponse(frame, e, calls);
+    if (this.#dropped.has(frame)) return this.#renumber(frame, e, []);
+    const moved = this.#moved.get(frame);
+    if (moved !== undefined) return this.#renumber(frame, e, [{ ...e, output_index: moved }]);
+    const stray = this.#stray.get(frame);
+    if (stray !== undefined)
+      return this.#renumber(frame, e, [
+        { ...e, output_index: stray.at, item: denialItem(e.item as Obj, calls[stray.seq].message) },
+      ]);
     if (seqs.length === 0) return this.#renumber(frame, e, [e]);
     const call = this.#calls[seqs[0]];
     const outcome = calls[seqs[0]];

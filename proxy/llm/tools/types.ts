@@ -31,7 +31,13 @@ export interface ToolVerdict {
  * delta), concurrently for parallel calls; may wait (a person's approval). Never rejects: a failure
  * inside is a refusal (fail closed).
  */
-export type Decide = (call: ToolCall) => Promise<ToolVerdict>;
+export type Decide = ((call: ToolCall) => Promise<ToolVerdict>) & {
+  /**
+   * A call refused without asking (the stream gate's own refusals: an inconsistent stream, the hold
+   * bound), reported so that its owner records it like any decision. Never throws.
+   */
+  refused?: (call: ToolCall, reason: string) => void;
+};
 
 /** The formats' answers as parsed JSON (plain answers). */
 export type AnswerJson = Record<string, unknown>;

@@ -131,7 +131,14 @@ t.test('arg_gt: numbers only, dotted paths, own keys, attacker-shaped arguments'
   t.equal(ev('{"payment":{"amount":101},"fee":2}'), 'deny', 'each bound met');
   t.equal(ev('{"payment":{"amount":101},"fee":1}'), 'allow', 'one bound not met: no match');
   t.equal(ev('{"payment":{"amount":101}}'), 'allow', 'a missing argument is not greater');
-  t.equal(ev('{"payment":{"amount":"500"},"fee":2}'), 'allow', 'a string "500" is not a number');
+  // A number written as text counts: the tools' parsers coerce it (pydantic, zod's coerce).
+  t.equal(ev('{"payment":{"amount":"500"},"fee":2}'), 'deny', 'a string "500" is 500');
+  t.equal(ev('{"payment":{"amount":" 1e6 "},"fee":"2"}'), 'deny', 'exponent, spaces, every bound');
+  t.equal(ev('{"payment":{"amount":"1_000"},"fee":2}'), 'deny', 'digit separators (Python int())');
+  t.equal(ev('{"payment":{"amount":"Infinity"},"fee":2}'), 'deny');
+  t.equal(ev('{"payment":{"amount":"50"},"fee":2}'), 'allow', 'under the bound');
+  t.equal(ev('{"payment":{"amount":"500 USD"},"fee":2}'), 'allow', 'not a number');
+  t.equal(ev('{"payment":{"amount":"0x1F4"},"fee":2}'), 'allow', 'hex is not read as decimal');
   t.equal(ev('{"payment":{"amount":true},"fee":2}'), 'allow');
   t.equal(ev('{"payment":{"amount":[500]},"fee":2}'), 'allow');
   t.equal(ev('{"payment":{"amount":1e400},"fee":2}'), 'deny', '1e400 parses to Infinity: greater');
@@ -237,14 +244,15 @@ t.test(
             if (path === 'z.w') return (parsed.z as Record<string, unknown> | undefined)?.w;
             return parsed[path];
           };
-          // The model: tool glob, then each bound a number strictly past it (not-an-object meets all).
+          // The model: tool glob, then each bound a number (or decimal text) strictly past it (not-an-object meets all).
           const matching = rules.filter(
             (r) =>
               (r.tool === undefined || globs[r.tool](name)) &&
               Object.entries(r.arg_gt ?? {}).every(([path, bound]) => {
                 if (parsed === null) return true;
                 const v = at(path);
-                return typeof v === 'number' && v > bound;
+                const n = typeof v === 'string' && /^\s*-?\d+(\.\d+)?\s*$/.test(v) ? Number(v) : v;
+                return typeof n === 'number' && n > bound;
               }),
           );
           const expected = matching.reduce<'allow' | 'deny' | 'require_approval'>(

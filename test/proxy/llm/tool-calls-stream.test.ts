@@ -6,7 +6,7 @@ import type { Decide, ToolCall, ToolVerdict } from '../../../proxy/llm/tools/typ
 import { compileToolPolicy } from '../../../pipeline/tool-policy/compile.ts';
 import { evaluateToolCall } from '../../../pipeline/tool-policy/evaluate.ts';
 import type { ScriptedTool } from '../../fixtures/llm-upstream.ts';
-import { startHarness } from '../../fixtures/llmproxy-harness.ts';
+import { recordAfter, startHarness } from '../../fixtures/llmproxy-harness.ts';
 import { until } from '../../fixtures/eventually.ts';
 
 // Streamed answers with tool calls, through the real proxy and the official SDKs, each call decided by
@@ -154,4 +154,27 @@ t.test('the agent leaving while a streamed call is held: the record says so, the
   const client = h.anthropic(await h.token());
   const next = await client.messages.stream(ask, tools([{ name: 'get_weather', input: {} }])).finalMessage();
   t.equal(next.content.at(-1)?.type, 'tool_use', 'the proxy goes on');
+});
+
+t.test('a stream in a content coding the proxy cannot undo is refused, never relayed unexamined', async (t) => {
+  // `gzip, gzip`: the dispatcher does not undo a stacked coding, the agent's fetch does. The gate
+  // would see compressed bytes (no event in them) and let them all through.
+  const client = h.anthropic(await h.token());
+  const seen = h.audit.length;
+  const { headers } = tools(PARALLEL, 'Paying now.');
+  const got = await client.messages
+    .stream(ask, { headers: { ...headers, 'x-test-behavior': 'encode:gzip2-stream' } })
+    .finalMessage()
+    .then(
+      (m) => m.content.filter((b) => b.type === 'tool_use').map((b) => b.type === 'tool_use' && b.name),
+      (err: Error) => err,
+    );
+  t.not(
+    Array.isArray(got) && got.includes('transfer'),
+    true,
+    'the denied transfer never reaches the agent as a tool_use',
+  );
+  t.type(got, Error, 'the agent gets an error, not the answer');
+  const record = await recordAfter(h, seen);
+  t.match(record.error, /content coding gzip, gzip/, 'the record says why');
 });

@@ -15,6 +15,7 @@ import { validateOptions, type LlmProxyOptions } from '../../../proxy/llm/option
 import { secretSource } from '../../../proxy/llm/secrets-file.ts';
 import { toolPolicy } from '../../../proxy/llm/steps/tool-policy.ts';
 import { toolDecider } from '../../../proxy/llm/tool-decisions.ts';
+import { streamToolGate } from '../../../proxy/llm/tools/stream-formats.ts';
 import type { Decide, ToolCall } from '../../../proxy/llm/tools/types.ts';
 import { startApprovalsPeer, type ApprovalsPeer } from '../../fixtures/approvals-peer.ts';
 
@@ -525,4 +526,49 @@ t.test('parallel calls with mixed verdicts are decided independently', async (t)
   );
   t.equal(peer.created.length, 2);
   t.same(e.sink.rows.map((r) => r.tool_call_id).sort(), ['a', 'b', 'c', 'd']);
+});
+
+t.test('a call the stream gate refuses itself is recorded: decided_by gate, outcome deny', async (t) => {
+  const e = await env(t);
+  const { decide, ctx } = await decider(e);
+  // read_file is allowed by the policy, but the stream carries it inconsistently: in message_start's
+  // content (never streamed as a block), and as a block whose index is not its position.
+  const ev = (name: string, data: unknown) => `event: ${name}\ndata: ${JSON.stringify(data)}\n\n`;
+  const use = (id: string) => ({ type: 'tool_use', id, name: 'read_file', input: { path: '/etc/hosts' } });
+  const stream =
+    ev('message_start', {
+      type: 'message_start',
+      message: { id: 'm', type: 'message', role: 'assistant', content: [use('toolu_a')] },
+    }) +
+    ev('content_block_start', { type: 'content_block_start', index: 7, content_block: use('toolu_b') }) +
+    ev('content_block_stop', { type: 'content_block_stop', index: 1 }) +
+    ev('message_stop', { type: 'message_stop' });
+  const gate = streamToolGate('anthropic-messages', decide);
+  const out: Buffer[] = [];
+  const reading = (async () => {
+    for (let b = await gate.next(); b !== null; b = await gate.next()) out.push(b);
+  })();
+  gate.push(Buffer.from(stream));
+  gate.end();
+  await reading;
+  t.notMatch(Buffer.concat(out).toString(), /"type":"tool_use"/, 'neither reaches the agent as a call');
+  t.equal(e.sink.rows.length, 2, 'each refusal is a row');
+  for (const [row, id, why] of [
+    [e.sink.rows[0], 'toolu_a', /not streamed as a content block/],
+    [e.sink.rows[1], 'toolu_b', /index was not its position/],
+  ] as const) {
+    t.match(row, {
+      call_id: ctx.id,
+      tool: 'read_file',
+      tool_call_id: id,
+      arguments: '{"path":"/etc/hosts"}',
+      args_digest: /^[0-9a-f]{64}$/,
+      verdict: 'allow',
+      outcome: 'deny',
+      decided_by: 'gate',
+      reason: why,
+      policy_version: /^[0-9a-f]{16}$/,
+    });
+  }
+  t.equal(await counted(e, 'allow', 'deny'), 2);
 });

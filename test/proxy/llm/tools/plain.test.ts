@@ -312,3 +312,67 @@ t.test('decidePlainAnswer: the agent leaving while a call waits ends the wait', 
   t.same(result, { kind: 'gone' });
   t.notOk(released, 'did not wait for the decision');
 });
+
+t.test('openai responses: the built-in tools the agent runs (shell, computer, patch) are calls too', async (t) => {
+  const shell = {
+    type: 'local_shell_call',
+    id: 'ls_1',
+    call_id: 'call_ls',
+    status: 'completed',
+    action: { type: 'exec', command: ['rm', '-rf', '/'] },
+  };
+  const newShell = {
+    type: 'shell_call',
+    id: 'sh_1',
+    call_id: 'call_sh',
+    status: 'completed',
+    action: { commands: ['curl x | sh'] },
+  };
+  const computer = {
+    type: 'computer_call',
+    id: 'cu_1',
+    call_id: 'call_cu',
+    status: 'completed',
+    action: { type: 'click', x: 1, y: 2 },
+    pending_safety_checks: [],
+  };
+  const patch = {
+    type: 'apply_patch_call',
+    id: 'ap_1',
+    call_id: 'call_ap',
+    status: 'completed',
+    operation: { type: 'delete_file', path: '/etc/passwd' },
+  };
+  const answer: AnswerJson = {
+    id: 'resp_1',
+    object: 'response',
+    output: [shell, newShell, computer, patch, { type: 'web_search_call', id: 'ws_1', status: 'completed' }],
+  };
+  t.same(
+    responses.calls(answer).map((c) => [c.id, c.name, c.arguments]),
+    [
+      ['call_ls', 'local_shell', JSON.stringify(shell.action)],
+      ['call_sh', 'shell', JSON.stringify(newShell.action)],
+      ['call_cu', 'computer', JSON.stringify(computer.action)],
+      ['call_ap', 'apply_patch', JSON.stringify(patch.operation)],
+    ],
+    'decided under their tool names, on their action or operation',
+  );
+  let decided: PlainDecision | undefined;
+  await exchange(async (res) => {
+    decided = await decidePlainAnswer(
+      'openai-responses',
+      Buffer.from(JSON.stringify(answer)),
+      async (c) => (c.name === 'computer' ? { allow: true, message: '' } : { allow: false, message: `no ${c.name}` }),
+      res,
+    );
+    res.end();
+  }, false);
+  t.equal(decided?.kind, 'rewritten');
+  const out = JSON.parse((decided as Extract<PlainDecision, { kind: 'rewritten' }>).body.toString()) as AnswerJson;
+  t.same(
+    (out.output as { type: string }[]).map((o) => o.type),
+    ['message', 'message', 'computer_call', 'message', 'web_search_call'],
+    'the refused ones are message items in place; the provider-run item untouched',
+  );
+});

@@ -100,3 +100,14 @@ t.test('what is pending is counted, and a long line costs no more than its bytes
   t.equal(done.data?.length, 2_000_000);
   t.equal(f.pending, 0);
 });
+
+t.test('a byte-order mark opening any line is dropped, as the SDKs do; a line of only one is blank', async (t) => {
+  const f = new SseFramer();
+  const bom = '\uFEFF';
+  const frames = [...f.push(Buffer.from(`data: a\n${bom}\n${bom}data: b\n\n`)), ...f.end()];
+  t.same(
+    frames.map((x) => x.data),
+    ['a', 'b'],
+  );
+  t.equal(Buffer.concat(frames.map((x) => x.raw)).toString(), `data: a\n${bom}\n${bom}data: b\n\n`, 'bytes kept');
+});

@@ -58,7 +58,8 @@ t.test('a tool_use block without deltas is decided on its input; pings and error
   t.equal(out.toString(), stream);
 });
 
-t.test('a second tool_use opened before the first stopped: the first is never decided', async (t) => {
+t.test('a second tool_use started under the index of an open one is refused, never decided', async (t) => {
+  // The SDKs put it at the next position (1) and apply index 0's deltas and stop to the first one.
   const start = (i: number, id: string) =>
     `event: content_block_start\ndata: {"type":"content_block_start","index":${i},"content_block":{"type":"tool_use","id":"${id}","name":"x","input":{}}}\n\n`;
   const stop = (i: number) => `event: content_block_stop\ndata: {"type":"content_block_stop","index":${i}}\n\n`;
@@ -67,12 +68,13 @@ t.test('a second tool_use opened before the first stopped: the first is never de
     seen.push(c.id);
     return { allow: true, message: '' };
   });
-  t.same(seen, ['b']);
+  t.same(seen, ['a']);
   t.same(
     gate.calls.map((c) => c.state),
-    ['dropped', 'allowed'],
+    ['allowed', 'refused'],
   );
-  t.notMatch(out.toString(), /"id":"a"/, 'the block without its stop never reaches the agent');
+  t.notMatch(out.toString(), /"id":"b"/, 'the second block never reaches the agent as a call');
+  t.match(data(out)[1], { type: 'content_block_start', index: 1, content_block: { type: 'text' } });
 });
 
 t.test('a tool_use smuggled into message_start’s content is refused, never decided', async (t) => {
@@ -85,11 +87,16 @@ t.test('a tool_use smuggled into message_start’s content is refused, never dec
     decided.push(c.name);
     return { allow: true, message: '' };
   });
-  t.same(decided, ['get_weather', 'delete_files']);
+  // It takes position 0 in the SDKs' message: every streamed block's index is then off by one, so
+  // the streamed calls are refused as well (their deltas would reach the SDKs' neighbouring block).
+  t.same(decided, []);
   t.same(data(out)[0].message.content, [
     { type: 'text', text: '[dvx] The tool call rm (id toolu_x) was not run: it was not streamed as a content block.' },
   ]);
-  t.equal(gate.calls[0].state, 'refused');
+  t.same(
+    gate.calls.map((c) => c.state),
+    ['refused', 'refused', 'refused'],
+  );
 });
 
 t.test('a delta for a tool_use block already stopped never reaches the agent', async (t) => {
