@@ -50,6 +50,11 @@ export const ERRORS = {
     'content-encoding: request bodies must be sent uncompressed (identity)',
   ),
   modelRequired: jsonError(400, 'invalid_request_error', 'model: a string model is required'),
+  toolPolicyRoute: jsonError(
+    403,
+    'permission_error',
+    'this route is not available under a tool-call policy: its answers can carry tool calls the policy has not decided',
+  ),
   auditUnavailable: jsonError(
     503,
     'audit_unavailable',

@@ -30,6 +30,25 @@ export function isNormalApiPath(path: string): boolean {
   return !/%(?:2[dDeEfF]|3[0-9]|[46][1-9a-fA-F]|[57][0-9aA]|5[cCfF]|7[eE])/.test(path);
 }
 
+/**
+ * The pass-through routes whose answers never carry model output, so never a tool call: the only ones an
+ * agent under a tool-call policy may use besides the inference routes. Every other route may replay
+ * what a model said (a stored response or completion, batch results, a conversation's items, a file
+ * of batch output) with its tool calls undecided, so it is refused then (an allow list: a provider's
+ * new route is refused until it is known to be safe).
+ */
+export function answersWithoutModelOutput(method: string, path: string): boolean {
+  if (method === 'GET') return path === '/v1/models' || /^\/v1\/models\/[^/]+$/.test(path);
+  if (method === 'POST')
+    return (
+      path === '/v1/messages/count_tokens' ||
+      path === '/v1/responses/input_tokens' ||
+      path === '/v1/embeddings' ||
+      path === '/v1/moderations'
+    );
+  return false;
+}
+
 /** The API family of a pass-through path: Anthropic's clients always send `anthropic-version`. */
 export function passThroughFormat(path: string, headers: IncomingHttpHeaders): WireFormat {
   if (path.startsWith('/v1/messages') || path.startsWith('/v1/complete') || headers['anthropic-version'] !== undefined)

@@ -189,8 +189,12 @@ t.test('no rule, no decision: decideTool is null (the relays take their path wit
   t.equal(toolDecider(ctx), null, 'no governance');
   ctx.governance = { llm: { inspection: POLICY } } as unknown as EffectiveGovernance;
   ctx.inference = false;
-  toolPolicy(ctx);
-  t.equal(ctx.decideTool, null, 'not an inference call');
+  t.throws(
+    () => toolPolicy(ctx),
+    { name: 'Refusal' },
+    'another route under a tool rule: refused (tool-policy-routes.test.ts)',
+  );
+  t.equal(ctx.decideTool, null, 'not an inference call: nothing decides');
 });
 
 t.test('allow and deny by the policy, recorded; detailed names the reason', async (t) => {
