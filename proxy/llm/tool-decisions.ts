@@ -3,6 +3,7 @@ import { newId } from '../../core/ids.ts';
 import { gated } from '../../audit-wal/gate.ts';
 import { AuditUnavailableError } from '../../audit-wal/errors.ts';
 import type { LlmGovernance } from '../../pipeline/policy/governance.ts';
+import { snapshotAgent } from '../../pipeline/policy/snapshot.ts';
 import { governanceOf } from '../../pipeline/policy/snapshot-governance.ts';
 import { MAX_APPROVAL_ARGUMENTS_BYTES, MIN_APPROVAL_EXPIRY_MS, type ApprovalView } from './approvals-client.ts';
 import type { CallContext } from './context.ts';
@@ -184,7 +185,23 @@ async function approval(
       { approvalId },
     );
   }
-  return applied(view, created, ev, policy, currentVersion(ctx), deny, held);
+  return applied(view, created, ev, policy, currentVersion(ctx), agentRefusal(ctx), deny, held);
+}
+
+/**
+ * Why the caller may no longer act, by the snapshot the proxy holds now (null: it may): contained,
+ * suspended or isolated while its call was held, or moved to another org. admit.ts refuses such an agent
+ * at the start of a call; a person's yes given meanwhile must not release a call the agent could no
+ * longer make.
+ */
+function agentRefusal(ctx: CallContext): string | null {
+  const { orgId, agentId } = ctx.identity!;
+  const agent = snapshotAgent(ctx.d.snapshot(), agentId);
+  if (!agent) return null;
+  if (agent.org_id !== orgId) return `the agent is no longer in org ${orgId}`;
+  if (agent.contained) return 'the agent is contained';
+  if (agent.status === 'suspended' || agent.status === 'isolated') return `the agent is ${agent.status}`;
+  return null;
 }
 
 /**
@@ -206,6 +223,8 @@ function applied(
   policy: ToolPolicy,
   /** The caller's policy version now (currentVersion). */
   current: string | null,
+  /** Why the caller may no longer act now (agentRefusal), or null. */
+  refusal: string | null,
   deny: (reason: string, agentReason: string, decidedBy: DecidedBy, more?: Partial<Outcome>) => Outcome,
   held: () => number,
 ): Outcome {
@@ -239,7 +258,9 @@ function applied(
                 ? 'it was decided after it expired'
                 : current !== policy.version
                   ? `the policy changed while the call was held (version ${policy.version}, now ${current ?? 'none'})`
-                  : null;
+                  : refusal !== null
+                    ? `${refusal} (changed while the call was held)`
+                    : null;
       if (why !== null)
         return deny(
           `approved by ${person}, but the approval does not apply: ${why}`,

@@ -148,13 +148,18 @@ async function env(
 }
 
 /** A snapshot whose org-1 holds `inspection` as its llm_policy (agent-1 in it). */
-function snapshotOf(inspection: LlmGovernance['inspection'] | null): Snapshot {
+function snapshotOf(
+  inspection: LlmGovernance['inspection'] | null,
+  agent: { status?: string; contained?: boolean; org_id?: string } = {},
+): Snapshot {
   return validateSnapshot({
     version: 'v1',
     enclave: { id: 'enc-1' },
     platform: {},
     orgs: { 'org-1': { config: inspection ? { llm_policy: { value: { inspection } } } : {}, flags: {} } },
-    agents: { 'agent-1': { org_id: 'org-1', name: 'builder', status: 'active', contained: false, config: {} } },
+    agents: {
+      'agent-1': { org_id: 'org-1', name: 'builder', status: 'active', contained: false, config: {}, ...agent },
+    },
   });
 }
 
@@ -525,4 +530,34 @@ t.test('parallel calls with mixed verdicts are decided independently', async (t)
   );
   t.equal(peer.created.length, 2);
   t.same(e.sink.rows.map((r) => r.tool_call_id).sort(), ['a', 'b', 'c', 'd']);
+});
+
+t.test('an approval given while the agent was contained, suspended or moved does not release the call', async (t) => {
+  const peer = await startApprovalsPeer();
+  t.teardown(() => peer.close());
+  const e = await env(t, { peer });
+  const { decide } = await decider(e);
+  for (const [state, why] of [
+    [{ contained: true }, /the agent is contained/],
+    [{ status: 'suspended' }, /the agent is suspended/],
+    [{ status: 'isolated' }, /the agent is isolated/],
+    [{ org_id: 'org-2' }, /the agent is no longer in org org-1/],
+  ] as const) {
+    // Contained (or suspended) by the control plane while a person looks at the held call.
+    peer.onCreate = (a) => {
+      e.snapshot = snapshotOf(POLICY, state);
+      setTimeout(() => peer.decide(a.id, 'approved', 'carol'), 20);
+    };
+    const v = await decide(tc('transfer', { amount: 1000 }, 'tc'));
+    t.equal(v.allow, false, JSON.stringify(state));
+    t.equal(v.message, '[dvx] The tool call transfer (id tc) was not run: the approval does not apply to this call.');
+    t.match(e.sink.rows.at(-1), {
+      outcome: 'deny',
+      decided_by: 'carol',
+      reason: why,
+    });
+    e.snapshot = snapshotOf(POLICY);
+  }
+  peer.onCreate = (a) => setTimeout(() => peer.decide(a.id, 'approved', 'carol'), 20);
+  t.equal((await decide(tc('transfer', { amount: 1000 }))).allow, true, 'active again: it applies');
 });
