@@ -362,3 +362,47 @@ t.test('a restart keeps every approval and its status', async (t) => {
   t.equal((await h.agent('GET', `/v1/satellite/approvals/${pending.id}`, undefined, token)).body.status, 'pending');
   t.equal((await h.operator('approver-a', 'POST', `/api/v1/approvals/${pending.id}/approve`)).status, 200);
 });
+
+t.test(
+  'an approval whose agent was contained or suspended meanwhile cannot be approved (denied it can be)',
+  async (t) => {
+    await addAgent(h, 'agent-k', 'org-a', null);
+    const states: [[string, boolean], RegExp][] = [
+      [['active', true], /^agent agent-k is contained: its held call cannot be approved$/],
+      [['suspended', false], /^agent agent-k is suspended: its held call cannot be approved$/],
+    ];
+    for (const [state, detail] of states) {
+      await addAgent(h, 'agent-k', 'org-a', null);
+      const a = (await create(approvalRequest('org-a', 'agent-k'))).body;
+      t.equal(a.status, 'pending');
+      // The control plane contains the agent while a person looks at its held call.
+      await addAgent(h, 'agent-k', 'org-a', null, ...state);
+      const res = await h.operator('approver-a', 'POST', `/api/v1/approvals/${a.id}/approve`, { reason: 'fine' });
+      t.equal(res.status, 409, JSON.stringify(state));
+      t.match(res.body.detail, detail);
+      t.equal((await h.operator('approver-a', 'GET', `/api/v1/approvals/${a.id}`)).body.status, 'pending');
+      t.ok(
+        h.audit.some(
+          (r) => r.action === 'approval.approve' && r.outcome === 'deny' && r.resource === `approval:${a.id}`,
+        ),
+        'the refused approve is audited',
+      );
+      const denied = await h.operator('approver-a', 'POST', `/api/v1/approvals/${a.id}/deny`, { reason: 'contained' });
+      t.equal(denied.status, 200, 'a deny is still taken');
+      t.equal(denied.body.status, 'denied');
+    }
+    // Moved to another org, or gone from the enclave: not approvable either.
+    await addAgent(h, 'agent-k', 'org-a', null);
+    const moved = (await create(approvalRequest('org-a', 'agent-k'))).body;
+    await addAgent(h, 'agent-k', 'org-b', null);
+    const res = await h.operator('approver-a', 'POST', `/api/v1/approvals/${moved.id}/approve`);
+    t.equal(res.status, 409);
+    t.match(res.body.detail, /no longer in org org-a/);
+    await addAgent(h, 'agent-k', 'org-a', null);
+    t.equal(
+      (await h.operator('approver-a', 'POST', `/api/v1/approvals/${moved.id}/approve`)).status,
+      200,
+      'active again',
+    );
+  },
+);
