@@ -169,15 +169,22 @@ async function approval(
         ? await d.approvals.waitDecided(approvalId, deadline, () => performance.now(), gone)
         : created;
   } catch (err) {
-    if (gone.aborted) {
-      const cancelled = await d.approvals.cancel(approvalId).catch((e: unknown) => {
+    // The call is refused either way: its approval is cancelled, not left pending for a person's yes that
+    // would release nothing (the broker's audit would say approved for a call that never ran).
+    const cancel = async (): Promise<string> => {
+      const cancelled = await d.approvals!.cancel(approvalId).catch((e: unknown) => {
         d.log.warn({ err: e, request_id: ctx.id, approval_id: approvalId }, 'held approval could not be cancelled');
         return undefined;
       });
-      const note = cancelled === null ? ' (it had been decided meanwhile)' : cancelled ? ' (approval cancelled)' : '';
+      return cancelled === null ? ' (it had been decided meanwhile)' : cancelled ? ' (approval cancelled)' : '';
+    };
+    if (gone.aborted) {
+      const note = await cancel();
       return deny(`the agent disconnected while the call was held${note}`, 'agent gone', 'agent-gone', { approvalId });
     }
     d.log.warn({ err, request_id: ctx.id, approval_id: approvalId }, 'approval wait failed: tool call denied');
+    // Not waited for: a broker that does not answer would hold the denial up to a request's timeout.
+    void cancel();
     return deny(
       `approval service unavailable: ${(err as Error).message}`,
       'the approval service is unavailable',

@@ -561,3 +561,30 @@ t.test('an approval given while the agent was contained, suspended or moved does
   peer.onCreate = (a) => setTimeout(() => peer.decide(a.id, 'approved', 'carol'), 20);
   t.equal((await decide(tc('transfer', { amount: 1000 }))).allow, true, 'active again: it applies');
 });
+
+t.test(
+  'a wait that fails (the broker answers nonsense): denied, and the approval is cancelled, not left for a yes',
+  async (t) => {
+    const peer = await startApprovalsPeer();
+    t.teardown(() => peer.close());
+    const e = await env(t, { peer });
+    const { decide } = await decider(e);
+    // The broker's long poll answers something that is no approvalView (a proxy in between, a bug).
+    peer.fault = (req, res) => {
+      if (req.method !== 'GET') return false;
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end('{"not":"an approval"}');
+      return true;
+    };
+    const v = await decide(tc('transfer', { amount: 1000 }, 'tf'));
+    t.equal(v.message, '[dvx] The tool call transfer (id tf) was not run: the approval service is unavailable.');
+    const [created] = [...peer.approvals.values()];
+    t.match(e.sink.rows.at(-1), { outcome: 'deny', decided_by: 'approvals-unavailable', approval_id: created!.id });
+    // Left pending, a person could still approve a call that was already refused: the broker's audit would
+    // say approved for a call that never ran.
+    // (The cancel is not waited for: a broker that does not answer must not hold the denial up.)
+    for (let i = 0; i < 100 && peer.cancelled.length === 0; i++) await new Promise((r) => setTimeout(r, 20));
+    t.same(peer.cancelled, [created!.id], 'the approval is cancelled on the broker');
+    t.equal(created!.status, 'cancelled');
+  },
+);
