@@ -192,7 +192,7 @@ async function approval(
       { approvalId },
     );
   }
-  return applied(view, created, ev, policy, currentVersion(ctx), agentRefusal(ctx), deny, held);
+  return applied(view, created, call, ev, policy, currentVersion(ctx), agentRefusal(ctx), deny, held);
 }
 
 /**
@@ -226,6 +226,7 @@ function currentVersion(ctx: CallContext): string | null {
 function applied(
   view: ApprovalView,
   created: ApprovalView,
+  call: ToolCall,
   ev: ToolEvaluation,
   policy: ToolPolicy,
   /** The caller's policy version now (currentVersion). */
@@ -257,17 +258,19 @@ function applied(
       const why =
         view.id !== approvalId
           ? `the broker answered for approval ${view.id}`
-          : view.args_digest !== ev.argsDigest
-            ? 'it was given for other arguments (args_digest differs)'
-            : view.policy_version !== policy.version
-              ? `it was given under policy version ${view.policy_version}, not ${policy.version}`
-              : !(decidedAt <= expiresAt)
-                ? 'it was decided after it expired'
-                : current !== policy.version
-                  ? `the policy changed while the call was held (version ${policy.version}, now ${current ?? 'none'})`
-                  : refusal !== null
-                    ? `${refusal} (changed while the call was held)`
-                    : null;
+          : view.tool !== call.name
+            ? 'it was given for another tool'
+            : view.args_digest !== ev.argsDigest
+              ? 'it was given for other arguments (args_digest differs)'
+              : view.policy_version !== policy.version
+                ? `it was given under policy version ${view.policy_version}, not ${policy.version}`
+                : !(decidedAt <= expiresAt)
+                  ? 'it was decided after it expired'
+                  : current !== policy.version
+                    ? `the policy changed while the call was held (version ${policy.version}, now ${current ?? 'none'})`
+                    : refusal !== null
+                      ? `${refusal} (changed while the call was held)`
+                      : null;
       if (why !== null)
         return deny(
           `approved by ${person}, but the approval does not apply: ${why}`,

@@ -92,7 +92,7 @@ t.test('create, read, list, approve, deny: the approvalView, the 409s, the audit
   t.equal(again.body.id, id, 'a create sent twice finds the first');
   const other = await create({ ...req, args_digest: 'f'.repeat(64) });
   t.equal(other.status, 409);
-  t.match(other.body.detail, /other arguments or another policy version/);
+  t.match(other.body.detail, /another tool, other arguments or another policy version/);
 
   t.same((await h.agent('GET', `/v1/satellite/approvals/${id}`, undefined, token)).body, made.body);
   t.same((await h.operator('auditor-a', 'GET', `/api/v1/approvals/${id}`)).body, made.body, 'an auditor reads it');
@@ -404,5 +404,21 @@ t.test(
       200,
       'active again',
     );
+  },
+);
+
+t.test(
+  "a create sent again for the same call with another tool is a 409, never the first call's decision",
+  async (t) => {
+    const req = approvalRequest('org-a', 'agent-1', { tool: 'read_ledger' });
+    const made = (await create(req)).body;
+    t.equal((await h.operator('approver-a', 'POST', `/api/v1/approvals/${made.id}/approve`)).status, 200);
+    // The same request_id, call_id, arguments and policy version, another tool: not the same call.
+    const other = await create({ ...req, tool: 'drop_ledger' });
+    t.equal(other.status, 409, 'not answered with the approved approval of read_ledger');
+    t.match(other.body.detail, /another tool/);
+    const again = await create(req);
+    t.equal(again.status, 201, 'the same call again: its approval');
+    t.match(again.body, { id: made.id, status: 'approved', tool: 'read_ledger' });
   },
 );

@@ -455,6 +455,7 @@ t.test('an approval for other arguments, another policy version, or decided afte
   const { decide } = await decider(e);
   const cases: [Record<string, unknown>, RegExp][] = [
     [{ args_digest: 'f'.repeat(64) }, /other arguments/],
+    [{ tool: 'transfer_all' }, /given for another tool/],
     [{ policy_version: 'ffffffffffffffff' }, /under policy version ffffffffffffffff/],
     [{ decided_at: new Date(Date.now() + 3_600_000).toISOString() }, /decided after it expired/],
   ];
