@@ -3,6 +3,7 @@ import { newId } from '../../core/ids.ts';
 import { gated } from '../../audit-wal/gate.ts';
 import { AuditUnavailableError } from '../../audit-wal/errors.ts';
 import type { LlmGovernance } from '../../pipeline/policy/governance.ts';
+import { snapshotAgent } from '../../pipeline/policy/snapshot.ts';
 import { governanceOf } from '../../pipeline/policy/snapshot-governance.ts';
 import { MAX_APPROVAL_ARGUMENTS_BYTES, MIN_APPROVAL_EXPIRY_MS, type ApprovalView } from './approvals-client.ts';
 import type { CallContext } from './context.ts';
@@ -201,15 +202,22 @@ async function approval(
         ? await d.approvals.waitDecided(approvalId, deadline, () => performance.now(), gone)
         : created;
   } catch (err) {
-    if (gone.aborted) {
-      const cancelled = await d.approvals.cancel(approvalId).catch((e: unknown) => {
+    // The call is refused either way: its approval is cancelled, not left pending for a person's yes that
+    // would release nothing (the broker's audit would say approved for a call that never ran).
+    const cancel = async (): Promise<string> => {
+      const cancelled = await d.approvals!.cancel(approvalId).catch((e: unknown) => {
         d.log.warn({ err: e, request_id: ctx.id, approval_id: approvalId }, 'held approval could not be cancelled');
         return undefined;
       });
-      const note = cancelled === null ? ' (it had been decided meanwhile)' : cancelled ? ' (approval cancelled)' : '';
+      return cancelled === null ? ' (it had been decided meanwhile)' : cancelled ? ' (approval cancelled)' : '';
+    };
+    if (gone.aborted) {
+      const note = await cancel();
       return deny(`the agent disconnected while the call was held${note}`, 'agent gone', 'agent-gone', { approvalId });
     }
     d.log.warn({ err, request_id: ctx.id, approval_id: approvalId }, 'approval wait failed: tool call denied');
+    // Not waited for: a broker that does not answer would hold the denial up to a request's timeout.
+    void cancel();
     return deny(
       `approval service unavailable: ${(err as Error).message}`,
       'the approval service is unavailable',
@@ -217,7 +225,23 @@ async function approval(
       { approvalId },
     );
   }
-  return applied(view, created, ev, policy, currentVersion(ctx), deny, held);
+  return applied(view, created, call, ev, policy, currentVersion(ctx), agentRefusal(ctx), deny, held);
+}
+
+/**
+ * Why the caller may no longer act, by the snapshot the proxy holds now (null: it may): contained,
+ * suspended or isolated while its call was held, or moved to another org. admit.ts refuses such an agent
+ * at the start of a call; a person's yes given meanwhile must not release a call the agent could no
+ * longer make.
+ */
+function agentRefusal(ctx: CallContext): string | null {
+  const { orgId, agentId } = ctx.identity!;
+  const agent = snapshotAgent(ctx.d.snapshot(), agentId);
+  if (!agent) return null;
+  if (agent.org_id !== orgId) return `the agent is no longer in org ${orgId}`;
+  if (agent.contained) return 'the agent is contained';
+  if (agent.status === 'suspended' || agent.status === 'isolated') return `the agent is ${agent.status}`;
+  return null;
 }
 
 /**
@@ -235,10 +259,13 @@ function currentVersion(ctx: CallContext): string | null {
 function applied(
   view: ApprovalView,
   created: ApprovalView,
+  call: ToolCall,
   ev: ToolEvaluation,
   policy: ToolPolicy,
   /** The caller's policy version now (currentVersion). */
   current: string | null,
+  /** Why the caller may no longer act now (agentRefusal), or null. */
+  refusal: string | null,
   deny: (reason: string, agentReason: string, decidedBy: DecidedBy, more?: Partial<Outcome>) => Outcome,
   held: () => number,
 ): Outcome {
@@ -264,15 +291,19 @@ function applied(
       const why =
         view.id !== approvalId
           ? `the broker answered for approval ${view.id}`
-          : view.args_digest !== ev.argsDigest
-            ? 'it was given for other arguments (args_digest differs)'
-            : view.policy_version !== policy.version
-              ? `it was given under policy version ${view.policy_version}, not ${policy.version}`
-              : !(decidedAt <= expiresAt)
-                ? 'it was decided after it expired'
-                : current !== policy.version
-                  ? `the policy changed while the call was held (version ${policy.version}, now ${current ?? 'none'})`
-                  : null;
+          : view.tool !== call.name
+            ? 'it was given for another tool'
+            : view.args_digest !== ev.argsDigest
+              ? 'it was given for other arguments (args_digest differs)'
+              : view.policy_version !== policy.version
+                ? `it was given under policy version ${view.policy_version}, not ${policy.version}`
+                : !(decidedAt <= expiresAt)
+                  ? 'it was decided after it expired'
+                  : current !== policy.version
+                    ? `the policy changed while the call was held (version ${policy.version}, now ${current ?? 'none'})`
+                    : refusal !== null
+                      ? `${refusal} (changed while the call was held)`
+                      : null;
       if (why !== null)
         return deny(
           `approved by ${person}, but the approval does not apply: ${why}`,

@@ -114,12 +114,17 @@ export async function createApproval(deps: BrokerDeps, actor: BrokerActor, r: Ap
   return approvalView(change.row, deps.now());
 }
 
-/** An earlier approval of the same call: answered when it is the same request, 409 when it is not. */
+/** An earlier approval of the same call: answered when it is the same request (org, tool, digest, policy), 409 when it is not. */
 function replayed(deps: BrokerDeps, row: Parameters<typeof approvalView>[0], r: ApprovalRequest): ApprovalView {
-  if (row.org_id !== r.org_id || row.args_digest !== r.args_digest || row.policy_version !== r.policy_version)
+  if (
+    row.org_id !== r.org_id ||
+    row.tool !== r.tool ||
+    row.args_digest !== r.args_digest ||
+    row.policy_version !== r.policy_version
+  )
     throw new ApiError(
       PROBLEMS.conflict,
-      `an approval with other arguments or another policy version exists for request ${r.request_id} call ${r.call_id}`,
+      `an approval with another tool, other arguments or another policy version exists for request ${r.request_id} call ${r.call_id}`,
     );
   return approvalView(row, deps.now());
 }

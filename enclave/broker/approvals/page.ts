@@ -42,8 +42,14 @@ function el(tag, attrs, ...children) {
   return e;
 }
 // Invisible and control characters shown as escapes: what the approver reads is what the tool gets.
-const visible = (s) => s.replace(/[\\u0000-\\u0008\\u000b-\\u001f\\u007f-\\u009f\\u00ad\\u200b-\\u200f\\u202a-\\u202e\\u2060-\\u2064\\u2066-\\u206f\\ufeff]/g,
-  (c) => '\\\\u' + c.charCodeAt(0).toString(16).padStart(4, '0'));
+// Every control, format (bidi controls, tag characters), private-use, surrogate and unassigned code
+// point, line and paragraph separators, and the blank fillers and selectors that render as nothing;
+// line breaks and tabs stay (pretty-printed arguments have them).
+const INVISIBLE = /(?![\\n\\t])[\\p{C}\\p{Zl}\\p{Zp}\\u034f\\u115f\\u1160\\u17b4\\u17b5\\u180b-\\u180f\\u3164\\uffa0\\ufe00-\\ufe0f\\u{e0100}-\\u{e01ef}]/gu;
+const visible = (s) => s.replace(INVISIBLE, (c) => {
+  const cp = c.codePointAt(0);
+  return cp > 0xffff ? '\\\\u{' + cp.toString(16) + '}' : '\\\\u' + cp.toString(16).padStart(4, '0');
+});
 const pretty = (a) => visible(typeof a === 'string' ? a : JSON.stringify(a, null, 2));
 const setState = (s) => { $('#state').textContent = s; };
 
@@ -82,7 +88,7 @@ function render() {
 function card(a) {
   const pending = a.status === 'pending' && Date.parse(a.expires_at) > Date.now();
   const c = el('section', { class: 'card', 'data-id': a.id, 'data-status': pending ? 'pending' : a.status },
-    el('h2', {}, visible(a.tool), ' ', el('span', { class: 'meta' }, 'by ' + visible(a.agent_name) + ' (' + a.agent_id + ')')),
+    el('h2', {}, visible(a.tool), ' ', el('span', { class: 'meta' }, 'by ' + visible(a.agent_name) + ' (' + visible(a.agent_id) + ')')),
     el('div', { class: 'meta' }, 'rule ' + visible(a.rule) + (a.summary ? ': ' + visible(a.summary) : '')),
     el('pre', { class: 'arguments' }, pretty(a.arguments)));
   if (pending) {
@@ -95,7 +101,7 @@ function card(a) {
     c.append(el('div', { class: 'actions' }, reason, approve, deny));
   } else {
     c.append(el('div', {}, el('span', { class: 'status ' + (pending ? 'pending' : a.status) }, pending ? 'pending' : a.status === 'pending' ? 'expired' : a.status),
-      ' ', el('span', { class: 'meta' }, (a.decided_by ? 'by ' + a.decided_by : '') + (a.reason ? ' — ' + visible(a.reason) : ''))));
+      ' ', el('span', { class: 'meta' }, (a.decided_by ? 'by ' + visible(a.decided_by) : '') + (a.reason ? ' — ' + visible(a.reason) : ''))));
   }
   return c;
 }

@@ -1,4 +1,7 @@
-import { auditedChange, type BrokerActor } from '../audit.ts';
+import { ApiError } from '../../../core/errors.ts';
+import { PROBLEMS } from '../../../core/problem.ts';
+import { getAgent, refusalOf } from '../agents.ts';
+import { auditedChange, auditRefusal, type BrokerActor } from '../audit.ts';
 import type { BrokerDeps } from '../deps.ts';
 import { ApprovalSettledError } from '../../errors.ts';
 import { announce, logChange } from './feed.ts';
@@ -12,6 +15,8 @@ import { approvalView, EXPIRY_ACTOR, isDue, type ApprovalView } from './view.ts'
 //                       or the first decide or cancel that finds it due)
 // Each change runs under the row's lock, audited (capture-or-deny) with its actor, logged to the feed
 // and announced once committed. Settling one that is no longer pending is ApprovalSettledError (409).
+// An approval whose agent may no longer act (contained, suspended or isolated since the call was held,
+// or gone from this enclave or its org) is not approved: 409, the refusal audited; it can still be denied.
 
 export type Outcome = 'approved' | 'denied' | 'cancelled';
 
@@ -47,6 +52,10 @@ export async function settle(
   try {
     return await change(deps, actor, row.org_id, id, to, reason);
   } catch (err) {
+    if (err instanceof AgentRefused) {
+      await auditRefusal(deps, actor, ACTION[to], row.org_id, `approval:${id}`, err.message);
+      throw new ApiError(PROBLEMS.conflict, `${err.message}: its held call cannot be approved`);
+    }
     // Due while it waited for the row's lock: expired, then refused like the rest.
     if (err instanceof ApprovalSettledError && err.status === 'due') {
       await expire(deps, id);
@@ -68,6 +77,9 @@ export async function expire(deps: BrokerDeps, id: string): Promise<ApprovalView
   }
 }
 
+/** The approval's agent may no longer act: an approve is refused (its transaction rolled back). */
+class AgentRefused extends Error {}
+
 async function change(
   deps: BrokerDeps,
   actor: BrokerActor,
@@ -82,6 +94,13 @@ async function change(
     const now = deps.now();
     const due = isDue(locked, now);
     if (to === 'expired' ? !due : due) throw new ApprovalSettledError(id, to === 'expired' ? 'pending' : 'due');
+    if (to === 'approved') {
+      const agent = await getAgent(tx, locked.agent_id);
+      if (!agent || agent.org_id !== locked.org_id)
+        throw new AgentRefused(`agent ${locked.agent_id} is no longer in org ${locked.org_id} in this enclave`);
+      const refusal = refusalOf(agent);
+      if (refusal) throw new AgentRefused(refusal);
+    }
     const row = await settleApproval(tx, id, {
       status: to,
       reason,

@@ -145,3 +145,39 @@ t.test('a token without approvals:read is told so', async (t) => {
   await page.waitForFunction("/feed refused/.test(document.querySelector('#state')?.textContent ?? '')");
   t.match(await page.textContent('#state'), /requires approvals:read/);
 });
+
+t.test('what the approver reads is what the tool gets: every invisible character is shown escaped', async (t) => {
+  const context = await browser.newContext({ ignoreHTTPSErrors: true });
+  t.teardown(() => context.close());
+  const page = await context.newPage();
+  await page.goto(`https://127.0.0.1:${h.broker.operatorPort}/approvals`);
+  await page.fill('#token', await h.issuer!.token('admin-a'));
+  await page.click('#save');
+  await page.waitForFunction("document.querySelector('#state')?.textContent === 'live'");
+  // Tag characters (invisible "ASCII smuggling"), the Arabic letter mark (a bidi control), the Mongolian
+  // vowel separator, an interlinear annotation, a variation selector and a Hangul filler.
+  const hidden = ['\u{E0041}\u{E0042}', '\u061C', '\u180E', '\uFFF9', '\uFE0F', '\u3164'];
+  const text = `rm -rf /tmp/x${hidden.join('')}`;
+  const a = (
+    await h.agent('POST', '/v1/satellite/approvals', approvalRequest('org-a', 'agent-1', { arguments: text }), token)
+  ).body;
+  const card = page.locator(`[data-id="${a.id}"]`);
+  await card.waitFor({ timeout: 10_000 });
+  const shown = (await card.locator('pre.arguments').textContent())!;
+  t.notMatch(shown, /\p{C}|\u3164|\uFE0F/u, 'nothing invisible left in what the approver reads');
+  for (const shownAs of ['\\u{e0041}', '\\u{e0042}', '\\u061c', '\\u180e', '\\ufff9', '\\ufe0f', '\\u3164'])
+    t.ok(shown.includes(shownAs), `${shownAs} shown`);
+  t.ok(shown.startsWith('rm -rf /tmp/x'), 'the visible text as it is');
+  // JSON arguments keep their line breaks (pretty-printed); a line break inside raw text is kept too.
+  const multi = (
+    await h.agent(
+      'POST',
+      '/v1/satellite/approvals',
+      approvalRequest('org-a', 'agent-1', { arguments: 'line one\nline\ttwo' }),
+      token,
+    )
+  ).body;
+  const card2 = page.locator(`[data-id="${multi.id}"]`);
+  await card2.waitFor({ timeout: 10_000 });
+  t.equal(await card2.locator('pre.arguments').textContent(), 'line one\nline\ttwo');
+});

@@ -92,7 +92,7 @@ t.test('create, read, list, approve, deny: the approvalView, the 409s, the audit
   t.equal(again.body.id, id, 'a create sent twice finds the first');
   const other = await create({ ...req, args_digest: 'f'.repeat(64) });
   t.equal(other.status, 409);
-  t.match(other.body.detail, /other arguments or another policy version/);
+  t.match(other.body.detail, /another tool, other arguments or another policy version/);
 
   t.same((await h.agent('GET', `/v1/satellite/approvals/${id}`, undefined, token)).body, made.body);
   t.same((await h.operator('auditor-a', 'GET', `/api/v1/approvals/${id}`)).body, made.body, 'an auditor reads it');
@@ -362,3 +362,63 @@ t.test('a restart keeps every approval and its status', async (t) => {
   t.equal((await h.agent('GET', `/v1/satellite/approvals/${pending.id}`, undefined, token)).body.status, 'pending');
   t.equal((await h.operator('approver-a', 'POST', `/api/v1/approvals/${pending.id}/approve`)).status, 200);
 });
+
+t.test(
+  'an approval whose agent was contained or suspended meanwhile cannot be approved (denied it can be)',
+  async (t) => {
+    await addAgent(h, 'agent-k', 'org-a', null);
+    const states: [[string, boolean], RegExp][] = [
+      [['active', true], /^agent agent-k is contained: its held call cannot be approved$/],
+      [['suspended', false], /^agent agent-k is suspended: its held call cannot be approved$/],
+    ];
+    for (const [state, detail] of states) {
+      await addAgent(h, 'agent-k', 'org-a', null);
+      const a = (await create(approvalRequest('org-a', 'agent-k'))).body;
+      t.equal(a.status, 'pending');
+      // The control plane contains the agent while a person looks at its held call.
+      await addAgent(h, 'agent-k', 'org-a', null, ...state);
+      const res = await h.operator('approver-a', 'POST', `/api/v1/approvals/${a.id}/approve`, { reason: 'fine' });
+      t.equal(res.status, 409, JSON.stringify(state));
+      t.match(res.body.detail, detail);
+      t.equal((await h.operator('approver-a', 'GET', `/api/v1/approvals/${a.id}`)).body.status, 'pending');
+      t.ok(
+        h.audit.some(
+          (r) => r.action === 'approval.approve' && r.outcome === 'deny' && r.resource === `approval:${a.id}`,
+        ),
+        'the refused approve is audited',
+      );
+      const denied = await h.operator('approver-a', 'POST', `/api/v1/approvals/${a.id}/deny`, { reason: 'contained' });
+      t.equal(denied.status, 200, 'a deny is still taken');
+      t.equal(denied.body.status, 'denied');
+    }
+    // Moved to another org, or gone from the enclave: not approvable either.
+    await addAgent(h, 'agent-k', 'org-a', null);
+    const moved = (await create(approvalRequest('org-a', 'agent-k'))).body;
+    await addAgent(h, 'agent-k', 'org-b', null);
+    const res = await h.operator('approver-a', 'POST', `/api/v1/approvals/${moved.id}/approve`);
+    t.equal(res.status, 409);
+    t.match(res.body.detail, /no longer in org org-a/);
+    await addAgent(h, 'agent-k', 'org-a', null);
+    t.equal(
+      (await h.operator('approver-a', 'POST', `/api/v1/approvals/${moved.id}/approve`)).status,
+      200,
+      'active again',
+    );
+  },
+);
+
+t.test(
+  "a create sent again for the same call with another tool is a 409, never the first call's decision",
+  async (t) => {
+    const req = approvalRequest('org-a', 'agent-1', { tool: 'read_ledger' });
+    const made = (await create(req)).body;
+    t.equal((await h.operator('approver-a', 'POST', `/api/v1/approvals/${made.id}/approve`)).status, 200);
+    // The same request_id, call_id, arguments and policy version, another tool: not the same call.
+    const other = await create({ ...req, tool: 'drop_ledger' });
+    t.equal(other.status, 409, 'not answered with the approved approval of read_ledger');
+    t.match(other.body.detail, /another tool/);
+    const again = await create(req);
+    t.equal(again.status, 201, 'the same call again: its approval');
+    t.match(again.body, { id: made.id, status: 'approved', tool: 'read_ledger' });
+  },
+);

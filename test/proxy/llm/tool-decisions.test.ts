@@ -149,13 +149,18 @@ async function env(
 }
 
 /** A snapshot whose org-1 holds `inspection` as its llm_policy (agent-1 in it). */
-function snapshotOf(inspection: LlmGovernance['inspection'] | null): Snapshot {
+function snapshotOf(
+  inspection: LlmGovernance['inspection'] | null,
+  agent: { status?: string; contained?: boolean; org_id?: string } = {},
+): Snapshot {
   return validateSnapshot({
     version: 'v1',
     enclave: { id: 'enc-1' },
     platform: {},
     orgs: { 'org-1': { config: inspection ? { llm_policy: { value: { inspection } } } : {}, flags: {} } },
-    agents: { 'agent-1': { org_id: 'org-1', name: 'builder', status: 'active', contained: false, config: {} } },
+    agents: {
+      'agent-1': { org_id: 'org-1', name: 'builder', status: 'active', contained: false, config: {}, ...agent },
+    },
   });
 }
 
@@ -455,6 +460,7 @@ t.test('an approval for other arguments, another policy version, or decided afte
   const { decide } = await decider(e);
   const cases: [Record<string, unknown>, RegExp][] = [
     [{ args_digest: 'f'.repeat(64) }, /other arguments/],
+    [{ tool: 'transfer_all' }, /given for another tool/],
     [{ policy_version: 'ffffffffffffffff' }, /under policy version ffffffffffffffff/],
     [{ decided_at: new Date(Date.now() + 3_600_000).toISOString() }, /decided after it expired/],
   ];
@@ -576,3 +582,59 @@ t.test('a call the stream gate refuses itself is recorded: decided_by gate, outc
   }
   t.equal(await counted(e, 'allow', 'deny'), 2);
 });
+t.test('an approval given while the agent was contained, suspended or moved does not release the call', async (t) => {
+  const peer = await startApprovalsPeer();
+  t.teardown(() => peer.close());
+  const e = await env(t, { peer });
+  const { decide } = await decider(e);
+  for (const [state, why] of [
+    [{ contained: true }, /the agent is contained/],
+    [{ status: 'suspended' }, /the agent is suspended/],
+    [{ status: 'isolated' }, /the agent is isolated/],
+    [{ org_id: 'org-2' }, /the agent is no longer in org org-1/],
+  ] as const) {
+    // Contained (or suspended) by the control plane while a person looks at the held call.
+    peer.onCreate = (a) => {
+      e.snapshot = snapshotOf(POLICY, state);
+      setTimeout(() => peer.decide(a.id, 'approved', 'carol'), 20);
+    };
+    const v = await decide(tc('transfer', { amount: 1000 }, 'tc'));
+    t.equal(v.allow, false, JSON.stringify(state));
+    t.equal(v.message, '[dvx] The tool call transfer (id tc) was not run: the approval does not apply to this call.');
+    t.match(e.sink.rows.at(-1), {
+      outcome: 'deny',
+      decided_by: 'carol',
+      reason: why,
+    });
+    e.snapshot = snapshotOf(POLICY);
+  }
+  peer.onCreate = (a) => setTimeout(() => peer.decide(a.id, 'approved', 'carol'), 20);
+  t.equal((await decide(tc('transfer', { amount: 1000 }))).allow, true, 'active again: it applies');
+});
+
+t.test(
+  'a wait that fails (the broker answers nonsense): denied, and the approval is cancelled, not left for a yes',
+  async (t) => {
+    const peer = await startApprovalsPeer();
+    t.teardown(() => peer.close());
+    const e = await env(t, { peer });
+    const { decide } = await decider(e);
+    // The broker's long poll answers something that is no approvalView (a proxy in between, a bug).
+    peer.fault = (req, res) => {
+      if (req.method !== 'GET') return false;
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end('{"not":"an approval"}');
+      return true;
+    };
+    const v = await decide(tc('transfer', { amount: 1000 }, 'tf'));
+    t.equal(v.message, '[dvx] The tool call transfer (id tf) was not run: the approval service is unavailable.');
+    const [created] = [...peer.approvals.values()];
+    t.match(e.sink.rows.at(-1), { outcome: 'deny', decided_by: 'approvals-unavailable', approval_id: created!.id });
+    // Left pending, a person could still approve a call that was already refused: the broker's audit would
+    // say approved for a call that never ran.
+    // (The cancel is not waited for: a broker that does not answer must not hold the denial up.)
+    for (let i = 0; i < 100 && peer.cancelled.length === 0; i++) await new Promise((r) => setTimeout(r, 20));
+    t.same(peer.cancelled, [created!.id], 'the approval is cancelled on the broker');
+    t.equal(created!.status, 'cancelled');
+  },
+);
