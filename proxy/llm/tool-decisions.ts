@@ -75,16 +75,7 @@ export function toolDecider(ctx: CallContext): Decide | null {
  */
 function gateRefusal(ctx: CallContext, policy: ToolPolicy, call: ToolCall, reason: string): void {
   try {
-    const ev: ToolEvaluation = {
-      verdict: 'deny',
-      rule: null,
-      inspector: null,
-      summary: null,
-      reason,
-      argsDigest: '',
-      argsParsed: false,
-      ...safeEvaluation(policy, call, ctx.model),
-    };
+    const ev = unruledEvaluation(policy, call, ctx.model, reason);
     const args = redactArguments(call.arguments, ctx.d.secrets.agentSecrets(ctx.identity!.agentId));
     const outcome: Outcome = {
       allow: false,
@@ -425,16 +416,7 @@ function internalFailure(ctx: CallContext, policy: ToolPolicy, call: ToolCall, e
   ctx.d.log.error({ err, request_id: ctx.id, tool: call.name }, 'tool call decision failed: denied');
   const reason = `the decision failed: ${(err as Error)?.message ?? String(err)}`;
   try {
-    const ev: ToolEvaluation = {
-      verdict: 'deny',
-      rule: null,
-      inspector: null,
-      summary: null,
-      reason,
-      argsDigest: '',
-      argsParsed: false,
-      ...safeEvaluation(policy, call, ctx.model),
-    };
+    const ev = unruledEvaluation(policy, call, ctx.model, reason);
     const outcome: Outcome = { allow: false, reason, agentReason: 'the decision failed', decidedBy: 'policy' };
     append(ctx, record(ctx, policy, call, ev, '', outcome));
     return counted(ctx, ev, call, outcome);
@@ -443,11 +425,24 @@ function internalFailure(ctx: CallContext, policy: ToolPolicy, call: ToolCall, e
   }
 }
 
-function safeEvaluation(policy: ToolPolicy, call: ToolCall, model: string | null): Partial<ToolEvaluation> {
+/**
+ * The record's evaluation of a call denied without a rule (by the gate, or a failure): what the policy
+ * says of it (verdict, digest) as far as it can be evaluated, else a deny with neither.
+ */
+function unruledEvaluation(policy: ToolPolicy, call: ToolCall, model: string | null, reason: string): ToolEvaluation {
+  const ev: ToolEvaluation = {
+    verdict: 'deny',
+    rule: null,
+    inspector: null,
+    summary: null,
+    reason,
+    argsDigest: '',
+    argsParsed: false,
+  };
   try {
     const { verdict, argsDigest, argsParsed } = evaluateToolCall(policy, { ...call, model });
-    return { verdict, argsDigest, argsParsed };
+    return { ...ev, verdict, argsDigest, argsParsed };
   } catch {
-    return {};
+    return ev;
   }
 }
