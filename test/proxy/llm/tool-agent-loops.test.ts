@@ -1,6 +1,6 @@
 import { betaTool } from '@anthropic-ai/sdk/helpers/beta/json-schema';
-import { Agent, OpenAIResponsesModel, run, setTracingDisabled, tool } from '@openai/agents';
 import t from 'tap';
+import { opsAgent, runToEnd } from '../../fixtures/ops-agent.ts';
 import { baseSnapshot, startHarness } from '../../fixtures/llmproxy-harness.ts';
 
 // Real agent loops through llmproxy with a tool policy authored in the snapshot's `llm_policy`: the
@@ -8,8 +8,6 @@ import { baseSnapshot, startHarness } from '../../fixtures/llmproxy-harness.ts';
 // The upstream answers like a model: the scripted tool calls first, then, once a tool result is in the
 // conversation, text. A denied tool is never executed, the loop ends normally, and the model's next turn
 // carries the refusal in the assistant's own message.
-
-setTracingDisabled(true);
 
 const policy = {
   inspection: {
@@ -161,53 +159,11 @@ for (const stream of [false, true]) {
         { name: 'delete_file', input: { path: '/srv/data' } },
       ]),
     });
-    const agent = new Agent({
-      name: 'ops agent',
-      instructions: 'Help.',
-      model: new OpenAIResponsesModel(client as never, 'gpt-4o'),
-      tools: [
-        tool({
-          name: 'get_weather',
-          description: 'Weather of a city',
-          parameters: {
-            type: 'object',
-            properties: { city: { type: 'string' } },
-            required: ['city'],
-            additionalProperties: false,
-          },
-          strict: true,
-          execute: async (input) => {
-            ran.push(`get_weather:${(input as { city: string }).city}`);
-            return 'cold';
-          },
-        }),
-        tool({
-          name: 'delete_file',
-          description: 'Deletes a file',
-          parameters: {
-            type: 'object',
-            properties: { path: { type: 'string' } },
-            required: ['path'],
-            additionalProperties: false,
-          },
-          strict: true,
-          execute: async (input) => {
-            ran.push(`delete_file:${(input as { path: string }).path}`);
-            return 'deleted';
-          },
-        }),
-      ],
-    });
+    const agent = opsAgent(client, ran);
     const before = h.upstream.received.length;
-    const result = stream
-      ? await run(agent, 'Weather in Oslo, then clean up.', { stream: true })
-      : await run(agent, 'Weather in Oslo, then clean up.');
-    if (stream) {
-      for await (const _ of result as AsyncIterable<unknown>);
-      await (result as { completed: Promise<void> }).completed;
-    }
+    const output = await runToEnd(agent, 'Weather in Oslo, then clean up.', { stream });
     t.same(ran, ['get_weather:Oslo'], 'only the allowed tool ran');
-    t.equal(result.finalOutput, 'On it.', "the loop ended on the model's text");
+    t.equal(output, 'On it.', "the loop ended on the model's text");
     const turns = h.upstream.received.slice(before);
     t.equal(turns.length, 2);
     const input = turns[1].body!.input as { type?: string; role?: string; content?: unknown; name?: string }[];

@@ -1,6 +1,6 @@
 import { betaTool } from '@anthropic-ai/sdk/helpers/beta/json-schema';
-import { Agent, OpenAIResponsesModel, run, setTracingDisabled, tool } from '@openai/agents';
 import t from 'tap';
+import { opsAgent, runToEnd } from '../../fixtures/ops-agent.ts';
 import {
   AGENT_SECRET,
   baseSnapshot,
@@ -17,8 +17,6 @@ import { until } from '../../fixtures/eventually.ts';
 // held-conversations.ts): an Anthropic thread or a Responses chain keeps the ORIGINAL answer, refused
 // call included, and refuses (400, the provider's words) a next turn that does not answer every call.
 // llmproxy answers the refused ones with error tool results carrying the denial the agent read.
-
-setTracingDisabled(true);
 
 const policy = {
   inspection: {
@@ -306,53 +304,14 @@ for (const stream of [false, true])
           { name: 'delete_file', input: { path: '/srv/data' } },
         ]),
       });
-      const agent = new Agent({
-        name: 'ops agent',
-        instructions: 'Help.',
-        model: new OpenAIResponsesModel(client as never, 'gpt-4o'),
-        tools: [
-          tool({
-            name: 'get_weather',
-            description: 'Weather of a city',
-            parameters: {
-              type: 'object',
-              properties: { city: { type: 'string' } },
-              required: ['city'],
-              additionalProperties: false,
-            },
-            strict: true,
-            execute: async (input) => {
-              ran.push(`get_weather:${(input as { city: string }).city}`);
-              return 'cold';
-            },
-          }),
-          tool({
-            name: 'delete_file',
-            description: 'Deletes a file',
-            parameters: {
-              type: 'object',
-              properties: { path: { type: 'string' } },
-              required: ['path'],
-              additionalProperties: false,
-            },
-            strict: true,
-            execute: async (input) => {
-              ran.push(`delete_file:${(input as { path: string }).path}`);
-              return 'deleted';
-            },
-          }),
-        ],
-      });
+      const agent = opsAgent(client, ran);
       const before = h.upstream.received.length;
-      const result = stream
-        ? await run(agent, 'Weather in Oslo, then clean up.', { previousResponseId: primer.id, stream: true })
-        : await run(agent, 'Weather in Oslo, then clean up.', { previousResponseId: primer.id });
-      if (stream) {
-        for await (const _ of result as AsyncIterable<unknown>);
-        await (result as { completed: Promise<void> }).completed;
-      }
+      const output = await runToEnd(agent, 'Weather in Oslo, then clean up.', {
+        stream,
+        previousResponseId: primer.id,
+      });
       t.same(ran, ['get_weather:Oslo'], 'only the allowed tool ran');
-      t.equal(result.finalOutput, 'On it.', "the loop ended on the model's text");
+      t.equal(output, 'On it.', "the loop ended on the model's text");
       const turns = h.upstream.received.slice(before);
       t.equal(turns.length, 2);
       t.equal(turns[0].body!.previous_response_id, primer.id, 'the run continues the chain');
