@@ -69,6 +69,12 @@ export class ApprovalLimitError extends coded('DVX_BROKER_APPROVAL_LIMIT') {
   }
 }
 
+/**
+ * An approve of an approval whose agent may no longer act (contained, suspended, isolated, or no longer
+ * in the approval's org): refused with 409 and audited; a deny of it is still taken.
+ */
+export class ApprovalAgentRefusedError extends coded('DVX_BROKER_APPROVAL_AGENT_REFUSED') {}
+
 /** An approval that is no longer pending (decided, expired or cancelled) was decided or cancelled: answered 409. */
 export class ApprovalSettledError extends coded('DVX_BROKER_APPROVAL_SETTLED') {
   readonly status: string;

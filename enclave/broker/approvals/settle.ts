@@ -3,7 +3,7 @@ import { PROBLEMS } from '../../../core/problem.ts';
 import { getAgent, refusalOf } from '../agents.ts';
 import { auditedChange, auditRefusal, type BrokerActor } from '../audit.ts';
 import type { BrokerDeps } from '../deps.ts';
-import { ApprovalSettledError } from '../../errors.ts';
+import { ApprovalAgentRefusedError, ApprovalSettledError } from '../../errors.ts';
 import { announce, logChange } from './feed.ts';
 import { getApproval, lockApproval, settleApproval } from './store.ts';
 import { approvalView, EXPIRY_ACTOR, isDue, type ApprovalView } from './view.ts';
@@ -52,7 +52,7 @@ export async function settle(
   try {
     return await change(deps, actor, row.org_id, id, to, reason);
   } catch (err) {
-    if (err instanceof AgentRefused) {
+    if (err instanceof ApprovalAgentRefusedError) {
       await auditRefusal(deps, actor, ACTION[to], row.org_id, `approval:${id}`, err.message);
       throw new ApiError(PROBLEMS.conflict, `${err.message}: its held call cannot be approved`);
     }
@@ -77,9 +77,6 @@ export async function expire(deps: BrokerDeps, id: string): Promise<ApprovalView
   }
 }
 
-/** The approval's agent may no longer act: an approve is refused (its transaction rolled back). */
-class AgentRefused extends Error {}
-
 async function change(
   deps: BrokerDeps,
   actor: BrokerActor,
@@ -97,9 +94,11 @@ async function change(
     if (to === 'approved') {
       const agent = await getAgent(tx, locked.agent_id);
       if (!agent || agent.org_id !== locked.org_id)
-        throw new AgentRefused(`agent ${locked.agent_id} is no longer in org ${locked.org_id} in this enclave`);
+        throw new ApprovalAgentRefusedError(
+          `agent ${locked.agent_id} is no longer in org ${locked.org_id} in this enclave`,
+        );
       const refusal = refusalOf(agent);
-      if (refusal) throw new AgentRefused(refusal);
+      if (refusal) throw new ApprovalAgentRefusedError(refusal);
     }
     const row = await settleApproval(tx, id, {
       status: to,
