@@ -263,6 +263,32 @@ export async function main(args: string[]): Promise<void> {
 
   const tls = new Agent({ connect: { ca: ca.certPem }, connections: 128, keepAliveTimeout: 60_000, pipelining: 1 });
   const plain = new Agent({ connections: 128, keepAliveTimeout: 60_000 });
+  /** dvx's llmproxy on core 1 with the bench's TLS, keys and secrets, once it answers its health check. */
+  const startDvx = async (port: number, snapshot: string): Promise<{ child: ChildProcess; url: string }> => {
+    const child = pinned([
+      NODE,
+      join(ROOT, 'cli/main.ts'),
+      'serve',
+      'llmproxy',
+      '--addr',
+      `127.0.0.1:${port}`,
+      '--tls-cert',
+      join(dir, 'cert.pem'),
+      '--tls-key',
+      join(dir, 'key.pem'),
+      '--agent-jwks',
+      join(dir, 'jwks.json'),
+      '--policy-snapshot',
+      snapshot,
+      '--secrets-file',
+      join(dir, 'secrets.json'),
+      '--log-level',
+      'error',
+    ]);
+    const url = `https://127.0.0.1:${port}`;
+    await waitFor(async () => (await request(`${url}/healthz`, { dispatcher: tls })).statusCode === 200, 'dvx');
+    return { child, url };
+  };
 
   const direct: Contender = {
     name: 'direct (no proxy)',
@@ -296,28 +322,7 @@ export async function main(args: string[]): Promise<void> {
     },
     ...[false, true].map((inspect) => async (): Promise<Contender> => {
       const port = 18480 + (inspect ? 1 : 0);
-      const child = pinned([
-        NODE,
-        join(ROOT, 'cli/main.ts'),
-        'serve',
-        'llmproxy',
-        '--addr',
-        `127.0.0.1:${port}`,
-        '--tls-cert',
-        join(dir, 'cert.pem'),
-        '--tls-key',
-        join(dir, 'key.pem'),
-        '--agent-jwks',
-        join(dir, 'jwks.json'),
-        '--policy-snapshot',
-        join(dir, inspect ? 'snap-on.json' : 'snap-off.json'),
-        '--secrets-file',
-        join(dir, 'secrets.json'),
-        '--log-level',
-        'error',
-      ]);
-      const url = `https://127.0.0.1:${port}`;
-      await waitFor(async () => (await request(`${url}/healthz`, { dispatcher: tls })).statusCode === 200, 'dvx');
+      const { child, url } = await startDvx(port, join(dir, inspect ? 'snap-on.json' : 'snap-off.json'));
       return {
         name: inspect ? 'dvx: full inspection (built-ins + 10 RE2)' : 'dvx: inspection off',
         url,
@@ -464,29 +469,8 @@ export async function main(args: string[]): Promise<void> {
       [false, 18482],
       [true, 18483],
     ] as const) {
-      const child = pinned([
-        NODE,
-        join(ROOT, 'cli/main.ts'),
-        'serve',
-        'llmproxy',
-        '--addr',
-        `127.0.0.1:${port}`,
-        '--tls-cert',
-        join(dir, 'cert.pem'),
-        '--tls-key',
-        join(dir, 'key.pem'),
-        '--agent-jwks',
-        join(dir, 'jwks.json'),
-        '--policy-snapshot',
-        on ? snaps.on : snaps.off,
-        '--secrets-file',
-        join(dir, 'secrets.json'),
-        '--log-level',
-        'error',
-      ]);
+      const { child, url } = await startDvx(port, on ? snaps.on : snaps.off);
       started.push({ stop: () => stopChild(child) });
-      const url = `https://127.0.0.1:${port}`;
-      await waitFor(async () => (await request(`${url}/healthz`, { dispatcher: tls })).statusCode === 200, 'dvx');
       contenders.push({
         name: on ? 'dvx: tool policy on (3 rules, calls allowed)' : 'dvx: no tool policy',
         url,
