@@ -11,6 +11,47 @@ import type { AuditTable } from './sink.ts';
 // mapping that threw would look like a store that is down and block the table (docs/decisions.md, "Shipping goes on
 // past a bad record and never crashes").
 
+/** The store table a WAL table's records go to: a network flow is an audit event of kind `network_flow`. */
+export const STORE_TABLE: Record<AuditTable, 'llm_audit_log' | 'audit_events' | 'tool_call_decisions'> = {
+  llm_audit_log: 'llm_audit_log',
+  audit_events: 'audit_events',
+  tool_call_decisions: 'tool_call_decisions',
+  network_flow: 'audit_events',
+};
+
+const AUDIT_EVENT_COLUMNS: readonly string[] = [
+  'id',
+  'event_time',
+  'kind',
+  'action',
+  'actor',
+  'actor_kind',
+  'agent_id',
+  'agent_name',
+  'attrs',
+  'dst',
+  'dst_host',
+  'dst_ip',
+  'dst_port',
+  'enclave_id',
+  'enclave_name',
+  'group_id',
+  'identified',
+  'namespace',
+  'org_id',
+  'outcome',
+  'proto',
+  'reason',
+  'resource',
+  'scope',
+  'security_id',
+  'session_id',
+  'source',
+  'src',
+  'src_ip',
+  'trace_id',
+];
+
 export const COLUMNS: Record<AuditTable, readonly string[]> = {
   llm_audit_log: [
     'id',
@@ -38,38 +79,8 @@ export const COLUMNS: Record<AuditTable, readonly string[]> = {
     'inspection_failures',
     'error',
   ],
-  audit_events: [
-    'id',
-    'event_time',
-    'kind',
-    'action',
-    'actor',
-    'actor_kind',
-    'agent_id',
-    'agent_name',
-    'attrs',
-    'dst',
-    'dst_host',
-    'dst_ip',
-    'dst_port',
-    'enclave_id',
-    'enclave_name',
-    'group_id',
-    'identified',
-    'namespace',
-    'org_id',
-    'outcome',
-    'proto',
-    'reason',
-    'resource',
-    'scope',
-    'security_id',
-    'session_id',
-    'source',
-    'src',
-    'src_ip',
-    'trace_id',
-  ],
+  audit_events: AUDIT_EVENT_COLUMNS,
+  network_flow: AUDIT_EVENT_COLUMNS,
   tool_call_decisions: [
     'id',
     'event_time',
@@ -161,7 +172,8 @@ export function postgresRow(table: AuditTable, record: Row): Row {
     if (col === 'event_time' || TIMES.has(col)) row[col] = time(record, col).toISOString();
     else if (col === 'findings' || col === 'inspection_failures') row[col] = Array.isArray(v) ? v : [];
     else if (col === 'attrs') row[col] = v && typeof v === 'object' && !Array.isArray(v) ? v : {};
-    else if (col === 'kind') row[col] = text(v ?? 'event');
+    // A record of the network_flow spool is a network flow whatever it says.
+    else if (col === 'kind') row[col] = table === 'network_flow' ? 'network_flow' : text(v ?? 'event');
     else if (col === 'decision') row[col] = text(v ?? 'allow');
     else if (BOOLEAN.has(col)) row[col] = v === true;
     else if (NUMERIC.has(col)) row[col] = typeof v === 'number' ? v : NULLABLE.has(col) ? null : 0;

@@ -15,7 +15,7 @@ import { WalTable, type WalMetrics } from './wal-table.ts';
 //                      └── shipper ─▶ ClickHouse | Postgres | PGlite ─▶ checkpoint ─▶ old segments deleted
 //                             └── records the store rejects ─▶ wal/<table>/dead-letter/ (dvx wal dead-letter)
 
-export const TABLES: readonly AuditTable[] = ['llm_audit_log', 'audit_events', 'tool_call_decisions'];
+export const TABLES: readonly AuditTable[] = ['llm_audit_log', 'audit_events', 'tool_call_decisions', 'network_flow'];
 const DEFAULT_SHIPPED_TIMEOUT_MS = 60_000;
 const SHIPPED_POLL_MS = 20;
 

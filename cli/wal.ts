@@ -15,7 +15,7 @@ import { CliError } from './errors.ts';
 import { EXIT_BLOCKED, EXIT_OK, EXIT_UNAVAILABLE } from './exit-codes.ts';
 
 // `dvx wal stat | tail | verify --dir DIR`: SRE tools over an audit spool (one directory per table:
-// llm_audit_log, audit_events, tool_call_decisions). They only read: a running
+// llm_audit_log, audit_events, tool_call_decisions, network_flow). They only read: a running
 // component may keep appending and shipping while they look. `dvx wal dead-letter list` reads the
 // dead-letter spools the same way; `dvx wal dead-letter replay` writes one, under its lock.
 

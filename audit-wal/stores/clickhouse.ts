@@ -3,7 +3,7 @@ import { ClickHouseLogLevel, createClient, type ClickHouseClient } from '@clickh
 import type { AuditStore } from '../store.ts';
 import { StoreRejectedError, StoreUnavailableError } from '../errors.ts';
 import type { AuditTable } from '../sink.ts';
-import { clickhouseRow, mapRows } from '../rows.ts';
+import { clickhouseRow, mapRows, STORE_TABLE } from '../rows.ts';
 import type { AuditQuery } from '../query.ts';
 import {
   CH_EVENT_SELECT,
@@ -146,7 +146,7 @@ export class ClickHouseStore implements AuditStore {
     try {
       // One request, parsed as one block (a batch is far below max_insert_block_size): a row that fails
       // to parse fails the whole insert and nothing of it is written.
-      await this.#client.insert({ table: `${this.#db}.${table}`, values, format: 'JSONEachRow' });
+      await this.#client.insert({ table: `${this.#db}.${STORE_TABLE[table]}`, values, format: 'JSONEachRow' });
     } catch (err) {
       throw classifyClickHouseError(err);
     }

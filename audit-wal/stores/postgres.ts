@@ -4,7 +4,7 @@ import { PGlite } from '@electric-sql/pglite';
 import type { AuditStore } from '../store.ts';
 import { StoreRejectedError, StoreUnavailableError } from '../errors.ts';
 import type { AuditTable } from '../sink.ts';
-import { COLUMNS, mapRows, postgresRow } from '../rows.ts';
+import { COLUMNS, mapRows, postgresRow, STORE_TABLE } from '../rows.ts';
 import type { AuditQuery } from '../query.ts';
 import { PG_EVENTS_WITH_LLM, postgresWhere, toLlmEntry, toRecord, type LlmQuery, type ReadRecord } from '../read.ts';
 
@@ -77,7 +77,7 @@ export class PostgresStore implements AuditStore {
     const rows = mapRows(table, records, postgresRow);
     try {
       await this.#db.query(
-        `INSERT INTO ${table} (${cols}) SELECT ${cols} FROM json_populate_recordset(NULL::${table}, $1::json) ON CONFLICT (id) DO NOTHING`,
+        `INSERT INTO ${STORE_TABLE[table]} (${cols}) SELECT ${cols} FROM json_populate_recordset(NULL::${STORE_TABLE[table]}, $1::json) ON CONFLICT (id) DO NOTHING`,
         [JSON.stringify(rows)],
       );
     } catch (err) {
