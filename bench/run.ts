@@ -6,6 +6,7 @@ const BENCHES: Record<string, () => Promise<{ main: (args: string[]) => Promise<
   controlplane: () => import('./controlplane.ts'),
   'audit-query': () => import('./audit-query.ts'),
   broker: () => import('./broker.ts'),
+  gateway: () => import('./gateway.ts'),
 };
 
 const [name, ...args] = process.argv.slice(2);
