@@ -1,4 +1,4 @@
-import { chmod, lstat, mkdir, unlink } from 'node:fs/promises';
+import { chmod, lstat, mkdir, stat, unlink } from 'node:fs/promises';
 import { connect, type Server } from 'node:net';
 import { dirname } from 'node:path';
 import type { Logger } from '../../core/logger.ts';
@@ -7,7 +7,8 @@ import { ImdsSocketError } from './errors.ts';
 // The unix socket imds serves on (docs/imds.md, "The socket"): its file permissions are the access
 // control, as a cloud metadata service's link-local address is.
 //
-//   start   the directory is made if missing (0755); a socket file left at the path is probed:
+//   start   the directory is made if missing (0755), and refused when every local user may write to
+//           it (o+w without the sticky bit); a socket file left at the path is probed:
 //           nothing accepts → stale (a crashed imds): removed; something accepts → refused
 //           (ImdsSocketError), never removed; anything that is not a socket → refused, never removed
 //   bind    under umask 0177, so the socket never exists with wider bits than owner rw, then
@@ -47,6 +48,13 @@ export async function prepareSocketPath(path: string, log: Logger): Promise<void
       { cause: err },
     );
   }
+  // In a directory every local user may write to (and without the sticky bit, which keeps them from
+  // removing what is not theirs), anyone could replace the socket with their own and answer the agent.
+  const d = await stat(dir);
+  if (d.mode & 0o002 && !(d.mode & 0o1000))
+    throw new ImdsSocketError(
+      `the directory ${dir} of --imds-socket is writable by every local user: anyone could replace the socket`,
+    );
   const found = await lstat(path).catch((err: NodeJS.ErrnoException) => {
     if (err.code === 'ENOENT') return null;
     throw new ImdsSocketError(`cannot inspect --imds-socket ${path}: ${err.code ?? 'failed'}`, { cause: err });

@@ -1,10 +1,23 @@
 import t from 'tap';
 import { createConnection } from 'node:net';
 import { writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { generateCa } from '../../../core/tls.ts';
 import { writeFileAtomic } from '../../../core/atomic-file.ts';
 import { configHash } from '../../../pipeline/policy/config-values.ts';
+import { Agent, request } from 'undici';
 import { until } from '../../fixtures/eventually.ts';
-import { configDocument, curl, get, GH_TOKEN, ORG_TOKEN, OTHER_AGENT_TOKEN, startHarness } from './imds-fixture.ts';
+import { tlsDir } from '../../fixtures/tls-dir.ts';
+import {
+  configDocument,
+  curl,
+  get,
+  GH_TOKEN,
+  ORG_TOKEN,
+  OTHER_AGENT_TOKEN,
+  startHarness,
+  tempDir,
+} from './imds-fixture.ts';
 
 // imds's routes over its real unix socket, read with curl --unix-socket and node's http client: the
 // agent's config (merged, hashed, reloaded when the snapshot changes), the rules, a credential's value
@@ -187,4 +200,50 @@ t.test('prototype names, unknown paths, other methods and bodies are refused, ne
   t.match(raw, /^HTTP\/1\.1 400 /);
   t.match(raw, /"type":"error"/);
   t.same((await get(h.socket, '/healthz')).json, { status: 'ok' }, 'still serving');
+});
+
+t.test('--metrics-addr: a TLS Prometheus listener counts the answers by route and status', async (t) => {
+  const tls = await tlsDir('dvx-imds-metrics-');
+  t.teardown(() => tls.remove());
+  const h = await startHarness(t, { metricsAddr: '127.0.0.1:0', tlsCert: tls.cert, tlsKey: tls.key });
+  t.ok(h.imds.metricsPort, 'listening');
+  await get(h.socket, '/healthz');
+  await get(h.socket, '/v1/credentials/gh_token');
+  await get(h.socket, '/nowhere');
+  const dispatcher = new Agent({ connect: { ca: tls.ca.certPem } });
+  t.teardown(() => dispatcher.close());
+  const res = await request(`https://127.0.0.1:${h.imds.metricsPort}/metrics`, { dispatcher });
+  const text = await res.body.text();
+  t.match(text, /dvx_imds_requests_total\{route="healthz",status="200"\} 1/);
+  t.match(text, /dvx_imds_requests_total\{route="credential",status="200"\} 1/);
+  t.match(text, /dvx_imds_requests_total\{route="other",status="404"\} 1/);
+  t.match(text, /dvx_connections_open\{listener="imds"\}/);
+});
+
+t.test('GET /v1/ca: the certificates of --imds-ca-cert, as the file holds them now', async (t) => {
+  const dir = await tempDir(t);
+  const caFile = join(dir, 'ca.pem');
+  const [one, two] = [await generateCa(), await generateCa()];
+  await writeFile(caFile, `# the gateway's interception CA\n${one.certPem}`);
+  const h = await startHarness(t, { imdsCaCert: caFile });
+  const first = await curl(h.socket, '/v1/ca');
+  t.equal(first.status, 200);
+  t.equal(first.body, one.certPem.trim() + '\n', 'the certificate, re-encoded, nothing else');
+  t.equal((await get(h.socket, '/v1/ca')).headers['content-type'], 'application/x-pem-file');
+
+  // Rotated: a bundle of two.
+  await writeFile(caFile, one.certPem + two.certPem);
+  t.equal((await get(h.socket, '/v1/ca')).text, one.certPem.trim() + '\n' + two.certPem.trim() + '\n');
+
+  // A file that now holds a key, or no certificate: the last good bundle, and a log line.
+  await writeFile(caFile, two.certPem + two.keyPem);
+  const withKey = await get(h.socket, '/v1/ca');
+  t.notMatch(withKey.text, /PRIVATE KEY/, 'never a key');
+  t.match(withKey.text, /BEGIN CERTIFICATE/);
+  await writeFile(caFile, 'garbage');
+  t.equal((await get(h.socket, '/v1/ca')).status, 200);
+  t.ok(
+    h.logs.some((l) => l.includes('imds CA bundle cannot be read again')),
+    'logged',
+  );
 });

@@ -1,6 +1,6 @@
 import t from 'tap';
 import { execFile } from 'node:child_process';
-import { lstat, mkdir, stat, writeFile } from 'node:fs/promises';
+import { chmod, lstat, mkdir, stat, writeFile } from 'node:fs/promises';
 import { createConnection, createServer, type Server } from 'node:net';
 import { join } from 'node:path';
 import { ImdsSocketError } from '../../../proxy/imds/errors.ts';
@@ -87,6 +87,20 @@ t.test('a live socket is refused and left alone; so is a file that is not a sock
   const asDir = join(dir, 'a-directory');
   await mkdir(asDir);
   await t.rejects(startImds({ imdsSocket: asDir, agentId: 'agent-1' }, quiet()), { code: 'DVX_IMDS_SOCKET' });
+
+  // A directory every local user may write to: anyone could swap the socket. With the sticky bit (as
+  // /tmp), no one but its owner can remove it.
+  const open = join(dir, 'open');
+  await mkdir(open);
+  await chmod(open, 0o777);
+  await t.rejects(startImds({ imdsSocket: join(open, 'imds.sock'), agentId: 'agent-1' }, quiet()), {
+    code: 'DVX_IMDS_SOCKET',
+    message: /writable by every local user/,
+  });
+  await chmod(open, 0o1777);
+  const sticky = await startImds({ imdsSocket: join(open, 'imds.sock'), agentId: 'agent-1' }, quiet());
+  t.teardown(() => sticky.close());
+  t.equal((await curl(join(open, 'imds.sock'), '/healthz')).status, 200, 'served from a sticky directory');
 
   // A directory that cannot be made (its parent is a file): refused with the reason.
   await t.rejects(startImds({ imdsSocket: join(file, 'sub', 'imds.sock'), agentId: 'agent-1' }, quiet()), {
