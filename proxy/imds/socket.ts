@@ -18,7 +18,8 @@ import { ImdsSocketError } from './errors.ts';
 /** How long a probe of an existing socket may take; a server that accepts answers at once. */
 const PROBE_TIMEOUT_MS = 1000;
 
-type Probe = 'stale' | 'live';
+/** `stale`: nothing accepts; `live`: a server accepted; otherwise the error code that leaves it unknown. */
+type Probe = 'stale' | 'live' | string;
 
 function probe(path: string): Promise<Probe> {
   return new Promise((resolve) => {
@@ -29,10 +30,10 @@ function probe(path: string): Promise<Probe> {
       resolve(result);
     };
     // A listener that never accepts in time counts as live: what cannot be shown dead is not removed.
-    const timer = setTimeout(() => done('live'), PROBE_TIMEOUT_MS);
+    const timer = setTimeout(() => done('ETIMEDOUT'), PROBE_TIMEOUT_MS);
     socket.once('connect', () => done('live'));
     socket.once('error', (err: NodeJS.ErrnoException) =>
-      done(err.code === 'ECONNREFUSED' || err.code === 'ENOENT' ? 'stale' : 'live'),
+      done(err.code === 'ECONNREFUSED' || err.code === 'ENOENT' ? 'stale' : (err.code ?? 'unknown')),
     );
   });
 }
@@ -62,8 +63,13 @@ export async function prepareSocketPath(path: string, log: Logger): Promise<void
   if (found === null) return;
   if (!found.isSocket())
     throw new ImdsSocketError(`--imds-socket ${path} exists and is not a socket; imds does not remove it`);
-  if ((await probe(path)) === 'live')
+  const state = await probe(path);
+  if (state === 'live')
     throw new ImdsSocketError(`another server answers on --imds-socket ${path}; refusing to take it over`);
+  if (state !== 'stale')
+    throw new ImdsSocketError(
+      `cannot tell whether a server answers on --imds-socket ${path} (${state}); refusing to remove it`,
+    );
   await unlink(path).catch((err: NodeJS.ErrnoException) => {
     if (err.code === 'ENOENT') return;
     throw new ImdsSocketError(`cannot remove the stale socket ${path}: ${err.code ?? 'failed'}`, { cause: err });
