@@ -1,5 +1,5 @@
 import type { Server as HttpsServer } from 'node:https';
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { Server as HttpServer, IncomingMessage, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { Registry } from 'prom-client';
@@ -156,9 +156,10 @@ export class ServerLimiter {
   /**
    * Installs the bounds on a server created with serverOptions() and not yet listening;
    * `clientErrors: false` when the framework owns that event (fastify: pass `clientError` as its
-   * clientErrorHandler).
+   * clientErrorHandler). A plain HTTP server (imds, on a unix socket) takes the same bounds but the
+   * handshake one.
    */
-  attach(server: HttpsServer, { clientErrors = true }: { clientErrors?: boolean } = {}): void {
+  attach(server: HttpsServer | HttpServer, { clientErrors = true }: { clientErrors?: boolean } = {}): void {
     const o = this.#o;
     const listener = this.#deps.listener;
     // The handshake, header, request and keep-alive bounds are constructor options (serverOptions());

@@ -63,7 +63,7 @@ export function badProxyRequest(message: string): GatewayAnswer {
   return jsonAnswer(400, 'invalid_request_error', message);
 }
 
-/** The options given to `dvx serve gateway` (or `dvx serve imds`) do not hold together. */
+/** The options given to `dvx serve gateway` do not hold together. */
 export class GatewayOptionsError extends coded('DVX_GATEWAY_OPTIONS') {}
 
 /** An `--allow-dest`, `--deny-dest`, `--inject-cred` or `--llm-host` rule does not parse. */
