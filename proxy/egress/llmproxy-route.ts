@@ -38,6 +38,7 @@ export async function openLlmproxyRoute(options: GatewayOptions, log: Logger): P
     // A model may think for long between two events of a stream; llmproxy bounds its upstream's silence.
     bodyTimeout: options.upstreamTimeout,
   });
+  let closing: Promise<void> | null = null;
   log.info({ llmproxy: origin, llm_hosts: hosts }, 'LLM hosts routed to llmproxy');
   return {
     matches: (host) => hosts.some((pattern) => hostMatch(pattern, host)),
@@ -48,6 +49,6 @@ export async function openLlmproxyRoute(options: GatewayOptions, log: Logger): P
         headers: { [GATEWAY_IDENTITY_HEADER]: await signer.sign(identity, method, path) },
       };
     },
-    close: () => dispatcher.close(),
+    close: () => (closing ??= dispatcher.close()),
   };
 }
