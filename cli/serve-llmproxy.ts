@@ -42,6 +42,13 @@ export function registerLlmProxy(serve: Command): void {
     )
     .addOption(flag('--agent-jwks <file|url>', { description: 'JWKS for platform JWTs (ES256)', default: d.agentJwks }))
     .addOption(
+      flag('--gateway-key <file>', {
+        description:
+          "the network gateway's EC P-256 key (PEM, public or private): its signed identity headers are believed",
+        default: d.gatewayKey,
+      }),
+    )
+    .addOption(
       flag('--min-tier <class>', {
         description: 'lowest enclave isolation class served',
         choices: ISOLATION_CLASSES,

@@ -67,6 +67,7 @@ export function parseDestRule(text: string, flag: '--allow-dest' | '--deny-dest'
       const eq = rest.indexOf('=');
       if (eq <= 0) fail('fields are key=value, separated by commas');
       const key = rest.slice(0, eq).trim().toLowerCase();
+      if (!RULE_FIELDS.has(key)) fail(`unknown field "${key}" (cidr, host, port, reason)`);
       if (Object.hasOwn(doc, key)) fail(`${key} is given twice`);
       if (key === 'reason') {
         doc.reason = rest.slice(eq + 1).trim();
@@ -87,12 +88,16 @@ export function parseDestRule(text: string, flag: '--allow-dest' | '--deny-dest'
     else doc = { host: raw };
   }
   if (doc === null || typeof doc !== 'object' || Array.isArray(doc)) fail('must be a JSON object');
+  // The API's Rule host is a name; a command-line rule may also name an IPv6 address (`[::1]:443`),
+  // which the API's check would refuse for its colons: checked here, the rest of the rule there.
+  const v6 = typeof doc.host === 'string' && isIP(canonicalHost(doc.host)) === 6 ? canonicalHost(doc.host) : null;
   let rule: Rule;
   try {
-    [rule] = validateRules([doc], 'rule');
+    [rule] = validateRules([v6 === null ? doc : { ...doc, host: 'ipv6.invalid' }], 'rule');
   } catch (err) {
     return fail((err as Error).message);
   }
+  if (v6 !== null) rule.host = v6;
   if (rule.host !== undefined) {
     rule.host = canonicalHost(rule.host);
     if (!isValidHostPattern(rule.host)) fail(`host "${rule.host}" is not a host name or glob`);
@@ -100,6 +105,8 @@ export function parseDestRule(text: string, flag: '--allow-dest' | '--deny-dest'
   if (rule.port !== undefined && (rule.port < 1 || rule.port > 65535)) fail('port must be 1..65535');
   return rule;
 }
+
+const RULE_FIELDS = new Set(['cidr', 'host', 'port', 'reason']);
 
 const ALWAYS_GUARDED = new BlockList();
 ALWAYS_GUARDED.addSubnet('0.0.0.0', 8, 'ipv4');
@@ -123,11 +130,19 @@ PRIVATE.addSubnet('fc00::', 7, 'ipv6');
 /** The address as checked: an IPv4-mapped IPv6 address is its IPv4 address (no rule is dodged by the spelling). */
 export function normalizeAddress(address: string): { address: string; family: 4 | 6 } {
   const a = canonicalHost(address);
-  const mapped = /^::ffff:(\d{1,3}(?:\.\d{1,3}){3})$/i.exec(a);
-  if (mapped) return { address: mapped[1], family: 4 };
   const family = isIP(a);
   if (family === 0) throw new GatewayRuleError(`"${address}" is not an IP address`);
-  return { address: a, family: family as 4 | 6 };
+  if (family === 4) return { address: a, family: 4 };
+  // The URL parser writes an IPv6 address one way (RFC 5952 compression, lower case, an IPv4-mapped one
+  // in hex): `::ffff:127.0.0.1`, `0:0:0:0:0:ffff:7f00:1` and `::FFFF:7F00:1` are one address.
+  const v6 = new URL(`http://[${a}]/`).hostname.slice(1, -1);
+  const mapped = /^::ffff:([0-9a-f]{1,4}):([0-9a-f]{1,4})$/.exec(v6);
+  if (mapped) {
+    const hi = Number.parseInt(mapped[1]!, 16);
+    const lo = Number.parseInt(mapped[2]!, 16);
+    return { address: `${hi >> 8}.${hi & 255}.${lo >> 8}.${lo & 255}`, family: 4 };
+  }
+  return { address: v6, family: 6 };
 }
 
 const cidrs = new Map<string, BlockList>();
@@ -137,14 +152,14 @@ function inCidr(cidr: string, address: string, family: 4 | 6): boolean {
   if (!list) {
     list = new BlockList();
     const [net, bits] = cidr.split('/');
-    const n = normalizeAddress(net);
+    const n = normalizeAddress(net!);
+    const mapped = n.family === 4 && net!.includes(':');
     if (bits === undefined) list.addAddress(n.address, n.family === 4 ? 'ipv4' : 'ipv6');
-    else
-      list.addSubnet(
-        n.address,
-        Number(bits) - (n.family === 4 && net.includes(':') ? 96 : 0),
-        n.family === 4 ? 'ipv4' : 'ipv6',
-      );
+    else if (mapped && Number(bits) < 96)
+      // Wider than the IPv4-mapped range (`::ffff:1.2.3.4/64`): an IPv6 network, which BlockList checks
+      // IPv4 addresses against as their mapped form.
+      list.addSubnet(canonicalHost(net!), Number(bits), 'ipv6');
+    else list.addSubnet(n.address, Number(bits) - (mapped ? 96 : 0), n.family === 4 ? 'ipv4' : 'ipv6');
     if (cidrs.size > 4096) cidrs.clear();
     cidrs.set(cidr, list);
   }

@@ -30,6 +30,8 @@ export interface InjectRule {
 }
 
 const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$/;
+/** What a header value must not hold: the controls but HTAB (RFC 9110 5.5), CR, LF and NUL among them. */
+const HEADER_UNSAFE = /[\x00-\x08\x0a-\x1f\x7f]/;
 const SECRET_NAME = /^[A-Za-z0-9][A-Za-z0-9._:/-]{0,255}$/;
 /** Headers an injection must never set: they would change how the request is framed or routed. */
 const FORBIDDEN = new Set([
@@ -100,7 +102,7 @@ export function parseInjectRule(text: string): InjectRule {
   if (!SECRET_NAME.test(secret)) fail('secret must name a secret');
   const format = fields.get('format') ?? '{}';
   if (format.split('{}').length !== 2) fail('format must hold {} exactly once');
-  if (/[\r\n\0]/.test(format)) fail('format must not hold a line break or NUL');
+  if (HEADER_UNSAFE.test(format)) fail('format must not hold a line break or another control character');
   return { host, port, header: header.toLowerCase(), secret, format, text };
 }
 
@@ -134,9 +136,12 @@ export function injectionsFor(
       throw new MissingCredentialError(
         `credential rule for ${rule.host} needs secret "${rule.secret}", which agent ${agent.agentId} does not have`,
       );
-    // A value with a line break would split the header: refused rather than sent (nor logged).
-    if (/[\r\n\0]/.test(value))
-      throw new MissingCredentialError(`secret "${rule.secret}" cannot be sent in a header (it holds a line break)`);
+    // A value with a line break would split the header, and HTTP refuses the other control characters
+    // in a field value (RFC 9110 5.5): refused here, rather than sent (nor logged) or failing the send.
+    if (HEADER_UNSAFE.test(value))
+      throw new MissingCredentialError(
+        `secret "${rule.secret}" cannot be sent in a header (it holds a line break or another control character)`,
+      );
     out.push({ rule, header: rule.header, value: rule.format.replace('{}', () => value) });
   }
   return out;

@@ -2,6 +2,7 @@ import type { IncomingHttpHeaders } from 'node:http';
 import type { TLSSocket } from 'node:tls';
 import type { X509Certificate } from 'node:crypto';
 import { AuthError, type AuthFailure } from './errors.ts';
+import { GATEWAY_IDENTITY_HEADER, type GatewayIdentityVerifier, type VouchedRequest } from './gateway-identity.ts';
 import { fetchTrusting } from '../../core/fetch.ts';
 import {
   createLocalJWKSet,
@@ -14,19 +15,25 @@ import {
   type JSONWebKeySet,
 } from 'jose';
 
-// Agent identity (spec: Authentication). Two ways in:
+// Agent identity (spec: Authentication). Three ways in:
 //   1. the platform JWT (ES256, 5-minute lifetime) in `Authorization: Bearer` or `x-api-key` (the
 //      official SDKs send one or the other), verified against --agent-jwks; a verified token is cached
 //      until its `exp`, since an ES256 verify costs ~100 µs and agents send the same token many times.
 //   2. an agent identity certificate (ECDSA P-256) verified against --agent-ca over mTLS.
-// A presented token must verify: a bad token is never rescued by a certificate.
+//   3. the network gateway's signed identity header (gateway-identity.ts), verified against
+//      --gateway-key: the gateway verified the agent by 1 or 2 and vouches for this one request.
+// A presented credential must verify: a bad one is never rescued by another. The gateway's header
+// comes first: when it is present, nothing else is read as the caller (a llmproxy without
+// --gateway-key refuses it rather than ignore it), and the agent's own Authorization / x-api-key are
+// its passthrough credential, as over mTLS.
 
 export interface AgentIdentity {
   agentId: string;
   orgId: string;
   agentName: string;
   groupId: string | null;
-  via: 'jwt' | 'mtls';
+  /** How the caller proved who it is; `gateway`: the network gateway's signed header vouches for it. */
+  via: 'jwt' | 'mtls' | 'gateway';
   /** The header that carried the JWT; in passthrough mode the other one carries the agent's own key. */
   tokenHeader: 'authorization' | 'x-api-key' | null;
 }
@@ -70,12 +77,20 @@ function claimString(v: unknown): string | null {
 
 export class AgentAuthenticator {
   #keys: () => JWTVerifyGetKey;
+  #gateway: GatewayIdentityVerifier | null;
   #cache = new Map<string, { identity: AgentIdentity; exp: number }>();
   #maxCache: number;
   #now: () => number;
 
-  constructor(options: { keys: () => JWTVerifyGetKey; maxCache?: number; now?: () => number }) {
+  constructor(options: {
+    keys: () => JWTVerifyGetKey;
+    /** Verifies the gateway's identity header (--gateway-key); null: the header is refused. */
+    gateway?: GatewayIdentityVerifier | null;
+    maxCache?: number;
+    now?: () => number;
+  }) {
     this.#keys = options.keys;
+    this.#gateway = options.gateway ?? null;
     this.#maxCache = options.maxCache ?? 50_000;
     this.#now = options.now ?? Date.now;
   }
@@ -123,10 +138,24 @@ export class AgentAuthenticator {
   }
 
   /**
-   * The caller's identity: the JWT when one is presented, else a verified client certificate
-   * (CN = agent id, O = org id, OU = group id). Throws AuthError when neither holds.
+   * The caller's identity: the gateway's identity header when one is present (it must name `request`,
+   * the request being served; without `request` it cannot be checked and is refused), else the JWT when
+   * one is presented, else a verified client certificate (CN = agent id, O = org id, OU = group id).
+   * Throws AuthError when none holds.
    */
-  async authenticate(headers: IncomingHttpHeaders, socket: TLSSocket | null): Promise<AgentIdentity> {
+  async authenticate(
+    headers: IncomingHttpHeaders,
+    socket: TLSSocket | null,
+    request: VouchedRequest | null = null,
+  ): Promise<AgentIdentity> {
+    const vouch = headers[GATEWAY_IDENTITY_HEADER];
+    if (vouch !== undefined) {
+      if (!this.#gateway)
+        throw new AuthError('gateway', 'a gateway identity header, and no --gateway-key to verify it with');
+      if (!request || typeof vouch !== 'string')
+        throw new AuthError('gateway', 'a gateway identity header where none can be checked');
+      return this.#gateway.verify(vouch, request);
+    }
     const presented = presentedToken(headers);
     if (presented) return this.verifyToken(presented.token, presented.header);
     const fromCert = socket ? certificateIdentity(socket) : null;

@@ -94,7 +94,9 @@ export type AuthFailure =
   | 'rejected'
   | 'lifetime'
   | 'lacks'
-  | 'agent';
+  | 'agent'
+  /** The gateway's identity header (gateway-identity.ts) did not verify, or names another request. */
+  | 'gateway';
 
 /** An agent presented no credential, or one that does not verify (spec: Authentication). */
 export class AuthError extends coded('DVX_AGENT_AUTH') {
@@ -107,8 +109,8 @@ export class AuthError extends coded('DVX_AGENT_AUTH') {
    */
   readonly identity: AgentIdentity | null;
 
-  constructor(reason: AuthFailure, message: string, identity: AgentIdentity | null = null) {
-    super(message);
+  constructor(reason: AuthFailure, message: string, identity: AgentIdentity | null = null, options?: ErrorOptions) {
+    super(message, options);
     this.reason = reason;
     this.identity = identity;
   }

@@ -45,6 +45,12 @@ export interface LlmProxyOptions extends AuditOptions, ServerLimitOptions {
   agentCa: string;
   /** JWKS (file path or URL) for platform JWTs. */
   agentJwks: string;
+  /**
+   * The network gateway's key (PEM: its EC P-256 public key, or the private key it signs with): a
+   * request with the gateway's identity header is believed when the header verifies with it. Empty: such
+   * a request is refused (gateway-identity.ts).
+   */
+  gatewayKey: string;
   minTier: IsolationClass;
   policySnapshot: string;
   /** The control plane's PostgreSQL store, read directly instead of --policy-snapshot. */
@@ -89,6 +95,7 @@ export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
   enclaveName: '',
   agentCa: '',
   agentJwks: '',
+  gatewayKey: '',
   minTier: 'plain',
   policySnapshot: '',
   databaseDsn: '',
@@ -114,9 +121,9 @@ export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
 export function validateOptions(input: Partial<LlmProxyOptions>): LlmProxyOptions {
   const o = { ...LLMPROXY_DEFAULTS, ...input };
   if (!o.tlsCert || !o.tlsKey) throw new OptionsError('--tls-cert and --tls-key are required (llmproxy is TLS-only)');
-  if (!o.agentJwks && !o.agentCa)
+  if (!o.agentJwks && !o.agentCa && !o.gatewayKey)
     throw new OptionsError(
-      'agents cannot authenticate: set --agent-jwks (platform JWTs) and/or --agent-ca (identity certificates)',
+      "agents cannot authenticate: set --agent-jwks (platform JWTs), --agent-ca (identity certificates) and/or --gateway-key (the gateway's identity headers)",
     );
   if (!(ISOLATION_CLASSES as readonly string[]).includes(o.minTier))
     throw new OptionsError(`--min-tier must be one of ${ISOLATION_CLASSES.join(', ')}`);

@@ -21,6 +21,7 @@ import type { ResolvedPolicy } from '../../pipeline/policy/types.ts';
 import { ApprovalsClient } from './approvals-client.ts';
 import { AgentAuthenticator, jwksFromDocument, jwksFromUrl } from './auth.ts';
 import { clientErrorAnswer, OptionsError } from './errors.ts';
+import { GatewayIdentityVerifier, readVerifyKeys } from './gateway-identity.ts';
 import { proxyMetrics } from './metrics.ts';
 import { RefusalMemory, type RefusalMemoryOptions } from './tools/refusal-memory.ts';
 import { validateOptions, type LlmProxyOptions } from './options.ts';
@@ -120,6 +121,15 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
       })
     : null;
 
+  // The gateway's identity headers (--gateway-key): read once; a new key takes a restart (the file may
+  // hold the old key and the new one while the gateway's is rotated).
+  const gateway = options.gatewayKey
+    ? new GatewayIdentityVerifier(
+        await readVerifyKeys(options.gatewayKey, '--gateway-key', (message, cause) => {
+          throw new OptionsError(message, { cause });
+        }),
+      )
+    : null;
   let jwksFile: WatchedJsonFile<ReturnType<typeof jwksFromDocument>> | null = null;
   let remoteJwks: ReturnType<typeof jwksFromUrl> | null = null;
   const auth = new AgentAuthenticator({
@@ -128,6 +138,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
       if (jwksFile) return jwksFile.value;
       return () => Promise.reject(new Error('no JWKS configured'));
     },
+    gateway,
   });
   if (/^https?:\/\//.test(options.agentJwks)) remoteJwks = jwksFromUrl(options.agentJwks, brokerCa);
   else if (options.agentJwks) {

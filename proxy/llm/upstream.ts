@@ -2,6 +2,7 @@ import type { IncomingHttpHeaders } from 'node:http';
 import { Agent, type Dispatcher } from 'undici';
 import type { WireFormat } from '../../pipeline/policy/snapshot.ts';
 import { isAnthropic } from './formats.ts';
+import { GATEWAY_IDENTITY_HEADER } from './gateway-identity.ts';
 import { decodeAnswers } from './interceptors/decode-answers.ts';
 import { scrubHeaders } from './interceptors/scrub-headers.ts';
 
@@ -63,9 +64,10 @@ export function upstreamTarget(base: string): URL {
 }
 
 // The agent's credentials never travel on: the upstream gets the real key (credentials.ts); nor does
-// its content-length: the body leaving may differ (prefix, translation). Hop-by-hop headers and
-// Accept-Encoding are the dispatcher's to drop (interceptors/scrub-headers.ts).
-const AGENT_ONLY = new Set(['authorization', 'x-api-key', 'content-length']);
+// the gateway's identity header (it vouches to us, not to a provider), nor the content-length: the
+// body leaving may differ (prefix, translation). Hop-by-hop headers and Accept-Encoding are the
+// dispatcher's to drop (interceptors/scrub-headers.ts).
+const AGENT_ONLY = new Set(['authorization', 'x-api-key', 'content-length', GATEWAY_IDENTITY_HEADER]);
 
 /** Request headers for the upstream: the agent's, minus its credentials, plus the real key and length. */
 export function upstreamHeaders(

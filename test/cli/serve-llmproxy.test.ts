@@ -1,5 +1,7 @@
 import t from 'tap';
+import { join } from 'node:path';
 import { runDvx } from '../fixtures/run-dvx.ts';
+import { tlsDir } from '../fixtures/tls-dir.ts';
 
 // `dvx serve llmproxy` flags that take a duration read the flag, then DVX_*, and refuse what they
 // cannot use before anything starts (the flags exist only on the command line: this runs the binary).
@@ -50,4 +52,20 @@ t.test('--approvals-url, --escalation-timeout, --inspection-disclosure: flag or 
     help,
     /--inspection-disclosure <mode> .*?\(choices: "detailed", "opaque", default: "detailed", env: DVX_INSPECTION_DISCLOSURE\)/,
   );
+});
+
+t.test('--gateway-key: flag or environment; an unreadable key refuses the start', async (t) => {
+  const tls = await tlsDir('dvx-cli-gwkey-');
+  t.teardown(() => tls.remove());
+  const args = ['serve', 'llmproxy', '--addr', '127.0.0.1:0', '--tls-cert', tls.cert, '--tls-key', tls.key];
+  for (const [extra, env] of [
+    [['--gateway-key', join(tls.dir, 'missing.pem')], {}],
+    [[], { DVX_GATEWAY_KEY: join(tls.dir, 'missing.pem') }],
+  ] as [string[], Record<string, string>][]) {
+    const r = await runDvx([...args, ...extra], { env });
+    t.equal(r.code, 2, JSON.stringify(env));
+    t.match(r.stderr, /cannot read --gateway-key .*missing\.pem: ENOENT/);
+  }
+  const help = (await runDvx(['serve', 'llmproxy', '--help'])).stdout.replace(/\s+/g, ' ');
+  t.match(help, /--gateway-key <file> .*?\(default: "", env: DVX_GATEWAY_KEY\)/);
 });

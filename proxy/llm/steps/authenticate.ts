@@ -4,7 +4,8 @@ import type { AgentIdentity } from '../auth.ts';
 import type { CallContext } from '../context.ts';
 import { AuthError, ERRORS, Refusal } from '../errors.ts';
 
-// Who is calling (spec: Authentication): the platform JWT or the agent's identity certificate.
+// Who is calling (spec: Authentication): the gateway's signed identity header (it names this request's
+// method and URL), the platform JWT, or the agent's identity certificate.
 
 const UNAUTHENTICATED_HEADERS = { 'www-authenticate': 'Bearer' };
 
@@ -12,7 +13,10 @@ export async function authenticate(ctx: CallContext): Promise<void> {
   const d = ctx.d;
   let identity: AgentIdentity;
   try {
-    identity = await d.auth.authenticate(ctx.req.headers, ctx.req.socket as TLSSocket);
+    identity = await d.auth.authenticate(ctx.req.headers, ctx.req.socket as TLSSocket, {
+      method: ctx.req.method ?? '',
+      url: ctx.req.url ?? '',
+    });
   } catch (err) {
     if (!(err instanceof AuthError)) throw err;
     ctx.snapshot = d.snapshot();
