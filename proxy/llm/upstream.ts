@@ -1,4 +1,5 @@
 import type { IncomingHttpHeaders } from 'node:http';
+import { rootCertificates } from 'node:tls';
 import { Agent, type Dispatcher } from 'undici';
 import type { WireFormat } from '../../pipeline/policy/snapshot.ts';
 import { isAnthropic } from './formats.ts';
@@ -30,7 +31,8 @@ export function upstreamDispatcher(options: {
     pipelining: 1,
     headersTimeout: options.headersTimeoutMs,
     bodyTimeout: options.bodyTimeoutMs,
-    connect: options.ca ? { ca: options.ca } : undefined,
+    // Node's `ca` replaces the system roots when given: they are joined, so a real provider still verifies.
+    connect: options.ca ? { ca: [...rootCertificates, options.ca.toString('utf8')] } : undefined,
   });
   return agent.compose(scrubHeaders(), decodeAnswers());
 }
