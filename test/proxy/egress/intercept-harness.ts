@@ -129,8 +129,8 @@ async function startUpstream(tls: { cert: string; key: string } | null): Promise
 export interface HarnessOptions {
   options?: Partial<GatewayOptions>;
   secrets?: Record<string, Record<string, string>>;
-  /** An audit sink in place of the stdout one (a sink that never makes records durable). */
-  audit?: AuditSink;
+  /** Wraps the stdout audit sink (a sink slow to make records durable, one that never does). */
+  audit?: (sink: AuditSink) => AuditSink;
   llmproxy?: boolean;
   controlPlane?: boolean;
   /** An https door (the gateway is TLS-only): the tunnel's TLS runs inside the door's. */
@@ -147,7 +147,7 @@ export interface Harness {
   deps: GatewayDeps;
   doorPort: number;
   doorUrl: string;
-  /** An https upstream answering as `dest.test` (and `127.0.0.1`). */
+  /** An https upstream answering as `dest.test`, `other.test`, `org.test`, `nocap.test` (and `127.0.0.1`). */
   upstream: Upstream;
   /** A plain node:http upstream (`plain.test`). */
   plain: Upstream;
@@ -164,8 +164,8 @@ export interface Harness {
   identity: AgentIdentity | null;
   flows(): Record<string, unknown>[];
   events(): Record<string, unknown>[];
-  /** A ProxyAgent through the door trusting the interception CA. */
-  proxy(): ProxyAgent;
+  /** A ProxyAgent through the door trusting the interception CA; `tunnel: false` sends http:// URLs absolute-form. */
+  proxy(o?: { tunnel?: boolean }): ProxyAgent;
   close(): Promise<void>;
 }
 
@@ -184,7 +184,7 @@ export async function startHarness(o: HarnessOptions = {}): Promise<Harness> {
     });
     return { cert: leaf.certPem, key: leaf.keyPem };
   };
-  const upstream = await startUpstream(await serverLeaf(['dest.test', 'other.test']));
+  const upstream = await startUpstream(await serverLeaf(['dest.test', 'other.test', 'org.test', 'nocap.test']));
   const plain = await startUpstream(null);
   const llm = o.llmproxy ? await startUpstream(await serverLeaf(['llmproxy.test'])) : null;
   const cp = o.controlPlane ? await startUpstream(await serverLeaf(['cp.test'])) : null;
@@ -192,6 +192,8 @@ export async function startHarness(o: HarnessOptions = {}): Promise<Harness> {
   const names = new Map<string, string>([
     ['dest.test', '127.0.0.1'],
     ['other.test', '127.0.0.1'],
+    ['org.test', '127.0.0.1'],
+    ['nocap.test', '127.0.0.1'],
     ['plain.test', '127.0.0.1'],
     ['cp.test', '127.0.0.1'],
   ]);
@@ -270,7 +272,7 @@ export async function startHarness(o: HarnessOptions = {}): Promise<Harness> {
       failClosed: options.inspectFailClosed,
       registry,
     }),
-    audit: o.audit ?? new StdoutAuditSink(auditOut),
+    audit: o.audit ? o.audit(new StdoutAuditSink(auditOut)) : new StdoutAuditSink(auditOut),
     capture: { captureOrDeny: options.auditCaptureOrDeny, timeoutMs: options.auditCaptureTimeout },
     log,
     metrics: gatewayMetrics(registry),
@@ -364,9 +366,10 @@ export async function startHarness(o: HarnessOptions = {}): Promise<Harness> {
     heads,
     flows: () => audit.filter((r) => r.table === 'network_flow'),
     events: () => audit.filter((r) => r.table === 'audit_events'),
-    proxy: () => {
+    proxy: ({ tunnel = true }: { tunnel?: boolean } = {}) => {
       const agent = new ProxyAgent({
         uri: doorUrl,
+        proxyTunnel: tunnel,
         requestTls: { ca: gatewayCa.certPem },
         ...(doorTls ? { proxyTls: { ca: upstreamCa.certPem, servername: '127.0.0.1' } } : {}),
       });
