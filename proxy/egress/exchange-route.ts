@@ -4,7 +4,7 @@ import type { AgentIdentity } from '../llm/auth.ts';
 import type { Flow, GatewayDeps, PinnedTarget } from './context.ts';
 import { ANSWERS, GatewayRefusal, MissingCredentialError, OperatorTokenError } from './errors.ts';
 import { credentialUnavailable, operatorTokenRefused } from './exchange-answers.ts';
-import { injectionsFor } from './inject-cred.ts';
+import { injectionsFor, rulesFor } from './inject-cred.ts';
 import type { PinnedPools } from './pinned-pools.ts';
 
 // Where one exchange goes and what the gateway adds to it (docs/gateway.md, "Interception and
@@ -138,6 +138,19 @@ export async function routeOf(
     upstream = pools.get(scheme, target.host, target.port, target.address, target.family);
   }
 
+  // A credential never crosses the network in clear because an agent asked for http://: a rule without
+  // a port applies to TLS only; one naming the port is the operator's word that plain http is meant.
+  if (kind === 'destination' && scheme === 'http') {
+    const bare = rulesFor(deps.injectRules, target.host, target.port).find((r) => r.port === null);
+    if (bare !== undefined)
+      throw new GatewayRefusal(
+        credentialUnavailable(
+          `credential rule for ${bare.host} (secret "${bare.secret}") is sent over https only; ` +
+            `a rule naming port=${target.port} allows plain http`,
+        ),
+        'credential refused over plain http',
+      );
+  }
   let injections;
   try {
     injections = injectionsFor(deps.injectRules, deps.secrets, identity, target.host, target.port);

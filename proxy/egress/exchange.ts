@@ -367,12 +367,10 @@ class Exchange {
         }
       }
     } catch (err) {
-      if (!res.destroyed) {
-        flow.reason = this.#abort.signal.aborted
-          ? 'the agent closed the connection before the answer was delivered'
-          : `the answer was cut: ${errorText(err)}`;
-        res.destroy();
-      }
+      flow.reason = this.#abort.signal.aborted
+        ? 'the agent closed the connection before the answer was delivered'
+        : `the destination's answer was cut: ${errorText(err)}`;
+      res.destroy();
       return;
     }
     res.end();

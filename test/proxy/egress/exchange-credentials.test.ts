@@ -1,6 +1,7 @@
 import t from 'tap';
 import { request } from 'undici';
 import type { AuditSink } from '../../../audit-wal/sink.ts';
+import { parseInjectRule } from '../../../proxy/egress/inject-cred.ts';
 import { until } from '../../fixtures/eventually.ts';
 import { AGENT, AGENT_SECRET, attrsOf, flowOf, GITHUB_TOKEN, ORG_TOKEN, startHarness } from './intercept-harness.ts';
 
@@ -12,6 +13,7 @@ t.setTimeout(90_000);
 
 const RULES = [
   'host=dest.test,header=Authorization,secret=github_token,format=Bearer {}',
+  'host=plain.test,header=X-Plain-Token,secret=github_token',
   'host=other.test,header=X-Api-Token,secret=missing_secret',
   'host=org.test,header=X-Org-Token,secret=org_token',
 ];
@@ -115,6 +117,27 @@ t.test('a secret of the org is injected; a missing one refuses the request, noth
   );
 });
 
+t.test('plain http: a rule without a port is not sent in clear; one naming the port is', async (t) => {
+  const h = await startHarness({ options: { injectCred: RULES }, secrets: SECRETS });
+  t.teardown(() => h.close());
+  const url = `http://plain.test:${h.plain.port}/clear`;
+  const refused = await request(url, { dispatcher: h.proxy({ tunnel: false }) });
+  t.equal(refused.statusCode, 403);
+  t.match(await refused.body.json(), {
+    error: { type: 'credential_unavailable', message: new RegExp(`https only.*port=${h.plain.port}`) },
+  });
+  t.equal(h.plain.seen.length, 0, 'nothing sent');
+
+  // The operator names the port: plain http is meant.
+  h.deps.injectRules = [
+    parseInjectRule(`host=plain.test,port=${h.plain.port},header=X-Plain-Token,secret=github_token`),
+  ];
+  const sent = await request(url, { dispatcher: h.proxy({ tunnel: false }) });
+  t.equal(sent.statusCode, 200);
+  await sent.body.text();
+  t.equal(h.plain.seen.at(-1)?.headers['x-plain-token'], GITHUB_TOKEN);
+});
+
 t.test('capture-or-deny: a credential whose record is never durable is not sent (503)', async (t) => {
   const order: string[] = [];
   const h = await startHarness({
@@ -131,7 +154,7 @@ t.test('capture-or-deny: a credential whose record is never durable is not sent 
   t.match(flowOf(h, '/never'), { outcome: 'deny', reason: /audit unavailable/ });
 });
 
-t.test('the control plane: an agent-operator token in place of the agent authorization, recorded first', async (t) => {
+t.test('the control plane: an agent-operator token in place of the agent authorization, its presentation recorded', async (t) => {
   const h = await startHarness({ controlPlane: true });
   t.teardown(() => h.close());
   const cp = h.cp!;

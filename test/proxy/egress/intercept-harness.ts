@@ -378,9 +378,10 @@ export async function startHarness(o: HarnessOptions = {}): Promise<Harness> {
     },
     close: async () => {
       await Promise.all(agents.map((a) => a.close().catch(() => undefined)));
+      // The tunnels first: a CONNECT's socket is no longer the door's to close.
+      await interceptor.close();
       door.closeAllConnections();
       await new Promise<void>((r) => door.close(() => r()));
-      await interceptor.close();
       for (const up of [upstream, plain, llm, cp]) {
         if (!up) continue;
         up.server.closeAllConnections();
