@@ -220,3 +220,36 @@ t.test(
       t.notOk(k in a, `no ${k}`);
   },
 );
+
+t.test('inspection that fails: refused 503 when fail-closed, forwarded and marked when fail-open', async (t) => {
+  const engine = {
+    threads: 1,
+    inlineThresholdBytes: 0,
+    workerUrl: new URL('../../fixtures/faulty-worker.ts', import.meta.url),
+  };
+  const closed = await startHarness({ options: { inspectFailClosed: true }, engine });
+  t.teardown(() => closed.close());
+  const refused = await request(`https://dest.test:${closed.upstream.port}/crash`, {
+    dispatcher: closed.proxy(),
+    method: 'POST',
+    body: 'CRASH-WORKER',
+  });
+  t.equal(refused.statusCode, 503);
+  t.match(await refused.body.json(), { error: { type: 'content_inspection_unavailable' } });
+  t.equal(closed.upstream.seen.length, 0, 'nothing sent');
+  t.ok(await until(() => flowOf(closed, '/crash') !== undefined));
+  t.match(flowOf(closed, '/crash'), { outcome: 'deny', reason: 'content inspection unavailable' });
+
+  const open = await startHarness({ engine });
+  t.teardown(() => open.close());
+  const passed = await request(`https://dest.test:${open.upstream.port}/crash`, {
+    dispatcher: open.proxy(),
+    method: 'POST',
+    body: 'CRASH-WORKER',
+  });
+  t.equal(passed.statusCode, 200);
+  await passed.body.text();
+  t.equal(open.upstream.seen.at(-1)?.body.toString(), 'CRASH-WORKER');
+  t.ok(await until(() => flowOf(open, '/crash') !== undefined));
+  t.match(attrsOf(flowOf(open, '/crash')), { inspection_failopen: 'true', inspection_failures: /request/ });
+});

@@ -154,39 +154,42 @@ t.test('capture-or-deny: a credential whose record is never durable is not sent 
   t.match(flowOf(h, '/never'), { outcome: 'deny', reason: /audit unavailable/ });
 });
 
-t.test('the control plane: an agent-operator token in place of the agent authorization, its presentation recorded', async (t) => {
-  const h = await startHarness({ controlPlane: true });
-  t.teardown(() => h.close());
-  const cp = h.cp!;
-  const url = `https://cp.test:${cp.port}/v1/agents?page=1`;
-  const answer = await request(url, {
-    dispatcher: h.proxy(),
-    headers: { authorization: 'Bearer whatever-the-agent-had' },
-  });
-  t.equal(answer.statusCode, 200);
-  await answer.body.text();
-  const token = `op-token-for-agent-1-0123456789`;
-  t.equal(cp.seen.at(-1)?.headers.authorization, `Bearer ${token}`);
-  t.equal(cp.seen.at(-1)?.servername, 'cp.test');
-  t.ok(await until(() => flowOf(h, '/v1/agents') !== undefined));
-  const flow = flowOf(h, '/v1/agents')!;
-  t.match(flow, { dst_ip: '127.0.0.1', attrs: { route: 'control-plane' } });
-  t.match(
-    h.events().find((e) => e.action === 'agent-operator-token.present'),
-    { trace_id: flow.id, attrs: { host: 'cp.test' } },
-  );
-  t.notOk((JSON.stringify(h.audit) + h.logs.join('')).includes(token), 'the token is in no record and no log line');
+t.test(
+  'the control plane: an agent-operator token in place of the agent authorization, its presentation recorded',
+  async (t) => {
+    const h = await startHarness({ controlPlane: true });
+    t.teardown(() => h.close());
+    const cp = h.cp!;
+    const url = `https://cp.test:${cp.port}/v1/agents?page=1`;
+    const answer = await request(url, {
+      dispatcher: h.proxy(),
+      headers: { authorization: 'Bearer whatever-the-agent-had' },
+    });
+    t.equal(answer.statusCode, 200);
+    await answer.body.text();
+    const token = `op-token-for-agent-1-0123456789`;
+    t.equal(cp.seen.at(-1)?.headers.authorization, `Bearer ${token}`);
+    t.equal(cp.seen.at(-1)?.servername, 'cp.test');
+    t.ok(await until(() => flowOf(h, '/v1/agents') !== undefined));
+    const flow = flowOf(h, '/v1/agents')!;
+    t.match(flow, { dst_ip: '127.0.0.1', attrs: { route: 'control-plane' } });
+    t.match(
+      h.events().find((e) => e.action === 'agent-operator-token.present'),
+      { trace_id: flow.id, attrs: { host: 'cp.test' } },
+    );
+    t.notOk((JSON.stringify(h.audit) + h.logs.join('')).includes(token), 'the token is in no record and no log line');
 
-  h.identity = { ...AGENT, agentId: 'contained-agent' };
-  const contained = await request(url, { dispatcher: h.proxy() });
-  t.equal(contained.statusCode, 403);
-  t.match(await contained.body.json(), { error: { type: 'permission_error', message: /contained/ } });
-  h.identity = { ...AGENT, agentId: 'unreachable-agent' };
-  const unreachable = await request(url, { dispatcher: h.proxy() });
-  t.equal(unreachable.statusCode, 502);
-  t.equal(await unreachable.body.text(), 'Upstream request failed');
-  t.equal(cp.seen.length, 1, 'neither reached the control plane');
-});
+    h.identity = { ...AGENT, agentId: 'contained-agent' };
+    const contained = await request(url, { dispatcher: h.proxy() });
+    t.equal(contained.statusCode, 403);
+    t.match(await contained.body.json(), { error: { type: 'permission_error', message: /contained/ } });
+    h.identity = { ...AGENT, agentId: 'unreachable-agent' };
+    const unreachable = await request(url, { dispatcher: h.proxy() });
+    t.equal(unreachable.statusCode, 502);
+    t.equal(await unreachable.body.text(), 'Upstream request failed');
+    t.equal(cp.seen.length, 1, 'neither reached the control plane');
+  },
+);
 
 t.test(
   'llmproxy: its identity headers, the agent x-dvx-* dropped, not inspected here; down → 502 exactly',

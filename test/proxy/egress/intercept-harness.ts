@@ -13,7 +13,7 @@ import type { AuditSink } from '../../../audit-wal/sink.ts';
 import { StdoutAuditSink } from '../../../audit-wal/stdout-sink.ts';
 import { createRegistry } from '../../../core/metrics.ts';
 import { generateCa, issueCertificate, type PemPair } from '../../../core/tls.ts';
-import { InspectionEngine } from '../../../pipeline/engine.ts';
+import { type EngineOptions, InspectionEngine } from '../../../pipeline/engine.ts';
 import { PolicyCache } from '../../../pipeline/policy/cache.ts';
 import { validateSnapshot } from '../../../pipeline/policy/snapshot.ts';
 import type { ResolvedPolicy } from '../../../pipeline/policy/types.ts';
@@ -133,6 +133,8 @@ export interface HarnessOptions {
   audit?: (sink: AuditSink) => AuditSink;
   llmproxy?: boolean;
   controlPlane?: boolean;
+  /** Engine options over the harness's (a faulty worker). */
+  engine?: EngineOptions;
   /** An https door (the gateway is TLS-only): the tunnel's TLS runs inside the door's. */
   tlsDoor?: boolean;
 }
@@ -271,6 +273,7 @@ export async function startHarness(o: HarnessOptions = {}): Promise<Harness> {
       timeoutMs: options.inspectTimeout,
       failClosed: options.inspectFailClosed,
       registry,
+      ...o.engine,
     }),
     audit: o.audit ? o.audit(new StdoutAuditSink(auditOut)) : new StdoutAuditSink(auditOut),
     capture: { captureOrDeny: options.auditCaptureOrDeny, timeoutMs: options.auditCaptureTimeout },
