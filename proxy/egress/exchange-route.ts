@@ -32,6 +32,8 @@ export interface Route {
   records: Record<string, unknown>[];
   /** Credential values the gateway added: never recorded (capture.ts redacts them). */
   secretValues: string[];
+  /** The headers carrying a credential the gateway added (an injected secret, an operator token). */
+  credentialHeaders: string[];
 }
 
 /** An `audit_events` record of an effect the gateway applies on the agent's behalf. */
@@ -86,6 +88,7 @@ export async function routeOf(
   const headers = new Map<string, string>();
   const records: Record<string, unknown>[] = [];
   const secretValues: string[] = [];
+  const credentialHeaders: string[] = [];
   let upstream: { origin: string; dispatcher: Dispatcher };
   if (kind === 'llmproxy') {
     let routed;
@@ -112,6 +115,7 @@ export async function routeOf(
     }
     headers.set('authorization', `Bearer ${token}`);
     secretValues.push(token);
+    credentialHeaders.push('authorization');
     records.push(
       effectRecord(deps, flow, identity, 'agent-operator-token.present', {
         host: target.host,
@@ -161,6 +165,7 @@ export async function routeOf(
   }
   for (const inj of injections) {
     headers.set(inj.header, inj.value);
+    if (!credentialHeaders.includes(inj.header)) credentialHeaders.push(inj.header);
     // The value as it goes on the wire, and the secret inside it (the rule's format around it).
     const [before, after] = inj.rule.format.split('{}');
     secretValues.push(inj.value, inj.value.slice(before.length, inj.value.length - after.length));
@@ -172,5 +177,13 @@ export async function routeOf(
       }),
     );
   }
-  return { kind, origin: upstream.origin, dispatcher: upstream.dispatcher, headers, records, secretValues };
+  return {
+    kind,
+    origin: upstream.origin,
+    dispatcher: upstream.dispatcher,
+    headers,
+    records,
+    secretValues,
+    credentialHeaders,
+  };
 }

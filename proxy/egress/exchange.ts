@@ -191,8 +191,7 @@ class Exchange {
     if (streamedLength !== undefined) headers.push('content-length', streamedLength);
     for (const [name, value] of route.headers) headers.push(name, value);
     this.#sentHeaders = headers;
-    if (route.records.length > 0)
-      flow.attrs.injected_headers = [...route.headers.keys()].filter((h) => h !== 'x-dvx-gateway-identity').join(',');
+    if (route.credentialHeaders.length > 0) flow.attrs.injected_headers = route.credentialHeaders.join(',');
 
     const call = (): Promise<Dispatcher.ResponseData> =>
       route.dispatcher.request({
@@ -231,7 +230,10 @@ class Exchange {
       canonicalHost(url.hostname) !== this.#target.host ||
       port !== this.#target.port
     )
-      throw new GatewayRefusal(EXCHANGE_ANSWERS.misdirected, `request target ${url.host} is not ${this.#flow.dst}`);
+      throw new GatewayRefusal(
+        EXCHANGE_ANSWERS.misdirected,
+        `request target ${url.host.slice(0, 255)} is not ${this.#flow.dst}`,
+      );
     return `${url.pathname}${url.search}`;
   }
 
@@ -242,7 +244,7 @@ class Exchange {
     const m = /^(\[[0-9a-fA-F:.]+\]|[^:[\]]+)(?::(\d{1,5}))?$/.exec(host);
     if (m === null) throw new GatewayRefusal(refusedShape('the Host header does not parse'), 'bad Host header');
     if (canonicalHost(m[1]) !== this.#target.host || (m[2] !== undefined && Number(m[2]) !== this.#target.port))
-      throw new GatewayRefusal(EXCHANGE_ANSWERS.misdirected, `Host ${host} is not ${this.#flow.dst}`);
+      throw new GatewayRefusal(EXCHANGE_ANSWERS.misdirected, `Host ${host.slice(0, 255)} is not ${this.#flow.dst}`);
   }
 
   async #readWhole(): Promise<Buffer> {

@@ -172,7 +172,7 @@ t.test(
     t.equal(cp.seen.at(-1)?.servername, 'cp.test');
     t.ok(await until(() => flowOf(h, '/v1/agents') !== undefined));
     const flow = flowOf(h, '/v1/agents')!;
-    t.match(flow, { dst_ip: '127.0.0.1', attrs: { route: 'control-plane' } });
+    t.match(flow, { dst_ip: '127.0.0.1', attrs: { route: 'control-plane', injected_headers: 'authorization' } });
     t.match(
       h.events().find((e) => e.action === 'agent-operator-token.present'),
       { trace_id: flow.id, attrs: { host: 'cp.test' } },
