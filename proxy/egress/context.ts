@@ -152,8 +152,12 @@ export interface Interceptor {
    * --no-capture-host.
    */
   wants(target: Target): boolean;
-  /** Serves the tunnel (TLS, then HTTP/1.1 requests, each an Exchange); `tunnel` is the CONNECT's flow. */
-  serve(client: Duplex, head: Buffer, target: PinnedTarget, tunnel: Flow): void;
+  /**
+   * Serves the tunnel (TLS, then HTTP/1.1 requests, each an Exchange); `tunnel` is the CONNECT's flow.
+   * Resolves (never rejects) once the client's socket has closed and every request inside has been
+   * answered: `tunnel`'s bytes and attrs are then final, and its opener records it.
+   */
+  serve(client: Duplex, head: Buffer, target: PinnedTarget, tunnel: Flow): Promise<void>;
   close(): Promise<void>;
 }
 
