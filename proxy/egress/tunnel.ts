@@ -134,6 +134,9 @@ export function openTunnel(
     upstream.on('data', (chunk: Buffer) => {
       flow.bytesDown += chunk.length;
     });
+    // The server's TLS sockets end their side when the client ends its own; a tunnel's half-close must
+    // pass through instead (the destination may still answer).
+    client.allowHalfOpen = true;
     client.pipe(upstream);
     upstream.pipe(client);
     client.setTimeout(tunnelIdleTimeout);
