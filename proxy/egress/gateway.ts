@@ -56,7 +56,12 @@ function printable(text: string): string {
   return text.slice(0, MAX_RECORDED_TARGET).replace(/[\u0000-\u001f\u007f]/g, '?');
 }
 
-/** A host as a name the rules compare: lower case, IPv4 in dotted form (as a URL's host parser gives it), no brackets. */
+/**
+ * A host as the rules compare it, whatever its spelling: lower case, no brackets, an IPv4 address in
+ * dotted form (`0x7f.1` is 127.0.0.1, as a URL's host parser reads it), an IPv6 address compressed,
+ * and an IPv4-mapped IPv6 address as its IPv4 address (so a rule naming 127.0.0.1 is not dodged by
+ * `[::ffff:127.0.0.1]`).
+ */
 function parseHost(host: string): string | null {
   let parsed: string;
   try {
@@ -65,6 +70,11 @@ function parseHost(host: string): string | null {
     return null;
   }
   const h = canonicalHost(parsed);
+  const mapped = /^::ffff:([0-9a-f]{1,4}):([0-9a-f]{1,4})$/.exec(h);
+  if (mapped) {
+    const [hi, lo] = [Number.parseInt(mapped[1], 16), Number.parseInt(mapped[2], 16)];
+    return `${hi >> 8}.${hi & 255}.${lo >> 8}.${lo & 255}`;
+  }
   return h === '' ? null : h;
 }
 
@@ -86,7 +96,7 @@ export function connectTarget(authority: string): Target {
   if (port === null) bad('the port must be 1..65535');
   if (m![1] !== undefined) {
     if (isIP(m![1]) !== 6) bad(`[${m![1]}] is not an IPv6 address`);
-    return { host: canonicalHost(m![1]), port: port! };
+    return { host: parseHost(`[${m![1]}]`)!, port: port! };
   }
   const host = parseHost(m![2]);
   if (host === null) bad(`"${m![2]}" is not a host name`);
@@ -111,7 +121,7 @@ export function absoluteTarget(rawUrl: string): Target {
     bad(`${url.protocol}// is not forwarded: only http:// in absolute form, and CONNECT tunnels`);
   if (url.username !== '' || url.password !== '' || /^[a-z]+:\/\/[^/?#]*@/i.test(rawUrl))
     bad('a URL with credentials (user:password@) is refused');
-  const host = canonicalHost(url.hostname);
+  const host = parseHost(url.host.replace(/:\d*$/, '')) ?? '';
   if (host === '') bad('the URL names no host');
   const port = url.port === '' ? 80 : parsePort(url.port);
   if (port === null) bad('the port must be 1..65535');

@@ -267,20 +267,25 @@ export function viaGateway(h: GatewayHarness, token?: string): string[] {
 
 /**
  * A raw TLS connection to the gateway that sends `text` and collects everything the gateway sends back
- * until it closes, or `ms` passes (then `closed` is false and the connection is destroyed).
+ * until it closes, or `ms` passes (then `closed` is false and the connection is destroyed), or what
+ * came back satisfies `done` (then the client closes it).
  */
 export function rawExchange(
   h: GatewayHarness,
   text: string,
   ms = 10_000,
   tlsOptions: tls.ConnectionOptions = {},
+  done?: (got: string) => boolean,
 ): Promise<{ closed: boolean; text: string }> {
   return new Promise((resolve, reject) => {
     const socket = tls.connect({ host: '127.0.0.1', port: h.port, ca: h.ca.certPem, servername: 'localhost', ...tlsOptions }, () =>
       socket.write(text),
     );
     let got = '';
-    socket.on('data', (d: Buffer) => (got += d.toString('latin1')));
+    socket.on('data', (d: Buffer) => {
+      got += d.toString('latin1');
+      if (done?.(got)) socket.end();
+    });
     socket.on('error', (err) => {
       if (!got) reject(err);
     });
