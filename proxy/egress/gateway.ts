@@ -52,7 +52,6 @@ function clientAddress(socket: Duplex & { remoteAddress?: string; remotePort?: n
 }
 
 function printable(text: string): string {
-  // biome-ignore lint/suspicious/noControlCharactersInRegex: control characters are what is replaced
   return text.slice(0, MAX_RECORDED_TARGET).replace(/[\u0000-\u001f\u007f]/g, '?');
 }
 
@@ -134,7 +133,8 @@ export function absoluteTarget(rawUrl: string): Target {
  */
 export function hostHeaderProblem(rawHeaders: string[], target: Target, defaultPort: number | null): string | null {
   const values: string[] = [];
-  for (let i = 0; i < rawHeaders.length; i += 2) if (rawHeaders[i].toLowerCase() === 'host') values.push(rawHeaders[i + 1]);
+  for (let i = 0; i < rawHeaders.length; i += 2)
+    if (rawHeaders[i].toLowerCase() === 'host') values.push(rawHeaders[i + 1]);
   if (values.length === 0) return null;
   if (values.length > 1) return 'more than one Host header';
   const value = values[0].trim();
@@ -409,7 +409,10 @@ export class Gateway {
       }
       const fromCert = certificateIdentity(socket);
       if (fromCert) return { identity: fromCert, error: null };
-      throw new AuthError('agent', 'missing agent credential (Proxy-Authorization: Bearer, or an identity certificate)');
+      throw new AuthError(
+        'agent',
+        'missing agent credential (Proxy-Authorization: Bearer, or an identity certificate)',
+      );
     } catch (err) {
       if (!(err instanceof AuthError)) throw err;
       return { identity: err.identity, error: err };

@@ -32,7 +32,12 @@ const plainPort = (plain.address() as { port: number }).port;
 
 t.test('curl through a CONNECT tunnel to an https server, with a token', async (t) => {
   const before = h.audit.length;
-  const r = await curl([...viaGateway(h, await h.token()), '--cacert', h.caFile, `https://127.0.0.1:${https.port}/path?q=1`]);
+  const r = await curl([
+    ...viaGateway(h, await h.token()),
+    '--cacert',
+    h.caFile,
+    `https://127.0.0.1:${https.port}/path?q=1`,
+  ]);
   t.equal(r.code, 0, r.stderr);
   const body = JSON.parse(r.stdout);
   t.match(body, { hello: 'from https', method: 'GET', url: '/path?q=1' });
@@ -81,7 +86,14 @@ t.test('curl tunnels plain HTTP too (-p), and the agent’s own Authorization re
 t.test('curl without a token: 407 with Proxy-Authenticate, nothing reaches the destination', async (t) => {
   const accepted = https.accepted;
   const before = h.audit.length;
-  const r = await curl([...viaGateway(h), '-w', '%{http_connect}', '--cacert', h.caFile, `https://127.0.0.1:${https.port}/`]);
+  const r = await curl([
+    ...viaGateway(h),
+    '-w',
+    '%{http_connect}',
+    '--cacert',
+    h.caFile,
+    `https://127.0.0.1:${https.port}/`,
+  ]);
   t.not(r.code, 0);
   t.equal(r.stdout, '407');
   const raw = await rawExchange(h, `CONNECT 127.0.0.1:${https.port} HTTP/1.1\r\nHost: 127.0.0.1:${https.port}\r\n\r\n`);
@@ -112,7 +124,14 @@ t.test('a bad token, another scheme, a token in Authorization: all 407', async (
 t.test('an expired token signed by the issuer: 407, recorded under its agent', async (t) => {
   const before = h.audit.length;
   const old = await h.issuer.mint({}, { issuedAt: Math.floor(Date.now() / 1000) - 600, expiresIn: 300 });
-  const r = await curl([...viaGateway(h, old), '-w', '%{http_connect}', '--cacert', h.caFile, `https://127.0.0.1:${https.port}/`]);
+  const r = await curl([
+    ...viaGateway(h, old),
+    '-w',
+    '%{http_connect}',
+    '--cacert',
+    h.caFile,
+    `https://127.0.0.1:${https.port}/`,
+  ]);
   t.equal(r.stdout, '407');
   const [flow] = await h.flowsAfter(before);
   t.match(flow, {
@@ -136,7 +155,11 @@ t.test('undici ProxyAgent (token, proxyTls) through a tunnel to an https server'
     t.equal(res.statusCode, 200);
     t.match(await res.body.json(), { hello: 'from https', url: `/undici/${i}`, proxy_authorization: null });
   }
-  const refused = new ProxyAgent({ uri: `https://localhost:${h.port}`, proxyTls: { ca: h.ca.certPem }, requestTls: { ca: h.ca.certPem } });
+  const refused = new ProxyAgent({
+    uri: `https://localhost:${h.port}`,
+    proxyTls: { ca: h.ca.certPem },
+    requestTls: { ca: h.ca.certPem },
+  });
   t.teardown(() => refused.close());
   await t.rejects(request(`https://localhost:${https.port}/`, { dispatcher: refused }), /407/);
   // The kept-alive tunnel's record lands once the agent closes it.
@@ -184,5 +207,8 @@ t.test('/healthz answers in origin form; other origin-form requests are 400', as
   t.match(await health.body.json(), { component: 'gateway', status: 'ok', version: /\d/ });
   const other = await request(`${h.proxyUrl}/v1/messages`, { dispatcher });
   t.equal(other.statusCode, 400);
-  t.match(await other.body.json(), { type: 'error', error: { type: 'invalid_request_error', message: /forward proxy/ } });
+  t.match(await other.body.json(), {
+    type: 'error',
+    error: { type: 'invalid_request_error', message: /forward proxy/ },
+  });
 });

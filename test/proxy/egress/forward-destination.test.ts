@@ -57,7 +57,10 @@ t.test('--allow-dest and --deny-dest: names, globs, ports and cidrs', async (t) 
 
   const wild = await connect(h, `api.wild.test:${echo.port + 1}`);
   t.equal(wild.status, 403);
-  t.equal(reasonOf(wild), 'api.wild.test resolved to the private address 127.0.0.1, which a wildcard host rule does not reach');
+  t.equal(
+    reasonOf(wild),
+    'api.wild.test resolved to the private address 127.0.0.1, which a wildcard host rule does not reach',
+  );
 
   const bad = await connect(h, 'bad.wild.test:443');
   t.equal(reasonOf(bad), 'bad one, with a comma', 'the deny rule’s own reason');
@@ -93,12 +96,20 @@ t.test('cidr rules are checked against every address a name resolves to', async 
   const accepted = echo.accepted;
   const h = await startGatewayHarness({
     gateway: {
-      denyDest: ['cidr=127.0.0.0/8,reason=no loopback', 'cidr=10.0.0.0/8,reason=no corp', 'host=127.0.0.2,reason=no literal'],
+      denyDest: [
+        'cidr=127.0.0.0/8,reason=no loopback',
+        'cidr=10.0.0.0/8,reason=no corp',
+        'host=127.0.0.2,reason=no literal',
+      ],
     },
     resolve: { 'mixed.test': ['192.168.1.1', '10.1.2.3'], 'rebind.test': ['127.0.0.1'] },
   });
   t.teardown(() => h.close());
-  t.equal(reasonOf(await connect(h, `localhost:${echo.port}`)), 'no loopback', 'localhost resolves to a refused address');
+  t.equal(
+    reasonOf(await connect(h, `localhost:${echo.port}`)),
+    'no loopback',
+    'localhost resolves to a refused address',
+  );
   t.ok(h.lookups.includes('localhost'), 'it had to be resolved to know');
   t.equal(reasonOf(await connect(h, 'mixed.test:443')), 'no corp', 'one refused address refuses the name');
   t.equal(reasonOf(await connect(h, `rebind.test:${echo.port}`)), 'no loopback');
@@ -152,21 +163,24 @@ t.test('the snapshot’s destination_policy and packs, per agent, followed on re
   );
 });
 
-t.test('a host under a credential rule is refused as a blind tunnel (no interception CA), never resolved', async (t) => {
-  const secrets = join(await import('node:os').then((os) => os.tmpdir()), `dvx-gw-secrets-${process.pid}.json`);
-  await writeFile(secrets, JSON.stringify({ 'agent:agent-1': { gh: 'ghp_secret' } }));
-  const h = await startGatewayHarness({
-    gateway: {
-      secretsFile: secrets,
-      injectCred: ['host=api.github.test,header=Authorization,secret=gh,format=Bearer {}'],
-    },
-  });
-  t.teardown(() => h.close());
-  const a = await connect(h, 'api.github.test:443');
-  t.equal(a.status, 403);
-  t.equal(
-    reasonOf(a),
-    'a tunnel to api.github.test:443 must be intercepted (a --inject-cred rule applies to it) and the gateway has no interception CA (--ca-cert)',
-  );
-  t.notOk(h.lookups.includes('api.github.test'));
-});
+t.test(
+  'a host under a credential rule is refused as a blind tunnel (no interception CA), never resolved',
+  async (t) => {
+    const secrets = join(await import('node:os').then((os) => os.tmpdir()), `dvx-gw-secrets-${process.pid}.json`);
+    await writeFile(secrets, JSON.stringify({ 'agent:agent-1': { gh: 'ghp_secret' } }));
+    const h = await startGatewayHarness({
+      gateway: {
+        secretsFile: secrets,
+        injectCred: ['host=api.github.test,header=Authorization,secret=gh,format=Bearer {}'],
+      },
+    });
+    t.teardown(() => h.close());
+    const a = await connect(h, 'api.github.test:443');
+    t.equal(a.status, 403);
+    t.equal(
+      reasonOf(a),
+      'a tunnel to api.github.test:443 must be intercepted (a --inject-cred rule applies to it) and the gateway has no interception CA (--ca-cert)',
+    );
+    t.notOk(h.lookups.includes('api.github.test'));
+  },
+);

@@ -68,6 +68,10 @@ export async function startGatewayHarness(
     /** Names the lookup answers itself (others go to the system resolver). */
     resolve?: Record<string, string[]>;
     audit?: AuditSink;
+    /** Replaces the lookup's fallback (the system resolver) for names not in `resolve`. */
+    lookup?: Lookup;
+    /** Trust the harness CA for agent identity certificates (--agent-ca). */
+    agentCa?: boolean;
   } = {},
 ): Promise<GatewayHarness> {
   const dir = await mkdtemp(join(tmpdir(), 'dvx-gateway-'));
@@ -116,7 +120,7 @@ export async function startGatewayHarness(
     lookups.push(host);
     const fixed = table[host];
     if (fixed) return fixed.map((address) => ({ address, family: net.isIP(address) === 6 ? 6 : 4 }));
-    return systemLookup(host);
+    return (options.lookup ?? systemLookup)(host);
   };
   const registry = createRegistry();
   const gw = await startGateway(
@@ -126,6 +130,7 @@ export async function startGatewayHarness(
       tlsKey: join(dir, 'server-key.pem'),
       agentJwks: join(dir, 'jwks.json'),
       policySnapshot: snapshotPath,
+      ...(options.agentCa ? { agentCa: caFile } : {}),
       ...options.gateway,
     },
     {
@@ -196,6 +201,42 @@ async function listen(server: net.Server, sockets: Set<net.Socket>, stats: { acc
   };
 }
 
+/** An agent identity certificate (ECDSA P-256, client auth): CN = agent id, O = org id, OU = group id. */
+export async function agentCertificate(
+  ca: PemPair,
+  subject: { agent: string; org: string; group?: string },
+): Promise<PemPair> {
+  const x509 = await import('@peculiar/x509');
+  const { webcrypto, createPrivateKey } = await import('node:crypto');
+  const alg = { name: 'ECDSA', namedCurve: 'P-256', hash: 'SHA-256' } as const;
+  const caCert = new x509.X509Certificate(ca.certPem);
+  const caKey = await webcrypto.subtle.importKey(
+    'pkcs8',
+    createPrivateKey(ca.keyPem).export({ format: 'der', type: 'pkcs8' }),
+    alg,
+    false,
+    ['sign'],
+  );
+  const keys = await webcrypto.subtle.generateKey(alg, true, ['sign', 'verify']);
+  const cert = await x509.X509CertificateGenerator.create({
+    serialNumber: Date.now().toString(16),
+    subject: `CN=${subject.agent}, O=${subject.org}${subject.group ? `, OU=${subject.group}` : ''}`,
+    issuer: caCert.subject,
+    notBefore: new Date(Date.now() - 60_000),
+    notAfter: new Date(Date.now() + 300_000),
+    publicKey: keys.publicKey as never,
+    signingKey: caKey as never,
+    signingAlgorithm: alg,
+    extensions: [new x509.ExtendedKeyUsageExtension([x509.ExtendedKeyUsage.clientAuth])],
+  });
+  const der = Buffer.from(await webcrypto.subtle.exportKey('pkcs8', keys.privateKey));
+  const keyPem = `-----BEGIN PRIVATE KEY-----\n${der
+    .toString('base64')
+    .replace(/(.{64})/g, '$1\n')
+    .replace(/\n$/, '')}\n-----END PRIVATE KEY-----\n`;
+  return { certPem: `${cert.toString('pem')}\n`, keyPem };
+}
+
 /** A TCP server that echoes what it reads, and ends its side when the client ends its own. */
 export async function startEcho(): Promise<Destination> {
   const server = net.createServer({ allowHalfOpen: true }, (s) => s.pipe(s));
@@ -212,7 +253,11 @@ export async function startSilent(): Promise<Destination> {
 
 /** An https server (certificate of `ca`: localhost, 127.0.0.1) answering what it was asked. */
 export async function startHttps(ca: PemPair): Promise<Destination> {
-  const leaf = await issueCertificate(ca, { commonName: 'localhost', dnsNames: ['localhost'], ipAddresses: ['127.0.0.1'] });
+  const leaf = await issueCertificate(ca, {
+    commonName: 'localhost',
+    dnsNames: ['localhost'],
+    ipAddresses: ['127.0.0.1'],
+  });
   const server = https.createServer({ cert: leaf.certPem, key: leaf.keyPem }, (req, res) => {
     res.writeHead(200, { 'content-type': 'application/json' });
     res.end(
@@ -278,8 +323,9 @@ export function rawExchange(
   done?: (got: string) => boolean,
 ): Promise<{ closed: boolean; text: string }> {
   return new Promise((resolve, reject) => {
-    const socket = tls.connect({ host: '127.0.0.1', port: h.port, ca: h.ca.certPem, servername: 'localhost', ...tlsOptions }, () =>
-      socket.write(text),
+    const socket = tls.connect(
+      { host: '127.0.0.1', port: h.port, ca: h.ca.certPem, servername: 'localhost', ...tlsOptions },
+      () => socket.write(text),
     );
     let got = '';
     socket.on('data', (d: Buffer) => {
@@ -310,5 +356,9 @@ export function parseAnswer(text: string): { status: number; headers: Record<str
     const c = l.indexOf(':');
     if (c > 0) headers[l.slice(0, c).trim().toLowerCase()] = l.slice(c + 1).trim();
   }
-  return { status: Number(/^HTTP\/1\.1 (\d{3})/.exec(line)?.[1] ?? 0), headers, body: at < 0 ? '' : text.slice(at + 4) };
+  return {
+    status: Number(/^HTTP\/1\.1 (\d{3})/.exec(line)?.[1] ?? 0),
+    headers,
+    body: at < 0 ? '' : text.slice(at + 4),
+  };
 }
