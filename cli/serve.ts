@@ -3,6 +3,7 @@ import { CliError } from './errors.ts';
 import { registerLlmProxy } from './serve-llmproxy.ts';
 import { registerControlPlane } from './serve-controlplane.ts';
 import { registerBroker } from './serve-broker.ts';
+import { registerGateway } from './serve-gateway.ts';
 
 // `dvx serve <component>`: one component per process (docs/architecture.md).
 // Each component registers its own subcommand with its flags as it arrives; asking for one that does
@@ -13,7 +14,7 @@ export const COMPONENTS = ['llmproxy', 'gateway', 'controlplane', 'broker', 'rel
 export type ComponentRegistrar = (serve: Command) => void;
 
 /** Components that are built; each adds `dvx serve <name>` with its flags. */
-const REGISTRARS: ComponentRegistrar[] = [registerLlmProxy, registerControlPlane, registerBroker];
+const REGISTRARS: ComponentRegistrar[] = [registerLlmProxy, registerGateway, registerControlPlane, registerBroker];
 
 export function serveCommand(): Command {
   const serve = new Command('serve')
