@@ -17,14 +17,16 @@ import { addAuditFlags, addCommonFlags, addConnectionFlags, addMetricsAndEnclave
 
 /** A repeatable rule flag: each occurrence adds its rules (one, or several on separate lines). */
 function rules(spec: string, description: string): ReturnType<typeof flag> {
-  return flag(spec, { description: `${description} (repeatable; newline-separated in the environment)`, default: [] })
-    .argParser((v: string, prev: string[] = []) => [
-      ...prev,
-      ...v
-        .split(/\r?\n/)
-        .map((s) => s.trim())
-        .filter(Boolean),
-    ]);
+  return flag(spec, {
+    description: `${description} (repeatable; newline-separated in the environment)`,
+    default: [],
+  }).argParser((v: string, prev: string[] = []) => [
+    ...prev,
+    ...v
+      .split(/\r?\n/)
+      .map((s) => s.trim())
+      .filter(Boolean),
+  ]);
 }
 
 /** A repeatable host-glob flag: each occurrence adds its hosts (comma- or newline-separated). */
@@ -56,7 +58,10 @@ export function registerGateway(serve: Command): void {
     { id: "enclave id for audit (default: the snapshot's)", name: "enclave name (default: the snapshot's)" },
   )
     .addOption(
-      flag('--agent-ca <file>', { description: 'CA bundle for agent identity certificates (mTLS)', default: d.agentCa }),
+      flag('--agent-ca <file>', {
+        description: 'CA bundle for agent identity certificates (mTLS)',
+        default: d.agentCa,
+      }),
     )
     .addOption(flag('--agent-jwks <file|url>', { description: 'JWKS for platform JWTs (ES256)', default: d.agentJwks }))
     .addOption(
@@ -80,7 +85,8 @@ export function registerGateway(serve: Command): void {
     )
     .addOption(
       flag('--secret-broker-url <url>', {
-        description: "the enclave broker's agent URL: secrets for --inject-cred, agent-operator tokens for --cp-api-host",
+        description:
+          "the enclave broker's agent URL: secrets for --inject-cred, agent-operator tokens for --cp-api-host",
         default: d.secretBrokerUrl,
       }),
     )
@@ -118,7 +124,9 @@ export function registerGateway(serve: Command): void {
         parse: parsePositiveInt,
       }),
     )
-    .addOption(hosts('--no-capture-host <glob>', 'host never terminated for capture alone (certificate-pinning clients)'))
+    .addOption(
+      hosts('--no-capture-host <glob>', 'host never terminated for capture alone (certificate-pinning clients)'),
+    )
     .addOption(
       rules(
         '--inject-cred <rule>',
@@ -131,7 +139,9 @@ export function registerGateway(serve: Command): void {
         default: d.llmproxyAddr,
       }),
     )
-    .addOption(hosts('--llm-host <glob>', `LLM provider host routed to llmproxy (none given: ${DEFAULT_LLM_HOSTS.join(', ')})`))
+    .addOption(
+      hosts('--llm-host <glob>', `LLM provider host routed to llmproxy (none given: ${DEFAULT_LLM_HOSTS.join(', ')})`),
+    )
     .addOption(
       flag('--gateway-key <file>', {
         description: 'ES256 private key (PEM) the identity headers are signed with',

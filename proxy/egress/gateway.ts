@@ -255,18 +255,24 @@ export class Gateway {
     if (d.interceptor?.wants(pinned)) {
       flow.dstIp = pinned.address;
       flow.attrs.status = '200';
-      socket.write('HTTP/1.1 200 Connection Established\r\n\r\n');
       d.metrics.tunnelsOpen.inc({ kind: 'intercepted' });
-      d.interceptor.serve(socket, head, pinned, flow);
       // After the interceptor's own close listeners (it records the tunnel with what it saw); a tunnel
       // it did not record is recorded here.
       socket.once('close', () => {
         d.metrics.tunnelsOpen.dec({ kind: 'intercepted' });
         setImmediate(() => recordFlow(d, flow));
       });
+      socket.write('HTTP/1.1 200 Connection Established\r\n\r\n');
+      try {
+        d.interceptor.serve(socket, head, pinned, flow);
+      } catch (err) {
+        d.log.error({ err, flow_id: flow.id }, 'interception failed');
+        flow.reason = `interception failed: ${(err as Error).message}`;
+        socket.destroy();
+      }
       return;
     }
-    openTunnel(d, socket as TLSSocket, head, pinned, flow, () => {});
+    openTunnel(d, socket as TLSSocket, head, pinned, flow);
   }
 
   async #request(req: IncomingMessage, res: ServerResponse): Promise<void> {

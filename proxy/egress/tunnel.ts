@@ -1,5 +1,6 @@
 import { STATUS_CODES } from 'node:http';
 import net from 'node:net';
+import { performance } from 'node:perf_hooks';
 import type { Duplex } from 'node:stream';
 import type { Flow, GatewayDeps, PinnedTarget } from './context.ts';
 import { ANSWERS, type GatewayAnswer } from './errors.ts';
@@ -44,20 +45,13 @@ export function answerSocket(socket: Duplex, answer: GatewayAnswer, headers: Rec
   socket.once('close', () => clearTimeout(timer));
 }
 
-/** What ended a tunnel: the record's reason (empty for an orderly close by the two peers). */
-type Ending = string;
-
-/**
- * Opens the tunnel for an admitted CONNECT; `onEnd` runs once, after both sides closed and the
- * flow's record was appended.
- */
+/** Opens the tunnel for an admitted CONNECT; the flow is recorded once both sides have closed. */
 export function openTunnel(
   deps: GatewayDeps,
   client: net.Socket,
   head: Buffer,
   target: PinnedTarget,
   flow: Flow,
-  onEnd: () => void,
 ): void {
   const { connectTimeout, tunnelIdleTimeout } = deps.options;
   const metrics = deps.metrics;
@@ -71,9 +65,10 @@ export function openTunnel(
     noDelay: true,
   });
   let connected = false;
-  let ending: Ending | null = null;
+  /** What ended the tunnel other than its two peers closing in order (the record's reason); null if nothing. */
+  let ending: string | null = null;
   let closed = 0;
-  const end = (why: Ending) => {
+  const end = (why: string) => {
     if (ending === null) ending = why;
   };
   const finish = () => {
@@ -82,7 +77,6 @@ export function openTunnel(
     if (connected) metrics.tunnelsOpen.dec({ kind: 'blind' });
     if (ending) flow.reason = ending;
     recordFlow(deps, flow);
-    onEnd();
   };
   let graceTimer: NodeJS.Timeout | undefined;
   /** One side closed: the other finishes what it has, within a grace. */
@@ -109,9 +103,10 @@ export function openTunnel(
     upstream.destroy();
     answerSocket(client, answer, null);
   };
+  // --connect-timeout bounds resolution and connection together: the connection gets what is left.
   const connectTimer = setTimeout(
-    () => failed(ANSWERS.upstreamTimeout, `connecting to ${where} took longer than ${connectTimeout} ms`),
-    connectTimeout,
+    () => failed(ANSWERS.upstreamTimeout, `${where} not connected within --connect-timeout (${connectTimeout} ms)`),
+    Math.max(1, connectTimeout - (performance.now() - flow.started)),
   );
 
   upstream.once('connect', () => {

@@ -17,7 +17,11 @@ import { baseSnapshot, curl, startHttps } from './gateway-harness.ts';
 const dir = await mkdtemp(join(tmpdir(), 'dvx-gateway-cli-'));
 t.teardown(() => rm(dir, { recursive: true, force: true }));
 const ca = await generateCa('gateway cli CA');
-const leaf = await issueCertificate(ca, { commonName: 'localhost', dnsNames: ['localhost'], ipAddresses: ['127.0.0.1'] });
+const leaf = await issueCertificate(ca, {
+  commonName: 'localhost',
+  dnsNames: ['localhost'],
+  ipAddresses: ['127.0.0.1'],
+});
 const file = (name: string) => join(dir, name);
 await writeFile(file('cert.pem'), leaf.certPem);
 await writeFile(file('key.pem'), leaf.keyPem);
@@ -106,7 +110,11 @@ t.test('--help lists the gateway flags with their variables', async (t) => {
 
 t.test('a rule that does not parse refuses the start, naming the flag and the rule', async (t) => {
   for (const [args, env, message] of [
-    [['--allow-dest', 'host=a.test,port=99999'], {}, /--allow-dest "host=a\.test,port=99999": rule\[0\]\.port: must be an integer/],
+    [
+      ['--allow-dest', 'host=a.test,port=99999'],
+      {},
+      /--allow-dest "host=a\.test,port=99999": rule\[0\]\.port: must be an integer/,
+    ],
     [['--deny-dest', '{"host": 1'], {}, /--deny-dest "\{"host": 1": not valid JSON/],
     [[], { DVX_DENY_DEST: 'ok.test\nhost=,port=1' }, /--deny-dest "host=,port=1"/],
     [

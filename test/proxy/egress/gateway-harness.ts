@@ -67,7 +67,8 @@ export async function startGatewayHarness(
     gateway?: Partial<GatewayOptions>;
     /** Names the lookup answers itself (others go to the system resolver). */
     resolve?: Record<string, string[]>;
-    audit?: AuditSink;
+    /** The audit sink; `'own'`: the gateway's own (a WalSink with --audit-dsn); default: stdout lines read back. */
+    audit?: AuditSink | 'own';
     /** Replaces the lookup's fallback (the system resolver) for names not in `resolve`. */
     lookup?: Lookup;
     /** Trust the harness CA for agent identity certificates (--agent-ca). */
@@ -136,7 +137,7 @@ export async function startGatewayHarness(
     {
       logger: createLogger({ level: 'debug', destination: { write: (s: string) => void logs.push(JSON.parse(s)) } }),
       registry,
-      audit: options.audit ?? new StdoutAuditSink(out),
+      audit: options.audit === 'own' ? undefined : (options.audit ?? new StdoutAuditSink(out)),
       lookup,
     },
   );

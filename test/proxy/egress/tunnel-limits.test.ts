@@ -1,3 +1,4 @@
+import { spawn } from 'node:child_process';
 import net from 'node:net';
 import tls from 'node:tls';
 import t from 'tap';
@@ -102,6 +103,38 @@ t.test('a port that refuses: 502 Upstream request failed, recorded', async (t) =
     dst_ip: '127.0.0.1',
     reason: `cannot connect to 127.0.0.1:${port}: ECONNREFUSED`,
     attrs: { status: '502' },
+  });
+});
+
+t.test('a destination that does not complete the TCP handshake in time: 504, recorded', async (t) => {
+  // A listener whose accept queue (backlog 0) is held full by one connection: the kernel drops the
+  // next SYNs, so a connect stays pending. node accepts at once, so the listener is a python socket.
+  const listener = spawn('python3', [
+    '-c',
+    "import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',0))\ns.listen(0)\nprint(s.getsockname()[1],flush=True)\ntime.sleep(60)",
+  ]);
+  t.teardown(() => listener.kill('SIGKILL'));
+  const port = await new Promise<number | null>((resolve) => {
+    listener.on('error', () => resolve(null));
+    listener.stdout.once('data', (d: Buffer) => resolve(Number(d.toString().trim())));
+  });
+  if (port === null) {
+    t.comment('no python3 here: a listener that never accepts cannot be made');
+    return;
+  }
+  const filler = net.connect(port, '127.0.0.1');
+  t.teardown(() => filler.destroy());
+  await new Promise<void>((resolve) => filler.once('connect', () => resolve()));
+  const before = h.audit.length;
+  const r = await connectText(h, `127.0.0.1:${port}`);
+  const a = parseAnswer(r.text);
+  t.equal(a.status, 504);
+  t.match(JSON.parse(a.body), { error: { type: 'timeout_error' } });
+  const [flow] = await h.flowsAfter(before);
+  t.match(flow, {
+    outcome: 'deny',
+    reason: `127.0.0.1:${port} not connected within --connect-timeout (500 ms)`,
+    attrs: { status: '504' },
   });
 });
 
