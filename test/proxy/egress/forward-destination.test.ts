@@ -116,6 +116,7 @@ t.test('cidr rules are checked against every address a name resolves to', async 
   // Other spellings of an address are the address: the URL host parser's dotted form.
   t.equal(reasonOf(await connect(h, `0x7f.0.0.2:${echo.port}`)), 'no literal', 'hex IPv4 is the dotted address');
   t.equal(reasonOf(await connect(h, `127.2:${echo.port}`)), 'no literal', 'short IPv4 too');
+  t.equal(reasonOf(await connect(h, `2130706434:${echo.port}`)), 'no literal', 'and a 32-bit number');
   t.equal(reasonOf(await connect(h, `[::ffff:127.0.0.2]:${echo.port}`)), 'no literal', 'IPv4-mapped IPv6 too');
   t.equal(reasonOf(await connect(h, `[::ffff:7f00:1]:${echo.port}`)), 'no loopback', 'in either spelling');
   t.match(
