@@ -440,7 +440,7 @@ export class Gateway {
   }
 }
 
-/** One of the gateway's own answers to an absolute-form request; the request's body is drained. */
+/** One of the gateway's own answers to an absolute-form request (the connection closed after it when a body would follow). */
 function writeAnswer(
   req: IncomingMessage,
   res: ServerResponse,
@@ -448,7 +448,9 @@ function writeAnswer(
   headers: Record<string, string> | null,
 ): void {
   req.resume();
-  const close = answer.status === 400 || answer.status === 503;
+  // A body the gateway will not forward is not read to its end on a kept-alive connection.
+  const hasBody = req.headers['transfer-encoding'] !== undefined || Number(req.headers['content-length'] ?? 0) > 0;
+  const close = answer.status === 400 || answer.status === 503 || hasBody;
   res.writeHead(answer.status, STATUS_CODES[answer.status], {
     'content-type': answer.contentType,
     'content-length': answer.body.length,

@@ -17,7 +17,7 @@ import {
 // half-close, bytes sent with the CONNECT). Every allowed tunnel and every refusal of a known agent is
 // one network_flow record.
 
-const h = await startGatewayHarness();
+const h = await startGatewayHarness({ gateway: { metricsAddr: '127.0.0.1:0' } });
 t.teardown(() => h.close());
 const https = await startHttps(h.ca);
 t.teardown(() => https.close());
@@ -211,4 +211,17 @@ t.test('/healthz answers in origin form; other origin-form requests are 400', as
     type: 'error',
     error: { type: 'invalid_request_error', message: /forward proxy/ },
   });
+});
+
+t.test('the metrics listener counts flows, bytes, refusals and authentication failures', async (t) => {
+  const dispatcher = new (await import('undici')).Agent({ connect: { ca: h.ca.certPem } });
+  t.teardown(() => dispatcher.close());
+  const res = await request(`https://127.0.0.1:${h.gw.metricsPort}/metrics`, { dispatcher });
+  const text = await res.body.text();
+  t.match(text, /dvx_gateway_flows_total\{proto="tcp",outcome="allow"\} [1-9]/);
+  t.match(text, /dvx_gateway_flows_total\{proto="tcp",outcome="deny"\} [1-9]/);
+  t.match(text, /dvx_gateway_bytes_total\{direction="up"\} [1-9]/);
+  t.match(text, /dvx_gateway_auth_failures_total\{reason="agent"\} [1-9]/);
+  t.match(text, /dvx_gateway_refusals_total\{status="407"\} [1-9]/);
+  t.match(text, /dvx_connections_open\{listener="gateway"\}/);
 });

@@ -45,6 +45,17 @@ t.test('absolute-form to a refused destination: 403 naming the reason, recorded,
   });
 });
 
+t.test('a refused request with a body: answered, and its connection closed rather than read to the end', async (t) => {
+  const raw = await rawExchange(
+    h,
+    `POST http://blocked.test/upload HTTP/1.1\r\nHost: blocked.test\r\nContent-Length: 1000000000\r\nProxy-Authorization: Bearer ${await h.token()}\r\n\r\nfirst bytes`,
+  );
+  const a = parseAnswer(raw.text);
+  t.equal(a.status, 403);
+  t.equal(a.headers.connection, 'close');
+  t.ok(raw.closed, 'closed without waiting for a gigabyte');
+});
+
 t.test('absolute-form of another scheme, with credentials, or with a Host of another host: 400', async (t) => {
   const token = await h.token();
   const auth = `Proxy-Authorization: Bearer ${token}\r\n`;
