@@ -163,11 +163,6 @@ export class Gateway {
     this.#d = deps;
   }
 
-  /** Tunnels open now (blind and intercepted). */
-  get tunnels(): number {
-    return this.#tunnels.size;
-  }
-
   /**
    * Refuses new attempts (503) and resolves once the tunnels and exchanges in flight have finished, or
    * after `graceMs`, when the tunnels still open are closed.
@@ -241,9 +236,12 @@ export class Gateway {
     const { flow, target, refusal } = await this.#admit(req, socket as TLSSocket, 'tcp', () =>
       connectTarget(req.url ?? ''),
     );
-    if (refusal) {
-      this.#refuse(flow, refusal);
-      answerSocket(socket, refusal.answer, refusal.headers);
+    // A shutdown that began while the attempt was being admitted refuses it: nothing opens past the drain.
+    const refused =
+      refusal ?? (this.#draining ? new GatewayRefusal(ANSWERS.shuttingDown, 'the gateway is shutting down') : null);
+    if (refused) {
+      this.#refuse(flow, refused);
+      answerSocket(socket, refused.answer, refused.headers);
       return;
     }
     const pinned = target!;
@@ -283,11 +281,13 @@ export class Gateway {
       if (hostProblem) throw new GatewayRefusal(badProxyRequest(hostProblem), hostProblem);
       return t;
     });
-    if (refusal) {
+    const refused =
+      refusal ?? (this.#draining ? new GatewayRefusal(ANSWERS.shuttingDown, 'the gateway is shutting down') : null);
+    if (refused) {
       flow.attrs.method = req.method ?? '';
       flow.attrs.url = printable(req.url ?? '');
-      this.#refuse(flow, refusal);
-      writeAnswer(req, res, refusal.answer, refusal.headers);
+      this.#refuse(flow, refused);
+      writeAnswer(req, res, refused.answer, refused.headers);
       return;
     }
     // The gateway's credential stops here; the agent's own headers go on.
