@@ -1,4 +1,5 @@
-import { writeFile } from 'node:fs/promises';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
 import {
@@ -167,7 +168,9 @@ t.test('the snapshot’s destination_policy and packs, per agent, followed on re
 t.test(
   'a host under a credential rule is refused as a blind tunnel (no interception CA), never resolved',
   async (t) => {
-    const secrets = join(await import('node:os').then((os) => os.tmpdir()), `dvx-gw-secrets-${process.pid}.json`);
+    const dir = await mkdtemp(join(tmpdir(), 'dvx-gw-secrets-'));
+    t.teardown(() => rm(dir, { recursive: true, force: true }));
+    const secrets = join(dir, 'secrets.json');
     await writeFile(secrets, JSON.stringify({ 'agent:agent-1': { gh: 'ghp_secret' } }));
     const h = await startGatewayHarness({
       gateway: {
