@@ -140,7 +140,10 @@ export async function startGatewayHarness(
       audit: options.audit === 'own' ? undefined : (options.audit ?? new StdoutAuditSink(out)),
       lookup,
     },
-  );
+  ).catch(async (err: unknown) => {
+    await rm(dir, { recursive: true, force: true });
+    throw err;
+  });
   listening = true;
   const flows = () => audit.filter((r) => r.table === 'network_flow');
   return {
