@@ -94,7 +94,8 @@ export type Condition =
 
 export const DEFAULT_LIMIT = 100;
 export const MAX_LIMIT = 1000;
-export const KNOWN_ACTOR_KINDS = ['human-operator', 'agent-operator', 'service'] as const;
+/** The spec's known kinds, and `agent`: what an agent did itself (its LLM calls, its network flows). */
+export const KNOWN_ACTOR_KINDS = ['human-operator', 'agent-operator', 'service', 'agent'] as const;
 export const KNOWN_OUTCOMES = ['allow', 'deny'] as const;
 
 const TEXT_FILTERS = ['org', 'scope', 'agent_id', 'action', 'outcome', 'actor_kind', 'proto', 'dst_host'] as const;

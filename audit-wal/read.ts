@@ -95,8 +95,8 @@ export const CH_EVENT_SELECT = `id, ${CH_MS} AS ts, ${AUDIT_RECORD_FIELDS.filter
 // The LLM calls as audit events (AuditQuery.llm, the enclave broker's reads): each llm_audit_log row
 // is read as an AuditRecord, in the same (event_time, id) order and under the same conditions as the
 // audit_events rows:
-//   action "inference.request", actor "agent:<agent_id>" (empty when the call named no agent; actor_kind
-//   empty: an agent is not an operator), outcome "deny" for a blocked or denied call, else "allow",
+//   action "inference.request", actor "agent:<agent_id>" and actor_kind "agent" (both empty when the
+//   call named no agent), outcome "deny" for a blocked or denied call, else "allow",
 //   resource the request path, reason the error, source "llmproxy", and the call's figures in attrs
 //   (LLM_ATTRS, as text; an absent value ''). Its internal `kind` is "llm": a predicate or filter on
 //   another kind (a platform operator's "event", network flows) leaves the calls out.
@@ -127,6 +127,10 @@ const LLM_AS_EVENT: Record<string, { pg: string; ch: string }> = {
   actor: {
     pg: "CASE WHEN agent_id = '' THEN '' ELSE 'agent:' || agent_id END",
     ch: "if(agent_id = '', '', concat('agent:', agent_id))",
+  },
+  actor_kind: {
+    pg: "CASE WHEN agent_id = '' THEN '' ELSE 'agent' END",
+    ch: "if(agent_id = '', '', 'agent')",
   },
   agent_id: { pg: 'agent_id', ch: 'agent_id' },
   agent_name: { pg: 'agent_name', ch: 'agent_name' },

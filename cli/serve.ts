@@ -4,6 +4,7 @@ import { registerLlmProxy } from './serve-llmproxy.ts';
 import { registerControlPlane } from './serve-controlplane.ts';
 import { registerBroker } from './serve-broker.ts';
 import { registerImds } from './serve-imds.ts';
+import { registerGateway } from './serve-gateway.ts';
 
 // `dvx serve <component>`: one component per process (docs/architecture.md).
 // Each component registers its own subcommand with its flags as it arrives; asking for one that does
@@ -14,7 +15,13 @@ export const COMPONENTS = ['llmproxy', 'gateway', 'controlplane', 'broker', 'rel
 export type ComponentRegistrar = (serve: Command) => void;
 
 /** Components that are built; each adds `dvx serve <name>` with its flags. */
-const REGISTRARS: ComponentRegistrar[] = [registerLlmProxy, registerControlPlane, registerBroker, registerImds];
+const REGISTRARS: ComponentRegistrar[] = [
+  registerLlmProxy,
+  registerGateway,
+  registerControlPlane,
+  registerBroker,
+  registerImds,
+];
 
 export function serveCommand(): Command {
   const serve = new Command('serve')

@@ -14,7 +14,7 @@ import { BodyCapture, CAPTURE_LOOKAHEAD, captures, capturedText, recordedHeaders
 import type { ExchangeHandler, Flow, GatewayDeps, PinnedTarget } from './context.ts';
 import { ANSWERS, GatewayRefusal } from './errors.ts';
 import { EXCHANGE_ANSWERS, refusedShape, undecodableBody } from './exchange-answers.ts';
-import { recordExchangeFlow } from './exchange-flow-record.ts';
+import { recordFlow } from './flow-record.ts';
 import { inspectBody, noteOutcome } from './exchange-inspection.ts';
 import { type Route, routedKind, routeOf } from './exchange-route.ts';
 import { canonicalHost } from './host-match.ts';
@@ -137,7 +137,7 @@ class Exchange {
     } catch (err) {
       this.#deps.log.error({ err, flow_id: this.#flow.id }, 'exchange capture failed');
     }
-    recordExchangeFlow(this.#deps, this.#flow);
+    recordFlow(this.#deps, this.#flow);
   }
 
   async #forward(): Promise<void> {

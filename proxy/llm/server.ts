@@ -1,6 +1,5 @@
 import https from 'node:https';
 import type { AddressInfo } from 'node:net';
-import { readFile } from 'node:fs/promises';
 import type { Registry } from 'prom-client';
 import { parseAddr } from '../../core/addr.ts';
 import { createLogger, type Logger } from '../../core/logger.ts';
@@ -8,7 +7,6 @@ import { createRegistry } from '../../core/metrics.ts';
 import { startMetricsServer } from '../../core/metrics-server.ts';
 import { ServerLimiter, serverOptions } from '../../core/server-limits.ts';
 import { loadTls } from '../../core/tls.ts';
-import { WatchedJsonFile } from '../../core/watched-file.ts';
 import { StoreSnapshotSource } from './store-source.ts';
 import type { AuditSink } from '../../audit-wal/sink.ts';
 import { StdoutAuditSink } from '../../audit-wal/stdout-sink.ts';
@@ -16,18 +14,16 @@ import { WalSink } from '../../audit-wal/wal-sink.ts';
 import { InspectionEngine } from '../../pipeline/engine.ts';
 import { closeSidecarDispatcher } from '../../pipeline/inspectors/sidecar.ts';
 import { PolicyCache } from '../../pipeline/policy/cache.ts';
-import { EMPTY_SNAPSHOT, validateSnapshot, type Snapshot } from '../../pipeline/policy/snapshot.ts';
+import { EMPTY_SNAPSHOT } from '../../pipeline/policy/snapshot.ts';
 import type { ResolvedPolicy } from '../../pipeline/policy/types.ts';
 import { ApprovalsClient } from './approvals-client.ts';
-import { AgentAuthenticator, jwksFromDocument, jwksFromUrl } from './auth.ts';
 import { clientErrorAnswer, OptionsError } from './errors.ts';
 import { GatewayIdentityVerifier, readVerifyKeys } from './gateway-identity.ts';
 import { proxyMetrics } from './metrics.ts';
 import { RefusalMemory, type RefusalMemoryOptions } from './tools/refusal-memory.ts';
 import { validateOptions, type LlmProxyOptions } from './options.ts';
 import { LlmProxy, type ProxyDeps } from './proxy.ts';
-import { SecretBroker } from './secret-broker.ts';
-import { parseSecretsFile, secretSource, type SecretMap } from './secrets-file.ts';
+import { openAgentAuthenticator, openSecretSource, openSnapshotFile, readCaFlag } from './sources.ts';
 import { toolDecider } from './tool-decisions.ts';
 import { upstreamDispatcher } from './upstream.ts';
 import pkg from '../../package.json' with { type: 'json' };
@@ -75,42 +71,10 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
         onChange: () => policies.invalidate(),
       })
     : null;
-  let snapshotFile: WatchedJsonFile<Snapshot> | null = null;
-  if (options.policySnapshot) {
-    snapshotFile = await WatchedJsonFile.open({
-      path: options.policySnapshot,
-      parse: validateSnapshot,
-      onChange: (s) => {
-        policies.invalidate();
-        log.info({ snapshot_version: s.version }, 'policy snapshot reloaded');
-      },
-      onError: (err) => log.error({ err }, 'policy snapshot reload refused; keeping the last good one'),
-    });
-  }
-  let secretsFile: WatchedJsonFile<SecretMap> | null = null;
-  if (options.secretsFile) {
-    secretsFile = await WatchedJsonFile.open({
-      path: options.secretsFile,
-      parse: parseSecretsFile,
-      onChange: () => log.info('secrets file reloaded'),
-      onError: (err) => log.error({ err }, 'secrets file reload refused; keeping the last good one'),
-    });
-  }
-  const emptySecrets: SecretMap = new Map();
+  const snapshotFile = await openSnapshotFile(options.policySnapshot, log, () => policies.invalidate());
   // The broker's CA: for --secret-broker-url, --approvals-url, and an https --agent-jwks (the broker serves the JWKS).
-  const brokerCa = options.brokerCa
-    ? await readFile(options.brokerCa).catch((err: NodeJS.ErrnoException) => {
-        throw new OptionsError(`cannot read --broker-ca ${options.brokerCa}: ${err.code ?? err.message}`);
-      })
-    : undefined;
-  const secretBroker = options.secretBrokerUrl
-    ? await SecretBroker.start({
-        url: options.secretBrokerUrl,
-        tokenFile: options.secretBrokerTokenFile,
-        ca: brokerCa,
-        log,
-      })
-    : null;
+  const brokerCa = await readCaFlag('--broker-ca', options.brokerCa, (m) => new OptionsError(m));
+  const secrets = await openSecretSource(options, brokerCa, log);
   // Tool-call approvals: the broker's satellite approvals routes, with the same satellite token.
   const approvals = options.approvalsUrl
     ? await ApprovalsClient.open({
@@ -130,28 +94,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
         }),
       )
     : null;
-  let jwksFile: WatchedJsonFile<ReturnType<typeof jwksFromDocument>> | null = null;
-  let remoteJwks: ReturnType<typeof jwksFromUrl> | null = null;
-  const auth = new AgentAuthenticator({
-    keys: () => {
-      if (remoteJwks) return remoteJwks;
-      if (jwksFile) return jwksFile.value;
-      return () => Promise.reject(new Error('no JWKS configured'));
-    },
-    gateway,
-  });
-  if (/^https?:\/\//.test(options.agentJwks)) remoteJwks = jwksFromUrl(options.agentJwks, brokerCa);
-  else if (options.agentJwks) {
-    jwksFile = await WatchedJsonFile.open({
-      path: options.agentJwks,
-      parse: (doc) => {
-        if (!Array.isArray((doc as { keys?: unknown })?.keys)) throw new Error('a JWKS needs a "keys" array');
-        return jwksFromDocument(doc);
-      },
-      onChange: () => auth.clearCache(),
-      onError: (err) => log.error({ err }, 'agent JWKS reload refused; keeping the last good one'),
-    });
-  }
+  const { auth, close: closeJwks } = await openAgentAuthenticator(options.agentJwks, brokerCa, log, gateway);
 
   const engine = new InspectionEngine({
     timeoutMs: options.inspectTimeout,
@@ -160,11 +103,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
     registry,
     ...(start.inspectWorker ? { workerUrl: start.inspectWorker } : {}),
   });
-  const upstreamCa = options.upstreamCa
-    ? await readFile(options.upstreamCa).catch((err: NodeJS.ErrnoException) => {
-        throw new Error(`cannot read --upstream-ca ${options.upstreamCa}: ${err.code ?? err.message}`);
-      })
-    : undefined;
+  const upstreamCa = await readCaFlag('--upstream-ca', options.upstreamCa, (m) => new Error(m));
   const dispatcher = upstreamDispatcher({
     ca: upstreamCa,
     headersTimeoutMs: options.upstreamTimeout,
@@ -190,7 +129,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
     auth,
     snapshot: () => store?.value ?? snapshotFile?.value ?? EMPTY_SNAPSHOT,
     policies,
-    secrets: secretSource(() => secretBroker?.map ?? secretsFile?.value ?? emptySecrets),
+    secrets: secrets.source,
     engine,
     dispatcher,
     audit,
@@ -251,10 +190,9 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
         await metricsServer?.close();
         snapshotFile?.close();
         await store?.close();
-        secretsFile?.close();
-        await secretBroker?.close();
+        await secrets.close();
         await approvals?.close();
-        jwksFile?.close();
+        closeJwks();
         await engine.close();
         await dispatcher.close();
         await closeSidecarDispatcher();

@@ -1,5 +1,5 @@
-import { snapshotAgent } from '../../../pipeline/policy/snapshot.ts';
 import { governanceOf } from '../../../pipeline/policy/snapshot-governance.ts';
+import { agentStanding } from '../agent-standing.ts';
 import type { CallContext } from '../context.ts';
 import { ERRORS, Refusal } from '../errors.ts';
 import { tierRank } from '../options.ts';
@@ -13,42 +13,33 @@ export function admit(ctx: CallContext): void {
   const d = ctx.d;
   const snapshot = ctx.snapshot;
   const identity = ctx.identity!;
-  const agent = snapshotAgent(snapshot, identity.agentId);
-  if (agent) {
-    if (agent.org_id !== identity.orgId) {
-      d.log.warn(
-        {
-          request_id: ctx.id,
-          agent_id: identity.agentId,
-          token_org: identity.orgId,
-          snapshot_org: agent.org_id,
-        },
-        'agent org does not match the snapshot',
-      );
-      // Recorded in the log of the org that owns the agent id: that is where the refusal is read.
-      identify(ctx, { ...identity, orgId: agent.org_id, agentName: identity.agentName || agent.name });
-      throw new Refusal(
-        ERRORS.agentRefused,
-        `token org_id "${identity.orgId}" differs from the agent's org in the snapshot`,
-      );
-    }
-    ctx.identity = {
-      ...identity,
-      agentName: identity.agentName || agent.name,
-      groupId: agent.group_id ?? identity.groupId,
-    };
-    if (agent.status === 'suspended' || agent.status === 'isolated' || agent.contained) {
-      d.log.warn(
-        {
-          request_id: ctx.id,
-          agent_id: identity.agentId,
-          status: agent.status,
-          contained: agent.contained,
-        },
-        'agent refused by its state',
-      );
-      throw new Refusal(ERRORS.agentRefused, agent.contained ? 'agent is contained' : `agent is ${agent.status}`);
-    }
+  const standing = agentStanding(snapshot, identity);
+  if (standing.refused && standing.why === 'org') {
+    d.log.warn(
+      {
+        request_id: ctx.id,
+        agent_id: identity.agentId,
+        token_org: identity.orgId,
+        snapshot_org: standing.identity.orgId,
+      },
+      'agent org does not match the snapshot',
+    );
+    // Recorded in the log of the org that owns the agent id: that is where the refusal is read.
+    identify(ctx, standing.identity);
+    throw new Refusal(ERRORS.agentRefused, standing.reason);
+  }
+  ctx.identity = standing.identity;
+  if (standing.refused) {
+    d.log.warn(
+      {
+        request_id: ctx.id,
+        agent_id: identity.agentId,
+        status: standing.status,
+        contained: standing.contained,
+      },
+      'agent refused by its state',
+    );
+    throw new Refusal(ERRORS.agentRefused, standing.reason);
   }
   if (tierRank(snapshot.enclave.isolation_class) < tierRank(d.options.minTier)) {
     throw new Refusal(

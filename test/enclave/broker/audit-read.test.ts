@@ -335,7 +335,7 @@ for (const [name, dsn] of stores) {
       t.match(l1, {
         action: 'inference.request',
         actor: 'agent:bot-1',
-        actor_kind: '',
+        actor_kind: 'agent',
         agent_id: 'bot-1',
         agent_name: 'bot one',
         org_id: 'org-a',
