@@ -44,7 +44,15 @@ export interface LlmPath {
 }
 
 export async function startLlmPath(
-  options: { gateway?: Partial<GatewayOptions>; llmproxyAddr?: string } = {},
+  options: {
+    gateway?: Partial<GatewayOptions>;
+    /** Where the gateway sends LLM calls, in place of the llmproxy started here (one that is down). */
+    llmproxyAddr?: string;
+    /** llmproxy's policy snapshot, in place of the harness's. */
+    llmSnapshot?: (upstreamUrl: string) => unknown;
+    /** llmproxy's (and the gateway's) secrets file, in place of the harness's. */
+    llmSecrets?: unknown;
+  } = {},
 ): Promise<LlmPath> {
   const dir = await mkdtemp(join(tmpdir(), 'dvx-e2e-llm-'));
   const agents: ProxyAgent[] = [];
@@ -57,7 +65,11 @@ export async function startLlmPath(
     interceptCa = await generateCa('e2e interception CA');
     await writeFile(join(dir, 'intercept-ca.pem'), interceptCa.certPem);
     await writeFile(join(dir, 'intercept-ca-key.pem'), interceptCa.keyPem, { mode: 0o600 });
-    llm = await startLlmproxy({ proxy: { gatewayKey: key.publicPath } });
+    llm = await startLlmproxy({
+      proxy: { gatewayKey: key.publicPath },
+      snapshot: options.llmSnapshot,
+      secrets: options.llmSecrets,
+    });
     gw = await startGatewayHarness({
       gateway: {
         caCert: join(dir, 'intercept-ca.pem'),
