@@ -37,7 +37,7 @@ export interface Enclave {
   cpApiHost: string;
   /** An agent's undici client through the gateway (its JWT as proxy credential, trusting the interception CA). */
   agent(uid: string): Promise<ProxyAgent>;
-  /** A GET through the gateway as `uid`: status, headers and text of the answer. */
+  /** A GET through the gateway as `uid`, on a tunnel of its own closed after: status, headers and text. */
   get(uid: string, url: string, headers?: Record<string, string>): Promise<AgentAnswer>;
   close(): Promise<void>;
 }
@@ -241,8 +241,14 @@ export async function startEnclave(
       cpApiHost,
       agent,
       async get(uid, url, headers = {}) {
-        const res = await request(url, { dispatcher: await agent(uid), headers });
-        return { status: res.statusCode, headers: res.headers, text: await res.body.text() };
+        const dispatcher = await agent(uid);
+        try {
+          const res = await request(url, { dispatcher, headers });
+          return { status: res.statusCode, headers: res.headers, text: await res.body.text() };
+        } finally {
+          // Its tunnel ends here: the tunnel's own record is written when it closes.
+          await dispatcher.close();
+        }
       },
       close,
     };
