@@ -1,3 +1,4 @@
+import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { once } from 'node:events';
 import { writeFile } from 'node:fs/promises';
@@ -5,9 +6,12 @@ import https from 'node:https';
 import type { AddressInfo, Socket } from 'node:net';
 import { join } from 'node:path';
 import { generateCa, issueCertificate, type PemPair } from '../../../core/tls.ts';
+import { until } from '../../fixtures/eventually.ts';
+import { DVX_BIN } from '../../fixtures/run-dvx.ts';
 
 // What the end-to-end tests of the gateway in an enclave share (e2e-enclave-*.test.ts): an interception
-// CA written where the gateway reads it, and a real https destination that records what reached it.
+// CA written where the gateway reads it, a real https destination that records what reached it, and a
+// dvx server run as an operator runs it (the real binary, a child process).
 
 export interface InterceptionCa {
   ca: PemPair;
@@ -100,4 +104,56 @@ export async function startDestination(ca: PemPair, names: string[]): Promise<De
         server.close(() => resolve());
       }),
   };
+}
+
+export interface DvxChild {
+  child: ChildProcessWithoutNullStreams;
+  /** Its JSON log lines (stdout), parsed. */
+  lines: Record<string, unknown>[];
+  /** The line that said it was ready. */
+  ready: Record<string, unknown>;
+  exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+  /** SIGTERM (SIGKILL after 15 s): the exit. */
+  stop(): Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+}
+
+/**
+ * `bin/dvx ARGS` (no DVX_* variable of this process leaks into it), resolved once it logs `readyMsg`;
+ * refused (and killed) when it exits or stays silent for 30 s. The caller stops it (t.teardown).
+ */
+export async function startDvx(args: string[], readyMsg: string): Promise<DvxChild> {
+  const env: Record<string, string | undefined> = { ...process.env };
+  for (const k of Object.keys(env)) if (k.startsWith('DVX_')) delete env[k];
+  const child = spawn(DVX_BIN, args, { env, stdio: ['pipe', 'pipe', 'pipe'] });
+  const lines: Record<string, unknown>[] = [];
+  let pending = '';
+  let stderr = '';
+  child.stdout.on('data', (d: Buffer) => {
+    pending += d.toString('utf8');
+    let nl = pending.indexOf('\n');
+    while (nl >= 0) {
+      lines.push(JSON.parse(pending.slice(0, nl)));
+      pending = pending.slice(nl + 1);
+      nl = pending.indexOf('\n');
+    }
+  });
+  child.stderr.on('data', (d: Buffer) => (stderr += d));
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+    child.on('exit', (code, signal) => resolve({ code, signal })),
+  );
+  const stop = async () => {
+    if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
+    const timer = setTimeout(() => child.kill('SIGKILL'), 15_000);
+    const end = await exited;
+    clearTimeout(timer);
+    return end;
+  };
+  const up = await until(() => lines.some((l) => l.msg === readyMsg) || child.exitCode !== null, 30_000);
+  const ready = lines.find((l) => l.msg === readyMsg);
+  if (!up || !ready) {
+    child.kill('SIGKILL');
+    await exited;
+    throw new Error(`dvx ${args.slice(0, 2).join(' ')} did not start: ${stderr}`);
+  }
+  return { child, lines, ready, exited, stop };
 }

@@ -1,4 +1,4 @@
-import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
+import type { ChildProcessWithoutNullStreams } from 'node:child_process';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -10,8 +10,8 @@ import { generateCa, issueCertificate } from '../../../core/tls.ts';
 import { tokenIssuer } from '../../fixtures/agent-identity.ts';
 import { until } from '../../fixtures/eventually.ts';
 import { freshPgDatabase } from '../../fixtures/pg-database.ts';
-import { DVX_BIN } from '../../fixtures/run-dvx.ts';
 import { startTcpProxy } from '../../fixtures/tcp-proxy.ts';
+import { type DvxChild, startDvx } from './e2e-enclave-fixture.ts';
 import { baseSnapshot, startEcho } from './gateway-harness.ts';
 
 // P11 end to end: the network_flow records survive a SIGKILL of the gateway. `dvx serve gateway` (the
@@ -69,14 +69,12 @@ if (!db) {
     port: number;
     metricsPort: number;
     logs: Record<string, unknown>[];
-    exited: Promise<{ code: number | null; signal: string | null }>;
+    exited: DvxChild['exited'];
   }
 
   async function startGateway(): Promise<Gateway> {
-    const env: Record<string, string | undefined> = { ...process.env };
-    for (const k of Object.keys(env)) if (k.startsWith('DVX_')) delete env[k];
-    const child = spawn(
-      DVX_BIN,
+    token = await issuer.mint();
+    const { child, lines, ready, exited } = await startDvx(
       [
         'serve',
         'gateway',
@@ -99,37 +97,14 @@ if (!db) {
         '--max-connections-per-client',
         '1000',
       ],
-      { env, stdio: ['pipe', 'pipe', 'pipe'] },
+      'gateway listening',
     );
     children.add(child);
-    token = await issuer.mint();
-    const logs: Record<string, unknown>[] = [];
-    let pending = '';
-    let stderr = '';
-    child.stdout.on('data', (d: Buffer) => {
-      pending += d.toString('utf8');
-      let nl = pending.indexOf('\n');
-      while (nl >= 0) {
-        logs.push(JSON.parse(pending.slice(0, nl)));
-        pending = pending.slice(nl + 1);
-        nl = pending.indexOf('\n');
-      }
-    });
-    child.stderr.on('data', (d: Buffer) => (stderr += d));
-    const exited = new Promise<{ code: number | null; signal: string | null }>((resolve) =>
-      child.on('exit', (code, signal) => resolve({ code, signal })),
-    );
-    const up = await until(() => logs.some((l) => l.msg === 'gateway listening') || child.exitCode !== null, 30_000);
-    const listening = logs.find((l) => l.msg === 'gateway listening');
-    if (!up || !listening) {
-      child.kill('SIGKILL');
-      throw new Error(`the gateway did not start: ${stderr}`);
-    }
     return {
       child,
-      port: (listening.addr as { port: number }).port,
-      metricsPort: listening.metrics_port as number,
-      logs,
+      port: (ready.addr as { port: number }).port,
+      metricsPort: ready.metrics_port as number,
+      logs: lines,
       exited,
     };
   }
@@ -208,7 +183,7 @@ if (!db) {
   function background(gw: Gateway): { stop: () => Promise<void> } {
     let stopped = false;
     const loops = Array.from({ length: 8 }, async () => {
-      for (let i = 0; !stopped; i++) await tunnel(gw).catch(() => {});
+      while (!stopped) await tunnel(gw).catch(() => {});
     });
     return {
       stop: async () => {
