@@ -19,10 +19,12 @@ import { GatewayRuleError } from './errors.ts';
 // and the connection goes only to an address every gate admitted. Two ranges are guarded beyond the
 // rules, so that a broad rule does not reach them by surprise:
 //   - link-local (cloud metadata), unspecified, multicast and broadcast addresses: reachable only
-//     through an allow rule whose `cidr` contains the address;
+//     through an allow rule whose `cidr` names their range (lies within it: `169.254.169.254/32`);
 //   - loopback and private ranges (RFC 1918, CGNAT, ULA): not through a wildcard host rule (`*.corp`
-//     resolving to 10.0.0.5); an exact host name or a cidr rule reaches them. With no allow gate at
-//     all (an open gateway) they are reachable, as everything is.
+//     resolving to 10.0.0.5); an exact host name or a cidr rule naming the range reaches them. With no
+//     allow gate at all (an open gateway) they are reachable, as everything is.
+// A catch-all cidr (`0.0.0.0/0`, `::/0`) names no range: it is the cidr spelling of a wildcard. An
+// address under the NAT64 prefix is also checked as the IPv4 address it reaches.
 
 export type DestinationVerdict =
   | { allowed: true; address: string | null; family: 4 | 6 | null }
@@ -108,24 +110,72 @@ export function parseDestRule(text: string, flag: '--allow-dest' | '--deny-dest'
 
 const RULE_FIELDS = new Set(['cidr', 'host', 'port', 'reason']);
 
-const ALWAYS_GUARDED = new BlockList();
-ALWAYS_GUARDED.addSubnet('0.0.0.0', 8, 'ipv4');
-ALWAYS_GUARDED.addSubnet('169.254.0.0', 16, 'ipv4');
-ALWAYS_GUARDED.addSubnet('224.0.0.0', 4, 'ipv4');
-ALWAYS_GUARDED.addSubnet('240.0.0.0', 4, 'ipv4'); // reserved, 255.255.255.255 included
-ALWAYS_GUARDED.addAddress('::', 'ipv6');
-ALWAYS_GUARDED.addSubnet('fe80::', 10, 'ipv6');
-ALWAYS_GUARDED.addSubnet('ff00::', 8, 'ipv6');
-ALWAYS_GUARDED.addAddress('fd00:ec2::254', 'ipv6'); // the IPv6 address of a cloud metadata service
+/** A network of addresses: its address, prefix length and family. */
+interface Range {
+  net: string;
+  bits: number;
+  family: 4 | 6;
+  /** The range alone, to check an address against. */
+  list: BlockList;
+}
 
-const PRIVATE = new BlockList();
-PRIVATE.addSubnet('127.0.0.0', 8, 'ipv4');
-PRIVATE.addSubnet('10.0.0.0', 8, 'ipv4');
-PRIVATE.addSubnet('172.16.0.0', 12, 'ipv4');
-PRIVATE.addSubnet('192.168.0.0', 16, 'ipv4');
-PRIVATE.addSubnet('100.64.0.0', 10, 'ipv4');
-PRIVATE.addAddress('::1', 'ipv6');
-PRIVATE.addSubnet('fc00::', 7, 'ipv6');
+function ranges(list: [string, number][]): { all: BlockList; each: Range[] } {
+  const all = new BlockList();
+  const each = list.map(([net, bits]) => {
+    const family = isIP(net) === 6 ? 6 : 4;
+    const one = new BlockList();
+    one.addSubnet(net, bits, family === 4 ? 'ipv4' : 'ipv6');
+    all.addSubnet(net, bits, family === 4 ? 'ipv4' : 'ipv6');
+    return { net, bits, family, list: one } as Range;
+  });
+  return { all, each };
+}
+
+const ALWAYS_GUARDED = ranges([
+  ['0.0.0.0', 8],
+  ['169.254.0.0', 16],
+  ['224.0.0.0', 4],
+  ['240.0.0.0', 4], // reserved, 255.255.255.255 included
+  ['::', 128],
+  ['fe80::', 10],
+  ['ff00::', 8],
+  ['fd00:ec2::254', 128], // the IPv6 address of a cloud metadata service
+]);
+
+const PRIVATE = ranges([
+  ['127.0.0.0', 8],
+  ['10.0.0.0', 8],
+  ['172.16.0.0', 12],
+  ['192.168.0.0', 16],
+  ['100.64.0.0', 10],
+  ['::1', 128],
+  ['fc00::', 7],
+]);
+
+/**
+ * The NAT64 well-known prefix (RFC 6052): `64:ff9b::a.b.c.d` reaches the IPv4 address a.b.c.d through
+ * the network's NAT64 gateway. DNS64 answers it for IPv4-only names in IPv6-only clusters, and an agent
+ * can type it: such an address is checked as the IPv4 address it reaches too, or a cidr rule, an
+ * address rule and the guarded ranges would be dodged by the spelling (P11 review).
+ */
+const NAT64 = ranges([['64:ff9b::', 96]]).all;
+
+/** The eight 16-bit groups of an IPv6 address in the URL parser's spelling (hex, `::` compression). */
+function hextets(v6: string): number[] {
+  const [head, tail] = v6.split('::') as [string, string | undefined];
+  const h = head === '' ? [] : head.split(':');
+  const t = tail === undefined || tail === '' ? [] : tail.split(':');
+  const fill = tail === undefined ? [] : Array<string>(8 - h.length - t.length).fill('0');
+  return [...h, ...fill, ...t].map((g) => Number.parseInt(g, 16));
+}
+
+/** The IPv4 address a NAT64 address reaches, or null. */
+function nat64Ipv4(a: { address: string; family: 4 | 6 }): { address: string; family: 4 } | null {
+  if (a.family !== 6 || !NAT64.check(a.address, 'ipv6')) return null;
+  const g = hextets(a.address);
+  const [hi, lo] = [g[6]!, g[7]!];
+  return { address: `${hi >> 8}.${hi & 255}.${lo >> 8}.${lo & 255}`, family: 4 };
+}
 
 /** The address as checked: an IPv4-mapped IPv6 address is its IPv4 address (no rule is dodged by the spelling). */
 export function normalizeAddress(address: string): { address: string; family: 4 | 6 } {
@@ -145,25 +195,41 @@ export function normalizeAddress(address: string): { address: string; family: 4 
   return { address: v6, family: 6 };
 }
 
+/** A cidr's network as checked: an IPv4-mapped network of at least /96 is the IPv4 network it maps. */
+function cidrNetwork(cidr: string): { net: string; bits: number; family: 4 | 6 } {
+  const [net, bits] = cidr.split('/');
+  const n = normalizeAddress(net!);
+  if (bits === undefined) return { net: n.address, bits: n.family === 4 ? 32 : 128, family: n.family };
+  const mapped = n.family === 4 && net!.includes(':');
+  // Wider than the IPv4-mapped range (`::ffff:1.2.3.4/64`): an IPv6 network, which BlockList checks
+  // IPv4 addresses against as their mapped form.
+  if (mapped && Number(bits) < 96) return { net: canonicalHost(net!), bits: Number(bits), family: 6 };
+  return { net: n.address, bits: Number(bits) - (mapped ? 96 : 0), family: n.family };
+}
+
 const cidrs = new Map<string, BlockList>();
 
 function inCidr(cidr: string, address: string, family: 4 | 6): boolean {
   let list = cidrs.get(cidr);
   if (!list) {
     list = new BlockList();
-    const [net, bits] = cidr.split('/');
-    const n = normalizeAddress(net!);
-    const mapped = n.family === 4 && net!.includes(':');
-    if (bits === undefined) list.addAddress(n.address, n.family === 4 ? 'ipv4' : 'ipv6');
-    else if (mapped && Number(bits) < 96)
-      // Wider than the IPv4-mapped range (`::ffff:1.2.3.4/64`): an IPv6 network, which BlockList checks
-      // IPv4 addresses against as their mapped form.
-      list.addSubnet(canonicalHost(net!), Number(bits), 'ipv6');
-    else list.addSubnet(n.address, Number(bits) - (mapped ? 96 : 0), n.family === 4 ? 'ipv4' : 'ipv6');
+    const n = cidrNetwork(cidr);
+    list.addSubnet(n.net, n.bits, n.family === 4 ? 'ipv4' : 'ipv6');
     if (cidrs.size > 4096) cidrs.clear();
     cidrs.set(cidr, list);
   }
   return list.check(address, family === 4 ? 'ipv4' : 'ipv6');
+}
+
+/**
+ * Whether `rule` names `range`: a cidr rule whose network lies within it (`10.0.0.0/8`, `127.0.0.1/32`
+ * for loopback). A catch-all network (`0.0.0.0/0`, `::/0`, `::ffff:0.0.0.0/96`) contains every guarded
+ * and private range without naming any: it is the cidr spelling of a wildcard, and reaches none of them.
+ */
+function namesRange(rule: Rule, range: Range): boolean {
+  if (rule.cidr === undefined) return false;
+  const n = cidrNetwork(rule.cidr);
+  return n.family === range.family && n.bits >= range.bits && range.list.check(n.net, n.family === 4 ? 'ipv4' : 'ipv6');
 }
 
 /** Whether `rule` matches the name, port and (when known) address. A cidr rule never matches an unknown address. */
@@ -217,41 +283,84 @@ function refused(reason: string): DestinationVerdict {
   return { allowed: false, reason };
 }
 
+/**
+ * One resolved address: where the connection goes, and the addresses it is checked as (itself, and the
+ * IPv4 address behind a NAT64 address).
+ */
+interface Resolved {
+  address: string;
+  family: 4 | 6;
+  views: { address: string; family: 4 | 6 }[];
+}
+
+function resolvedOf(raw: string): Resolved {
+  const a = normalizeAddress(raw);
+  const v4 = nat64Ipv4(a);
+  return { ...a, views: v4 ? [a, v4] : [a] };
+}
+
+/**
+ * Whether `rule` matches the destination as any of its addresses; a target that is an IP literal is
+ * also compared by name as each of them (a rule naming `10.0.0.5` refuses `[64:ff9b::10.0.0.5]`).
+ */
+function matchesAny(rule: Rule, target: Target, a: Resolved): boolean {
+  const literal = isIP(target.host) !== 0;
+  return a.views.some((v) => ruleMatches(rule, literal ? { host: v.address, port: target.port } : target, v));
+}
+
+/** The range of `set` one of the address's views falls in, with that view's address; null when none does. */
+function rangeOf(set: { all: BlockList; each: Range[] }, a: Resolved): { range: Range; address: string } | null {
+  for (const v of a.views) {
+    const kind = v.family === 4 ? 'ipv4' : 'ipv6';
+    if (!set.all.check(v.address, kind)) continue;
+    const range = set.each.find((r) => r.family === v.family && r.list.check(v.address, kind));
+    if (range) return { range, address: v.address };
+  }
+  return null;
+}
+
 /** The verdict for a destination whose name resolved to `addresses` (in resolution order). */
 export function decideResolved(
   gates: DestinationGates,
   target: Target,
   addresses: readonly { address: string; family: 4 | 6 }[],
 ): DestinationVerdict {
-  const checked = addresses.map((a) => normalizeAddress(a.address));
+  const checked = addresses.map((a) => resolvedOf(a.address));
   if (checked.length === 0) return refused('the name resolved to no address');
   // One address under a deny rule refuses the name.
   for (const a of checked)
-    for (const rule of gates.deny) if (ruleMatches(rule, target, a)) return refused(denyReason(rule));
+    for (const rule of gates.deny) if (matchesAny(rule, target, a)) return refused(denyReason(rule));
   let why = '';
   for (const a of checked) {
-    const kind = a.family === 4 ? 'ipv4' : 'ipv6';
-    const guarded = ALWAYS_GUARDED.check(a.address, kind);
-    const isPrivate = PRIVATE.check(a.address, kind);
+    const guarded = rangeOf(ALWAYS_GUARDED, a);
+    const isPrivate = rangeOf(PRIVATE, a);
+    const guardedWhy = () =>
+      `${guarded!.address} is a link-local, unspecified or multicast address: only an allow rule naming its cidr reaches it`;
     if (guarded && gates.allow.length === 0) {
-      why ||= `${a.address} is a link-local, unspecified or multicast address: only an allow rule naming its cidr reaches it`;
+      why ||= guardedWhy();
       continue;
     }
     let ok = true;
     for (const gate of gates.allow) {
-      const matching = gate.rules.filter((r) => ruleMatches(r, target, a));
+      const matching = gate.rules.filter((r) => matchesAny(r, target, a));
       if (matching.length === 0) {
         why ||= gateReason(gate.source);
         ok = false;
         break;
       }
-      if (guarded && !matching.some((r) => r.cidr !== undefined)) {
-        why ||= `${a.address} is a link-local, unspecified or multicast address: only an allow rule naming its cidr reaches it`;
+      if (guarded && !matching.some((r) => namesRange(r, guarded.range))) {
+        why ||= guardedWhy();
         ok = false;
         break;
       }
-      if (isPrivate && !matching.some((r) => r.cidr !== undefined || (r.host !== undefined && !r.host.includes('*')))) {
-        why ||= `${target.host} resolved to the private address ${a.address}, which a wildcard host rule does not reach`;
+      if (
+        isPrivate &&
+        !matching.some((r) => namesRange(r, isPrivate.range) || (r.host !== undefined && !r.host.includes('*')))
+      ) {
+        const broad = matching.some((r) => r.cidr !== undefined)
+          ? 'a cidr rule not naming its range'
+          : 'a wildcard host rule';
+        why ||= `${target.host} resolved to the private address ${isPrivate.address}, which ${broad} does not reach`;
         ok = false;
         break;
       }
