@@ -20,6 +20,7 @@ import { type Route, routedKind, routeOf } from './exchange-route.ts';
 import { canonicalHost } from './host-match.ts';
 import { agentResponseHeaders, smugglingProblem, upstreamRequestHeaders } from './hop-headers.ts';
 import { PinnedPools } from './pinned-pools.ts';
+import { inTurn } from './pipelining.ts';
 
 // One HTTP request forwarded (docs/gateway.md, "Interception and capture"): an absolute-form request
 // (scheme http) or one inside a terminated tunnel (scheme https). Every request is answered, and its
@@ -46,7 +47,19 @@ import { PinnedPools } from './pinned-pools.ts';
 export function exchangeHandler(deps: GatewayDeps): ExchangeHandler {
   const pools = new PinnedPools({ upstreamCa: deps.upstreamCa, connectTimeoutMs: deps.options.connectTimeout });
   return (req, res, target, scheme, flow) => {
-    void new Exchange(deps, pools, req, res, target, scheme, flow).run();
+    // One exchange at a time per connection, in the order the agent sent them (pipelining.ts): a
+    // pipelined flood must not hold a 32 MB body per request.
+    inTurn(
+      req,
+      res,
+      () => void new Exchange(deps, pools, req, res, target, scheme, flow).run(),
+      (why) => {
+        flow.attrs.method = req.method ?? '';
+        flow.outcome = 'deny';
+        flow.reason = why;
+        recordFlow(deps, flow);
+      },
+    );
   };
 }
 
