@@ -67,6 +67,11 @@ function effectRecord(
   };
 }
 
+/** Whether an origin-form target (path and query) is the control plane's operator API, `/api/v1[/…]`. */
+export function operatorApiPath(path: string): boolean {
+  return /^\/api\/v1(?:[/?]|$)/.test(path);
+}
+
 /** Whether `host:port` is served by a route of its own (llmproxy or the control plane), never as a destination. */
 export function routedKind(deps: GatewayDeps, host: string, port: number): RouteKind {
   if (deps.llmproxy?.matches(host)) return 'llmproxy';
@@ -104,24 +109,30 @@ export async function routeOf(
       secretValues.push(value);
     }
   } else if (kind === 'control-plane') {
-    let token: string;
-    try {
-      token = await deps.operatorTokens!.token(identity);
-    } catch (err) {
-      if (err instanceof OperatorTokenError && err.status === 403)
-        throw new GatewayRefusal(operatorTokenRefused(err.message), `agent-operator token refused: ${err.message}`);
-      deps.log.error({ err, flow_id: flow.id }, 'agent-operator token not minted');
-      throw new GatewayRefusal(ANSWERS.upstreamFailed, `agent-operator token not minted: ${(err as Error).message}`);
+    // The token reaches one surface, the operator API (spec: operator-api, "Agent operators": an
+    // agent-operator reads its own audit trail there): the control plane's other paths never get it
+    // (its /oauth/token facade, for one, relays the request's Authorization to the identity provider
+    // and that provider's answer back to the caller).
+    if (operatorApiPath(path)) {
+      let token: string;
+      try {
+        token = await deps.operatorTokens!.token(identity);
+      } catch (err) {
+        if (err instanceof OperatorTokenError && err.status === 403)
+          throw new GatewayRefusal(operatorTokenRefused(err.message), `agent-operator token refused: ${err.message}`);
+        deps.log.error({ err, flow_id: flow.id }, 'agent-operator token not minted');
+        throw new GatewayRefusal(ANSWERS.upstreamFailed, `agent-operator token not minted: ${(err as Error).message}`);
+      }
+      headers.set('authorization', `Bearer ${token}`);
+      secretValues.push(token);
+      credentialHeaders.push('authorization');
+      records.push(
+        effectRecord(deps, flow, identity, 'agent-operator-token.present', {
+          host: target.host,
+          header: 'authorization',
+        }),
+      );
     }
-    headers.set('authorization', `Bearer ${token}`);
-    secretValues.push(token);
-    credentialHeaders.push('authorization');
-    records.push(
-      effectRecord(deps, flow, identity, 'agent-operator-token.present', {
-        host: target.host,
-        header: 'authorization',
-      }),
-    );
     // The forwarding door leaves a routed host unresolved; resolved here, once, for this request.
     let addresses: { address: string; family: 4 | 6 }[] = [];
     if (target.address !== '') addresses = [{ address: target.address, family: target.family }];

@@ -5,6 +5,7 @@ import { gated } from '../../audit-wal/gate.ts';
 import { AuditUnavailableError } from '../../audit-wal/errors.ts';
 import { DEFAULT_INLINE_THRESHOLD_BYTES, MAX_BODY_BYTES } from '../../pipeline/engine.ts';
 import type { Snapshot } from '../../pipeline/policy/snapshot.ts';
+import { agentStanding } from '../llm/agent-standing.ts';
 import type { AgentIdentity } from '../llm/auth.ts';
 import { RequestTooLargeError } from '../llm/errors.ts';
 import { readBody } from '../llm/read-body.ts';
@@ -13,13 +14,15 @@ import { codingsOf, decodeBody, undecodable } from './body-coding.ts';
 import { BodyCapture, CAPTURE_LOOKAHEAD, captures, capturedText, recordedHeaders, redactor } from './capture.ts';
 import type { ExchangeHandler, Flow, GatewayDeps, PinnedTarget } from './context.ts';
 import { ANSWERS, GatewayRefusal } from './errors.ts';
-import { EXCHANGE_ANSWERS, refusedShape, undecodableBody } from './exchange-answers.ts';
+import { credentialUnavailable, EXCHANGE_ANSWERS, refusedShape, undecodableBody } from './exchange-answers.ts';
 import { recordFlow } from './flow-record.ts';
 import { inspectBody, noteOutcome } from './exchange-inspection.ts';
 import { type Route, routedKind, routeOf } from './exchange-route.ts';
 import { canonicalHost } from './host-match.ts';
+import { rulesFor } from './inject-cred.ts';
 import { agentResponseHeaders, smugglingProblem, upstreamRequestHeaders } from './hop-headers.ts';
 import { PinnedPools } from './pinned-pools.ts';
+import { inTurn } from './pipelining.ts';
 
 // One HTTP request forwarded (docs/gateway.md, "Interception and capture"): an absolute-form request
 // (scheme http) or one inside a terminated tunnel (scheme https). Every request is answered, and its
@@ -46,7 +49,19 @@ import { PinnedPools } from './pinned-pools.ts';
 export function exchangeHandler(deps: GatewayDeps): ExchangeHandler {
   const pools = new PinnedPools({ upstreamCa: deps.upstreamCa, connectTimeoutMs: deps.options.connectTimeout });
   return (req, res, target, scheme, flow) => {
-    void new Exchange(deps, pools, req, res, target, scheme, flow).run();
+    // One exchange at a time per connection, in the order the agent sent them (pipelining.ts): a
+    // pipelined flood must not hold a 32 MB body per request.
+    inTurn(
+      req,
+      res,
+      () => void new Exchange(deps, pools, req, res, target, scheme, flow).run(),
+      (why) => {
+        flow.attrs.method = req.method ?? '';
+        flow.outcome = 'deny';
+        flow.reason = why;
+        recordFlow(deps, flow);
+      },
+    );
   };
 }
 
@@ -151,6 +166,11 @@ class Exchange {
     this.#identity = flow.identity;
     if (this.#identity === null)
       throw new GatewayRefusal(ANSWERS.agentRefused, 'the request carries no agent identity');
+    // A terminated tunnel lives on after its CONNECT was admitted: each request inside is an attempt of
+    // its own, so the agent's standing is read again from the snapshot current now (a suspension or a
+    // containment since the CONNECT stops it here, before any credential is added to its requests).
+    const standing = agentStanding(this.#snapshot, this.#identity);
+    if (standing.refused) throw new GatewayRefusal(ANSWERS.agentRefused, standing.reason);
     const identity = this.#identity;
 
     const problem = smugglingProblem(req);
@@ -159,6 +179,19 @@ class Exchange {
     this.#checkHost();
 
     const kind = routedKind(deps, target.host, target.port);
+    // RFC 9110 §9.3.8: a TRACE answer is the request as the destination received it, headers included;
+    // a credential the gateway adds (an --inject-cred header, an agent-operator token, the identity
+    // header) would come back to the agent in it. Such a request is not sent.
+    if (
+      /^(?:trace|track)$/i.test(req.method ?? '') &&
+      (kind !== 'destination' || rulesFor(deps.injectRules, target.host, target.port).length > 0)
+    )
+      throw new GatewayRefusal(
+        credentialUnavailable(
+          `${req.method} is not sent to ${this.#flow.dst}: its answer would echo the credential the gateway adds`,
+        ),
+        `${req.method} refused: it would echo the credential the gateway adds`,
+      );
     this.#capturing = captures(o, target.host);
     // llmproxy inspects (and records) the LLM calls it serves: inspecting them here too would decide twice.
     const inspect = this.#capturing && kind !== 'llmproxy';

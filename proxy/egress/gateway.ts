@@ -19,6 +19,7 @@ import {
 import { recordFlow } from './flow-record.ts';
 import { canonicalHost } from './host-match.ts';
 import { rulesFor } from './inject-cred.ts';
+import { inTurn } from './pipelining.ts';
 import { admitDestination, admitRouted } from './resolve.ts';
 import { answerSocket, openTunnel } from './tunnel.ts';
 
@@ -224,11 +225,19 @@ export class Gateway {
       writeAnswer(req, res, ANSWERS.shuttingDown, null);
       return;
     }
-    this.#request(req, res).catch((err: Error) => {
-      this.#d.log.error({ err }, 'proxy request failed');
-      if (!res.headersSent) writeAnswer(req, res, ANSWERS.upstreamFailed, null);
-      else res.destroy();
-    });
+    // Admitted (token, destination lookup) only when its turn comes: requests pipelined behind one in
+    // flight wait unread, a flood of them closes the connection (pipelining.ts).
+    inTurn(
+      req,
+      res,
+      () =>
+        this.#request(req, res).catch((err: Error) => {
+          this.#d.log.error({ err }, 'proxy request failed');
+          if (!res.headersSent) writeAnswer(req, res, ANSWERS.upstreamFailed, null);
+          else res.destroy();
+        }),
+      (why) => this.#d.log.info({ src: req.socket.remoteAddress }, `pipelined request dropped: ${why}`),
+    );
   };
 
   async #connect(req: IncomingMessage, socket: Duplex, head: Buffer): Promise<void> {

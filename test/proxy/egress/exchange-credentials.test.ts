@@ -160,7 +160,7 @@ t.test(
     const h = await startHarness({ controlPlane: true });
     t.teardown(() => h.close());
     const cp = h.cp!;
-    const url = `https://cp.test:${cp.port}/v1/agents?page=1`;
+    const url = `https://cp.test:${cp.port}/api/v1/agents?page=1`;
     const answer = await request(url, {
       dispatcher: h.proxy(),
       headers: { authorization: 'Bearer whatever-the-agent-had' },
