@@ -245,15 +245,39 @@ t.test('https://api.anthropic.com and https://api.openai.com: CONNECT, routed to
   t.equal(chat.code, 0, chat.stderr);
   t.match(JSON.parse(chat.stdout), { choices: [{ message: { content: REPLY } }] });
 
-  t.ok(await until(() => llmproxy.records('llm_audit_log').length >= llmBefore + 3), "llmproxy's three records");
+  // Plain http:// to the provider's host, in absolute form: routed to llmproxy all the same.
+  const viaHttp = await w.curlVia(intercepting, token, [
+    '-H',
+    'x-api-key: sk-ant-agent-dummy',
+    '-H',
+    'content-type: application/json',
+    '--data-binary',
+    JSON.stringify({ model: 'claude-cli', max_tokens: 8, messages: [{ role: 'user', content: 'curl http' }] }),
+    'http://api.anthropic.com/v1/messages',
+  ]);
+  t.equal(viaHttp.code, 0, viaHttp.stderr);
+  t.match(JSON.parse(viaHttp.stdout), { content: [{ type: 'text', text: REPLY }] });
+
+  t.ok(await until(() => llmproxy.records('llm_audit_log').length >= llmBefore + 4), "llmproxy's four records");
   t.match(llmproxy.records('llm_audit_log').slice(llmBefore), [
     { agent_id: 'agent-1', org_id: 'org-1', path: '/v1/messages', status: 200, decision: 'allow' },
     { agent_id: 'agent-1', org_id: 'org-1', path: '/v1/messages', status: 200, decision: 'allow' },
     { agent_id: 'agent-1', org_id: 'org-1', path: '/v1/chat/completions', status: 200, decision: 'allow' },
+    { agent_id: 'agent-1', org_id: 'org-1', path: '/v1/messages', status: 200, decision: 'allow' },
   ]);
 
-  // Three requests and three tunnels (curl opens one per run).
-  const flows = await newFlows(intercepting, before, 6);
+  // Three requests in three tunnels (curl opens one per run), and one in absolute form.
+  const flows = await newFlows(intercepting, before, 7);
+  t.match(
+    flows.find((f) => f.proto === 'http'),
+    {
+      action: 'http.request',
+      dst: 'api.anthropic.com:80',
+      dst_ip: '',
+      outcome: 'allow',
+      attrs: { route: 'llmproxy', url: 'http://api.anthropic.com:80/v1/messages', status: '200' },
+    },
+  );
   for (const f of flows) checkRecord(t, f);
   const requests = flows.filter((f) => f.proto === 'https');
   t.equal(requests.length, 3);

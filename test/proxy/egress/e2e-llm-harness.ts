@@ -1,6 +1,7 @@
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import tls from 'node:tls';
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
 import { ProxyAgent } from 'undici';
@@ -34,6 +35,12 @@ export interface LlmPath {
   anthropic(dispatcher: ProxyAgent, extra?: { defaultHeaders?: Record<string, string> }): Anthropic;
   /** The official OpenAI SDK at https://api.openai.com through `dispatcher`. */
   openai(dispatcher: ProxyAgent): OpenAI;
+  /**
+   * One raw HTTP/1.1 exchange inside a tunnel to `host:443` the gateway terminates: CONNECT with
+   * `token`, TLS to `host` trusting the interception CA, `bytes` written; resolves with everything read
+   * until the connection closes (10 s at most), or with the CONNECT's answer when it is not 200.
+   */
+  rawInTunnel(token: string, host: string, bytes: Buffer | string): Promise<string>;
   /** The gateway's network_flow records so far. */
   flows(): Record<string, unknown>[];
   /** llmproxy's audit records (llm_audit_log) so far. */
@@ -118,6 +125,40 @@ export async function startLlmPath(
       }),
     openai: (dispatcher) =>
       new OpenAI({ apiKey: AGENT_KEY, maxRetries: 0, timeout: 20_000, fetchOptions: { dispatcher } }),
+    rawInTunnel: (token, host, bytes) =>
+      new Promise((resolve, reject) => {
+        const outer = tls.connect({ host: '127.0.0.1', port: g.port, ca: g.ca.certPem, servername: 'localhost' }, () =>
+          outer.write(`CONNECT ${host}:443 HTTP/1.1\r\nHost: ${host}:443\r\nProxy-Authorization: ${token}\r\n\r\n`),
+        );
+        const timer = setTimeout(() => outer.destroy(), 10_000);
+        let head = '';
+        const onHead = (d: Buffer) => {
+          head += d.toString('latin1');
+          if (!head.includes('\r\n\r\n')) return;
+          outer.off('data', onHead);
+          if (!head.startsWith('HTTP/1.1 200 ')) {
+            clearTimeout(timer);
+            outer.destroy();
+            resolve(head);
+            return;
+          }
+          const inner = tls.connect({ socket: outer, servername: host, ca: interceptCa.certPem }, () =>
+            inner.write(bytes),
+          );
+          let got = '';
+          inner.on('data', (x: Buffer) => (got += x.toString('latin1')));
+          inner.on('error', () => undefined);
+          inner.on('close', () => {
+            clearTimeout(timer);
+            resolve(got);
+          });
+        };
+        outer.on('data', onHead);
+        outer.on('error', (err) => {
+          clearTimeout(timer);
+          reject(err);
+        });
+      }),
     flows,
     llmRecords: () => l.audit.filter((r) => r.table === 'llm_audit_log'),
     async flowsUntil(check) {

@@ -251,3 +251,37 @@ t.test('a forged x-dvx-gateway-identity: replaced by the gateway, refused 401 by
   t.equal(believed.status, 200);
   t.ok(await until(() => p.llmRecords().at(-1)?.agent_id === 'agent-2'), 'as agent-2');
 });
+
+t.test(
+  'raw, inside the tunnel: identity headers in any case and number are dropped; another host is 421',
+  async (t) => {
+    t.setTimeout(30_000);
+    const token = `Bearer ${await p.gw.token()}`;
+    const body = anthropicBody('raw marker-r1');
+    const request = (headers: string) =>
+      `POST /v1/messages HTTP/1.1\r\n${headers}content-type: application/json\r\nx-api-key: ${AGENT_KEY}\r\n` +
+      `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`;
+    const llmBefore = p.llmRecords().length;
+    const forged = parseAnswer(
+      await p.rawInTunnel(
+        token,
+        'api.anthropic.com',
+        request(
+          'Host: api.anthropic.com\r\nX-DVX-Gateway-Identity: a.b.c\r\nx-dvx-gateway-identity: d.e.f\r\nX-Dvx-Gateway-Identity: \r\n',
+        ),
+      ),
+    );
+    t.equal(forged.status, 200, 'the gateway’s own header went, alone');
+    t.match(JSON.parse(forged.body), { content: [{ text: REPLY }] });
+    t.ok(await until(() => p.llmRecords().length > llmBefore));
+    t.match(p.llmRecords().at(-1), { agent_id: 'agent-1', status: 200 });
+
+    const upBefore = p.llm.upstream.received.length;
+    const misdirected = parseAnswer(
+      await p.rawInTunnel(token, 'api.anthropic.com', request('Host: api.openai.com\r\n')),
+    );
+    t.equal(misdirected.status, 421, "a Host other than the tunnel's");
+    t.match(JSON.parse(misdirected.body), { error: { type: 'invalid_request_error', message: /misdirected/ } });
+    t.equal(p.llm.upstream.received.length, upBefore, 'not sent');
+  },
+);

@@ -1,3 +1,4 @@
+import Anthropic from '@anthropic-ai/sdk';
 import t from 'tap';
 import { GATEWAY_IDENTITY_HEADER } from '../../../proxy/llm/gateway-identity.ts';
 import { REPLY } from '../../fixtures/llm-upstream.ts';
@@ -166,4 +167,45 @@ t.test('streamed: messages.stream and stream: true, event by event', async (t) =
     t.match(JSON.parse(attrs.response_headers), { 'content-type': 'text/event-stream' }, marker);
     t.match(attrs.response_body, /event: message_start[\s\S]*event: message_stop/, `${marker}: the stream, captured`);
   }
+});
+
+t.test('a query string: signed with the request, it reaches the provider as sent', async (t) => {
+  t.setTimeout(30_000);
+  const client = p.anthropic(p.proxyAgent(`Bearer ${await p.gw.token()}`));
+  const msg = await client.messages.create(ask('query marker-q1'), { query: { trace: 'a b&c=d/é', empty: '' } });
+  t.equal(msg.content[0].type === 'text' ? msg.content[0].text : null, REPLY);
+  const sent = '/v1/messages?trace=a%20b%26c%3Dd%2F%C3%A9&empty=';
+  t.equal(p.llm.upstream.received.at(-1)!.path, sent, 'the path and query, byte for byte');
+  t.match(await requestFlow('marker-q1'), { attrs: { url: `https://api.anthropic.com:443${sent}`, status: '200' } });
+});
+
+t.test('the agent abandons a stream: the call is cut all the way to the provider, and recorded', async (t) => {
+  t.setTimeout(30_000);
+  const client = p.anthropic(p.proxyAgent(`Bearer ${await p.gw.token()}`));
+  const llmBefore = p.llmRecords().length;
+  const upBefore = p.llm.upstream.received.length;
+  // A long stream (2,000 repeats of the reply, 5 ms apart): the agent stops after five deltas.
+  const stream = client.messages.stream(ask('abandoned marker-x1'), {
+    headers: { 'x-test-stream-repeat': '2000', 'x-test-event-gap': '5' },
+  });
+  let deltas = 0;
+  stream.on('text', () => {
+    if (++deltas === 5) stream.abort();
+  });
+  await t.rejects(stream.done(), Anthropic.APIUserAbortError);
+  t.ok(
+    await until(() => p.llm.upstream.received.length > upBefore && p.llm.upstream.received.at(-1)!.outcome === 'cut'),
+    "the provider's answer was cut, not streamed to its end",
+  );
+  t.ok(await until(() => p.llmRecords().length > llmBefore), "llmproxy's record");
+  t.match(p.llmRecords().at(-1), { agent_id: 'agent-1', status: 200, error: /aborted/ });
+  const flow = await requestFlow('marker-x1');
+  t.match(flow, {
+    outcome: 'allow',
+    reason: 'the agent closed the connection before the answer was delivered',
+    attrs: { route: 'llmproxy', status: '200' },
+  });
+  const captured = (flow.attrs as Record<string, string>).response_body;
+  t.match(captured, /^event: message_start\n/, 'what was relayed, captured');
+  t.notMatch(captured, /message_stop/, 'the end never came');
 });
