@@ -1,8 +1,10 @@
+import { join } from 'node:path';
 import t from 'tap';
 import { getAgent } from '../../../enclave/broker/agents.ts';
 import type { AgentIdentity } from '../../../proxy/llm/auth.ts';
 import { until } from '../../fixtures/eventually.ts';
-import { startEnclave } from './e2e-enclave-plane.ts';
+import { enclaveSnapshot, startEnclave } from './e2e-enclave-plane.ts';
+import { curl, viaGateway } from './gateway-harness.ts';
 
 // P11 end to end: --cp-api-host. An agent calls the control plane's API through the gateway with no
 // credential of its own for it; the gateway mints an agent-operator token through the real broker (which
@@ -65,6 +67,10 @@ if (!e) {
     t.equal(grant.status, 201, 'an org admin grants agent:bot-1 the auditor role');
     // bot-2 leaves a trace of its own, which bot-1 must not see.
     await e.get('bot-2', `https://api.dest.test:${e.dest.port}/bot-2-was-here`);
+    t.ok(
+      await until(async () => (await enclaveAudit('agent_id=bot-2&proto=https')).length > 0, 30_000),
+      'bot-2 flow is in the store (the enclave admin sees it)',
+    );
 
     let records: Record<string, unknown>[] = [];
     t.ok(
@@ -88,10 +94,10 @@ if (!e) {
       attrs: { route: 'control-plane', injected_headers: 'authorization', status: '200' },
     });
     t.notMatch((flow.attrs as Record<string, string>).request_headers ?? '', /authorization/i);
-    t.ok(
-      (await enclaveAudit('agent_id=bot-2&proto=https')).length > 0,
-      'bot-2 flow is in the store (the enclave admin sees it)',
-    );
+    const asked = await e.get('bot-1', cpUrl('/audit/events?agent_id=bot-2'));
+    answers.push(JSON.stringify(asked));
+    t.equal(asked.status, 200);
+    t.same(JSON.parse(asked.text).records, [], 'asking for another agent: nothing');
   });
 
   t.test('one token for the agent requests within its lifetime; the agent never sees it', async (t) => {
@@ -110,13 +116,20 @@ if (!e) {
     t.match(token, /^ey[\w-]+\.[\w-]+\.[\w-]+$/);
 
     for (const text of answers) t.notOk(text.includes(token), 'no answer the agent got holds the token');
-    const stored = await enclaveAudit('limit=1000');
+    // Every request of bot-1 to the control plane so far carried a token (answered or not): one
+    // agent-operator-token.present record each, shipped to the store.
+    const requests = answers.length;
+    let stored: Record<string, unknown>[] = [];
+    const presented = () => stored.filter((r) => r.action === 'agent-operator-token.present' && r.agent_id === 'bot-1');
     t.ok(
-      stored.some((r) => r.action === 'agent-operator-token.present' && r.agent_id === 'bot-1'),
+      await until(async () => {
+        stored = await enclaveAudit('limit=1000');
+        return presented().length >= requests;
+      }, 30_000),
       'each presentation is an audit_events record',
     );
-    const presented = stored.filter((r) => r.action === 'agent-operator-token.present' && r.agent_id === 'bot-1');
-    t.ok(presented.length >= 8, `one per request (${presented.length})`);
+    t.equal(presented().length, requests, `one per request (${requests})`);
+    t.ok(presented().every((r) => r.outcome === 'allow' && r.source === 'gateway' && r.trace_id));
     t.notOk(JSON.stringify(stored).includes(token), 'the token is in no record');
     t.notOk(JSON.stringify(e.gw.logs).includes(token), 'nor in a log line of the gateway');
 
@@ -162,5 +175,40 @@ if (!e) {
       }, 30_000),
     );
     t.match(flow, { dst_port: Number(e.cpApiHost.split(':')[1]), reason: /agent-operator token refused/ });
+  });
+
+  t.test('contained with a token kept: once the snapshot says so, refused at the door', async (t) => {
+    const tokens = e.gw.gw.deps.operatorTokens!;
+    const kept = await tokens.token(identity('bot-1'));
+    const minted = mints('bot-1').length;
+    t.equal(await tokens.token(identity('bot-1')), kept, 'bot-1 holds a token in the gateway');
+    const contain = await e.cph.call('root', 'POST', '/orgs/org-a/agents/bot-1/containment', { contained: true });
+    t.equal(contain.status, 200);
+    // What config-pull brings the gateway: the agent contained in its policy snapshot.
+    const snapshot = enclaveSnapshot();
+    snapshot.agents['bot-1'].contained = true;
+    await e.gw.writeSnapshot(snapshot);
+    const relayed = e.cpRelay.bytesUp;
+    const token = await e.gw.token({ sub: 'bot-1', org_id: 'org-a', agent_name: 'bot-1' });
+    const refused = await curl([
+      ...viaGateway(e.gw, token),
+      '--cacert',
+      join(e.dir, 'interception-ca.pem'),
+      '-w',
+      '%{http_connect}',
+      cpUrl('/whoami'),
+    ]);
+    t.equal(refused.stdout.slice(-3), '403', 'the CONNECT itself is refused');
+    t.equal(e.cpRelay.bytesUp, relayed, 'the kept token went nowhere');
+    t.equal(mints('bot-1').length, minted, 'nothing minted');
+    let refusal: Record<string, unknown> | undefined;
+    t.ok(
+      await until(async () => {
+        refusal = (await enclaveAudit('agent_id=bot-1&proto=tcp&outcome=deny'))[0];
+        return refusal !== undefined;
+      }, 30_000),
+      'the refused CONNECT is recorded',
+    );
+    t.match(refusal, { action: 'connect', reason: /contained/, attrs: { status: '403' } });
   });
 }
