@@ -17,6 +17,13 @@ const DECODERS: Record<string, () => Transform> = {
   zstd: () => zlib.createZstdDecompress(),
 };
 
+/**
+ * The most content codings a body may have to be decoded (real clients apply one). Each layer may
+ * decode to the bound of its caller (32 MB for an inspected request): a header naming a coding
+ * thousands of times must not buy thousands of such decodes.
+ */
+export const MAX_CODINGS = 3;
+
 /** The codings applied, in the order they were applied; [] for none or identity. */
 export function codingsOf(header: string | string[] | undefined): string[] {
   const text = Array.isArray(header) ? header.join(',') : (header ?? '');
@@ -40,7 +47,7 @@ export interface Decoded {
   broken: boolean;
 }
 
-/** `bytes` with `codings` undone (last applied, first undone), at most `max` bytes of it. */
+/** `bytes` with `codings` undone (last applied, first undone), at most `max` bytes of it; stops at the first layer past `max`. */
 export async function decodeBody(bytes: Buffer, codings: readonly string[], max: number): Promise<Decoded> {
   let out: Decoded = { body: bytes, overflow: false, broken: false };
   for (let i = codings.length - 1; i >= 0; i--) {
@@ -48,6 +55,9 @@ export async function decodeBody(bytes: Buffer, codings: readonly string[], max:
     if (make === undefined) return { body: Buffer.alloc(0), overflow: false, broken: true };
     const step = await decodeOne(make(), out.body, max);
     out = { body: step.body, overflow: out.overflow || step.overflow, broken: out.broken || step.broken };
+    // Past the bound the body is refused (or recorded as far as it goes): decoding the layers under a
+    // cut output would be work for nothing, as much as the bound again per layer.
+    if (out.overflow) return out;
   }
   return out;
 }

@@ -10,7 +10,7 @@ import type { AgentIdentity } from '../llm/auth.ts';
 import { RequestTooLargeError } from '../llm/errors.ts';
 import { readBody } from '../llm/read-body.ts';
 import { send } from '../llm/relay-body.ts';
-import { codingsOf, decodeBody, undecodable } from './body-coding.ts';
+import { codingsOf, decodeBody, MAX_CODINGS, undecodable } from './body-coding.ts';
 import { BodyCapture, CAPTURE_LOOKAHEAD, captures, capturedText, recordedHeaders, redactor } from './capture.ts';
 import type { ExchangeHandler, Flow, GatewayDeps, PinnedTarget } from './context.ts';
 import { ANSWERS, GatewayRefusal } from './errors.ts';
@@ -309,6 +309,13 @@ class Exchange {
     const codings = codingsOf(this.#req.headers['content-encoding']);
     let body = raw;
     if (codings.length > 0) {
+      if (codings.length > MAX_CODINGS)
+        throw new GatewayRefusal(
+          undecodableBody(
+            `${codings.length} content codings: the body cannot be inspected (at most ${MAX_CODINGS} are undone)`,
+          ),
+          `${codings.length} content codings cannot be inspected`,
+        );
       const unknown = undecodable(codings);
       if (unknown !== null)
         throw new GatewayRefusal(
@@ -466,7 +473,7 @@ class Exchange {
       if (flat[i].toLowerCase() === header) values.push(flat[i + 1]);
     const codings = codingsOf(values);
     if (codings.length === 0) return capture.bytes;
-    if (undecodable(codings) !== null) return null;
+    if (codings.length > MAX_CODINGS || undecodable(codings) !== null) return null;
     return (await decodeBody(capture.bytes, codings, this.#deps.options.httpCaptureMaxBody + CAPTURE_LOOKAHEAD)).body;
   }
 
