@@ -9,7 +9,10 @@ import zlib from 'node:zlib';
 // Decoding is bounded by its output (a 16 KiB brotli body can expand to gigabytes) and never throws:
 // a body cut short (a captured prefix) decodes as far as it goes.
 
-const DECODERS: Record<string, () => Transform> = {
+/** A decoder, and how many input bytes it has read (`bytesWritten`). */
+type Decoder = Transform & zlib.Zlib;
+
+const DECODERS: Record<string, () => Decoder> = {
   gzip: () => zlib.createGunzip(),
   'x-gzip': () => zlib.createGunzip(),
   deflate: () => zlib.createInflate(),
@@ -62,7 +65,7 @@ export async function decodeBody(bytes: Buffer, codings: readonly string[], max:
   return out;
 }
 
-function decodeOne(decoder: Transform, input: Buffer, max: number): Promise<Decoded> {
+function decodeOne(decoder: Decoder, input: Buffer, max: number): Promise<Decoded> {
   return new Promise((resolve) => {
     const chunks: Buffer[] = [];
     let size = 0;
@@ -79,7 +82,11 @@ function decodeOne(decoder: Transform, input: Buffer, max: number): Promise<Deco
       size += chunk.length;
       if (size > max) finish(true, false);
     });
-    decoder.on('end', () => finish(false, false));
+    // Bytes the decoder left unread after its stream ended (node's gunzip stops at anything that is not
+    // another gzip member, its zstd decoder after the first frame) are read by other decoders: Python's
+    // gzip skips zero padding and decodes the member behind it, the zstd format is a sequence of frames.
+    // A body whose every byte was not decoded here is not the body inspected: broken.
+    decoder.on('end', () => finish(false, decoder.bytesWritten < input.length));
     decoder.on('error', () => finish(false, true));
     decoder.end(input);
   });

@@ -1,8 +1,8 @@
-import { brotliCompressSync, gzipSync } from 'node:zlib';
+import { brotliCompressSync, gzipSync, zstdCompressSync } from 'node:zlib';
 import t from 'tap';
 import { request } from 'undici';
 import { decodeBody } from '../../../proxy/egress/body-coding.ts';
-import { startHarness } from './intercept-harness.ts';
+import { AGENT_SECRET, startHarness } from './intercept-harness.ts';
 
 // Content codings of an inspected request body. Each coding is undone (at most 32 MB of output per
 // layer) before the body is inspected: a header listing a coding thousands of times (a gzip quine
@@ -51,4 +51,37 @@ t.test('a body in more content codings than the gateway undoes is refused 415, n
   t.equal(two.statusCode, 200);
   await two.body.text();
   t.equal(h.upstream.seen.length, 1);
+});
+
+t.test('bytes the decoder leaves after its stream are not sent: another decoder would read them', async (t) => {
+  const h = await startHarness();
+  t.teardown(() => h.close());
+  const dest = `https://dest.test:${h.upstream.port}`;
+  const secret = `{"password":"${AGENT_SECRET}"}`;
+  // Python's gzip skips zero padding between members and decodes the one behind it; node's stops at
+  // the padding. zstd decoders read every frame of a body; node's stops after the first.
+  const shapes: [string, string, Buffer][] = [
+    ['gzip, zero padding, then a member', 'gzip', Buffer.concat([gzipSync('{}'), Buffer.alloc(16), gzipSync(secret)])],
+    ['zstd, a second frame', 'zstd', Buffer.concat([zstdCompressSync('{}'), zstdCompressSync(secret)])],
+    ['br, bytes after the stream', 'br', Buffer.concat([brotliCompressSync('{}'), Buffer.from(secret)])],
+  ];
+  for (const [what, coding, body] of shapes) {
+    const answer = await request(`${dest}/trailing`, {
+      dispatcher: h.proxy(),
+      method: 'POST',
+      headers: { 'content-encoding': coding },
+      body,
+    });
+    t.equal(answer.statusCode, 415, what);
+    t.match(await answer.body.json(), { error: { message: /does not decode/ } }, what);
+  }
+  t.equal(h.upstream.seen.length, 0, 'none was sent');
+  const members = await request(`${dest}/members`, {
+    dispatcher: h.proxy(),
+    method: 'POST',
+    headers: { 'content-encoding': 'gzip' },
+    body: Buffer.concat([gzipSync('{"a":'), gzipSync('1}')]),
+  });
+  t.equal(members.statusCode, 200, 'gzip members one after the other are one body, decoded whole');
+  await members.body.text();
 });
