@@ -125,6 +125,13 @@ export function registerGateway(serve: Command): void {
       }),
     )
     .addOption(
+      flag('--max-buffered-bodies <bytes>', {
+        description: 'bytes of request bodies held at once for inspection, over every connection (past it: 503, retry)',
+        default: d.maxBufferedBodies,
+        parse: parsePositiveInt,
+      }),
+    )
+    .addOption(
       hosts('--no-capture-host <glob>', 'host never terminated for capture alone (certificate-pinning clients)'),
     )
     .addOption(

@@ -11,6 +11,12 @@ export const EXCHANGE_ANSWERS = {
     'invalid_request_error',
     "misdirected request: the request's host is not the destination of its tunnel",
   ),
+  /** The request bodies held for inspection fill --max-buffered-bodies: this one is not read (body-budget.ts). */
+  bodiesBusy: jsonAnswer(
+    503,
+    'overloaded_error',
+    'the gateway holds as many request bodies for inspection as it may: retry later',
+  ),
 } as const;
 
 /** A request the gateway will not forward as it is shaped (a smuggling shape, a bad target). */

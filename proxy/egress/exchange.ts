@@ -10,7 +10,8 @@ import type { AgentIdentity } from '../llm/auth.ts';
 import { RequestTooLargeError } from '../llm/errors.ts';
 import { readBody } from '../llm/read-body.ts';
 import { send } from '../llm/relay-body.ts';
-import { codingsOf, decodeBody, undecodable } from './body-coding.ts';
+import { BodyBudget } from './body-budget.ts';
+import { codingsOf, decodeBody, MAX_CODINGS, undecodable } from './body-coding.ts';
 import { BodyCapture, CAPTURE_LOOKAHEAD, captures, capturedText, recordedHeaders, redactor } from './capture.ts';
 import type { ExchangeHandler, Flow, GatewayDeps, PinnedTarget } from './context.ts';
 import { ANSWERS, GatewayRefusal } from './errors.ts';
@@ -48,13 +49,14 @@ import { inTurn } from './pipelining.ts';
 
 export function exchangeHandler(deps: GatewayDeps): ExchangeHandler {
   const pools = new PinnedPools({ upstreamCa: deps.upstreamCa, connectTimeoutMs: deps.options.connectTimeout });
+  const budget = new BodyBudget(deps.options.maxBufferedBodies, (held) => deps.metrics.bufferedBodies.set(held));
   return (req, res, target, scheme, flow) => {
     // One exchange at a time per connection, in the order the agent sent them (pipelining.ts): a
     // pipelined flood must not hold a 32 MB body per request.
     inTurn(
       req,
       res,
-      () => void new Exchange(deps, pools, req, res, target, scheme, flow).run(),
+      () => void new Exchange(deps, pools, budget, req, res, target, scheme, flow).run(),
       (why) => {
         flow.attrs.method = req.method ?? '';
         flow.outcome = 'deny';
@@ -95,6 +97,9 @@ function errorText(err: unknown): string {
 class Exchange {
   readonly #deps: GatewayDeps;
   readonly #pools: PinnedPools;
+  readonly #budget: BodyBudget;
+  /** Bytes of this request's body taken from the budget (given back when the exchange ends). */
+  #held = 0;
   readonly #req: IncomingMessage;
   readonly #res: ServerResponse;
   readonly #target: PinnedTarget;
@@ -116,6 +121,7 @@ class Exchange {
   constructor(
     deps: GatewayDeps,
     pools: PinnedPools,
+    budget: BodyBudget,
     req: IncomingMessage,
     res: ServerResponse,
     target: PinnedTarget,
@@ -124,6 +130,7 @@ class Exchange {
   ) {
     this.#deps = deps;
     this.#pools = pools;
+    this.#budget = budget;
     this.#req = req;
     this.#res = res;
     this.#target = target;
@@ -152,6 +159,8 @@ class Exchange {
     } catch (err) {
       this.#deps.log.error({ err, flow_id: this.#flow.id }, 'exchange capture failed');
     }
+    this.#budget.give(this.#held);
+    this.#held = 0;
     recordFlow(this.#deps, this.#flow);
   }
 
@@ -283,7 +292,15 @@ class Exchange {
   async #readWhole(): Promise<Buffer> {
     let body: Buffer;
     try {
-      body = await readBody(this.#req, MAX_BODY_BYTES, DEFAULT_INLINE_THRESHOLD_BYTES);
+      body = await readBody(this.#req, MAX_BODY_BYTES, DEFAULT_INLINE_THRESHOLD_BYTES, 0, (bytes) => {
+        // The bodies held at once over every connection are bounded (body-budget.ts).
+        if (!this.#budget.take(bytes))
+          throw new GatewayRefusal(
+            EXCHANGE_ANSWERS.bodiesBusy,
+            `request bodies held for inspection would exceed ${this.#deps.options.maxBufferedBodies} bytes (--max-buffered-bodies)`,
+          );
+        this.#held += bytes;
+      });
     } catch (err) {
       if (err instanceof RequestTooLargeError)
         throw new GatewayRefusal(ANSWERS.tooLarge, `request body exceeds ${MAX_BODY_BYTES} bytes`);
@@ -309,6 +326,13 @@ class Exchange {
     const codings = codingsOf(this.#req.headers['content-encoding']);
     let body = raw;
     if (codings.length > 0) {
+      if (codings.length > MAX_CODINGS)
+        throw new GatewayRefusal(
+          undecodableBody(
+            `${codings.length} content codings: the body cannot be inspected (at most ${MAX_CODINGS} are undone)`,
+          ),
+          `${codings.length} content codings cannot be inspected`,
+        );
       const unknown = undecodable(codings);
       if (unknown !== null)
         throw new GatewayRefusal(
@@ -466,7 +490,7 @@ class Exchange {
       if (flat[i].toLowerCase() === header) values.push(flat[i + 1]);
     const codings = codingsOf(values);
     if (codings.length === 0) return capture.bytes;
-    if (undecodable(codings) !== null) return null;
+    if (codings.length > MAX_CODINGS || undecodable(codings) !== null) return null;
     return (await decodeBody(capture.bytes, codings, this.#deps.options.httpCaptureMaxBody + CAPTURE_LOOKAHEAD)).body;
   }
 

@@ -23,6 +23,12 @@ export function gatewayMetrics(registry: Registry) {
     tunnelsOpen: gauge(registry, 'dvx_gateway_tunnels_open', 'CONNECT tunnels open now, by kind (blind, intercepted)', [
       'kind',
     ]),
+    bufferedBodies: gauge(
+      registry,
+      'dvx_gateway_buffered_body_bytes',
+      'Request body bytes held for inspection now (bounded by --max-buffered-bodies)',
+      [],
+    ),
     refusals: counter(
       registry,
       'dvx_gateway_refusals_total',

@@ -13,6 +13,8 @@ import { GatewayOptionsError } from './errors.ts';
 export const DEFAULT_GATEWAY_ADDR = ':8460';
 /** `--http-capture-max-body 0`: 16 KiB of plaintext per captured body (spec: Limits). */
 export const DEFAULT_CAPTURE_MAX_BODY = 16 * 1024;
+/** `--max-buffered-bodies`: 1 GiB of request bodies held for inspection at once (32 bodies of 32 MB). */
+export const DEFAULT_MAX_BUFFERED_BODIES = 1024 * 1024 * 1024;
 /** The provider hosts routed to llmproxy when no --llm-host is given. */
 export const DEFAULT_LLM_HOSTS: readonly string[] = ['api.anthropic.com', 'api.openai.com'];
 
@@ -73,6 +75,8 @@ export interface GatewayOptions extends AuditOptions, ServerLimitOptions {
   tunnelIdleTimeout: number;
   inspectTimeout: number;
   inspectFailClosed: boolean;
+  /** Bytes of request bodies held at once for inspection, over every connection (body-budget.ts). */
+  maxBufferedBodies: number;
 }
 
 export const GATEWAY_DEFAULTS: GatewayOptions = {
@@ -109,6 +113,7 @@ export const GATEWAY_DEFAULTS: GatewayOptions = {
   tunnelIdleTimeout: 600_000,
   inspectTimeout: DEFAULT_INSPECT_TIMEOUT_MS,
   inspectFailClosed: false,
+  maxBufferedBodies: DEFAULT_MAX_BUFFERED_BODIES,
   ...AUDIT_DEFAULTS,
   ...SERVER_LIMIT_DEFAULTS,
 };
@@ -178,6 +183,8 @@ export function validateGatewayOptions(input: Partial<GatewayOptions>): GatewayO
     if (!(o[key] > 0) || !Number.isFinite(o[key]))
       throw new GatewayOptionsError(`--${name} must be a positive duration`);
   }
+  if (!Number.isSafeInteger(o.maxBufferedBodies) || o.maxBufferedBodies < 1)
+    throw new GatewayOptionsError('--max-buffered-bodies must be a positive byte count');
   const audit = auditOptionsProblem(o);
   if (audit) throw new GatewayOptionsError(audit);
   const limits = serverLimitsProblem(o);

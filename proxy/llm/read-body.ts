@@ -22,10 +22,22 @@ export function grow(body: Buffer, length: number): Buffer {
   return view;
 }
 
-export async function readBody(req: IncomingMessage, limit: number, sharedFrom: number, headroom = 0): Promise<Buffer> {
+/**
+ * `hold`, when given, is told the bytes the body will hold before they are held: the announced length
+ * before anything is read, or each chunk's length as it comes when none was announced. It may throw to
+ * refuse the body (the gateway's budget of bodies held at once, proxy/egress/body-budget.ts).
+ */
+export async function readBody(
+  req: IncomingMessage,
+  limit: number,
+  sharedFrom: number,
+  headroom = 0,
+  hold?: (bytes: number) => void,
+): Promise<Buffer> {
   const announced = Number(req.headers['content-length']);
   if (Number.isFinite(announced) && announced > limit)
     throw new RequestTooLargeError(`request body exceeds ${limit} bytes`);
+  if (Number.isFinite(announced)) hold?.(announced);
   if (Number.isFinite(announced) && announced >= sharedFrom) {
     const backing = allocShared(announced + headroom);
     const out = backing.subarray(0, announced);
@@ -45,6 +57,7 @@ export async function readBody(req: IncomingMessage, limit: number, sharedFrom: 
   for await (const chunk of req as AsyncIterable<Buffer>) {
     size += chunk.length;
     if (size > limit) throw new RequestTooLargeError(`request body exceeds ${limit} bytes`);
+    if (!Number.isFinite(announced)) hold?.(chunk.length);
     chunks.push(chunk);
   }
   return chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, size);
