@@ -11,3 +11,19 @@ export class CliError extends coded('DVX_CLI') {
     this.exitCode = exitCode;
   }
 }
+
+/**
+ * An operator API or the broker answered a call with a non-2xx status: reported as one line
+ * (`404 Not Found: no org acme`, from its Problem document) with the exit code of its class.
+ */
+export class ProblemAnswerError extends coded('DVX_CLI_PROBLEM') {
+  readonly exitCode: number;
+  readonly status: number;
+  readonly body: unknown;
+  constructor(message: string, exitCode: number, status: number, body: unknown) {
+    super(message);
+    this.exitCode = exitCode;
+    this.status = status;
+    this.body = body;
+  }
+}

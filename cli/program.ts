@@ -5,7 +5,9 @@ import { devCommand } from './dev.ts';
 import { walCommand } from './wal.ts';
 import { configPullCommand, policyPullCommand, waitFileCommand } from './pull.ts';
 import { agentLoginCommand } from './agent-login.ts';
-import { CliError } from './errors.ts';
+import { CliError, ProblemAnswerError } from './errors.ts';
+import { whoamiCommand } from './commands/whoami.ts';
+import { profileCommand } from './commands/profile.ts';
 import { EXIT_USAGE } from './exit-codes.ts';
 import pkg from '../package.json' with { type: 'json' };
 
@@ -23,6 +25,9 @@ export function buildProgram(): Command {
   program.addCommand(configPullCommand());
   program.addCommand(waitFileCommand());
   program.addCommand(agentLoginCommand());
+  // Operator commands (docs/cli.md).
+  program.addCommand(whoamiCommand());
+  program.addCommand(profileCommand());
   const all = (c: Command): Command[] => [c, ...c.commands.flatMap(all)];
   for (const c of all(program)) {
     c.exitOverride();
@@ -42,6 +47,10 @@ export async function run(argv: string[]): Promise<number> {
       if (err.code === 'commander.helpDisplayed' || err.code === 'commander.version' || err.code === 'commander.help')
         return 0;
       return EXIT_USAGE; // commander already printed the message
+    }
+    if (err instanceof ProblemAnswerError) {
+      process.stderr.write(`dvx: ${err.message}\n`);
+      return err.exitCode;
     }
     if (err instanceof CliError) {
       process.stderr.write(`dvx: ${err.message.replace(/^dvx[^:]*: /, '')}\n`);
