@@ -9,6 +9,8 @@ import { CliError } from '../errors.ts';
 
 export interface Answer {
   status: number;
+  /** The parsed JSON body (its shape is the route's), or the text when it is not JSON. */
+  // biome-ignore lint/suspicious/noExplicitAny: an answer's shape is the route's; the callers read the fields they asked for
   body: any;
 }
 

@@ -200,13 +200,14 @@ function route(req: http.IncomingMessage, res: http.ServerResponse, body: Json):
     });
     return;
   }
-  if (req.method === 'POST' && path.endsWith('/messages')) return anthropic(body, res);
-  if (req.method === 'POST' && path.endsWith('/chat/completions')) return openaiChat(body, res);
-  if (req.method === 'POST' && path.endsWith('/responses')) return openaiResponses(body, res);
-  json(res, 404, {
-    type: 'error',
-    error: { type: 'not_found_error', message: `${MOCK_LABEL} no such route: ${req.method} ${path}` },
-  });
+  if (req.method === 'POST' && path.endsWith('/messages')) anthropic(body, res);
+  else if (req.method === 'POST' && path.endsWith('/chat/completions')) openaiChat(body, res);
+  else if (req.method === 'POST' && path.endsWith('/responses')) openaiResponses(body, res);
+  else
+    json(res, 404, {
+      type: 'error',
+      error: { type: 'not_found_error', message: `${MOCK_LABEL} no such route: ${req.method} ${path}` },
+    });
 }
 
 /** Starts the mock upstream on `addr` (plain http on loopback: llmproxy is its only client). */

@@ -1,6 +1,8 @@
 import { access, mkdir, readFile, rm } from 'node:fs/promises';
+import net from 'node:net';
 import { join, resolve } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { parseAddr } from '../../core/addr.ts';
 import { writeFileAtomic } from '../../core/atomic-file.ts';
 import { createLogger, type LogLevel, type Logger } from '../../core/logger.ts';
 import { ensureDevCertificates } from '../../core/tls.ts';
@@ -99,6 +101,25 @@ async function until<T>(what: string, probe: () => Promise<T | null | undefined 
     if (Date.now() > deadline) throw new CliError(`dvx dev: ${what} did not happen within ${WITHIN_MS / 1000} s`);
     await sleep(200);
   }
+}
+
+/**
+ * The broker names itself by its agent address (the JWT's `iss`, its discovery document): with port 0 a
+ * free port is taken first, so that name is one that answers.
+ */
+async function concreteAddr(addr: string): Promise<string> {
+  const { host, port } = parseAddr(addr);
+  if (port !== 0) return addr;
+  const h = host ?? '127.0.0.1';
+  const free = await new Promise<number>((resolve, reject) => {
+    const s = net.createServer();
+    s.once('error', reject);
+    s.listen(0, h, () => {
+      const p = (s.address() as net.AddressInfo).port;
+      s.close(() => resolve(p));
+    });
+  });
+  return h.includes(':') ? `[${h}]:${free}` : `${h}:${free}`;
 }
 
 /** Component logs go to stderr, so stdout holds the banner alone. */
@@ -221,7 +242,7 @@ async function start(
   const snapshotFile = join(dir, 'snapshot.json');
   const broker = await startBroker(
     {
-      addr: o.brokerAddr,
+      addr: await concreteAddr(o.brokerAddr),
       operatorAddr: o.brokerOperatorAddr,
       ...tls,
       ...logs,
