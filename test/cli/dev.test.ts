@@ -138,6 +138,12 @@ async function sdkCalls(t: Test, facts: Record<string, string>) {
     messages: [{ role: 'user', content: 'openai too' }],
   });
   t.ok(chat.choices[0]?.message.content?.startsWith(MOCK_LABEL), 'OpenAI Chat Completions too');
+  const response = await openai.responses.create({ model: 'gpt-4o-mini', input: 'responses as well' });
+  t.ok(response.output_text.startsWith(MOCK_LABEL), 'OpenAI Responses too');
+  let streamedResponse = '';
+  for await (const event of await openai.responses.create({ model: 'gpt-4o-mini', input: 'a stream', stream: true }))
+    if (event.type === 'response.output_text.delta') streamedResponse += event.delta;
+  t.match(streamedResponse, /a stream/, 'a streamed Response too');
 
   const blocked = await anthropic.messages
     .create({
