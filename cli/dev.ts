@@ -7,6 +7,7 @@ import { runUntilSignal } from '../core/shutdown.ts';
 import { MOCK_LABEL } from './dev/mock-upstream.ts';
 import { BLOCKED_EXAMPLE, type DevFacts, type DevOptions, startDevSystem } from './dev/system.ts';
 import { CliError } from './errors.ts';
+import { checkProfileName } from './operator/profiles.ts';
 
 // `dvx dev` (what `npm start` runs): the whole system on embedded defaults, like `vault server -dev` —
 // a local OIDC issuer, the control plane on PGlite, a broker, llmproxy, the gateway, each with its audit
@@ -25,7 +26,7 @@ interface DevFlags {
   issuerAddr: string;
   upstream: string;
   upstreamAddr: string;
-  profile: string;
+  profileName: string;
   profiles: string;
   logLevel: LogLevel;
 }
@@ -119,7 +120,11 @@ export function devCommand(): Command {
     .addOption(
       flag('--upstream-addr <addr>', { description: "the mock upstream's listener", default: '127.0.0.1:8490' }),
     )
-    .addOption(flag('--profile <name>', { description: 'the CLI profile written for the dev admin', default: 'dev' }))
+    // Not --profile: its DVX_PROFILE is the operator commands' choice of profile, which must not name the
+    // profile dvx dev overwrites. --profiles (DVX_PROFILES) is the same file the operator commands read.
+    .addOption(
+      flag('--profile-name <name>', { description: 'the CLI profile written for the dev admin', default: 'dev' }),
+    )
     .addOption(
       flag('--profiles <file>', {
         description: 'the CLI profiles file (default: $XDG_CONFIG_HOME/dvx/config.json)',
@@ -134,10 +139,9 @@ export function devCommand(): Command {
       }),
     )
     .action(async (opts: DevFlags) => {
-      const options: DevOptions = {
-        ...opts,
-        ...chooseUpstream(opts.upstream, process.env),
-      };
+      const { profileName, ...rest } = opts;
+      checkProfileName(profileName); // before anything starts
+      const options: DevOptions = { ...rest, profile: profileName, ...chooseUpstream(opts.upstream, process.env) };
       const system = await startDevSystem(options);
       process.stdout.write(banner(system.facts, resolve(opts.dir)) + '\n');
       await runUntilSignal(() => system.close());

@@ -22,3 +22,9 @@ t.test('an upstream that cannot work is refused, with nothing started', async (t
   t.equal(r.code, 2, r.stderr);
   t.match(r.stderr, /--upstream must be "mock" or "providers"/);
 });
+
+t.test('a profile name the CLI could not use is refused before anything starts', async (t) => {
+  const r = await runDvx(['dev', '--dir', '/nonexistent/never-made', '--profile-name', '../x']);
+  t.equal(r.code, 2, r.stderr);
+  t.match(r.stderr, /profile name "\.\.\/x"/);
+});
