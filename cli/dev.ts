@@ -1,202 +1,167 @@
-import { access, mkdir, readFile, writeFile } from 'node:fs/promises';
+import { readFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { Command } from 'commander';
-import { exportJWK, generateKeyPair, importJWK, SignJWT, type JWK } from 'jose';
+import { LOG_LEVELS, type LogLevel } from '../core/logger.ts';
 import { flag } from '../core/options.ts';
 import { runUntilSignal } from '../core/shutdown.ts';
-import { ensureDevCertificates } from '../core/tls.ts';
-import { MAX_TOKEN_LIFETIME_S } from '../proxy/llm/auth.ts';
-import { startLlmProxy } from '../proxy/llm/server.ts';
+import { MOCK_LABEL } from './dev/mock-upstream.ts';
+import { BLOCKED_EXAMPLE, type DevFacts, type DevOptions, startDevSystem } from './dev/system.ts';
 import { CliError } from './errors.ts';
+import { checkProfileName } from './operator/profiles.ts';
 
-// `dvx dev`: llmproxy on embedded defaults for a first run. Under --dir (default .dvx/) it creates, once:
-// a local CA and a localhost server certificate, an ES256 agent-token signing key and its JWKS, an
-// example policy snapshot and secrets file. Then it prints a ready agent token with a curl and an SDK
-// example, and serves. `dvx dev token` mints more tokens from the same key (development only: in an
-// enclave the broker issues them).
+// `dvx dev` (what `npm start` runs): the whole system on embedded defaults, like `vault server -dev` —
+// a local OIDC issuer, the control plane on PGlite, a broker, llmproxy, the gateway, each with its audit
+// WAL into PGlite, a demo org, group and agent provisioned through the real lifecycle, example policy,
+// and a built-in mock model upstream unless a provider key is in the environment (cli/dev/system.ts,
+// docs/dev.md). It prints what to paste; `.dvx/dev.json` holds the same for scripts. SIGINT or SIGTERM
+// stops everything. `dvx dev token` prints the demo agent's current token from a running `dvx dev`.
 
-const DEV_ORG = 'org-dev';
-const DEV_AGENT = 'agent-dev';
-
-interface DevPaths {
+interface DevFlags {
   dir: string;
-  signingKey: string;
-  jwks: string;
-  snapshot: string;
-  secrets: string;
+  controlplaneAddr: string;
+  brokerAddr: string;
+  brokerOperatorAddr: string;
+  llmproxyAddr: string;
+  gatewayAddr: string;
+  issuerAddr: string;
+  upstream: string;
+  upstreamAddr: string;
+  profileName: string;
+  profiles: string;
+  logLevel: LogLevel;
 }
 
-function paths(dir: string): DevPaths {
-  const d = resolve(dir);
-  return {
-    dir: d,
-    signingKey: join(d, 'agent-signing-key.json'),
-    jwks: join(d, 'agent-jwks.json'),
-    snapshot: join(d, 'snapshot.json'),
-    secrets: join(d, 'secrets.json'),
-  };
+/**
+ * The upstream: `mock` by default when neither ANTHROPIC_API_KEY nor OPENAI_API_KEY is set, the real
+ * providers otherwise (the Anthropic key first when both are). `--upstream` decides explicitly.
+ */
+export function chooseUpstream(
+  flagValue: string,
+  env: NodeJS.ProcessEnv,
+): { upstream: 'mock' | 'providers'; providerKey: string } {
+  const key = env.ANTHROPIC_API_KEY || env.OPENAI_API_KEY || '';
+  const choice = flagValue || (key ? 'providers' : 'mock');
+  if (choice !== 'mock' && choice !== 'providers')
+    throw new CliError(`--upstream must be "mock" or "providers", not "${flagValue}"`);
+  if (choice === 'providers' && !key)
+    throw new CliError('--upstream providers needs ANTHROPIC_API_KEY or OPENAI_API_KEY in the environment');
+  return { upstream: choice, providerKey: choice === 'providers' ? key : '' };
 }
 
-const exists = (p: string) =>
-  access(p).then(
-    () => true,
-    () => false,
-  );
-
-async function writeOnce(path: string, content: () => Promise<string> | string, mode = 0o644): Promise<void> {
-  if (!(await exists(path))) await writeFile(path, await content(), { mode });
-}
-
-export const EXAMPLE_SNAPSHOT = {
-  version: 'dev-1',
-  enclave: { id: 'enclave-dev', name: 'dev', isolation_class: 'plain' },
-  platform: { credential_mode: { value: 'platform', locked: false } },
-  orgs: {
-    [DEV_ORG]: {
-      config: {
-        content_inspection: {
-          value: {
-            secrets_filter: { enabled: true, severity: 'block' },
-            pii_detection: { enabled: true, severity: 'warn' },
-            api_key_detection: { enabled: true, severity: 'block' },
-            patterns: [{ pattern: '(?i)project[- ]nightingale', description: 'example codename', severity: 'block' }],
-          },
-        },
-      },
-      flags: { 'inspect:llm': true, 'audit:llm': true },
-      groups: {},
-      packs: [],
-    },
-  },
-  agents: {
-    [DEV_AGENT]: { org_id: DEV_ORG, group_id: null, name: 'dev-agent', status: 'active', contained: false, config: {} },
-  },
-};
-
-/** Creates whatever of the development material is missing; never overwrites what is there. */
-export async function ensureDevMaterial(
-  dir: string,
-): Promise<DevPaths & { caCert: string; serverCert: string; serverKey: string }> {
-  const p = paths(dir);
-  await mkdir(p.dir, { recursive: true, mode: 0o700 });
-  const certs = await ensureDevCertificates(p.dir);
-  if (!(await exists(p.signingKey))) {
-    const { publicKey, privateKey } = await generateKeyPair('ES256', { extractable: true });
-    const kid = `dev-${Date.now().toString(36)}`;
-    await writeFile(p.signingKey, JSON.stringify({ ...(await exportJWK(privateKey)), kid, alg: 'ES256' }), {
-      mode: 0o600,
-    });
-    await writeFile(
-      p.jwks,
-      JSON.stringify({ keys: [{ ...(await exportJWK(publicKey)), kid, alg: 'ES256', use: 'sig' }] }),
-    );
-  }
-  await writeOnce(p.snapshot, () => JSON.stringify(EXAMPLE_SNAPSHOT, null, 2) + '\n');
-  await writeOnce(
-    p.secrets,
-    () =>
-      JSON.stringify(
-        {
-          [`agent:${DEV_AGENT}`]: {
-            'agent:llmproxy.llm.api_key': 'sk-ant-replace-with-your-key',
-            'example-db-password': 'correct-horse-battery-staple',
-          },
-        },
-        null,
-        2,
-      ) + '\n',
-    0o600,
-  );
-  return { ...p, caCert: certs.caCert, serverCert: certs.serverCert, serverKey: certs.serverKey };
-}
-
-export async function mintDevToken(
-  dir: string,
-  claims: { agent: string; org: string; name?: string; group?: string },
-): Promise<string> {
-  const p = paths(dir);
-  let jwk: JWK & { kid: string };
-  try {
-    jwk = JSON.parse(await readFile(p.signingKey, 'utf8'));
-  } catch {
-    throw new CliError(`no signing key in ${p.dir}: run "dvx dev" once to create it`);
-  }
-  const key = await importJWK(jwk, 'ES256');
-  const now = Math.floor(Date.now() / 1000);
-  return new SignJWT({
-    org_id: claims.org,
-    agent_name: claims.name ?? claims.agent,
-    ...(claims.group ? { group_id: claims.group } : {}),
-  })
-    .setProtectedHeader({ alg: 'ES256', kid: jwk.kid, typ: 'JWT' })
-    .setSubject(claims.agent)
-    .setIssuedAt(now)
-    .setExpirationTime(now + MAX_TOKEN_LIFETIME_S)
-    .sign(key);
-}
-
-function banner(url: string, caCert: string, token: string, dir: string): string {
+function banner(f: DevFacts, dir: string): string {
+  const upstream =
+    f.upstream === 'providers'
+      ? 'the real providers (the key from your environment)'
+      : `${f.upstream}  ${MOCK_LABEL}: a local stand-in, not a model`;
   return [
     '',
-    `dvx dev: llmproxy on ${url}  (material in ${dir})`,
+    `dvx dev: the whole system is up  (state in ${dir}; facts for scripts in ${join(dir, 'dev.json')})`,
     '',
-    `agent token (5 minutes; more with: dvx dev token --agent ${DEV_AGENT} --org ${DEV_ORG}):`,
-    token,
+    `  control plane   ${f.controlplane}`,
+    `  broker          ${f.broker}  (operators: ${f.broker_operator})`,
+    `  llmproxy        ${f.llmproxy}`,
+    `  gateway         ${f.gateway}`,
+    `  OIDC issuer     ${f.issuer}`,
+    `  model upstream  ${upstream}`,
+    `  CA certificate  ${f.ca_cert}`,
     '',
-    'try it:',
-    `  curl --cacert ${caCert} ${url}/v1/messages -H "x-api-key: $TOKEN" -H 'anthropic-version: 2023-06-01' \\`,
+    `The demo agent "${f.agent}" (org "${f.org}") — its token (5 minutes, renewed in dev.json; also: dvx dev token):`,
+    '',
+    `  export NODE_EXTRA_CA_CERTS=${f.ca_cert}`,
+    `  export ANTHROPIC_API_KEY=$(dvx dev token)  ANTHROPIC_BASE_URL=${f.llmproxy}`,
+    `  node -e "new (require('@anthropic-ai/sdk').default)().messages.create({model:'claude-sonnet-4-5',max_tokens:64,messages:[{role:'user',content:'hi'}]}).then(m=>console.log(m.content[0].text))"`,
+    '',
+    `  curl --cacert ${f.ca_cert} ${f.llmproxy}/v1/messages -H "x-api-key: $(dvx dev token)" \\`,
     `    -H 'content-type: application/json' -d '{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}'`,
     '',
-    '  // with the official SDK (NODE_EXTRA_CA_CERTS=' + caCert + ')',
-    `  new Anthropic({ apiKey: process.env.TOKEN, baseURL: '${url}' })`,
+    `  Say "${BLOCKED_EXAMPLE}" in a message: the demo org's content policy blocks it (403).`,
     '',
-    `Put your provider key in ${join(dir, 'secrets.json')} (agent:llmproxy.llm.api_key), or point --upstream-default at a local server.`,
+    `The CLI, logged in as the dev admin (profile "${f.profile}" in ${f.profiles_file}):`,
+    '',
+    `  dvx whoami --profile ${f.profile}`,
+    `  dvx audit tail --profile ${f.profile}`,
+    '',
+    `Approvals page: ${f.approvals_page}   (Ctrl-C stops everything)`,
     '',
   ].join('\n');
 }
 
 export function devCommand(): Command {
   const dev = new Command('dev')
-    .description('run llmproxy on embedded defaults (creates a dev CA, keys, snapshot and secrets on first run)')
-    .addOption(flag('--dir <dir>', { description: 'where the development material lives', default: '.dvx' }))
-    .addOption(flag('--addr <addr>', { description: 'listen address', default: '127.0.0.1:8480' }))
+    .description(
+      'run the whole system on embedded defaults: OIDC issuer, control plane, broker, llmproxy, gateway, a demo agent',
+    )
+    .addOption(flag('--dir <dir>', { description: 'where the development state lives', default: '.dvx' }))
     .addOption(
-      flag('--upstream-default <url>', {
-        description: "upstream base URL (default: the providers' APIs)",
+      flag('--controlplane-addr <addr>', { description: "the control plane's listener", default: '127.0.0.1:8443' }),
+    )
+    .addOption(flag('--broker-addr <addr>', { description: "the broker's agent listener", default: '127.0.0.1:8450' }))
+    .addOption(
+      flag('--broker-operator-addr <addr>', {
+        description: "the broker's operator listener (the approvals page)",
+        default: '127.0.0.1:8451',
+      }),
+    )
+    .addOption(flag('--llmproxy-addr <addr>', { description: "llmproxy's listener", default: '127.0.0.1:8480' }))
+    .addOption(flag('--gateway-addr <addr>', { description: "the gateway's listener", default: '127.0.0.1:8460' }))
+    .addOption(
+      flag('--issuer-addr <addr>', {
+        description: 'the dev OIDC issuer (plain http, loopback)',
+        default: '127.0.0.1:8455',
+      }),
+    )
+    .addOption(
+      flag('--upstream <kind>', {
+        description:
+          'mock (the built-in local model) or providers (the real APIs); default: providers when ANTHROPIC_API_KEY or OPENAI_API_KEY is set, else mock',
         default: '',
       }),
     )
-    .action(async (opts: { dir: string; addr: string; upstreamDefault: string }) => {
-      const m = await ensureDevMaterial(opts.dir);
-      let running;
-      try {
-        running = await startLlmProxy({
-          addr: opts.addr,
-          tlsCert: m.serverCert,
-          tlsKey: m.serverKey,
-          agentJwks: m.jwks,
-          policySnapshot: m.snapshot,
-          secretsFile: m.secrets,
-          upstreamDefault: opts.upstreamDefault,
-          logFormat: 'text',
-        });
-      } catch (err) {
-        throw new CliError(`llmproxy failed to start: ${(err as Error).message}`);
-      }
-      const token = await mintDevToken(opts.dir, { agent: DEV_AGENT, org: DEV_ORG, name: 'dev-agent' });
-      process.stderr.write(banner(`https://127.0.0.1:${running.port}`, m.caCert, token, m.dir) + '\n');
-      await runUntilSignal(() => running.close());
+    .addOption(
+      flag('--upstream-addr <addr>', { description: "the mock upstream's listener", default: '127.0.0.1:8490' }),
+    )
+    // Not --profile: its DVX_PROFILE is the operator commands' choice of profile, which must not name the
+    // profile dvx dev overwrites. --profiles (DVX_PROFILES) is the same file the operator commands read.
+    .addOption(
+      flag('--profile-name <name>', { description: 'the CLI profile written for the dev admin', default: 'dev' }),
+    )
+    .addOption(
+      flag('--profiles <file>', {
+        description: 'the CLI profiles file (default: $XDG_CONFIG_HOME/dvx/config.json)',
+        default: '',
+      }),
+    )
+    .addOption(
+      flag('--log-level <level>', {
+        description: "the components' log level (their lines go to stderr)",
+        default: 'warn',
+        choices: LOG_LEVELS,
+      }),
+    )
+    .action(async (opts: DevFlags) => {
+      const { profileName, ...rest } = opts;
+      checkProfileName(profileName); // before anything starts
+      const options: DevOptions = { ...rest, profile: profileName, ...chooseUpstream(opts.upstream, process.env) };
+      const system = await startDevSystem(options);
+      process.stdout.write(banner(system.facts, resolve(opts.dir)) + '\n');
+      await runUntilSignal(() => system.close());
+      process.stderr.write('dvx dev: stopped\n');
     });
   dev
     .command('token')
-    .description('mint a 5-minute agent token from the dev signing key (development only)')
-    .addOption(flag('--agent <id>', { description: 'agent id (sub)', default: DEV_AGENT }))
-    .addOption(flag('--org <id>', { description: 'org id', default: DEV_ORG }))
-    .addOption(flag('--name <name>', { description: 'agent name' }))
-    .addOption(flag('--group <id>', { description: 'group id' }))
-    .action(async (opts: { agent: string; org: string; name?: string; group?: string }) => {
+    .description("print the demo agent's current token (from the dev.json of a running dvx dev)")
+    .action(async () => {
       // --dir belongs to `dvx dev` and is read from there.
-      process.stdout.write((await mintDevToken((dev.opts() as { dir: string }).dir, opts)) + '\n');
+      const file = join((dev.opts() as { dir: string }).dir, 'dev.json');
+      let facts: Partial<DevFacts>;
+      try {
+        facts = JSON.parse(await readFile(file, 'utf8'));
+      } catch {
+        throw new CliError(`no ${file}: start "dvx dev" first (it writes the token there while it runs)`);
+      }
+      if (typeof facts.agent_token !== 'string' || !facts.agent_token)
+        throw new CliError(`${file} holds no agent_token`);
+      process.stdout.write(`${facts.agent_token}\n`);
     });
   return dev;
 }
