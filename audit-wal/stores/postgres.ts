@@ -1,4 +1,5 @@
 import { readFile } from 'node:fs/promises';
+import { resolve } from 'node:path';
 import pg from 'pg';
 import { PGlite } from '@electric-sql/pglite';
 import type { AuditStore } from '../store.ts';
@@ -11,6 +12,9 @@ import { PG_EVENTS_WITH_LLM, postgresWhere, toLlmEntry, toRecord, type LlmQuery,
 // PostgreSQL (pg) and PGlite share the schema and the statement: a batch goes in as one JSON
 // parameter, `json_populate_recordset` turns it into rows, and `ON CONFLICT (id) DO NOTHING` makes a
 // retried batch a no-op.
+
+/** PGlite instances open in this process, by directory. */
+const EMBEDDED = new Map<string, { db: PGlite; refs: number }>();
 
 const SCHEMA = new URL('../../deploy/schema/postgres.sql', import.meta.url);
 
@@ -58,12 +62,32 @@ export class PostgresStore implements AuditStore {
     });
   }
 
+  /**
+   * PGlite in `dir`. Stores opened on one directory in one process share one PGlite (a directory can be
+   * open only once): `dvx dev` runs the broker, llmproxy and the gateway in one process over the enclave's
+   * one audit store, as they share one store in production. The last close closes it.
+   */
   static embedded(dir: string): PostgresStore {
-    const db = new PGlite(dir);
+    const key = resolve(dir);
+    let shared = EMBEDDED.get(key);
+    if (!shared) {
+      shared = { db: new PGlite(key), refs: 0 };
+      EMBEDDED.set(key, shared);
+    }
+    shared.refs++;
+    const { db } = shared;
+    let closed = false;
     return new PostgresStore('pglite', {
       query: (sql, params) => db.query(sql, params),
       exec: (sql) => db.exec(sql),
-      close: () => db.close(),
+      close: async () => {
+        if (closed) return;
+        closed = true;
+        const s = EMBEDDED.get(key);
+        if (!s || s.db !== db || --s.refs > 0) return;
+        EMBEDDED.delete(key);
+        await db.close();
+      },
     });
   }
 

@@ -27,7 +27,8 @@ import { DEV_ADMIN, DEV_AUDIENCE, startDevIssuer } from './oidc-issuer.ts';
 //   broker-key.json        the enclave's broker key, from its registration (shown once by the control plane)
 //   snapshot.json          the enclave's policy snapshot, written by the broker for llmproxy and the gateway
 //   agent/                 the demo agent's identity files, kept by its agent-login (jwt, refresh-token …)
-//   audit/<component>      each component's audit store (PGlite), fed by its WAL under wal/<component>
+//   audit/controlplane     the control plane's audit store (PGlite), fed by its WAL under wal/controlplane
+//   audit/enclave          the enclave's audit store, shared by the broker, llmproxy and the gateway (wal/<component>)
 //   dev.json               the facts for scripts, written once everything answers, kept fresh, removed at stop
 //
 // Everything is set up through the product's own paths: the operators' API creates the demo org, group,
@@ -167,8 +168,11 @@ async function start(
   const ca = await readFile(certs.caCert, 'utf8');
   const tls = { tlsCert: certs.serverCert, tlsKey: certs.serverKey };
   const logs = { logFormat: 'text' as const, logLevel: o.logLevel };
+  // Two audit stores, as in production: the control plane's own, and the enclave's, which the broker,
+  // llmproxy and the gateway share (each through its own WAL), so the broker's audit routes
+  // (`dvx audit tail --local`) show the agents' LLM calls and network flows.
   const audit = (component: string) => ({
-    auditDsn: `pglite://${join(dir, 'audit', component)}`,
+    auditDsn: `pglite://${join(dir, 'audit', component === 'controlplane' ? 'controlplane' : 'enclave')}`,
     auditWalDir: join(dir, 'wal', component),
   });
 
