@@ -63,7 +63,10 @@ t.test('orgs: bad input fails locally, exit 2, nothing sent', async (t) => {
   const status = await cli.as('root', ['orgs', 'set', 'acme', '--status', 'gone']);
   t.equal(status.code, 2);
   const list = await cli.as('root', ['orgs', 'list']);
-  t.notOk((JSON.parse(list.stdout) as { id: string }[]).some((o) => o.id === 'zeta'), 'nothing created');
+  t.notOk(
+    (JSON.parse(list.stdout) as { id: string }[]).some((o) => o.id === 'zeta'),
+    'nothing created',
+  );
 });
 
 t.test('groups: create, list, delete; --org is required', async (t) => {
