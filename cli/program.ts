@@ -8,6 +8,18 @@ import { agentLoginCommand } from './agent-login.ts';
 import { CliError, ProblemAnswerError } from './errors.ts';
 import { whoamiCommand } from './commands/whoami.ts';
 import { profileCommand } from './commands/profile.ts';
+import { orgsCommand } from './commands/orgs.ts';
+import { groupsCommand } from './commands/groups.ts';
+import { membersCommand } from './commands/members.ts';
+import { rolesCommand } from './commands/roles.ts';
+import { grantCommand } from './commands/grant.ts';
+import { serviceAccountsCommand } from './commands/service-accounts.ts';
+import { idpConnectorsCommand } from './commands/idp-connectors.ts';
+import { enclavesCommand } from './commands/enclaves.ts';
+import { agentCommand } from './commands/agent.ts';
+import { erasureCommand } from './commands/erasure.ts';
+import { openapiCommand } from './commands/openapi.ts';
+import { completionCommand } from './commands/completion.ts';
 import { EXIT_USAGE } from './exit-codes.ts';
 import pkg from '../package.json' with { type: 'json' };
 
@@ -28,6 +40,18 @@ export function buildProgram(): Command {
   // Operator commands (docs/cli.md).
   program.addCommand(whoamiCommand());
   program.addCommand(profileCommand());
+  program.addCommand(orgsCommand());
+  program.addCommand(groupsCommand());
+  program.addCommand(membersCommand());
+  program.addCommand(rolesCommand());
+  program.addCommand(grantCommand());
+  program.addCommand(serviceAccountsCommand());
+  program.addCommand(idpConnectorsCommand());
+  program.addCommand(enclavesCommand());
+  program.addCommand(agentCommand());
+  program.addCommand(erasureCommand());
+  program.addCommand(openapiCommand());
+  program.addCommand(completionCommand());
   const all = (c: Command): Command[] => [c, ...c.commands.flatMap(all)];
   for (const c of all(program)) {
     c.exitOverride();
