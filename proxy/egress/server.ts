@@ -28,6 +28,7 @@ import { openLlmproxyRoute } from './llmproxy-route.ts';
 import { gatewayMetrics } from './metrics.ts';
 import { openOperatorTokens } from './operator-tokens.ts';
 import { validateGatewayOptions, type GatewayOptions } from './options.ts';
+import { LookupLimiter } from './lookup-limits.ts';
 import { systemLookup, type Lookup } from './resolve.ts';
 import pkg from '../../package.json' with { type: 'json' };
 
@@ -37,8 +38,9 @@ import pkg from '../../package.json' with { type: 'json' };
 // not hold refuses the start; what was opened before it is closed again.
 //
 // Shutdown, in order: stop accepting; refuse new attempts on open connections (503); let tunnels and
-// requests in flight finish within DRAIN_GRACE_MS, then close them; close the interceptor, the routes,
-// the engine and the sources; flush and close the audit sink last, so every flow's record is in it.
+// requests in flight finish within DRAIN_GRACE_MS, then cut them (both sides of every tunnel) and wait
+// for their records to reach the sink; close the interceptor, the routes, the engine and the sources;
+// flush and close the audit sink last, so every flow's record is in it.
 
 /** How long open tunnels and requests get to finish at shutdown before they are closed. */
 export const DRAIN_GRACE_MS = 5_000;
@@ -90,7 +92,13 @@ export async function startGateway(input: Partial<GatewayOptions>, start: Gatewa
   };
   try {
     const policies = new PolicyCache<ResolvedPolicy>();
-    const snapshotFile = await openSnapshotFile(options.policySnapshot, log, () => policies.invalidate());
+    // Each reload re-checks every open flow (Gateway.recheck): a tunnel or request the new snapshot
+    // refuses (a suspended agent, a new deny rule) is cut, not left running until it ends.
+    let reloaded = () => {};
+    const snapshotFile = await openSnapshotFile(options.policySnapshot, log, () => {
+      policies.invalidate();
+      reloaded();
+    });
     opened.push(() => snapshotFile?.close());
     const secrets = await openSecretSource(options, brokerCa, log);
     opened.push(() => secrets.close());
@@ -137,7 +145,7 @@ export async function startGateway(input: Partial<GatewayOptions>, start: Gatewa
       cliRules,
       injectRules,
       upstreamCa,
-      lookup: start.lookup ?? systemLookup,
+      lookup: new LookupLimiter(start.lookup ?? systemLookup, log).lookup,
       interceptor: null,
       // Replaced below, once every dependency it may read is in place.
       exchange: (req, res) => {
@@ -156,6 +164,7 @@ export async function startGateway(input: Partial<GatewayOptions>, start: Gatewa
     opened.push(() => deps.interceptor?.close());
 
     const gateway = new Gateway(deps);
+    reloaded = gateway.recheck;
     const limiter = new ServerLimiter(options, { listener: 'gateway', registry, log, answer: clientErrorAnswer });
     const server = https.createServer({
       cert: tls.cert,
