@@ -49,6 +49,8 @@ export interface RunningGateway {
   port: number;
   metricsPort: number | null;
   deps: GatewayDeps;
+  /** The bound on name lookups (lookup-limits.ts): how many run and wait now. */
+  lookups: LookupLimiter;
   /** Graceful: tunnels get DRAIN_GRACE_MS, audit is flushed. */
   close(): Promise<void>;
 }
@@ -130,6 +132,7 @@ export async function startGateway(input: Partial<GatewayOptions>, start: Gatewa
     });
     const durableAudit = Boolean(options.auditDsn) || start.durableAudit === true;
 
+    const lookups = new LookupLimiter(start.lookup ?? systemLookup, log);
     const deps: GatewayDeps = {
       options,
       auth: jwks.auth,
@@ -145,7 +148,7 @@ export async function startGateway(input: Partial<GatewayOptions>, start: Gatewa
       cliRules,
       injectRules,
       upstreamCa,
-      lookup: new LookupLimiter(start.lookup ?? systemLookup, log).lookup,
+      lookup: lookups.lookup,
       interceptor: null,
       // Replaced below, once every dependency it may read is in place.
       exchange: (req, res) => {
@@ -216,6 +219,7 @@ export async function startGateway(input: Partial<GatewayOptions>, start: Gatewa
       port: (server.address() as AddressInfo).port,
       metricsPort: metricsServer?.port ?? null,
       deps,
+      lookups,
       close: () =>
         (closing ??= (async () => {
           const stopped = new Promise<void>((resolve) => server.close(() => resolve()));

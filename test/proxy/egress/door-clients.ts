@@ -65,3 +65,64 @@ export function flowsOf(h: GatewayHarness, id: unknown): Record<string, unknown>
 export function flows(h: GatewayHarness): Record<string, unknown>[] {
   return h.audit.filter((r) => r.table === 'network_flow');
 }
+
+/**
+ * One HTTP/1.1 exchange on an open connection (kept alive between calls): writes `request`, reads one
+ * answer (a content-length or chunked body). Rejects when the connection closes first.
+ */
+export function exchangeOn(
+  socket: tls.TLSSocket,
+  request: string,
+): Promise<{ status: number; headers: Record<string, string>; body: string }> {
+  return new Promise((resolve, reject) => {
+    let buf = Buffer.alloc(0);
+    const done = (answer: { status: number; headers: Record<string, string>; body: string }) => {
+      socket.off('data', onData);
+      socket.off('close', onClose);
+      resolve(answer);
+    };
+    const onClose = () => {
+      socket.off('data', onData);
+      reject(new Error(`connection closed before an answer: ${buf.toString('latin1').slice(0, 200)}`));
+    };
+    const onData = (chunk: Buffer) => {
+      buf = Buffer.concat([buf, chunk]);
+      const end = buf.indexOf('\r\n\r\n');
+      if (end < 0) return;
+      const [line, ...rest] = buf.subarray(0, end).toString('latin1').split('\r\n');
+      const headers: Record<string, string> = {};
+      for (const l of rest) {
+        const c = l.indexOf(':');
+        if (c > 0) headers[l.slice(0, c).trim().toLowerCase()] = l.slice(c + 1).trim();
+      }
+      const status = Number(/^HTTP\/1\.1 (\d{3})/.exec(line)?.[1] ?? 0);
+      const body = buf.subarray(end + 4);
+      if (headers['content-length'] !== undefined) {
+        const n = Number(headers['content-length']);
+        if (body.length >= n) done({ status, headers, body: body.subarray(0, n).toString('utf8') });
+        return;
+      }
+      if (/chunked/i.test(headers['transfer-encoding'] ?? '')) {
+        let at = 0;
+        let out = '';
+        for (;;) {
+          const nl = body.indexOf('\r\n', at);
+          if (nl < 0) return;
+          const size = Number.parseInt(body.subarray(at, nl).toString('latin1'), 16);
+          if (size === 0) {
+            if (body.indexOf('\r\n\r\n', nl - 2) < 0) return;
+            done({ status, headers, body: out });
+            return;
+          }
+          if (body.length < nl + 2 + size + 2) return;
+          out += body.subarray(nl + 2, nl + 2 + size).toString('utf8');
+          at = nl + 2 + size + 2;
+        }
+      }
+      done({ status, headers, body: body.toString('utf8') });
+    };
+    socket.on('data', onData);
+    socket.on('close', onClose);
+    socket.write(request);
+  });
+}
