@@ -170,8 +170,11 @@ export const CLIENT_GONE = 'client went away';
 const SHUTDOWN_CUT = 'the gateway is shutting down';
 /** How long the records of what the shutdown cut (and of attempts still being admitted) are waited for. */
 const RECORD_WAIT_MS = 5_000;
-/** Bytes a CONNECT's client may send while its attempt is admitted (kept for the tunnel); past them it is not read until then. */
-const MAX_EARLY_BYTES = 64 * 1024;
+/**
+ * Bytes a CONNECT's client may send while its attempt is admitted (kept for the tunnel); past them it
+ * is not read until then. A socket's own high-water mark: no more than node would buffer unasked.
+ */
+const MAX_EARLY_BYTES = 16 * 1024;
 
 /**
  * A flow the gateway let through that is still open (a tunnel, an absolute-form request in flight):
@@ -612,7 +615,6 @@ export class Gateway {
       snapshot: null,
     });
     const left = (): Admission => ({ flow, target: null, refusal: null, left: true, credential, snapshot: null });
-    if (watch.gone()) return left();
     try {
       if (who.error) {
         d.metrics.authFailures.inc({ reason: who.error.reason });
@@ -633,6 +635,8 @@ export class Gateway {
           }),
         );
       }
+      // The identity check may have waited (a JWKS fetch): a client gone meanwhile is not served.
+      if (watch.gone()) return left();
       // The snapshot current once the caller is known: a suspension that landed meanwhile applies.
       const snapshot = d.snapshot();
       const standing = agentStanding(snapshot, who.identity);

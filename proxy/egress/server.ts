@@ -99,7 +99,11 @@ export async function startGateway(input: Partial<GatewayOptions>, start: Gatewa
     let reloaded = () => {};
     const snapshotFile = await openSnapshotFile(options.policySnapshot, log, () => {
       policies.invalidate();
-      reloaded();
+      try {
+        reloaded();
+      } catch (err) {
+        log.error({ err }, 'open flows not re-checked after the snapshot reload');
+      }
     });
     opened.push(() => snapshotFile?.close());
     const secrets = await openSecretSource(options, brokerCa, log);

@@ -126,3 +126,14 @@ export function exchangeOn(
     socket.write(request);
   });
 }
+
+/** Whether the gateway closed `c` within `ms` (a bound, so that a connection never cut fails the test, not hangs it). */
+export function closedWithin(c: HeldConnection, ms = 10_000): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  return Promise.race([
+    c.closed.then(() => true),
+    new Promise<boolean>((resolve) => {
+      timer = setTimeout(() => resolve(false), ms);
+    }),
+  ]).finally(() => clearTimeout(timer));
+}
