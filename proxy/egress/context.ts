@@ -29,6 +29,7 @@ import type { BoundedLookup } from './lookup-limits.ts';
 //   exchange.ts      one HTTP request forwarded: capture, inspection, credential injection, and the
 //                    route (the destination, llmproxy for --llm-host, the control plane for --cp-api-host)
 //   llmproxy-route.ts, operator-tokens.ts, inject-cred.ts   what exchange.ts uses for those routes
+//   lookup-limits.ts  name lookups bounded (thread pool share, one per agent, queue, deadline)
 
 /** Where an agent asked to go: the CONNECT authority or the absolute-form URL's. */
 export interface Target {
