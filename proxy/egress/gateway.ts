@@ -7,7 +7,14 @@ import { certificateIdentity, type AgentIdentity } from '../llm/auth.ts';
 import { AuthError } from '../llm/errors.ts';
 import { governanceOf } from '../../pipeline/policy/snapshot-governance.ts';
 import type { Snapshot } from '../../pipeline/policy/snapshot.ts';
-import { Flow, type FlowProto, type GatewayDeps, type PinnedTarget, type Target } from './context.ts';
+import {
+  type DestinationGates,
+  Flow,
+  type FlowProto,
+  type GatewayDeps,
+  type PinnedTarget,
+  type Target,
+} from './context.ts';
 import { decideResolved, decideRouted, destinationGates, refuseByName } from './destination.ts';
 import {
   ANSWERS,
@@ -333,9 +340,11 @@ export class Gateway {
    * `policy changed: <why>`.
    */
   readonly recheck = (): void => {
+    // One agent's gates are computed once per reload, however many flows it holds open.
+    const gates = new Map<string, DestinationGates>();
     for (const open of [...this.#open.values()]) {
       if (open.flow.recorded) continue;
-      const refusal = this.#refusedNow(open.credential, open.target);
+      const refusal = this.#refusedNow(open.credential, open.target, gates);
       if (refusal === null) continue;
       const reason = `policy changed: ${refusal.reason}`;
       this.#d.log.warn(
@@ -347,13 +356,22 @@ export class Gateway {
   };
 
   /** Whether the current snapshot refuses an admitted flow: its agent's standing, then its destination. */
-  #refusedNow(credential: AgentIdentity, target: PinnedTarget): GatewayRefusal | null {
+  #refusedNow(
+    credential: AgentIdentity,
+    target: PinnedTarget,
+    cache: Map<string, DestinationGates> = new Map(),
+  ): GatewayRefusal | null {
     const d = this.#d;
     const snapshot = d.snapshot();
     const standing = agentStanding(snapshot, credential);
     if (standing.refused) return new GatewayRefusal(ANSWERS.agentRefused, standing.reason);
     const id = standing.identity;
-    const gates = destinationGates(governanceOf(snapshot, id.orgId, id.groupId, id.agentId), d.cliRules);
+    const key = JSON.stringify([id.orgId, id.groupId, id.agentId]);
+    let gates = cache.get(key);
+    if (gates === undefined) {
+      gates = destinationGates(governanceOf(snapshot, id.orgId, id.groupId, id.agentId), d.cliRules);
+      cache.set(key, gates);
+    }
     const verdict =
       target.address === ''
         ? decideRouted(gates, target)
