@@ -127,6 +127,10 @@ function validateRule(v: unknown, path: string): Rule {
   if (o.cidr !== undefined) {
     if (typeof o.cidr !== 'string') fail(`${path}.cidr`, 'must be a string');
     const [addr, bits, extra] = (o.cidr as string).split('/');
+    // node's isIP accepts an IPv6 zone id (`fe80::1%eth0`); a zone names an interface of one host, not
+    // a network a rule can match, and no address the gateway compares carries one.
+    if ((addr ?? '').includes('%'))
+      fail(`${path}.cidr`, 'must not carry an IPv6 zone id (fe80::1%eth0): name the network alone (fe80::/64)');
     const family = isIP(addr ?? '');
     if (
       !family ||

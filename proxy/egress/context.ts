@@ -16,6 +16,7 @@ import type { SecretSource } from '../llm/secrets-file.ts';
 import type { GatewayOptions } from './options.ts';
 import type { InjectRule } from './inject-cred.ts';
 import type { GatewayMetrics } from './metrics.ts';
+import type { BoundedLookup } from './lookup-limits.ts';
 
 // What the gateway's parts share (docs/gateway.md): the dependencies built once at start, the
 // destination an agent asked for, and the flow — one attempt (a CONNECT tunnel, or one plain-HTTP
@@ -28,6 +29,7 @@ import type { GatewayMetrics } from './metrics.ts';
 //   exchange.ts      one HTTP request forwarded: capture, inspection, credential injection, and the
 //                    route (the destination, llmproxy for --llm-host, the control plane for --cp-api-host)
 //   llmproxy-route.ts, operator-tokens.ts, inject-cred.ts   what exchange.ts uses for those routes
+//   lookup-limits.ts  name lookups bounded (thread pool share, one per agent, queue, deadline)
 
 /** Where an agent asked to go: the CONNECT authority or the absolute-form URL's. */
 export interface Target {
@@ -76,8 +78,21 @@ export class Flow {
   findings: Finding[] = [];
   /** The record was already appended. */
   recorded = false;
+  /**
+   * Why the gateway cut this flow while it was open (a snapshot reload that now refuses it, the end of
+   * the shutdown grace); null when it was not. The first cut wins and overrides the outcome and reason
+   * the flow's own ending would give (flow-record.ts): cut twice, it is still one record with one reason.
+   */
+  cutReason: string | null = null;
+  /** Settles once the record has been handed to the audit sink and the sink has taken it (or failed). */
+  readonly written: Promise<void>;
+  /** Settles `written`; called by recordFlow. */
+  settleWritten: () => void = () => {};
 
   constructor(proto: FlowProto, src: { address: string; port: number }, target: Target) {
+    this.written = new Promise<void>((resolve) => {
+      this.settleWritten = resolve;
+    });
     this.proto = proto;
     this.src = `${src.address}:${src.port}`;
     this.srcIp = src.address;
@@ -105,8 +120,12 @@ export interface GatewayDeps {
   injectRules: readonly InjectRule[];
   /** Extra CA bundle trusted for TLS the gateway originates (--upstream-ca), with the system's. */
   upstreamCa: Buffer | undefined;
-  /** Resolves a name to every address (dns.lookup all); injected so a test can name what a host resolves to. */
-  lookup: (host: string) => Promise<{ address: string; family: 4 | 6 }[]>;
+  /**
+   * Resolves a name to every address, bounded (lookup-limits.ts): a global cap on lookups running in
+   * libuv's thread pool, one at a time per agent, a deadline. The system lookup underneath is injected
+   * so a test can name what a host resolves to.
+   */
+  lookup: BoundedLookup;
   /** Terminates a tunnel's TLS and serves the requests inside (intercept.ts); null without --ca-cert. */
   interceptor: Interceptor | null;
   /** Forwards one HTTP request (exchange.ts). */
@@ -158,6 +177,11 @@ export interface Interceptor {
    * answered: `tunnel`'s bytes and attrs are then final, and its opener records it.
    */
   serve(client: Duplex, head: Buffer, target: PinnedTarget, tunnel: Flow): Promise<void>;
+  /**
+   * The tunnel served on `client` is being cut (a reload refuses it, shutdown): each request still in
+   * flight inside it gets `reason` as its record's; returns those flows (their records follow).
+   */
+  cut(client: Duplex, reason: string): Flow[];
   close(): Promise<void>;
 }
 

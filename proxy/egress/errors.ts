@@ -50,6 +50,8 @@ export const ANSWERS = {
     'Request rejected: the audit record could not be made durable.',
   ),
   shuttingDown: jsonAnswer(503, 'overloaded_error', 'gateway is shutting down'),
+  /** Too many name lookups waiting (lookup-limits.ts): refused at once rather than queued without end. */
+  lookupsBusy: jsonAnswer(503, 'overloaded_error', 'too many destination name lookups in progress; try again'),
   tooLarge: jsonAnswer(413, 'request_too_large', 'request body exceeds 32 MB'),
 } as const;
 
@@ -100,3 +102,9 @@ export class OperatorTokenError extends coded('DVX_GATEWAY_OPERATOR_TOKEN') {
     this.status = status;
   }
 }
+
+/**
+ * Too many name lookups wait already (in all, or for this agent behind its own running one): the
+ * attempt is refused 503 at once instead of queued (lookup-limits.ts).
+ */
+export class LookupBusyError extends coded('DVX_GATEWAY_LOOKUPS_BUSY') {}

@@ -6,6 +6,7 @@ import { ANSWERS, GatewayRefusal, MissingCredentialError, OperatorTokenError } f
 import { credentialUnavailable, operatorTokenRefused } from './exchange-answers.ts';
 import { injectionsFor, rulesFor } from './inject-cred.ts';
 import type { PinnedPools } from './pinned-pools.ts';
+import { lookupRefusal } from './resolve.ts';
 
 // Where one exchange goes and what the gateway adds to it (docs/gateway.md, "Interception and
 // capture", "Credential injection"):
@@ -138,12 +139,12 @@ export async function routeOf(
     if (target.address !== '') addresses = [{ address: target.address, family: target.family }];
     else
       try {
-        addresses = await deps.lookup(target.host);
+        addresses = await deps.lookup(target.host, {
+          agent: identity.agentId,
+          timeoutMs: deps.options.connectTimeout,
+        });
       } catch (err) {
-        throw new GatewayRefusal(
-          ANSWERS.upstreamFailed,
-          `cannot resolve ${target.host}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`,
-        );
+        throw lookupRefusal(target.host, deps.options.connectTimeout, err);
       }
     if (addresses.length === 0) throw new GatewayRefusal(ANSWERS.upstreamFailed, `cannot resolve ${target.host}`);
     const { address, family } = addresses[0];

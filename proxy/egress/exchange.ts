@@ -266,6 +266,11 @@ class Exchange {
     } catch {
       throw new GatewayRefusal(refusedShape('the request target does not parse'), 'bad request target');
     }
+    if (url.username !== '' || url.password !== '' || /^[a-z]+:\/\/[^/?#]*@/i.test(raw))
+      throw new GatewayRefusal(
+        refusedShape('a URL with credentials (user:password@) is refused'),
+        'credentials in the request target',
+      );
     const port = url.port === '' ? (url.protocol === 'https:' ? 443 : 80) : Number(url.port);
     if (
       url.protocol !== `${this.#scheme}:` ||
@@ -283,7 +288,8 @@ class Exchange {
   #checkHost(): void {
     const host = this.#req.headers.host;
     if (host === undefined) return; // HTTP/1.0: node requires Host of HTTP/1.1 requests
-    const m = /^(\[[0-9a-fA-F:.]+\]|[^:[\]]+)(?::(\d{1,5}))?$/.exec(host);
+    // A name of host characters only: `Host: denied@allowed` is refused, never read as `allowed`.
+    const m = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+)(?::(\d{1,5}))?$/.exec(host);
     if (m === null) throw new GatewayRefusal(refusedShape('the Host header does not parse'), 'bad Host header');
     if (canonicalHost(m[1]) !== this.#target.host || (m[2] !== undefined && Number(m[2]) !== this.#target.port))
       throw new GatewayRefusal(EXCHANGE_ANSWERS.misdirected, `Host ${host.slice(0, 255)} is not ${this.#flow.dst}`);

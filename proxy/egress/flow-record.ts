@@ -48,8 +48,8 @@ export function flowRecord(deps: GatewayDeps, flow: Flow): Record<string, unknow
     dst_host: flow.dstHost,
     dst_ip: flow.dstIp,
     dst_port: flow.dstPort,
-    outcome: flow.outcome,
-    reason: flow.reason,
+    outcome: flow.cutReason !== null ? 'deny' : flow.outcome,
+    reason: flow.cutReason ?? flow.reason,
     source: 'gateway',
     attrs,
   };
@@ -64,15 +64,21 @@ export function recordFlow(deps: GatewayDeps, flow: Flow): void {
   if (flow.recorded) return;
   flow.recorded = true;
   const m = deps.metrics;
-  m.flows.inc({ proto: flow.proto, outcome: flow.outcome });
+  m.flows.inc({ proto: flow.proto, outcome: flow.cutReason !== null ? 'deny' : flow.outcome });
   // A terminated tunnel's bytes are those of the requests inside it, each counted with its own flow.
   const counted = flow.attrs.intercepted !== 'true';
   if (counted && flow.bytesUp > 0) m.bytes.inc({ direction: 'up' }, flow.bytesUp);
   if (counted && flow.bytesDown > 0) m.bytes.inc({ direction: 'down' }, flow.bytesDown);
   m.duration.observe({ proto: flow.proto }, (performance.now() - flow.started) / 1000);
-  if (flow.identity === null) return;
+  if (flow.identity === null) {
+    flow.settleWritten();
+    return;
+  }
   const record = flowRecord(deps, flow);
-  deps.audit.append('network_flow', record).catch((err: Error) => {
-    deps.log.error({ err, flow_id: flow.id }, 'network_flow record lost');
-  });
+  deps.audit
+    .append('network_flow', record)
+    .catch((err: Error) => {
+      deps.log.error({ err, flow_id: flow.id }, 'network_flow record lost');
+    })
+    .finally(() => flow.settleWritten());
 }

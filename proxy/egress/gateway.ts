@@ -6,8 +6,16 @@ import { agentStanding } from '../llm/agent-standing.ts';
 import { certificateIdentity, type AgentIdentity } from '../llm/auth.ts';
 import { AuthError } from '../llm/errors.ts';
 import { governanceOf } from '../../pipeline/policy/snapshot-governance.ts';
-import { Flow, type FlowProto, type GatewayDeps, type PinnedTarget, type Target } from './context.ts';
-import { destinationGates, refuseByName } from './destination.ts';
+import type { Snapshot } from '../../pipeline/policy/snapshot.ts';
+import {
+  type DestinationGates,
+  Flow,
+  type FlowProto,
+  type GatewayDeps,
+  type PinnedTarget,
+  type Target,
+} from './context.ts';
+import { decideResolved, decideRouted, destinationGates, refuseByName } from './destination.ts';
 import {
   ANSWERS,
   badProxyRequest,
@@ -43,6 +51,8 @@ const HEALTH_PATH = '/healthz';
 const MAX_RECORDED_TARGET = 256;
 /** A CONNECT authority: a host name or IPv4 address, or an IPv6 address in brackets, then a port. */
 const AUTHORITY = /^(?:\[([0-9a-f:.]+)\]|([a-z0-9_.-]+)):([0-9]{1,5})$/i;
+const MAX_NAME = 253;
+const MAX_LABEL = 63;
 const BEARER = /^bearer[ \t]+([^\s]+)[ \t]*$/i;
 const CONTROL = /[\u0000-\u0020\u007f]/;
 
@@ -63,6 +73,9 @@ function printable(text: string): string {
  * `[::ffff:127.0.0.1]`).
  */
 function parseHost(host: string): string | null {
+  // Host characters only: the URL parser would read `denied@allowed` as `allowed` (userinfo) and
+  // decode `%61`; a name is matched against the rules as the agent wrote it, or refused.
+  if (!/^(?:\[[0-9a-f:.]+\]|[a-z0-9_.-]+)$/i.test(host)) return null;
   let parsed: string;
   try {
     parsed = new URL(`http://${host}/`).hostname;
@@ -75,7 +88,12 @@ function parseHost(host: string): string | null {
     const [hi, lo] = [Number.parseInt(mapped[1], 16), Number.parseInt(mapped[2], 16)];
     return `${hi >> 8}.${hi & 255}.${lo >> 8}.${lo & 255}`;
   }
-  return h === '' ? null : h;
+  if (h === '') return null;
+  // A DNS name is at most 253 bytes in 63-byte labels (RFC 1035 2.3.4); anything longer is not a
+  // name any resolver answers, only a way to make the gateway and its logs carry it.
+  if (isIP(h) === 0 && (h.length > MAX_NAME || h.split('.').some((l) => l.length === 0 || l.length > MAX_LABEL)))
+    return null;
+  return h;
 }
 
 function parsePort(text: string): number | null {
@@ -99,7 +117,7 @@ export function connectTarget(authority: string): Target {
     return { host: parseHost(`[${m![1]}]`)!, port: port! };
   }
   const host = parseHost(m![2]);
-  if (host === null) bad(`"${m![2]}" is not a host name`);
+  if (host === null) bad(`"${printable(m![2])}" is not a host name (at most 253 bytes, each label 1 to 63)`);
   return { host: host!, port: port! };
 }
 
@@ -121,8 +139,10 @@ export function absoluteTarget(rawUrl: string): Target {
     bad(`${url.protocol}// is not forwarded: only http:// in absolute form, and CONNECT tunnels`);
   if (url.username !== '' || url.password !== '' || /^[a-z]+:\/\/[^/?#]*@/i.test(rawUrl))
     bad('a URL with credentials (user:password@) is refused');
-  const host = parseHost(url.host.replace(/:\d*$/, '')) ?? '';
-  if (host === '') bad('the URL names no host');
+  const named = url.host.replace(/:\d*$/, '');
+  if (named === '') bad('the URL names no host');
+  const host = parseHost(named) ?? '';
+  if (host === '') bad(`"${printable(named)}" is not a host name (at most 253 bytes, each label 1 to 63)`);
   const port = url.port === '' ? 80 : parsePort(url.port);
   if (port === null) bad('the port must be 1..65535');
   return { host, port: port! };
@@ -139,7 +159,7 @@ export function hostHeaderProblem(rawHeaders: string[], target: Target, defaultP
   if (values.length === 0) return null;
   if (values.length > 1) return 'more than one Host header';
   const value = values[0].trim();
-  const m = /^(\[[0-9a-f:.]+\]|[^:[\]]+)(?::([0-9]*))?$/i.exec(value);
+  const m = /^(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)(?::([0-9]*))?$/i.exec(value);
   const host = m ? parseHost(m[1]) : null;
   if (!m || host === null) return `the Host header "${printable(value)}" is not host[:port]`;
   const port = m[2] ? parsePort(m[2]) : defaultPort;
@@ -151,26 +171,139 @@ export function hostHeaderProblem(rawHeaders: string[], target: Target, defaultP
 /** Identity of an attempt, or why there is none (the error's identity is set when the token's signature verified). */
 type Identified = { identity: AgentIdentity; error: null } | { identity: AgentIdentity | null; error: AuthError };
 
+/** The record's reason for an attempt whose client left while it was being admitted. */
+export const CLIENT_GONE = 'client went away';
+/** Why what is still open when the shutdown grace ends is cut. */
+const SHUTDOWN_CUT = 'the gateway is shutting down';
+/** How long the records of what the shutdown cut (and of attempts still being admitted) are waited for. */
+const RECORD_WAIT_MS = 5_000;
+/**
+ * Bytes a CONNECT's client may send while its attempt is admitted (kept for the tunnel); past them it
+ * is not read until then. A socket's own high-water mark: no more than node would buffer unasked.
+ */
+const MAX_EARLY_BYTES = 16 * 1024;
+
+/**
+ * A flow the gateway let through that is still open (a tunnel, an absolute-form request in flight):
+ * re-checked on every snapshot reload, cut at the end of the shutdown grace. It leaves the set once
+ * its record is written.
+ */
+interface OpenFlow {
+  flow: Flow;
+  /** The identity as its credential proved it, before the snapshot completed it: re-checked as admitted. */
+  credential: AgentIdentity;
+  target: PinnedTarget;
+  /**
+   * Ends it now, both sides, its record saying why (the first cut's reason: cut twice, one record);
+   * `answer` for a tunnel not yet answered. Returns the flows inside it whose records follow.
+   */
+  cut(reason: string, answer: GatewayAnswer): Flow[];
+}
+
+/** An attempt's client, watched while the attempt is admitted (identity, policy, the name lookup). */
+interface ClientWatch {
+  gone(): boolean;
+  /** Aborted when the client leaves: a lookup waiting for a slot stops waiting. */
+  signal: AbortSignal;
+  /** Stops watching; returns what the client sent meanwhile after `head` (a CONNECT's), for the tunnel. */
+  release(): Buffer;
+}
+
+/**
+ * A CONNECT's socket is read while its attempt is admitted, so that a client that leaves (its FIN, its
+ * reset) is seen: nothing is opened toward the destination for it. What it sends meanwhile (a TLS
+ * ClientHello, sent eagerly) is kept, in order, up to MAX_EARLY_BYTES, then the socket is no longer read.
+ */
+function watchConnectClient(socket: Duplex, head: Buffer): ClientWatch {
+  const controller = new AbortController();
+  const chunks: Buffer[] = [head];
+  let size = head.length;
+  let gone = false;
+  const leave = () => {
+    if (gone) return;
+    gone = true;
+    controller.abort(new Error(CLIENT_GONE));
+  };
+  const onData = (chunk: Buffer) => {
+    chunks.push(chunk);
+    size += chunk.length;
+    if (size >= MAX_EARLY_BYTES) socket.pause();
+  };
+  socket.on('data', onData);
+  socket.once('end', leave);
+  socket.once('close', leave);
+  return {
+    gone: () => gone || socket.destroyed,
+    signal: controller.signal,
+    release: () => {
+      socket.off('data', onData);
+      socket.off('end', leave);
+      socket.off('close', leave);
+      socket.pause();
+      return chunks.length === 1 ? head : Buffer.concat(chunks);
+    },
+  };
+}
+
+/** An absolute-form request's client: gone once its response closed before being answered. */
+function watchRequestClient(req: IncomingMessage, res: ServerResponse): ClientWatch {
+  const controller = new AbortController();
+  let gone = false;
+  const leave = () => {
+    if (gone) return;
+    gone = true;
+    controller.abort(new Error(CLIENT_GONE));
+  };
+  res.once('close', leave);
+  return {
+    gone: () => gone || req.socket.destroyed,
+    signal: controller.signal,
+    release: () => {
+      res.off('close', leave);
+      return Buffer.alloc(0);
+    },
+  };
+}
+
+/** What admission decided: the flow, and either the pinned target, a refusal, or a client that left. */
+interface Admission {
+  flow: Flow;
+  target: PinnedTarget | null;
+  refusal: GatewayRefusal | null;
+  /** The client left during admission: nothing is answered nor opened; the flow is recorded as such. */
+  left: boolean;
+  /** The identity its credential proved (null when refused before that). */
+  credential: AgentIdentity | null;
+  /** The snapshot the attempt was admitted under. */
+  snapshot: Snapshot | null;
+}
+
 export class Gateway {
   readonly #d: GatewayDeps;
   #draining = false;
-  /** CONNECT sockets handed to a tunnel or the interceptor, until they close. */
-  readonly #tunnels = new Set<Duplex>();
-  /** Absolute-form requests handed to the exchange, until their response closes. */
-  #exchanges = 0;
+  /** Flows let through and not yet recorded (tunnels, absolute-form requests in flight). */
+  readonly #open = new Map<Flow, OpenFlow>();
+  /** Attempts being admitted, with the controller that stops their lookup at shutdown. */
+  readonly #admitting = new Map<Promise<void>, AbortController>();
   #idle: (() => void) | null = null;
 
   constructor(deps: GatewayDeps) {
     this.#d = deps;
   }
 
+  /** Flows open now (tunnels, absolute-form requests in flight). */
+  get openFlows(): number {
+    return this.#open.size;
+  }
+
   /**
    * Refuses new attempts (503) and resolves once the tunnels and exchanges in flight have finished, or
-   * after `graceMs`, when the tunnels still open are closed.
+   * after `graceMs`, when what is still open is cut (both sides of every tunnel) and its records are
+   * waited for (at most RECORD_WAIT_MS): the audit sink is flushed after this, with every record in it.
    */
   async drain(graceMs: number): Promise<void> {
     this.#draining = true;
-    if (this.#tunnels.size > 0 || this.#exchanges > 0) {
+    if (this.#open.size > 0 || this.#admitting.size > 0) {
       let timer: NodeJS.Timeout | undefined;
       await Promise.race([
         new Promise<void>((resolve) => (this.#idle = resolve)),
@@ -180,11 +313,90 @@ export class Gateway {
       ]);
       clearTimeout(timer);
     }
-    for (const socket of this.#tunnels) socket.destroy();
+    this.#idle = null;
+    const deadline = new Promise<void>((resolve) => setTimeout(resolve, RECORD_WAIT_MS).unref());
+    // Attempts still being admitted stop their lookup; each refuses itself (shutting down) and is recorded.
+    for (const controller of this.#admitting.values()) controller.abort(new Error(SHUTDOWN_CUT));
+    await Promise.race([Promise.allSettled([...this.#admitting.keys()]), deadline]);
+    const pending: Promise<void>[] = [];
+    for (const open of [...this.#open.values()]) {
+      pending.push(open.flow.written);
+      for (const inner of open.cut(SHUTDOWN_CUT, ANSWERS.shuttingDown)) pending.push(inner.written);
+    }
+    if (pending.length > 0) {
+      this.#d.log.info({ flows: pending.length }, 'shutdown grace over: open flows cut');
+      await Promise.race([Promise.all(pending), deadline]);
+    }
   }
 
   #settled(): void {
-    if (this.#tunnels.size === 0 && this.#exchanges === 0) this.#idle?.();
+    if (this.#open.size === 0 && this.#admitting.size === 0) this.#idle?.();
+  }
+
+  /**
+   * Every open flow checked again against the snapshot now current (the gateway calls this on each
+   * reload): the agent's standing, then the destination policy for the address the flow was pinned to
+   * (a routed host by its name). A flow now refused is cut, its record `deny` with
+   * `policy changed: <why>`.
+   */
+  readonly recheck = (): void => {
+    // One agent's gates are computed once per reload, however many flows it holds open.
+    const gates = new Map<string, DestinationGates>();
+    for (const open of [...this.#open.values()]) {
+      if (open.flow.recorded) continue;
+      const refusal = this.#refusedNow(open.credential, open.target, gates);
+      if (refusal === null) continue;
+      const reason = `policy changed: ${refusal.reason}`;
+      this.#d.log.warn(
+        { flow_id: open.flow.id, agent_id: open.credential.agentId, dst: open.flow.dst, reason },
+        'open flow cut: the policy snapshot now refuses it',
+      );
+      open.cut(reason, refusal.answer);
+    }
+  };
+
+  /** Whether the current snapshot refuses an admitted flow: its agent's standing, then its destination. */
+  #refusedNow(
+    credential: AgentIdentity,
+    target: PinnedTarget,
+    cache: Map<string, DestinationGates> = new Map(),
+  ): GatewayRefusal | null {
+    const d = this.#d;
+    const snapshot = d.snapshot();
+    const standing = agentStanding(snapshot, credential);
+    if (standing.refused) return new GatewayRefusal(ANSWERS.agentRefused, standing.reason);
+    const id = standing.identity;
+    const key = JSON.stringify([id.orgId, id.groupId, id.agentId]);
+    let gates = cache.get(key);
+    if (gates === undefined) {
+      gates = destinationGates(governanceOf(snapshot, id.orgId, id.groupId, id.agentId), d.cliRules);
+      cache.set(key, gates);
+    }
+    const verdict =
+      target.address === ''
+        ? decideRouted(gates, target)
+        : decideResolved(gates, target, [{ address: target.address, family: target.family }]);
+    return verdict.allowed ? null : new GatewayRefusal(destinationRefused(verdict.reason), verdict.reason);
+  }
+
+  /** Registers an open flow until its record is written. */
+  #hold(open: OpenFlow): void {
+    this.#open.set(open.flow, open);
+    open.flow.written.then(() => {
+      this.#open.delete(open.flow);
+      this.#settled();
+    });
+  }
+
+  /** Tracks an attempt while it is admitted (and until it is answered or opened). */
+  #track(run: (abort: AbortSignal) => Promise<void>): Promise<void> {
+    const controller = new AbortController();
+    const p = run(controller.signal).finally(() => {
+      this.#admitting.delete(p);
+      this.#settled();
+    });
+    this.#admitting.set(p, controller);
+    return p;
   }
 
   /** node's 'connect' event: `CONNECT host:port`. The socket is ours from here; its errors too. */
@@ -194,9 +406,10 @@ export class Gateway {
       answerSocket(socket, ANSWERS.shuttingDown, null);
       return;
     }
-    this.#connect(req, socket, head).catch((err: Error) => {
+    this.#track((stop) => this.#connect(req, socket, head, stop)).catch((err: Error) => {
+      // Nothing should reach here (#connect answers its own failures); a client is never left hanging.
       this.#d.log.error({ err }, 'CONNECT failed');
-      socket.destroy();
+      answerSocket(socket, ANSWERS.upstreamFailed, null);
     });
   };
 
@@ -231,103 +444,172 @@ export class Gateway {
       req,
       res,
       () =>
-        this.#request(req, res).catch((err: Error) => {
+        this.#track((stop) => this.#request(req, res, stop)).catch((err: Error) => {
           this.#d.log.error({ err }, 'proxy request failed');
-          if (!res.headersSent) writeAnswer(req, res, ANSWERS.upstreamFailed, null);
+          if (!res.headersSent && !res.destroyed) writeAnswer(req, res, ANSWERS.upstreamFailed, null);
           else res.destroy();
         }),
       (why) => this.#d.log.info({ src: req.socket.remoteAddress }, `pipelined request dropped: ${why}`),
     );
   };
 
-  async #connect(req: IncomingMessage, socket: Duplex, head: Buffer): Promise<void> {
+  async #connect(req: IncomingMessage, socket: Duplex, head: Buffer, stop: AbortSignal): Promise<void> {
     const d = this.#d;
-    const { flow, target, refusal } = await this.#admit(req, socket as TLSSocket, 'tcp', () =>
-      connectTarget(req.url ?? ''),
-    );
-    // A shutdown that began while the attempt was being admitted refuses it: nothing opens past the drain.
+    const watch = watchConnectClient(socket, head);
+    let admission: Admission;
+    try {
+      admission = await this.#admit(req, socket as TLSSocket, 'tcp', () => connectTarget(req.url ?? ''), watch, stop);
+    } finally {
+      head = watch.release();
+    }
+    const { flow, target, refusal, credential, snapshot } = admission;
+    if (admission.left || (refusal === null && watch.gone())) {
+      this.#left(flow);
+      socket.destroy();
+      return;
+    }
+    // A shutdown that began while the attempt was being admitted refuses it: nothing opens past the
+    // drain. A reload that landed meanwhile is applied before anything opens.
     const refused =
-      refusal ?? (this.#draining ? new GatewayRefusal(ANSWERS.shuttingDown, 'the gateway is shutting down') : null);
+      refusal ??
+      (this.#draining ? new GatewayRefusal(ANSWERS.shuttingDown, SHUTDOWN_CUT) : null) ??
+      (d.snapshot() !== snapshot ? this.#refusedNow(credential!, target!) : null);
     if (refused) {
       this.#refuse(flow, refused);
       answerSocket(socket, refused.answer, refused.headers);
       return;
     }
     const pinned = target!;
-    this.#tunnels.add(socket);
-    socket.once('close', () => {
-      this.#tunnels.delete(socket);
-      this.#settled();
-    });
-    if (d.interceptor?.wants(pinned)) {
-      flow.dstIp = pinned.address;
-      flow.attrs.status = '200';
-      d.metrics.tunnelsOpen.inc({ kind: 'intercepted' });
-      socket.once('close', () => d.metrics.tunnelsOpen.dec({ kind: 'intercepted' }));
-      socket.write('HTTP/1.1 200 Connection Established\r\n\r\n');
-      // The tunnel is recorded once the interceptor is done with it (its socket closed, every request
-      // inside answered): its bytes and attrs are final then.
-      const failed = (err: unknown) => {
-        d.log.error({ err, flow_id: flow.id }, 'interception failed');
-        flow.reason = `interception failed: ${(err as Error).message}`;
-        socket.destroy();
-      };
-      try {
-        d.interceptor.serve(socket, head, pinned, flow).then(
-          () => recordFlow(d, flow),
-          (err: unknown) => {
-            failed(err);
-            recordFlow(d, flow);
-          },
-        );
-      } catch (err) {
-        failed(err);
-        recordFlow(d, flow);
+    try {
+      if (d.interceptor?.wants(pinned)) this.#intercept(socket, head, pinned, flow, credential!);
+      else {
+        const tunnel = openTunnel(d, socket as TLSSocket, head, pinned, flow);
+        this.#hold({
+          flow,
+          credential: credential!,
+          target: pinned,
+          cut: (reason, answer) => tunnel.cut(reason, answer),
+        });
       }
-      return;
+    } catch (err) {
+      this.#failed(flow, err);
+      if (!flow.recorded) recordFlow(d, flow);
+      answerSocket(socket, ANSWERS.upstreamFailed, null);
     }
-    openTunnel(d, socket as TLSSocket, head, pinned, flow);
   }
 
-  async #request(req: IncomingMessage, res: ServerResponse): Promise<void> {
+  /** An allowed CONNECT whose TLS the gateway terminates (intercept.ts). */
+  #intercept(socket: Duplex, head: Buffer, pinned: PinnedTarget, flow: Flow, credential: AgentIdentity): void {
     const d = this.#d;
-    const { flow, target, refusal } = await this.#admit(req, req.socket as TLSSocket, 'http', () => {
-      const t = absoluteTarget(req.url ?? '');
-      const hostProblem = hostHeaderProblem(req.rawHeaders, t, 80);
-      if (hostProblem) throw new GatewayRefusal(badProxyRequest(hostProblem), hostProblem);
-      return t;
+    const interceptor = d.interceptor!;
+    flow.dstIp = pinned.address;
+    flow.attrs.status = '200';
+    d.metrics.tunnelsOpen.inc({ kind: 'intercepted' });
+    socket.once('close', () => d.metrics.tunnelsOpen.dec({ kind: 'intercepted' }));
+    this.#hold({
+      flow,
+      credential,
+      target: pinned,
+      cut: (reason) => {
+        if (!flow.recorded) flow.cutReason ??= reason;
+        const inner = interceptor.cut(socket, reason);
+        socket.destroy();
+        return inner;
+      },
     });
+    socket.write('HTTP/1.1 200 Connection Established\r\n\r\n');
+    // The tunnel is recorded once the interceptor is done with it (its socket closed, every request
+    // inside answered): its bytes and attrs are final then.
+    const failed = (err: unknown) => {
+      d.log.error({ err, flow_id: flow.id }, 'interception failed');
+      flow.reason = `interception failed: ${(err as Error).message}`;
+      socket.destroy();
+    };
+    try {
+      interceptor.serve(socket, head, pinned, flow).then(
+        () => recordFlow(d, flow),
+        (err: unknown) => {
+          failed(err);
+          recordFlow(d, flow);
+        },
+      );
+    } catch (err) {
+      failed(err);
+      recordFlow(d, flow);
+    }
+  }
+
+  async #request(req: IncomingMessage, res: ServerResponse, stop: AbortSignal): Promise<void> {
+    const d = this.#d;
+    const watch = watchRequestClient(req, res);
+    let admission: Admission;
+    try {
+      admission = await this.#admit(
+        req,
+        req.socket as TLSSocket,
+        'http',
+        () => {
+          const t = absoluteTarget(req.url ?? '');
+          const hostProblem = hostHeaderProblem(req.rawHeaders, t, 80);
+          if (hostProblem) throw new GatewayRefusal(badProxyRequest(hostProblem), hostProblem);
+          return t;
+        },
+        watch,
+        stop,
+      );
+    } finally {
+      watch.release();
+    }
+    const { flow, target, refusal, credential, snapshot } = admission;
+    flow.attrs.method = req.method ?? '';
+    flow.attrs.url = printable(req.url ?? '');
+    if (admission.left || (refusal === null && watch.gone())) {
+      this.#left(flow);
+      res.destroy();
+      return;
+    }
     const refused =
-      refusal ?? (this.#draining ? new GatewayRefusal(ANSWERS.shuttingDown, 'the gateway is shutting down') : null);
+      refusal ??
+      (this.#draining ? new GatewayRefusal(ANSWERS.shuttingDown, SHUTDOWN_CUT) : null) ??
+      (d.snapshot() !== snapshot ? this.#refusedNow(credential!, target!) : null);
     if (refused) {
-      flow.attrs.method = req.method ?? '';
-      flow.attrs.url = printable(req.url ?? '');
       this.#refuse(flow, refused);
       writeAnswer(req, res, refused.answer, refused.headers);
       return;
     }
+    delete flow.attrs.method;
+    delete flow.attrs.url;
     // The gateway's credential stops here; the agent's own headers go on.
     delete req.headers['proxy-authorization'];
     for (let i = req.rawHeaders.length - 2; i >= 0; i -= 2)
       if (req.rawHeaders[i].toLowerCase() === 'proxy-authorization') req.rawHeaders.splice(i, 2);
-    this.#exchanges++;
-    res.once('close', () => {
-      this.#exchanges--;
-      this.#settled();
+    this.#hold({
+      flow,
+      credential: credential!,
+      target: target!,
+      cut: (reason) => {
+        if (!flow.recorded) flow.cutReason ??= reason;
+        res.destroy();
+        return [];
+      },
     });
     d.exchange(req, res, target!, 'http', flow);
   }
 
   /**
    * Identity, standing, target and destination of one attempt. Returns the flow (for the record) and
-   * either the pinned target or the refusal to answer.
+   * either the pinned target, the refusal to answer, or that the client left meanwhile (checked after
+   * every wait). A failure of the gateway's own once the flow exists is a 502 refusal, recorded; one
+   * before (the identity check failing unexpectedly) is thrown, for the door to answer 502.
    */
   async #admit(
     req: IncomingMessage,
     socket: TLSSocket,
     proto: FlowProto,
     parse: () => Target,
-  ): Promise<{ flow: Flow; target: PinnedTarget | null; refusal: GatewayRefusal | null }> {
+    watch: ClientWatch,
+    stop: AbortSignal,
+  ): Promise<Admission> {
     const d = this.#d;
     const who = await this.#identify(req, socket);
     let target: Target | null = null;
@@ -341,82 +623,106 @@ export class Gateway {
     const flow = new Flow(proto, clientAddress(socket), target ?? { host: '', port: 0 });
     if (target === null) flow.dst = printable(req.url ?? '');
     flow.identity = who.identity;
-    const refused = (refusal: GatewayRefusal) => ({ flow, target: null, refusal });
-    if (who.error) {
-      d.metrics.authFailures.inc({ reason: who.error.reason });
-      d.log.warn(
-        {
-          err: who.error,
-          reason: who.error.reason,
-          flow_id: flow.id,
-          src: flow.src,
-          agent_id: who.identity?.agentId,
-          org_id: who.identity?.orgId,
-        },
-        'agent authentication failed',
-      );
-      return refused(
-        new GatewayRefusal(ANSWERS.proxyAuthRequired, `agent authentication failed: ${who.error.message}`, {
-          'proxy-authenticate': PROXY_AUTHENTICATE,
-        }),
-      );
-    }
-    // The snapshot current once the caller is known: a suspension that landed meanwhile applies.
-    const snapshot = d.snapshot();
-    const standing = agentStanding(snapshot, who.identity);
-    flow.identity = standing.identity;
-    if (standing.refused) {
-      d.log.warn(
-        {
-          flow_id: flow.id,
-          agent_id: who.identity.agentId,
-          token_org: who.identity.orgId,
-          status: standing.status,
-          contained: standing.contained,
-        },
-        standing.why === 'org' ? 'agent org does not match the snapshot' : 'agent refused by its state',
-      );
-      return refused(new GatewayRefusal(ANSWERS.agentRefused, standing.reason));
-    }
-    if (badTarget || target === null) return refused(badTarget!);
-    if (proto === 'tcp') {
-      const hostProblem = hostHeaderProblem(req.rawHeaders, target, null);
-      if (hostProblem) return refused(new GatewayRefusal(badProxyRequest(hostProblem), hostProblem));
-    }
-    const identity = standing.identity;
-    const gates = destinationGates(
-      governanceOf(snapshot, identity.orgId, identity.groupId, identity.agentId),
-      d.cliRules,
-    );
-    const toLlmproxy = d.llmproxy?.matches(target.host) ?? false;
-    const toControlPlane = d.operatorTokens?.matches(target.host, target.port) ?? false;
-    // A tunnel to a host the gateway must govern inside (a route, a credential) is refused unless its
-    // TLS is terminated: a blind tunnel would carry the agent past the route or without the credential.
-    if (proto === 'tcp') {
-      const must = toLlmproxy
-        ? 'its requests are routed to llmproxy'
-        : toControlPlane
-          ? 'its requests carry an agent-operator token'
-          : rulesFor(d.injectRules, target.host, target.port).length > 0
-            ? 'a --inject-cred rule applies to it'
-            : null;
-      if (must !== null && !d.interceptor?.wants(target)) {
-        const reason =
-          refuseByName(gates, target) ??
-          `a tunnel to ${flow.dst} must be intercepted (${must}) and the gateway has no interception CA (--ca-cert)`;
-        return refused(new GatewayRefusal(destinationRefused(reason), reason));
-      }
-    }
+    const credential = who.error ? null : who.identity;
+    const refused = (refusal: GatewayRefusal): Admission => ({
+      flow,
+      target: null,
+      refusal,
+      left: false,
+      credential,
+      snapshot: null,
+    });
+    const left = (): Admission => ({ flow, target: null, refusal: null, left: true, credential, snapshot: null });
     try {
-      const pinned =
-        toLlmproxy || toControlPlane
-          ? admitRouted(gates, target)
-          : await admitDestination(gates, target, d.lookup, d.options.connectTimeout);
+      if (who.error) {
+        d.metrics.authFailures.inc({ reason: who.error.reason });
+        d.log.warn(
+          {
+            err: who.error,
+            reason: who.error.reason,
+            flow_id: flow.id,
+            src: flow.src,
+            agent_id: who.identity?.agentId,
+            org_id: who.identity?.orgId,
+          },
+          'agent authentication failed',
+        );
+        return refused(
+          new GatewayRefusal(ANSWERS.proxyAuthRequired, `agent authentication failed: ${who.error.message}`, {
+            'proxy-authenticate': PROXY_AUTHENTICATE,
+          }),
+        );
+      }
+      // The identity check may have waited (a JWKS fetch): a client gone meanwhile is not served.
+      if (watch.gone()) return left();
+      // The snapshot current once the caller is known: a suspension that landed meanwhile applies.
+      const snapshot = d.snapshot();
+      const standing = agentStanding(snapshot, who.identity);
+      flow.identity = standing.identity;
+      if (standing.refused) {
+        d.log.warn(
+          {
+            flow_id: flow.id,
+            agent_id: who.identity.agentId,
+            token_org: who.identity.orgId,
+            status: standing.status,
+            contained: standing.contained,
+          },
+          standing.why === 'org' ? 'agent org does not match the snapshot' : 'agent refused by its state',
+        );
+        return refused(new GatewayRefusal(ANSWERS.agentRefused, standing.reason));
+      }
+      if (badTarget || target === null) return refused(badTarget!);
+      if (proto === 'tcp') {
+        const hostProblem = hostHeaderProblem(req.rawHeaders, target, null);
+        if (hostProblem) return refused(new GatewayRefusal(badProxyRequest(hostProblem), hostProblem));
+      }
+      const identity = standing.identity;
+      const gates = destinationGates(
+        governanceOf(snapshot, identity.orgId, identity.groupId, identity.agentId),
+        d.cliRules,
+      );
+      const toLlmproxy = d.llmproxy?.matches(target.host) ?? false;
+      const toControlPlane = d.operatorTokens?.matches(target.host, target.port) ?? false;
+      // A tunnel to a host the gateway must govern inside (a route, a credential) is refused unless its
+      // TLS is terminated: a blind tunnel would carry the agent past the route or without the credential.
+      if (proto === 'tcp') {
+        const must = toLlmproxy
+          ? 'its requests are routed to llmproxy'
+          : toControlPlane
+            ? 'its requests carry an agent-operator token'
+            : rulesFor(d.injectRules, target.host, target.port).length > 0
+              ? 'a --inject-cred rule applies to it'
+              : null;
+        if (must !== null && !d.interceptor?.wants(target)) {
+          const reason =
+            refuseByName(gates, target) ??
+            `a tunnel to ${flow.dst} must be intercepted (${must}) and the gateway has no interception CA (--ca-cert)`;
+          return refused(new GatewayRefusal(destinationRefused(reason), reason));
+        }
+      }
+      let pinned: PinnedTarget;
+      try {
+        pinned =
+          toLlmproxy || toControlPlane
+            ? admitRouted(gates, target)
+            : await admitDestination(gates, target, d.lookup, {
+                agent: identity.agentId,
+                timeoutMs: d.options.connectTimeout,
+                signal: AbortSignal.any([watch.signal, stop]),
+              });
+      } catch (err) {
+        if (watch.gone()) return left();
+        if (!(err instanceof GatewayRefusal)) throw err;
+        return refused(err);
+      }
+      if (watch.gone()) return left();
       flow.dstIp = pinned.address;
-      return { flow, target: pinned, refusal: null };
+      return { flow, target: pinned, refusal: null, left: false, credential, snapshot };
     } catch (err) {
-      if (!(err instanceof GatewayRefusal)) throw err;
-      return refused(err);
+      // A failure of the gateway's own: the client gets a 502 and the flow its record, never silence.
+      d.log.error({ err, flow_id: flow.id }, 'attempt admission failed');
+      return refused(new GatewayRefusal(ANSWERS.upstreamFailed, `gateway error: ${(err as Error).message}`));
     }
   }
 
@@ -429,6 +735,8 @@ export class Gateway {
         if (!m) throw new AuthError('malformed', 'Proxy-Authorization must be "Bearer <platform JWT>"');
         return { identity: await this.#d.auth.verifyToken(m[1], null), error: null };
       }
+      // The certificate's validity is checked now, for this attempt, not only at the handshake: a
+      // kept-alive connection outlives it (certificateIdentity refuses one expired since).
       const fromCert = certificateIdentity(socket);
       if (fromCert) return { identity: fromCert, error: null };
       throw new AuthError(
@@ -453,6 +761,25 @@ export class Gateway {
         `attempt refused: ${refusal.reason}`,
       );
     recordFlow(this.#d, flow);
+  }
+
+  /** An attempt whose client left while it was admitted: nothing was opened, nothing is answered; recorded. */
+  #left(flow: Flow): void {
+    flow.outcome = 'deny';
+    flow.reason = CLIENT_GONE;
+    this.#d.log.info(
+      { flow_id: flow.id, agent_id: flow.identity?.agentId, dst: flow.dst },
+      'attempt abandoned: client went away',
+    );
+    recordFlow(this.#d, flow);
+  }
+
+  /** A failure of the gateway's own after admission: the flow's reason. */
+  #failed(flow: Flow, err: unknown): void {
+    this.#d.log.error({ err, flow_id: flow.id }, 'opening the flow failed');
+    flow.outcome = 'deny';
+    flow.reason = `gateway error: ${(err as Error).message}`;
+    flow.attrs.status = '502';
   }
 }
 

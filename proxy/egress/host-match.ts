@@ -25,7 +25,9 @@ export function canonicalHost(host: string): string {
   const family = isIP(h);
   if (family === 6) return ipLiteral(`[${h}]`) ?? h;
   // A name whose last label is a number is an IPv4 address to the URL parser and to getaddrinfo alike.
-  if (family === 0 && NUMERIC_LAST_LABEL.test(h)) return ipLiteral(h) ?? h;
+  // Only a host of name characters is read as an address: the URL parser would find `1.2.3.4` in
+  // `user@1.2.3.4` (userinfo), and a rule must never be matched by what follows an `@`.
+  if (family === 0 && /^[a-z0-9.]+$/.test(h) && NUMERIC_LAST_LABEL.test(h)) return ipLiteral(h) ?? h;
   return h;
 }
 

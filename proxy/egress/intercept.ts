@@ -39,6 +39,8 @@ interface Tunnel {
   /** Requests whose answer has not closed yet. */
   open: number;
   requests: number;
+  /** The flows of the requests in flight. */
+  inner: Set<Flow>;
   clientClosed: boolean;
   settle(): void;
 }
@@ -53,7 +55,7 @@ export class TlsInterceptor implements Interceptor {
   readonly #issuer: LeafIssuer;
   readonly #http: http.Server;
   readonly #tunnels = new WeakMap<Duplex, Tunnel>();
-  readonly #clients = new Set<Duplex>();
+  readonly #clients = new Map<Duplex, Tunnel>();
 
   constructor(deps: GatewayDeps, issuer: LeafIssuer) {
     this.#deps = deps;
@@ -97,6 +99,7 @@ export class TlsInterceptor implements Interceptor {
         srcPort: Number(tunnel.src.slice(tunnel.src.lastIndexOf(':') + 1)) || 0,
         open: 0,
         requests: 0,
+        inner: new Set(),
         clientClosed: false,
         settle: () => {
           if (state.clientClosed && state.open === 0) resolve();
@@ -111,7 +114,7 @@ export class TlsInterceptor implements Interceptor {
         tunnel.attrs.tls_error ||= `TLS handshake not completed within ${o.tlsHandshakeTimeout} ms`;
         client.destroy();
       }, o.tlsHandshakeTimeout);
-      this.#clients.add(client);
+      this.#clients.set(client, state);
       client.on('error', (err) => d.log.debug({ err, flow_id: tunnel.id }, 'intercepted tunnel socket failed'));
       client.once('close', () => {
         clearTimeout(timer);
@@ -169,8 +172,10 @@ export class TlsInterceptor implements Interceptor {
     flow.dstIp = state.target.address;
     state.open++;
     state.requests++;
+    state.inner.add(flow);
     state.flow.attrs.requests = String(state.requests);
     res.once('close', () => {
+      state.inner.delete(flow);
       state.flow.bytesUp += flow.bytesUp;
       state.flow.bytesDown += flow.bytesDown;
       state.open--;
@@ -200,8 +205,16 @@ export class TlsInterceptor implements Interceptor {
     setTimeout(() => socket.destroy(), 1000).unref();
   }
 
+  cut(client: Duplex, reason: string): Flow[] {
+    const state = this.#clients.get(client);
+    if (state === undefined) return [];
+    const inner = [...state.inner];
+    for (const flow of inner) if (!flow.recorded) flow.cutReason ??= reason;
+    return inner;
+  }
+
   async close(): Promise<void> {
-    for (const client of this.#clients) client.destroy();
+    for (const client of this.#clients.keys()) client.destroy();
     this.#clients.clear();
     // Not listening: close() clears node's deadline timer and answers "not running", which is expected.
     await new Promise<void>((resolve) => this.#http.close(() => resolve()));

@@ -28,6 +28,7 @@ import { openLlmproxyRoute } from './llmproxy-route.ts';
 import { gatewayMetrics } from './metrics.ts';
 import { openOperatorTokens } from './operator-tokens.ts';
 import { validateGatewayOptions, type GatewayOptions } from './options.ts';
+import { LookupLimiter } from './lookup-limits.ts';
 import { systemLookup, type Lookup } from './resolve.ts';
 import pkg from '../../package.json' with { type: 'json' };
 
@@ -37,8 +38,9 @@ import pkg from '../../package.json' with { type: 'json' };
 // not hold refuses the start; what was opened before it is closed again.
 //
 // Shutdown, in order: stop accepting; refuse new attempts on open connections (503); let tunnels and
-// requests in flight finish within DRAIN_GRACE_MS, then close them; close the interceptor, the routes,
-// the engine and the sources; flush and close the audit sink last, so every flow's record is in it.
+// requests in flight finish within DRAIN_GRACE_MS, then cut them (both sides of every tunnel) and wait
+// for their records to reach the sink; close the interceptor, the routes, the engine and the sources;
+// flush and close the audit sink last, so every flow's record is in it.
 
 /** How long open tunnels and requests get to finish at shutdown before they are closed. */
 export const DRAIN_GRACE_MS = 5_000;
@@ -47,6 +49,8 @@ export interface RunningGateway {
   port: number;
   metricsPort: number | null;
   deps: GatewayDeps;
+  /** The bound on name lookups (lookup-limits.ts): how many run and wait now. */
+  lookups: LookupLimiter;
   /** Graceful: tunnels get DRAIN_GRACE_MS, audit is flushed. */
   close(): Promise<void>;
 }
@@ -90,7 +94,17 @@ export async function startGateway(input: Partial<GatewayOptions>, start: Gatewa
   };
   try {
     const policies = new PolicyCache<ResolvedPolicy>();
-    const snapshotFile = await openSnapshotFile(options.policySnapshot, log, () => policies.invalidate());
+    // Each reload re-checks every open flow (Gateway.recheck): a tunnel or request the new snapshot
+    // refuses (a suspended agent, a new deny rule) is cut, not left running until it ends.
+    let reloaded = () => {};
+    const snapshotFile = await openSnapshotFile(options.policySnapshot, log, () => {
+      policies.invalidate();
+      try {
+        reloaded();
+      } catch (err) {
+        log.error({ err }, 'open flows not re-checked after the snapshot reload');
+      }
+    });
     opened.push(() => snapshotFile?.close());
     const secrets = await openSecretSource(options, brokerCa, log);
     opened.push(() => secrets.close());
@@ -122,6 +136,7 @@ export async function startGateway(input: Partial<GatewayOptions>, start: Gatewa
     });
     const durableAudit = Boolean(options.auditDsn) || start.durableAudit === true;
 
+    const lookups = new LookupLimiter(start.lookup ?? systemLookup, log);
     const deps: GatewayDeps = {
       options,
       auth: jwks.auth,
@@ -137,7 +152,7 @@ export async function startGateway(input: Partial<GatewayOptions>, start: Gatewa
       cliRules,
       injectRules,
       upstreamCa,
-      lookup: start.lookup ?? systemLookup,
+      lookup: lookups.lookup,
       interceptor: null,
       // Replaced below, once every dependency it may read is in place.
       exchange: (req, res) => {
@@ -156,6 +171,7 @@ export async function startGateway(input: Partial<GatewayOptions>, start: Gatewa
     opened.push(() => deps.interceptor?.close());
 
     const gateway = new Gateway(deps);
+    reloaded = gateway.recheck;
     const limiter = new ServerLimiter(options, { listener: 'gateway', registry, log, answer: clientErrorAnswer });
     const server = https.createServer({
       cert: tls.cert,
@@ -207,6 +223,7 @@ export async function startGateway(input: Partial<GatewayOptions>, start: Gatewa
       port: (server.address() as AddressInfo).port,
       metricsPort: metricsServer?.port ?? null,
       deps,
+      lookups,
       close: () =>
         (closing ??= (async () => {
           const stopped = new Promise<void>((resolve) => server.close(() => resolve()));

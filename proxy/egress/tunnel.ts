@@ -45,6 +45,16 @@ export function answerSocket(socket: Duplex, answer: GatewayAnswer, headers: Rec
   socket.once('close', () => clearTimeout(timer));
 }
 
+/** A blind tunnel, as the gateway holds it. */
+export interface BlindTunnel {
+  /**
+   * Ends it now (a snapshot reload refuses it, the shutdown grace is over): both sides destroyed at
+   * once, the record written with `reason` (unless it was already ending for a reason of its own).
+   * Before the destination connected, the agent gets `answer` instead of `200`.
+   */
+  cut(reason: string, answer: GatewayAnswer): Flow[];
+}
+
 /** Opens the tunnel for an admitted CONNECT; the flow is recorded once both sides have closed. */
 export function openTunnel(
   deps: GatewayDeps,
@@ -52,7 +62,7 @@ export function openTunnel(
   head: Buffer,
   target: PinnedTarget,
   flow: Flow,
-): void {
+): BlindTunnel {
   const { connectTimeout, tunnelIdleTimeout } = deps.options;
   const metrics = deps.metrics;
   flow.dstIp = target.address;
@@ -171,4 +181,30 @@ export function openTunnel(
     } else peerClosed(upstream);
     finish();
   });
+  // The agent left while its attempt was admitted, before the tunnel was opened: its 'close' has come
+  // and gone, so nothing above would end the tunnel; no connection is opened for it.
+  if (client.destroyed) {
+    end('the agent closed its connection before the destination answered');
+    upstream.destroy();
+    finish();
+  }
+
+  return {
+    cut(reason, answer) {
+      if (flow.recorded) return [];
+      // The first reason stands: a tunnel already ending (a side closed, a failure) keeps its own.
+      if (ending === null && closed === 0) flow.cutReason ??= reason;
+      if (!connected) {
+        clearTimeout(connectTimer);
+        failed(answer, reason);
+        upstream.destroy();
+        return [];
+      }
+      end(reason);
+      clearTimeout(graceTimer);
+      client.destroy();
+      upstream.destroy();
+      return [];
+    },
+  };
 }

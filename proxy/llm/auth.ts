@@ -179,6 +179,10 @@ function identityOf(payload: JWTPayload, header: AgentIdentity['tokenHeader']): 
   };
 }
 
+/**
+ * The agent an mTLS client certificate names (CN agent, O org, OU group); null without one the
+ * --agent-ca verified at the handshake; throws AuthError('expired') once it is outside its validity.
+ */
 export function certificateIdentity(socket: TLSSocket): AgentIdentity | null {
   if (typeof socket.getPeerX509Certificate !== 'function' || !socket.authorized) return null;
   const cert: X509Certificate | undefined = socket.getPeerX509Certificate();
@@ -193,7 +197,29 @@ export function certificateIdentity(socket: TLSSocket): AgentIdentity | null {
   const agentId = fields.get('CN');
   const orgId = fields.get('O');
   if (!agentId || !orgId) return null;
-  return { agentId, orgId, agentName: '', groupId: fields.get('OU') ?? null, via: 'mtls', tokenHeader: null };
+  const identity: AgentIdentity = {
+    agentId,
+    orgId,
+    agentName: '',
+    groupId: fields.get('OU') ?? null,
+    via: 'mtls',
+    tokenHeader: null,
+  };
+  // TLS checked the validity window once, at the handshake; a kept-alive connection outlives it. So it
+  // is checked again for every request: an expired certificate is refused as no credential is. The
+  // CA vouches for the subject, so the refusal is that agent's (recorded, as an expired token's is).
+  const now = Date.now();
+  const notBefore = Date.parse(cert.validFrom);
+  const notAfter = Date.parse(cert.validTo);
+  if (!(now >= notBefore && now <= notAfter))
+    throw new AuthError(
+      'expired',
+      now > notAfter
+        ? `identity certificate expired at ${new Date(notAfter).toISOString()}`
+        : 'identity certificate not yet valid',
+      identity,
+    );
+  return identity;
 }
 
 /** The metric label and the message of a token jose refused. */

@@ -13,6 +13,8 @@ import {
 } from '../../../proxy/egress/destination.ts';
 import { GatewayRefusal, GatewayRuleError } from '../../../proxy/egress/errors.ts';
 import { admitDestination, admitRouted, systemLookup, type Lookup } from '../../../proxy/egress/resolve.ts';
+import { LookupLimiter } from '../../../proxy/egress/lookup-limits.ts';
+import { silentLogger } from '../../../core/logger.ts';
 
 // The destination policy (destination.ts) and its admission (resolve.ts): the rule spellings, deny
 // over allow, each allow list a gate, every resolved address checked and the connection pinned to one
@@ -24,6 +26,8 @@ const gates = (allow: Rule[][] = [], deny: Rule[] = []): DestinationGates => ({
   deny,
 });
 const target = (host: string, port = 443): Target => ({ host, port });
+/** A lookup under the gateway's bounds (lookup-limits.ts), as the door uses it. */
+const bounded = (lookup: Lookup) => new LookupLimiter(lookup, silentLogger()).lookup;
 const v4 = (address: string) => ({ address, family: 4 as const });
 const v6 = (address: string) => ({ address, family: 6 as const });
 /** What an admission was refused with (null: it was not). */
@@ -243,42 +247,67 @@ t.test('admission: refused before lookup, every address checked, pinned, resolve
     return found;
   };
   const deny = gates([], [{ host: 'blocked.test', reason: 'blocked for tests' }, { cidr: '10.0.0.0/8' }]);
-  t.match(await refusal(admitDestination(deny, target('blocked.test'), lookup, 1000)), {
-    answer: { status: 403 },
-    reason: 'blocked for tests',
-  });
+  t.match(
+    await refusal(admitDestination(deny, target('blocked.test'), bounded(lookup), { agent: null, timeoutMs: 1000 })),
+    {
+      answer: { status: 403 },
+      reason: 'blocked for tests',
+    },
+  );
   t.equal(lookups, 0, 'a name refused by name is not looked up');
-  const mixed = await admitDestination(deny, target('mixed.test'), lookup, 1000).catch((e: GatewayRefusal) => e);
+  const mixed = await admitDestination(deny, target('mixed.test'), bounded(lookup), {
+    agent: null,
+    timeoutMs: 1000,
+  }).catch((e: GatewayRefusal) => e);
   t.match(mixed, { answer: { status: 403 }, reason: /cidr 10\.0\.0\.0\/8/ }, 'one refused address refuses the name');
-  t.same(await admitDestination(deny, target('public.test', 8443), lookup, 1000), {
+  t.same(await admitDestination(deny, target('public.test', 8443), bounded(lookup), { agent: null, timeoutMs: 1000 }), {
     host: 'public.test',
     port: 8443,
     address: '2606:4700::1',
     family: 6,
   });
-  const literal = await admitDestination(gates(), target('93.184.216.34'), lookup, 1000);
+  const literal = await admitDestination(gates(), target('93.184.216.34'), bounded(lookup), {
+    agent: null,
+    timeoutMs: 1000,
+  });
   t.equal(literal.address, '93.184.216.34');
   const before = lookups;
-  await admitDestination(gates(), target('::ffff:93.184.216.34'), lookup, 1000);
+  await admitDestination(gates(), target('::ffff:93.184.216.34'), bounded(lookup), { agent: null, timeoutMs: 1000 });
   t.equal(lookups, before, 'an address is not looked up');
-  t.match(await refusal(admitDestination(gates(), target('nowhere.test'), lookup, 1000)), {
-    answer: { status: 502 },
-    reason: 'cannot resolve nowhere.test: ENOTFOUND',
-  });
+  t.match(
+    await refusal(admitDestination(gates(), target('nowhere.test'), bounded(lookup), { agent: null, timeoutMs: 1000 })),
+    {
+      answer: { status: 502 },
+      reason: 'cannot resolve nowhere.test: ENOTFOUND',
+    },
+  );
   const never: Lookup = () => new Promise(() => {});
-  t.match(await refusal(admitDestination(gates(), target('slow.test'), never, 50)), {
-    answer: { status: 504 },
-    reason: 'resolving slow.test took longer than 50 ms',
-  });
+  t.match(
+    await refusal(admitDestination(gates(), target('slow.test'), bounded(never), { agent: null, timeoutMs: 50 })),
+    {
+      answer: { status: 504 },
+      reason: 'resolving slow.test took longer than 50 ms',
+    },
+  );
 });
 
 t.test('admission through the system resolver: localhost', async (t) => {
   const found = await systemLookup('localhost');
   t.ok(found.length > 0 && found.every((a) => a.address === '127.0.0.1' || a.address === '::1'));
-  const pinned = await admitDestination(gates([[{ host: 'localhost' }]]), target('localhost', 80), systemLookup, 5000);
+  const pinned = await admitDestination(
+    gates([[{ host: 'localhost' }]]),
+    target('localhost', 80),
+    bounded(systemLookup),
+    { agent: null, timeoutMs: 5000 },
+  );
   t.ok(['127.0.0.1', '::1'].includes(pinned.address), 'an exact name reaches loopback');
   t.match(
-    await refusal(admitDestination(gates([[{ host: '*host' }]]), target('localhost', 80), systemLookup, 5000)),
+    await refusal(
+      admitDestination(gates([[{ host: '*host' }]]), target('localhost', 80), bounded(systemLookup), {
+        agent: null,
+        timeoutMs: 5000,
+      }),
+    ),
     { answer: { status: 403 }, reason: /wildcard/ },
     'a wildcard does not',
   );

@@ -209,6 +209,8 @@ async function listen(server: net.Server, sockets: Set<net.Socket>, stats: { acc
 export async function agentCertificate(
   ca: PemPair,
   subject: { agent: string; org: string; group?: string },
+  /** When the certificate expires; five minutes from now by default. */
+  notAfter: Date = new Date(Date.now() + 300_000),
 ): Promise<PemPair> {
   const x509 = await import('@peculiar/x509');
   const { webcrypto, createPrivateKey } = await import('node:crypto');
@@ -227,7 +229,7 @@ export async function agentCertificate(
     subject: `CN=${subject.agent}, O=${subject.org}${subject.group ? `, OU=${subject.group}` : ''}`,
     issuer: caCert.subject,
     notBefore: new Date(Date.now() - 60_000),
-    notAfter: new Date(Date.now() + 300_000),
+    notAfter,
     publicKey: keys.publicKey as never,
     signingKey: caKey as never,
     signingAlgorithm: alg,
