@@ -151,6 +151,7 @@ t.test('an intercepted CONNECT tunnel (--ca-cert/--ca-key): curl trusts the inte
   });
 
   // Trusting only the upstream's CA, curl refuses the gateway's leaf: the tunnel was terminated.
+  const beforeUntrusting = intercepting.records('network_flow').length;
   const untrusting = await w.curlVia(intercepting, token, [
     '-v',
     '--cacert',
@@ -159,6 +160,10 @@ t.test('an intercepted CONNECT tunnel (--ca-cert/--ca-key): curl trusts the inte
   ]);
   t.not(untrusting.code, 0);
   t.match(untrusting.stderr, /CONNECT tunnel established, response 200[\s\S]*TLS alert, unknown CA/, 'refused by curl');
+  // Its tunnel is recorded too, once the gateway sees it end: waited for here, so it is not taken for the
+  // next test's record.
+  const [refusedTunnel] = await newFlows(intercepting, beforeUntrusting, 1);
+  t.match(refusedTunnel, { action: 'connect', dst: `127.0.0.1:${securePort}`, attrs: { intercepted: 'true' } });
 });
 
 t.test('a plain http request in absolute form', async (t) => {

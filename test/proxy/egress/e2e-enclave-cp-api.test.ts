@@ -204,7 +204,10 @@ if (!e) {
     let refusal: Record<string, unknown> | undefined;
     t.ok(
       await until(async () => {
-        refusal = (await enclaveAudit('agent_id=bot-1&proto=tcp&outcome=deny'))[0];
+        // The refused CONNECT, not a tunnel of bot-1's the reload cut ("policy changed: …", answered 200).
+        refusal = (await enclaveAudit('agent_id=bot-1&proto=tcp&outcome=deny')).find(
+          (r) => (r.attrs as Record<string, unknown> | undefined)?.status === '403',
+        );
         return refusal !== undefined;
       }, 30_000),
       'the refused CONNECT is recorded',
