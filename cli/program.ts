@@ -8,6 +8,13 @@ import { agentLoginCommand } from './agent-login.ts';
 import { CliError, ProblemAnswerError } from './errors.ts';
 import { whoamiCommand } from './commands/whoami.ts';
 import { profileCommand } from './commands/profile.ts';
+import { policyCommand } from './commands/policy.ts';
+import { configCommand } from './commands/config.ts';
+import { flagsCommand } from './commands/flags.ts';
+import { packsCommand } from './commands/packs.ts';
+import { secretCommand } from './commands/secret.ts';
+import { approvalsCommand } from './commands/approvals.ts';
+import { auditCommand } from './commands/audit.ts';
 import { EXIT_USAGE } from './exit-codes.ts';
 import pkg from '../package.json' with { type: 'json' };
 
@@ -28,6 +35,13 @@ export function buildProgram(): Command {
   // Operator commands (docs/cli.md).
   program.addCommand(whoamiCommand());
   program.addCommand(profileCommand());
+  program.addCommand(policyCommand());
+  program.addCommand(configCommand());
+  program.addCommand(flagsCommand());
+  program.addCommand(packsCommand());
+  program.addCommand(secretCommand());
+  program.addCommand(approvalsCommand());
+  program.addCommand(auditCommand());
   const all = (c: Command): Command[] => [c, ...c.commands.flatMap(all)];
   for (const c of all(program)) {
     c.exitOverride();
