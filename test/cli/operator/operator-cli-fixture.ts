@@ -16,7 +16,7 @@ export interface OperatorCli {
   dvx(
     persona: string,
     args: string[],
-    options?: { stdin?: string; url?: string; broker?: string; env?: Record<string, string> },
+    options?: { stdin?: string | Buffer; url?: string; broker?: string; env?: Record<string, string> },
   ): Promise<RunResult>;
   /** The parsed JSON stdout of a run that must succeed. */
   json(persona: string, args: string[], options?: { stdin?: string; url?: string; broker?: string }): Promise<any>;
