@@ -20,6 +20,13 @@ import { agentCommand } from './commands/agent.ts';
 import { erasureCommand } from './commands/erasure.ts';
 import { openapiCommand } from './commands/openapi.ts';
 import { completionCommand } from './commands/completion.ts';
+import { policyCommand } from './commands/policy.ts';
+import { configCommand } from './commands/config.ts';
+import { flagsCommand } from './commands/flags.ts';
+import { packsCommand } from './commands/packs.ts';
+import { secretCommand } from './commands/secret.ts';
+import { approvalsCommand } from './commands/approvals.ts';
+import { auditCommand } from './commands/audit.ts';
 import { EXIT_USAGE } from './exit-codes.ts';
 import pkg from '../package.json' with { type: 'json' };
 
@@ -52,6 +59,13 @@ export function buildProgram(): Command {
   program.addCommand(erasureCommand());
   program.addCommand(openapiCommand());
   program.addCommand(completionCommand());
+  program.addCommand(policyCommand());
+  program.addCommand(configCommand());
+  program.addCommand(flagsCommand());
+  program.addCommand(packsCommand());
+  program.addCommand(secretCommand());
+  program.addCommand(approvalsCommand());
+  program.addCommand(auditCommand());
   const all = (c: Command): Command[] => [c, ...c.commands.flatMap(all)];
   for (const c of all(program)) {
     c.exitOverride();

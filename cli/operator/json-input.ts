@@ -1,0 +1,42 @@
+import { readFile } from 'node:fs/promises';
+import { CliError } from '../errors.ts';
+
+// Request bodies and secret values given as a file or on stdin (`--file F`, `--file -`), never as an
+// argument: what is read is bounded, and a body that is not JSON fails here, before anything is sent.
+
+/** Larger than any body the operator routes accept (their body limits are smaller). */
+const MAX_INPUT_BYTES = 8 * 1024 * 1024;
+
+/** The bytes of `file` (`-`: stdin), bounded; an unreadable file is a usage error naming it. */
+export async function readInput(file: string, what: string): Promise<Buffer> {
+  if (file === '-') {
+    if (process.stdin.isTTY) process.stderr.write(`dvx: reading ${what} from stdin (end with Ctrl-D)\n`);
+    const chunks: Buffer[] = [];
+    let size = 0;
+    for await (const chunk of process.stdin) {
+      size += (chunk as Buffer).length;
+      if (size > MAX_INPUT_BYTES) throw new CliError(`${what} on stdin is larger than ${MAX_INPUT_BYTES} bytes`);
+      chunks.push(chunk as Buffer);
+    }
+    return Buffer.concat(chunks);
+  }
+  let data: Buffer;
+  try {
+    data = await readFile(file);
+  } catch (err) {
+    throw new CliError(`cannot read ${what} ${file}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
+  }
+  if (data.length > MAX_INPUT_BYTES) throw new CliError(`${what} ${file} is larger than ${MAX_INPUT_BYTES} bytes`);
+  return data;
+}
+
+/** The JSON document of `file` (`-`: stdin), or a usage error saying where it is not JSON. */
+export async function readJsonInput(file: string, what = '--file'): Promise<unknown> {
+  const text = (await readInput(file, what)).toString('utf8');
+  if (text.trim() === '') throw new CliError(`${what} ${file === '-' ? '(stdin)' : file} is empty: expected JSON`);
+  try {
+    return JSON.parse(text);
+  } catch (err) {
+    throw new CliError(`${what} ${file === '-' ? '(stdin)' : file} is not valid JSON: ${(err as Error).message}`);
+  }
+}
