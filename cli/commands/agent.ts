@@ -1,6 +1,6 @@
 import { Command } from 'commander';
 import { CliError } from '../errors.ts';
-import { fileOrFlags, readJsonBody } from '../operator/json-body-file.ts';
+import { fileOrFlags, readJsonBody } from '../operator/json-input.ts';
 import { path } from '../operator/operator-client.ts';
 import { operatorCommand } from '../operator/operator-command.ts';
 import { agentUid, collect, requireOrg, slug } from '../operator/operator-ids.ts';

@@ -1,6 +1,6 @@
 import { Command, Option } from 'commander';
 import { CliError } from '../errors.ts';
-import { fileOrFlags, readJsonBody, readTextArg } from '../operator/json-body-file.ts';
+import { fileOrFlags, readJsonBody, readTextArg } from '../operator/json-input.ts';
 import { path } from '../operator/operator-client.ts';
 import { operatorCommand } from '../operator/operator-command.ts';
 import { collect, requireOrg, slug } from '../operator/operator-ids.ts';

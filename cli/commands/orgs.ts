@@ -1,5 +1,5 @@
 import { Command, Option } from 'commander';
-import { fileOrFlags, readJsonBody } from '../operator/json-body-file.ts';
+import { fileOrFlags, readJsonBody } from '../operator/json-input.ts';
 import { path } from '../operator/operator-client.ts';
 import { operatorCommand } from '../operator/operator-command.ts';
 import { slug } from '../operator/operator-ids.ts';

@@ -1,7 +1,7 @@
 import { Command } from 'commander';
 import { CliError } from '../errors.ts';
 import { EXIT_NOT_FOUND } from '../exit-codes.ts';
-import { fileOrFlags, readJsonBody } from '../operator/json-body-file.ts';
+import { fileOrFlags, readJsonBody } from '../operator/json-input.ts';
 import { path } from '../operator/operator-client.ts';
 import { operatorCommand } from '../operator/operator-command.ts';
 import { capability, collect, roleName } from '../operator/operator-ids.ts';

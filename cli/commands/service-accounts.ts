@@ -1,6 +1,6 @@
 import { Command } from 'commander';
 import { CliError } from '../errors.ts';
-import { fileOrFlags, readJsonBody } from '../operator/json-body-file.ts';
+import { fileOrFlags, readJsonBody } from '../operator/json-input.ts';
 import { path } from '../operator/operator-client.ts';
 import { type ActionContext, operatorCommand } from '../operator/operator-command.ts';
 import { agentUid, capability, collect, grantId, requireOrg, roleName, slug } from '../operator/operator-ids.ts';

@@ -40,3 +40,22 @@ export async function readJsonInput(file: string, what = '--file'): Promise<unkn
     throw new CliError(`${what} ${file === '-' ? '(stdin)' : file} is not valid JSON: ${(err as Error).message}`);
   }
 }
+
+/** The text of `file` (`-`: stdin), bounded; an unreadable file is a usage error naming it. */
+export async function readTextArg(file: string, what = '--file'): Promise<string> {
+  return (await readInput(file, what)).toString('utf8');
+}
+
+/** The JSON object in `file` (`-`: stdin): a request body; anything else is a usage error. */
+export async function readJsonBody(file: string, what = '--file'): Promise<Record<string, unknown>> {
+  const parsed = await readJsonInput(file, what);
+  if (parsed === null || typeof parsed !== 'object' || Array.isArray(parsed))
+    throw new CliError(`${what} ${file === '-' ? '(stdin)' : file} must hold a JSON object`);
+  return parsed as Record<string, unknown>;
+}
+
+/** `--file` and body flags are alternatives: one or the other, never merged silently. */
+export function fileOrFlags(file: string | undefined, flagsGiven: string[]): void {
+  if (file !== undefined && flagsGiven.length > 0)
+    throw new CliError(`--file and ${flagsGiven.join(', ')} are alternatives: give one or the other`);
+}
