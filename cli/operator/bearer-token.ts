@@ -4,7 +4,7 @@ import { request } from 'undici';
 import { parseServiceAccountKey, tokenRequestForm } from '../../controlplane/idp/service-account-key.ts';
 import { CliError } from '../errors.ts';
 import { EXIT_REFUSED, EXIT_UNAVAILABLE } from '../exit-codes.ts';
-import type { ClientSettings } from './client-options.ts';
+import { type ClientSettings, secureTransport } from './client-options.ts';
 import { printable } from './output.ts';
 
 // The operator's bearer token: a --token-file read as it is, or minted with --idp-key (spec: "Client
@@ -84,6 +84,12 @@ function mintingSource(
       const endpoint = (discovery as { token_endpoint?: unknown }).token_endpoint;
       if (typeof endpoint !== 'string' || !/^https?:\/\//i.test(endpoint))
         throw new CliError(`issuer ${issuer}: its discovery document names no token_endpoint`, EXIT_UNAVAILABLE);
+      // The client assertion is as good as a token for its minute: never in the clear over a network.
+      if (!secureTransport(endpoint))
+        throw new CliError(
+          `issuer ${issuer}: its token endpoint ${printable(endpoint.slice(0, 200))} is not https; the key's assertion is not sent there`,
+          EXIT_UNAVAILABLE,
+        );
       const form = await tokenRequestForm(key, audience ? { resource: audience } : {});
       let res: Dispatcher.ResponseData;
       try {

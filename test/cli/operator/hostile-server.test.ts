@@ -80,3 +80,44 @@ t.test('an empty 201 to a key-minting call: a clear error, not a crash', async (
   t.match(r.stderr, /^dvx: /);
   await t.rejects(readFile(keyOut), { code: 'ENOENT' });
 });
+
+t.test('plain http to a host that is not loopback is refused before the token goes out', async (t) => {
+  for (const flag of ['--controlplane', '--issuer']) {
+    const r = await runDvx(
+      ['whoami', '--token-file', tokenFile, '--controlplane', url, flag, 'http://10.255.255.1:8443'],
+      {
+        env,
+      },
+    );
+    t.equal(r.code, 2, `${flag}: a usage error, ${r.stderr}`);
+    t.match(r.stderr, /https/, flag);
+  }
+  // Loopback stays allowed (dvx dev's issuer is http://127.0.0.1).
+  handler = json(200, { subject: 'root' });
+  const ok = await dvx(['whoami']);
+  t.equal(ok.code, 0, ok.stderr);
+});
+
+t.test(
+  '--idp-key: an issuer whose discovery names a plain-http token endpoint elsewhere gets no assertion',
+  async (t) => {
+    const { generateKeyPair, exportJWK } = await import('jose');
+    const { privateKey } = await generateKeyPair('ES256', { extractable: true });
+    const key = join(dir, 'sa-key.json');
+    await writeFile(
+      key,
+      JSON.stringify({
+        type: 'service_account_key',
+        issuer: url,
+        client_id: 'sa',
+        key_id: 'k1',
+        key: { ...(await exportJWK(privateKey)), alg: 'ES256' },
+      }),
+    );
+    handler = json(200, { issuer: url, token_endpoint: 'http://10.255.255.1/token' });
+    const r = await runDvx(['whoami', '--controlplane', url, '--idp-key', key, '--issuer', url], { env });
+    t.not(r.code, 0);
+    t.match(r.stderr, /token endpoint.*https|https.*token endpoint/i);
+    t.notMatch(r.stderr, /cannot reach/, 'refused before any connection was tried');
+  },
+);
