@@ -1,10 +1,11 @@
+import { spawn } from 'node:child_process';
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import t from 'tap';
-import { runDvx } from '../../fixtures/run-dvx.ts';
+import { DVX_BIN, runDvx } from '../../fixtures/run-dvx.ts';
 
 // The operator CLI against a server that does not play fair: a real HTTP server whose answers are
 // scripted per test, and the real bin/dvx. What it must not do: let server-chosen text reach the
@@ -121,3 +122,47 @@ t.test(
     t.notMatch(r.stderr, /cannot reach/, 'refused before any connection was tried');
   },
 );
+
+/** bin/dvx on a pseudo-terminal (util-linux `script`), as a person at a terminal runs it: stdout and stderr together. */
+function onTerminal(args: string[]): Promise<{ code: number | null; out: string }> {
+  const q = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
+  return new Promise((resolve, reject) => {
+    const child = spawn('script', ['-qfec', [DVX_BIN, ...args].map(q).join(' '), '/dev/null'], {
+      env: { ...process.env, ...env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let out = '';
+    child.stdout.on('data', (d) => (out += d));
+    child.stderr.on('data', (d) => (out += d));
+    child.on('error', reject);
+    child.on('close', (code) => resolve({ code, out }));
+  });
+}
+
+t.test('erasure progress on a terminal: the server status is escaped', async (t) => {
+  let polls = 0;
+  handler = (req, res) => {
+    if (req.method === 'POST') return json(202, { org_id: 'org-a', status: 'running' })(req, res);
+    polls++;
+    json(200, {
+      org_id: 'org-a',
+      status: polls < 2 ? 'running\u001b]0;pwned\u0007\u001b[2J' : 'complete',
+      key_shredded: polls >= 2,
+      rows_swept: polls < 2 ? '\u001b[31m' : 3,
+    })(req, res);
+  };
+  const r = await onTerminal([
+    'erasure',
+    'create',
+    'org-a',
+    '--interval',
+    '0.1',
+    '--controlplane',
+    url,
+    '--token-file',
+    tokenFile,
+  ]);
+  t.equal(r.code, 0, r.out);
+  t.notMatch(r.out, /[\u001b\u0007]/, 'no raw escape or bell from the server on the terminal');
+  t.match(r.out, /erasing org-a: running\\u\{1b\}/);
+});
