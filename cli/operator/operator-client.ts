@@ -10,7 +10,7 @@ import {
 } from '../exit-codes.ts';
 import { type TokenSource, tokenSource } from './bearer-token.ts';
 import type { ClientSettings } from './client-options.ts';
-import { problemLine } from './output.ts';
+import { printable, problemLine } from './output.ts';
 
 // One operator call: the bearer token, the TLS trust the options name, bounded time, and the answer
 // turned into data or into one clear error whose exit code says its class (exit-codes.ts).
@@ -125,6 +125,13 @@ export class OperatorClient {
       }
     }
     if (res.statusCode >= 300) throw problemAnswer(res.statusCode, parsed);
+    // Every answer of the operator API is JSON: a 2xx page of anything else is some other server (a wrong
+    // URL, a captive portal, a proxy's page) and never the success it looks like.
+    if (text.trim() !== '' && !/json/i.test(type))
+      throw new CliError(
+        `${url} answered ${res.statusCode} with ${printable(type.slice(0, 100)) || 'no content type'}, not JSON: is it the ${spec.target === 'broker' ? 'broker' : 'operator API'}?`,
+        EXIT_UNAVAILABLE,
+      );
     return { status: res.statusCode, body: (text === '' ? undefined : parsed) as T, headers: res.headers };
   }
 

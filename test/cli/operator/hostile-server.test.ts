@@ -166,3 +166,11 @@ t.test('erasure progress on a terminal: the server status is escaped', async (t)
   t.notMatch(r.out, /[\u001b\u0007]/, 'no raw escape or bell from the server on the terminal');
   t.match(r.out, /erasing org-a: running\\u\{1b\}/);
 });
+
+t.test('a 2xx that is not JSON (a web page, a captive portal) is not reported as success', async (t) => {
+  handler = (_req, res) => res.writeHead(200, { 'content-type': 'text/html' }).end('<html>sign in to the wifi</html>');
+  const r = await dvx(['orgs', 'create', 'acme', '--name', 'Acme']);
+  t.equal(r.code, 3, r.stderr);
+  t.match(r.stderr, /not JSON/);
+  t.equal(r.stdout, '', 'nothing printed as if it were the answer');
+});
