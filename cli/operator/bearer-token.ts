@@ -112,6 +112,12 @@ function mintingSource(
           res.statusCode >= 500 ? EXIT_UNAVAILABLE : EXIT_REFUSED,
         );
       }
+      // It goes into an Authorization header: anything else would fail every call as "unreachable".
+      if (body.access_token.length > MAX_TOKEN_BYTES || !/^[\x21-\x7e]+$/.test(body.access_token))
+        throw new CliError(
+          `issuer ${issuer}: the token it issued is not a bearer token (printable, no spaces)`,
+          EXIT_UNAVAILABLE,
+        );
       const ttl = typeof body.expires_in === 'number' && body.expires_in > 0 ? body.expires_in : 60;
       cached = { value: body.access_token, until: Date.now() + Math.max(5, ttl - 30) * 1000 };
       return body.access_token;

@@ -67,6 +67,9 @@ export async function follow(
       });
     } catch (err) {
       if (o.signal.aborted) return;
+      // A request undici refuses to send (a header it will not carry) fails the same way every time.
+      if ((err as { code?: string }).code === 'UND_ERR_INVALID_ARG')
+        throw new CliError(`cannot send the request to ${url}: ${(err as Error).message}`, EXIT_UNAVAILABLE);
       const e = unreachable(url, err);
       if (/TLS certificate/.test(e.message)) throw e; // reconnecting does not fix trust
       o.onNote?.(`${e.message}; reconnecting in ${Math.round(backoff / 1000) || 1}s`);

@@ -124,3 +124,58 @@ t.test('ids are sent back on reconnect (a fair server)', async (t) => {
   t.same(r.events.slice(0, 2), ['event 1', 'event 2']);
   t.notOk(r.notes.some((n) => /no event id/.test(n)));
 });
+
+t.test(
+  'a minted token that cannot be sent as a header: an error naming the issuer, not a reconnect loop',
+  async (t) => {
+    const { generateKeyPair, exportJWK } = await import('jose');
+    const { privateKey } = await generateKeyPair('ES256', { extractable: true });
+    const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    const keyFile = join(dir, 'sa-key.json');
+    await writeFile(
+      keyFile,
+      JSON.stringify({
+        type: 'service_account_key',
+        issuer: base,
+        client_id: 'sa',
+        key_id: 'k1',
+        key: { ...(await exportJWK(privateKey)), alg: 'ES256' },
+      }),
+    );
+    handler = (req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      if (req.url === '/.well-known/openid-configuration')
+        return res.end(JSON.stringify({ issuer: base, token_endpoint: `${base}/token` }));
+      if (req.url === '/token') return res.end(JSON.stringify({ access_token: 'tok\u65e5\n', expires_in: 300 }));
+      res.end('{}');
+    };
+    const minting = new OperatorClient({
+      controlplane: base,
+      idpKey: keyFile,
+      issuer: base,
+      insecureSkipVerify: false,
+      output: 'json',
+    });
+    t.teardown(() => minting.close());
+    connections = 0;
+    const abort = new AbortController();
+    const notes: string[] = [];
+    const guard = setInterval(() => {
+      if (notes.length >= 3) abort.abort();
+    }, 20);
+    const error = await follow(
+      minting,
+      { path: '/api/v1/stream' },
+      { signal: abort.signal, onEvent: () => {}, onNote: (n) => void notes.push(n) },
+    ).then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    clearInterval(guard);
+    t.ok(
+      error instanceof CliError,
+      `an error, not ${abort.signal.aborted ? 'a loop stopped by the guard' : String(error)}`,
+    );
+    t.match((error as Error).message, /issuer/);
+  },
+);
