@@ -183,6 +183,12 @@ async function lockDir(dir: string): Promise<() => Promise<void>> {
   throw new CliError(`cannot take ${file}: another dvx dev is starting in ${dir}`);
 }
 
+/** The pid of the dvx dev that holds DIR, or null when none runs (no lock, or its process is gone). */
+export async function runningDevPid(dir: string): Promise<number | null> {
+  const pid = Number.parseInt(await readFile(join(dir, 'dev.lock'), 'utf8').catch(() => ''), 10);
+  return Number.isInteger(pid) && pid > 0 && alive(pid) ? pid : null;
+}
+
 function alive(pid: number): boolean {
   try {
     process.kill(pid, 0);
