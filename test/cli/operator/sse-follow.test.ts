@@ -8,7 +8,7 @@ import { CliError } from '../../../cli/errors.ts';
 import { OperatorClient } from '../../../cli/operator/operator-client.ts';
 import { follow } from '../../../cli/operator/sse-follow.ts';
 
-// Following an event stream against a server that misbehaves (a real HTTP server, the real client):
+// Following an event stream (and one plain call) against a server that misbehaves (a real HTTP server, the real client):
 // the follower must end with a clear error instead of reconnecting forever or growing without bound,
 // and must say so when it cannot resume without loss.
 
@@ -179,3 +179,27 @@ t.test(
     t.match((error as Error).message, /issuer/);
   },
 );
+
+t.test('a call whose answer never ends (a byte now and then) is bounded by the call deadline', async (t) => {
+  handler = (_req, res) => {
+    res.writeHead(200, { 'content-type': 'application/json' });
+    res.write('[');
+    const drip = setInterval(() => res.write(' '), 50);
+    res.on('close', () => clearInterval(drip));
+  };
+  const slow = new OperatorClient(
+    {
+      controlplane: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+      tokenFile,
+      insecureSkipVerify: false,
+      output: 'json',
+    },
+    { deadlineMs: 500 },
+  );
+  t.teardown(() => slow.close());
+  await t.rejects(slow.call({ method: 'GET', path: '/api/v1/orgs' }), {
+    name: 'CliError',
+    exitCode: 3,
+    message: /did not answer within/,
+  });
+});
