@@ -5,7 +5,7 @@ import { LOG_LEVELS, type LogLevel } from '../core/logger.ts';
 import { flag } from '../core/options.ts';
 import { runUntilSignal } from '../core/shutdown.ts';
 import { MOCK_LABEL } from './dev/mock-upstream.ts';
-import { BLOCKED_EXAMPLE, type DevFacts, type DevOptions, startDevSystem } from './dev/system.ts';
+import { BLOCKED_EXAMPLE, type DevFacts, type DevOptions, runningDevPid, startDevSystem } from './dev/system.ts';
 import { CliError } from './errors.ts';
 import { checkProfileName } from './operator/profiles.ts';
 
@@ -152,7 +152,11 @@ export function devCommand(): Command {
     .description("print the demo agent's current token (from the dev.json of a running dvx dev)")
     .action(async () => {
       // --dir belongs to `dvx dev` and is read from there.
-      const file = join((dev.opts() as { dir: string }).dir, 'dev.json');
+      const dir = (dev.opts() as { dir: string }).dir;
+      const file = join(dir, 'dev.json');
+      // A dev.json left by a run that was killed holds a token and ports nobody serves.
+      if ((await runningDevPid(dir)) === null)
+        throw new CliError(`no dvx dev is running in ${dir} (its dev.json is stale): start "dvx dev" first`);
       let facts: Partial<DevFacts>;
       try {
         facts = JSON.parse(await readFile(file, 'utf8'));

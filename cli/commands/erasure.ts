@@ -4,6 +4,7 @@ import { CliError } from '../errors.ts';
 import { path } from '../operator/operator-client.ts';
 import { type ActionContext, operatorCommand } from '../operator/operator-command.ts';
 import { slug } from '../operator/operator-ids.ts';
+import { printable } from '../operator/output.ts';
 
 // dvx erasure create ORG [--no-wait] [--interval S] | get ORG
 // Per-org erasure (spec: erasureView, erasureResultView). `create` starts it (or finds it started)
@@ -56,7 +57,8 @@ export function erasureCommand(): Command {
           if (last.status === 'complete') break;
           if (progress)
             process.stderr.write(
-              `\rerasing ${org}: ${last.status}, key ${last.key_shredded ? 'shredded' : 'not yet shredded'}, ${last.rows_swept ?? 0} rows swept`,
+              // The status is the server's text: escaped like everything else that reaches the terminal.
+              `\rerasing ${org}: ${printable(String(last.status))}, key ${last.key_shredded === true ? 'shredded' : 'not yet shredded'}, ${Number(last.rows_swept) || 0} rows swept`,
             );
           await sleep(interval * 1000, undefined, { signal: ctx.signal }).catch(() => {});
         }

@@ -1,4 +1,4 @@
-import { access, mkdir, readFile, rm } from 'node:fs/promises';
+import { access, mkdir, open, readFile, rm } from 'node:fs/promises';
 import net from 'node:net';
 import { join, resolve } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -136,6 +136,8 @@ export async function startDevSystem(o: DevOptions): Promise<DevSystem> {
   const dir = resolve(o.dir);
   await mkdir(dir, { recursive: true, mode: 0o700 });
   const factsFile = join(dir, 'dev.json');
+  // One dvx dev per directory: a second would delete the first's dev.json and open its PGlite stores.
+  const releaseLock = await lockDir(dir);
   // A dev.json left by a run that did not stop cleanly names ports nobody listens on: it goes until
   // this run is ready, so its appearance means ready.
   await rm(factsFile, { force: true });
@@ -149,11 +151,50 @@ export async function startDevSystem(o: DevOptions): Promise<DevSystem> {
       }
     }
   };
+  closers.push(releaseLock); // closers run in reverse: the lock goes last
   try {
     return await start(o, dir, factsFile, closers, closeAll);
   } catch (err) {
     await closeAll();
     throw err;
+  }
+}
+
+/**
+ * Takes DIR/dev.lock (created exclusively, holding this pid); a lock whose process is gone is stale and
+ * taken over. Returns its release.
+ */
+async function lockDir(dir: string): Promise<() => Promise<void>> {
+  const file = join(dir, 'dev.lock');
+  for (let attempt = 0; attempt < 2; attempt++) {
+    try {
+      const h = await open(file, 'wx', 0o600);
+      await h.writeFile(`${process.pid}\n`);
+      await h.close();
+      return () => rm(file, { force: true });
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+    }
+    const pid = Number.parseInt(await readFile(file, 'utf8').catch(() => ''), 10);
+    if (Number.isInteger(pid) && pid > 0 && pid !== process.pid && alive(pid))
+      throw new CliError(`${dir} is in use by a running dvx dev (pid ${pid}): stop it first, or give another --dir`);
+    await rm(file, { force: true });
+  }
+  throw new CliError(`cannot take ${file}: another dvx dev is starting in ${dir}`);
+}
+
+/** The pid of the dvx dev that holds DIR, or null when none runs (no lock, or its process is gone). */
+export async function runningDevPid(dir: string): Promise<number | null> {
+  const pid = Number.parseInt(await readFile(join(dir, 'dev.lock'), 'utf8').catch(() => ''), 10);
+  return Number.isInteger(pid) && pid > 0 && alive(pid) ? pid : null;
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
   }
 }
 

@@ -4,7 +4,7 @@ import { request } from 'undici';
 import { parseServiceAccountKey, tokenRequestForm } from '../../controlplane/idp/service-account-key.ts';
 import { CliError } from '../errors.ts';
 import { EXIT_REFUSED, EXIT_UNAVAILABLE } from '../exit-codes.ts';
-import type { ClientSettings } from './client-options.ts';
+import { type ClientSettings, secureTransport } from './client-options.ts';
 import { printable } from './output.ts';
 
 // The operator's bearer token: a --token-file read as it is, or minted with --idp-key (spec: "Client
@@ -84,6 +84,12 @@ function mintingSource(
       const endpoint = (discovery as { token_endpoint?: unknown }).token_endpoint;
       if (typeof endpoint !== 'string' || !/^https?:\/\//i.test(endpoint))
         throw new CliError(`issuer ${issuer}: its discovery document names no token_endpoint`, EXIT_UNAVAILABLE);
+      // The client assertion is as good as a token for its minute: never in the clear over a network.
+      if (!secureTransport(endpoint))
+        throw new CliError(
+          `issuer ${issuer}: its token endpoint ${printable(endpoint.slice(0, 200))} is not https; the key's assertion is not sent there`,
+          EXIT_UNAVAILABLE,
+        );
       const form = await tokenRequestForm(key, audience ? { resource: audience } : {});
       let res: Dispatcher.ResponseData;
       try {
@@ -106,6 +112,12 @@ function mintingSource(
           res.statusCode >= 500 ? EXIT_UNAVAILABLE : EXIT_REFUSED,
         );
       }
+      // It goes into an Authorization header: anything else would fail every call as "unreachable".
+      if (body.access_token.length > MAX_TOKEN_BYTES || !/^[\x21-\x7e]+$/.test(body.access_token))
+        throw new CliError(
+          `issuer ${issuer}: the token it issued is not a bearer token (printable, no spaces)`,
+          EXIT_UNAVAILABLE,
+        );
       const ttl = typeof body.expires_in === 'number' && body.expires_in > 0 ? body.expires_in : 60;
       cached = { value: body.access_token, until: Date.now() + Math.max(5, ttl - 30) * 1000 };
       return body.access_token;

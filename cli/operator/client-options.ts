@@ -135,6 +135,10 @@ export async function resolveClientSettings(command: Command, isTty: boolean): P
   ] as const)
     if (url !== undefined && !/^https?:\/\/[^\s/?#]+(\/[^\s?#]*)?$/i.test(url))
       throw new CliError(`${name} must be an http(s) base URL, got "${url}"`);
+    else if (url !== undefined && !secureTransport(url))
+      throw new CliError(
+        `${name} ${url}: plain http would send the credential in the clear; use https (http is for loopback addresses only)`,
+      );
   // The two credentials are alternatives: one given as a flag or variable replaces the profile's other.
   const keyGiven = fromFlagOrEnv(command, 'idpKey');
   const fileGiven = fromFlagOrEnv(command, 'tokenFile');
@@ -144,4 +148,21 @@ export async function resolveClientSettings(command: Command, isTty: boolean): P
   else if (settings.idpKey && settings.tokenFile)
     throw new CliError(`profile "${settings.profile}" holds both idp_key and token_file: keep one`);
   return settings;
+}
+
+/**
+ * https, or http to this machine (dvx dev's issuer is http://127.0.0.1): the bearer token and the client
+ * assertion never cross a network in the clear.
+ */
+export function secureTransport(url: string): boolean {
+  let u: URL;
+  try {
+    u = new URL(url);
+  } catch {
+    return false;
+  }
+  if (u.protocol === 'https:') return true;
+  if (u.protocol !== 'http:') return false;
+  const host = u.hostname.replace(/^\[|\]$/g, '');
+  return host === 'localhost' || host === '::1' || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host);
 }

@@ -10,7 +10,7 @@ import {
 } from '../exit-codes.ts';
 import { type TokenSource, tokenSource } from './bearer-token.ts';
 import type { ClientSettings } from './client-options.ts';
-import { problemLine } from './output.ts';
+import { printable, problemLine } from './output.ts';
 
 // One operator call: the bearer token, the TLS trust the options name, bounded time, and the answer
 // turned into data or into one clear error whose exit code says its class (exit-codes.ts).
@@ -59,14 +59,22 @@ export function path(strings: TemplateStringsArray, ...values: (string | number)
 
 const HEADERS_TIMEOUT_MS = 30_000;
 const MAX_ANSWER_BYTES = 64 * 1024 * 1024;
+/**
+ * One call, answer read to its end, at most this long: the per-chunk timeouts alone let a server that
+ * sends a byte now and then hold a command forever. Streams (sse-follow.ts) are not calls.
+ */
+export const CALL_DEADLINE_MS = 5 * 60_000;
 
 export class OperatorClient {
   readonly settings: ClientSettings;
   readonly dispatcher: Dispatcher;
   readonly tokens: TokenSource;
 
-  constructor(settings: ClientSettings) {
+  readonly deadlineMs: number;
+
+  constructor(settings: ClientSettings, options: { deadlineMs?: number } = {}) {
     this.settings = settings;
+    this.deadlineMs = options.deadlineMs ?? CALL_DEADLINE_MS;
     this.dispatcher = new Agent({
       connect: settings.insecureSkipVerify ? { rejectUnauthorized: false } : settings.ca ? { ca: settings.ca } : {},
       headersTimeout: HEADERS_TIMEOUT_MS,
@@ -107,13 +115,23 @@ export class OperatorClient {
       body = JSON.stringify(spec.body);
       headers['content-type'] = 'application/json';
     }
+    const deadline = AbortSignal.timeout(this.deadlineMs);
+    const late = () =>
+      new CliError(`${url} did not answer within ${Math.round(this.deadlineMs / 1000)} s`, EXIT_UNAVAILABLE);
     let res: Dispatcher.ResponseData;
     try {
-      res = await request(url, { method: spec.method, headers, body, dispatcher: this.dispatcher });
+      res = await request(url, { method: spec.method, headers, body, dispatcher: this.dispatcher, signal: deadline });
     } catch (err) {
+      if (deadline.aborted) throw late();
       throw unreachable(url, err);
     }
-    const text = await readBounded(res);
+    let text: string;
+    try {
+      text = await readBounded(res);
+    } catch (err) {
+      if (deadline.aborted) throw late();
+      throw err;
+    }
     const type = String(res.headers['content-type'] ?? '');
     let parsed: unknown = text;
     if (/json/i.test(type) && text) {
@@ -125,6 +143,13 @@ export class OperatorClient {
       }
     }
     if (res.statusCode >= 300) throw problemAnswer(res.statusCode, parsed);
+    // Every answer of the operator API is JSON: a 2xx page of anything else is some other server (a wrong
+    // URL, a captive portal, a proxy's page) and never the success it looks like.
+    if (text.trim() !== '' && !/json/i.test(type))
+      throw new CliError(
+        `${url} answered ${res.statusCode} with ${printable(type.slice(0, 100)) || 'no content type'}, not JSON: is it the ${spec.target === 'broker' ? 'broker' : 'operator API'}?`,
+        EXIT_UNAVAILABLE,
+      );
     return { status: res.statusCode, body: (text === '' ? undefined : parsed) as T, headers: res.headers };
   }
 

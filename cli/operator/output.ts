@@ -87,7 +87,8 @@ export function render(data: unknown, format: OutputFormat, options: RenderOptio
     if (!rows.every(isRecord)) return rows.map((r) => `${cell(r)}\n`).join('');
     const cols = options.columns ? [...options.columns] : columnsOf(rows);
     let out = table(
-      cols.map((c) => c.toUpperCase()),
+      // Column names are the server's keys too.
+      cols.map((c) => printable(c.toUpperCase())),
       rows.map((r) => cols.map((c) => cell(r[c]))),
     );
     // A page: say how to get the next one.

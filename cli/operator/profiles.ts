@@ -1,6 +1,7 @@
-import { chmod, mkdir, readFile, rename, writeFile } from 'node:fs/promises';
+import { mkdir, readFile } from 'node:fs/promises';
 import { homedir } from 'node:os';
 import { dirname, isAbsolute, join, resolve } from 'node:path';
+import { writeFileAtomic } from '../../core/atomic-file.ts';
 import { CliError } from '../errors.ts';
 import { EXIT_USAGE } from '../exit-codes.ts';
 
@@ -115,11 +116,9 @@ export async function readProfiles(path: string): Promise<ProfilesFile> {
 /** Writes the file whole (temp file + rename, mode 0600), so a crash never leaves half a file. */
 export async function writeProfiles(path: string, doc: ProfilesFile): Promise<void> {
   await mkdir(dirname(path), { recursive: true, mode: 0o700 });
-  const tmp = `${path}.${process.pid}.tmp`;
   const ordered = { ...(doc.default_profile ? { default_profile: doc.default_profile } : {}), profiles: doc.profiles };
-  await writeFile(tmp, `${JSON.stringify(ordered, null, 2)}\n`, { mode: 0o600 });
-  await chmod(tmp, 0o600);
-  await rename(tmp, path);
+  // Its temporary file is created exclusively: a name planted there is never written or chmod-ed through.
+  await writeFileAtomic(path, `${JSON.stringify(ordered, null, 2)}\n`, { mode: 0o600 });
 }
 
 /** Adds or replaces one profile; `makeDefault` also selects it (or when no profile is the default yet). */

@@ -1,6 +1,6 @@
 import { type FileHandle, open, unlink } from 'node:fs/promises';
 import { CliError } from '../errors.ts';
-import { EXIT_USAGE } from '../exit-codes.ts';
+import { EXIT_UNAVAILABLE, EXIT_USAGE } from '../exit-codes.ts';
 
 // Secret material the control plane hands out once (a service account's key, an enclave's broker key)
 // goes to a file the caller names, mode 0600, never over an existing file. The file is created before
@@ -61,7 +61,22 @@ export class SecretFileOut {
       await this.discard();
       throw err;
     }
-    await this.write(pick(answer));
+    // A success that does not carry the secret (an empty or reshaped answer) is no success: nothing is
+    // written, the empty file goes, and the operator learns the call may have taken effect regardless.
+    let secret: unknown;
+    try {
+      secret = pick(answer);
+    } catch {
+      secret = undefined;
+    }
+    if (secret === undefined || secret === null) {
+      await this.discard();
+      throw new CliError(
+        `the server answered success but its answer held no key for ${this.path} (the change may have been made; check, and rotate the key)`,
+        EXIT_UNAVAILABLE,
+      );
+    }
+    await this.write(secret);
     return answer;
   }
 }

@@ -3,6 +3,7 @@ import { type Dispatcher, request } from 'undici';
 import { type SseEvent, SseParser } from '../../core/sse.ts';
 import { CliError } from '../errors.ts';
 import { EXIT_UNAVAILABLE } from '../exit-codes.ts';
+import { printable } from './output.ts';
 import { type CallSpec, type OperatorClient, problemAnswer, unreachable } from './operator-client.ts';
 
 // Following a server-sent-event stream (`dvx audit tail`, `dvx approvals watch`): the stream is read
@@ -15,6 +16,10 @@ const MAX_BACKOFF_MS = 30_000;
 const FIRST_BACKOFF_MS = 500;
 /** A connection that stays silent this long (the servers send heartbeats far more often) is dead. */
 const IDLE_MS = 90_000;
+/** One event's bytes at most: a server that never ends an event must not grow the follower without bound. */
+export const MAX_EVENT_BYTES = 8 * 1024 * 1024;
+/** What a Last-Event-ID header can carry back (undici refuses anything else, which would loop as "unreachable"). */
+const SENDABLE_ID = /^[\x20-\x7e]{0,1024}$/;
 
 export interface FollowOptions {
   signal: AbortSignal;
@@ -35,8 +40,14 @@ export async function follow(
   let backoff = FIRST_BACKOFF_MS;
   let freshToken = false;
   let retriedAuth = false;
+  let toldNoIds = false;
   const url = client.url(spec);
   while (!o.signal.aborted) {
+    if (lastId !== undefined && !SENDABLE_ID.test(lastId))
+      throw new CliError(
+        `the stream's event id ${JSON.stringify(printable(lastId.slice(0, 80)))} cannot be sent back as Last-Event-ID: cannot resume`,
+        EXIT_UNAVAILABLE,
+      );
     const token = await client.tokens.token(freshToken);
     freshToken = false;
     let res: Dispatcher.ResponseData;
@@ -56,6 +67,9 @@ export async function follow(
       });
     } catch (err) {
       if (o.signal.aborted) return;
+      // A request undici refuses to send (a header it will not carry) fails the same way every time.
+      if ((err as { code?: string }).code === 'UND_ERR_INVALID_ARG')
+        throw new CliError(`cannot send the request to ${url}: ${(err as Error).message}`, EXIT_UNAVAILABLE);
       const e = unreachable(url, err);
       if (/TLS certificate/.test(e.message)) throw e; // reconnecting does not fix trust
       o.onNote?.(`${e.message}; reconnecting in ${Math.round(backoff / 1000) || 1}s`);
@@ -89,9 +103,18 @@ export async function follow(
     }
     const parser = new SseParser();
     let delivered = false;
+    let pending = 0; // bytes since the last whole event
     try {
       for await (const chunk of res.body) {
-        for (const event of parser.push(chunk as Buffer)) {
+        pending += (chunk as Buffer).length;
+        const events = parser.push(chunk as Buffer);
+        if (events.length > 0) pending = 0;
+        else if (pending > MAX_EVENT_BYTES) {
+          res.body.destroy();
+          // Reconnecting would fetch the same event again.
+          throw new CliError(`an event of ${url} is larger than ${MAX_EVENT_BYTES} bytes`, EXIT_UNAVAILABLE);
+        }
+        for (const event of events) {
           if (event.id !== undefined) lastId = event.id;
           if (event.data === '') continue;
           await o.onEvent(event);
@@ -104,9 +127,14 @@ export async function follow(
       }
     } catch (err) {
       if (o.signal.aborted) return;
+      if (err instanceof CliError) throw err;
       o.onNote?.(`the stream broke (${(err as Error).message}); resuming${lastId ? ` after ${lastId}` : ''}`);
     }
     if (o.signal.aborted) return;
+    if (delivered && lastId === undefined && !toldNoIds) {
+      toldNoIds = true;
+      o.onNote?.('the stream sent no event id: events between this connection and the next may be lost or repeated');
+    }
     // The server ended the stream (a restart, the token's expiry, a grant re-check): open it again.
     freshToken = true;
     retriedAuth = false;

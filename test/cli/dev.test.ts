@@ -106,6 +106,7 @@ async function stopDev(t: Test, run: Run): Promise<void> {
   t.throws(() => process.kill(-run.child.pid!, 0), { code: 'ESRCH' }, 'no process left in its group');
   for (const port of ports) t.ok(await refused(port), `port ${port} is closed`);
   await t.rejects(stat(join(dir, 'dev.json')), { code: 'ENOENT' }, 'dev.json goes with it');
+  await t.rejects(stat(join(dir, 'dev.lock')), { code: 'ENOENT' }, 'and its lock');
 }
 
 async function sdkCalls(t: Test, facts: Record<string, string>) {
@@ -189,6 +190,19 @@ t.test('a first start from a fresh directory', async (t) => {
     t.equal(token.code, 0, token.stderr);
     const facts = JSON.parse(await readFile(join(dir, 'dev.json'), 'utf8'));
     t.equal(token.stdout.trim(), facts.agent_token);
+  });
+
+  await t.test('a second dvx dev on the same directory is refused and leaves the running one whole', async (t) => {
+    const before = await readFile(join(dir, 'dev.json'), 'utf8');
+    const args = ['dev', '--dir', dir, '--log-level', 'error'];
+    for (const a of ['controlplane', 'broker', 'broker-operator', 'llmproxy', 'gateway', 'issuer', 'upstream'])
+      args.push(`--${a}-addr`, '127.0.0.1:0');
+    const second = await runDvx(args, { env });
+    t.not(second.code, 0);
+    t.match(second.stderr, new RegExp(`in use by a running dvx dev \\(pid ${run.child.pid}\\)`));
+    t.equal(await readFile(join(dir, 'dev.json'), 'utf8'), before, "the running one's dev.json is untouched");
+    const who = await runDvx(['whoami', '--output', 'json'], { env });
+    t.equal(who.code, 0, who.stderr);
   });
 
   await t.test('SIGINT stops everything', (t) => stopDev(t, run));
