@@ -5,7 +5,8 @@ import { LOG_LEVELS, type LogLevel } from '../core/logger.ts';
 import { flag } from '../core/options.ts';
 import { runUntilSignal } from '../core/shutdown.ts';
 import { MOCK_LABEL } from './dev/mock-upstream.ts';
-import { BLOCKED_EXAMPLE, type DevFacts, type DevOptions, runningDevPid, startDevSystem } from './dev/system.ts';
+// The system itself (every server) is imported when `dvx dev` runs, not when any dvx command starts.
+import type { DevFacts, DevOptions } from './dev/system.ts';
 import { CliError } from './errors.ts';
 import { checkProfileName } from './operator/profiles.ts';
 
@@ -48,7 +49,7 @@ export function chooseUpstream(
   return { upstream: choice, providerKey: choice === 'providers' ? key : '' };
 }
 
-function banner(f: DevFacts, dir: string): string {
+function banner(f: DevFacts, dir: string, blockedExample: string): string {
   const upstream =
     f.upstream === 'providers'
       ? 'the real providers (the key from your environment)'
@@ -74,7 +75,7 @@ function banner(f: DevFacts, dir: string): string {
     `  curl --cacert ${f.ca_cert} ${f.llmproxy}/v1/messages -H "x-api-key: $(dvx dev token)" \\`,
     `    -H 'content-type: application/json' -d '{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"hi"}]}'`,
     '',
-    `  Say "${BLOCKED_EXAMPLE}" in a message: the demo org's content policy blocks it (403).`,
+    `  Say "${blockedExample}" in a message: the demo org's content policy blocks it (403).`,
     '',
     `The CLI, logged in as the dev admin (profile "${f.profile}" in ${f.profiles_file}):`,
     '',
@@ -142,8 +143,9 @@ export function devCommand(): Command {
       const { profileName, ...rest } = opts;
       checkProfileName(profileName); // before anything starts
       const options: DevOptions = { ...rest, profile: profileName, ...chooseUpstream(opts.upstream, process.env) };
+      const { startDevSystem, BLOCKED_EXAMPLE } = await import('./dev/system.ts');
       const system = await startDevSystem(options);
-      process.stdout.write(banner(system.facts, resolve(opts.dir)) + '\n');
+      process.stdout.write(banner(system.facts, resolve(opts.dir), BLOCKED_EXAMPLE) + '\n');
       await runUntilSignal(() => system.close());
       process.stderr.write('dvx dev: stopped\n');
     });
@@ -155,6 +157,7 @@ export function devCommand(): Command {
       const dir = (dev.opts() as { dir: string }).dir;
       const file = join(dir, 'dev.json');
       // A dev.json left by a run that was killed holds a token and ports nobody serves.
+      const { runningDevPid } = await import('./dev/system.ts');
       if ((await runningDevPid(dir)) === null)
         throw new CliError(`no dvx dev is running in ${dir} (its dev.json is stale): start "dvx dev" first`);
       let facts: Partial<DevFacts>;

@@ -4,7 +4,6 @@ import { flag, parseDurationFlag } from '../core/options.ts';
 import { runUntilSignal } from '../core/shutdown.ts';
 import { BrokerOptionsError } from '../enclave/errors.ts';
 import { BROKER_DEFAULTS, type BrokerOptions } from '../enclave/broker/options.ts';
-import { startBroker } from '../enclave/broker/server.ts';
 import { CliError } from './errors.ts';
 import { readBrokerToken } from './pull.ts';
 import {
@@ -156,7 +155,7 @@ export function registerBroker(serve: Command): void {
       let running;
       try {
         const brokerKey = opts.brokerKey ? await readBrokerToken(opts.brokerKey) : '';
-        running = await startBroker({ ...opts, brokerKey });
+        running = await (await import('../enclave/broker/server.ts')).startBroker({ ...opts, brokerKey });
       } catch (err) {
         if (err instanceof BrokerOptionsError || err instanceof CliError) throw new CliError(err.message);
         throw new CliError(`broker failed to start: ${(err as Error).message}`);

@@ -4,7 +4,6 @@ import { addBooleanFlag, flag, parseDurationFlag } from '../core/options.ts';
 import { runUntilSignal } from '../core/shutdown.ts';
 import { CONTROLPLANE_DEFAULTS, type ControlPlaneOptions } from '../controlplane/options.ts';
 import { ControlPlaneOptionsError } from '../controlplane/errors.ts';
-import { startControlPlane } from '../controlplane/server.ts';
 import { CliError } from './errors.ts';
 import {
   addAuditFlags,
@@ -118,7 +117,7 @@ export function registerControlPlane(serve: Command): void {
     .action(async (opts: Partial<ControlPlaneOptions>) => {
       let running;
       try {
-        running = await startControlPlane(opts);
+        running = await (await import('../controlplane/server.ts')).startControlPlane(opts);
       } catch (err) {
         if (err instanceof ControlPlaneOptionsError) throw new CliError(err.message);
         throw new CliError(`controlplane failed to start: ${(err as Error).message}`);

@@ -4,7 +4,6 @@ import { flag, addBooleanFlag, parseBoolean, parseDurationFlag, parsePositiveInt
 import { runUntilSignal } from '../core/shutdown.ts';
 import { GatewayOptionsError, GatewayRuleError } from '../proxy/egress/errors.ts';
 import { DEFAULT_LLM_HOSTS, GATEWAY_DEFAULTS, type GatewayOptions } from '../proxy/egress/options.ts';
-import { startGateway } from '../proxy/egress/server.ts';
 import { OptionsError } from '../proxy/llm/errors.ts';
 import { CliError } from './errors.ts';
 import { addAuditFlags, addCommonFlags, addConnectionFlags, addMetricsAndEnclaveFlags } from './server-flags.ts';
@@ -198,7 +197,7 @@ export function registerGateway(serve: Command): void {
     .action(async (opts: Partial<GatewayOptions>) => {
       let running;
       try {
-        running = await startGateway(opts);
+        running = await (await import('../proxy/egress/server.ts')).startGateway(opts);
       } catch (err) {
         if (err instanceof GatewayOptionsError || err instanceof GatewayRuleError || err instanceof OptionsError)
           throw new CliError(err.message);

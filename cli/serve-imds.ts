@@ -5,7 +5,6 @@ import { flag, parseDurationFlag, parsePositiveInt } from '../core/options.ts';
 import { runUntilSignal } from '../core/shutdown.ts';
 import { ImdsOptionsError, ImdsSocketError } from '../proxy/imds/errors.ts';
 import { DEFAULT_IMDS_SOCKET, IMDS_DEFAULTS, parseSocketMode, type ImdsOptions } from '../proxy/imds/options.ts';
-import { startImds } from '../proxy/imds/server.ts';
 import { CliError } from './errors.ts';
 import { addAuditFlags } from './server-flags.ts';
 
@@ -134,7 +133,7 @@ export function registerImds(serve: Command): void {
     .action(async (opts: Partial<ImdsOptions>) => {
       let running;
       try {
-        running = await startImds(opts);
+        running = await (await import('../proxy/imds/server.ts')).startImds(opts);
       } catch (err) {
         if (err instanceof ImdsOptionsError || err instanceof ImdsSocketError) throw new CliError(err.message);
         throw new CliError(`imds failed to start: ${(err as Error).message}`);

@@ -6,7 +6,6 @@ import { DEFAULT_INSPECT_TIMEOUT_MS } from '../pipeline/engine.ts';
 import { ISOLATION_CLASSES, WIRE_FORMATS } from '../pipeline/policy/snapshot.ts';
 import { INSPECTION_DISCLOSURES, LLMPROXY_DEFAULTS, type LlmProxyOptions } from '../proxy/llm/options.ts';
 import { OptionsError } from '../proxy/llm/errors.ts';
-import { startLlmProxy } from '../proxy/llm/server.ts';
 import { CliError } from './errors.ts';
 import { addAuditFlags, addCommonFlags, addConnectionFlags } from './server-flags.ts';
 
@@ -155,7 +154,7 @@ export function registerLlmProxy(serve: Command): void {
     .action(async (opts: Partial<LlmProxyOptions>) => {
       let running;
       try {
-        running = await startLlmProxy(opts);
+        running = await (await import('../proxy/llm/server.ts')).startLlmProxy(opts);
       } catch (err) {
         if (err instanceof OptionsError) throw new CliError(err.message);
         throw new CliError(`llmproxy failed to start: ${(err as Error).message}`);
