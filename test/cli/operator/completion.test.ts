@@ -48,7 +48,7 @@ async function complete(words: string[]): Promise<string[]> {
 
 t.test('bash: commands, subcommands and options complete', async (t) => {
   t.same(await complete(['dvx', 'or']), ['orgs']);
-  t.same(await complete(['dvx', 'se']), ['serve', 'service-accounts'].sort());
+  t.same(await complete(['dvx', 'se']), ['secret', 'serve', 'service-accounts'].sort());
   t.same(await complete(['dvx', 'orgs', '']), ['create', 'delete', 'get', 'list', 'set']);
   t.same(await complete(['dvx', 'service-accounts', 'keys', '']), ['create', 'delete']);
   t.same(await complete(['dvx', 'grant', 'create', '--org', 'acme', '--ro']), ['--role']);
