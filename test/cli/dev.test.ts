@@ -185,6 +185,36 @@ t.test('a first start from a fresh directory', async (t) => {
     t.equal(profiles.default_profile, 'dev', 'the default, as there was none');
   });
 
+  await t.test("dvx policy and dvx audit work against it; the enclave store holds the agent's calls", async (t) => {
+    const policy = await runDvx(['policy', 'get', 'content_inspection', '--scope', 'org', '--org', 'demo'], { env });
+    t.equal(policy.code, 0, policy.stderr);
+    t.match(JSON.parse(policy.stdout), { key: 'content_inspection', value: { patterns: [{ severity: 'block' }] } });
+    const changes = await runDvx(['audit', 'list', '--action', 'org.create', '--output', 'json'], { env });
+    t.equal(changes.code, 0, changes.stderr);
+    t.match(JSON.parse(changes.stdout), { records: [{ action: 'org.create', actor: 'dvx-dev-admin' }] });
+    // The broker's audit routes read the enclave's store, which llmproxy ships into: the SDK calls above.
+    let calls: { action: string; outcome: string }[] = [];
+    t.ok(
+      await until(
+        async () => {
+          const r = await runDvx(
+            ['audit', 'list', '--local', '--agent', 'demo-agent', '--action', 'inference.request', '--output', 'jsonl'],
+            { env },
+          );
+          calls = r.stdout
+            .trim()
+            .split('\n')
+            .filter(Boolean)
+            .map((l) => JSON.parse(l));
+          return calls.length > 0;
+        },
+        60_000,
+        1000,
+      ),
+      "the agent's LLM calls are in the enclave audit",
+    );
+  });
+
   await t.test('dvx dev token prints the current token', async (t) => {
     const token = await runDvx(['dev', '--dir', dir, 'token'], { env });
     t.equal(token.code, 0, token.stderr);
