@@ -56,7 +56,7 @@ t.test('orgs: bad input fails locally, exit 2, nothing sent', async (t) => {
   t.match(bad.stderr, /org "Not_Valid!" is not valid/);
   const json = await cli.as('root', ['orgs', 'create', '--file', '-'], { stdin: '{"id": "zeta", ' });
   t.equal(json.code, 2);
-  t.match(json.stderr, /--file stdin is not valid JSON/);
+  t.match(json.stderr, /--file \(stdin\) is not valid JSON/);
   const both = await cli.as('root', ['orgs', 'create', 'zeta', '--name', 'Z', '--file', '-'], { stdin: '{}' });
   t.equal(both.code, 2);
   t.match(both.stderr, /alternatives/);
