@@ -19,7 +19,7 @@ export function printable(s: string): string {
 // characters of its output are the indentation's line breaks, which must stay.
 const RAW_IN_JSON = /[\u007f-\u009f\p{Cf}\u2028\u2029]/gu;
 
-/** JSON whose every unprintable character is a `\uXXXX` escape (still valid JSON, same value). */
+/** JSON whose every unprintable character is a four-hex-digit `\u` escape (still valid JSON, same value). */
 export function safeJson(value: unknown, indent?: number): string {
   return (JSON.stringify(value, null, indent) ?? 'null').replace(
     RAW_IN_JSON,
