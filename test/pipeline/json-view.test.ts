@@ -1,6 +1,13 @@
 import t from 'tap';
 import fc from 'fast-check';
-import { carriesJsonEscapes, decodedViews, deepScanView, scanView, topLevelString } from '../../pipeline/json-view.ts';
+import {
+  carriesJsonEscapes,
+  decodedViews,
+  deepScanView,
+  hidesCharacters,
+  scanView,
+  topLevelString,
+} from '../../pipeline/json-view.ts';
 import { llmRequestBody } from '../../bench/corpus.ts';
 import { referenceDeepScanView, referenceHidesCharacters, referenceScanView } from './json-view.reference.ts';
 
@@ -159,4 +166,20 @@ t.test('the benchmark corpus decodes as before, and a body with nothing decoded 
   const invalid = Buffer.from('{"a":"\\u12 and \\x"}');
   t.equal(decodedViews(invalid).decoded, invalid, 'only escapes that decode to nothing: the body itself');
   t.equal(decodedViews(invalid).literal, invalid);
+});
+
+t.test('property: one RE2 search tells hiding escapes as the three indexOf passes did, on any bytes', async (_t) => {
+  // Invalid UTF-8 (lone continuation bytes, truncated sequences) around the pairs included.
+  const byte = fc.oneof(
+    fc.constantFrom(0x5c, 0x5c, 0x75, 0x2f, 0x6e, 0x22),
+    fc.constantFrom(0x80, 0xbf, 0xc3, 0xe2, 0xf0, 0xff, 0x00),
+    fc.integer({ min: 0, max: 255 }),
+  );
+  fc.assert(
+    fc.property(fc.array(byte, { maxLength: 80 }), (bytes) => {
+      const body = Buffer.from(bytes);
+      return hidesCharacters(body) === referenceHidesCharacters(body);
+    }),
+    { numRuns: 5000 },
+  );
 });
