@@ -1,5 +1,5 @@
 import { bodyLocation, type FindingLocation, type Phase } from './finding.ts';
-import { deepScanView, hidesCharacters } from './json-view.ts';
+import { decodedViews, hidesCharacters } from './json-view.ts';
 import { normalizedView } from './normalized-view.ts';
 import { hits, type PatternPlan, type PrefilterId, type SetHits } from './inspectors/patterns.ts';
 import { sseText } from './sse-text.ts';
@@ -7,8 +7,9 @@ import { sseText } from './sse-text.ts';
 // One body as the inspectors read it: the bytes as sent and the views built from them, each built at
 // most once and only when an inspector asks (the decode and the normalization are the costly steps):
 //
-//   raw ──┬── decoded()   JSON escapes decoded (json-view.ts, deepScanView)
+//   raw ──┬── decoded()   JSON escapes decoded (json-view.ts, decodedViews)
 //         ├── literal()   raw, or decoded() when `\u` or `\/` escapes could hide a character
+//                         (told by the decoding walk when decoded() is built, else by hidesCharacters)
 //         ├── joined()    a streamed response's delta text (sse-text.ts)
 //         └── normalized(), normalizedJoined()   NFKC, invisibles dropped, entities decoded
 //                         (normalized-view.ts): of decoded() when an inspector reads it, else of literal()
@@ -80,12 +81,25 @@ export class InspectionInput {
 
   /** The body with its JSON escapes decoded. */
   decoded(): Buffer {
-    return (this.#decoded ??= deepScanView(this.raw));
+    if (this.#decoded === null) {
+      const views = decodedViews(this.raw);
+      this.#decoded = views.decoded;
+      this.#literal = views.literal;
+    }
+    return this.#decoded;
   }
 
-  /** The body as sent, or decoded when escapes could hide a character of what the detectors look for. */
+  /**
+   * The body as sent, or decoded when escapes could hide a character of what the detectors look for.
+   * When an inspector of the scan reads the decoded view anyway, it is built now and its walk tells
+   * (no pass of its own over the body); else the body is searched for the escapes that hide.
+   */
   literal(): Buffer {
-    return (this.#literal ??= hidesCharacters(this.raw) ? this.decoded() : this.raw);
+    if (this.#literal === null) {
+      if (this.#normalizeDecoded) this.decoded();
+      else this.#literal = hidesCharacters(this.raw) ? this.decoded() : this.raw;
+    }
+    return this.#literal!;
   }
 
   /** A streamed response's joined delta text: what the agent reads (null: not a response, or no text). */

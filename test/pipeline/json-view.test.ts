@@ -1,6 +1,15 @@
 import t from 'tap';
 import fc from 'fast-check';
-import { carriesJsonEscapes, scanView, topLevelString } from '../../pipeline/json-view.ts';
+import {
+  carriesJsonEscapes,
+  decodedViews,
+  deepScanView,
+  hidesCharacters,
+  scanView,
+  topLevelString,
+} from '../../pipeline/json-view.ts';
+import { llmRequestBody } from '../../bench/corpus.ts';
+import { referenceDeepScanView, referenceHidesCharacters, referenceScanView } from './json-view.reference.ts';
 
 t.test('the view decodes every JSON escape', async (t) => {
   const original = 'a@b "q" \\ / \n\t\r\b\f é 😀 \u0000';
@@ -70,5 +79,107 @@ t.test('topLevelString', async (t) => {
     topLevelString(Buffer.from('{"mod\\ud800l":"a"}'), 'model'),
     null,
     'a lone surrogate escape is read, and differs',
+  );
+});
+
+// The decoded view is built in place since P13 (json-view.ts, decodeLevel), and the literal view is
+// told by the same walk: both must be byte for byte what the copy-every-byte view and the three
+// indexOf passes gave (json-view.reference.ts), on bodies dense with every kind of escape.
+
+/** Bodies made of the pieces escapes are made of, JSON (or SSE) or not, nested levels included. */
+const escapeHeavy = fc
+  .tuple(
+    fc.constantFrom('{"a":"', '[', '"', 'data: {"d":"', '  {"x":"', 'plain text ', ''),
+    fc.array(
+      fc.oneof(
+        fc.constantFrom(
+          '\\\\',
+          '\\n',
+          '\\"',
+          '\\/',
+          '\\t',
+          '\\r',
+          '\\b',
+          '\\f',
+          '\\u0040',
+          '\\u00e9',
+          '\\uD83D\\uDE00',
+          '\\uD800',
+          '\\uDC00x',
+          '\\u12',
+          '\\u',
+          '\\x',
+          '\\\\u0041',
+          '\\\\\\\\n',
+          '\\\\\\u0040',
+          'AKIA',
+          '@',
+          ' ',
+          'é',
+        ),
+        fc.string({ maxLength: 40 }),
+        fc.string({ minLength: 20, maxLength: 120, unit: fc.constantFrom('a', 'b', ' ', '1', '-') }),
+      ),
+      { maxLength: 60 },
+    ),
+    fc.constantFrom('"}', '', '\\\\', '\\', '\\u00'),
+  )
+  .map(([head, parts, tail]) => Buffer.from(head + parts.join('') + tail));
+
+t.test('property: the in-place decoded view is the copied one, at every level', async (_t) => {
+  fc.assert(
+    fc.property(escapeHeavy, (body) => {
+      const views = decodedViews(body);
+      const reference = referenceDeepScanView(body);
+      if (!views.decoded.equals(reference)) return false;
+      if (!deepScanView(body).equals(reference) || !scanView(body).equals(referenceScanView(body))) return false;
+      // The literal view as InspectionInput chose it before: the body, or decoded when escapes hide.
+      const literal = referenceHidesCharacters(body) ? reference : body;
+      return views.literal.equals(literal);
+    }),
+    { numRuns: 3000 },
+  );
+});
+
+t.test('property: the same on arbitrary strings, escaped once or twice', async (_t) => {
+  fc.assert(
+    fc.property(fc.string({ unit: 'binary' }), fc.boolean(), (s, twice) => {
+      const once = JSON.stringify({ k: s });
+      const body = Buffer.from(twice ? JSON.stringify({ args: once }) : once);
+      const views = decodedViews(body);
+      const reference = referenceDeepScanView(body);
+      return views.decoded.equals(reference) && views.literal.equals(referenceHidesCharacters(body) ? reference : body);
+    }),
+    { numRuns: 2000 },
+  );
+});
+
+t.test('the benchmark corpus decodes as before, and a body with nothing decoded is not copied', async (t) => {
+  for (const size of [4 * 1024, 256 * 1024]) {
+    const body = llmRequestBody(size, 3);
+    const views = decodedViews(body);
+    t.ok(views.decoded.equals(referenceDeepScanView(body)), `decoded view of ${size} bytes`);
+    t.equal(views.literal, body, 'no escape hides a character: the literal view is the body itself');
+  }
+  const plain = Buffer.from('{"a":"no escapes here"}');
+  t.equal(decodedViews(plain).decoded, plain);
+  const invalid = Buffer.from('{"a":"\\u12 and \\x"}');
+  t.equal(decodedViews(invalid).decoded, invalid, 'only escapes that decode to nothing: the body itself');
+  t.equal(decodedViews(invalid).literal, invalid);
+});
+
+t.test('property: one RE2 search tells hiding escapes as the three indexOf passes did, on any bytes', async (_t) => {
+  // Invalid UTF-8 (lone continuation bytes, truncated sequences) around the pairs included.
+  const byte = fc.oneof(
+    fc.constantFrom(0x5c, 0x5c, 0x75, 0x2f, 0x6e, 0x22),
+    fc.constantFrom(0x80, 0xbf, 0xc3, 0xe2, 0xf0, 0xff, 0x00),
+    fc.integer({ min: 0, max: 255 }),
+  );
+  fc.assert(
+    fc.property(fc.array(byte, { maxLength: 80 }), (bytes) => {
+      const body = Buffer.from(bytes);
+      return hidesCharacters(body) === referenceHidesCharacters(body);
+    }),
+    { numRuns: 5000 },
   );
 });
