@@ -140,6 +140,18 @@ export function sessionBodies(turns: number, seed: number): Buffer[] {
   return bodies;
 }
 
+/**
+ * What Portkey's regexMatch guardrail reads of a Messages request (its build: the last message's
+ * content, and of a content array only the parts' `text`): a tool_result part gives it nothing.
+ */
+function portkeyScannedBytes(body: Buffer): number {
+  const { messages } = JSON.parse(body.toString()) as { messages: { content: unknown }[] };
+  const content = messages[messages.length - 1]?.content;
+  if (typeof content === 'string') return Buffer.byteLength(content);
+  if (!Array.isArray(content)) return 0;
+  return content.reduce((n: number, part: { text?: string }) => n + Buffer.byteLength(part.text ?? ''), 0);
+}
+
 // ---- the processes under test --------------------------------------------------------------------
 
 /** The mock Anthropic upstream: every turn answers with a tool call, as an agent's model does. */
@@ -563,6 +575,9 @@ export async function main(args: string[]): Promise<BenchResult> {
   const inspectedPerTurn = (r: Replay, m: Map<string, number> | undefined, bytes: number) =>
     r.early ? kb((bytes - saved(m)) / (group * nSessions)) : '';
   const inspectionSeconds = (r: Replay) => r.whole?.get('dvx_inspection_duration_seconds_sum') ?? NaN;
+  const portkeyBytes = (from: number, to: number) =>
+    sessions.reduce((n, sess) => n + sess.slice(from, to).reduce((m, b) => m + portkeyScannedBytes(b), 0), 0) /
+    (group * nSessions);
   const rows = results
     .filter((x) => x.c.pid !== null)
     .map(({ c, r }) => {
@@ -575,7 +590,7 @@ export async function main(args: string[]): Promise<BenchResult> {
           ? `${inspectedPerTurn(r, r.early, earlyBytes)} / ${inspectedPerTurn(r, r.late, lateBytes)}`
           : c.name.startsWith('floor')
             ? 'none (no inspection)'
-            : 'not reported',
+            : `${kb(portkeyBytes(0, group))} / ${kb(portkeyBytes(turns - group, turns))} (last message's text only)`,
         `${formatMs(Math.max(0, added(r, 0, group, 0.5)))} / ${formatMs(Math.max(0, added(r, turns - group, turns, 0.5)))}`,
         `${formatMs(Math.max(0, added(r, 0, group, 0.99)))} / ${formatMs(Math.max(0, added(r, turns - group, turns, 0.99)))}`,
         r.cpu === null ? '' : formatMs((r.cpu * 1000) / nSessions),
@@ -614,10 +629,16 @@ export async function main(args: string[]): Promise<BenchResult> {
       [...rows, ...failed.map((f) => [f[0], '', '', '', '', '', '', '', ''])],
     ),
     '',
-    `Body per turn: ${kb(earlyBytes / (group * nSessions))} early, ${kb(lateBytes / (group * nSessions))} late; ${kb(wholeBytes / nSessions)} sent per session. Findings planted: ${findingsPlanted(turns)}; observed, none blocking; every later turn carries them again (the findings column counts each time one is recorded, over all sessions).`,
+    `Body per turn: ${kb(earlyBytes / (group * nSessions))} early, ${kb(lateBytes / (group * nSessions))} late; ${kb(wholeBytes / nSessions)} sent per session. Findings planted: ${findingsPlanted(turns)}; observed, none blocking; every later turn carries them again (the findings column counts each time one is recorded, over all sessions). dvx inspects the whole body less what its cache has seen; Portkey's regex guardrail reads only the last message's text parts (a tool_result gives it nothing), so its column is what it reads, not what it is sent.`,
     '',
     `Inspection time, no cache / cache: ${Number.isFinite(ratio) ? `${ratio.toFixed(2)}×` : '—'} (goal ≥ 10× over ${turns} turns); inspected bytes, no cache / cache: ${Number.isFinite(bytesRatio) ? `${bytesRatio.toFixed(2)}×` : '—'}; whole-process CPU, no cache / cache: ${Number.isFinite(cpuRatio) ? `${cpuRatio.toFixed(2)}×` : '—'}.`,
     ...(notes.length ? ['', ...notes.map((n) => `Note: ${n}.`)] : []),
+    ...(cached?.whole && !cached.whole.has('dvx_inspection_cache_hits_total')
+      ? [
+          '',
+          'Note: this dvx has no inspection cache (no dvx_inspection_cache_* metric): both dvx rows run the same code, and their ratios are noise.',
+        ]
+      : []),
     '',
   ].join('\n');
   process.stdout.write(markdown);
