@@ -12,11 +12,11 @@ import { BENCH_PATTERNS, BENCH_SECRETS } from './corpus.ts';
 import { conditions, formatMs, table } from './measure.ts';
 import type { BenchResult, SummaryRow } from './summary.ts';
 
-// npm run bench -- session [--quick] [--turns N] [--sessions N]
+// npm run bench -- session [--quick] [--turns N] [--sessions N] [--format anthropic|openai]
 // Replays generated agent sessions through llmproxy with the full set on. A session is what a coding
 // agent sends: every turn resends the whole conversation (system prompt, tool definitions, each
 // assistant tool_use and the tool_result that answered it), growing by ~7.5 KB a turn to ~300 KB at
-// turn 40, with a few findings along the way that are observed, not blocked (an email in a tool result
+// turn 40 (or OpenAI Chat Completions with --format openai), with a few findings along the way that are observed, not blocked (an email in a tool result
 // at turn 3, an API key at turn 12, an internal host name at turn 25), so the session goes on.
 // Contenders, each alone on core 1 (taskset) while this process and the mock upstream share core 0:
 // direct (no proxy); dvx with its inspection cache; dvx with `--inspection-cache-mb 0`; the floor
@@ -100,49 +100,78 @@ function text(rand: () => number, bytes: number): string {
   return out;
 }
 
-/** The request bodies of one session, turn 1 to `turns`: each carries every turn before it. */
-export function sessionBodies(turns: number, seed: number): Buffer[] {
+export type SessionFormat = 'anthropic' | 'openai';
+
+/** Where each format's calls go, and the model it names. */
+const ROUTES: Record<SessionFormat, { path: string; model: string }> = {
+  anthropic: { path: '/v1/messages', model: 'claude-sonnet-4-5' },
+  openai: { path: '/v1/chat/completions', model: 'gpt-4.1' },
+};
+
+const SYSTEM = 'You are a careful coding agent working in a sandboxed repository.';
+
+/**
+ * The request bodies of one session, turn 1 to `turns`: each carries every turn before it. Anthropic
+ * Messages (tool_use / tool_result blocks) or OpenAI Chat Completions (tool_calls / role "tool").
+ */
+export function sessionBodies(turns: number, seed: number, format: SessionFormat = 'anthropic'): Buffer[] {
   const rand = rng(seed);
-  const messages: unknown[] = [
-    { role: 'user', content: `Fix the failing test in the parser module (session ${seed}). ${text(rand, 600)}` },
-  ];
+  const task = `Fix the failing test in the parser module (session ${seed}). ${text(rand, 600)}`;
+  const messages: unknown[] =
+    format === 'openai'
+      ? [
+          { role: 'system', content: SYSTEM },
+          { role: 'user', content: task },
+        ]
+      : [{ role: 'user', content: task }];
   const bodies: Buffer[] = [];
   for (let turn = 1; turn <= turns; turn++) {
     if (turn > 1) {
       const tool = TOOLS[Math.floor(rand() * TOOLS.length)];
       const id = `toolu_${seed}_${turn}`;
-      messages.push({
-        role: 'assistant',
-        content: [
-          { type: 'text', text: text(rand, 150 + rand() * 300) },
-          { type: 'tool_use', id, name: tool.name, input: { [tool.input_schema.required[0]]: `src/${turn}.ts` } },
-        ],
-      });
+      const said = text(rand, 150 + rand() * 300);
+      const input = { [tool.input_schema.required[0]]: `src/${turn}.ts` };
       // Tool results vary in size (a short grep, a long file); on average the turn adds TURN_GROWTH.
-      const size = Math.round(TURN_GROWTH * (0.3 + 1.4 * rand()));
-      messages.push({
-        role: 'user',
-        content: [{ type: 'tool_result', tool_use_id: id, content: text(rand, size) + (FINDINGS[turn] ?? '') }],
-      });
+      const result = text(rand, Math.round(TURN_GROWTH * (0.3 + 1.4 * rand()))) + (FINDINGS[turn] ?? '');
+      if (format === 'openai') {
+        messages.push({
+          role: 'assistant',
+          content: said,
+          tool_calls: [{ id, type: 'function', function: { name: tool.name, arguments: JSON.stringify(input) } }],
+        });
+        messages.push({ role: 'tool', tool_call_id: id, content: result });
+      } else {
+        messages.push({
+          role: 'assistant',
+          content: [
+            { type: 'text', text: said },
+            { type: 'tool_use', id, name: tool.name, input },
+          ],
+        });
+        messages.push({ role: 'user', content: [{ type: 'tool_result', tool_use_id: id, content: result }] });
+      }
     }
-    bodies.push(
-      Buffer.from(
-        JSON.stringify({
-          model: 'claude-sonnet-4-5',
-          max_tokens: 4096,
-          system: 'You are a careful coding agent working in a sandboxed repository.',
-          tools: TOOLS,
-          messages,
-        }),
-      ),
-    );
+    const body =
+      format === 'openai'
+        ? {
+            model: ROUTES.openai.model,
+            max_tokens: 4096,
+            tools: TOOLS.map((t) => ({
+              type: 'function',
+              function: { name: t.name, description: t.description, parameters: t.input_schema },
+            })),
+            messages,
+          }
+        : { model: ROUTES.anthropic.model, max_tokens: 4096, system: SYSTEM, tools: TOOLS, messages };
+    bodies.push(Buffer.from(JSON.stringify(body)));
   }
   return bodies;
 }
 
 /**
- * What Portkey's regexMatch guardrail reads of a Messages request (its build: the last message's
- * content, and of a content array only the parts' `text`): a tool_result part gives it nothing.
+ * What Portkey's regexMatch guardrail reads of a request (its build: the last message's content, and
+ * of a content array only the parts' `text`): an Anthropic tool_result part gives it nothing, an
+ * OpenAI tool message its whole content.
  */
 function portkeyScannedBytes(body: Buffer): number {
   const { messages } = JSON.parse(body.toString()) as { messages: { content: unknown }[] };
@@ -154,9 +183,29 @@ function portkeyScannedBytes(body: Buffer): number {
 
 // ---- the processes under test --------------------------------------------------------------------
 
-/** The mock Anthropic upstream: every turn answers with a tool call, as an agent's model does. */
+/** The mock upstream (Anthropic and OpenAI): every turn answers with a tool call, as an agent's model does. */
 function startUpstream(): Promise<{ url: string; close: () => void }> {
-  const reply = JSON.stringify({
+  const openai = JSON.stringify({
+    id: 'chatcmpl-1',
+    object: 'chat.completion',
+    created: 1763800000,
+    model: 'gpt-4.1',
+    choices: [
+      {
+        index: 0,
+        message: {
+          role: 'assistant',
+          content: null,
+          tool_calls: [
+            { id: 'call_next', type: 'function', function: { name: 'read_file', arguments: '{"path":"src/next.ts"}' } },
+          ],
+        },
+        finish_reason: 'tool_calls',
+      },
+    ],
+    usage: { prompt_tokens: 1000, completion_tokens: 20, total_tokens: 1020 },
+  });
+  const anthropic = JSON.stringify({
     id: 'msg_1',
     type: 'message',
     role: 'assistant',
@@ -169,6 +218,7 @@ function startUpstream(): Promise<{ url: string; close: () => void }> {
   const server = http.createServer((req, res) => {
     req.resume();
     req.on('end', () => {
+      const reply = req.url?.endsWith('/chat/completions') ? openai : anthropic;
       res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(reply) });
       res.end(reply);
     });
@@ -240,6 +290,7 @@ async function cpuSeconds(pid: number): Promise<number> {
 interface Contender {
   name: string;
   url: string;
+  path: string;
   headers: Record<string, string>;
   dispatcher: Agent;
   pid: number | null;
@@ -286,7 +337,7 @@ function delta(a: Map<string, number>, b: Map<string, number>): Map<string, numb
 async function post(c: Contender, body: Buffer): Promise<{ ms: number; ok: boolean }> {
   const t0 = performance.now();
   try {
-    const res = await request(`${c.url}/v1/messages`, {
+    const res = await request(`${c.url}${c.path}`, {
       method: 'POST',
       headers: c.headers,
       body,
@@ -344,12 +395,15 @@ export async function main(args: string[]): Promise<BenchResult> {
     return i >= 0 && Number(args[i + 1]) > 0 ? Number(args[i + 1]) : d;
   };
   const turns = opt('--turns', 40);
+  const formatArg = args[args.indexOf('--format') + 1];
+  const format: SessionFormat = args.includes('--format') && formatArg === 'openai' ? 'openai' : 'anthropic';
+  const route = ROUTES[format];
   const nSessions = opt('--sessions', quick ? 3 : 10);
   const group = Math.max(1, Math.ceil(turns / 4));
   spawn('taskset', ['-p', '-c', '0', String(process.pid)], { stdio: 'ignore' });
 
-  const sessions = Array.from({ length: nSessions }, (_, i) => sessionBodies(turns, SESSION_BASE_SEED + i));
-  const warmUp = [sessionBodies(Math.min(turns, 8), 1)];
+  const sessions = Array.from({ length: nSessions }, (_, i) => sessionBodies(turns, SESSION_BASE_SEED + i, format));
+  const warmUp = [sessionBodies(Math.min(turns, 8), 1, format)];
   const bodyBytes = (from: number, to: number) =>
     sessions.reduce((n, s) => n + s.slice(from, to).reduce((m, b) => m + b.length, 0), 0);
   const earlyBytes = bodyBytes(0, group);
@@ -406,7 +460,13 @@ export async function main(args: string[]): Promise<BenchResult> {
 
   const tls = new Agent({ connect: { ca: ca.certPem }, connections: 4, keepAliveTimeout: 60_000 });
   const plain = new Agent({ connections: 4, keepAliveTimeout: 60_000 });
-  const anthropic = { 'content-type': 'application/json', 'anthropic-version': '2023-06-01' };
+  const json: Record<string, string> =
+    format === 'openai'
+      ? { 'content-type': 'application/json' }
+      : { 'content-type': 'application/json', 'anthropic-version': '2023-06-01' };
+  // The agent's platform JWT where its SDK puts its key.
+  const credential = async (): Promise<[string, string]> =>
+    format === 'openai' ? ['authorization', `Bearer ${await token()}`] : ['x-api-key', await token()];
   const notes: string[] = [];
 
   /**
@@ -461,13 +521,15 @@ export async function main(args: string[]): Promise<BenchResult> {
       }
       const note = dropped.length ? `${name}: started without ${dropped.join(', ')} (unknown flag in this dvx)` : '';
       if (note) notes.push(note);
-      const headers: Record<string, string> = { ...anthropic, 'x-api-key': await token() };
+      const [header, value] = await credential();
+      const headers: Record<string, string> = { ...json, [header]: value };
       return {
         name,
         url,
+        path: route.path,
         headers,
         refresh: async () => {
-          headers['x-api-key'] = await token();
+          headers[header] = (await credential())[1];
         },
         dispatcher: tls,
         pid: child.pid ?? null,
@@ -485,7 +547,8 @@ export async function main(args: string[]): Promise<BenchResult> {
     async () => ({
       name: 'direct (no proxy)',
       url: upstream.url,
-      headers: anthropic,
+      path: route.path,
+      headers: json,
       dispatcher: plain,
       pid: null,
       stop: async () => {},
@@ -506,7 +569,8 @@ export async function main(args: string[]): Promise<BenchResult> {
       return {
         name: 'floor: node:https + undici pass-through',
         url: `https://127.0.0.1:${Number(await readFile(portFile, 'utf8'))}`,
-        headers: anthropic,
+        path: route.path,
+        headers: json,
         dispatcher: tls,
         pid: child.pid ?? null,
         stop: () => stopChild(child),
@@ -521,7 +585,7 @@ export async function main(args: string[]): Promise<BenchResult> {
       const url = `http://127.0.0.1:${port}`;
       await waitFor(async () => (await request(`${url}/`, { dispatcher: plain })).statusCode === 200, 'portkey');
       const config = {
-        provider: 'anthropic',
+        provider: format,
         api_key: 'sk-upstream-key',
         custom_host: `${upstream.url}/v1`,
         input_guardrails: [
@@ -535,6 +599,7 @@ export async function main(args: string[]): Promise<BenchResult> {
       return {
         name: '@portkey-ai/gateway + regex guardrail',
         url,
+        path: route.path,
         headers: { 'content-type': 'application/json', 'x-portkey-config': JSON.stringify(config) },
         dispatcher: plain,
         pid: child.pid ?? null,
@@ -578,6 +643,9 @@ export async function main(args: string[]): Promise<BenchResult> {
   const portkeyBytes = (from: number, to: number) =>
     sessions.reduce((n, sess) => n + sess.slice(from, to).reduce((m, b) => m + portkeyScannedBytes(b), 0), 0) /
     (group * nSessions);
+  // Asked for no cache and started with the flag: no hits or misses is what it should count.
+  const cacheOff = (c: Contender) =>
+    c.name.includes('cache-mb 0') && !c.note?.split('started without')[1]?.includes('--inspection-cache-mb');
   const rows = results
     .filter((x) => x.c.pid !== null)
     .map(({ c, r }) => {
@@ -595,7 +663,7 @@ export async function main(args: string[]): Promise<BenchResult> {
         `${formatMs(Math.max(0, added(r, 0, group, 0.99)))} / ${formatMs(Math.max(0, added(r, turns - group, turns, 0.99)))}`,
         r.cpu === null ? '' : formatMs((r.cpu * 1000) / nSessions),
         isDvx ? formatMs((inspectionSeconds(r) * 1000) / nSessions) : '',
-        isDvx ? (hits === undefined ? 'no cache metric' : `${hits} / ${misses ?? 0}`) : '',
+        isDvx ? (hits !== undefined ? `${hits} / ${misses ?? 0}` : cacheOff(c) ? 'off' : 'no cache metric') : '',
         isDvx ? String(r.whole?.get('dvx_inspection_findings_total') ?? 0) : '',
         String(r.errors),
       ];
@@ -612,7 +680,7 @@ export async function main(args: string[]): Promise<BenchResult> {
   const earlyLabel = `turns 1–${group}`;
   const lateLabel = `turns ${turns - group + 1}–${turns}`;
   const markdown = [
-    `## session — ${conditions(`${nSessions} generated sessions of ${turns} turns (Anthropic Messages, tool_use + tool_result, ${kb(sessions[0][0].length)} → ${kb(sessions[0][turns - 1].length)}), each turn resending the whole conversation, one call at a time; early = ${earlyLabel}, late = ${lateLabel}; the proxy alone on core 1, this process and the mock upstream on core 0; added = the contender's p50 (p99) minus direct's over the same turns; CPU = utime + stime of the proxy's processes over the measured sessions`)}`,
+    `## session — ${conditions(`${nSessions} generated sessions of ${turns} turns (${format === 'openai' ? 'OpenAI Chat Completions, tool_calls + tool messages' : 'Anthropic Messages, tool_use + tool_result'}, ${kb(sessions[0][0].length)} → ${kb(sessions[0][turns - 1].length)}), each turn resending the whole conversation, one call at a time; early = ${earlyLabel}, late = ${lateLabel}; the proxy alone on core 1, this process and the mock upstream on core 0; added = the contender's p50 (p99) minus direct's over the same turns; CPU = utime + stime of the proxy's processes over the measured sessions`)}`,
     '',
     table(
       [
@@ -629,7 +697,7 @@ export async function main(args: string[]): Promise<BenchResult> {
       [...rows, ...failed.map((f) => [f[0], '', '', '', '', '', '', '', ''])],
     ),
     '',
-    `Body per turn: ${kb(earlyBytes / (group * nSessions))} early, ${kb(lateBytes / (group * nSessions))} late; ${kb(wholeBytes / nSessions)} sent per session. Findings planted: ${findingsPlanted(turns)}; observed, none blocking; every later turn carries them again (the findings column counts each time one is recorded, over all sessions). dvx inspects the whole body less what its cache has seen; Portkey's regex guardrail reads only the last message's text parts (a tool_result gives it nothing), so its column is what it reads, not what it is sent.`,
+    `Body per turn: ${kb(earlyBytes / (group * nSessions))} early, ${kb(lateBytes / (group * nSessions))} late; ${kb(wholeBytes / nSessions)} sent per session. Findings planted: ${findingsPlanted(turns)}; observed, none blocking; every later turn carries them again (the findings column counts each time one is recorded, over all sessions). dvx inspects the whole body less what its cache has seen; Portkey's regex guardrail reads only the last message's ${format === 'openai' ? 'content (here the tool message)' : 'text parts (a tool_result gives it nothing)'}, so its column is what it reads, not what it is sent.`,
     '',
     `Inspection time, no cache / cache: ${Number.isFinite(ratio) ? `${ratio.toFixed(2)}×` : '—'} (goal ≥ 10× over ${turns} turns); inspected bytes, no cache / cache: ${Number.isFinite(bytesRatio) ? `${bytesRatio.toFixed(2)}×` : '—'}; whole-process CPU, no cache / cache: ${Number.isFinite(cpuRatio) ? `${cpuRatio.toFixed(2)}×` : '—'}.`,
     ...(notes.length ? ['', ...notes.map((n) => `Note: ${n}.`)] : []),
