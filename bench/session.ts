@@ -311,6 +311,9 @@ function parseMetrics(textBody: string): Map<string, number> {
     if (!m) continue;
     if (m[2]?.includes('phase=') && !m[2].includes('phase="request"')) continue;
     sums.set(m[1], (sums.get(m[1]) ?? 0) + Number(m[3]));
+    // Inspection time also by mode: a body past the inline threshold pays a pool round trip.
+    const mode = /mode="(\w+)"/.exec(m[2] ?? '')?.[1];
+    if (mode) sums.set(`${m[1]}:${mode}`, (sums.get(`${m[1]}:${mode}`) ?? 0) + Number(m[3]));
   }
   return sums;
 }
@@ -662,7 +665,9 @@ export async function main(args: string[]): Promise<BenchResult> {
         `${formatMs(Math.max(0, added(r, 0, group, 0.5)))} / ${formatMs(Math.max(0, added(r, turns - group, turns, 0.5)))}`,
         `${formatMs(Math.max(0, added(r, 0, group, 0.99)))} / ${formatMs(Math.max(0, added(r, turns - group, turns, 0.99)))}`,
         r.cpu === null ? '' : formatMs((r.cpu * 1000) / nSessions),
-        isDvx ? formatMs((inspectionSeconds(r) * 1000) / nSessions) : '',
+        isDvx
+          ? `${formatMs((inspectionSeconds(r) * 1000) / nSessions)} (pool ${formatMs(((r.whole?.get('dvx_inspection_duration_seconds_sum:pool') ?? 0) * 1000) / nSessions)}, ${r.whole?.get('dvx_inspection_duration_seconds_count:pool') ?? 0} runs)`
+          : '',
         isDvx ? (hits !== undefined ? `${hits} / ${misses ?? 0}` : cacheOff(c) ? 'off' : 'no cache metric') : '',
         isDvx ? String(r.whole?.get('dvx_inspection_findings_total') ?? 0) : '',
         String(r.errors),
@@ -689,7 +694,7 @@ export async function main(args: string[]): Promise<BenchResult> {
         'added p50, early / late',
         'added p99, early / late',
         'proxy CPU per session',
-        'inspection time per session',
+        'inspection time per session (of it on the pool, runs there)',
         'cache hits / misses',
         'findings recorded',
         'errors',
