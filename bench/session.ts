@@ -716,7 +716,8 @@ export async function main(args: string[]): Promise<BenchResult> {
   ].join('\n');
   process.stdout.write(markdown);
 
-  const cell = (name: string, col: number) => rows.find((r) => r[0].startsWith(name))?.[col] ?? '';
+  const cell = (name: string, col: number) =>
+    (rows.find((r) => r[0].startsWith(name))?.[col] ?? '').replace(/ \(.*$/, '');
   const summary: SummaryRow[] = [
     {
       bench: 'session',
@@ -725,6 +726,20 @@ export async function main(args: string[]): Promise<BenchResult> {
       baseline: cell('dvx: full set, --inspection-cache-mb 0', 5),
       ratio: Number.isFinite(ratio) ? 1 / ratio : null,
       goal: '≤ 0.10×',
+    },
+    {
+      bench: 'session',
+      measure: `bytes inspected per ${turns}-turn session, cache vs --inspection-cache-mb 0`,
+      ours: cached?.whole ? kb((wholeBytes - saved(cached.whole)) / nSessions) : '',
+      baseline: uncached?.whole ? kb((wholeBytes - saved(uncached.whole)) / nSessions) : '',
+      ratio: Number.isFinite(bytesRatio) ? 1 / bytesRatio : null,
+    },
+    {
+      bench: 'session',
+      measure: `proxy CPU per ${turns}-turn session, cache vs --inspection-cache-mb 0`,
+      ours: cell('dvx: full set, inspection cache on', 4),
+      baseline: cell('dvx: full set, --inspection-cache-mb 0', 4),
+      ratio: Number.isFinite(cpuRatio) ? 1 / cpuRatio : null,
     },
   ];
   const floorRow = results.find((x) => x.c.name.startsWith('floor'))?.r;
