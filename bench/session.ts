@@ -685,7 +685,7 @@ export async function main(args: string[]): Promise<BenchResult> {
   const earlyLabel = `turns 1–${group}`;
   const lateLabel = `turns ${turns - group + 1}–${turns}`;
   const markdown = [
-    `## session — ${conditions(`${nSessions} generated sessions of ${turns} turns (${format === 'openai' ? 'OpenAI Chat Completions, tool_calls + tool messages' : 'Anthropic Messages, tool_use + tool_result'}, ${kb(sessions[0][0].length)} → ${kb(sessions[0][turns - 1].length)}), each turn resending the whole conversation, one call at a time; early = ${earlyLabel}, late = ${lateLabel}; the proxy alone on core 1, this process and the mock upstream on core 0; added = the contender's p50 (p99) minus direct's over the same turns; CPU = utime + stime of the proxy's processes over the measured sessions`)}`,
+    `## session — ${conditions(`${nSessions} generated sessions of ${turns} turns (${format === 'openai' ? 'OpenAI Chat Completions, tool_calls + tool messages' : 'Anthropic Messages, tool_use + tool_result'}, ${kb(sessions[0][0].length)} → ${kb(sessions[0][turns - 1].length)}), each turn resending the whole conversation, one call at a time; early = ${earlyLabel}, late = ${lateLabel}; the proxy alone on core 1, this process and the mock upstream on core 0; added = the contender's p50 (p99) minus direct's over the same turns; CPU = utime + stime of the proxy's processes over the measured sessions (dvx's includes four metric scrapes a session)`)}`,
     '',
     table(
       [
