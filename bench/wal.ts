@@ -26,12 +26,15 @@ interface Result {
   perSec: number;
   p50: number;
   p99: number;
+  /** Process CPU (user + system, all threads) per record, µs: what the disk's stalls do not move. */
+  cpuUs: number;
 }
 
 async function drive(concurrency: number, total: number, append: () => Promise<void>): Promise<Result> {
   const lat: number[] = [];
   let issued = 0;
   const started = performance.now();
+  const cpu = process.cpuUsage();
   await Promise.all(
     Array.from({ length: concurrency }, async () => {
       while (issued < total) {
@@ -43,11 +46,13 @@ async function drive(concurrency: number, total: number, append: () => Promise<v
     }),
   );
   const seconds = (performance.now() - started) / 1000;
+  const used = process.cpuUsage(cpu);
   lat.sort((a, b) => a - b);
   return {
     perSec: lat.length / seconds,
     p50: lat[Math.floor(lat.length / 2)],
     p99: lat[Math.floor(lat.length * 0.99)],
+    cpuUs: (used.user + used.system) / lat.length,
   };
 }
 
@@ -167,6 +172,7 @@ export async function main(args: string[]): Promise<void> {
           r.perSec.toFixed(0),
           formatMs(r.p50),
           formatMs(r.p99),
+          r.cpuUs.toFixed(1),
           (r.perSec / ours.perSec).toFixed(2) + '×',
         ]);
       }
@@ -178,7 +184,7 @@ export async function main(args: string[]): Promise<void> {
       [
         `## wal — ${conditions(`1 KiB records; WAL on ${tmpdir()}; ratio = records/s vs ours at the same concurrency`)}`,
         '',
-        table(['appenders', 'contender', 'records/s', 'append→durable p50', 'p99', 'vs ours'], rows),
+        table(['appenders', 'contender', 'records/s', 'append→durable p50', 'p99', 'CPU µs/record', 'vs ours'], rows),
         '',
         ...(ship ? [table(['store', 'rows/s shipped (batches of 10,000)'], shipped), ''] : []),
       ].join('\n'),
