@@ -1,5 +1,6 @@
 import t from 'tap';
 import fc from 'fast-check';
+import { execFileSync } from 'node:child_process';
 import { mkdtemp, readdir, rm, stat } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -133,4 +134,49 @@ t.test('a record over the limit in UTF-8 bytes is refused alone; its batch-mates
     ['before', 'after'],
   );
   await table.close();
+});
+
+t.test('disk full under concurrent appends: a failed batch rejects each of its appenders, nothing torn', async (t) => {
+  if (process.getuid?.() !== 0) {
+    t.plan(0, 'needs root to mount a tmpfs');
+    return;
+  }
+  const dir = await tempDir();
+  try {
+    execFileSync('mount', ['-t', 'tmpfs', '-o', 'size=64k', 'tmpfs', dir]);
+  } catch (err) {
+    t.plan(0, `cannot mount a tmpfs here: ${(err as Error).message}`);
+    return;
+  }
+  t.teardown(() => execFileSync('umount', [dir]));
+  const table = await WalTable.open(dir, 't', { maxBytes: 10 * 1024 * 1024 });
+  const acknowledged: string[] = [];
+  let refused = 0;
+  // Waves of concurrent appends, each wave one or two batches, until the 64 KiB disk is full.
+  for (let wave = 0; wave < 40; wave++) {
+    const ids = Array.from({ length: 8 }, (_, i) => `w${wave}-${i}`);
+    const results = await Promise.allSettled(ids.map((id) => table.append({ id, pad: 'x'.repeat(1000) })));
+    results.forEach((r, i) => {
+      if (r.status === 'fulfilled') acknowledged.push(ids[i]);
+      else {
+        t.ok(r.reason instanceof WalWriteError, `${ids[i]} refused with WalWriteError`);
+        refused++;
+      }
+    });
+  }
+  t.ok(refused >= 8, `${refused} appends refused once the disk filled`);
+  t.ok(acknowledged.length > 10, `${acknowledged.length} acknowledged first`);
+  t.same(
+    (await readAll(table)).map((r) => (r as { id: string }).id),
+    acknowledged,
+    'exactly the acknowledged records, nothing torn after them',
+  );
+  await table.close();
+  const reopened = await WalTable.open(dir, 't');
+  t.same(
+    (await readAll(reopened)).map((r) => (r as { id: string }).id),
+    acknowledged,
+    'and after a restart',
+  );
+  await reopened.close();
 });
