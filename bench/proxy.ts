@@ -379,6 +379,7 @@ export async function main(args: string[]): Promise<void> {
     return { child, url };
   };
 
+  const PORTKEY_GUARDED = '@portkey-ai/gateway + regex guardrail';
   const direct: Contender = {
     name: 'direct (no proxy)',
     url: upstreamUrl,
@@ -449,7 +450,7 @@ export async function main(args: string[]): Promise<void> {
           },
         ];
       return {
-        name: guard ? '@portkey-ai/gateway + regex guardrail' : '@portkey-ai/gateway',
+        name: guard ? PORTKEY_GUARDED : '@portkey-ai/gateway',
         url,
         path: '/v1/messages',
         headers: { 'content-type': 'application/json', 'x-portkey-config': JSON.stringify(config) },
@@ -462,7 +463,9 @@ export async function main(args: string[]): Promise<void> {
 
   const bodies = new Map(sizes.map((s) => [s, freshBodies(llmRequestBody(s, 3))]));
   const rows: string[][] = [];
-  const COLUMNS = 12;
+  const COLUMNS = 13;
+  /** Each row's added p50, to set it against Portkey's with its guardrail once that has run. */
+  const addedP50 = new Map<string[], { key: string; p50: number }>();
   /** Direct's p50/p99 per size and rate, then each floor's added p50/p99 per pinning, size and rate. */
   const directAt = new Map<string, RunResult>();
   const floorAdded = new Map<string, { p50: number; p99: number }>();
@@ -482,7 +485,7 @@ export async function main(args: string[]): Promise<void> {
         const added = d ? { p50: r.p50 - d.p50, p99: r.p99 - d.p99 } : { p50: NaN, p99: NaN };
         if (c.isFloor) floorAdded.set(`${c.cores}:${key}`, added);
         const floor = floorAdded.get(`${c.cores}:${key}`);
-        rows.push([
+        const row = [
           c.name,
           `${size / 1024} KB`,
           String(rate),
@@ -492,10 +495,13 @@ export async function main(args: string[]): Promise<void> {
           Number.isFinite(added.p99) ? formatMs(Math.max(0, added.p99)) : '',
           c.cores === null ? '' : ratio(added.p50, floor?.p50),
           c.cores === null ? '' : ratio(added.p99, floor?.p99),
+          '',
           r.achieved.toFixed(0),
           String(r.errors),
           '',
-        ]);
+        ];
+        rows.push(row);
+        if (c.cores !== null) addedP50.set(row, { key, p50: added.p50 });
       }
     }
     const rss = await treeRss(c.pid);
@@ -545,6 +551,9 @@ export async function main(args: string[]): Promise<void> {
     }
   }
   upstream.close();
+  // Added p50 against Portkey's with its regex guardrail at the same body and rate (below 1×: ahead).
+  const guarded = new Map([...addedP50].filter(([row]) => row[0] === PORTKEY_GUARDED).map(([, v]) => [v.key, v.p50]));
+  for (const [row, { key, p50 }] of addedP50) row[9] = ratio(p50, guarded.get(key));
 
   let tools = '';
   if (extras) {
@@ -604,7 +613,7 @@ export async function main(args: string[]): Promise<void> {
     : 'load generator + mock upstream on core 0, the proxy alone on core 1';
   process.stdout.write(
     [
-      `## proxy — ${conditions(`open-loop load for ${seconds}s per rate; ${pinning} (taskset); dvx and the floor over TLS, direct and Portkey over plain HTTP; a fresh body per request (a counter in every message: no part repeats, the inspection cache at its default); added = contender minus direct at the same body and rate; ratios = added / the floor's added${knowsWorkers ? '' : '; this dvx has no --workers flag: one process'}`)}`,
+      `## proxy — ${conditions(`open-loop load for ${seconds}s per rate; ${pinning} (taskset); dvx and the floor over TLS, direct and Portkey over plain HTTP; a fresh body per request (a counter in every message: no part repeats, the inspection cache at its default); added = contender minus direct at the same body and rate; ratios = added / the floor's added, and added p50 / Portkey-with-guardrail's at the same body and rate (below 1×: ahead of it)${knowsWorkers ? '' : '; this dvx has no --workers flag: one process'}`)}`,
       '',
       table(
         [
@@ -617,6 +626,7 @@ export async function main(args: string[]): Promise<void> {
           'p99 added',
           'p50 added / floor',
           'p99 added / floor',
+          'p50 added / Portkey+guardrail',
           'req/s served',
           'errors',
           'proxy RSS',
