@@ -48,6 +48,26 @@ export function encodeJsonFrame(json: string): Buffer {
   return frame;
 }
 
+/**
+ * A group commit's frames, encoded into one buffer: each JSON text written straight into place and
+ * its crc taken over the bytes just written. `lengths[i]` is `Buffer.byteLength(jsons[i])` and `bytes`
+ * the batch's total including FRAME_OVERHEAD per frame (the caller already knows both, from the
+ * ceiling check at append time).
+ */
+export function encodeJsonFrames(jsons: readonly string[], lengths: readonly number[], bytes: number): Buffer {
+  const out = Buffer.allocUnsafeSlow(bytes);
+  let at = 0;
+  for (let i = 0; i < jsons.length; i++) {
+    const length = lengths[i];
+    const payload = at + FRAME_OVERHEAD;
+    out.writeUInt32LE(length, at);
+    out.write(jsons[i], payload, length, 'utf8');
+    out.writeUInt32LE(crc32(out.subarray(payload, payload + length)), at + 4);
+    at = payload + length;
+  }
+  return out;
+}
+
 export interface DecodedFrame {
   /** Offset of the frame in the buffer. */
   offset: number;

@@ -8,7 +8,7 @@ import { WalClosedError, WalFullError, WalWriteError } from './errors.ts';
 import {
   checkHeader,
   decodeFrames,
-  encodeJsonFrame,
+  encodeJsonFrames,
   FRAME_OVERHEAD,
   HEADER_BYTES,
   MAX_RECORD_BYTES,
@@ -17,13 +17,18 @@ import {
 
 // One audit table's write-ahead log: a directory of numbered segment files.
 //
-//   append(record) ──▶ pending ──▶ one writev + fdatasync per batch (group commit) ──▶ resolved: durable
+//   append(record) ──▶ pending batch ──▶ encoded once, one write + fdatasync (group commit) ──▶ resolved: durable
 //                                      │ past --audit-wal-max-bytes unshipped: dropped and counted
 //   shipper: read(checkpoint) ──▶ store ──▶ commit(next) ──▶ segments wholly before it are deleted
 //
 // On open the last segment's tail is scanned and cut at the first torn or corrupt frame (logged with
 // its byte offset): everything before it was durable and stays. A failed write is cut back off the
 // file, so one bad batch never leaves a torn frame in front of later ones.
+//
+// A batch is the unit of work end to end: an append adds its JSON text to the pending batch and gets
+// that batch's one promise; the flush encodes the whole batch into one Buffer, writes it, fdatasyncs,
+// and settles every appender of it with one resolve. Per record there is only the JSON text and its
+// byte length (needed at append time for the ceiling), no frame buffer, promise or closure of its own.
 
 export const DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024;
 export const DEFAULT_MAX_UNSHIPPED_BYTES = 1024 * 1024 * 1024;
@@ -46,11 +51,23 @@ export interface WalTableOptions {
   metrics?: WalMetrics;
 }
 
-interface Pending {
-  frame: Buffer;
-  started: number;
+/** Appends waiting for the next group commit; every one of them is settled by `done`. */
+interface Batch {
+  jsons: string[];
+  /** UTF-8 byte length of each JSON text. */
+  lengths: number[];
+  /** performance.now() at each append, for the append-to-durable histogram. */
+  started: number[];
+  /** Encoded size: payloads plus FRAME_OVERHEAD each. */
+  bytes: number;
+  done: Promise<void>;
   resolve: () => void;
   reject: (err: Error) => void;
+}
+
+function newBatch(): Batch {
+  const { promise, resolve, reject } = Promise.withResolvers<void>();
+  return { jsons: [], lengths: [], started: [], bytes: 0, done: promise, resolve, reject };
 }
 
 export interface WalRecord {
@@ -83,8 +100,7 @@ export class WalTable {
   #segments: number[] = [];
   #sizes = new Map<number, number>();
   #handle: FileHandle | null = null;
-  #pending: Pending[] = [];
-  #pendingBytes = 0;
+  #pending: Batch | null = null;
   /** Bytes of the batch being written: neither pending nor yet durable. */
   #writingBytes = 0;
   #flushing: Promise<void> | null = null;
@@ -207,12 +223,12 @@ export class WalTable {
   append(record: unknown): Promise<void> {
     if (this.#closed) return Promise.reject(new WalClosedError(`wal ${this.name} is closed`));
     if (this.#broken) return Promise.reject(new WalWriteError(`wal ${this.name} is unusable: ${this.#broken.message}`));
-    const frame = encodeJsonFrame(JSON.stringify(record));
-    if (frame.length - FRAME_OVERHEAD > MAX_RECORD_BYTES)
-      return Promise.reject(
-        new WalWriteError(`audit record of ${frame.length - FRAME_OVERHEAD} bytes exceeds ${MAX_RECORD_BYTES}`),
-      );
-    if (this.#unshipped + this.#writingBytes + this.#pendingBytes + frame.length > this.#maxBytes) {
+    const json = JSON.stringify(record);
+    const length = Buffer.byteLength(json);
+    if (length > MAX_RECORD_BYTES)
+      return Promise.reject(new WalWriteError(`audit record of ${length} bytes exceeds ${MAX_RECORD_BYTES}`));
+    const frameBytes = FRAME_OVERHEAD + length;
+    if (this.#unshipped + this.#writingBytes + (this.#pending?.bytes ?? 0) + frameBytes > this.#maxBytes) {
       this.#dropped++;
       this.#metrics.dropped(this.name);
       // The count outlives the process for `dvx wal stat`; written at most once a second.
@@ -235,38 +251,38 @@ export class WalTable {
       );
     }
     this.#metrics.appended(this.name);
-    return new Promise<void>((resolve, reject) => {
-      this.#pending.push({ frame, started: performance.now(), resolve, reject });
-      this.#pendingBytes += frame.length;
-      this.#flushing ??= this.#flushLoop();
-    });
+    const batch = (this.#pending ??= newBatch());
+    batch.jsons.push(json);
+    batch.lengths.push(length);
+    batch.started.push(performance.now());
+    batch.bytes += frameBytes;
+    this.#flushing ??= this.#flushLoop();
+    return batch.done;
   }
 
   async #flushLoop(): Promise<void> {
     try {
-      while (this.#pending.length > 0) {
+      // Start the first write on the loop's check phase, not inside the append that found the log idle:
+      // every append made by the callbacks of this loop turn (the appenders a batch just released, the
+      // requests that finished together) joins one batch instead of the first going out alone and the
+      // rest waiting a whole fdatasync behind it. While a write is in flight, the next batch fills as before.
+      await new Promise<void>((resolve) => setImmediate(resolve));
+      while (this.#pending !== null) {
         const batch = this.#pending;
-        const bytes = this.#pendingBytes;
-        this.#pending = [];
-        this.#pendingBytes = 0;
-        this.#writingBytes = bytes;
+        this.#pending = null;
+        this.#writingBytes = batch.bytes;
         try {
-          await this.#write(
-            batch.map((p) => p.frame),
-            bytes,
-          );
+          await this.#write(encodeJsonFrames(batch.jsons, batch.lengths, batch.bytes));
         } catch (err) {
           this.#writingBytes = 0;
           const failure = new WalWriteError(`wal ${this.name} write failed: ${(err as Error).message}`, { cause: err });
-          this.#log.error({ err, table: this.name, records: batch.length }, 'wal write failed');
-          for (const p of batch) p.reject(failure);
+          this.#log.error({ err, table: this.name, records: batch.jsons.length }, 'wal write failed');
+          batch.reject(failure);
           continue;
         }
+        batch.resolve();
         const now = performance.now();
-        for (const p of batch) {
-          this.#metrics.durable(this.name, (now - p.started) / 1000);
-          p.resolve();
-        }
+        for (const started of batch.started) this.#metrics.durable(this.name, (now - started) / 1000);
         this.#notify();
       }
     } finally {
@@ -274,7 +290,9 @@ export class WalTable {
     }
   }
 
-  async #write(frames: Buffer[], bytes: number): Promise<void> {
+  /** Appends one encoded batch and fdatasyncs it; on failure the file is cut back to where it was. */
+  async #write(frames: Buffer): Promise<void> {
+    const bytes = frames.length;
     let last = this.#segments.at(-1)!;
     if (this.#sizes.get(last)! > HEADER_BYTES && this.#sizes.get(last)! + bytes > this.#segmentBytes) {
       await this.#handle!.close();
@@ -285,14 +303,9 @@ export class WalTable {
     }
     const before = this.#sizes.get(last)!;
     try {
-      let written = 0;
-      // writev may write less than asked; finish the rest.
-      let pending = frames;
-      while (written < bytes) {
-        const { bytesWritten } = await this.#handle!.writev(pending);
-        written += bytesWritten;
-        if (written < bytes) pending = [Buffer.concat(frames).subarray(written)];
-      }
+      // A write may take less than asked; finish the rest.
+      for (let written = 0; written < bytes; )
+        written += (await this.#handle!.write(frames, written, bytes - written, null)).bytesWritten;
       await this.#handle!.datasync();
     } catch (err) {
       // Cut whatever part of the batch reached the file, so later frames are not hidden behind it.
