@@ -44,6 +44,9 @@ export const DEFAULT_INLINE_THRESHOLD_BYTES = 128 * 1024;
 // inspectors scan the shared body on two workers at once: 1.9× faster at 32 MB, slower at 1 MB where
 // the second round trip costs more than it saves (bench/RESULTS.md).
 export const SPLIT_THRESHOLD_BYTES = 4 * 1024 * 1024;
+/** --inspection-cache-mb: the per-part inspection cache's default cap, and the most it may be set to. */
+export const DEFAULT_INSPECTION_CACHE_MB = DEFAULT_CACHE_BYTES / (1024 * 1024);
+export const MAX_INSPECTION_CACHE_MB = 64 * 1024;
 // Adaptive offload: while the event loop falls behind (its delay's p99 over a sampling window at or
 // above LAG_HIGH_MS), bodies from this size go to the pool too, so that one mid-sized body's scan does
 // not hold up every small call queued behind it; back to the inline threshold once the p99 is at or
