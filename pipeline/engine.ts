@@ -55,6 +55,7 @@ export const ADAPTIVE_INLINE_THRESHOLD_BYTES = 16 * 1024;
 export const LAG_HIGH_MS = 20;
 export const LAG_LOW_MS = 5;
 export const LAG_WINDOW_MS = 1000;
+const LAG_RESOLUTION_MS = 10;
 
 export type Decision = 'allow' | 'block' | 'unavailable';
 
@@ -256,11 +257,12 @@ export class InspectionEngine {
 
   /** Samples the event loop's delay; past highMs smaller bodies go to the pool, until back under lowMs. */
   #watchLag(adaptive: AdaptiveOffload): void {
-    const lag = monitorEventLoopDelay({ resolution: 10 });
+    const lag = monitorEventLoopDelay({ resolution: LAG_RESOLUTION_MS });
     lag.enable();
     this.#lag = lag;
     this.#lagTimer = setInterval(() => {
-      const p99 = lag.percentile(99) / 1e6;
+      // The histogram holds each sample's whole interval: the resolution plus the lag.
+      const p99 = Math.max(0, lag.percentile(99) / 1e6 - LAG_RESOLUTION_MS);
       lag.reset();
       this.#metrics.lagP99.set(p99 / 1000);
       if (!this.#lagging && p99 >= adaptive.highMs) {
