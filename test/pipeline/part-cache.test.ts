@@ -285,3 +285,33 @@ t.test('a failed scan is never cached', async (t) => {
   t.equal(await metric(registry, 'dvx_inspection_cache_hits_total'), 0, 'nothing to hit: the failure was not stored');
   t.equal(await metric(registry, 'dvx_inspection_cache_misses_total'), 2);
 });
+
+t.test('the response phase is always scanned whole, never from the cache', async (t) => {
+  const { e, registry } = engine(t, { threads: 0 });
+  const answer = Buffer.from(
+    JSON.stringify({
+      id: 'msg_1',
+      type: 'message',
+      role: 'assistant',
+      content: [{ type: 'text', text: `Your password is hunter2hunter2. ${'lorem ipsum '.repeat(40)}` }],
+      messages: [{ role: 'assistant', content: `see project-42 ${'lorem ipsum '.repeat(40)}` }],
+    }),
+  );
+  const stream = Buffer.from(
+    ['hunter2', 'hunter2', ' and more'.repeat(40)]
+      .map(
+        (text) =>
+          `event: content_block_delta\ndata: ${JSON.stringify({ type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text } })}\n\n`,
+      )
+      .join(''),
+  );
+  for (const body of [answer, answer, stream, stream]) {
+    const out = await e.inspect({ body, phase: 'response', policy: FULL, secrets: SECRETS });
+    t.ok(
+      out.findings.some((f) => f.inspector_type === 'secrets' && f.location === 'response_body'),
+      'found each time',
+    );
+  }
+  t.equal(await metric(registry, 'dvx_inspection_cache_hits_total'), 0);
+  t.equal(await metric(registry, 'dvx_inspection_cache_misses_total'), 0, 'not even looked up');
+});
