@@ -63,14 +63,18 @@ export function conversationParts(body: Buffer, minPartBytes = MIN_PART_BYTES): 
 
 /** The body with each part's bytes replaced by `null`: what is scanned on every call. */
 export function skeleton(body: Buffer, parts: readonly Span[]): Buffer {
-  const pieces: Buffer[] = [];
+  let size = body.length;
+  for (const p of parts) size -= p.end - p.start - NULL.length;
+  const out = Buffer.allocUnsafe(size);
   let from = 0;
+  let to = 0;
   for (const p of parts) {
-    pieces.push(body.subarray(from, p.start), NULL);
+    to += body.copy(out, to, from, p.start);
+    to += NULL.copy(out, to);
     from = p.end;
   }
-  pieces.push(body.subarray(from));
-  return Buffer.concat(pieces);
+  body.copy(out, to, from);
+  return out;
 }
 
 /** Several parts as one JSON array (`[a,b,c]`): new parts scanned together (engine.ts). */
