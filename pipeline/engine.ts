@@ -435,7 +435,8 @@ export class InspectionEngine {
     const merged = new FindingSet();
     const failures: InspectorFailure[] = [];
     merged.add(results[0].findings);
-    for (const found of cached) merged.add(found);
+    // Copies: a cached finding is frozen, and the outcome's belong to the caller.
+    for (const found of cached) merged.add(found.map((f) => ({ ...f })));
     for (const r of results) {
       merged.add(r.findings);
       for (const f of r.failures) failures.push(f);

@@ -55,13 +55,14 @@ export class PartCache {
 
   /**
    * The scan context's part of every key, made once per inspection. The secret values' fingerprint is
-   * remembered per array (the proxy hands the same array to every call of an agent until it changes).
+   * remembered per frozen array (the proxy hands the same frozen array to every call of an agent until
+   * its secrets change, proxy/llm/secrets-file.ts); an array that could change is hashed each time.
    */
   context(phase: string, policyVersion: string, secrets: readonly string[], inspectors: readonly string[]): string {
     let print = this.#secretPrints.get(secrets);
     if (print === undefined) {
       print = hash('sha256', JSON.stringify(secrets), 'base64');
-      this.#secretPrints.set(secrets, print);
+      if (Object.isFrozen(secrets)) this.#secretPrints.set(secrets, print);
     }
     return hash('sha256', JSON.stringify([phase, policyVersion, print, inspectors]), 'base64');
   }
@@ -82,6 +83,8 @@ export class PartCache {
   set(key: string, findings: readonly Finding[]): void {
     const size = entrySize(key, findings);
     if (size > this.#max) return;
+    // A copy of each finding, frozen: what the caller does with its outcome cannot change the cache.
+    findings = Object.freeze(findings.map((f) => Object.freeze({ ...f })));
     const old = this.#entries.get(key);
     if (old !== undefined) {
       this.#entries.delete(key);

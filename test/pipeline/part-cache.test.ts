@@ -193,6 +193,10 @@ t.test('the LRU stays under its cap and counts what it drops', async (t) => {
   t.not(cache.context('request', 'v1', ['a-new-secret'], ['secrets']), context, 'another secret, another key');
   t.not(cache.context('response', 'v1', [], ['secrets']), context, 'another phase, another key');
   t.not(cache.context('request', 'v1', [], ['secrets', 'pii']), context, 'other inspectors, another key');
+  const mutable = ['secret-one-value'];
+  const before = cache.context('request', 'v1', mutable, ['secrets']);
+  mutable.push('secret-two-value');
+  t.not(cache.context('request', 'v1', mutable, ['secrets']), before, 'an array changed in place: another key');
 });
 
 for (const [name, options] of [
@@ -244,9 +248,12 @@ t.test('a cached block still blocks, with its finding; a one-byte change misses'
   t.equal(second.decision, 'block', 'the cached part still blocks');
   t.same(findingKeys(second.findings), findingKeys(first.findings));
   t.equal(await metric(registry, 'dvx_inspection_cache_hits_total'), 1);
+  for (const f of second.findings) f.match = 'changed by the caller';
+  const again = await e.inspect({ body: turn([leak]), phase: 'request', policy: FULL });
+  t.same(findingKeys(again.findings), findingKeys(first.findings), 'what a caller does with an outcome stays with it');
   const changed = { ...reply, content: reply.content.replace('I will not.', 'I will not!') };
   await e.inspect({ body: turn([leak, changed]), phase: 'request', policy: FULL });
-  t.equal(await metric(registry, 'dvx_inspection_cache_hits_total'), 2, 'the leak hit again');
+  t.equal(await metric(registry, 'dvx_inspection_cache_hits_total'), 3, 'the leak hit again');
   t.equal(await metric(registry, 'dvx_inspection_cache_misses_total'), 3, 'the changed reply missed');
 });
 
