@@ -408,6 +408,7 @@ export class InspectionEngine {
       builtinInspectors(plan, phase, secrets.length, 'all', true),
     );
     const cached: (readonly Finding[])[] = [];
+    const hits: Span[] = [];
     const fresh: NewPart[] = [];
     let saved = 0;
     for (const span of parts) {
@@ -416,6 +417,7 @@ export class InspectionEngine {
       if (hit === undefined) fresh.push({ span, key });
       else {
         cached.push(hit);
+        hits.push(span);
         saved += span.end - span.start;
       }
     }
@@ -425,11 +427,26 @@ export class InspectionEngine {
     }
     if (fresh.length > 0) this.#metrics.cacheMisses.inc({ phase }, fresh.length);
 
-    const scans: (ScanResult | Promise<ScanResult>)[] = [
-      this.#scanUnit(plan, policy, skeleton(body, parts), phase, secrets, false, pool),
-    ];
-    for (const g of this.#groups(fresh)) scans.push(this.#scanNew(plan, policy, body, g, phase, secrets, pool));
-    const results = await Promise.all(scans);
+    let results: ScanResult[];
+    const rest = skeleton(body, hits);
+    if (this.#pool === null || rest.length < this.#threshold()) {
+      // A turn's usual case: the skeleton and the new parts, small together, in one scan (the fixed
+      // cost of a scan paid once). Clean: each new part is stored clean. A finding: the new parts are
+      // scanned again on their own (#scanNew) to learn which of them it belongs to; what this scan
+      // found counts either way, and that rescan's failures only keep its parts out of the cache.
+      const whole = await this.#scanUnit(plan, policy, rest, phase, secrets, false, pool);
+      results = [whole];
+      if (fresh.length > 0 && whole.failures.length === 0) {
+        if (whole.findings.length === 0) for (const p of fresh) cache.set(p.key, []);
+        else results.push({ ...(await this.#scanNew(plan, policy, body, fresh, phase, secrets, pool)), failures: [] });
+      }
+    } else {
+      const scans: (ScanResult | Promise<ScanResult>)[] = [
+        this.#scanUnit(plan, policy, skeleton(body, parts), phase, secrets, false, pool),
+      ];
+      for (const g of this.#groups(fresh)) scans.push(this.#scanNew(plan, policy, body, g, phase, secrets, pool));
+      results = await Promise.all(scans);
+    }
     this.#metrics.cacheBytes.set(cache.bytes);
 
     const merged = new FindingSet();
