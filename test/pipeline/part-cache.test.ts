@@ -322,3 +322,28 @@ t.test('the response phase is always scanned whole, never from the cache', async
   t.equal(await metric(registry, 'dvx_inspection_cache_hits_total'), 0);
   t.equal(await metric(registry, 'dvx_inspection_cache_misses_total'), 0, 'not even looked up');
 });
+
+t.test('model restriction: the top level is always checked; pass-through routes do not use the cache', async (t) => {
+  const { e, registry } = engine(t, { threads: 0 });
+  const plain = engine(t, { threads: 0, cacheBytes: 0 });
+  const nested = { role: 'user', content: 'lorem ipsum '.repeat(40), model: 'gpt-3.5-turbo' };
+  const body = (model: string) => Buffer.from(JSON.stringify({ model, messages: [nested, nested] }));
+  for (const model of ['claude-sonnet-4-5', 'gpt-3.5-turbo', 'claude-sonnet-4-5']) {
+    const request = { body: body(model), phase: 'request' as const, policy: FULL };
+    const got = await e.inspect(request);
+    same(t, got, await plain.e.inspect(request), model);
+    t.equal(got.decision, model.startsWith('gpt-3') ? 'block' : 'allow', `${model}: the call's own model decides`);
+  }
+  const hits = await metric(registry, 'dvx_inspection_cache_hits_total');
+  t.ok(hits > 0, 'the messages came from the cache');
+  for (let i = 0; i < 2; i++) {
+    const out = await e.inspect({
+      body: body('claude-sonnet-4-5'),
+      phase: 'request',
+      policy: FULL,
+      modelsAnywhere: { contentType: 'application/json' },
+    });
+    t.equal(out.decision, 'block', 'a pass-through body names gpt-3.5 inside: refused each time');
+  }
+  t.equal(await metric(registry, 'dvx_inspection_cache_hits_total'), hits, 'without the cache');
+});
