@@ -47,6 +47,9 @@ export const SPLIT_THRESHOLD_BYTES = 4 * 1024 * 1024;
 /** --inspection-cache-mb: the per-part inspection cache's default cap, and the most it may be set to. */
 export const DEFAULT_INSPECTION_CACHE_MB = DEFAULT_CACHE_BYTES / (1024 * 1024);
 export const MAX_INSPECTION_CACHE_MB = 64 * 1024;
+// The cache hashes a body's parts on the event loop (sha256, ~1 ms per MB here): past this size a body
+// is scanned whole, as before, off the loop and split across two workers (SPLIT_THRESHOLD_BYTES).
+export const MAX_CACHED_BODY_BYTES = SPLIT_THRESHOLD_BYTES;
 // Adaptive offload: while the event loop falls behind (its delay's p99 over a sampling window at or
 // above LAG_HIGH_MS), bodies from this size go to the pool too, so that one mid-sized body's scan does
 // not hold up every small call queued behind it; back to the inline threshold once the p99 is at or
@@ -322,6 +325,7 @@ export class InspectionEngine {
     const parts =
       this.#cache !== null &&
       phase === 'request' &&
+      body.length < MAX_CACHED_BODY_BYTES &&
       request.modelsAnywhere === undefined &&
       hasBuiltinWork(plan, phase, secrets.length, true)
         ? conversationParts(body)
