@@ -2,7 +2,12 @@ import fc from 'fast-check';
 import t, { type Test } from 'tap';
 import { createRegistry } from '../../core/metrics.ts';
 import { conversationParts, group, MIN_PART_BYTES, skeleton } from '../../pipeline/conversation-parts.ts';
-import { InspectionEngine, type EngineOptions, type InspectionOutcome } from '../../pipeline/engine.ts';
+import {
+  InspectionEngine,
+  MAX_CACHED_BODY_BYTES,
+  type EngineOptions,
+  type InspectionOutcome,
+} from '../../pipeline/engine.ts';
 import type { Finding } from '../../pipeline/finding.ts';
 import { PartCache } from '../../pipeline/part-cache.ts';
 import { policyFromDocument } from '../../pipeline/policy/resolve.ts';
@@ -347,4 +352,16 @@ t.test('model restriction: the top level is always checked; pass-through routes 
     t.equal(out.decision, 'block', 'a pass-through body names gpt-3.5 inside: refused each time');
   }
   t.equal(await metric(registry, 'dvx_inspection_cache_hits_total'), hits, 'without the cache');
+});
+
+t.test('a body of MAX_CACHED_BODY_BYTES or more is scanned whole, not looked up', async (t) => {
+  const { e, registry } = engine(t, { threads: 0 });
+  const filler = { role: 'user', content: 'lorem ipsum '.repeat(1000) };
+  const messages = Array.from({ length: Math.ceil(MAX_CACHED_BODY_BYTES / 12_000) + 1 }, () => filler);
+  messages.push({ role: 'user', content: 'AKIAIOSFODNN7EXAMPLE' });
+  const body = Buffer.from(JSON.stringify({ model: 'claude-sonnet-4-5', messages }));
+  t.ok(body.length >= MAX_CACHED_BODY_BYTES);
+  for (let i = 0; i < 2; i++) t.equal((await e.inspect({ body, phase: 'request', policy: FULL })).decision, 'block');
+  t.equal(await metric(registry, 'dvx_inspection_cache_misses_total'), 0);
+  t.equal(await metric(registry, 'dvx_inspection_cache_hits_total'), 0);
 });
