@@ -77,12 +77,15 @@ export function skeleton(body: Buffer, parts: readonly Span[]): Buffer {
   return out;
 }
 
-/** Several parts as one JSON array (`[a,b,c]`): new parts scanned together (engine.ts). */
-export function group(body: Buffer, parts: readonly Span[]): Buffer {
+/**
+ * Several parts as one JSON array (`[a,b,c]`): new parts scanned together (engine.ts). From
+ * `sharedFrom` bytes it is built in shared memory, so the pool takes it without another copy.
+ */
+export function group(body: Buffer, parts: readonly Span[], sharedFrom = Number.POSITIVE_INFINITY): Buffer {
   if (parts.length === 1) return body.subarray(parts[0].start, parts[0].end);
   let size = parts.length + 1;
   for (const p of parts) size += p.end - p.start;
-  const out = Buffer.allocUnsafe(size);
+  const out = size >= sharedFrom ? Buffer.from(new SharedArrayBuffer(size)) : Buffer.allocUnsafe(size);
   out[0] = 0x5b;
   let to = 1;
   for (let k = 0; k < parts.length; k++) {

@@ -514,6 +514,7 @@ export class InspectionEngine {
       group(
         body,
         parts.map((p) => p.span),
+        this.#pool === null ? Number.POSITIVE_INFINITY : this.#threshold(),
       ),
       phase,
       secrets,
