@@ -194,6 +194,14 @@ export function registerGateway(serve: Command): void {
         parse: parseDurationFlag,
       }),
     )
+    .addOption(
+      flag('--inspection-cache-mb <n>', {
+        description:
+          'MiB of per-part inspection results kept, so a resent conversation part is not scanned again (0: off)',
+        default: d.inspectionCacheMb,
+        parse: parsePositiveInt,
+      }),
+    )
     .action(async (opts: Partial<GatewayOptions>) => {
       let running;
       try {

@@ -1,6 +1,6 @@
 import type { Command } from 'commander';
 import { Command as Cmd } from 'commander';
-import { addBooleanFlag, flag, parseDurationFlag } from '../core/options.ts';
+import { addBooleanFlag, flag, parseDurationFlag, parsePositiveInt } from '../core/options.ts';
 import { runUntilSignal } from '../core/shutdown.ts';
 import { DEFAULT_INSPECT_TIMEOUT_MS } from '../pipeline/engine.ts';
 import { ISOLATION_CLASSES, WIRE_FORMATS } from '../pipeline/policy/snapshot.ts';
@@ -142,6 +142,14 @@ export function registerLlmProxy(serve: Command): void {
         description: 'deadline around request-phase inspection',
         default: DEFAULT_INSPECT_TIMEOUT_MS,
         parse: parseDurationFlag,
+      }),
+    )
+    .addOption(
+      flag('--inspection-cache-mb <n>', {
+        description:
+          'MiB of per-part inspection results kept, so a resent conversation part is not scanned again (0: off)',
+        default: d.inspectionCacheMb,
+        parse: parsePositiveInt,
       }),
     )
     .addOption(

@@ -1,12 +1,15 @@
 import { availableParallelism } from 'node:os';
-import { performance } from 'node:perf_hooks';
+import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { MessageChannel, receiveMessageOnPort, type MessagePort } from 'node:worker_threads';
 import { Piscina } from 'piscina';
 import type { Registry } from 'prom-client';
 import { counter, createRegistry, gauge, histogram } from '../core/metrics.ts';
 import { silentLogger, type Logger } from '../core/logger.ts';
+import { conversationParts, group, skeleton } from './conversation-parts.ts';
 import { BodyTooLargeError, DeadlineError } from './errors.ts';
-import type { Finding, Phase } from './finding.ts';
+import { MAX_FINDINGS_PER_INSPECTOR, type Finding, type Phase } from './finding.ts';
+import type { Span } from './json-view.ts';
+import { DEFAULT_CACHE_BYTES, PartCache } from './part-cache.ts';
 import { MODEL_RESTRICTION } from './inspectors/registry.ts';
 import { callSidecar, type SidecarIdentity } from './inspectors/sidecar.ts';
 import { hasInspector, PlanCache, type ScanPlan } from './plan.ts';
@@ -41,6 +44,21 @@ export const DEFAULT_INLINE_THRESHOLD_BYTES = 128 * 1024;
 // inspectors scan the shared body on two workers at once: 1.9× faster at 32 MB, slower at 1 MB where
 // the second round trip costs more than it saves (bench/RESULTS.md).
 export const SPLIT_THRESHOLD_BYTES = 4 * 1024 * 1024;
+/** --inspection-cache-mb: the per-part inspection cache's default cap, and the most it may be set to. */
+export const DEFAULT_INSPECTION_CACHE_MB = DEFAULT_CACHE_BYTES / (1024 * 1024);
+export const MAX_INSPECTION_CACHE_MB = 64 * 1024;
+// The cache hashes a body's parts on the event loop (sha256, ~1 ms per MB here): past this size a body
+// is scanned whole, as before, off the loop and split across two workers (SPLIT_THRESHOLD_BYTES).
+export const MAX_CACHED_BODY_BYTES = SPLIT_THRESHOLD_BYTES;
+// Adaptive offload: while the event loop falls behind (its delay's p99 over a sampling window at or
+// above LAG_HIGH_MS), bodies from this size go to the pool too, so that one mid-sized body's scan does
+// not hold up every small call queued behind it; back to the inline threshold once the p99 is at or
+// below LAG_LOW_MS (the gap between the two is the hysteresis). docs/decisions.md, "Adaptive offload".
+export const ADAPTIVE_INLINE_THRESHOLD_BYTES = 16 * 1024;
+export const LAG_HIGH_MS = 20;
+export const LAG_LOW_MS = 5;
+export const LAG_WINDOW_MS = 1000;
+const LAG_RESOLUTION_MS = 10;
 
 export type Decision = 'allow' | 'block' | 'unavailable';
 
@@ -84,6 +102,23 @@ export interface EngineOptions {
   onAsyncFindings?: (findings: Finding[], meta: { phase: Phase; sidecar: string }) => void;
   /** The worker module; tests point it at a worker that hangs to prove the deadline replaces it. */
   workerUrl?: URL;
+  /**
+   * The per-part inspection cache's cap in bytes (part-cache.ts); 0 turns it off. Default 64 MiB.
+   * Request phase, inference bodies only (docs/decisions.md, "The per-part inspection cache").
+   */
+  cacheBytes?: number;
+  /** Adaptive offload (ADAPTIVE_INLINE_THRESHOLD_BYTES); null turns it off. Defaults: the constants above. */
+  adaptiveOffload?: AdaptiveOffload | null;
+}
+
+export interface AdaptiveOffload {
+  /** The inline threshold while the event loop lags. */
+  thresholdBytes: number;
+  /** Lagging from this p99 of the event loop's delay over a window… */
+  highMs: number;
+  /** …until the p99 is back at or below this. */
+  lowMs: number;
+  windowMs: number;
 }
 
 const EMPTY: ScanResult = { findings: [], failures: [] };
@@ -113,6 +148,11 @@ export class InspectionEngine {
   #log: Logger;
   #onAsync: EngineOptions['onAsyncFindings'];
   #metrics;
+  #cache: PartCache | null;
+  #adaptive: AdaptiveOffload | null;
+  #lagging = false;
+  #lag: ReturnType<typeof monitorEventLoopDelay> | null = null;
+  #lagTimer: NodeJS.Timeout | null = null;
 
   constructor(options: EngineOptions = {}) {
     this.#timeoutMs = options.timeoutMs ?? DEFAULT_INSPECT_TIMEOUT_MS;
@@ -164,7 +204,91 @@ export class InspectionEngine {
         ['phase', 'mode'],
         [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
       ),
+      cacheHits: counter(
+        registry,
+        'dvx_inspection_cache_hits_total',
+        'Conversation parts found in the inspection cache',
+        ['phase'],
+      ),
+      cacheMisses: counter(
+        registry,
+        'dvx_inspection_cache_misses_total',
+        'Conversation parts not in the inspection cache (scanned)',
+        ['phase'],
+      ),
+      cacheSaved: counter(
+        registry,
+        'dvx_inspection_cache_bytes_saved_total',
+        'Bytes of conversation parts not scanned again thanks to the inspection cache',
+        ['phase'],
+      ),
+      cacheBytes: gauge(registry, 'dvx_inspection_cache_bytes', 'Bytes held by the inspection cache'),
+      cacheEvictions: counter(
+        registry,
+        'dvx_inspection_cache_evictions_total',
+        'Inspection cache entries dropped to stay under the cap',
+      ),
+      offload: gauge(
+        registry,
+        'dvx_inspection_adaptive_offload',
+        '1 while the event loop lags and smaller bodies go to the pool (adaptive offload), else 0',
+      ),
+      offloadSwitches: counter(
+        registry,
+        'dvx_inspection_adaptive_offload_switches_total',
+        'Adaptive offload turned on',
+      ),
+      lagP99: gauge(registry, 'dvx_inspection_event_loop_lag_p99_seconds', 'p99 of the event loop delay, last window'),
     };
+    const cacheBytes = options.cacheBytes ?? DEFAULT_CACHE_BYTES;
+    this.#cache =
+      cacheBytes > 0
+        ? new PartCache({ maxBytes: cacheBytes, onEvict: (n) => this.#metrics.cacheEvictions.inc({}, n) })
+        : null;
+    this.#adaptive =
+      options.adaptiveOffload === null || this.#pool === null
+        ? null
+        : (options.adaptiveOffload ?? {
+            thresholdBytes: ADAPTIVE_INLINE_THRESHOLD_BYTES,
+            highMs: LAG_HIGH_MS,
+            lowMs: LAG_LOW_MS,
+            windowMs: LAG_WINDOW_MS,
+          });
+    if (this.#adaptive !== null && this.#adaptive.thresholdBytes < this.#inlineThreshold)
+      this.#watchLag(this.#adaptive);
+  }
+
+  /** Samples the event loop's delay; past highMs smaller bodies go to the pool, until back under lowMs. */
+  #watchLag(adaptive: AdaptiveOffload): void {
+    const lag = monitorEventLoopDelay({ resolution: LAG_RESOLUTION_MS });
+    lag.enable();
+    this.#lag = lag;
+    this.#lagTimer = setInterval(() => {
+      // The histogram holds each sample's whole interval: the resolution plus the lag.
+      const p99 = Math.max(0, lag.percentile(99) / 1e6 - LAG_RESOLUTION_MS);
+      lag.reset();
+      this.#metrics.lagP99.set(p99 / 1000);
+      if (!this.#lagging && p99 >= adaptive.highMs) {
+        this.#lagging = true;
+        this.#metrics.offloadSwitches.inc();
+        this.#log.info({ lag_p99_ms: p99, threshold_bytes: adaptive.thresholdBytes }, 'adaptive offload on');
+      } else if (this.#lagging && p99 <= adaptive.lowMs) {
+        this.#lagging = false;
+        this.#log.info({ lag_p99_ms: p99 }, 'adaptive offload off');
+      }
+      this.#metrics.offload.set(this.#lagging ? 1 : 0);
+    }, adaptive.windowMs);
+    this.#lagTimer.unref();
+  }
+
+  /** The size from which a body is scanned on the pool: lower while the event loop lags. */
+  #threshold(): number {
+    return this.#lagging ? Math.min(this.#inlineThreshold, this.#adaptive!.thresholdBytes) : this.#inlineThreshold;
+  }
+
+  /** Whether adaptive offload is on now (the event loop lags). */
+  get offloading(): boolean {
+    return this.#lagging;
   }
 
   #reportCompile(plan: ScanPlan): void {
@@ -185,7 +309,7 @@ export class InspectionEngine {
     // A large inference body's model is checked here, on the main thread, before the pool runs: one
     // walk of the top level, milliseconds even at 32 MB, so no body is slow enough to carry a denied
     // model past the deadline. The pool gets the rest, if there is a rest.
-    const large = this.#pool !== null && body.length >= this.#inlineThreshold;
+    const large = this.#pool !== null && body.length >= this.#threshold();
     const modelFirst = large && phase === 'request' && hasInspector(plan, MODEL_RESTRICTION) && !request.modelsAnywhere;
     const pooled = large && (modelFirst ? hasBuiltinWork(plan, phase, secrets.length, true) : builtinWork);
     const identity = request.identity ?? { agentId: '', orgId: '', agentName: '' };
@@ -196,9 +320,34 @@ export class InspectionEngine {
       else waitedSidecars = true;
     }
 
+    // The per-part cache: request phase, an inference body (model restriction reads the top level only,
+    // and that is in the skeleton), and work for the inspectors besides model restriction.
+    const parts =
+      this.#cache !== null &&
+      phase === 'request' &&
+      body.length < MAX_CACHED_BODY_BYTES &&
+      request.modelsAnywhere === undefined &&
+      hasBuiltinWork(plan, phase, secrets.length, true)
+        ? conversationParts(body)
+        : null;
+
     let results: ScanResult[];
     let mode: InspectionOutcome['mode'] = 'inline';
-    if (!pooled && !waitedSidecars) {
+    if (parts !== null) {
+      const deadline = new AbortController();
+      const timer = waitedSidecars
+        ? setTimeout(() => deadline.abort(new DeadlineError('inspection deadline')), this.#timeoutMs)
+        : undefined;
+      const waited: Promise<ScanResult>[] = [];
+      for (const sidecar of policy.sidecars) {
+        if ((phase === 'request' ? sidecar.on_request : sidecar.on_response) && !sidecar.async)
+          waited.push(this.#runSidecar(sidecar, request, identity, deadline.signal));
+      }
+      const pool = { used: false };
+      results = await Promise.all([this.#inspectParts(plan, policy, body, parts, phase, secrets, pool), ...waited]);
+      clearTimeout(timer);
+      if (pool.used) mode = 'pool';
+    } else if (!pooled && !waitedSidecars) {
       // Everything runs here and now: no deadline timer to arm (it could not interrupt a synchronous
       // scan anyway; bodies this small are bounded by the inline threshold).
       results = [builtinWork ? this.#inline(plan, body, phase, secrets, request.modelsAnywhere) : EMPTY];
@@ -239,6 +388,189 @@ export class InspectionEngine {
     const durationMs = performance.now() - started;
     this.#record(phase, mode, decision, findings, failures, durationMs);
     return { decision, findings, failOpen, failures, mode, durationMs };
+  }
+
+  /**
+   * A body with parts (conversation-parts.ts): the skeleton is scanned every time; each part is looked
+   * up in the cache and only the new ones are scanned, together (#scanNew). What a cached part found
+   * counts as if it had been found now: a cached `block` blocks.
+   */
+  async #inspectParts(
+    plan: ScanPlan,
+    policy: ResolvedPolicy,
+    body: Buffer,
+    parts: readonly Span[],
+    phase: Phase,
+    secrets: readonly string[],
+    pool: { used: boolean },
+  ): Promise<ScanResult> {
+    const cache = this.#cache!;
+    const context = cache.context(
+      phase,
+      policy.version,
+      secrets,
+      builtinInspectors(plan, phase, secrets.length, 'all', true),
+    );
+    const cached: (readonly Finding[])[] = [];
+    const hits: Span[] = [];
+    const fresh: NewPart[] = [];
+    let saved = 0;
+    for (const span of parts) {
+      const key = cache.key(context, body.subarray(span.start, span.end));
+      const hit = cache.get(key);
+      if (hit === undefined) fresh.push({ span, key });
+      else {
+        cached.push(hit);
+        hits.push(span);
+        saved += span.end - span.start;
+      }
+    }
+    if (cached.length > 0) {
+      this.#metrics.cacheHits.inc({ phase }, cached.length);
+      this.#metrics.cacheSaved.inc({ phase }, saved);
+    }
+    if (fresh.length > 0) this.#metrics.cacheMisses.inc({ phase }, fresh.length);
+
+    let results: ScanResult[];
+    const rest = skeleton(body, hits);
+    if (this.#pool === null || rest.length < this.#threshold()) {
+      // A turn's usual case: the skeleton and the new parts, small together, in one scan (the fixed
+      // cost of a scan paid once). Clean: each new part is stored clean. A finding: the new parts are
+      // scanned again on their own (#scanNew) to learn which of them it belongs to; what this scan
+      // found counts either way, and that rescan's failures only keep its parts out of the cache.
+      const whole = await this.#scanUnit(plan, policy, rest, phase, secrets, false, pool);
+      results = [whole];
+      if (fresh.length > 0 && whole.failures.length === 0) {
+        if (whole.findings.length === 0) for (const p of fresh) cache.set(p.key, []);
+        else results.push({ ...(await this.#scanNew(plan, policy, body, fresh, phase, secrets, pool)), failures: [] });
+      }
+    } else {
+      const scans: (ScanResult | Promise<ScanResult>)[] = [
+        this.#scanUnit(plan, policy, skeleton(body, parts), phase, secrets, false, pool),
+      ];
+      for (const g of this.#groups(fresh)) scans.push(this.#scanNew(plan, policy, body, g, phase, secrets, pool));
+      results = await Promise.all(scans);
+    }
+    this.#metrics.cacheBytes.set(cache.bytes);
+
+    const merged = new FindingSet();
+    const failures: InspectorFailure[] = [];
+    merged.add(results[0].findings);
+    // Copies: a cached finding is frozen, and the outcome's belong to the caller.
+    for (const found of cached) merged.add(found.map((f) => ({ ...f })));
+    for (const r of results) {
+      merged.add(r.findings);
+      for (const f of r.failures) failures.push(f);
+    }
+    return { findings: merged.findings, failures };
+  }
+
+  /**
+   * New parts in groups: one when they are few bytes together (one scan's fixed cost, not one per
+   * part), else as many groups as pool threads, each at least the inline threshold.
+   */
+  #groups(fresh: NewPart[]): NewPart[][] {
+    if (fresh.length === 0) return [];
+    let total = 0;
+    for (const p of fresh) total += p.span.end - p.span.start;
+    const threshold = this.#threshold();
+    if (this.#pool === null || total < threshold) return [fresh];
+    const target = Math.max(threshold, Math.ceil(total / Math.max(1, this.#threads)));
+    const groups: NewPart[][] = [];
+    let current: NewPart[] = [];
+    let size = 0;
+    for (const p of fresh) {
+      current.push(p);
+      size += p.span.end - p.span.start;
+      if (size >= target) {
+        groups.push(current);
+        current = [];
+        size = 0;
+      }
+    }
+    if (current.length > 0) groups.push(current);
+    return groups;
+  }
+
+  /**
+   * New parts scanned as one JSON array. Clean: each part is stored clean. Findings: the group is
+   * halved and each half scanned again until each finding belongs to a part, so each part is stored
+   * with its own (a part with a finding costs about twice its group's bytes, once). The group's own
+   * findings always count; a rescan's failure only keeps its parts out of the cache.
+   */
+  async #scanNew(
+    plan: ScanPlan,
+    policy: ResolvedPolicy,
+    body: Buffer,
+    parts: NewPart[],
+    phase: Phase,
+    secrets: readonly string[],
+    pool: { used: boolean },
+  ): Promise<ScanResult> {
+    const cache = this.#cache!;
+    const result = await this.#scanUnit(
+      plan,
+      policy,
+      group(
+        body,
+        parts.map((p) => p.span),
+        this.#pool === null ? Number.POSITIVE_INFINITY : this.#threshold(),
+      ),
+      phase,
+      secrets,
+      true,
+      pool,
+    );
+    if (result.failures.length > 0) return result;
+    if (result.findings.length === 0 || parts.length === 1) {
+      for (const p of parts) cache.set(p.key, result.findings);
+      return result;
+    }
+    const half = parts.length >> 1;
+    const [a, b] = await Promise.all([
+      this.#scanNew(plan, policy, body, parts.slice(0, half), phase, secrets, pool),
+      this.#scanNew(plan, policy, body, parts.slice(half), phase, secrets, pool),
+    ]);
+    const merged = new FindingSet();
+    merged.add(result.findings);
+    merged.add(a.findings);
+    merged.add(b.findings);
+    return { findings: merged.findings, failures: [] };
+  }
+
+  /**
+   * One piece of a body (the skeleton, a group of parts): inline when small, else on the pool, with the
+   * model checked here first as for a whole body. Parts skip model restriction: a `model` inside a
+   * message is no model the call names, and the top level is in the skeleton.
+   */
+  #scanUnit(
+    plan: ScanPlan,
+    policy: ResolvedPolicy,
+    bytes: Buffer,
+    phase: Phase,
+    secrets: readonly string[],
+    skipModel: boolean,
+    pool: { used: boolean },
+  ): ScanResult | Promise<ScanResult> {
+    if (this.#pool === null || bytes.length < this.#threshold()) {
+      try {
+        return scanBody(plan, { body: bytes, phase, secrets, skipModel });
+      } catch (err) {
+        return { findings: [], failures: [{ inspector: BUILTINS, reason: (err as Error).message }] };
+      }
+    }
+    const modelFirst = !skipModel && phase === 'request' && hasInspector(plan, MODEL_RESTRICTION);
+    if (!modelFirst) {
+      pool.used = true;
+      return this.#onPool(policy, bytes, phase, secrets, undefined, skipModel);
+    }
+    const model = this.#modelOnly(plan, bytes);
+    if (!hasBuiltinWork(plan, phase, secrets.length, true)) return model;
+    pool.used = true;
+    return this.#onPool(policy, bytes, phase, secrets, undefined, true).then((rest) => ({
+      findings: [...model.findings, ...rest.findings],
+      failures: [...model.failures, ...rest.failures],
+    }));
   }
 
   #modelOnly(plan: ScanPlan, body: Buffer): ScanResult {
@@ -397,6 +729,8 @@ export class InspectionEngine {
   }
 
   async close(): Promise<void> {
+    if (this.#lagTimer !== null) clearInterval(this.#lagTimer);
+    this.#lag?.disable();
     await this.#pool?.destroy();
     this.#pool = null;
   }
@@ -418,6 +752,33 @@ function finishedBefore(port: MessagePort, expected: readonly string[], reason: 
   }
   for (const inspector of expected) if (!finished.has(inspector)) failures.push({ inspector, reason });
   return { findings, failures };
+}
+
+interface NewPart {
+  span: Span;
+  key: string;
+}
+
+/**
+ * Findings of several scans as one list: the same finding twice is one (as scan.ts keeps them), and
+ * each inspector keeps at most MAX_FINDINGS_PER_INSPECTOR, as one scan of the whole body would.
+ */
+class FindingSet {
+  readonly findings: Finding[] = [];
+  #seen = new Set<string>();
+  #per = new Map<string, number>();
+
+  add(found: readonly Finding[]): void {
+    for (const f of found) {
+      const key = `${f.inspector_type}\u0000${f.description}\u0000${f.match}\u0000${f.severity}`;
+      if (this.#seen.has(key)) continue;
+      const n = this.#per.get(f.inspector_type) ?? 0;
+      if (n >= MAX_FINDINGS_PER_INSPECTOR) continue;
+      this.#seen.add(key);
+      this.#per.set(f.inspector_type, n + 1);
+      this.findings.push(f);
+    }
+  }
 }
 
 /** Failure reasons become label values: keep them to a small fixed set. */

@@ -1,4 +1,8 @@
-import { DEFAULT_INSPECT_TIMEOUT_MS } from '../../pipeline/engine.ts';
+import {
+  DEFAULT_INSPECT_TIMEOUT_MS,
+  DEFAULT_INSPECTION_CACHE_MB,
+  MAX_INSPECTION_CACHE_MB,
+} from '../../pipeline/engine.ts';
 import type { LogFormat, LogLevel } from '../../core/logger.ts';
 import { AUDIT_DEFAULTS, auditOptionsProblem, type AuditOptions } from '../../audit-wal/options.ts';
 import { SERVER_LIMIT_DEFAULTS, serverLimitsProblem, type ServerLimitOptions } from '../../core/server-limits.ts';
@@ -75,6 +79,8 @@ export interface GatewayOptions extends AuditOptions, ServerLimitOptions {
   tunnelIdleTimeout: number;
   inspectTimeout: number;
   inspectFailClosed: boolean;
+  /** MiB of per-part inspection results kept (the engine's cacheBytes); 0 turns the cache off. */
+  inspectionCacheMb: number;
   /** Bytes of request bodies held at once for inspection, over every connection (body-budget.ts). */
   maxBufferedBodies: number;
 }
@@ -113,6 +119,7 @@ export const GATEWAY_DEFAULTS: GatewayOptions = {
   tunnelIdleTimeout: 600_000,
   inspectTimeout: DEFAULT_INSPECT_TIMEOUT_MS,
   inspectFailClosed: false,
+  inspectionCacheMb: DEFAULT_INSPECTION_CACHE_MB,
   maxBufferedBodies: DEFAULT_MAX_BUFFERED_BODIES,
   ...AUDIT_DEFAULTS,
   ...SERVER_LIMIT_DEFAULTS,
@@ -183,6 +190,14 @@ export function validateGatewayOptions(input: Partial<GatewayOptions>): GatewayO
     if (!(o[key] > 0) || !Number.isFinite(o[key]))
       throw new GatewayOptionsError(`--${name} must be a positive duration`);
   }
+  if (
+    !Number.isSafeInteger(o.inspectionCacheMb) ||
+    o.inspectionCacheMb < 0 ||
+    o.inspectionCacheMb > MAX_INSPECTION_CACHE_MB
+  )
+    throw new GatewayOptionsError(
+      `--inspection-cache-mb must be a whole number from 0 (off) to ${MAX_INSPECTION_CACHE_MB}`,
+    );
   if (!Number.isSafeInteger(o.maxBufferedBodies) || o.maxBufferedBodies < 1)
     throw new GatewayOptionsError('--max-buffered-bodies must be a positive byte count');
   const audit = auditOptionsProblem(o);

@@ -113,6 +113,7 @@ export async function startGateway(input: Partial<GatewayOptions>, start: Gatewa
     const engine = new InspectionEngine({
       timeoutMs: options.inspectTimeout,
       failClosed: options.inspectFailClosed,
+      cacheBytes: options.inspectionCacheMb * 1024 * 1024,
       logger: log,
       registry,
     });

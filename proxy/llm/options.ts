@@ -4,7 +4,11 @@ import {
   type IsolationClass,
   type WireFormat,
 } from '../../pipeline/policy/snapshot.ts';
-import { DEFAULT_INSPECT_TIMEOUT_MS } from '../../pipeline/engine.ts';
+import {
+  DEFAULT_INSPECT_TIMEOUT_MS,
+  DEFAULT_INSPECTION_CACHE_MB,
+  MAX_INSPECTION_CACHE_MB,
+} from '../../pipeline/engine.ts';
 import type { LogFormat, LogLevel } from '../../core/logger.ts';
 import { AUDIT_DEFAULTS, auditOptionsProblem, type AuditOptions } from '../../audit-wal/options.ts';
 import { OptionsError } from './errors.ts';
@@ -79,6 +83,8 @@ export interface LlmProxyOptions extends AuditOptions, ServerLimitOptions {
   upstreamIdleTimeout: number;
   inspectTimeout: number;
   inspectFailClosed: boolean;
+  /** MiB of per-part inspection results kept (the engine's cacheBytes); 0 turns the cache off. */
+  inspectionCacheMb: number;
   /** Translate between wire formats when the agent's differs from translateUpstreamFormat. */
   translate: boolean;
   translateUpstreamFormat: WireFormat;
@@ -112,6 +118,7 @@ export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
   upstreamIdleTimeout: DEFAULT_UPSTREAM_IDLE_TIMEOUT_MS,
   inspectTimeout: DEFAULT_INSPECT_TIMEOUT_MS,
   inspectFailClosed: false,
+  inspectionCacheMb: DEFAULT_INSPECTION_CACHE_MB,
   translate: false,
   translateUpstreamFormat: 'anthropic-messages',
   ...AUDIT_DEFAULTS,
@@ -183,6 +190,12 @@ export function validateOptions(input: Partial<LlmProxyOptions>): LlmProxyOption
   const audit = auditOptionsProblem(o);
   if (audit) throw new OptionsError(audit);
   if (!(o.inspectTimeout > 0)) throw new OptionsError('--inspect-timeout must be positive');
+  if (
+    !Number.isSafeInteger(o.inspectionCacheMb) ||
+    o.inspectionCacheMb < 0 ||
+    o.inspectionCacheMb > MAX_INSPECTION_CACHE_MB
+  )
+    throw new OptionsError(`--inspection-cache-mb must be a whole number from 0 (off) to ${MAX_INSPECTION_CACHE_MB}`);
   if (!(o.upstreamTimeout > 0)) throw new OptionsError('--upstream-timeout must be positive');
   if (!(o.upstreamIdleTimeout > 0)) throw new OptionsError('--upstream-idle-timeout must be positive');
   const limits = serverLimitsProblem(o);

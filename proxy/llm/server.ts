@@ -99,6 +99,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
   const engine = new InspectionEngine({
     timeoutMs: options.inspectTimeout,
     failClosed: options.inspectFailClosed,
+    cacheBytes: options.inspectionCacheMb * 1024 * 1024,
     logger: log,
     registry,
     ...(start.inspectWorker ? { workerUrl: start.inspectWorker } : {}),

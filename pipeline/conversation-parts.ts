@@ -1,0 +1,197 @@
+import type { Span } from './json-view.ts';
+
+// An inference body split into the parts an agent resends turn after turn, for the per-part
+// inspection cache (part-cache.ts, engine.ts; docs/decisions.md, "The per-part inspection cache"):
+//
+//   {"model":"m","system":"<prefix>…","messages":[ {…}, {…}, {…} ],"tools":[ {…} ]}
+//    └──────────── skeleton ─────────────────────┘ part  part  part └─────┘ part └┘
+//
+// A part is exactly the bytes of one element of a top-level `messages` (Anthropic Messages, OpenAI
+// Chat), `input` (OpenAI Responses) or `tools` array. Everything else is the skeleton: the top level,
+// `model`, `system` / `instructions` (where the security-context prefix lives, proxy/llm/steps/
+// prefix.ts) and any element too small to be worth a cache entry. The skeleton is the body with each
+// part's bytes replaced by `null`, so skeleton and parts together hold every byte of the body: no
+// byte escapes inspection. A body that is not a JSON object, or that this walk cannot read, has no
+// parts (it is scanned whole).
+
+/** Top-level arrays whose elements are parts. */
+const PART_KEYS = ['"messages"', '"input"', '"tools"'].map((k) => Buffer.from(k));
+/**
+ * Elements smaller than this stay in the skeleton: a scan's fixed cost (one input, one pass per
+ * inspector) is worth paying once for them all, not once each, and a cache entry for a short "ok"
+ * costs more memory than it saves (docs/decisions.md, "The per-part inspection cache").
+ */
+export const MIN_PART_BYTES = 256;
+const NULL = Buffer.from('null');
+const QUOTE = 0x22;
+const BACKSLASH = 0x5c;
+
+/** A body's parts, in body order (never overlapping); null: no parts, scan the body whole. */
+export function conversationParts(body: Buffer, minPartBytes = MIN_PART_BYTES): Span[] | null {
+  const walk = new Walk(body);
+  const parts: Span[] = [];
+  walk.ws();
+  if (walk.at() !== 0x7b) return null;
+  walk.i++;
+  walk.ws();
+  if (walk.at() === 0x7d) return null;
+  for (;;) {
+    walk.ws();
+    if (walk.at() !== QUOTE) return null;
+    const keyStart = walk.i;
+    if (!walk.string()) return null;
+    const wanted = PART_KEYS.some(
+      (k) => walk.i - keyStart === k.length && body.compare(k, 0, k.length, keyStart, walk.i) === 0,
+    );
+    walk.ws();
+    if (walk.at() !== 0x3a) return null;
+    walk.i++;
+    walk.ws();
+    if (wanted && walk.at() === 0x5b) {
+      if (!walk.elements(parts, minPartBytes)) return null;
+    } else if (!walk.value()) return null;
+    walk.ws();
+    const c = walk.at();
+    walk.i++;
+    if (c === 0x2c) continue;
+    if (c !== 0x7d) return null;
+    walk.ws();
+    // Anything after the object (a second document) is no body this walk vouches for.
+    return walk.i === body.length && parts.length > 0 ? parts : null;
+  }
+}
+
+/** The body with each part's bytes replaced by `null`: what is scanned on every call. */
+export function skeleton(body: Buffer, parts: readonly Span[]): Buffer {
+  let size = body.length;
+  for (const p of parts) size -= p.end - p.start - NULL.length;
+  const out = Buffer.allocUnsafe(size);
+  let from = 0;
+  let to = 0;
+  for (const p of parts) {
+    to += body.copy(out, to, from, p.start);
+    to += NULL.copy(out, to);
+    from = p.end;
+  }
+  body.copy(out, to, from);
+  return out;
+}
+
+/**
+ * Several parts as one JSON array (`[a,b,c]`): new parts scanned together (engine.ts). From
+ * `sharedFrom` bytes it is built in shared memory, so the pool takes it without another copy.
+ */
+export function group(body: Buffer, parts: readonly Span[], sharedFrom = Number.POSITIVE_INFINITY): Buffer {
+  if (parts.length === 1) return body.subarray(parts[0].start, parts[0].end);
+  let size = parts.length + 1;
+  for (const p of parts) size += p.end - p.start;
+  const out = size >= sharedFrom ? Buffer.from(new SharedArrayBuffer(size)) : Buffer.allocUnsafe(size);
+  out[0] = 0x5b;
+  let to = 1;
+  for (let k = 0; k < parts.length; k++) {
+    if (k > 0) out[to++] = 0x2c;
+    to += body.copy(out, to, parts[k].start, parts[k].end);
+  }
+  out[to] = 0x5d;
+  return out;
+}
+
+/** A cursor over JSON bytes that skips values without building them. */
+class Walk {
+  i = 0;
+  readonly #b: Buffer;
+  readonly #n: number;
+
+  constructor(body: Buffer) {
+    this.#b = body;
+    this.#n = body.length;
+  }
+
+  at(): number {
+    return this.i < this.#n ? this.#b[this.i] : -1;
+  }
+
+  ws(): void {
+    const b = this.#b;
+    while (this.i < this.#n) {
+      const c = b[this.i];
+      if (c !== 0x20 && c !== 0x0a && c !== 0x0d && c !== 0x09) return;
+      this.i++;
+    }
+  }
+
+  /** Past the string starting here (a quote); false when it never closes. */
+  string(): boolean {
+    const b = this.#b;
+    let j = this.i + 1;
+    for (;;) {
+      const q = b.indexOf(QUOTE, j);
+      if (q < 0) return false;
+      let k = q - 1;
+      let slashes = 0;
+      while (k > this.i && b[k] === BACKSLASH) {
+        slashes++;
+        k--;
+      }
+      if (slashes % 2 === 0) {
+        this.i = q + 1;
+        return true;
+      }
+      j = q + 1;
+    }
+  }
+
+  /** Past the value starting here; false when it is not one. */
+  value(): boolean {
+    const b = this.#b;
+    const c = this.at();
+    if (c === QUOTE) return this.string();
+    if (c === 0x7b || c === 0x5b) {
+      let depth = 0;
+      while (this.i < this.#n) {
+        const d = b[this.i];
+        if (d === QUOTE) {
+          if (!this.string()) return false;
+          continue;
+        }
+        if (d === 0x7b || d === 0x5b) depth++;
+        else if (d === 0x7d || d === 0x5d) {
+          if (--depth === 0) {
+            this.i++;
+            return true;
+          }
+        }
+        this.i++;
+      }
+      return false;
+    }
+    const from = this.i;
+    while (this.i < this.#n) {
+      const d = b[this.i];
+      if (d === 0x2c || d === 0x7d || d === 0x5d || d === 0x20 || d === 0x0a || d === 0x0d || d === 0x09) break;
+      this.i++;
+    }
+    return this.i > from;
+  }
+
+  /** The elements of the array starting here, each of at least `min` bytes a part; past the array. */
+  elements(parts: Span[], min: number): boolean {
+    this.i++;
+    this.ws();
+    if (this.at() === 0x5d) {
+      this.i++;
+      return true;
+    }
+    for (;;) {
+      this.ws();
+      const start = this.i;
+      if (!this.value()) return false;
+      if (this.i - start >= min) parts.push({ start, end: this.i });
+      this.ws();
+      const c = this.at();
+      this.i++;
+      if (c === 0x2c) continue;
+      return c === 0x5d;
+    }
+  }
+}

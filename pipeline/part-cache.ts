@@ -1,0 +1,114 @@
+import { hash } from 'node:crypto';
+import type { Finding } from './finding.ts';
+
+// What the built-in inspectors found in a conversation part (conversation-parts.ts), kept so that a
+// part the agent resends is not scanned again (docs/decisions.md, "The per-part inspection cache").
+//
+//   key = sha256(scan context) ‖ sha256(part bytes)
+//         scan context: phase, policy version (itself a sha256 of the policy), the agent's secret
+//         values (a sha256 of them), the inspectors that ran
+//
+// A policy change, a new or changed secret value, or another set of inspectors gives another key, so
+// an old entry is never read again (it ages out). The hash is cryptographic on purpose: an attacker
+// who could make a new part collide with a clean cached one would have it pass unscanned. Only results
+// without failures are stored (the engine's part): a fail-open is never reused as a pass.
+//
+// Size-capped LRU over an insertion-ordered Map: a hit moves the entry to the back, eviction takes
+// from the front. The size counts each entry's key, its findings' strings, and a fixed overhead.
+
+/** What one entry costs beyond its key and findings: the Map slot, the array, the object headers. */
+const ENTRY_OVERHEAD = 96;
+const FINDING_OVERHEAD = 64;
+
+export const DEFAULT_CACHE_BYTES = 64 * 1024 * 1024;
+
+interface Entry {
+  findings: readonly Finding[];
+  size: number;
+}
+
+export interface PartCacheOptions {
+  maxBytes: number;
+  onEvict?: (count: number) => void;
+}
+
+export class PartCache {
+  #entries = new Map<string, Entry>();
+  #bytes = 0;
+  #max: number;
+  #onEvict: ((count: number) => void) | undefined;
+  #secretPrints = new WeakMap<readonly string[], string>();
+
+  constructor(options: PartCacheOptions) {
+    this.#max = options.maxBytes;
+    this.#onEvict = options.onEvict;
+  }
+
+  /** Bytes held (keys, findings, overhead). */
+  get bytes(): number {
+    return this.#bytes;
+  }
+
+  get size(): number {
+    return this.#entries.size;
+  }
+
+  /**
+   * The scan context's part of every key, made once per inspection. The secret values' fingerprint is
+   * remembered per frozen array (the proxy hands the same frozen array to every call of an agent until
+   * its secrets change, proxy/llm/secrets-file.ts); an array that could change is hashed each time.
+   */
+  context(phase: string, policyVersion: string, secrets: readonly string[], inspectors: readonly string[]): string {
+    let print = this.#secretPrints.get(secrets);
+    if (print === undefined) {
+      print = hash('sha256', JSON.stringify(secrets), 'base64');
+      if (Object.isFrozen(secrets)) this.#secretPrints.set(secrets, print);
+    }
+    return hash('sha256', JSON.stringify([phase, policyVersion, print, inspectors]), 'base64');
+  }
+
+  /** The key of a part's bytes under a context (`context()`). */
+  key(context: string, part: Uint8Array): string {
+    return context + hash('sha256', part, 'base64');
+  }
+
+  get(key: string): readonly Finding[] | undefined {
+    const entry = this.#entries.get(key);
+    if (entry === undefined) return undefined;
+    this.#entries.delete(key);
+    this.#entries.set(key, entry);
+    return entry.findings;
+  }
+
+  set(key: string, findings: readonly Finding[]): void {
+    const size = entrySize(key, findings);
+    if (size > this.#max) return;
+    // A copy of each finding, frozen: what the caller does with its outcome cannot change the cache.
+    findings = Object.freeze(findings.map((f) => Object.freeze({ ...f })));
+    const old = this.#entries.get(key);
+    if (old !== undefined) {
+      this.#entries.delete(key);
+      this.#bytes -= old.size;
+    }
+    this.#entries.set(key, { findings, size });
+    this.#bytes += size;
+    let evicted = 0;
+    while (this.#bytes > this.#max) {
+      const [oldest, entry] = this.#entries.entries().next().value!;
+      this.#entries.delete(oldest);
+      this.#bytes -= entry.size;
+      evicted++;
+    }
+    if (evicted > 0) this.#onEvict?.(evicted);
+  }
+}
+
+function entrySize(key: string, findings: readonly Finding[]): number {
+  let size = ENTRY_OVERHEAD + key.length * 2;
+  for (const f of findings) {
+    size +=
+      FINDING_OVERHEAD +
+      2 * (f.inspector_type.length + f.severity.length + f.description.length + f.match.length + f.location.length);
+  }
+  return size;
+}
