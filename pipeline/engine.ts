@@ -10,6 +10,7 @@ import { BodyTooLargeError, DeadlineError } from './errors.ts';
 import { MAX_FINDINGS_PER_INSPECTOR, type Finding, type Phase } from './finding.ts';
 import type { Span } from './json-view.ts';
 import { DEFAULT_CACHE_BYTES, PartCache } from './part-cache.ts';
+import { ResentParts } from './resent-parts.ts';
 import { MODEL_RESTRICTION } from './inspectors/registry.ts';
 import { callSidecar, type SidecarIdentity } from './inspectors/sidecar.ts';
 import { hasInspector, PlanCache, type ScanPlan } from './plan.ts';
@@ -149,6 +150,7 @@ export class InspectionEngine {
   #onAsync: EngineOptions['onAsyncFindings'];
   #metrics;
   #cache: PartCache | null;
+  #resent: ResentParts | null;
   #adaptive: AdaptiveOffload | null;
   #lagging = false;
   #lag: ReturnType<typeof monitorEventLoopDelay> | null = null;
@@ -222,7 +224,17 @@ export class InspectionEngine {
         'Bytes of conversation parts not scanned again thanks to the inspection cache',
         ['phase'],
       ),
-      cacheBytes: gauge(registry, 'dvx_inspection_cache_bytes', 'Bytes held by the inspection cache'),
+      cacheBytes: gauge(
+        registry,
+        'dvx_inspection_cache_bytes',
+        'Bytes held by the inspection cache (entries, and the resent bodies kept to compare against)',
+      ),
+      cacheUnhashed: counter(
+        registry,
+        'dvx_inspection_cache_parts_compared_total',
+        'Conversation parts whose key was found by comparing them with the same part of an earlier body (not hashed again)',
+        ['phase'],
+      ),
       cacheEvictions: counter(
         registry,
         'dvx_inspection_cache_evictions_total',
@@ -245,6 +257,8 @@ export class InspectionEngine {
       cacheBytes > 0
         ? new PartCache({ maxBytes: cacheBytes, onEvict: (n) => this.#metrics.cacheEvictions.inc({}, n) })
         : null;
+    // The resent bodies kept to compare against (resent-parts.ts) get a cap of their own, as large.
+    this.#resent = cacheBytes > 0 ? new ResentParts(cacheBytes) : null;
     this.#adaptive =
       options.adaptiveOffload === null || this.#pool === null
         ? null
@@ -344,7 +358,10 @@ export class InspectionEngine {
           waited.push(this.#runSidecar(sidecar, request, identity, deadline.signal));
       }
       const pool = { used: false };
-      results = await Promise.all([this.#inspectParts(plan, policy, body, parts, phase, secrets, pool), ...waited]);
+      results = await Promise.all([
+        this.#inspectParts(plan, policy, body, parts, phase, secrets, holderOf(request.identity), pool),
+        ...waited,
+      ]);
       clearTimeout(timer);
       if (pool.used) mode = 'pool';
     } else if (!pooled && !waitedSidecars) {
@@ -402,6 +419,7 @@ export class InspectionEngine {
     parts: readonly Span[],
     phase: Phase,
     secrets: readonly string[],
+    holder: string | null,
     pool: { used: boolean },
   ): Promise<ScanResult> {
     const cache = this.#cache!;
@@ -415,8 +433,11 @@ export class InspectionEngine {
     const hits: Span[] = [];
     const fresh: NewPart[] = [];
     let saved = 0;
-    for (const span of parts) {
-      const key = cache.key(context, body.subarray(span.start, span.end));
+    const { hashes, reused } = this.#resent!.hashes(holder, body, parts);
+    if (reused > 0) this.#metrics.cacheUnhashed.inc({ phase }, reused);
+    for (let k = 0; k < parts.length; k++) {
+      const span = parts[k];
+      const key = context + hashes[k];
       const hit = cache.get(key);
       if (hit === undefined) fresh.push({ span, key });
       else {
@@ -451,7 +472,7 @@ export class InspectionEngine {
       for (const g of this.#groups(fresh)) scans.push(this.#scanNew(plan, policy, body, g, phase, secrets, pool));
       results = await Promise.all(scans);
     }
-    this.#metrics.cacheBytes.set(cache.bytes);
+    this.#metrics.cacheBytes.set(cache.bytes + this.#resent!.bytes);
 
     const merged = new FindingSet();
     const failures: InspectorFailure[] = [];
@@ -734,6 +755,11 @@ export class InspectionEngine {
     await this.#pool?.destroy();
     this.#pool = null;
   }
+}
+
+/** Whose earlier bodies a body is compared with (resent-parts.ts): the calling agent's, when known. */
+function holderOf(identity: SidecarIdentity | undefined): string | null {
+  return identity === undefined || identity.agentId === '' ? null : `${identity.orgId}\u0000${identity.agentId}`;
 }
 
 /**
