@@ -7,7 +7,16 @@ import { counter, createRegistry, gauge, histogram } from '../core/metrics.ts';
 import { silentLogger, type Logger } from '../core/logger.ts';
 import { BodyTooLargeError, DeadlineError } from './errors.ts';
 import type { Finding, Phase } from './finding.ts';
-import { MODEL_RESTRICTION } from './inspectors/registry.ts';
+import { MODEL_RESTRICTION, SPLIT_OFF } from './inspectors/registry.ts';
+import { carriesJsonEscapes, hidesCharacters } from './json-view.ts';
+import {
+  mergeResults,
+  patternsReach,
+  planRanges,
+  secretsReach,
+  type ByteRange,
+  type ViewContext,
+} from './byte-ranges.ts';
 import { callSidecar, type SidecarIdentity } from './inspectors/sidecar.ts';
 import { hasInspector, PlanCache, type ScanPlan } from './plan.ts';
 import { isInert } from './policy/resolve.ts';
@@ -41,6 +50,30 @@ export const DEFAULT_INLINE_THRESHOLD_BYTES = 128 * 1024;
 // inspectors scan the shared body on two workers at once: 1.9× faster at 32 MB, slower at 1 MB where
 // the second round trip costs more than it saves (bench/RESULTS.md).
 export const SPLIT_THRESHOLD_BYTES = 4 * 1024 * 1024;
+
+// From this size a request body is cut into one byte range per worker (byte-ranges.ts), each scanned
+// by every inspector: docs/decisions.md, "Splitting a large body by byte range" has the measurements.
+export const RANGE_THRESHOLD_BYTES = 4 * 1024 * 1024;
+
+/** One pool task of a body: which inspectors, over which bytes (all of them when no range). */
+interface PoolTask {
+  part: WorkerTask['part'];
+  range?: ByteRange;
+  /** Model restriction runs in this range's task, over the whole body (it reads the top level). */
+  modelWhole?: boolean;
+}
+
+/** Per plan, whether its custom patterns can be split by range, and how far their matches reach. */
+const patternReaches = new WeakMap<ScanPlan, number | null>();
+
+function patternsReachOf(plan: ScanPlan, patterns: readonly { pattern: string }[]): number | null {
+  let reach = patternReaches.get(plan);
+  if (reach === undefined) {
+    reach = patternsReach(patterns.map((p) => p.pattern));
+    patternReaches.set(plan, reach);
+  }
+  return reach;
+}
 
 export type Decision = 'allow' | 'block' | 'unavailable';
 
@@ -278,15 +311,11 @@ export class InspectionEngine {
   ): Promise<ScanResult> {
     const shared = toShared(body);
     const plan = this.#plans.get(policy);
-    const split =
-      this.#threads >= 2 &&
-      body.length >= SPLIT_THRESHOLD_BYTES &&
-      policy.content !== null &&
-      policy.content.patterns.length > 0;
-    const parts: WorkerTask['part'][] = split ? ['patterns', 'others'] : ['all'];
+    const tasks = this.#poolTasks(plan, policy, shared, phase, secrets, skipModel);
     this.#metrics.queue.set(this.#pool!.queueSize);
     const results = await Promise.all(
-      parts.map(async (part): Promise<ScanResult> => {
+      tasks.map(async ({ part, range, modelWhole }): Promise<ScanResult> => {
+        const skip = skipModel || (range !== undefined && !modelWhole);
         // The worker posts each inspector's result here as it finishes; read only if the task fails.
         const { port1, port2 } = new MessageChannel();
         const started = new Int32Array(new SharedArrayBuffer(4));
@@ -300,6 +329,7 @@ export class InspectionEngine {
           started,
           ...(modelsAnywhere ? { modelsAnywhere } : {}),
           ...(skipModel ? { skipModel } : {}),
+          ...(range ? { range, context: tasks.context, modelWhole } : {}),
         };
         const abort = new AbortController();
         let deadline: NodeJS.Timeout | undefined;
@@ -316,7 +346,7 @@ export class InspectionEngine {
           return (await this.#pool!.run(task, { signal: abort.signal, transferList: [port2] })) as ScanResult;
         } catch (err) {
           const reason = abort.signal.aborted ? String(abort.signal.reason) : (err as Error).message || 'worker error';
-          return finishedBefore(port1, builtinInspectors(plan, phase, secrets.length, part, skipModel), reason);
+          return finishedBefore(port1, builtinInspectors(plan, phase, secrets.length, part, skip), reason);
         } finally {
           settled = true;
           clearTimeout(deadline);
@@ -327,10 +357,50 @@ export class InspectionEngine {
       }),
     );
     if (results.length === 1) return results[0];
-    const failures = [...results[0].failures, ...results[1].failures].filter(
-      (f, i, all) => all.findIndex((g) => g.inspector === f.inspector && g.reason === f.reason) === i,
-    );
-    return { findings: [...results[1].findings, ...results[0].findings], failures };
+    // Ranges merge in body order; the split by inspector reports the others before the patterns.
+    return mergeResults(tasks[0].range ? results : [...results].reverse());
+  }
+
+  /**
+   * How a pooled body is shared out. A request body from RANGE_THRESHOLD_BYTES, with two or more
+   * workers, is cut into one byte range per worker (byte-ranges.ts), each scanned by every inspector;
+   * custom patterns that cannot be split (unbounded, or anchored) then scan the whole body as a task of
+   * their own. Failing that (a response, whose joined stream text is built from every line; a body
+   * with no edge to cut at), from SPLIT_THRESHOLD_BYTES the patterns and the other inspectors scan the
+   * whole body on two workers; else one task does it all.
+   */
+  #poolTasks(
+    plan: ScanPlan,
+    policy: ResolvedPolicy,
+    shared: Uint8Array,
+    phase: Phase,
+    secrets: readonly string[],
+    skipModel: boolean,
+  ): PoolTask[] & { context?: ViewContext } {
+    const patterns = policy.content?.patterns ?? [];
+    if (this.#threads >= 2 && phase === 'request' && shared.length >= RANGE_THRESHOLD_BYTES) {
+      const secretReach = secretsReach(secrets);
+      const patternReach = patternsReachOf(plan, patterns);
+      const splitPatterns = patternReach !== null && hasInspector(plan, SPLIT_OFF);
+      const ranges =
+        secretReach === null
+          ? null
+          : planRanges(shared, this.#threads, Math.max(secretReach, splitPatterns ? patternReach : 0));
+      if (ranges) {
+        const wholePatterns = !splitPatterns && hasInspector(plan, SPLIT_OFF);
+        const tasks: PoolTask[] & { context?: ViewContext } = ranges.map((range, i) => ({
+          part: wholePatterns ? 'others' : 'all',
+          range,
+          modelWhole: i === 0 && !skipModel,
+        }));
+        if (wholePatterns) tasks.push({ part: 'patterns' });
+        const body = Buffer.from(shared.buffer, shared.byteOffset, shared.byteLength);
+        tasks.context = { jsonEscapes: carriesJsonEscapes(body), hidesCharacters: hidesCharacters(body) };
+        return tasks;
+      }
+    }
+    const split = this.#threads >= 2 && shared.length >= SPLIT_THRESHOLD_BYTES && patterns.length > 0;
+    return split ? [{ part: 'patterns' }, { part: 'others' }] : [{ part: 'all' }];
   }
 
   async #runSidecar(

@@ -1,3 +1,4 @@
+import type { ViewContext } from './byte-ranges.ts';
 import { bodyLocation, type FindingLocation, type Phase } from './finding.ts';
 import { deepScanView, hidesCharacters } from './json-view.ts';
 import { normalizedView } from './normalized-view.ts';
@@ -41,6 +42,8 @@ export interface InputOptions {
   normalizeDecoded: boolean;
   /** The custom patterns, when they run in this scan: their set pass prefilters the others. */
   patterns: PatternPlan | null;
+  /** A byte range of a larger body: its escapes are read as the whole body's (byte-ranges.ts). */
+  context?: ViewContext | null;
 }
 
 export function failureReason(err: unknown): string {
@@ -58,6 +61,7 @@ export class InspectionInput {
   #failures: InspectorFailure[];
   #normalizeDecoded: boolean;
   #patterns: PatternPlan | null;
+  #context: ViewContext | null;
   #decoded: Buffer | null = null;
   #literal: Buffer | null = null;
   // undefined: not built yet; null: built, and there is nothing (or nothing different) to read.
@@ -76,16 +80,18 @@ export class InspectionInput {
     this.#failures = options.failures;
     this.#normalizeDecoded = options.normalizeDecoded;
     this.#patterns = options.patterns;
+    this.#context = options.context ?? null;
   }
 
   /** The body with its JSON escapes decoded. */
   decoded(): Buffer {
-    return (this.#decoded ??= deepScanView(this.raw));
+    return (this.#decoded ??= deepScanView(this.raw, this.#context?.jsonEscapes));
   }
 
   /** The body as sent, or decoded when escapes could hide a character of what the detectors look for. */
   literal(): Buffer {
-    return (this.#literal ??= hidesCharacters(this.raw) ? this.decoded() : this.raw);
+    const hides = this.#context ? this.#context.hidesCharacters : hidesCharacters(this.raw);
+    return (this.#literal ??= hides ? this.decoded() : this.raw);
   }
 
   /** A streamed response's joined delta text: what the agent reads (null: not a response, or no text). */

@@ -97,9 +97,9 @@ for (const [letter, byte] of [
  * none that starts a valid escape: then the view would be the same bytes, and a deeper level would
  * decode nothing more, so `\u` floods cost one pass, not three). Never longer than the body.
  */
-export function scanView(body: Buffer): Buffer {
+export function scanView(body: Buffer, jsonEscapes?: boolean): Buffer {
   let i = body.indexOf(BACKSLASH);
-  if (i < 0 || !carriesJsonEscapes(body)) return body;
+  if (i < 0 || !(jsonEscapes ?? carriesJsonEscapes(body))) return body;
   const n = body.length;
   const out = Buffer.allocUnsafe(n);
   let to = body.copy(out, 0, 0, i);
@@ -191,13 +191,14 @@ export function hidesCharacters(body: Buffer): boolean {
 /**
  * The view with JSON nested in JSON strings decoded too (tool-call arguments are JSON inside a JSON
  * string: `\\u0040` in the body is `\u0040` after one decode and `@` after two). At most three levels;
- * each level only shrinks the bytes.
+ * each level only shrinks the bytes. `jsonEscapes` is the whole body's when this is one byte range of
+ * it (byte-ranges.ts): a range's first byte says nothing of the body's kind.
  */
-export function deepScanView(body: Buffer): Buffer {
-  let view = scanView(body);
+export function deepScanView(body: Buffer, jsonEscapes?: boolean): Buffer {
+  let view = scanView(body, jsonEscapes);
   // A view that still holds a backslash may hold escapes of the next level (`\\n` became `\n`).
   for (let level = 1; level < 3 && view !== body && view.indexOf(BACKSLASH) >= 0; level++) {
-    const next = scanView(view);
+    const next = scanView(view, jsonEscapes);
     if (next === view) break;
     view = next;
   }

@@ -1,0 +1,249 @@
+import type { Finding } from './finding.ts';
+import { findingKey, type InspectorFailure, type ScanResult } from './scan.ts';
+
+// A large request body split across the pool by byte range (docs/decisions.md, "Splitting a large
+// body by byte range"). Each worker scans one range of the one shared body; their findings are merged
+// as one scan keeps them (scan.ts, `keep`).
+//
+//   body ─ edge e1 ──────── edge e2 ──────── …
+//   range 0: [0, reach(e1))          range 1: [e1, reach(e2))          …  range N-1: [e(N-1), n)
+//                  └ overlap ┘
+//
+// An edge is a byte position the views agree on: the byte before it is a JSON separator (`" , : { } [ ]`
+// or a newline), no backslash in the 32 bytes before it, and it starts on a printable ASCII byte that
+// is neither a backslash nor an `&`. So no escape (`\u0041`, `\\u0041` two levels down), no HTML entity
+// and no UTF-8 sequence runs across it, no combining mark attaches across it, and each range's decoded
+// and normalized views are exactly the whole body's views over the same span (given the whole body's
+// lexical facts: ViewContext). No built-in detector's match holds a separator byte, nor looks past one
+// (a key's body, an email's local part and domain, a card's digit groups all stop there), so api_key
+// and pii find in each range exactly what the whole scan finds there.
+//
+// The secrets and the custom patterns can match across an edge: each range but the last runs on past
+// its edge (`reach`) until it has taken in `reach` bytes that each stand for exactly one byte of every
+// view (printable ASCII, no digit, none inside an escape or an entity: credits), then on to the next
+// edge. A match that crosses the edge and is no longer than `reach` bytes in its view ends inside that
+// overlap, however many invisible characters, escapes or entities pad it out in the body as sent.
+// A custom pattern whose matches can be longer (`*`, `+`, `{n,}`), or that reads what surrounds a match
+// (`^`, `$`, `\b`, `\B`, `\A`, `\z`), is not split: it scans the whole body (patternsSplittable).
+
+export interface ByteRange {
+  start: number;
+  end: number;
+}
+
+/** What the views of a range must know of the whole body (json-view.ts reads these from its start). */
+export interface ViewContext {
+  /** The whole body carries JSON escapes (json-view.ts, carriesJsonEscapes). */
+  jsonEscapes: boolean;
+  /** The whole body's escapes can hide characters: its literal view is the decoded one (hidesCharacters). */
+  hidesCharacters: boolean;
+}
+
+/** The fewest one-to-one bytes an overlap takes in: longer than any built-in match (keys stop at 255). */
+export const MIN_REACH = 1024;
+/** A secret or pattern longer than this is not split for: it scans whole (the overlap would be huge). */
+export const MAX_REACH = 64 * 1024;
+/** How far from its ideal place an edge is looked for, and how far an overlap may run for its credits. */
+export const EDGE_SEARCH = 256 * 1024;
+export const REACH_LIMIT = 1024 * 1024;
+/** Bytes after a backslash that may still belong to its escape, up to three levels down (json-view.ts). */
+const ESCAPE_SPAN = 32;
+
+const SEPARATOR = new Uint8Array(256);
+for (const c of '",:{}[]\n') SEPARATOR[c.charCodeAt(0)] = 1;
+const BACKSLASH = 0x5c;
+const AMP = 0x26;
+
+/** Whether a range may start (or end) at `e`: see the header. */
+export function isEdge(body: Uint8Array, e: number): boolean {
+  if (e <= 0 || e >= body.length || SEPARATOR[body[e - 1]] === 0) return false;
+  const b = body[e];
+  if (b < 0x20 || b > 0x7e || b === BACKSLASH || b === AMP) return false;
+  for (let k = e - 1; k >= 0 && k >= e - ESCAPE_SPAN; k--) if (body[k] === BACKSLASH) return false;
+  return true;
+}
+
+/** The first edge in [from, to), or -1. */
+export function nextEdge(body: Uint8Array, from: number, to: number): number {
+  const stop = Math.min(to, body.length);
+  for (let e = Math.max(from, 1); e < stop; e++) if (SEPARATOR[body[e - 1]] === 1 && isEdge(body, e)) return e;
+  return -1;
+}
+
+/**
+ * Where the range ending at edge `e` stops: past `credits` bytes from `e` that each stand for one byte
+ * of every view, then at the next edge. -1 when that is not found within REACH_LIMIT (a body of
+ * digits, escapes or non-ASCII text there: no cut at `e`).
+ */
+export function reachEnd(body: Uint8Array, e: number, credits: number): number {
+  const limit = Math.min(body.length, e + REACH_LIMIT);
+  let got = 0;
+  let quiet = 0;
+  let entity = false;
+  let i = e;
+  for (; i < limit && got < credits; i++) {
+    const b = body[i];
+    if (b === BACKSLASH) {
+      quiet = ESCAPE_SPAN;
+      continue;
+    }
+    if (b === AMP) {
+      entity = true;
+      continue;
+    }
+    const nameByte = (b >= 0x30 && b <= 0x39) || ((b | 0x20) >= 0x61 && (b | 0x20) <= 0x7a) || b === 0x23 || b === 0x3b;
+    if (entity && nameByte) continue;
+    entity = false;
+    if (quiet > 0) {
+      quiet--;
+      continue;
+    }
+    // Digits are never credited: an entity's digit run is one character however long it is.
+    if (b >= 0x20 && b <= 0x7e && !(b >= 0x30 && b <= 0x39) && b !== 0x23 && b !== 0x3b) got++;
+  }
+  if (got < credits) return i >= body.length ? body.length : -1;
+  if (i >= body.length) return body.length;
+  const edge = nextEdge(body, i, limit);
+  return edge < 0 ? (limit >= body.length ? body.length : -1) : edge;
+}
+
+/**
+ * Up to `count` ranges of about equal size covering the body, or null when fewer than two can be cut
+ * (the body is then scanned whole). `reach` is the longest match (view bytes) that must be found
+ * across an edge.
+ */
+export function planRanges(body: Uint8Array, count: number, reach: number): ByteRange[] | null {
+  const n = body.length;
+  const edges: number[] = [];
+  for (let i = 1; i < count; i++) {
+    const ideal = Math.floor((i * n) / count);
+    const edge = nextEdge(body, ideal, Math.min(n, ideal + EDGE_SEARCH));
+    if (edge >= 0) edges.push(edge);
+  }
+  return rangesAt(body, edges, reach);
+}
+
+/** The ranges cut at these edges (ascending; an edge whose overlap finds no end is left out), or null. */
+export function rangesAt(body: Uint8Array, edges: readonly number[], reach: number): ByteRange[] | null {
+  const n = body.length;
+  const credits = 2 * Math.max(reach, MIN_REACH);
+  const ranges: ByteRange[] = [];
+  let start = 0;
+  for (const edge of edges) {
+    if (edge <= start || !isEdge(body, edge)) continue;
+    const end = reachEnd(body, edge, credits);
+    if (end < 0) continue;
+    if (end >= n) break;
+    ranges.push({ start, end });
+    start = edge;
+  }
+  if (ranges.length === 0) return null;
+  ranges.push({ start, end: n });
+  return ranges;
+}
+
+/**
+ * The longest match of an RE2 pattern, in characters, or null when it is unbounded or reads what
+ * surrounds a match (anchors, word boundaries). Conservative: each character of the source yields at
+ * most one character of a match, and each repetition multiplies by its maximum whatever it repeats.
+ */
+export function maxMatchChars(source: string): number | null {
+  let product = 1;
+  let inClass = false;
+  for (let i = 0; i < source.length; i++) {
+    const c = source[i];
+    if (c === '\\') {
+      const next = source[i + 1];
+      if (!inClass && (next === 'b' || next === 'B' || next === 'A' || next === 'z')) return null;
+      if (next === 'Q') {
+        const end = source.indexOf('\\E', i + 2);
+        i = end < 0 ? source.length : end + 1;
+        continue;
+      }
+      if ((next === 'p' || next === 'P' || next === 'x') && source[i + 2] === '{') {
+        const end = source.indexOf('}', i + 3);
+        if (end < 0) return null;
+        i = end;
+        continue;
+      }
+      i++;
+      continue;
+    }
+    if (inClass) {
+      if (c === ']') inClass = false;
+      else if (c === '[' && source[i + 1] === ':') {
+        const end = source.indexOf(':]', i + 2);
+        if (end >= 0) i = end + 1;
+      }
+      continue;
+    }
+    if (c === '[') {
+      inClass = true;
+      if (source[i + 1] === '^') i++;
+      if (source[i + 1] === ']') i++;
+      continue;
+    }
+    if (c === '^' || c === '$' || c === '*' || c === '+') return null;
+    if (c === '{') {
+      const m = /^\{(\d+)(,(\d*))?\}/.exec(source.slice(i, i + 24));
+      if (m) {
+        if (m[2] !== undefined && m[3] === '') return null;
+        product *= Math.max(1, Number(m[3] ?? m[1]));
+        if (product > MAX_REACH) return null;
+        i += m[0].length - 1;
+      }
+    }
+  }
+  const bound = source.length * product;
+  return bound > MAX_REACH ? null : bound;
+}
+
+/**
+ * Whether every custom pattern can be split by range, and the reach (view bytes) the overlap must
+ * cover for them: null when one cannot (it scans whole). A character is at most 4 bytes of UTF-8.
+ */
+export function patternsReach(sources: readonly string[]): number | null {
+  let reach = 0;
+  for (const source of sources) {
+    const chars = maxMatchChars(source);
+    if (chars === null || chars * 4 > MAX_REACH) return null;
+    reach = Math.max(reach, chars * 4);
+  }
+  return reach;
+}
+
+/**
+ * The reach the secrets need: the longest form of a value the scan looks for, its JSON-escaped form
+ * (`\uXXXX` per UTF-16 unit) at most 6 bytes per byte. null when a value is too long to split for.
+ */
+export function secretsReach(secrets: readonly string[]): number | null {
+  let reach = 0;
+  for (const s of secrets) reach = Math.max(reach, 6 * Buffer.byteLength(s));
+  return reach > MAX_REACH ? null : reach;
+}
+
+/**
+ * The ranges' results as one scan's: findings in range order, a finding two ranges made (in their
+ * overlap) kept once, as scan.ts keeps the same finding from two views; each failure once.
+ */
+export function mergeResults(results: readonly ScanResult[]): ScanResult {
+  const findings: Finding[] = [];
+  const seen = new Set<string>();
+  const failures: InspectorFailure[] = [];
+  const failed = new Set<string>();
+  for (const r of results) {
+    for (const f of r.findings) {
+      const key = findingKey(f);
+      if (seen.has(key)) continue;
+      seen.add(key);
+      findings.push(f);
+    }
+    for (const f of r.failures) {
+      const key = `${f.inspector}\u0000${f.reason}`;
+      if (failed.has(key)) continue;
+      failed.add(key);
+      failures.push(f);
+    }
+  }
+  return { findings, failures };
+}

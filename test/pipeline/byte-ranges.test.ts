@@ -1,0 +1,222 @@
+import fc from 'fast-check';
+import t from 'tap';
+import {
+  isEdge,
+  maxMatchChars,
+  mergeResults,
+  patternsReach,
+  planRanges,
+  rangesAt,
+  secretsReach,
+  type ByteRange,
+} from '../../pipeline/byte-ranges.ts';
+import { carriesJsonEscapes, hidesCharacters } from '../../pipeline/json-view.ts';
+import { compilePlan } from '../../pipeline/plan.ts';
+import { policyFromDocument } from '../../pipeline/policy/resolve.ts';
+import { validatePolicyDocument } from '../../pipeline/policy/validate.ts';
+import { findingKey, scanBody, type ScanResult } from '../../pipeline/scan.ts';
+import { inspectReporting } from '../../pipeline/worker.ts';
+
+// A body split by byte range must find what the whole body's scan finds: the ranges run through the
+// worker's own code (inspectReporting), cut at every kind of seam a body can have.
+
+const PATTERNS = [
+  { pattern: 'ticket:[0-9]{4}', description: 'ticket', severity: 'warn' },
+  { pattern: 'INC-[0-9]{6}', description: 'incident', severity: 'block' },
+];
+const policy = policyFromDocument(
+  validatePolicyDocument({
+    model_policy: { mode: 'blocklist', models: ['gpt-3*'] },
+    content_inspection: {
+      secrets_filter: { enabled: true },
+      pii_detection: { enabled: true },
+      api_key_detection: { enabled: true, severity: 'block' },
+      patterns: PATTERNS,
+    },
+  }),
+);
+const plan = compilePlan(policy);
+const SECRETS = ['hunter2,hunter2', 'zebra:crossing-42'];
+
+// Body text as sent (inside JSON strings): leaks written plainly, through JSON escapes (one and two
+// levels), HTML entities, full-width forms, invisible characters and combining marks, separators
+// inside them (so an edge can fall in their middle), and filler with separators and UTF-8.
+const FILLER = 'lorem ipsum dolor sit amet, consectetur adipiscing elit: sed do eiusmod tempor. '.repeat(12);
+const FRAGMENTS = [
+  FILLER,
+  'lorem ipsum dolor sit amet ',
+  'a, b: c [d] {e} "f" ',
+  '\n',
+  'café ☕ 😀 naïve ',
+  'e\u0301 A\u0301 ',
+  '\u200b'.repeat(40),
+  '\\u200b\\u200b\\u200b',
+  '\\n\\t\\"quoted\\" ',
+  'AKIAIOSFODNN7EXAMPLE ',
+  'AKIA\\u0049OSFODNN7EXAMPLF ',
+  'AKIAIOSF\\u200bODNN7EXAMPLG ',
+  'AKIAIOSF\u200b\u200b\u200bODNN7EXAMPLH ',
+  'AKIA\\\\u0049OSFODNN7EXAMPLJ ',
+  'sk-ant-api03-Ab1Cd2Ef3Gh4Ij5Kl6Mn7Op8Qr9St0 ',
+  'alice@example.org ',
+  'bob&#64;example.com ',
+  'carol\uff20example.net ',
+  'dave\\u0040example.io ',
+  '4111 1111 1111 1111 ',
+  '123-45-6789 ',
+  'hunter2,hunter2 ',
+  'hunter2,\u200bhunter2 ',
+  'zebra:crossing-42 ',
+  'zebra:cross\\u0069ng-42 ',
+  'ticket:1234 ',
+  'ticket:\u200b5678 ',
+  'ticket:&#57;999 ',
+  'INC-123456 ',
+  'INC-&#49;23457 ',
+  '&amp;#64; &lt;x&gt; ',
+  '\\\\"nested\\\\" ',
+];
+
+function bodyOf(messages: number[][]): Buffer {
+  const parts = messages.map((m) => `{"role":"user","content":"${m.map((i) => FRAGMENTS[i]).join('')}"}`);
+  return Buffer.from(`{"model":"claude-sonnet-4-5","messages":[${parts.join(',')}]}`);
+}
+
+function keys(result: ScanResult): string[] {
+  return result.findings.map(findingKey).sort();
+}
+
+function splitScan(body: Buffer, ranges: readonly ByteRange[]): ScanResult {
+  const context = { jsonEscapes: carriesJsonEscapes(body), hidesCharacters: hidesCharacters(body) };
+  return mergeResults(
+    ranges.map((range, i) =>
+      inspectReporting({
+        body,
+        policy,
+        phase: 'request',
+        secrets: SECRETS,
+        part: 'all',
+        range,
+        context,
+        modelWhole: i === 0,
+      }),
+    ),
+  );
+}
+
+const reach = Math.max(secretsReach(SECRETS)!, patternsReach(PATTERNS.map((p) => p.pattern))!);
+
+// Filler often enough that the overlaps (2 × MIN_REACH credits) end before the body does.
+const fragment = fc.oneof(
+  { arbitrary: fc.constant(0), weight: 1 },
+  { arbitrary: fc.integer({ min: 1, max: FRAGMENTS.length - 1 }), weight: 4 },
+);
+
+t.test('split findings equal whole findings, with edges at every seam', (t) => {
+  let cuts = 0;
+  fc.assert(
+    fc.property(
+      fc.array(fc.array(fragment, { minLength: 1, maxLength: 60 }), {
+        minLength: 1,
+        maxLength: 12,
+      }),
+      fc.array(fc.nat(), { maxLength: 24 }),
+      (messages, picks) => {
+        const body = bodyOf(messages);
+        const edges: number[] = [];
+        for (let e = 1; e < body.length; e++) if (isEdge(body, e)) edges.push(e);
+        const chosen = [...new Set(picks.map((p) => edges[p % Math.max(1, edges.length)]))]
+          .filter((e) => e !== undefined)
+          .sort((a, b) => a - b);
+        const ranges = rangesAt(body, chosen, reach);
+        if (ranges === null) return;
+        cuts += ranges.length - 1;
+        const whole = scanBody(plan, { body, phase: 'request', secrets: SECRETS });
+        t.strictSame(whole.failures, []);
+        const split = splitScan(body, ranges);
+        if (JSON.stringify(keys(split)) !== JSON.stringify(keys(whole)))
+          throw new Error(`split ${JSON.stringify(keys(split))}\nwhole ${JSON.stringify(keys(whole))}`);
+        t.strictSame(split.failures, []);
+      },
+    ),
+    { numRuns: 150 },
+  );
+  t.ok(cuts > 150, `the bodies were cut (${cuts} edges)`);
+  t.end();
+});
+
+t.test('every edge is cut at, one at a time, in a body holding every fragment', (t) => {
+  const all = FRAGMENTS.map((_, i) => i);
+  const body = bodyOf([all.flatMap((i) => [0, i]), all.flatMap((i) => [0, i]).reverse()]);
+  const whole = keys(scanBody(plan, { body, phase: 'request', secrets: SECRETS }));
+  t.ok(whole.length >= 12, `the body holds findings of every inspector: ${whole.join(' | ')}`);
+  let tried = 0;
+  let cutAtNonEdge = 0;
+  const differ: number[] = [];
+  for (let e = 1; e < body.length; e++) {
+    const ranges = rangesAt(body, [e], reach);
+    if (!isEdge(body, e)) {
+      if (ranges !== null) cutAtNonEdge++;
+      continue;
+    }
+    if (ranges === null) continue; // the overlap ran to the end of the body
+    tried++;
+    if (JSON.stringify(keys(splitScan(body, ranges))) !== JSON.stringify(whole)) differ.push(e);
+  }
+  t.equal(cutAtNonEdge, 0, 'no cut where there is no edge');
+  t.strictSame(differ, [], 'no cut changes the findings');
+  t.ok(tried > 100, `${tried} edges cut at`);
+  // The control: cut anywhere, with no overlap, and leaks at the seam are lost or changed.
+  const naive = (p: number) =>
+    keys(
+      splitScan(body, [
+        { start: 0, end: p },
+        { start: p, end: body.length },
+      ]),
+    );
+  const seam = body.indexOf('AKIAIOSFODNN7EXAMPLE') + 8;
+  t.notSame(naive(seam), whole, 'a naive cut inside a key loses it');
+  t.end();
+});
+
+t.test('edges never fall inside an escape, an entity, a UTF-8 sequence or a key', (t) => {
+  const body = Buffer.from('{"a":"x\\u0041, y &#64;, é, AKIAIOSFODNN7EXAMPLE, \\\\", z"}');
+  for (let e = 1; e < body.length; e++) {
+    if (!isEdge(body, e)) continue;
+    t.ok(',:"{}[]\n'.includes(String.fromCharCode(body[e - 1])), `after a separator at ${e}`);
+    t.ok(body[e] < 0x80, 'on an ASCII byte');
+  }
+  // Within 32 bytes after a backslash no edge: `\\",` could be an escaped quote one level down.
+  t.notOk(isEdge(body, body.indexOf(', z') + 1));
+  t.end();
+});
+
+t.test('planRanges cuts a large body into about equal ranges that cover it', (t) => {
+  const body = bodyOf(Array.from({ length: 400 }, (_, m) => FRAGMENTS.map((_, i) => (i + m) % FRAGMENTS.length)));
+  const ranges = planRanges(body, 4, reach)!;
+  t.equal(ranges.length, 4);
+  t.equal(ranges[0].start, 0);
+  t.equal(ranges.at(-1)!.end, body.length);
+  for (let i = 1; i < ranges.length; i++) {
+    t.ok(ranges[i].start < ranges[i - 1].end, 'each range overlaps the one before');
+    t.ok(Math.abs(ranges[i].start - (i * body.length) / 4) < body.length / 16, 'near its share');
+  }
+  t.strictSame(keys(splitScan(body, ranges)), keys(scanBody(plan, { body, phase: 'request', secrets: SECRETS })));
+  // A body with no edge (one run of digits) is not cut.
+  t.equal(planRanges(Buffer.alloc(1 << 20, '7'), 4, reach), null);
+  t.end();
+});
+
+t.test('how far a pattern can match', (t) => {
+  t.equal(maxMatchChars('ticket:[0-9]{4}'), 'ticket:[0-9]{4}'.length * 4);
+  t.equal(maxMatchChars('INC-\\d{6}'), 'INC-\\d{6}'.length * 6);
+  t.equal(maxMatchChars('a{2,3}(b{2}){5}'), 15 * 3 * 2 * 5, 'repetitions multiply, nested or not');
+  t.equal(maxMatchChars('[*+^$]x'), 7, 'quantifier characters in a class are literal');
+  t.equal(maxMatchChars('\\Q*+\\E'), 6);
+  for (const unbounded of ['a+', 'a*', 'a{2,}', '^abc', 'abc$', '\\bword', 'x\\B', '\\Aabc', 'abc\\z'])
+    t.equal(maxMatchChars(unbounded), null, unbounded);
+  t.equal(maxMatchChars('a{1000}{1000}'), null, 'too long to split for');
+  t.equal(patternsReach(['a+', 'b']), null, 'one unbounded pattern scans all whole');
+  t.equal(secretsReach(['x'.repeat(20_000)]), null, 'a secret too long to split for');
+  t.end();
+});
