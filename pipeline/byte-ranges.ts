@@ -9,14 +9,17 @@ import { findingKey, type InspectorFailure, type ScanResult } from './scan.ts';
 //   range 0: [0, reach(e1))          range 1: [e1, reach(e2))          …  range N-1: [e(N-1), n)
 //                  └ overlap ┘
 //
-// An edge is a byte position the views agree on: the byte before it is a JSON separator (`" , : { } [ ]`
-// or a newline), no backslash in the 32 bytes before it, and it starts on a printable ASCII byte that
-// is neither a backslash nor an `&`. So no escape (`\u0041`, `\\u0041` two levels down), no HTML entity
-// and no UTF-8 sequence runs across it, no combining mark attaches across it, and each range's decoded
-// and normalized views are exactly the whole body's views over the same span (given the whole body's
-// lexical facts: ViewContext). No built-in detector's match holds a separator byte, nor looks past one
-// (a key's body, an email's local part and domain, a card's digit groups all stop there), so api_key
-// and pii find in each range exactly what the whole scan finds there.
+// An edge is a byte position the views agree on: the byte before it is a separator (`, : { } [ ]` or a
+// newline) and it starts on an ASCII byte. No JSON escape holds a separator at any level (an escape is
+// a backslash, a letter of `"\/bfnrtu` and hex digits, and `\\u0041` two levels down is made of the
+// same), no HTML entity does (a name or digits between `&` and `;`), and neither does a UTF-8 sequence;
+// no combining mark attaches across it (the byte after is ASCII). So each range's decoded and normalized
+// views are exactly the whole body's views over the same span, given the whole body's lexical facts
+// (ViewContext: a range's first byte says nothing of whether the body carries JSON escapes). No built-in
+// detector's match holds a separator, nor looks past one (a key's body, an email's local part and
+// domain, a card's digit groups all stop there), so api_key and pii find in each range exactly what
+// the whole scan finds there. (`"` is no separator here: `\"` is an escape, and telling takes the
+// backslashes before it, at every level.)
 //
 // The secrets and the custom patterns can match across an edge: each range but the last runs on past
 // its edge (`reach`) until it has taken in `reach` bytes that each stand for exactly one byte of every
@@ -50,17 +53,13 @@ export const REACH_LIMIT = 1024 * 1024;
 const ESCAPE_SPAN = 32;
 
 const SEPARATOR = new Uint8Array(256);
-for (const c of '",:{}[]\n') SEPARATOR[c.charCodeAt(0)] = 1;
+for (const c of ',:{}[]\n') SEPARATOR[c.charCodeAt(0)] = 1;
 const BACKSLASH = 0x5c;
 const AMP = 0x26;
 
 /** Whether a range may start (or end) at `e`: see the header. */
 export function isEdge(body: Uint8Array, e: number): boolean {
-  if (e <= 0 || e >= body.length || SEPARATOR[body[e - 1]] === 0) return false;
-  const b = body[e];
-  if (b < 0x20 || b > 0x7e || b === BACKSLASH || b === AMP) return false;
-  for (let k = e - 1; k >= 0 && k >= e - ESCAPE_SPAN; k--) if (body[k] === BACKSLASH) return false;
-  return true;
+  return e > 0 && e < body.length && SEPARATOR[body[e - 1]] === 1 && body[e] < 0x80;
 }
 
 /** The first edge in [from, to), or -1. */

@@ -190,6 +190,12 @@ export class InspectionEngine {
         ['inspector', 'reason'],
       ),
       queue: gauge(registry, 'dvx_inspection_pool_queue_depth', 'Inspection tasks waiting for a pool worker'),
+      splits: counter(
+        registry,
+        'dvx_inspection_pool_splits_total',
+        'Pooled bodies by how they were shared out: range (byte ranges), inspector (patterns | the rest), none',
+        ['split'],
+      ),
       duration: histogram(
         registry,
         'dvx_inspection_duration_seconds',
@@ -312,6 +318,7 @@ export class InspectionEngine {
     const shared = toShared(body);
     const plan = this.#plans.get(policy);
     const tasks = this.#poolTasks(plan, policy, shared, phase, secrets, skipModel);
+    this.#metrics.splits.inc({ split: tasks[0].range ? 'range' : tasks.length > 1 ? 'inspector' : 'none' });
     this.#metrics.queue.set(this.#pool!.queueSize);
     const results = await Promise.all(
       tasks.map(async ({ part, range, modelWhole }): Promise<ScanResult> => {
