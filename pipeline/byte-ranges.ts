@@ -34,12 +34,16 @@ export interface ByteRange {
   end: number;
 }
 
-/** What the views of a range must know of the whole body (json-view.ts reads these from its start). */
+/**
+ * What the views of a range must know of the whole body: whether it carries JSON escapes at all
+ * (json-view.ts, carriesJsonEscapes, reads that from the body's first bytes, which a range lacks).
+ * Whether escapes can hide characters (hidesCharacters: the literal view is then the decoded one) is
+ * each range's own: three searches of the whole body on the main thread cost more than a range's scan
+ * saves, and where a range holds no `\u`, `\/` or `\\` its raw bytes read as its decoded ones do to
+ * every detector (json-view.ts, hidesCharacters; the property test holds bodies of both kinds).
+ */
 export interface ViewContext {
-  /** The whole body carries JSON escapes (json-view.ts, carriesJsonEscapes). */
   jsonEscapes: boolean;
-  /** The whole body's escapes can hide characters: its literal view is the decoded one (hidesCharacters). */
-  hidesCharacters: boolean;
 }
 
 /** The fewest one-to-one bytes an overlap takes in: longer than any built-in match (keys stop at 255). */

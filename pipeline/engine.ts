@@ -8,7 +8,7 @@ import { silentLogger, type Logger } from '../core/logger.ts';
 import { BodyTooLargeError, DeadlineError } from './errors.ts';
 import type { Finding, Phase } from './finding.ts';
 import { MODEL_RESTRICTION, SPLIT_OFF } from './inspectors/registry.ts';
-import { carriesJsonEscapes, hidesCharacters } from './json-view.ts';
+import { carriesJsonEscapes } from './json-view.ts';
 import {
   mergeResults,
   patternsReach,
@@ -402,7 +402,7 @@ export class InspectionEngine {
         }));
         if (wholePatterns) tasks.push({ part: 'patterns' });
         const body = Buffer.from(shared.buffer, shared.byteOffset, shared.byteLength);
-        tasks.context = { jsonEscapes: carriesJsonEscapes(body), hidesCharacters: hidesCharacters(body) };
+        tasks.context = { jsonEscapes: carriesJsonEscapes(body) };
         return tasks;
       }
     }

@@ -90,8 +90,7 @@ export class InspectionInput {
 
   /** The body as sent, or decoded when escapes could hide a character of what the detectors look for. */
   literal(): Buffer {
-    const hides = this.#context ? this.#context.hidesCharacters : hidesCharacters(this.raw);
-    return (this.#literal ??= hides ? this.decoded() : this.raw);
+    return (this.#literal ??= hidesCharacters(this.raw) ? this.decoded() : this.raw);
   }
 
   /** A streamed response's joined delta text: what the agent reads (null: not a response, or no text). */

@@ -10,7 +10,7 @@ import {
   secretsReach,
   type ByteRange,
 } from '../../pipeline/byte-ranges.ts';
-import { carriesJsonEscapes, hidesCharacters } from '../../pipeline/json-view.ts';
+import { carriesJsonEscapes } from '../../pipeline/json-view.ts';
 import { compilePlan } from '../../pipeline/plan.ts';
 import { policyFromDocument } from '../../pipeline/policy/resolve.ts';
 import { validatePolicyDocument } from '../../pipeline/policy/validate.ts';
@@ -87,7 +87,7 @@ function keys(result: ScanResult): string[] {
 }
 
 function splitScan(body: Buffer, ranges: readonly ByteRange[]): ScanResult {
-  const context = { jsonEscapes: carriesJsonEscapes(body), hidesCharacters: hidesCharacters(body) };
+  const context = { jsonEscapes: carriesJsonEscapes(body) };
   return mergeResults(
     ranges.map((range, i) =>
       inspectReporting({
