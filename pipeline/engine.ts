@@ -7,11 +7,11 @@ import { counter, createRegistry, gauge, histogram } from '../core/metrics.ts';
 import { silentLogger, type Logger } from '../core/logger.ts';
 import { BodyTooLargeError, DeadlineError } from './errors.ts';
 import type { Finding, Phase } from './finding.ts';
-import { MODEL_RESTRICTION, SPLIT_OFF } from './inspectors/registry.ts';
+import { MODEL_RESTRICTION } from './inspectors/registry.ts';
 import { carriesJsonEscapes } from './json-view.ts';
 import {
   mergeResults,
-  patternsReach,
+  splitPatterns,
   planRanges,
   secretsReach,
   type ByteRange,
@@ -61,18 +61,40 @@ interface PoolTask {
   range?: ByteRange;
   /** Model restriction runs in this range's task, over the whole body (it reads the top level). */
   modelWhole?: boolean;
+  /** The policy this task scans with, when not the request's (RangedPolicies). */
+  policy?: ResolvedPolicy;
 }
 
-/** Per plan, whether its custom patterns can be split by range, and how far their matches reach. */
-const patternReaches = new WeakMap<ScanPlan, number | null>();
+/**
+ * A policy's custom patterns shared out for a split by range: the policy each range scans with (the
+ * patterns that can be split), the one the whole body's patterns task scans with (those that cannot;
+ * null when none), and how far the ranged ones reach. Derived policies carry versions of their own, so
+ * workers compile and cache them like any other.
+ */
+interface RangedPolicies {
+  ranged: ResolvedPolicy;
+  whole: ResolvedPolicy | null;
+  reach: number;
+}
 
-function patternsReachOf(plan: ScanPlan, patterns: readonly { pattern: string }[]): number | null {
-  let reach = patternReaches.get(plan);
-  if (reach === undefined) {
-    reach = patternsReach(patterns.map((p) => p.pattern));
-    patternReaches.set(plan, reach);
+const rangedPolicies = new WeakMap<ScanPlan, RangedPolicies>();
+
+function rangedPoliciesOf(plan: ScanPlan, policy: ResolvedPolicy): RangedPolicies {
+  let out = rangedPolicies.get(plan);
+  if (out === undefined) {
+    const content = policy.content;
+    const split = splitPatterns(content?.patterns ?? []);
+    out =
+      content === null || split.whole.length === 0
+        ? { ranged: policy, whole: null, reach: split.reach }
+        : {
+            ranged: { ...policy, version: `${policy.version}#ranged`, content: { ...content, patterns: split.ranged } },
+            whole: { ...policy, version: `${policy.version}#whole`, content: { ...content, patterns: split.whole } },
+            reach: split.reach,
+          };
+    rangedPolicies.set(plan, out);
   }
-  return reach;
+  return out;
 }
 
 export type Decision = 'allow' | 'block' | 'unavailable';
@@ -318,17 +340,18 @@ export class InspectionEngine {
     const shared = toShared(body);
     const plan = this.#plans.get(policy);
     const tasks = this.#poolTasks(plan, policy, shared, phase, secrets, skipModel);
-    this.#metrics.splits.inc({ split: tasks[0].range ? 'range' : tasks.length > 1 ? 'inspector' : 'none' });
+    this.#metrics.splits.inc({ split: tasks.at(-1)!.range ? 'range' : tasks.length > 1 ? 'inspector' : 'none' });
     this.#metrics.queue.set(this.#pool!.queueSize);
     const results = await Promise.all(
-      tasks.map(async ({ part, range, modelWhole }): Promise<ScanResult> => {
+      tasks.map(async ({ part, range, modelWhole, policy: own }): Promise<ScanResult> => {
         const skip = skipModel || (range !== undefined && !modelWhole);
+        const taskPolicy = own ?? policy;
         // The worker posts each inspector's result here as it finishes; read only if the task fails.
         const { port1, port2 } = new MessageChannel();
         const started = new Int32Array(new SharedArrayBuffer(4));
         const task: WorkerTask = {
           body: shared,
-          policy,
+          policy: taskPolicy,
           phase,
           secrets: [...secrets],
           part,
@@ -353,7 +376,8 @@ export class InspectionEngine {
           return (await this.#pool!.run(task, { signal: abort.signal, transferList: [port2] })) as ScanResult;
         } catch (err) {
           const reason = abort.signal.aborted ? String(abort.signal.reason) : (err as Error).message || 'worker error';
-          return finishedBefore(port1, builtinInspectors(plan, phase, secrets.length, part, skip), reason);
+          const taskPlan = own ? this.#plans.get(own) : plan;
+          return finishedBefore(port1, builtinInspectors(taskPlan, phase, secrets.length, part, skip), reason);
         } finally {
           settled = true;
           clearTimeout(deadline);
@@ -364,8 +388,10 @@ export class InspectionEngine {
       }),
     );
     if (results.length === 1) return results[0];
-    // Ranges merge in body order; the split by inspector reports the others before the patterns.
-    return mergeResults(tasks[0].range ? results : [...results].reverse());
+    // The split by inspector reports the others before the patterns; a split by range its ranges in
+    // body order, then the whole body's patterns (a task of their own runs first).
+    if (tasks.at(-1)!.range === undefined) return mergeResults([...results].reverse());
+    return mergeResults(tasks[0].range ? results : [...results.slice(1), results[0]]);
   }
 
   /**
@@ -387,20 +413,18 @@ export class InspectionEngine {
     const patterns = policy.content?.patterns ?? [];
     if (this.#threads >= 2 && phase === 'request' && shared.length >= RANGE_THRESHOLD_BYTES) {
       const secretReach = secretsReach(secrets);
-      const patternReach = patternsReachOf(plan, patterns);
-      const splitPatterns = patternReach !== null && hasInspector(plan, SPLIT_OFF);
+      const policies = rangedPoliciesOf(plan, policy);
       const ranges =
-        secretReach === null
-          ? null
-          : planRanges(shared, this.#threads, Math.max(secretReach, splitPatterns ? patternReach : 0));
+        secretReach === null ? null : planRanges(shared, this.#threads, Math.max(secretReach, policies.reach));
       if (ranges) {
-        const wholePatterns = !splitPatterns && hasInspector(plan, SPLIT_OFF);
         const tasks: PoolTask[] & { context?: ViewContext } = ranges.map((range, i) => ({
-          part: wholePatterns ? 'others' : 'all',
+          part: 'all',
           range,
           modelWhole: i === 0 && !skipModel,
+          policy: policies.ranged,
         }));
-        if (wholePatterns) tasks.push({ part: 'patterns' });
+        // The patterns that cannot be split scan the whole body, first: the longest task starts first.
+        if (policies.whole) tasks.unshift({ part: 'patterns', policy: policies.whole });
         const body = Buffer.from(shared.buffer, shared.byteOffset, shared.byteLength);
         tasks.context = { jsonEscapes: carriesJsonEscapes(body) };
         return tasks;

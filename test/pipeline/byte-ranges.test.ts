@@ -2,12 +2,12 @@ import fc from 'fast-check';
 import t from 'tap';
 import {
   isEdge,
-  maxMatchChars,
   mergeResults,
-  patternsReach,
+  patternReach,
   planRanges,
   rangesAt,
   secretsReach,
+  splitPatterns,
   type ByteRange,
 } from '../../pipeline/byte-ranges.ts';
 import { carriesJsonEscapes } from '../../pipeline/json-view.ts';
@@ -23,6 +23,7 @@ import { inspectReporting } from '../../pipeline/worker.ts';
 const PATTERNS = [
   { pattern: 'ticket:[0-9]{4}', description: 'ticket', severity: 'warn' },
   { pattern: 'INC-[0-9]{6}', description: 'incident', severity: 'block' },
+  { pattern: 'tok_[a-z0-9]+', description: 'token', severity: 'warn' },
 ];
 const policy = policyFromDocument(
   validatePolicyDocument({
@@ -72,6 +73,9 @@ const FRAGMENTS = [
   'ticket:\u200b5678 ',
   'ticket:&#57;999 ',
   'INC-123456 ',
+  'tok_abc123 ',
+  `tok_${'q7'.repeat(2000)} `,
+  'tok_\\u0061bc\u200bdef ',
   'INC-&#49;23457 ',
   '&amp;#64; &lt;x&gt; ',
   '\\\\"nested\\\\" ',
@@ -104,7 +108,7 @@ function splitScan(body: Buffer, ranges: readonly ByteRange[]): ScanResult {
   );
 }
 
-const reach = Math.max(secretsReach(SECRETS)!, patternsReach(PATTERNS.map((p) => p.pattern))!);
+const reach = Math.max(secretsReach(SECRETS)!, splitPatterns(PATTERNS).reach);
 
 // Filler often enough that the overlaps (2 × MIN_REACH credits) end before the body does.
 const fragment = fc.oneof(
@@ -208,16 +212,39 @@ t.test('planRanges cuts a large body into about equal ranges that cover it', (t)
   t.end();
 });
 
-t.test('how far a pattern can match', (t) => {
-  t.equal(maxMatchChars('ticket:[0-9]{4}'), 'ticket:[0-9]{4}'.length * 4);
-  t.equal(maxMatchChars('INC-\\d{6}'), 'INC-\\d{6}'.length * 6);
-  t.equal(maxMatchChars('a{2,3}(b{2}){5}'), 15 * 3 * 2 * 5, 'repetitions multiply, nested or not');
-  t.equal(maxMatchChars('[*+^$]x'), 7, 'quantifier characters in a class are literal');
-  t.equal(maxMatchChars('\\Q*+\\E'), 6);
-  for (const unbounded of ['a+', 'a*', 'a{2,}', '^abc', 'abc$', '\\bword', 'x\\B', '\\Aabc', 'abc\\z'])
-    t.equal(maxMatchChars(unbounded), null, unbounded);
-  t.equal(maxMatchChars('a{1000}{1000}'), null, 'too long to split for');
-  t.equal(patternsReach(['a+', 'b']), null, 'one unbounded pattern scans all whole');
+t.test('how far a pattern can match across an edge', (t) => {
+  const chars = (source: string) => patternReach(source)! / 4;
+  t.equal(chars('ticket:[0-9]{4}'), 'ticket:[0-9]{4}'.length * 4, 'bounded, and holds a separator');
+  t.equal(chars('a:{2,3}(b{2}){5}'), 16 * 3 * 2 * 5, 'repetitions multiply, nested or not');
+  t.equal(chars('[,*+^$]x'), 8, 'quantifier characters in a class are literal');
+  t.equal(chars('\\Q:*+\\E'), 7);
+  for (const free of [
+    '[a-z0-9-]+\\.corp\\.example\\.com',
+    '\\bxox[baprs]-[0-9A-Za-z-]{10,}',
+    '-----BEGIN [A-Z ]*PRIVATE KEY-----',
+    '(?i)secret\\w+',
+    '[[:alpha:]]+@x',
+  ])
+    t.equal(patternReach(free), 0, `${free}: no match holds a separator, so none crosses an edge`);
+  for (const whole of [
+    'a.*b',
+    '\\S{6,}',
+    'x\\s+y',
+    '[^a]+',
+    '[+-;]+',
+    'k[: ]+v',
+    '\\p{L}+',
+    '\\{+',
+    '^abc',
+    'abc$',
+    'x\\B',
+    '\\Aabc',
+    'abc\\z',
+  ])
+    t.equal(patternReach(whole), null, `${whole} scans whole`);
+  t.equal(patternReach(':{1000}{1000}'), null, 'too long to split for');
+  const split = splitPatterns([{ pattern: 'a:+' }, { pattern: 'b:c' }, { pattern: 'd+' }]);
+  t.strictSame(split, { ranged: [{ pattern: 'b:c' }, { pattern: 'd+' }], whole: [{ pattern: 'a:+' }], reach: 12 });
   t.equal(secretsReach(['x'.repeat(20_000)]), null, 'a secret too long to split for');
   t.end();
 });
