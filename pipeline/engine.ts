@@ -61,40 +61,24 @@ interface PoolTask {
   range?: ByteRange;
   /** Model restriction runs in this range's task, over the whole body (it reads the top level). */
   modelWhole?: boolean;
-  /** The policy this task scans with, when not the request's (RangedPolicies). */
-  policy?: ResolvedPolicy;
 }
 
 /**
- * A policy's custom patterns shared out for a split by range: the policy each range scans with (the
- * patterns that can be split), the one the whole body's patterns task scans with (those that cannot;
- * null when none), and how far the ranged ones reach. Derived policies carry versions of their own, so
- * workers compile and cache them like any other.
+ * How far a policy's custom patterns reach across an edge (byte-ranges.ts, patternReach), or null when
+ * one cannot be split. Such a pattern would scan the whole body as a task of its own, and its views
+ * (decode, normalization) cost most of a whole scan: measured, that ran no faster than the split by
+ * inspector, so the body is split by inspector instead (docs/decisions.md).
  */
-interface RangedPolicies {
-  ranged: ResolvedPolicy;
-  whole: ResolvedPolicy | null;
-  reach: number;
-}
+const patternReaches = new WeakMap<ScanPlan, number | null>();
 
-const rangedPolicies = new WeakMap<ScanPlan, RangedPolicies>();
-
-function rangedPoliciesOf(plan: ScanPlan, policy: ResolvedPolicy): RangedPolicies {
-  let out = rangedPolicies.get(plan);
-  if (out === undefined) {
-    const content = policy.content;
-    const split = splitPatterns(content?.patterns ?? []);
-    out =
-      content === null || split.whole.length === 0
-        ? { ranged: policy, whole: null, reach: split.reach }
-        : {
-            ranged: { ...policy, version: `${policy.version}#ranged`, content: { ...content, patterns: split.ranged } },
-            whole: { ...policy, version: `${policy.version}#whole`, content: { ...content, patterns: split.whole } },
-            reach: split.reach,
-          };
-    rangedPolicies.set(plan, out);
+function patternReachOf(plan: ScanPlan, policy: ResolvedPolicy): number | null {
+  let reach = patternReaches.get(plan);
+  if (reach === undefined) {
+    const split = splitPatterns(policy.content?.patterns ?? []);
+    reach = split.whole.length === 0 ? split.reach : null;
+    patternReaches.set(plan, reach);
   }
-  return out;
+  return reach;
 }
 
 export type Decision = 'allow' | 'block' | 'unavailable';
@@ -340,18 +324,17 @@ export class InspectionEngine {
     const shared = toShared(body);
     const plan = this.#plans.get(policy);
     const tasks = this.#poolTasks(plan, policy, shared, phase, secrets, skipModel);
-    this.#metrics.splits.inc({ split: tasks.at(-1)!.range ? 'range' : tasks.length > 1 ? 'inspector' : 'none' });
+    this.#metrics.splits.inc({ split: tasks[0].range ? 'range' : tasks.length > 1 ? 'inspector' : 'none' });
     this.#metrics.queue.set(this.#pool!.queueSize);
     const results = await Promise.all(
-      tasks.map(async ({ part, range, modelWhole, policy: own }): Promise<ScanResult> => {
+      tasks.map(async ({ part, range, modelWhole }): Promise<ScanResult> => {
         const skip = skipModel || (range !== undefined && !modelWhole);
-        const taskPolicy = own ?? policy;
         // The worker posts each inspector's result here as it finishes; read only if the task fails.
         const { port1, port2 } = new MessageChannel();
         const started = new Int32Array(new SharedArrayBuffer(4));
         const task: WorkerTask = {
           body: shared,
-          policy: taskPolicy,
+          policy,
           phase,
           secrets: [...secrets],
           part,
@@ -376,8 +359,7 @@ export class InspectionEngine {
           return (await this.#pool!.run(task, { signal: abort.signal, transferList: [port2] })) as ScanResult;
         } catch (err) {
           const reason = abort.signal.aborted ? String(abort.signal.reason) : (err as Error).message || 'worker error';
-          const taskPlan = own ? this.#plans.get(own) : plan;
-          return finishedBefore(port1, builtinInspectors(taskPlan, phase, secrets.length, part, skip), reason);
+          return finishedBefore(port1, builtinInspectors(plan, phase, secrets.length, part, skip), reason);
         } finally {
           settled = true;
           clearTimeout(deadline);
@@ -388,19 +370,17 @@ export class InspectionEngine {
       }),
     );
     if (results.length === 1) return results[0];
-    // The split by inspector reports the others before the patterns; a split by range its ranges in
-    // body order, then the whole body's patterns (a task of their own runs first).
-    if (tasks.at(-1)!.range === undefined) return mergeResults([...results].reverse());
-    return mergeResults(tasks[0].range ? results : [...results.slice(1), results[0]]);
+    // Ranges merge in body order; the split by inspector reports the others before the patterns.
+    return mergeResults(tasks[0].range ? results : [...results].reverse());
   }
 
   /**
    * How a pooled body is shared out. A request body from RANGE_THRESHOLD_BYTES, with two or more
-   * workers, is cut into one byte range per worker (byte-ranges.ts), each scanned by every inspector;
-   * custom patterns that cannot be split (unbounded, or anchored) then scan the whole body as a task of
-   * their own. Failing that (a response, whose joined stream text is built from every line; a body
-   * with no edge to cut at), from SPLIT_THRESHOLD_BYTES the patterns and the other inspectors scan the
-   * whole body on two workers; else one task does it all.
+   * workers, is cut into one byte range per worker (byte-ranges.ts), each scanned by every inspector.
+   * Failing that (a response, whose joined stream text is built from every line; a custom pattern
+   * that cannot be split, patternReachOf; a secret too long; a body with no edge to cut at), from
+   * SPLIT_THRESHOLD_BYTES the patterns and the other inspectors scan the whole body on two workers;
+   * else one task does it all.
    */
   #poolTasks(
     plan: ScanPlan,
@@ -413,18 +393,17 @@ export class InspectionEngine {
     const patterns = policy.content?.patterns ?? [];
     if (this.#threads >= 2 && phase === 'request' && shared.length >= RANGE_THRESHOLD_BYTES) {
       const secretReach = secretsReach(secrets);
-      const policies = rangedPoliciesOf(plan, policy);
+      const patternReach = patternReachOf(plan, policy);
       const ranges =
-        secretReach === null ? null : planRanges(shared, this.#threads, Math.max(secretReach, policies.reach));
+        secretReach === null || patternReach === null
+          ? null
+          : planRanges(shared, this.#threads, Math.max(secretReach, patternReach));
       if (ranges) {
         const tasks: PoolTask[] & { context?: ViewContext } = ranges.map((range, i) => ({
           part: 'all',
           range,
           modelWhole: i === 0 && !skipModel,
-          policy: policies.ranged,
         }));
-        // The patterns that cannot be split scan the whole body, first: the longest task starts first.
-        if (policies.whole) tasks.unshift({ part: 'patterns', policy: policies.whole });
         const body = Buffer.from(shared.buffer, shared.byteOffset, shared.byteLength);
         tasks.context = { jsonEscapes: carriesJsonEscapes(body) };
         return tasks;

@@ -86,24 +86,27 @@ t.test('a 32 MB body split by byte range finds what the whole body holds, across
   t.equal(denied.findings.filter((f) => f.inspector_type === 'model_restriction').length, 1);
 });
 
-t.test('a pattern that cannot be split scans the whole body; a match across the cut is found', async (t) => {
-  const unbounded = policyOf([{ pattern: 'BEGIN[a-z ]*,[a-z ]*END', description: 'span', severity: 'block' }]);
-  const { e, registry } = engine(t, { threads: 2 });
-  const { e: inline } = engine(t, { threads: 0 });
-  // The match runs from 1 MB before the cut to 1 MB after it: no overlap reaches that far.
-  const mb = 'lorem ipsum '.repeat(87_382);
-  const body = bodyWithSeam(16 * 1024 * 1024, 'x', `BEGIN ${mb.slice(-1_000_000)},${mb.slice(0, 1_000_000)}END`, 'y');
-  const request = { body, phase: 'request' as const, policy: unbounded, secrets: [] };
-  const split = await e.inspect(request);
-  const whole = await inline.inspect(request);
-  t.strictSame(await splits(registry), { range: 1 }, 'the other inspectors still split by range');
-  t.strictSame(keys(split), keys(whole));
-  t.ok(
-    split.findings.some((f) => f.inspector_type === 'patterns' && f.match === 'BEGI****'),
-    'the 2 MB match across the cut',
-  );
-  t.equal(split.decision, 'block');
-});
+t.test(
+  'a pattern that cannot be split: the body is split by inspector; a match across the middle is found',
+  async (t) => {
+    const unbounded = policyOf([{ pattern: 'BEGIN[a-z ]*,[a-z ]*END', description: 'span', severity: 'block' }]);
+    const { e, registry } = engine(t, { threads: 2 });
+    const { e: inline } = engine(t, { threads: 0 });
+    // The match runs from 1 MB before the cut to 1 MB after it: no overlap reaches that far.
+    const mb = 'lorem ipsum '.repeat(87_382);
+    const body = bodyWithSeam(16 * 1024 * 1024, 'x', `BEGIN ${mb.slice(-1_000_000)},${mb.slice(0, 1_000_000)}END`, 'y');
+    const request = { body, phase: 'request' as const, policy: unbounded, secrets: [] };
+    const split = await e.inspect(request);
+    const whole = await inline.inspect(request);
+    t.strictSame(await splits(registry), { inspector: 1 }, 'patterns | the rest, each over the whole body');
+    t.strictSame(keys(split), keys(whole));
+    t.ok(
+      split.findings.some((f) => f.inspector_type === 'patterns' && f.match === 'BEGI****'),
+      'the 2 MB match across the cut',
+    );
+    t.equal(split.decision, 'block');
+  },
+);
 
 t.test('at the deadline each range reports what it finished', async (t) => {
   const { e } = engine(t, {
