@@ -22,12 +22,14 @@ import { findingKey, type InspectorFailure, type ScanResult } from './scan.ts';
 // backslashes before it, at every level.)
 //
 // The secrets and the custom patterns can match across an edge: each range but the last runs on past
-// its edge (`reach`) until it has taken in `reach` bytes that each stand for exactly one byte of every
-// view (printable ASCII, no digit, none inside an escape or an entity: credits), then on to the next
-// edge. A match that crosses the edge and is no longer than `reach` bytes in its view ends inside that
-// overlap, however many invisible characters, escapes or entities pad it out in the body as sent.
-// A custom pattern whose matches can be longer (`*`, `+`, `{n,}`), or that reads what surrounds a match
-// (`^`, `$`, `\b`, `\B`, `\A`, `\z`), is not split: it scans the whole body (patternsSplittable).
+// its edge until it has taken in 2 × max(reach, MIN_REACH) bytes that each stand for exactly one byte
+// of every view (printable ASCII, no digit, none inside an escape or an entity: credits), then on to
+// the next edge. A match that crosses the edge and is no longer than `reach` bytes in its view ends
+// inside that overlap, however many invisible characters, escapes or entities pad it out as sent.
+// A custom pattern none of whose matches can hold a separator never crosses an edge at all. One whose
+// matches can be longer and hold one (`\S{6,}`), or that reads what surrounds a match where a range
+// ends (`^`, `$`, `\B`, `\A`, `\z`), cannot be split (patternReach): the engine then splits the body
+// by inspector instead, as it does a response (its joined stream text is built from every line).
 
 export interface ByteRange {
   start: number;
@@ -50,8 +52,9 @@ export interface ViewContext {
 export const MIN_REACH = 1024;
 /** A secret or pattern longer than this is not split for: it scans whole (the overlap would be huge). */
 export const MAX_REACH = 64 * 1024;
-/** How far from its ideal place an edge is looked for, and how far an overlap may run for its credits. */
+/** How far from its ideal place an edge is looked for. */
 export const EDGE_SEARCH = 256 * 1024;
+/** How far an overlap may run for its credits before its cut is given up. */
 export const REACH_LIMIT = 1024 * 1024;
 /** Bytes after a backslash that may still belong to its escape, up to three levels down (json-view.ts). */
 const ESCAPE_SPAN = 32;
@@ -283,8 +286,8 @@ export function splitPatterns<P extends { pattern: string }>(patterns: readonly 
 }
 
 /**
- * The reach the secrets need: the longest form of a value the scan looks for, its JSON-escaped form
- * (`\uXXXX` per UTF-16 unit) at most 6 bytes per byte. null when a value is too long to split for.
+ * The reach the secrets need: the longest form of a value the scan looks for, its JSON-escaped one
+ * (six bytes, as `\u00e9`, per UTF-16 unit): at most 6 bytes per byte. null when too long to split for.
  */
 export function secretsReach(secrets: readonly string[]): number | null {
   let reach = 0;
