@@ -78,12 +78,18 @@ t.test('a 32 MB body split by byte range finds what the whole body holds, across
     ['4111****', 'AKIA****', 'head****', 'seam****', 'tail****', 'tick****', 'zebr****', '123-****'].sort(),
     'the secret across the cut, the leaks in its overlap, and those far from it',
   );
-  // The model is checked once, over the whole body, by the first range's worker.
-  const denied = await e.inspect({
-    ...request,
-    body: Buffer.from(body.toString().replace('claude-sonnet-4-5', 'gpt-3.5-turbo-16')),
-  });
-  t.equal(denied.findings.filter((f) => f.inspector_type === 'model_restriction').length, 1);
+  // The model is checked once: on the main thread first, or (models named anywhere: the pass-through
+  // routes) by the first range's worker over the whole body.
+  const denied = { ...request, body: Buffer.from(body.toString().replace('claude-sonnet-4-5', 'gpt-3.5-turbo-16')) };
+  for (const modelsAnywhere of [undefined, { contentType: 'application/json' }]) {
+    const out = await e.inspect({ ...denied, ...(modelsAnywhere ? { modelsAnywhere } : {}) });
+    t.strictSame(
+      out.findings.filter((f) => f.inspector_type === 'model_restriction').map((f) => f.match),
+      ['gpt-****'],
+      modelsAnywhere ? 'checked in the pool' : 'checked first',
+    );
+  }
+  t.strictSame(await splits(registry), { range: 3 });
 });
 
 t.test(
