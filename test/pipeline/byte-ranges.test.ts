@@ -43,7 +43,7 @@ const plan = compilePlan(policy);
 // for itself (raw, or decoded when it holds a `\u`, `\/` or `\\`): both kinds of policy are tried.
 const noPatterns = policyWith([]);
 const noPatternsPlan = compilePlan(noPatterns);
-const SECRETS = ['hunter2,hunter2', 'zebra:crossing-42'];
+const SECRETS = ['hunter2,hunter2', 'zebra:crossing-42', 'walrus:tusk-99'];
 
 // Body text as sent (inside JSON strings): leaks written plainly, through JSON escapes (one and two
 // levels), HTML entities, full-width forms, invisible characters and combining marks, separators
@@ -74,6 +74,10 @@ const FRAGMENTS = [
   'hunter2,hunter2 ',
   'hunter2,\u200bhunter2 ',
   'zebra:crossing-42 ',
+  // Padding no view keeps, longer than the overlap in bytes as sent: the overlap counts view bytes.
+  `walrus:t${'\u200b'.repeat(3000)}usk-99 `,
+  `walrus:${'\\u200b'.repeat(600)}tusk-99 `,
+  `walrus:${'&#0000000000000000000000000000116;'.repeat(1)}usk-99 `,
   'zebra:cross\\u0069ng-42 ',
   'ticket:1234 ',
   'ticket:\u200b5678 ',
@@ -192,6 +196,21 @@ t.test('every edge is cut at, one at a time, in a body holding every fragment', 
     ]),
   );
   t.notSame(naive, whole, 'a naive cut inside each SSN loses it');
+  t.end();
+});
+
+t.test('a secret padded past the overlap, as sent, is found across a cut inside it', (t) => {
+  for (const i of FRAGMENTS.flatMap((f, i) => (f.startsWith('walrus:') ? [i] : []))) {
+    const body = bodyOf([[0, 0, i, 0, 0, 0, 0]]);
+    const whole = keys(scanBody(plan, { body, phase: 'request', secrets: SECRETS }));
+    t.ok(
+      whole.some((k) => k.includes('walr****')),
+      `the whole scan finds fragment ${i}`,
+    );
+    const ranges = rangesAt(body, [body.indexOf('walrus:') + 7], reach)!;
+    t.ok(ranges[0].end - ranges[1].start < 2 * 1024 * 6, 'the overlap is a few KiB');
+    t.strictSame(keys(splitScan(body, ranges)), whole, `cut inside fragment ${i}`);
+  }
   t.end();
 });
 
