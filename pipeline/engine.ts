@@ -61,6 +61,8 @@ interface PoolTask {
   range?: ByteRange;
   /** Model restriction runs in this range's task, over the whole body (it reads the top level). */
   modelWhole?: boolean;
+  /** What a range's views must know of the whole body. */
+  context?: ViewContext;
 }
 
 /**
@@ -327,7 +329,7 @@ export class InspectionEngine {
     this.#metrics.splits.inc({ split: tasks[0].range ? 'range' : tasks.length > 1 ? 'inspector' : 'none' });
     this.#metrics.queue.set(this.#pool!.queueSize);
     const results = await Promise.all(
-      tasks.map(async ({ part, range, modelWhole }): Promise<ScanResult> => {
+      tasks.map(async ({ part, range, modelWhole, context }): Promise<ScanResult> => {
         const skip = skipModel || (range !== undefined && !modelWhole);
         // The worker posts each inspector's result here as it finishes; read only if the task fails.
         const { port1, port2 } = new MessageChannel();
@@ -342,7 +344,7 @@ export class InspectionEngine {
           started,
           ...(modelsAnywhere ? { modelsAnywhere } : {}),
           ...(skipModel ? { skipModel } : {}),
-          ...(range ? { range, context: tasks.context, modelWhole } : {}),
+          ...(range ? { range, context, modelWhole } : {}),
         };
         const abort = new AbortController();
         let deadline: NodeJS.Timeout | undefined;
@@ -389,7 +391,7 @@ export class InspectionEngine {
     phase: Phase,
     secrets: readonly string[],
     skipModel: boolean,
-  ): PoolTask[] & { context?: ViewContext } {
+  ): PoolTask[] {
     const patterns = policy.content?.patterns ?? [];
     if (this.#threads >= 2 && phase === 'request' && shared.length >= RANGE_THRESHOLD_BYTES) {
       const secretReach = secretsReach(secrets);
@@ -399,14 +401,9 @@ export class InspectionEngine {
           ? null
           : planRanges(shared, this.#threads, Math.max(secretReach, patternReach));
       if (ranges) {
-        const tasks: PoolTask[] & { context?: ViewContext } = ranges.map((range, i) => ({
-          part: 'all',
-          range,
-          modelWhole: i === 0 && !skipModel,
-        }));
         const body = Buffer.from(shared.buffer, shared.byteOffset, shared.byteLength);
-        tasks.context = { jsonEscapes: carriesJsonEscapes(body) };
-        return tasks;
+        const context = { jsonEscapes: carriesJsonEscapes(body) };
+        return ranges.map((range, i) => ({ part: 'all', range, modelWhole: i === 0 && !skipModel, context }));
       }
     }
     const split = this.#threads >= 2 && shared.length >= SPLIT_THRESHOLD_BYTES && patterns.length > 0;
