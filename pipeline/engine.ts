@@ -12,6 +12,15 @@ import type { Span } from './json-view.ts';
 import { DEFAULT_CACHE_BYTES, PartCache } from './part-cache.ts';
 import { ResentParts } from './resent-parts.ts';
 import { MODEL_RESTRICTION } from './inspectors/registry.ts';
+import { carriesJsonEscapes } from './json-view.ts';
+import {
+  mergeResults,
+  splitPatterns,
+  planRanges,
+  secretsReach,
+  type ByteRange,
+  type ViewContext,
+} from './byte-ranges.ts';
 import { callSidecar, type SidecarIdentity } from './inspectors/sidecar.ts';
 import { hasInspector, PlanCache, type ScanPlan } from './plan.ts';
 import { isInert } from './policy/resolve.ts';
@@ -60,6 +69,38 @@ export const LAG_HIGH_MS = 20;
 export const LAG_LOW_MS = 5;
 export const LAG_WINDOW_MS = 1000;
 const LAG_RESOLUTION_MS = 10;
+
+// From this size a request body is cut into one byte range per worker (byte-ranges.ts), each scanned
+// by every inspector: docs/decisions.md, "Splitting a large body by byte range" has the measurements.
+export const RANGE_THRESHOLD_BYTES = 4 * 1024 * 1024;
+
+/** One pool task of a body: which inspectors, over which bytes (all of them when no range). */
+interface PoolTask {
+  part: WorkerTask['part'];
+  range?: ByteRange;
+  /** Model restriction runs in this range's task, over the whole body (it reads the top level). */
+  modelWhole?: boolean;
+  /** What a range's views must know of the whole body. */
+  context?: ViewContext;
+}
+
+/**
+ * How far a policy's custom patterns reach across an edge (byte-ranges.ts, patternReach), or null when
+ * one cannot be split. Such a pattern would scan the whole body as a task of its own, and its views
+ * (decode, normalization) cost most of a whole scan: measured, that ran no faster than the split by
+ * inspector, so the body is split by inspector instead (docs/decisions.md).
+ */
+const patternReaches = new WeakMap<ScanPlan, number | null>();
+
+function patternReachOf(plan: ScanPlan, policy: ResolvedPolicy): number | null {
+  let reach = patternReaches.get(plan);
+  if (reach === undefined) {
+    const split = splitPatterns(policy.content?.patterns ?? []);
+    reach = split.whole.length === 0 ? split.reach : null;
+    patternReaches.set(plan, reach);
+  }
+  return reach;
+}
 
 export type Decision = 'allow' | 'block' | 'unavailable';
 
@@ -199,6 +240,12 @@ export class InspectionEngine {
         ['inspector', 'reason'],
       ),
       queue: gauge(registry, 'dvx_inspection_pool_queue_depth', 'Inspection tasks waiting for a pool worker'),
+      splits: counter(
+        registry,
+        'dvx_inspection_pool_splits_total',
+        'Pooled bodies by how they were shared out: range (byte ranges), inspector (patterns | the rest), none',
+        ['split'],
+      ),
       duration: histogram(
         registry,
         'dvx_inspection_duration_seconds',
@@ -631,15 +678,12 @@ export class InspectionEngine {
   ): Promise<ScanResult> {
     const shared = toShared(body);
     const plan = this.#plans.get(policy);
-    const split =
-      this.#threads >= 2 &&
-      body.length >= SPLIT_THRESHOLD_BYTES &&
-      policy.content !== null &&
-      policy.content.patterns.length > 0;
-    const parts: WorkerTask['part'][] = split ? ['patterns', 'others'] : ['all'];
+    const tasks = this.#poolTasks(plan, policy, shared, phase, secrets, skipModel);
+    this.#metrics.splits.inc({ split: tasks[0].range ? 'range' : tasks.length > 1 ? 'inspector' : 'none' });
     this.#metrics.queue.set(this.#pool!.queueSize);
     const results = await Promise.all(
-      parts.map(async (part): Promise<ScanResult> => {
+      tasks.map(async ({ part, range, modelWhole, context }): Promise<ScanResult> => {
+        const skip = skipModel || (range !== undefined && !modelWhole);
         // The worker posts each inspector's result here as it finishes; read only if the task fails.
         const { port1, port2 } = new MessageChannel();
         const started = new Int32Array(new SharedArrayBuffer(4));
@@ -653,6 +697,7 @@ export class InspectionEngine {
           started,
           ...(modelsAnywhere ? { modelsAnywhere } : {}),
           ...(skipModel ? { skipModel } : {}),
+          ...(range ? { range, context, modelWhole } : {}),
         };
         const abort = new AbortController();
         let deadline: NodeJS.Timeout | undefined;
@@ -669,7 +714,7 @@ export class InspectionEngine {
           return (await this.#pool!.run(task, { signal: abort.signal, transferList: [port2] })) as ScanResult;
         } catch (err) {
           const reason = abort.signal.aborted ? String(abort.signal.reason) : (err as Error).message || 'worker error';
-          return finishedBefore(port1, builtinInspectors(plan, phase, secrets.length, part, skipModel), reason);
+          return finishedBefore(port1, builtinInspectors(plan, phase, secrets.length, part, skip), reason);
         } finally {
           settled = true;
           clearTimeout(deadline);
@@ -680,10 +725,42 @@ export class InspectionEngine {
       }),
     );
     if (results.length === 1) return results[0];
-    const failures = [...results[0].failures, ...results[1].failures].filter(
-      (f, i, all) => all.findIndex((g) => g.inspector === f.inspector && g.reason === f.reason) === i,
-    );
-    return { findings: [...results[1].findings, ...results[0].findings], failures };
+    // Ranges merge in body order; the split by inspector reports the others before the patterns.
+    return mergeResults(tasks[0].range ? results : [...results].reverse());
+  }
+
+  /**
+   * How a pooled body is shared out. A request body from RANGE_THRESHOLD_BYTES, with two or more
+   * workers, is cut into one byte range per worker (byte-ranges.ts), each scanned by every inspector.
+   * Failing that (a response, whose joined stream text is built from every line; a custom pattern
+   * that cannot be split, patternReachOf; a secret too long; a body with no edge to cut at), from
+   * SPLIT_THRESHOLD_BYTES the patterns and the other inspectors scan the whole body on two workers;
+   * else one task does it all.
+   */
+  #poolTasks(
+    plan: ScanPlan,
+    policy: ResolvedPolicy,
+    shared: Uint8Array,
+    phase: Phase,
+    secrets: readonly string[],
+    skipModel: boolean,
+  ): PoolTask[] {
+    const patterns = policy.content?.patterns ?? [];
+    if (this.#threads >= 2 && phase === 'request' && shared.length >= RANGE_THRESHOLD_BYTES) {
+      const secretReach = secretsReach(secrets);
+      const patternReach = patternReachOf(plan, policy);
+      const ranges =
+        secretReach === null || patternReach === null
+          ? null
+          : planRanges(shared, this.#threads, Math.max(secretReach, patternReach));
+      if (ranges) {
+        const body = Buffer.from(shared.buffer, shared.byteOffset, shared.byteLength);
+        const context = { jsonEscapes: carriesJsonEscapes(body) };
+        return ranges.map((range, i) => ({ part: 'all', range, modelWhole: i === 0 && !skipModel, context }));
+      }
+    }
+    const split = this.#threads >= 2 && shared.length >= SPLIT_THRESHOLD_BYTES && patterns.length > 0;
+    return split ? [{ part: 'patterns' }, { part: 'others' }] : [{ part: 'all' }];
   }
 
   async #runSidecar(

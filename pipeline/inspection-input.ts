@@ -1,3 +1,4 @@
+import type { ViewContext } from './byte-ranges.ts';
 import { bodyLocation, type FindingLocation, type Phase } from './finding.ts';
 import { decodedViews, hidesCharacters } from './json-view.ts';
 import { normalizedView } from './normalized-view.ts';
@@ -42,6 +43,8 @@ export interface InputOptions {
   normalizeDecoded: boolean;
   /** The custom patterns, when they run in this scan: their set pass prefilters the others. */
   patterns: PatternPlan | null;
+  /** A byte range of a larger body: its escapes are read as the whole body's (byte-ranges.ts). */
+  context?: ViewContext | null;
 }
 
 export function failureReason(err: unknown): string {
@@ -59,6 +62,7 @@ export class InspectionInput {
   #failures: InspectorFailure[];
   #normalizeDecoded: boolean;
   #patterns: PatternPlan | null;
+  #context: ViewContext | null;
   #decoded: Buffer | null = null;
   #literal: Buffer | null = null;
   // undefined: not built yet; null: built, and there is nothing (or nothing different) to read.
@@ -77,12 +81,13 @@ export class InspectionInput {
     this.#failures = options.failures;
     this.#normalizeDecoded = options.normalizeDecoded;
     this.#patterns = options.patterns;
+    this.#context = options.context ?? null;
   }
 
   /** The body with its JSON escapes decoded. */
   decoded(): Buffer {
     if (this.#decoded === null) {
-      const views = decodedViews(this.raw);
+      const views = decodedViews(this.raw, this.#context?.jsonEscapes);
       this.#decoded = views.decoded;
       this.#literal = views.literal;
     }

@@ -1,5 +1,6 @@
 import type { Finding, Phase } from './finding.ts';
 import { failureReason, InspectionInput, NORMALIZED_VIEW, type InspectorFailure } from './inspection-input.ts';
+import type { ViewContext } from './byte-ranges.ts';
 import { runFor, type ScanPart, type ScanPlan } from './plan.ts';
 
 // The synchronous half of the pipeline: every built-in inspector of the plan over one body, the same
@@ -30,6 +31,11 @@ export interface ScanRequest {
    * (named-models.ts), instead of the top-level `model`: the proxy's pass-through routes.
    */
   modelsAnywhere?: { contentType: string | null };
+  /**
+   * The body is one byte range of a larger one (byte-ranges.ts): its views read escapes as the whole
+   * body's do, not as its own first bytes would say.
+   */
+  context?: ViewContext;
   /** Model restriction already ran (the engine checks a pooled inference body's model first). */
   skipModel?: boolean;
   /** Run model restriction only (the engine's check of a pooled inference body's model). */
@@ -71,7 +77,8 @@ export function builtinInspectors(
 
 function unreported(_inspector: string): void {}
 
-function findingKey(f: Finding): string {
+/** What makes two findings the same one (byte-ranges.ts merges a split scan's ranges by it too). */
+export function findingKey(f: Finding): string {
   return `${f.inspector_type}\u0000${f.description}\u0000${f.match}\u0000${f.severity}`;
 }
 
@@ -114,6 +121,7 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
     failures,
     normalizeDecoded: run.normalizeDecoded,
     patterns: run.patterns,
+    context: request.context ?? null,
   });
   if (run.joined) input.joined();
 

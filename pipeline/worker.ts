@@ -1,4 +1,5 @@
 import type { MessagePort } from 'node:worker_threads';
+import { mergeResults, type ByteRange, type ViewContext } from './byte-ranges.ts';
 import { PlanCache } from './plan.ts';
 import { scanBody, type ScanPart, type ScanResult } from './scan.ts';
 import type { Phase } from './finding.ts';
@@ -17,6 +18,14 @@ export interface WorkerTask {
   part: ScanPart;
   modelsAnywhere?: { contentType: string | null };
   skipModel?: boolean;
+  /**
+   * Scan only these bytes of the body (byte-ranges.ts), read as the whole body's `context` says; the
+   * body itself stays the one shared buffer. Model restriction, which reads the top level, never runs
+   * on a range: with `modelWhole` it runs first over the whole body.
+   */
+  range?: ByteRange;
+  context?: ViewContext;
+  modelWhole?: boolean;
   /** Where each inspector's result goes as it finishes (an `InspectorReport` per inspector). */
   port?: MessagePort;
   /** Set to 1 (and notified) when a worker starts the task: its deadline runs from then (engine.ts). */
@@ -53,7 +62,21 @@ export function inspectReporting(
 ): ScanResult {
   const body = Buffer.from(task.body.buffer, task.body.byteOffset, task.body.byteLength);
   try {
-    return scanBody(plans.get(task.policy), {
+    const plan = plans.get(task.policy);
+    if (task.range) {
+      const { start, end } = task.range;
+      const common = { phase: task.phase, secrets: task.secrets, modelsAnywhere: task.modelsAnywhere, onInspector };
+      const model = task.modelWhole ? scanBody(plan, { ...common, body, modelOnly: true }) : null;
+      const range = scanBody(plan, {
+        ...common,
+        body: body.subarray(start, end),
+        part: task.part,
+        skipModel: true,
+        context: task.context,
+      });
+      return model ? mergeResults([model, range]) : range;
+    }
+    return scanBody(plan, {
       body,
       phase: task.phase,
       secrets: task.secrets,

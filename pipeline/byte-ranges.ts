@@ -1,0 +1,322 @@
+import type { Finding } from './finding.ts';
+import { findingKey, type InspectorFailure, type ScanResult } from './scan.ts';
+
+// A large request body split across the pool by byte range (docs/decisions.md, "Splitting a large
+// body by byte range"). Each worker scans one range of the one shared body; their findings are merged
+// as one scan keeps them (scan.ts, `keep`).
+//
+//   body ─ edge e1 ──────── edge e2 ──────── …
+//   range 0: [0, reach(e1))          range 1: [e1, reach(e2))          …  range N-1: [e(N-1), n)
+//                  └ overlap ┘
+//
+// An edge is a byte position the views agree on: the byte before it is a separator (`, : { } [ ]` or a
+// newline) and it starts on an ASCII byte. No JSON escape holds a separator at any level (an escape is
+// a backslash, a letter of `"\/bfnrtu` and hex digits, and `\\u0041` two levels down is made of the
+// same), no HTML entity does (a name or digits between `&` and `;`), and neither does a UTF-8 sequence;
+// no combining mark attaches across it (the byte after is ASCII). So each range's decoded and normalized
+// views are exactly the whole body's views over the same span, given the whole body's lexical facts
+// (ViewContext: a range's first byte says nothing of whether the body carries JSON escapes). No built-in
+// detector's match holds a separator, nor looks past one (a key's body, an email's local part and
+// domain, a card's digit groups all stop there), so api_key and pii find in each range exactly what
+// the whole scan finds there. (`"` is no separator here: `\"` is an escape, and telling takes the
+// backslashes before it, at every level.)
+//
+// The secrets and the custom patterns can match across an edge: each range but the last runs on past
+// its edge until it has taken in 2 × max(reach, MIN_REACH) bytes that each stand for exactly one byte
+// of every view (printable ASCII, no digit, none inside an escape or an entity: credits), then on to
+// the next edge. A match that crosses the edge and is no longer than `reach` bytes in its view ends
+// inside that overlap, however many invisible characters, escapes or entities pad it out as sent.
+// A custom pattern none of whose matches can hold a separator never crosses an edge at all. One whose
+// matches can be longer and hold one (`\S{6,}`), or that reads what surrounds a match where a range
+// ends (`^`, `$`, `\B`, `\A`, `\z`), cannot be split (patternReach): the engine then splits the body
+// by inspector instead, as it does a response (its joined stream text is built from every line).
+
+export interface ByteRange {
+  start: number;
+  end: number;
+}
+
+/**
+ * What the views of a range must know of the whole body: whether it carries JSON escapes at all
+ * (json-view.ts, carriesJsonEscapes, reads that from the body's first bytes, which a range lacks).
+ * Whether escapes can hide characters (hidesCharacters: the literal view is then the decoded one) is
+ * each range's own: three searches of the whole body on the main thread cost more than a range's scan
+ * saves, and where a range holds no `\u`, `\/` or `\\` its raw bytes read as its decoded ones do to
+ * every detector (json-view.ts, hidesCharacters; the property test holds bodies of both kinds).
+ */
+export interface ViewContext {
+  jsonEscapes: boolean;
+}
+
+/** The fewest one-to-one bytes an overlap takes in: longer than any built-in match (keys stop at 255). */
+export const MIN_REACH = 1024;
+/** A secret or pattern longer than this is not split for: it scans whole (the overlap would be huge). */
+export const MAX_REACH = 64 * 1024;
+/** How far from its ideal place an edge is looked for. */
+export const EDGE_SEARCH = 256 * 1024;
+/** How far an overlap may run for its credits before its cut is given up. */
+export const REACH_LIMIT = 1024 * 1024;
+/** Bytes after a backslash that may still belong to its escape, up to three levels down (json-view.ts). */
+const ESCAPE_SPAN = 32;
+
+const SEPARATOR = new Uint8Array(256);
+for (const c of ',:{}[]\n') SEPARATOR[c.charCodeAt(0)] = 1;
+const BACKSLASH = 0x5c;
+const AMP = 0x26;
+
+/** Whether a range may start (or end) at `e`: see the header. */
+export function isEdge(body: Uint8Array, e: number): boolean {
+  return e > 0 && e < body.length && SEPARATOR[body[e - 1]] === 1 && body[e] < 0x80;
+}
+
+/** The first edge in [from, to), or -1. */
+export function nextEdge(body: Uint8Array, from: number, to: number): number {
+  const stop = Math.min(to, body.length);
+  for (let e = Math.max(from, 1); e < stop; e++) if (SEPARATOR[body[e - 1]] === 1 && isEdge(body, e)) return e;
+  return -1;
+}
+
+/**
+ * Where the range ending at edge `e` stops: past `credits` bytes from `e` that each stand for one byte
+ * of every view, then at the next edge. -1 when that is not found within REACH_LIMIT (a body of
+ * digits, escapes or non-ASCII text there: no cut at `e`).
+ */
+export function reachEnd(body: Uint8Array, e: number, credits: number): number {
+  const limit = Math.min(body.length, e + REACH_LIMIT);
+  let got = 0;
+  let quiet = 0;
+  let entity = false;
+  let i = e;
+  for (; i < limit && got < credits; i++) {
+    const b = body[i];
+    if (b === BACKSLASH) {
+      quiet = ESCAPE_SPAN;
+      continue;
+    }
+    if (b === AMP) {
+      entity = true;
+      continue;
+    }
+    const nameByte = (b >= 0x30 && b <= 0x39) || ((b | 0x20) >= 0x61 && (b | 0x20) <= 0x7a) || b === 0x23 || b === 0x3b;
+    if (entity && nameByte) continue;
+    entity = false;
+    if (quiet > 0) {
+      quiet--;
+      continue;
+    }
+    // Digits are never credited: an entity's digit run is one character however long it is.
+    if (b >= 0x20 && b <= 0x7e && !(b >= 0x30 && b <= 0x39) && b !== 0x23 && b !== 0x3b) got++;
+  }
+  if (got < credits) return i >= body.length ? body.length : -1;
+  if (i >= body.length) return body.length;
+  const edge = nextEdge(body, i, limit);
+  return edge < 0 ? (limit >= body.length ? body.length : -1) : edge;
+}
+
+/**
+ * Up to `count` ranges of about equal size covering the body, or null when fewer than two can be cut
+ * (the body is then scanned whole). `reach` is the longest match (view bytes) that must be found
+ * across an edge.
+ */
+export function planRanges(body: Uint8Array, count: number, reach: number): ByteRange[] | null {
+  const n = body.length;
+  const edges: number[] = [];
+  for (let i = 1; i < count; i++) {
+    const ideal = Math.floor((i * n) / count);
+    const edge = nextEdge(body, ideal, Math.min(n, ideal + EDGE_SEARCH));
+    if (edge >= 0) edges.push(edge);
+  }
+  return rangesAt(body, edges, reach);
+}
+
+/** The ranges cut at these edges (ascending; an edge whose overlap finds no end is left out), or null. */
+export function rangesAt(body: Uint8Array, edges: readonly number[], reach: number): ByteRange[] | null {
+  const n = body.length;
+  const credits = 2 * Math.max(reach, MIN_REACH);
+  const ranges: ByteRange[] = [];
+  let start = 0;
+  for (const edge of edges) {
+    if (edge <= start || !isEdge(body, edge)) continue;
+    const end = reachEnd(body, edge, credits);
+    if (end < 0) continue;
+    if (end >= n) break;
+    ranges.push({ start, end });
+    start = edge;
+  }
+  if (ranges.length === 0) return null;
+  ranges.push({ start, end: n });
+  return ranges;
+}
+
+// The separators as UTF-16 code units, for reading a pattern's character classes.
+const SEPARATOR_CODES = [0x0a, 0x2c, 0x3a, 0x5b, 0x5d, 0x7b, 0x7d];
+const SAFE_POSIX = new Set(['alpha', 'digit', 'alnum', 'upper', 'lower', 'xdigit']);
+
+/**
+ * How far a custom pattern's matches reach across an edge, in view bytes: 0 when no match can hold a
+ * separator (then none crosses an edge, however long: `[a-z0-9-]+\.corp\.example\.com`), else the
+ * longest match (4 bytes a character) when that is bounded. null when it cannot be split: unbounded and
+ * able to match a separator (`\S{6,}`, `.*`), or reading what surrounds a match where a range ends
+ * (`^`, `$`, `\A`, `\z`, `\B`; `\b` is kept: every edge follows a non-word byte, as a range's start
+ * does, and at a range's end it can only miss a match that the next range, reading on, makes).
+ * Conservative: each character of the source yields at most one character of a match, and each
+ * repetition multiplies by its maximum whatever it repeats.
+ */
+export function patternReach(source: string): number | null {
+  let product = 1;
+  let bounded = true;
+  let separatorFree = true;
+  const literal = (code: number) => {
+    if (SEPARATOR_CODES.includes(code)) separatorFree = false;
+  };
+  for (let i = 0; i < source.length; i++) {
+    const c = source[i];
+    if (c === '\\') {
+      const next = source[++i] ?? '';
+      if (next === '' || next === 'B' || next === 'A' || next === 'z') return null;
+      if (next === 'Q') {
+        const end = source.indexOf('\\E', i + 1);
+        const text = source.slice(i + 1, end < 0 ? source.length : end);
+        for (let k = 0; k < text.length; k++) literal(text.charCodeAt(k));
+        i = end < 0 ? source.length : end + 1;
+      } else if (next === 'p' || next === 'P' || next === 'x') {
+        separatorFree = false; // not read further: it may name a separator
+        if (source[i + 1] === '{') {
+          const end = source.indexOf('}', i + 2);
+          if (end < 0) return null;
+          i = end;
+        } else i += next === 'x' ? 2 : 1;
+      } else if (next === 'b' || next === 'd' || next === 'w' || 'trfv'.includes(next)) {
+        // a word boundary, digits, word characters, control characters other than the newline
+      } else if (/[0-9A-Za-z]/.test(next)) {
+        separatorFree = false; // \n, \s, \S, \D, \W, \C and the like
+      } else literal(next.charCodeAt(0));
+      continue;
+    }
+    if (c === '[') {
+      let j = i + 1;
+      if (source[j] === '^') {
+        separatorFree = false;
+        j++;
+      }
+      let first = true;
+      for (; j < source.length && (source[j] !== ']' || first); j++) {
+        first = false;
+        const d = source[j];
+        if (d === '[' && source[j + 1] === ':') {
+          const end = source.indexOf(':]', j + 2);
+          if (end < 0) return null;
+          if (!SAFE_POSIX.has(source.slice(j + 2, end))) separatorFree = false;
+          j = end + 1;
+          continue;
+        }
+        let code = d.charCodeAt(0);
+        if (d === '\\') {
+          const e = source[++j] ?? '';
+          if (e === '') return null;
+          if (e === 'd' || e === 'w' || 'trfv'.includes(e)) continue;
+          if (/[0-9A-Za-z]/.test(e)) {
+            separatorFree = false;
+            if ((e === 'p' || e === 'P' || e === 'x') && source[j + 1] === '{') {
+              const end = source.indexOf('}', j);
+              if (end < 0) return null;
+              j = end;
+            }
+            continue;
+          }
+          code = e.charCodeAt(0);
+        }
+        if (source[j + 1] === '-' && source[j + 2] !== ']' && j + 2 < source.length) {
+          let to = source.charCodeAt(j + 2);
+          if (source[j + 2] === '\\') {
+            to = source.charCodeAt(j + 3);
+            j++;
+          }
+          if (SEPARATOR_CODES.some((s) => s >= code && s <= to)) separatorFree = false;
+          j += 2;
+          continue;
+        }
+        literal(code);
+      }
+      i = j;
+      continue;
+    }
+    if (c === '^' || c === '$') return null;
+    if (c === '.') separatorFree = false;
+    else if (c === '*' || c === '+') bounded = false;
+    else if (c === '?' || c === '|' || c === ')') continue;
+    else if (c === '(') {
+      // A group's flags or its name are no characters of a match.
+      if (source[i + 1] === '?') {
+        const close = source.slice(i).search(/[:)>]/);
+        if (close > 0) i += close;
+      }
+    } else if (c === '{') {
+      const m = /^\{(\d+)(,(\d*))?\}/.exec(source.slice(i, i + 24));
+      if (m) {
+        if (m[2] !== undefined && m[3] === '') bounded = false;
+        else product *= Math.max(1, Number(m[3] ?? m[1]));
+        i += m[0].length - 1;
+      } else literal(0x7b);
+    } else literal(c.charCodeAt(0));
+  }
+  if (separatorFree) return 0;
+  const chars = source.length * product;
+  return bounded && chars * 4 <= MAX_REACH ? chars * 4 : null;
+}
+
+/** Custom patterns shared out: those each range scans (and how far they reach), those scanned whole. */
+export interface PatternSplit<P extends { pattern: string }> {
+  ranged: P[];
+  whole: P[];
+  reach: number;
+}
+
+export function splitPatterns<P extends { pattern: string }>(patterns: readonly P[]): PatternSplit<P> {
+  const out: PatternSplit<P> = { ranged: [], whole: [], reach: 0 };
+  for (const p of patterns) {
+    const reach = patternReach(p.pattern);
+    if (reach === null) out.whole.push(p);
+    else {
+      out.ranged.push(p);
+      out.reach = Math.max(out.reach, reach);
+    }
+  }
+  return out;
+}
+
+/**
+ * The reach the secrets need: the longest form of a value the scan looks for, its JSON-escaped one
+ * (six bytes, as `\u00e9`, per UTF-16 unit): at most 6 bytes per byte. null when too long to split for.
+ */
+export function secretsReach(secrets: readonly string[]): number | null {
+  let reach = 0;
+  for (const s of secrets) reach = Math.max(reach, 6 * Buffer.byteLength(s));
+  return reach > MAX_REACH ? null : reach;
+}
+
+/**
+ * The ranges' results as one scan's: findings in range order, a finding two ranges made (in their
+ * overlap) kept once, as scan.ts keeps the same finding from two views; each failure once.
+ */
+export function mergeResults(results: readonly ScanResult[]): ScanResult {
+  const findings: Finding[] = [];
+  const seen = new Set<string>();
+  const failures: InspectorFailure[] = [];
+  const failed = new Set<string>();
+  for (const r of results) {
+    for (const f of r.findings) {
+      const key = findingKey(f);
+      if (seen.has(key)) continue;
+      seen.add(key);
+      findings.push(f);
+    }
+    for (const f of r.failures) {
+      const key = `${f.inspector}\u0000${f.reason}`;
+      if (failed.has(key)) continue;
+      failed.add(key);
+      failures.push(f);
+    }
+  }
+  return { findings, failures };
+}
