@@ -10,6 +10,7 @@ import {
 } from '../../pipeline/engine.ts';
 import type { Finding } from '../../pipeline/finding.ts';
 import { PartCache } from '../../pipeline/part-cache.ts';
+import { partHash, ResentParts } from '../../pipeline/resent-parts.ts';
 import { policyFromDocument } from '../../pipeline/policy/resolve.ts';
 import { validatePolicyDocument } from '../../pipeline/policy/validate.ts';
 
@@ -32,6 +33,7 @@ const FULL = policyOf({
   },
 });
 const SECRETS = ['hunter2hunter2', 'correct-horse-battery'];
+const AGENT = { agentId: 'agent-1', orgId: 'org-1', agentName: 'coder' };
 
 // What can leak, and ways of hiding it.
 const LEAKS = [
@@ -220,7 +222,8 @@ for (const [name, options] of [
         const secrets = withSecrets ? SECRETS : [];
         for (let turn = 1; turn <= c.messages.length; turn++) {
           const body = bodyAt(c, turn);
-          const request = { body, phase: 'request' as const, policy: FULL, secrets };
+          // One agent: resent parts are found by comparing them with its earlier bodies (resent-parts.ts).
+          const request = { body, phase: 'request' as const, policy: FULL, secrets, identity: AGENT };
           const want = await plain.e.inspect(request);
           const got = await cached.e.inspect(request);
           turns++;
@@ -235,8 +238,63 @@ for (const [name, options] of [
     t.ok(blocked > 0 && clean > 0, `both kinds of turn were tried: ${blocked} blocked, ${clean} clean of ${turns}`);
     t.ok((await metric(cached.registry, 'dvx_inspection_cache_hits_total')) > 0, 'resent parts were hits');
     t.ok((await metric(cached.registry, 'dvx_inspection_cache_bytes_saved_total')) > 0);
+    t.ok(
+      (await metric(cached.registry, 'dvx_inspection_cache_parts_compared_total')) > 0,
+      'resent parts were compared, not hashed again',
+    );
   });
 }
+
+t.test('a resent part reuses its hash only when its bytes are the same', async (t) => {
+  // Any sequence of bodies, each an edit of an earlier one (a byte changed, parts added, removed or
+  // swapped, bytes inserted before them): every hash is the sha256 of the part's own bytes.
+  const resent = new ResentParts(1 << 20);
+  const element = fc.string({ minLength: 256, maxLength: 400 });
+  let reused = 0;
+  await fc.assert(
+    fc.asyncProperty(
+      fc.array(element, { minLength: 1, maxLength: 6 }),
+      fc.array(
+        fc.record({
+          kind: fc.constantFrom('flip', 'append', 'drop', 'swap', 'prefix'),
+          at: fc.nat(),
+          text: element,
+        }),
+        { maxLength: 8 },
+      ),
+      fc.constantFrom('agent-a', 'agent-b'),
+      async (first, edits, holder) => {
+        let messages = first;
+        let system = 's';
+        const check = () => {
+          const body = Buffer.from(JSON.stringify({ system, messages: messages.map((content) => ({ content })) }));
+          const parts = conversationParts(body);
+          if (parts === null) return true;
+          const out = resent.hashes(holder, body, parts);
+          reused += out.reused;
+          return parts.every((p, k) => out.hashes[k] === partHash(body.subarray(p.start, p.end)));
+        };
+        if (!check()) return false;
+        for (const edit of edits) {
+          const k = edit.at % messages.length;
+          if (edit.kind === 'flip') {
+            const m = messages[k];
+            const i = edit.at % m.length;
+            messages = messages.with(k, m.slice(0, i) + (m[i] === 'x' ? 'y' : 'x') + m.slice(i + 1));
+          } else if (edit.kind === 'append') messages = [...messages, edit.text];
+          else if (edit.kind === 'drop' && messages.length > 1) messages = messages.toSpliced(k, 1);
+          else if (edit.kind === 'swap') messages = messages.with(k, edit.text);
+          else system += edit.text.slice(0, 3);
+          if (!check()) return false;
+        }
+        return true;
+      },
+    ),
+    { numRuns: 300 },
+  );
+  t.ok(reused > 0, `hashes were reused (${reused})`);
+  t.ok(resent.bytes <= 1 << 20, 'the remembered bodies stay under the cap');
+});
 
 t.test('a cached block still blocks, with its finding; a one-byte change misses', async (t) => {
   const { e, registry } = engine(t, { threads: 0 });
@@ -244,12 +302,13 @@ t.test('a cached block still blocks, with its finding; a one-byte change misses'
   const reply = { role: 'assistant', content: 'I will not. '.repeat(40) };
   const turn = (messages: unknown[]) =>
     Buffer.from(JSON.stringify({ model: 'claude-sonnet-4-5', system: 'be safe', messages }));
-  const first = await e.inspect({ body: turn([leak]), phase: 'request', policy: FULL });
+  const first = await e.inspect({ body: turn([leak]), phase: 'request', policy: FULL, identity: AGENT });
   t.equal(first.decision, 'block');
   const second = await e.inspect({
     body: turn([leak, reply, { role: 'user', content: 'ok' }]),
     phase: 'request',
     policy: FULL,
+    identity: AGENT,
   });
   t.equal(second.decision, 'block', 'the cached part still blocks');
   t.same(findingKeys(second.findings), findingKeys(first.findings));
@@ -258,7 +317,7 @@ t.test('a cached block still blocks, with its finding; a one-byte change misses'
   const again = await e.inspect({ body: turn([leak]), phase: 'request', policy: FULL });
   t.same(findingKeys(again.findings), findingKeys(first.findings), 'what a caller does with an outcome stays with it');
   const changed = { ...reply, content: reply.content.replace('I will not.', 'I will not!') };
-  await e.inspect({ body: turn([leak, changed]), phase: 'request', policy: FULL });
+  await e.inspect({ body: turn([leak, changed]), phase: 'request', policy: FULL, identity: AGENT });
   t.equal(await metric(registry, 'dvx_inspection_cache_hits_total'), 3, 'the leak hit again');
   t.equal(await metric(registry, 'dvx_inspection_cache_misses_total'), 3, 'the changed reply missed');
 });
