@@ -26,9 +26,18 @@ const NULL = Buffer.from('null');
 const QUOTE = 0x22;
 const BACKSLASH = 0x5c;
 
-/** A body's parts, in body order (never overlapping); null: no parts, scan the body whole. */
-export function conversationParts(body: Buffer, minPartBytes = MIN_PART_BYTES): Span[] | null {
-  const walk = new Walk(body);
+/**
+ * A body's parts, in body order (never overlapping); null: no parts, scan the body whole. `known`: parts
+ * already found at these offsets (start → end) in an earlier body whose bytes up to each one's end are
+ * this body's (resent-parts.ts checks that): the walk reaches each in the same state and reads it the
+ * same, so it steps over it instead of walking it again.
+ */
+export function conversationParts(
+  body: Buffer,
+  minPartBytes = MIN_PART_BYTES,
+  known?: ReadonlyMap<number, number>,
+): Span[] | null {
+  const walk = new Walk(body, known);
   const parts: Span[] = [];
   walk.ws();
   if (walk.at() !== 0x7b) return null;
@@ -101,10 +110,12 @@ class Walk {
   i = 0;
   readonly #b: Buffer;
   readonly #n: number;
+  readonly #known: ReadonlyMap<number, number> | undefined;
 
-  constructor(body: Buffer) {
+  constructor(body: Buffer, known?: ReadonlyMap<number, number>) {
     this.#b = body;
     this.#n = body.length;
+    this.#known = known;
   }
 
   at(): number {
@@ -185,7 +196,9 @@ class Walk {
     for (;;) {
       this.ws();
       const start = this.i;
-      if (!this.value()) return false;
+      const end = this.#known?.get(start);
+      if (end !== undefined) this.i = end;
+      else if (!this.value()) return false;
       if (this.i - start >= min) parts.push({ start, end: this.i });
       this.ws();
       const c = this.at();

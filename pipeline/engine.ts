@@ -5,12 +5,12 @@ import { Piscina } from 'piscina';
 import type { Registry } from 'prom-client';
 import { counter, createRegistry, gauge, histogram } from '../core/metrics.ts';
 import { silentLogger, type Logger } from '../core/logger.ts';
-import { conversationParts, group, skeleton } from './conversation-parts.ts';
+import { conversationParts, group, MIN_PART_BYTES, skeleton } from './conversation-parts.ts';
 import { BodyTooLargeError, DeadlineError } from './errors.ts';
 import { MAX_FINDINGS_PER_INSPECTOR, type Finding, type Phase } from './finding.ts';
 import type { Span } from './json-view.ts';
 import { DEFAULT_CACHE_BYTES, PartCache } from './part-cache.ts';
-import { ResentParts } from './resent-parts.ts';
+import { type Recall, ResentParts } from './resent-parts.ts';
 import { MODEL_RESTRICTION } from './inspectors/registry.ts';
 import { carriesJsonEscapes } from './json-view.ts';
 import {
@@ -383,14 +383,16 @@ export class InspectionEngine {
 
     // The per-part cache: request phase, an inference body (model restriction reads the top level only,
     // and that is in the skeleton), and work for the inspectors besides model restriction.
-    const parts =
+    // The leading parts this agent sent before are stepped over, not walked again (resent-parts.ts).
+    const cacheable =
       this.#cache !== null &&
       phase === 'request' &&
       body.length < MAX_CACHED_BODY_BYTES &&
       request.modelsAnywhere === undefined &&
-      hasBuiltinWork(plan, phase, secrets.length, true)
-        ? conversationParts(body)
-        : null;
+      hasBuiltinWork(plan, phase, secrets.length, true);
+    const holder = cacheable ? holderOf(request.identity) : null;
+    const recall = cacheable ? this.#resent!.recall(holder, body) : null;
+    const parts = cacheable ? conversationParts(body, MIN_PART_BYTES, recall?.known) : null;
 
     let results: ScanResult[];
     let mode: InspectionOutcome['mode'] = 'inline';
@@ -406,7 +408,7 @@ export class InspectionEngine {
       }
       const pool = { used: false };
       results = await Promise.all([
-        this.#inspectParts(plan, policy, body, parts, phase, secrets, holderOf(request.identity), pool),
+        this.#inspectParts(plan, policy, body, parts, phase, secrets, holder, recall, pool),
         ...waited,
       ]);
       clearTimeout(timer);
@@ -467,6 +469,7 @@ export class InspectionEngine {
     phase: Phase,
     secrets: readonly string[],
     holder: string | null,
+    recall: Recall | null,
     pool: { used: boolean },
   ): Promise<ScanResult> {
     const cache = this.#cache!;
@@ -480,7 +483,7 @@ export class InspectionEngine {
     const hits: Span[] = [];
     const fresh: NewPart[] = [];
     let saved = 0;
-    const { hashes, reused } = this.#resent!.hashes(holder, body, parts);
+    const { hashes, reused } = this.#resent!.hashes(holder, body, parts, recall);
     if (reused > 0) this.#metrics.cacheUnhashed.inc({ phase }, reused);
     for (let k = 0; k < parts.length; k++) {
       const span = parts[k];

@@ -1,27 +1,77 @@
 import { hash } from 'node:crypto';
 import type { Span } from './json-view.ts';
 
-// The sha256 of each conversation part (part-cache.ts keys), without hashing again what an agent
-// resends. Hashing every resent part every turn was most of a cached turn's cost: sha256 runs at
+// Finding and keying the parts of a body an agent resends, without walking or hashing again what it
+// sent before. Hashing every resent part every turn was most of a cached turn's cost: sha256 runs at
 // ~300–850 MB/s here, a byte-for-byte comparison at ~20 GB/s (docs/decisions.md, "Resent parts are
 // compared, not hashed again").
 //
-//   holder (org, agent) ─▶ its last bodies: a copy of each, its parts' spans and their sha256
-//   new body's part k ──── same length as remembered part k, and the same bytes (memcmp) ──▶ its sha256
-//                     └─── otherwise ─────────────────────────────────────────────────────▶ sha256 now
+//   holder (org, agent) ─▶ its last bodies: their bytes (each shares its leading parts' bytes with the
+//                          body before it, and holds a copy of the rest), parts' spans, their sha256
+//   recall: the remembered body sharing the longest run of leading parts with the new one
+//           (bytes [0, end of part k) equal: memcmp) ─▶ those parts' spans, for the walk to step over
+//   hashes: part k verified above ─────────────────────────────────────────────▶ its sha256
+//           same length as remembered part k and the same bytes (memcmp) ─────────▶ its sha256
+//           otherwise ────────────────────────────────────────────────────────────▶ sha256 now
 //
-// A remembered hash is reused only for bytes equal to the ones it was computed over, so the result is
-// exactly what hashing would give, whoever the holder is: the holder only decides where to look. The
-// bytes are copies, never a body the caller may reuse. Memory is capped (bytes of the copies), least
-// recently used holder dropped first; each holder keeps its last REMEMBERED bodies (an agent's
-// sub-conversations interleave).
+// A remembered span or hash is used only for bytes equal to the ones it was computed over, so the
+// result is exactly what walking and hashing would give, whoever the holder is: the holder only decides
+// where to look. The remembered bytes are copies, never a body the caller may reuse. Memory is capped
+// (bytes of the copies), least recently used holder dropped first; each holder keeps its last
+// REMEMBERED bodies (an agent's sub-conversations interleave).
 
 const REMEMBERED = 2;
+/** A remembered body is held in pieces (its leading parts shared with the body before it); past this many it is copied whole again. */
+const MAX_PIECES = 32;
+
+/** A piece of a remembered body: its bytes from `start` on. */
+interface Piece {
+  start: number;
+  bytes: Buffer;
+}
 
 interface Remembered {
-  bytes: Buffer;
+  /** The body's bytes, in order, end to end: only what was new in it is a copy of its own. */
+  pieces: readonly Piece[];
+  length: number;
   spans: readonly Span[];
   hashes: readonly string[];
+}
+
+/** Whether body[from, to) is remembered's bytes over the same offsets (to ≤ both lengths). */
+function sameBytes(body: Buffer, remembered: Remembered, from: number, to: number): boolean {
+  for (const piece of remembered.pieces) {
+    const end = piece.start + piece.bytes.length;
+    if (end <= from) continue;
+    if (piece.start >= to) break;
+    const a = Math.max(from, piece.start);
+    const b = Math.min(to, end);
+    if (body.compare(piece.bytes, a - piece.start, b - piece.start, a, b) !== 0) return false;
+  }
+  return true;
+}
+
+/** remembered's bytes over [from, from + length) equal other[start, start + length). */
+function sameAt(remembered: Remembered, from: number, other: Buffer, start: number, length: number): boolean {
+  for (const piece of remembered.pieces) {
+    const end = piece.start + piece.bytes.length;
+    if (end <= from) continue;
+    if (piece.start >= from + length) break;
+    const a = Math.max(from, piece.start);
+    const b = Math.min(from + length, end);
+    if (other.compare(piece.bytes, a - piece.start, b - piece.start, start + (a - from), start + (b - from)) !== 0)
+      return false;
+  }
+  return true;
+}
+
+/** What is known of a new body before it is walked: its leading parts, as an earlier body had them. */
+export interface Recall {
+  base: Remembered;
+  /** How many of base's leading parts the new body holds at the same offsets, after the same bytes. */
+  verified: number;
+  /** Their spans, start → end (conversationParts' `known`). */
+  known: Map<number, number>;
 }
 
 export function partHash(bytes: Uint8Array): string {
@@ -42,22 +92,48 @@ export class ResentParts {
     return this.#bytes;
   }
 
+  /** The holder's remembered body that shares the most leading parts with `body`; null: none shares one. */
+  recall(holder: string | null, body: Buffer): Recall | null {
+    const bodies = holder === null ? undefined : this.#holders.get(holder);
+    if (bodies === undefined) return null;
+    let best: Recall | null = null;
+    for (const base of bodies) {
+      let verified = 0;
+      let from = 0;
+      for (const span of base.spans) {
+        if (span.end > body.length || !sameBytes(body, base, from, span.end)) break;
+        from = span.end;
+        verified++;
+      }
+      if (verified > (best?.verified ?? 0)) best = { base, verified, known: new Map() };
+      // The usual turn: the last body's parts all lead this one; no need to look further back.
+      if (verified > 0 && verified === base.spans.length) break;
+    }
+    if (best !== null)
+      for (let k = 0; k < best.verified; k++) best.known.set(best.base.spans[k].start, best.base.spans[k].end);
+    return best;
+  }
+
   /**
-   * The sha256 of each part of `body`, in order, and how many of them were reused; the body is then
-   * remembered for `holder` (null: nothing is reused or remembered).
+   * The sha256 of each part of `body`, in order, and how many were reused rather than computed; the
+   * body is then remembered for `holder` (null: nothing is remembered).
    */
-  hashes(holder: string | null, body: Buffer, parts: readonly Span[]): { hashes: string[]; reused: number } {
+  hashes(
+    holder: string | null,
+    body: Buffer,
+    parts: readonly Span[],
+    recall: Recall | null,
+  ): { hashes: string[]; reused: number } {
     const hashes: string[] = new Array(parts.length);
     let reused = 0;
-    const previous = holder === null ? undefined : this.#holders.get(holder);
-    const base = previous === undefined ? undefined : closest(previous, body, parts);
+    const base = recall?.base;
     for (let k = 0; k < parts.length; k++) {
       const { start, end } = parts[k];
       const old = base !== undefined && k < base.spans.length ? base.spans[k] : undefined;
       if (
         old !== undefined &&
-        old.end - old.start === end - start &&
-        body.compare(base!.bytes, old.start, old.end, start, end) === 0
+        ((k < recall!.verified && old.start === start && old.end === end) ||
+          (old.end - old.start === end - start && sameAt(base!, old.start, body, start, end - start)))
       ) {
         hashes[k] = base!.hashes[k];
         reused++;
@@ -65,42 +141,40 @@ export class ResentParts {
         hashes[k] = partHash(body.subarray(start, end));
       }
     }
-    if (holder !== null) this.#remember(holder, previous, body, parts, hashes);
+    if (holder !== null) this.#remember(holder, body, parts, hashes, recall);
     return { hashes, reused };
   }
 
-  #remember(
-    holder: string,
-    previous: Remembered[] | undefined,
-    body: Buffer,
-    parts: readonly Span[],
-    hashes: string[],
-  ): void {
+  #remember(holder: string, body: Buffer, parts: readonly Span[], hashes: string[], recall: Recall | null): void {
     if (body.length > this.#max) return;
-    const list = previous ?? [];
+    const list = this.#holders.get(holder) ?? [];
     this.#holders.delete(holder);
-    // One copy of the body: the spans then index it as they index the body.
-    list.unshift({ bytes: Buffer.from(body), spans: parts, hashes });
+    // The verified leading bytes are the earlier body's pieces (equal bytes, shared, not copied); the
+    // rest is copied once (a plain memcpy). The spans then index the pieces as they index the body.
+    let pieces: Piece[] = [];
+    let shared = 0;
+    if (recall !== null && recall.verified > 0 && recall.base.pieces.length < MAX_PIECES) {
+      shared = recall.base.spans[recall.verified - 1].end;
+      for (const piece of recall.base.pieces) {
+        if (piece.start >= shared) break;
+        const end = Math.min(shared, piece.start + piece.bytes.length);
+        pieces.push({ start: piece.start, bytes: piece.bytes.subarray(0, end - piece.start) });
+      }
+    }
+    if (shared < body.length) {
+      const copy = Buffer.allocUnsafeSlow(body.length - shared);
+      body.copy(copy, 0, shared);
+      pieces = [...pieces, { start: shared, bytes: copy }];
+    }
+    list.unshift({ pieces, length: body.length, spans: parts, hashes });
+    // Counted whole, though pieces are shared: the cap holds for the worst case.
     this.#bytes += body.length;
-    while (list.length > REMEMBERED) this.#bytes -= list.pop()!.bytes.length;
+    while (list.length > REMEMBERED) this.#bytes -= list.pop()!.length;
     this.#holders.set(holder, list);
     for (const [oldest, bodies] of this.#holders) {
       if (this.#bytes <= this.#max) break;
       this.#holders.delete(oldest);
-      for (const b of bodies) this.#bytes -= b.bytes.length;
+      for (const b of bodies) this.#bytes -= b.length;
     }
   }
-}
-
-/** The remembered body whose first part is the new body's first part (the same conversation), if any. */
-function closest(bodies: readonly Remembered[], body: Buffer, parts: readonly Span[]): Remembered | undefined {
-  if (parts.length === 0) return undefined;
-  const { start, end } = parts[0];
-  for (const b of bodies) {
-    const first = b.spans[0];
-    if (first !== undefined && first.end - first.start === end - start) {
-      if (body.compare(b.bytes, first.start, first.end, start, end) === 0) return b;
-    }
-  }
-  return undefined;
 }
