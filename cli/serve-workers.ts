@@ -107,10 +107,16 @@ async function serveAlone<O extends WorkerFlagOptions, R extends Running>(spec: 
       })
     : null;
   drainer?.start();
+  // SIGHUP rolls the workers of a cluster (`systemctl reload`); one process has none to roll, and the
+  // signal's default action (exit) would stop it without a drain.
+  const log = logger(spec.opts, spec.component);
+  const hup = () => log.warn('SIGHUP: one process (--workers 1) has no workers to restart; nothing done');
+  process.on('SIGHUP', hup);
   await runUntilSignal(async () => {
     await drainer?.stop();
     await running.close();
   });
+  process.off('SIGHUP', hup);
 }
 
 /** A cluster worker: the server on its own spool, no metrics listener (the primary serves the sum). */
