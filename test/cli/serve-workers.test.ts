@@ -278,3 +278,34 @@ t.test('a spool with no live worker is shipped: --workers 1 ships the worker spo
   t.ok((await readdir(walDir)).includes('llm_audit_log'), '--workers 1 spools at the top level, as before');
   t.equal(await server.stop(), 0, 'and it stops cleanly');
 });
+
+t.test('the gateway with --workers 2: blind tunnels through both workers, each spooling its flows', async (t) => {
+  const gwWal = world.file('gateway-wal');
+  const gw = await world.gateway([
+    '--no-http-capture',
+    '--workers',
+    '2',
+    '--audit-dsn',
+    db.dsn,
+    '--audit-wal-dir',
+    gwWal,
+  ]);
+  t.teardown(() => gw.stop());
+  t.ok(await until(() => gw.lines.some((l) => l.msg === 'gateway workers ready')), 'the workers are ready');
+  const token = await world.token();
+  for (let i = 0; i < 8; i++) {
+    const r = await world.curlVia(gw, token, [
+      '--cacert',
+      world.file('ca.pem'),
+      `https://127.0.0.1:${world.secureEcho.port}/tunnel-${i}`,
+    ]);
+    t.equal(r.code, 0, r.stderr);
+  }
+  const flows = async (spool: string) =>
+    (await runDvx(['wal', 'tail', '--all', '--table', 'network_flow', '--dir', join(gwWal, spool)])).stdout
+      .split('\n')
+      .filter(Boolean).length;
+  t.ok(await until(async () => (await flows('worker-1')) + (await flows('worker-2')) === 8), 'every flow is spooled');
+  t.ok((await flows('worker-1')) > 0 && (await flows('worker-2')) > 0, 'by both workers');
+  t.equal(await gw.stop(), 0, 'SIGTERM stops the workers and then the primary');
+});
