@@ -11,7 +11,7 @@ import { startMetricsServer } from '../core/metrics-server.ts';
 import { flag, parsePositiveInt } from '../core/options.ts';
 import type { ServerLimitOptions } from '../core/server-limits.ts';
 import { runUntilSignal } from '../core/shutdown.ts';
-import { ClusterRegistry, serveAsWorker, WorkerCluster, workerSlot } from '../core/worker-cluster.ts';
+import { ClusterRegistry, leaveCluster, serveAsWorker, WorkerCluster, workerSlot } from '../core/worker-cluster.ts';
 import { CliError } from './errors.ts';
 
 // `--workers N` for `dvx serve llmproxy | gateway`: the glue between the command and the supervisor
@@ -135,6 +135,9 @@ async function serveWorker<O extends WorkerFlagOptions, R extends Running>(
   try {
     running = await spec.start(opts, { logger: log, registry });
   } catch (err) {
+    // The open channel to the primary would keep this process alive: let it go, so the worker exits
+    // with the command's code and the primary reports the failed start.
+    leaveCluster();
     throw spec.failed(err);
   }
   await serveAsWorker({ registry, close: () => running.close(), log });

@@ -12,7 +12,7 @@ import { counter, gauge } from './metrics.ts';
 //   primary ──fork(slot k)──▶ worker ──"ready"──▶ primary
 //      │ restart: fork the replacement on a free slot, wait for "ready", then "stop" the old one
 //      │ metrics: "metrics?" to every worker ──▶ their registries as JSON ──▶ summed
-//      └ gone (SIGKILL): the workers see `disconnect` and stop gracefully
+//      └ gone (SIGKILL): the workers' channel closes and node:cluster exits them at once
 //
 // Each worker holds a slot (1, 2, …), passed in DVX_WORKER_SLOT; the component keys per-worker state on
 // it (its WAL directory). A slot is never given to two live workers; a replacement takes the lowest free
@@ -249,7 +249,10 @@ export class WorkerCluster {
     const members = [...this.#members];
     for (const m of members) {
       m.retiring = true;
-      this.#send(m, { dvx: 'stop' });
+      // One still starting listens for no message yet: SIGTERM (it has served nothing, so its default
+      // action, exit, loses nothing; once it serves, its handler closes it gracefully).
+      if (m.ready) this.#send(m, { dvx: 'stop' });
+      else m.worker.process.kill('SIGTERM');
     }
     await Promise.all(members.map((m) => m.exited));
   }
@@ -294,10 +297,20 @@ export class ClusterRegistry extends Registry {
 }
 
 /**
+ * Lets go of the primary so the process can end on its own, with its own exit code: node:cluster exits a
+ * worker with code 0 at once when its channel closes unless the worker itself asked for it
+ * (`cluster.worker.disconnect()`).
+ */
+export function leaveCluster(): void {
+  if (cluster.worker?.isConnected()) cluster.worker.disconnect();
+}
+
+/**
  * The worker's side: tell the primary it is ready, answer metrics scrapes from `registry`, and stop
- * gracefully (`close`) when the primary asks, on SIGTERM/SIGINT, or when the primary is gone
- * (`disconnect`: a SIGKILLed primary), so nothing keeps serving without a supervisor. Resolves after
- * `close`, with the IPC channel let go so the process can exit.
+ * gracefully (`close`) when the primary asks or on SIGTERM/SIGINT. Resolves after `close`, with the IPC
+ * channel let go so the process can exit. A primary that is gone (SIGKILLed) closes the channel, and
+ * node:cluster then exits the worker at once (code 0): nothing keeps serving without a supervisor or
+ * holds the port; calls in flight are cut, and every answered call's record is already durable.
  */
 export function serveAsWorker(o: { registry: Registry; close: () => Promise<void>; log: Logger }): Promise<void> {
   return new Promise<void>((done) => {
@@ -310,7 +323,7 @@ export function serveAsWorker(o: { registry: Registry; close: () => Promise<void
         .catch((err: Error) => o.log.error({ err }, 'worker close failed'))
         .finally(() => {
           process.off('message', onMessage);
-          if (process.connected) process.disconnect();
+          leaveCluster();
           done();
         });
     };
@@ -326,7 +339,6 @@ export function serveAsWorker(o: { registry: Registry; close: () => Promise<void
       }
     };
     process.on('message', onMessage);
-    process.once('disconnect', () => stop('primary gone'));
     process.once('SIGTERM', () => stop('SIGTERM'));
     process.once('SIGINT', () => stop('SIGINT'));
     // Signals after the first: the stop under way is not interrupted.

@@ -309,3 +309,43 @@ t.test('the gateway with --workers 2: blind tunnels through both workers, each s
   t.ok((await flows('worker-1')) > 0 && (await flows('worker-2')) > 0, 'by both workers');
   t.equal(await gw.stop(), 0, 'SIGTERM stops the workers and then the primary');
 });
+
+t.test('a start that fails in the workers stops the primary with their error; pglite is one process', async (t) => {
+  const base = [
+    'serve',
+    'llmproxy',
+    '--addr',
+    '127.0.0.1:0',
+    '--tls-cert',
+    world.file('cert.pem'),
+    '--tls-key',
+    world.file('key.pem'),
+    '--agent-jwks',
+    world.file('jwks.json'),
+  ];
+  const bad = await runDvx([
+    ...base,
+    '--workers',
+    '2',
+    '--audit-dsn',
+    db.dsn,
+    '--audit-wal-dir',
+    world.file('wal-bad'),
+    '--gateway-key',
+    world.file('missing.pem'),
+  ]);
+  t.equal(bad.code, 2, 'the exit code of the workers');
+  t.match(bad.stderr, /cannot read --gateway-key .*missing\.pem: ENOENT/, "the workers' error");
+  t.match(bad.stderr, /exited before it was ready/, "and the primary's");
+  const pglite = await runDvx([
+    ...base,
+    '--workers',
+    '2',
+    '--audit-dsn',
+    `pglite://${world.file('pglite')}`,
+    '--audit-wal-dir',
+    world.file('wal-pglite'),
+  ]);
+  t.equal(pglite.code, 2);
+  t.match(pglite.stderr, /--workers 2: a pglite:\/\/ audit store is one process's database/);
+});
