@@ -50,6 +50,9 @@ export class StoreRefusesAllError extends StoreUnavailableError {
   static override readonly code = 'DVX_AUDIT_STORE_REFUSES_ALL';
 }
 
+/** Another live process (or this one) holds a WAL directory's lock: one writer per spool. */
+export class WalDirBusyError extends coded('DVX_WAL_DIR_BUSY') {}
+
 /** Another process holds the dead-letter spool (a `dvx wal dead-letter replay` in progress). */
 export class DeadLetterBusyError extends coded('DVX_DEAD_LETTER_BUSY') {}
 

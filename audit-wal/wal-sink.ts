@@ -3,6 +3,7 @@ import type { Registry } from 'prom-client';
 import type { Logger } from '../core/logger.ts';
 import { counter, gauge, histogram } from '../core/metrics.ts';
 import { DeadLetterSpool } from './dead-letter.ts';
+import { lockWalDir } from './dir-lock.ts';
 import { AuditFlushTimeoutError } from './errors.ts';
 import { Shipper, type ShipperMetrics } from './shipper.ts';
 import type { AuditSink, AuditTable } from './sink.ts';
@@ -91,12 +92,24 @@ export class WalSink implements AuditSink {
   #tables = new Map<AuditTable, WalTable>();
   #shippers: Shipper[] = [];
   #store: AuditStore;
+  #unlock: () => Promise<void> = async () => {};
 
   private constructor(store: AuditStore) {
     this.#store = store;
   }
 
   static async open(options: WalSinkOptions): Promise<WalSink> {
+    // One writer per directory (audit-wal/dir-lock.ts): taken before anything is opened.
+    const unlock = await lockWalDir(options.dir);
+    try {
+      return await WalSink.#open(options, unlock);
+    } catch (err) {
+      await unlock();
+      throw err;
+    }
+  }
+
+  static async #open(options: WalSinkOptions, unlock: () => Promise<void>): Promise<WalSink> {
     const store = options.store ?? (await openStore(options.dsn));
     try {
       await store.ensureSchema();
@@ -105,6 +118,7 @@ export class WalSink implements AuditSink {
       options.log.warn({ err, store: store.kind }, 'audit store unreachable at start; spooling to the WAL');
     }
     const sink = new WalSink(store);
+    sink.#unlock = unlock;
     const metrics = walMetrics(options.registry);
     let schemaReady = false;
     const ensured: AuditWriter = {
@@ -175,5 +189,6 @@ export class WalSink implements AuditSink {
     await Promise.all(this.#shippers.map((s) => s.stop()));
     await Promise.all([...this.#tables.values()].map((t) => t.close()));
     await this.#store.close();
+    await this.#unlock();
   }
 }

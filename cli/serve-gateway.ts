@@ -1,12 +1,17 @@
 import type { Command } from 'commander';
 import { Command as Cmd, Option } from 'commander';
 import { flag, addBooleanFlag, parseBoolean, parseDurationFlag, parsePositiveInt } from '../core/options.ts';
-import { runUntilSignal } from '../core/shutdown.ts';
 import { GatewayOptionsError, GatewayRuleError } from '../proxy/egress/errors.ts';
-import { DEFAULT_LLM_HOSTS, GATEWAY_DEFAULTS, type GatewayOptions } from '../proxy/egress/options.ts';
+import {
+  DEFAULT_LLM_HOSTS,
+  GATEWAY_DEFAULTS,
+  validateGatewayOptions,
+  type GatewayOptions,
+} from '../proxy/egress/options.ts';
 import { OptionsError } from '../proxy/llm/errors.ts';
 import { CliError } from './errors.ts';
 import { addAuditFlags, addCommonFlags, addConnectionFlags, addMetricsAndEnclaveFlags } from './server-flags.ts';
+import { addWorkersFlag, serveWithWorkers } from './serve-workers.ts';
 
 // `dvx serve gateway`: the agents' only way out (docs/gateway.md). Every GatewayOptions field is a flag
 // (kebab-case) with its DVX_* variable. Rule flags repeat, one rule per flag: their values hold commas
@@ -202,19 +207,24 @@ export function registerGateway(serve: Command): void {
         parse: parsePositiveInt,
       }),
     )
-    .action(async (opts: Partial<GatewayOptions>) => {
-      let running;
-      try {
-        running = await (await import('../proxy/egress/server.ts')).startGateway(opts);
-      } catch (err) {
-        if (err instanceof GatewayOptionsError || err instanceof GatewayRuleError || err instanceof OptionsError)
-          throw new CliError(err.message);
-        throw new CliError(`gateway failed to start: ${(err as Error).message}`);
-      }
-      await runUntilSignal(() => running.close());
+    .action(async (opts: GatewayOptions & { workers: number }) => {
+      // One process, or `--workers N` sharing the listener (cli/serve-workers.ts).
+      await serveWithWorkers({
+        component: 'gateway',
+        opts,
+        validate: validateGatewayOptions,
+        start: async (o, start) => (await import('../proxy/egress/server.ts')).startGateway(o, start),
+        failed: (err) =>
+          err instanceof GatewayOptionsError || err instanceof GatewayRuleError || err instanceof OptionsError
+            ? new CliError(err.message)
+            : err instanceof CliError
+              ? err
+              : new CliError(`gateway failed to start: ${(err as Error).message}`),
+      });
     });
   addBooleanFlag(command, 'inspect-fail-closed', 'refuse with 503 when request inspection fails', d.inspectFailClosed);
   addConnectionFlags(command, d);
   addAuditFlags(command, d, 'an injected credential or an agent-operator token');
+  addWorkersFlag(command);
   serve.addCommand(command);
 }

@@ -1,13 +1,18 @@
 import type { Command } from 'commander';
 import { Command as Cmd } from 'commander';
 import { addBooleanFlag, flag, parseDurationFlag, parsePositiveInt } from '../core/options.ts';
-import { runUntilSignal } from '../core/shutdown.ts';
 import { DEFAULT_INSPECT_TIMEOUT_MS } from '../pipeline/engine.ts';
 import { ISOLATION_CLASSES, WIRE_FORMATS } from '../pipeline/policy/snapshot.ts';
-import { INSPECTION_DISCLOSURES, LLMPROXY_DEFAULTS, type LlmProxyOptions } from '../proxy/llm/options.ts';
+import {
+  INSPECTION_DISCLOSURES,
+  LLMPROXY_DEFAULTS,
+  validateOptions,
+  type LlmProxyOptions,
+} from '../proxy/llm/options.ts';
 import { OptionsError } from '../proxy/llm/errors.ts';
 import { CliError } from './errors.ts';
 import { addAuditFlags, addCommonFlags, addConnectionFlags } from './server-flags.ts';
+import { addWorkersFlag, serveWithWorkers } from './serve-workers.ts';
 
 // `dvx serve llmproxy`: the inference gateway (spec: Server components, llmproxy row).
 export function registerLlmProxy(serve: Command): void {
@@ -159,15 +164,20 @@ export function registerLlmProxy(serve: Command): void {
         default: d.translateUpstreamFormat,
       }),
     )
-    .action(async (opts: Partial<LlmProxyOptions>) => {
-      let running;
-      try {
-        running = await (await import('../proxy/llm/server.ts')).startLlmProxy(opts);
-      } catch (err) {
-        if (err instanceof OptionsError) throw new CliError(err.message);
-        throw new CliError(`llmproxy failed to start: ${(err as Error).message}`);
-      }
-      await runUntilSignal(() => running.close());
+    .action(async (opts: LlmProxyOptions & { workers: number }) => {
+      // One process, or `--workers N` sharing the listener (cli/serve-workers.ts).
+      await serveWithWorkers({
+        component: 'llmproxy',
+        opts,
+        validate: validateOptions,
+        start: async (o, start) => (await import('../proxy/llm/server.ts')).startLlmProxy(o, start),
+        failed: (err) =>
+          err instanceof OptionsError
+            ? new CliError(err.message)
+            : err instanceof CliError
+              ? err
+              : new CliError(`llmproxy failed to start: ${(err as Error).message}`),
+      });
     });
   addBooleanFlag(command, 'inspect-fail-closed', 'refuse with 503 when request inspection fails', d.inspectFailClosed);
   addBooleanFlag(
@@ -178,5 +188,6 @@ export function registerLlmProxy(serve: Command): void {
   );
   addConnectionFlags(command, d);
   addAuditFlags(command, d, 'an answer');
+  addWorkersFlag(command);
   serve.addCommand(command);
 }

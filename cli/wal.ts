@@ -8,6 +8,7 @@ import { readDropped } from '../audit-wal/wal-table.ts';
 import { DEAD_LETTER_DIR, deadLetterEntry, DeadLetterSpool, type DeadLetter } from '../audit-wal/dead-letter.ts';
 import type { AuditTable } from '../audit-wal/sink.ts';
 import { TABLES } from '../audit-wal/wal-sink.ts';
+import { WORKER_DIR } from '../audit-wal/worker-spools.ts';
 import { openStore } from '../audit-wal/store.ts';
 import { DsnError, StoreUnavailableError } from '../audit-wal/errors.ts';
 import { createLogger } from '../core/logger.ts';
@@ -18,24 +19,47 @@ import { EXIT_BLOCKED, EXIT_OK, EXIT_UNAVAILABLE } from './exit-codes.ts';
 // llm_audit_log, audit_events, tool_call_decisions, network_flow). They only read: a running
 // component may keep appending and shipping while they look. `dvx wal dead-letter list` reads the
 // dead-letter spools the same way; `dvx wal dead-letter replay` writes one, under its lock.
+//
+// `--workers N` spools each worker under <dir>/worker-<slot>/ (audit-wal/worker-spools.ts): pointed at
+// --audit-wal-dir, every command reads the top-level spool and each worker's, and says which one
+// (`spool`: "." or "worker-<slot>") wherever a record or a row could come from more than one.
 
 const SEGMENT = /^\d{12}\.wal$/;
 
-async function tables(dir: string, only?: string): Promise<string[]> {
+async function tablesIn(dir: string): Promise<string[]> {
+  const found: string[] = [];
+  for (const e of (await readdir(dir).catch(() => [] as string[])).sort()) {
+    const files = await readdir(join(dir, e)).catch(() => [] as string[]); // a file, not a table directory
+    if (files.some((f) => SEGMENT.test(f))) found.push(e);
+  }
+  return found;
+}
+
+interface Spool {
+  /** "." for the spool at the top of --dir, "worker-<slot>" for a worker's. */
+  name: string;
+  dir: string;
+  tables: string[];
+}
+
+/** The spools under --dir (its own tables, then each worker's), each with its tables (or only `only`). */
+async function spools(dir: string, only?: string): Promise<{ list: Spool[]; workers: boolean }> {
   let entries: string[];
   try {
     entries = await readdir(dir);
   } catch (err) {
     throw new CliError(`cannot read --dir ${dir}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
   }
-  const found: string[] = [];
-  for (const e of entries.sort()) {
-    if (only && e !== only) continue;
-    const files = await readdir(join(dir, e)).catch(() => [] as string[]); // a file, not a table directory
-    if (files.some((f) => SEGMENT.test(f))) found.push(e);
-  }
-  if (only && found.length === 0) throw new CliError(`no table "${only}" under ${dir}`);
-  return found;
+  const list: Spool[] = [{ name: '.', dir, tables: await tablesIn(dir) }];
+  const workers = entries
+    .map((e) => WORKER_DIR.exec(e))
+    .filter((m): m is RegExpExecArray => m !== null)
+    .sort((a, b) => Number(a[1]) - Number(b[1]));
+  for (const m of workers) list.push({ name: m[0], dir: join(dir, m[0]), tables: await tablesIn(join(dir, m[0])) });
+  for (const s of list) if (only) s.tables = s.tables.filter((t) => t === only);
+  const kept = list.filter((s) => s.tables.length > 0);
+  if (only && kept.length === 0) throw new CliError(`no table "${only}" under ${dir}`);
+  return { list: kept, workers: kept.some((s) => s.name !== '.') };
 }
 
 async function segments(tableDir: string): Promise<number[]> {
@@ -70,63 +94,71 @@ async function* frames(
 
 async function statCommand(opts: { dir: string }): Promise<number> {
   const out: Record<string, unknown>[] = [];
-  for (const table of await tables(opts.dir)) {
-    const tableDir = join(opts.dir, table);
-    const ids = await segments(tableDir);
-    const checkpoint = (await readCheckpoint(tableDir)) ?? { segment: ids[0], offset: HEADER_BYTES };
-    let unshipped = 0;
-    for (const id of ids) {
-      if (id < checkpoint.segment) continue;
-      const size = (await stat(segmentPath(tableDir, id))).size;
-      unshipped += id === checkpoint.segment ? size - checkpoint.offset : size - HEADER_BYTES;
-    }
-    let oldest: string | null = null;
-    for await (const f of frames(tableDir, true)) {
-      if (f.payload) {
-        try {
-          oldest = String((JSON.parse(f.payload.toString()) as { event_time?: unknown }).event_time ?? '') || null;
-        } catch {
-          oldest = null; // a damaged record: `verify` reports it, `stat` shows no date
-        }
+  const { list, workers } = await spools(opts.dir);
+  for (const spool of list)
+    for (const table of spool.tables) {
+      const tableDir = join(spool.dir, table);
+      const ids = await segments(tableDir);
+      const checkpoint = (await readCheckpoint(tableDir)) ?? { segment: ids[0], offset: HEADER_BYTES };
+      let unshipped = 0;
+      for (const id of ids) {
+        if (id < checkpoint.segment) continue;
+        const size = (await stat(segmentPath(tableDir, id))).size;
+        unshipped += id === checkpoint.segment ? size - checkpoint.offset : size - HEADER_BYTES;
       }
-      break;
+      let oldest: string | null = null;
+      for await (const f of frames(tableDir, true)) {
+        if (f.payload) {
+          try {
+            oldest = String((JSON.parse(f.payload.toString()) as { event_time?: unknown }).event_time ?? '') || null;
+          } catch {
+            oldest = null; // a damaged record: `verify` reports it, `stat` shows no date
+          }
+        }
+        break;
+      }
+      const ageS = oldest ? Math.max(0, (Date.now() - Date.parse(oldest)) / 1000) : 0;
+      let deadLetter = 0;
+      if ((await readdir(tableDir)).includes(DEAD_LETTER_DIR))
+        for await (const f of frames(join(tableDir, DEAD_LETTER_DIR), true)) if (f.payload) deadLetter++;
+      out.push({
+        ...(workers ? { spool: spool.name } : {}),
+        table,
+        segments: ids.length,
+        unshipped_bytes: Math.max(0, unshipped),
+        oldest_unshipped_age_s: Math.round(ageS * 10) / 10,
+        dropped: await readDropped(tableDir),
+        dead_letter: deadLetter,
+        checkpoint,
+      });
     }
-    const ageS = oldest ? Math.max(0, (Date.now() - Date.parse(oldest)) / 1000) : 0;
-    let deadLetter = 0;
-    if ((await readdir(tableDir)).includes(DEAD_LETTER_DIR))
-      for await (const f of frames(join(tableDir, DEAD_LETTER_DIR), true)) if (f.payload) deadLetter++;
-    out.push({
-      table,
-      segments: ids.length,
-      unshipped_bytes: Math.max(0, unshipped),
-      oldest_unshipped_age_s: Math.round(ageS * 10) / 10,
-      dropped: await readDropped(tableDir),
-      dead_letter: deadLetter,
-      checkpoint,
-    });
-  }
   process.stdout.write(out.map((r) => JSON.stringify(r)).join('\n') + (out.length ? '\n' : ''));
   return EXIT_OK;
 }
 
 async function tailCommand(opts: { dir: string; table?: string; follow?: boolean; all?: boolean }): Promise<number> {
-  const names = await tables(opts.dir, opts.table);
+  const { list, workers } = await spools(opts.dir, opts.table);
+  const sources = list.flatMap((spool) => spool.tables.map((table) => ({ spool, table })));
+  // One table of one spool prints its records as they are; more are wrapped to say where each is from.
+  const wrap = sources.length > 1;
   const seen = new Map<string, { segment: number; offset: number }>();
   const emit = async () => {
-    for (const table of names) {
-      const tableDir = join(opts.dir, table);
-      const last = seen.get(table);
+    for (const { spool, table } of sources) {
+      const tableDir = join(spool.dir, table);
+      const key = `${spool.name}/${table}`;
+      const last = seen.get(key);
       for await (const f of frames(tableDir, !opts.all && !last)) {
         if (!f.payload) continue;
         if (last && (f.segment < last.segment || (f.segment === last.segment && f.offset <= last.offset))) continue;
+        const where = workers ? `"spool":${JSON.stringify(spool.name)},` : '';
         process.stdout.write(
-          names.length > 1
-            ? `{"table":${JSON.stringify(table)},"record":${f.payload.toString()}}\n`
+          wrap
+            ? `{${where}"table":${JSON.stringify(table)},"record":${f.payload.toString()}}\n`
             : f.payload.toString() + '\n',
         );
-        seen.set(table, { segment: f.segment, offset: f.offset });
+        seen.set(key, { segment: f.segment, offset: f.offset });
       }
-      if (!seen.has(table)) seen.set(table, { segment: 0, offset: 0 });
+      if (!seen.has(key)) seen.set(key, { segment: 0, offset: 0 });
     }
   };
   await emit();
@@ -140,28 +172,36 @@ async function tailCommand(opts: { dir: string; table?: string; follow?: boolean
 async function verifyCommand(opts: { dir: string }): Promise<number> {
   let problems = 0;
   let records = 0;
-  for (const table of await tables(opts.dir)) {
-    for await (const f of frames(join(opts.dir, table), false)) {
-      if (f.payload) records++;
-      else {
-        problems++;
-        process.stdout.write(
-          JSON.stringify({ table, segment: f.segment, offset: f.offset, problem: f.problem }) + '\n',
-        );
+  const { list, workers } = await spools(opts.dir);
+  for (const spool of list)
+    for (const table of spool.tables) {
+      for await (const f of frames(join(spool.dir, table), false)) {
+        if (f.payload) records++;
+        else {
+          problems++;
+          const where = workers ? { spool: spool.name } : {};
+          process.stdout.write(
+            JSON.stringify({ ...where, table, segment: f.segment, offset: f.offset, problem: f.problem }) + '\n',
+          );
+        }
       }
     }
-  }
   process.stderr.write(`dvx wal verify: ${records} records, ${problems} problem(s)\n`);
   return problems > 0 ? EXIT_BLOCKED : EXIT_OK;
 }
 
-/** Tables that have a dead-letter spool. */
-async function deadLetterTables(dir: string, only?: string): Promise<string[]> {
-  const found: string[] = [];
-  for (const table of await tables(dir, only)) {
-    const files = await readdir(join(dir, table)).catch(() => [] as string[]); // gone since listed: no spool
-    if (files.includes(DEAD_LETTER_DIR)) found.push(table);
-  }
+/** Tables that have a dead-letter spool, in every spool under --dir. */
+async function deadLetterTables(
+  dir: string,
+  only?: string,
+): Promise<{ spool: Spool; table: string; workers: boolean }[]> {
+  const found: { spool: Spool; table: string; workers: boolean }[] = [];
+  const { list, workers } = await spools(dir, only);
+  for (const spool of list)
+    for (const table of spool.tables) {
+      const files = await readdir(join(spool.dir, table)).catch(() => [] as string[]); // gone since listed: no spool
+      if (files.includes(DEAD_LETTER_DIR)) found.push({ spool, table, workers });
+    }
   return found;
 }
 
@@ -192,13 +232,13 @@ function renderTable(header: string[], rows: string[][], width: number): string 
 }
 
 async function deadLetterListCommand(opts: { dir: string; table?: string }): Promise<number> {
-  const entries: DeadLetter[] = [];
-  for (const table of await deadLetterTables(opts.dir, opts.table)) {
-    for await (const f of frames(join(opts.dir, table, DEAD_LETTER_DIR), true)) {
-      if (f.payload) entries.push(deadLetterEntry(table, f.payload));
+  const entries: (DeadLetter & { spool?: string })[] = [];
+  for (const { spool, table, workers } of await deadLetterTables(opts.dir, opts.table)) {
+    for await (const f of frames(join(spool.dir, table, DEAD_LETTER_DIR), true)) {
+      if (f.payload) entries.push({ ...(workers ? { spool: spool.name } : {}), ...deadLetterEntry(table, f.payload) });
       else
         process.stderr.write(
-          `dvx wal dead-letter list: ${table}/${DEAD_LETTER_DIR} segment ${f.segment} offset ${f.offset}: ${f.problem}\n`,
+          `dvx wal dead-letter list: ${join(spool.name, table, DEAD_LETTER_DIR)} segment ${f.segment} offset ${f.offset}: ${f.problem}\n`,
         );
     }
   }
@@ -213,7 +253,7 @@ async function deadLetterListCommand(opts: { dir: string; table?: string }): Pro
   }
   const rows = entries.map((e) => [
     e.id ?? '-',
-    e.table,
+    e.spool ? `${e.spool}/${e.table}` : e.table,
     e.dead_lettered_at,
     e.error.store_code ?? e.reason,
     e.error.message,
@@ -226,7 +266,8 @@ async function deadLetterListCommand(opts: { dir: string; table?: string }): Pro
 }
 
 async function deadLetterReplayCommand(opts: { dir: string; table?: string; auditDsn: string }): Promise<number> {
-  const names = await deadLetterTables(opts.dir, opts.table);
+  const found = await deadLetterTables(opts.dir, opts.table);
+  const names = [...new Set(found.map((f) => f.table))];
   // Only a table the stores know is replayed into (its name goes into the INSERT).
   const unknown = names.filter((n) => !(TABLES as readonly string[]).includes(n));
   if (unknown.length > 0)
@@ -246,8 +287,9 @@ async function deadLetterReplayCommand(opts: { dir: string; table?: string; audi
     } catch (err) {
       throw new CliError(`audit store unavailable: ${(err as Error).message}`, EXIT_UNAVAILABLE);
     }
-    for (const table of names) {
-      const spool = new DeadLetterSpool(join(opts.dir, table), table as AuditTable, { log });
+    for (const { spool: where, table, workers } of found) {
+      const spool = new DeadLetterSpool(join(where.dir, table), table as AuditTable, { log });
+      const tag = workers ? { spool: where.name } : {};
       let result;
       try {
         result = await spool.replay(store);
@@ -261,11 +303,11 @@ async function deadLetterReplayCommand(opts: { dir: string; table?: string; audi
       }
       kept += result.kept.length;
       for (const e of result.shipped)
-        process.stdout.write(JSON.stringify({ table, id: e.id, replay: 'shipped' }) + '\n');
+        process.stdout.write(JSON.stringify({ ...tag, table, id: e.id, replay: 'shipped' }) + '\n');
       for (const e of result.kept)
-        process.stdout.write(JSON.stringify({ table, id: e.id, replay: 'kept', error: e.error }) + '\n');
+        process.stdout.write(JSON.stringify({ ...tag, table, id: e.id, replay: 'kept', error: e.error }) + '\n');
       process.stderr.write(
-        `dvx wal dead-letter replay: ${table}: ${result.shipped.length} shipped, ${result.kept.length} kept\n`,
+        `dvx wal dead-letter replay: ${workers ? `${where.name}/` : ''}${table}: ${result.shipped.length} shipped, ${result.kept.length} kept\n`,
       );
     }
   } finally {
@@ -275,7 +317,9 @@ async function deadLetterReplayCommand(opts: { dir: string; table?: string; audi
 }
 
 export function walCommand(): Command {
-  const wal = new Command('wal').description('inspect an audit spool (--audit-wal-dir)');
+  const wal = new Command('wal').description(
+    'inspect an audit spool (--audit-wal-dir; with --workers, every worker-<slot> spool under it too)',
+  );
   const dir = () =>
     flag('--dir <dir>', { description: 'the audit WAL directory (--audit-wal-dir)' }).makeOptionMandatory();
   wal

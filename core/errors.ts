@@ -44,6 +44,16 @@ export class AuthenticationError extends coded('DVX_UNAUTHENTICATED') {}
 /** The KMS refused: unavailable provider, unreadable master key, a wrapped key it cannot unwrap. */
 export class KmsError extends coded('DVX_KMS_REFUSED') {}
 
+/** `--workers`: a worker of the first generation exited before it was ready, so the component did not start. */
+export class WorkerStartError extends coded('DVX_WORKER_START') {
+  /** The worker's exit code (1 when it was killed by a signal): the primary exits with it. */
+  readonly exitCode: number;
+  constructor(message: string, exitCode: number) {
+    super(message);
+    this.exitCode = exitCode;
+  }
+}
+
 /**
  * The base of one catalogue entry: `export class WalFullError extends coded('DVX_WAL_FULL') {}`. The
  * class keeps its own name (the `name` of what is thrown) and may add fields and a constructor.

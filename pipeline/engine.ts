@@ -2,6 +2,7 @@ import { availableParallelism } from 'node:os';
 import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { MessageChannel, receiveMessageOnPort, type MessagePort } from 'node:worker_threads';
 import { Piscina } from 'piscina';
+import { lazyPool, type InspectionPool } from './lazy-pool.ts';
 import type { Registry } from 'prom-client';
 import { counter, createRegistry, gauge, histogram } from '../core/metrics.ts';
 import { silentLogger, type Logger } from '../core/logger.ts';
@@ -184,7 +185,7 @@ export class InspectionEngine {
   #queueTimeoutMs: number;
   #failClosed: boolean;
   #inlineThreshold: number;
-  #pool: Piscina | null;
+  #pool: InspectionPool | null;
   #threads: number;
   #plans: PlanCache;
   #log: Logger;
@@ -209,12 +210,16 @@ export class InspectionEngine {
     const self = import.meta.url.endsWith('.ts') ? './worker.ts' : './worker.js';
     this.#pool =
       threads > 0
-        ? new Piscina({
-            filename: (options.workerUrl ?? new URL(self, import.meta.url)).href,
-            minThreads: 1,
-            maxThreads: threads,
-            idleTimeout: 60_000,
-          })
+        ? // Started by the first pooled body (pipeline/lazy-pool.ts): an idle gateway holds no thread.
+          lazyPool(
+            () =>
+              new Piscina({
+                filename: (options.workerUrl ?? new URL(self, import.meta.url)).href,
+                minThreads: 1,
+                maxThreads: threads,
+                idleTimeout: 60_000,
+              }),
+          )
         : null;
     this.#plans = new PlanCache({ onCompile: (plan) => this.#reportCompile(plan) });
     const registry = options.registry ?? createRegistry();

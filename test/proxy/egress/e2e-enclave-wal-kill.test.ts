@@ -96,6 +96,10 @@ if (!db) {
         file('wal'),
         '--max-connections-per-client',
         '1000',
+        // One process: the test SIGKILLs the process that appends (a primary's workers would stop
+        // gracefully instead) and reads its metrics from its own listening line.
+        '--workers',
+        '1',
       ],
       'gateway listening',
     );

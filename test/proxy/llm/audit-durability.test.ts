@@ -259,7 +259,9 @@ t.test('SIGKILL right after answers: every answered call has its record', async 
   const { dir, url, dispatcher, token, kill } = await killableProxy(
     t,
     'dvx-kill-',
-    (d) => ['--audit-dsn', 'postgres://nobody@127.0.0.1:1/none', '--audit-wal-dir', join(d, 'wal')],
+    // One process (--workers 1): the test SIGKILLs the process that appends and reads its spool, the
+    // top-level one (several workers would spool under wal/worker-<k> and outlive a killed primary).
+    (d) => ['--audit-dsn', 'postgres://nobody@127.0.0.1:1/none', '--audit-wal-dir', join(d, 'wal'), '--workers', '1'],
     () => 'ignore',
   );
   const walDir = join(dir, 'wal');
