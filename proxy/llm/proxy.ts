@@ -63,6 +63,7 @@ export class LlmProxy {
   #inFlight = 0;
   #idle: (() => void) | null = null;
   #draining = false;
+  #drained = false;
 
   constructor(deps: ProxyDeps) {
     this.#d = deps;
@@ -72,11 +73,25 @@ export class LlmProxy {
     return this.#inFlight;
   }
 
-  /** Refuses new calls and resolves when the ones in flight have finished. */
+  /**
+   * Resolves when the calls in flight have finished. The listener no longer accepts connections (the
+   * server's close); a call that still arrives on a connection already open is served, with
+   * `connection: close`, so its client opens its next connection elsewhere: another worker during a
+   * rolling restart (cli/serve-workers.ts), not a 503. Each open connection carries at most one such call.
+   */
   drain(): Promise<void> {
     this.#draining = true;
-    if (this.#inFlight === 0) return Promise.resolve();
-    return new Promise((resolve) => (this.#idle = resolve));
+    if (this.#inFlight === 0) {
+      this.#drained = true;
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => {
+      this.#idle = () => {
+        this.#idle = null;
+        this.#drained = true;
+        resolve();
+      };
+    });
   }
 
   handle = (req: IncomingMessage, res: ServerResponse): void => {
@@ -88,9 +103,13 @@ export class LlmProxy {
       return;
     }
     if (this.#draining) {
-      send(res, ERRORS.shuttingDown, CLOSE);
-      req.resume();
-      return;
+      // Past the drain (nothing in flight any more) the connections are being cut: refuse, and say so.
+      if (this.#drained) {
+        send(res, ERRORS.shuttingDown, CLOSE);
+        req.resume();
+        return;
+      }
+      res.shouldKeepAlive = false;
     }
     this.#inFlight++;
     void this.#run(new CallContext(this.#d, req, res, path));

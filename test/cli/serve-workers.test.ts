@@ -174,8 +174,8 @@ t.test('SIGHUP rolls the workers one at a time under load: no failed call, no lo
   t.teardown(() => server.stop());
   await primaryReady(server);
   // Agents as they run: the official SDK, its pooled keep-alive connections and its default retries
-  // (a connection cut as its worker retires, or the 503 overloaded_error a retiring worker gives a
-  // request that reached it after it stopped taking calls, is retried on a new connection).
+  // (a connection cut as its worker retires is retried on a new connection; a call that reaches a
+  // retiring worker on a connection it had open is served, with `connection: close`).
   const dispatcher = new Agent({ connect: { ca: world.ca.certPem } });
   t.teardown(() => dispatcher.close());
   const fetch = ((input: string, init: object) =>
