@@ -867,20 +867,26 @@ interface NewPart {
 
 /**
  * Findings of several scans as one list: the same finding twice is one (as scan.ts keeps them), and
- * each inspector keeps at most MAX_FINDINGS_PER_INSPECTOR, as one scan of the whole body would.
+ * each inspector keeps at most MAX_FINDINGS_PER_INSPECTOR, as one scan of the whole body would. Past
+ * that bound a finding of a kind (inspector, description, severity) not yet listed is still kept, as
+ * one scan shares its bound out so that every pattern reports (patterns.ts, scan): else 64 distinct
+ * `log` matches in the skeleton pushed a part's `block` finding out and the call went through.
  */
 class FindingSet {
   readonly findings: Finding[] = [];
   #seen = new Set<string>();
+  #kinds = new Set<string>();
   #per = new Map<string, number>();
 
   add(found: readonly Finding[]): void {
     for (const f of found) {
-      const key = `${f.inspector_type}\u0000${f.description}\u0000${f.match}\u0000${f.severity}`;
+      const kind = `${f.inspector_type}\u0000${f.description}\u0000${f.severity}`;
+      const key = `${kind}\u0000${f.match}`;
       if (this.#seen.has(key)) continue;
       const n = this.#per.get(f.inspector_type) ?? 0;
-      if (n >= MAX_FINDINGS_PER_INSPECTOR) continue;
+      if (n >= MAX_FINDINGS_PER_INSPECTOR && this.#kinds.has(kind)) continue;
       this.#seen.add(key);
+      this.#kinds.add(kind);
       this.#per.set(f.inspector_type, n + 1);
       this.findings.push(f);
     }
