@@ -92,6 +92,20 @@ export class ResentParts {
     return this.#bytes;
   }
 
+  /** Bytes of the memory the remembered bodies' pieces hold (each piece's whole allocation, once). */
+  get retainedBytes(): number {
+    const seen = new Set<ArrayBufferLike>();
+    let total = 0;
+    for (const bodies of this.#holders.values())
+      for (const body of bodies)
+        for (const piece of body.pieces)
+          if (!seen.has(piece.bytes.buffer)) {
+            seen.add(piece.bytes.buffer);
+            total += piece.bytes.buffer.byteLength;
+          }
+    return total;
+  }
+
   /** The holder's remembered body that shares the most leading parts with `body`; null: none shares one. */
   recall(holder: string | null, body: Buffer): Recall | null {
     const bodies = holder === null ? undefined : this.#holders.get(holder);
@@ -158,7 +172,14 @@ export class ResentParts {
       for (const piece of recall.base.pieces) {
         if (piece.start >= shared) break;
         const end = Math.min(shared, piece.start + piece.bytes.length);
-        pieces.push({ start: piece.start, bytes: piece.bytes.subarray(0, end - piece.start) });
+        const bytes = piece.bytes.subarray(0, end - piece.start);
+        // A share keeps the piece's whole allocation alive, counted here only for the bytes shared: a
+        // body sharing a small head of a large piece (a short turn after a long one) would hold the
+        // long one's memory uncounted, turn after turn. Such a head is copied instead.
+        pieces.push({
+          start: piece.start,
+          bytes: 2 * bytes.length >= piece.bytes.buffer.byteLength ? bytes : Buffer.from(bytes),
+        });
       }
     }
     if (shared < body.length) {
