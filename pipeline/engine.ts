@@ -307,10 +307,11 @@ export class InspectionEngine {
     const cacheBytes = options.cacheBytes ?? DEFAULT_CACHE_BYTES;
     this.#cache =
       cacheBytes > 0
-        ? new PartCache({ maxBytes: cacheBytes, onEvict: (n) => this.#metrics.cacheEvictions.inc({}, n) })
+        ? new PartCache({ maxBytes: cacheBytes / 2, onEvict: (n) => this.#metrics.cacheEvictions.inc({}, n) })
         : null;
-    // The resent bodies kept to compare against (resent-parts.ts) get a cap of their own, as large.
-    this.#resent = cacheBytes > 0 ? new ResentParts(cacheBytes) : null;
+    // The cap is shared: half for the entries, half for the resent bodies kept to compare against
+    // (resent-parts.ts), so the two together stay under --inspection-cache-mb.
+    this.#resent = cacheBytes > 0 ? new ResentParts(cacheBytes / 2) : null;
     this.#adaptive =
       options.adaptiveOffload === null || this.#pool === null
         ? null
