@@ -137,30 +137,27 @@ const EXTRACTORS: Record<string, (md: string) => SummaryRow[]> = {
     return out;
   },
   proxy(md) {
-    const t = findTable(md, ['contender', 'body', 'req/s offered', 'p50 added over direct']);
-    if (!t) return missing('proxy', '"contender, body, req/s offered, p50 added over direct"');
+    const t = findTable(md, ['contender', 'body', 'req/s offered', 'p50 added', 'p50 added / floor']);
+    if (!t) return missing('proxy', '"contender, body, req/s offered, p50 added, p50 added / floor"');
     const out: SummaryRow[] = [];
-    const keys = [...new Set(t.rows.map((r) => `${r.body}|${r['req/s offered']}`))];
-    for (const key of keys) {
-      const [body, rate] = key.split('|');
-      const at = (prefix: string) =>
-        t.rows.find((r) => r.body === body && r['req/s offered'] === rate && r.contender.startsWith(prefix));
-      const ours = t.rows.find(
-        (r) => r.body === body && r['req/s offered'] === rate && r.contender.startsWith('dvx: full'),
-      );
-      if (!ours) continue;
-      for (const [label, prefix, goal] of [
-        ['the floor', 'floor', '≤ 1.2×'],
-        ['Portkey + regex guardrail', '@portkey-ai/gateway + regex', '< 1×'],
+    // Each dvx row with the full set on (one row per --workers N), against the floor run on the same
+    // cores and against Portkey with its regex guardrail, at the same body and rate: the bench's own ratios.
+    for (const r of t.rows.filter((x) => x.contender.startsWith('dvx: full'))) {
+      const workers = /--workers \d+/.exec(r.contender)?.[0] ?? '';
+      const where = `${r.body} at ${r['req/s offered']} req/s${workers ? `, ${workers}` : ''}`;
+      for (const [label, column, goal] of [
+        ['p50 added vs the floor', 'p50 added / floor', '≤ 1.2×'],
+        ['p99 added vs the floor', 'p99 added / floor', '≤ 1.2×'],
+        ['p50 added vs Portkey + regex guardrail', 'p50 added / Portkey+guardrail', '< 1×'],
       ] as const) {
-        const base = at(prefix);
-        if (base)
+        const ratio = Number.parseFloat(r[column] ?? '');
+        if (Number.isFinite(ratio))
           out.push({
             bench: 'proxy',
-            measure: `${body} at ${rate} req/s: p50 added over direct vs ${label}`,
-            ours: ours['p50 added over direct'],
-            baseline: base['p50 added over direct'],
-            ratio: parseMs(ours['p50 added over direct']) / parseMs(base['p50 added over direct']),
+            measure: `${where}: ${label}`,
+            ours: column.startsWith('p99') ? r['p99 added'] : r['p50 added'],
+            baseline: '',
+            ratio,
             goal,
           });
       }

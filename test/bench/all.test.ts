@@ -4,7 +4,7 @@ import { readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import { regenerate } from '../../bench/all.ts';
 import { sessionBodies } from '../../bench/session.ts';
-import { extractSummary, parseMs } from '../../bench/summary.ts';
+import { extractSummary } from '../../bench/summary.ts';
 
 // The benchmark runner's bookkeeping, not speed: what `bench -- all` makes of a bench's printed tables,
 // what it keeps of bench/RESULTS.md when it regenerates it, and that a session resends its past.
@@ -19,9 +19,17 @@ test('the summary reads ratios from the tables in bench/RESULTS.md by column nam
       .filter((s) => s.startsWith(`## ${name} (`))
       .join('');
   const proxy = extractSummary('proxy', section('proxy'));
-  const vsFloor = proxy.find((r) => r.measure.startsWith('4 KB at 250 req/s') && r.measure.endsWith('the floor'));
+  const vsFloor = proxy.find(
+    (r) => r.measure.startsWith('4 KB at 500 req/s, --workers 1') && r.measure.endsWith('p50 added vs the floor'),
+  );
   t.ok(vsFloor, 'a 4 KB row against the floor');
-  t.equal(vsFloor?.ratio, parseMs(vsFloor?.ours ?? '') / parseMs(vsFloor?.baseline ?? ''));
+  // The ratio is the table's own `p50 added / floor` cell for that row.
+  const row = section('proxy')
+    .split('\n')
+    .find((l) => l.startsWith('| dvx: full') && l.includes('--workers 1') && /\| 4 KB +\| 500 +\|/.test(l));
+  const cells = row?.split('|').map((c) => c.trim()) ?? [];
+  t.ok(cells.includes(vsFloor?.ours ?? ''), 'ours is the row’s p50 added');
+  t.ok(cells.includes(`${vsFloor?.ratio?.toFixed(2)}×`), 'the ratio is the row’s p50 added / floor');
   t.ok(
     proxy.some((r) => r.measure.includes('Portkey')),
     'and against Portkey with its guardrail',
