@@ -70,7 +70,9 @@ t.test('a pending call appears live; approve decides it', async (t) => {
   await page.goto(`${origin}/approvals`);
   await page.fill('#token', await h.issuer!.token('admin-a'));
   await page.click('#save');
-  await page.waitForFunction("document.querySelector('#state')?.textContent === 'live'");
+  // A locator, not waitForFunction: a string predicate is evaluated in the page, which its CSP
+  // (no 'unsafe-eval') may refuse.
+  await page.locator('#state', { hasText: /^live$/ }).waitFor({ timeout: 10_000 });
 
   // One made before the page listed, one after: both appear without a reload.
   const first = (
@@ -142,7 +144,7 @@ t.test('a token without approvals:read is told so', async (t) => {
   await page.goto(`https://127.0.0.1:${h.broker.operatorPort}/approvals`);
   await page.fill('#token', await h.issuer!.token('member-a'));
   await page.click('#save');
-  await page.waitForFunction("/feed refused/.test(document.querySelector('#state')?.textContent ?? '')");
+  await page.locator('#state', { hasText: /feed refused/ }).waitFor({ timeout: 10_000 });
   t.match(await page.textContent('#state'), /requires approvals:read/);
 });
 
@@ -153,7 +155,9 @@ t.test('what the approver reads is what the tool gets: every invisible character
   await page.goto(`https://127.0.0.1:${h.broker.operatorPort}/approvals`);
   await page.fill('#token', await h.issuer!.token('admin-a'));
   await page.click('#save');
-  await page.waitForFunction("document.querySelector('#state')?.textContent === 'live'");
+  // A locator, not waitForFunction: a string predicate is evaluated in the page, which its CSP
+  // (no 'unsafe-eval') may refuse.
+  await page.locator('#state', { hasText: /^live$/ }).waitFor({ timeout: 10_000 });
   // Tag characters (invisible "ASCII smuggling"), the Arabic letter mark (a bidi control), the Mongolian
   // vowel separator, an interlinear annotation, a variation selector and a Hangul filler.
   const hidden = ['\u{E0041}\u{E0042}', '\u061C', '\u180E', '\uFFF9', '\uFE0F', '\u3164'];

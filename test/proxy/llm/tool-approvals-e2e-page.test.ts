@@ -44,7 +44,9 @@ t.test('a person at the page approves, then denies, what SDK clients wait on thr
   await page.goto(`https://127.0.0.1:${b.broker.operatorPort}/approvals`);
   await page.fill('#token', await b.issuer!.token('admin-1'));
   await page.click('#save');
-  await page.waitForFunction("document.querySelector('#state')?.textContent === 'live'");
+  // A locator, not waitForFunction: a string predicate is evaluated in the page, which its CSP
+  // (no 'unsafe-eval') may refuse.
+  await page.locator('#state', { hasText: /^live$/ }).waitFor({ timeout: 10_000 });
 
   // Approve: the Anthropic SDK's plain call gets the held tool_use, as the upstream sent it.
   const args = { to: 'acct-9', amount: 900 };
