@@ -34,7 +34,7 @@ import { answerSocket, openTunnel } from './tunnel.ts';
 // The gateway's two doors (docs/gateway.md): `CONNECT host:port` (node's 'connect' event) and an
 // absolute-form `http://…` request ('request'). Anything else is a 400, but `GET /healthz`.
 //
-//   attempt ─▶ draining? 503 ─▶ identity: Proxy-Authorization Bearer JWT, else the mTLS certificate (407)
+//   attempt ─▶ shutting down? 503 ─▶ identity: Proxy-Authorization Bearer JWT, else the mTLS certificate (407)
 //           ─▶ standing in the snapshot: org, suspended / isolated / contained (403)
 //           ─▶ the target, parsed strictly (400)
 //           ─▶ destination: routed hosts (--llm-host, --cp-api-host) by name only; the rest resolved
@@ -281,6 +281,8 @@ interface Admission {
 export class Gateway {
   readonly #d: GatewayDeps;
   #draining = false;
+  /** Past the drain's wait: what is still open is being cut, and nothing more is served. */
+  #cutting = false;
   /** Flows let through and not yet recorded (tunnels, absolute-form requests in flight). */
   readonly #open = new Map<Flow, OpenFlow>();
   /** Attempts being admitted, with the controller that stops their lookup at shutdown. */
@@ -297,9 +299,13 @@ export class Gateway {
   }
 
   /**
-   * Refuses new attempts (503) and resolves once the tunnels and exchanges in flight have finished, or
-   * after `graceMs`, when what is still open is cut (both sides of every tunnel) and its records are
-   * waited for (at most RECORD_WAIT_MS): the audit sink is flushed after this, with every record in it.
+   * Resolves once the tunnels and exchanges in flight have finished, or after `graceMs`, when what is
+   * still open is cut (both sides of every tunnel) and its records are waited for (at most
+   * RECORD_WAIT_MS): the audit sink is flushed after this, with every record in it. Meanwhile a new
+   * CONNECT is refused (503: a tunnel opened now would be cut mid-use when the grace ends), and an
+   * absolute-form request that arrives on a connection already open is served with `connection:
+   * close`, so its client opens its next connection elsewhere (another worker during a rolling restart,
+   * cli/serve-workers.ts) instead of being refused. Past the wait, every attempt is refused.
    */
   async drain(graceMs: number): Promise<void> {
     this.#draining = true;
@@ -313,6 +319,7 @@ export class Gateway {
       ]);
       clearTimeout(timer);
     }
+    this.#cutting = true;
     this.#idle = null;
     const deadline = new Promise<void>((resolve) => setTimeout(resolve, RECORD_WAIT_MS).unref());
     // Attempts still being admitted stop their lookup; each refuses itself (shutting down) and is recorded.
@@ -434,10 +441,11 @@ export class Gateway {
       );
       return;
     }
-    if (this.#draining) {
+    if (this.#cutting) {
       writeAnswer(req, res, ANSWERS.shuttingDown, null);
       return;
     }
+    if (this.#draining) res.shouldKeepAlive = false;
     // Admitted (token, destination lookup) only when its turn comes: requests pipelined behind one in
     // flight wait unread, a flood of them closes the connection (pipelining.ts).
     inTurn(
@@ -570,7 +578,7 @@ export class Gateway {
     }
     const refused =
       refusal ??
-      (this.#draining ? new GatewayRefusal(ANSWERS.shuttingDown, SHUTDOWN_CUT) : null) ??
+      (this.#cutting ? new GatewayRefusal(ANSWERS.shuttingDown, SHUTDOWN_CUT) : null) ??
       (d.snapshot() !== snapshot ? this.#refusedNow(credential!, target!) : null);
     if (refused) {
       this.#refuse(flow, refused);
