@@ -1,4 +1,5 @@
-import { readFile } from 'node:fs/promises';
+import { createReadStream } from 'node:fs';
+import type { Readable } from 'node:stream';
 import { CliError } from '../errors.ts';
 
 // Request bodies and secret values given as a file or on stdin (`--file F`, `--file -`), never as an
@@ -7,27 +8,30 @@ import { CliError } from '../errors.ts';
 /** Larger than any body the operator routes accept (their body limits are smaller). */
 const MAX_INPUT_BYTES = 8 * 1024 * 1024;
 
-/** The bytes of `file` (`-`: stdin), bounded; an unreadable file is a usage error naming it. */
+/**
+ * The bytes of `file` (`-`: stdin), bounded; an unreadable file is a usage error naming it. Read as a
+ * stream and stopped past the bound, so a file without an end (`/dev/zero`, a FIFO that never closes
+ * its side) or a huge one is refused without being held in memory.
+ */
 export async function readInput(file: string, what: string): Promise<Buffer> {
-  if (file === '-') {
-    if (process.stdin.isTTY) process.stderr.write(`dvx: reading ${what} from stdin (end with Ctrl-D)\n`);
-    const chunks: Buffer[] = [];
-    let size = 0;
-    for await (const chunk of process.stdin) {
+  if (file === '-' && process.stdin.isTTY) process.stderr.write(`dvx: reading ${what} from stdin (end with Ctrl-D)\n`);
+  const source: Readable = file === '-' ? process.stdin : createReadStream(file);
+  const named = file === '-' ? `${what} on stdin` : `${what} ${file}`;
+  const chunks: Buffer[] = [];
+  let size = 0;
+  try {
+    for await (const chunk of source) {
       size += (chunk as Buffer).length;
-      if (size > MAX_INPUT_BYTES) throw new CliError(`${what} on stdin is larger than ${MAX_INPUT_BYTES} bytes`);
+      if (size > MAX_INPUT_BYTES) throw new CliError(`${named} is larger than ${MAX_INPUT_BYTES} bytes`);
       chunks.push(chunk as Buffer);
     }
-    return Buffer.concat(chunks);
-  }
-  let data: Buffer;
-  try {
-    data = await readFile(file);
   } catch (err) {
+    if (err instanceof CliError) throw err;
     throw new CliError(`cannot read ${what} ${file}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
+  } finally {
+    if (source !== process.stdin) source.destroy();
   }
-  if (data.length > MAX_INPUT_BYTES) throw new CliError(`${what} ${file} is larger than ${MAX_INPUT_BYTES} bytes`);
-  return data;
+  return Buffer.concat(chunks);
 }
 
 /** The JSON document of `file` (`-`: stdin), or a usage error saying where it is not JSON. */

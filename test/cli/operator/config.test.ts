@@ -71,6 +71,10 @@ t.test('local validation: exit 2, nothing sent; refusals: exit 4', async (t) => 
     [['config', 'set', 'k'], '', /exactly one of --value, --file or --secret/],
     [['config', 'set', 'k', '--value', '1', '--secret'], '', /exactly one of/],
     [['config', 'set', 'k', '--file', '-'], '{oops', /is not valid JSON/],
+    // A file without an end is refused at the bound, never read into memory whole.
+    [['config', 'set', 'k', '--file', '/dev/zero'], '', /--file \/dev\/zero is larger than 8388608 bytes/],
+    [['config', 'set', 'k', '--file', '/nonexistent/dvx'], '', /cannot read --file \/nonexistent\/dvx: ENOENT/],
+    [['config', 'set', 'k', '--file', '/'], '', /cannot read --file \/: EISDIR/],
     [['config', 'set', 'k', '--value', '1', '--agent', 'bot-1', '--lock'], '', /--lock is refused at agent scope/],
     [['config', 'list', '--scope', 'org'], '', /org scope needs --org/],
     [['config', 'list', '--org', 'org-a', '--scope', 'platform'], '', /platform scope takes no/],
