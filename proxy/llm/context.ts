@@ -12,6 +12,7 @@ import type { EffectiveGovernance } from '../../pipeline/policy/governance.ts';
 import type { Snapshot, WireFormat } from '../../pipeline/policy/snapshot.ts';
 import type { ResolvedPolicy } from '../../pipeline/policy/types.ts';
 import type { ApprovalsClient } from './approvals-client.ts';
+import type { BodyBudget } from './body-budget.ts';
 import type { AgentAuthenticator, AgentIdentity } from './auth.ts';
 import type { ProxyMetrics } from './metrics.ts';
 import type { LlmProxyOptions } from './options.ts';
@@ -46,6 +47,8 @@ export interface ProxyDeps {
    * provider holds (steps/refused-results.ts); per process, bounded.
    */
   refusals: RefusalMemory;
+  /** The request bodies held at once (--max-buffered-bodies): each call's body is taken from it while the call runs. */
+  bodies: BodyBudget;
   /** Answers wait for their record (audit, then replay); capture-or-deny only with a durable sink. */
   capture: Omit<CaptureOptions, 'log'>;
   /**
@@ -110,6 +113,8 @@ export class CallContext {
   /** The request body has begun to be read (an earlier refusal drains it). */
   reading = false;
   body: Buffer = EMPTY;
+  /** Bytes this call holds of the bodies' budget (ProxyDeps.bodies), given back when it ends. */
+  held = 0;
   credential: string | null = null;
   answer: UpstreamAnswer | null = null;
 

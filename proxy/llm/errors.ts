@@ -43,6 +43,11 @@ export const ERRORS = {
   notFound: jsonError(404, 'not_found_error', 'no such route'),
   bodyTimeout: jsonError(408, 'timeout_error', 'request body not received in time'),
   shuttingDown: jsonError(503, 'overloaded_error', 'proxy is shutting down'),
+  overloaded: jsonError(
+    503,
+    'overloaded_error',
+    'proxy is overloaded: too many request bodies held at once; retry later',
+  ),
   unsupportedMediaType: jsonError(415, 'invalid_request_error', 'content-type must be application/json'),
   encodedBody: jsonError(
     415,
@@ -121,6 +126,9 @@ export class TranslationError extends coded('DVX_TRANSLATION') {}
 
 /** An inference body is not the JSON shape its format needs for the security-context prefix; a 400. */
 export class BodyShapeError extends coded('DVX_BODY_SHAPE') {}
+
+/** A request body does not fit in the bodies held at once (--max-buffered-bodies); a 503 overloaded_error. */
+export class OverloadedError extends coded('DVX_LLMPROXY_OVERLOADED') {}
 
 /** A request body is larger than the proxy reads (32 MB), announced or sent; a 413. */
 export class RequestTooLargeError extends coded('DVX_REQUEST_TOO_LARGE') {}

@@ -1,5 +1,5 @@
 import type { Registry } from 'prom-client';
-import { counter, histogram } from '../../core/metrics.ts';
+import { counter, gauge, histogram } from '../../core/metrics.ts';
 
 // llmproxy's own metrics; the engine registers the inspection ones on the same registry.
 const LATENCY = [
@@ -40,6 +40,18 @@ export function proxyMetrics(registry: Registry) {
       registry,
       'dvx_llmproxy_agent_stalls_total',
       'Answers cut because the agent stopped reading them (nothing taken for --idle-timeout); their upstream is released',
+      [],
+    ),
+    bufferedBodies: gauge(
+      registry,
+      'dvx_llmproxy_buffered_body_bytes',
+      'Request body bytes held now (bounded by --max-buffered-bodies)',
+      [],
+    ),
+    overloaded: counter(
+      registry,
+      'dvx_llmproxy_overloaded_total',
+      'Calls answered 503 overloaded_error: their body did not fit in --max-buffered-bodies',
       [],
     ),
     authFailures: counter(registry, 'dvx_llmproxy_auth_failures_total', 'Refused agent credentials', ['reason']),

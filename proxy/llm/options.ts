@@ -35,6 +35,13 @@ export const MAX_ESCALATION_TIMEOUT_MS = 3_600_000;
 export const INSPECTION_DISCLOSURES = ['detailed', 'opaque'] as const;
 export type InspectionDisclosure = (typeof INSPECTION_DISCLOSURES)[number];
 
+/**
+ * `--max-buffered-bodies`: 64 MiB of request bodies held at once (two of the largest, 32 MB, or a
+ * thousand 64 KB ones); past it a call is answered 503 overloaded_error (body-budget.ts). A held body
+ * costs up to ~3× its size (the budget of DESIGN.md), so this keeps held bodies near 200 MB at most.
+ */
+export const DEFAULT_MAX_BUFFERED_BODIES = 64 * 1024 * 1024;
+
 export interface LlmProxyOptions extends AuditOptions, ServerLimitOptions {
   addr: string;
   tlsCert: string;
@@ -85,6 +92,8 @@ export interface LlmProxyOptions extends AuditOptions, ServerLimitOptions {
   inspectFailClosed: boolean;
   /** MiB of per-part inspection results kept (the engine's cacheBytes); 0 turns the cache off. */
   inspectionCacheMb: number;
+  /** Bytes of request bodies held at once, over every call (body-budget.ts); 503 overloaded_error past it. */
+  maxBufferedBodies: number;
   /** Translate between wire formats when the agent's differs from translateUpstreamFormat. */
   translate: boolean;
   translateUpstreamFormat: WireFormat;
@@ -119,6 +128,7 @@ export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
   inspectTimeout: DEFAULT_INSPECT_TIMEOUT_MS,
   inspectFailClosed: false,
   inspectionCacheMb: DEFAULT_INSPECTION_CACHE_MB,
+  maxBufferedBodies: DEFAULT_MAX_BUFFERED_BODIES,
   translate: false,
   translateUpstreamFormat: 'anthropic-messages',
   ...AUDIT_DEFAULTS,
@@ -196,6 +206,8 @@ export function validateOptions(input: Partial<LlmProxyOptions>): LlmProxyOption
     o.inspectionCacheMb > MAX_INSPECTION_CACHE_MB
   )
     throw new OptionsError(`--inspection-cache-mb must be a whole number from 0 (off) to ${MAX_INSPECTION_CACHE_MB}`);
+  if (!Number.isSafeInteger(o.maxBufferedBodies) || o.maxBufferedBodies < 1)
+    throw new OptionsError('--max-buffered-bodies must be a positive byte count');
   if (!(o.upstreamTimeout > 0)) throw new OptionsError('--upstream-timeout must be positive');
   if (!(o.upstreamIdleTimeout > 0)) throw new OptionsError('--upstream-idle-timeout must be positive');
   const limits = serverLimitsProblem(o);

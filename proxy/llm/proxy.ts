@@ -178,6 +178,8 @@ function send(res: ServerResponse, error: ProxyError, headers: Record<string, st
 
 function finish(ctx: CallContext): void {
   const d = ctx.d;
+  d.bodies.give(ctx.held);
+  ctx.held = 0;
   const totalMs = performance.now() - ctx.started;
   const format = ctx.format ?? 'unknown';
   d.metrics.requests.inc({ format, status: String(ctx.status) });

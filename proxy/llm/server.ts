@@ -17,6 +17,7 @@ import { PolicyCache } from '../../pipeline/policy/cache.ts';
 import { EMPTY_SNAPSHOT } from '../../pipeline/policy/snapshot.ts';
 import type { ResolvedPolicy } from '../../pipeline/policy/types.ts';
 import { ApprovalsClient } from './approvals-client.ts';
+import { BodyBudget } from './body-budget.ts';
 import { clientErrorAnswer, OptionsError } from './errors.ts';
 import { GatewayIdentityVerifier, readVerifyKeys } from './gateway-identity.ts';
 import { proxyMetrics } from './metrics.ts';
@@ -125,6 +126,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
       : new StdoutAuditSink());
   const durableAudit = Boolean(options.auditDsn) || start.durableAudit === true;
 
+  const metrics = proxyMetrics(registry);
   const proxy = new LlmProxy({
     options,
     auth,
@@ -136,7 +138,8 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
     audit,
     approvals,
     log,
-    metrics: proxyMetrics(registry),
+    metrics,
+    bodies: new BodyBudget(options.maxBufferedBodies, (held) => metrics.bufferedBodies.set(held)),
     refusals: new RefusalMemory(start.refusalMemory),
     version: pkg.version,
     // Every answer waits for its record; only a durable sink can refuse one (capture-or-deny).
