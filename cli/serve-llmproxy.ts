@@ -150,6 +150,13 @@ export function registerLlmProxy(serve: Command): void {
       }),
     )
     .addOption(
+      flag('--max-buffered-bodies <bytes>', {
+        description: 'bytes of request bodies held at once, over every call (past it: 503 overloaded_error, retry)',
+        default: d.maxBufferedBodies,
+        parse: parsePositiveInt,
+      }),
+    )
+    .addOption(
       flag('--inspection-cache-mb <n>', {
         description:
           'MiB of per-part inspection results kept, so a resent conversation part is not scanned again (0: off)',

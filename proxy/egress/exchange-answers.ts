@@ -11,7 +11,7 @@ export const EXCHANGE_ANSWERS = {
     'invalid_request_error',
     "misdirected request: the request's host is not the destination of its tunnel",
   ),
-  /** The request bodies held for inspection fill --max-buffered-bodies: this one is not read (body-budget.ts). */
+  /** The request bodies held for inspection fill --max-buffered-bodies: this one is not read (core/body-budget.ts). */
   bodiesBusy: jsonAnswer(
     503,
     'overloaded_error',

@@ -10,7 +10,7 @@ import type { AgentIdentity } from '../llm/auth.ts';
 import { RequestTooLargeError } from '../llm/errors.ts';
 import { readBody } from '../llm/read-body.ts';
 import { send } from '../llm/relay-body.ts';
-import { BodyBudget } from './body-budget.ts';
+import { BodyBudget } from '../../core/body-budget.ts';
 import { codingsOf, decodeBody, MAX_CODINGS, undecodable } from './body-coding.ts';
 import { BodyCapture, CAPTURE_LOOKAHEAD, captures, capturedText, recordedHeaders, redactor } from './capture.ts';
 import type { ExchangeHandler, Flow, GatewayDeps, PinnedTarget } from './context.ts';
@@ -299,7 +299,7 @@ class Exchange {
     let body: Buffer;
     try {
       body = await readBody(this.#req, MAX_BODY_BYTES, DEFAULT_INLINE_THRESHOLD_BYTES, 0, (bytes) => {
-        // The bodies held at once over every connection are bounded (body-budget.ts).
+        // The bodies held at once over every connection are bounded (core/body-budget.ts).
         if (!this.#budget.take(bytes))
           throw new GatewayRefusal(
             EXCHANGE_ANSWERS.bodiesBusy,

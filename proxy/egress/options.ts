@@ -81,7 +81,7 @@ export interface GatewayOptions extends AuditOptions, ServerLimitOptions {
   inspectFailClosed: boolean;
   /** MiB of per-part inspection results kept (the engine's cacheBytes); 0 turns the cache off. */
   inspectionCacheMb: number;
-  /** Bytes of request bodies held at once for inspection, over every connection (body-budget.ts). */
+  /** Bytes of request bodies held at once for inspection, over every connection (core/body-budget.ts). */
   maxBufferedBodies: number;
 }
 

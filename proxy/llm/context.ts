@@ -12,7 +12,7 @@ import type { EffectiveGovernance } from '../../pipeline/policy/governance.ts';
 import type { Snapshot, WireFormat } from '../../pipeline/policy/snapshot.ts';
 import type { ResolvedPolicy } from '../../pipeline/policy/types.ts';
 import type { ApprovalsClient } from './approvals-client.ts';
-import type { BodyBudget } from './body-budget.ts';
+import type { BodyBudget } from '../../core/body-budget.ts';
 import type { AgentAuthenticator, AgentIdentity } from './auth.ts';
 import type { ProxyMetrics } from './metrics.ts';
 import type { LlmProxyOptions } from './options.ts';

@@ -37,7 +37,7 @@ export type InspectionDisclosure = (typeof INSPECTION_DISCLOSURES)[number];
 
 /**
  * `--max-buffered-bodies`: 64 MiB of request bodies held at once (two of the largest, 32 MB, or a
- * thousand 64 KB ones); past it a call is answered 503 overloaded_error (body-budget.ts). A held body
+ * thousand 64 KB ones); past it a call is answered 503 overloaded_error (core/body-budget.ts). A held body
  * costs up to ~3× its size (the budget of DESIGN.md), so this keeps held bodies near 200 MB at most.
  */
 export const DEFAULT_MAX_BUFFERED_BODIES = 64 * 1024 * 1024;
@@ -92,7 +92,7 @@ export interface LlmProxyOptions extends AuditOptions, ServerLimitOptions {
   inspectFailClosed: boolean;
   /** MiB of per-part inspection results kept (the engine's cacheBytes); 0 turns the cache off. */
   inspectionCacheMb: number;
-  /** Bytes of request bodies held at once, over every call (body-budget.ts); 503 overloaded_error past it. */
+  /** Bytes of request bodies held at once, over every call (core/body-budget.ts); 503 overloaded_error past it. */
   maxBufferedBodies: number;
   /** Translate between wire formats when the agent's differs from translateUpstreamFormat. */
   translate: boolean;

@@ -25,7 +25,7 @@ export function grow(body: Buffer, length: number): Buffer {
 /**
  * `hold`, when given, is told the bytes the body will hold before they are held: the announced length
  * before anything is read, or each chunk's length as it comes when none was announced. It may throw to
- * refuse the body (the gateway's budget of bodies held at once, proxy/egress/body-budget.ts).
+ * refuse the body (the gateway's budget of bodies held at once, core/body-budget.ts).
  */
 export async function readBody(
   req: IncomingMessage,

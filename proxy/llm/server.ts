@@ -17,7 +17,7 @@ import { PolicyCache } from '../../pipeline/policy/cache.ts';
 import { EMPTY_SNAPSHOT } from '../../pipeline/policy/snapshot.ts';
 import type { ResolvedPolicy } from '../../pipeline/policy/types.ts';
 import { ApprovalsClient } from './approvals-client.ts';
-import { BodyBudget } from './body-budget.ts';
+import { BodyBudget } from '../../core/body-budget.ts';
 import { clientErrorAnswer, OptionsError } from './errors.ts';
 import { GatewayIdentityVerifier, readVerifyKeys } from './gateway-identity.ts';
 import { proxyMetrics } from './metrics.ts';

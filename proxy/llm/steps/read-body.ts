@@ -7,7 +7,7 @@ import { securityPrefix } from './prefix.ts';
 // The request body, up to 32 MB (spec: llm-content-policy, "Errors": 413 past it). An inference body
 // that keeps its format is read with room for the security-context prefix, JSON-escaped, plus the
 // wrapper around it, so the prefix step splices it in place. The body is taken from the bodies held at
-// once (--max-buffered-bodies, body-budget.ts) until the call ends: one that does not fit is answered
+// once (--max-buffered-bodies, core/body-budget.ts) until the call ends: one that does not fit is answered
 // 503 overloaded_error with retry-after, before it is read when its length is announced (the body is
 // then drained, the connection kept), else as soon as it passes the budget (the connection closed).
 

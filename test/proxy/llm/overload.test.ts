@@ -3,7 +3,7 @@ import t from 'tap';
 import { until } from '../../fixtures/eventually.ts';
 import { startHarness } from '../../fixtures/llmproxy-harness.ts';
 
-// Admission under overload (proxy/llm/body-budget.ts, --max-buffered-bodies): the request bodies held
+// Admission under overload (core/body-budget.ts, --max-buffered-bodies): the request bodies held
 // at once are bounded; a call whose body does not fit is answered 503 overloaded_error with
 // retry-after (the official SDKs retry it), recorded in the audit log like every refusal, and the
 // budget is given back when each call ends. Here a 100 KB budget, and a first call that holds 80 KB
