@@ -287,6 +287,12 @@ export class InspectionEngine {
         'Conversation parts whose key was found by comparing them with the same part of an earlier body (not hashed again)',
         ['phase'],
       ),
+      cacheSkeletonHits: counter(
+        registry,
+        'dvx_inspection_cache_skeleton_hits_total',
+        'Bodies whose skeleton (all but their conversation parts) was found in the inspection cache (not scanned again)',
+        ['phase'],
+      ),
       cacheEvictions: counter(
         registry,
         'dvx_inspection_cache_evictions_total',
@@ -523,6 +529,7 @@ export class InspectionEngine {
       cache.context(phase, policy.version, secrets, builtinInspectors(plan, phase, secrets.length, 'all', false)) +
       partHash(skel);
     const skelHit = cache.get(skelKey);
+    if (skelHit !== undefined) this.#metrics.cacheSkeletonHits.inc({ phase });
     const scans: (ScanResult | Promise<ScanResult>)[] = [
       skelHit === undefined
         ? this.#scanUnit(plan, policy, skel, phase, secrets, false, pool)
