@@ -11,7 +11,8 @@ import type { Span } from './json-view.ts';
 // `model`, `system` / `instructions` (where the security-context prefix lives, proxy/llm/steps/
 // prefix.ts) and any element too small to be worth a cache entry. The skeleton is the body with each
 // part's bytes replaced by `null` (a long run of parts kept as its first two, `skeleton`), so skeleton
-// and parts together hold every byte of the body: no byte escapes inspection. A body that is not a JSON object, or that this walk cannot read, has no
+// and parts together hold every byte of the body, or for a separator dropped from such a run the same
+// bytes between the same bytes: no byte escapes inspection. A body that is not a JSON object, or that this walk cannot read, has no
 // parts (it is scanned whole).
 
 /** Top-level arrays whose elements are parts. */
