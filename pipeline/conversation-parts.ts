@@ -10,8 +10,9 @@ import type { Span } from './json-view.ts';
 // Chat), `input` (OpenAI Responses) or `tools` array. Everything else is the skeleton: the top level,
 // `model`, `system` / `instructions` (where the security-context prefix lives, proxy/llm/steps/
 // prefix.ts) and any element too small to be worth a cache entry. The skeleton is the body with each
-// part's bytes replaced by `null`, so skeleton and parts together hold every byte of the body: no
-// byte escapes inspection. A body that is not a JSON object, or that this walk cannot read, has no
+// part's bytes replaced by `null` (a long run of parts kept as its first two, `skeleton`), so skeleton
+// and parts together hold every byte of the body, or for a separator dropped from such a run the same
+// bytes between the same bytes: no byte escapes inspection. A body that is not a JSON object, or that this walk cannot read, has no
 // parts (it is scanned whole).
 
 /** Top-level arrays whose elements are parts. */
@@ -23,6 +24,11 @@ const PART_KEYS = ['"messages"', '"input"', '"tools"'].map((k) => Buffer.from(k)
  */
 export const MIN_PART_BYTES = 256;
 const NULL = Buffer.from('null');
+
+/** Parts known to start at an offset: their end (resent-parts.ts, KnownSpans; a Map will do). */
+export interface KnownParts {
+  get(start: number): number | undefined;
+}
 const QUOTE = 0x22;
 const BACKSLASH = 0x5c;
 
@@ -32,11 +38,7 @@ const BACKSLASH = 0x5c;
  * this body's (resent-parts.ts checks that): the walk reaches each in the same state and reads it the
  * same, so it steps over it instead of walking it again.
  */
-export function conversationParts(
-  body: Buffer,
-  minPartBytes = MIN_PART_BYTES,
-  known?: ReadonlyMap<number, number>,
-): Span[] | null {
+export function conversationParts(body: Buffer, minPartBytes = MIN_PART_BYTES, known?: KnownParts): Span[] | null {
   const walk = new Walk(body, known);
   const parts: Span[] = [];
   walk.ws();
@@ -49,9 +51,7 @@ export function conversationParts(
     if (walk.at() !== QUOTE) return null;
     const keyStart = walk.i;
     if (!walk.string()) return null;
-    const wanted = PART_KEYS.some(
-      (k) => walk.i - keyStart === k.length && body.compare(k, 0, k.length, keyStart, walk.i) === 0,
-    );
+    const wanted = PART_KEYS.some((k) => walk.i - keyStart === k.length && sameAt(body, keyStart, k));
     walk.ws();
     if (walk.at() !== 0x3a) return null;
     walk.i++;
@@ -70,20 +70,83 @@ export function conversationParts(
   }
 }
 
-/** The body with each part's bytes replaced by `null`: what is scanned on every call. */
+/** Whether body[at, at + k.length) is k (the caller checked the length fits). */
+function sameAt(body: Buffer, at: number, k: Buffer): boolean {
+  for (let j = 0; j < k.length; j++) if (body[at + j] !== k[j]) return false;
+  return true;
+}
+
+/**
+ * The body with each part's bytes replaced by `null`: what is scanned besides the new parts, and
+ * cached by its own sha256 (engine.ts). A run of parts separated by the same separator (one comma,
+ * whitespace around it) keeps its first two, `null,null`: the separators dropped with the others are
+ * byte for byte the one kept, between the same two bytes (`l` and `n`), so a match inside one is a
+ * match inside the kept one; and the skeleton stays the same while a conversation grows.
+ */
 export function skeleton(body: Buffer, parts: readonly Span[]): Buffer {
+  // First pass: which parts are dropped (a bit each), and the size.
+  const dropped = new Uint8Array(parts.length);
   let size = body.length;
-  for (const p of parts) size -= p.end - p.start - NULL.length;
-  const out = Buffer.allocUnsafe(size);
+  let run = 0;
+  let gapStart = 0;
+  let gapEnd = 0;
   let from = 0;
-  let to = 0;
-  for (const p of parts) {
-    to += body.copy(out, to, from, p.start);
-    to += NULL.copy(out, to);
+  for (let k = 0; k < parts.length; k++) {
+    const p = parts[k];
+    const sep = k > 0 && isSeparator(body, from, p.start);
+    if (sep && run >= 2 && sameRange(body, gapStart, gapEnd, from, p.start)) {
+      dropped[k] = 1;
+      size -= p.end - from;
+    } else {
+      size -= p.end - p.start - NULL.length;
+      if (sep) {
+        run = 2;
+        gapStart = from;
+        gapEnd = p.start;
+      } else run = 1;
+    }
     from = p.end;
   }
-  body.copy(out, to, from);
+  const out = Buffer.allocUnsafe(size);
+  from = 0;
+  let to = 0;
+  for (let k = 0; k < parts.length; k++) {
+    const p = parts[k];
+    if (dropped[k] === 0) {
+      to = copyInto(out, to, body, from, p.start);
+      out[to++] = 0x6e; // null
+      out[to++] = 0x75;
+      out[to++] = 0x6c;
+      out[to++] = 0x6c;
+    }
+    from = p.end;
+  }
+  copyInto(out, to, body, from, body.length);
   return out;
+}
+
+/** body[from, to) is whitespace around exactly one comma: two neighbouring elements of one array. */
+function isSeparator(body: Buffer, from: number, to: number): boolean {
+  let commas = 0;
+  for (let i = from; i < to; i++) {
+    const c = body[i];
+    if (c === 0x2c) commas++;
+    else if (c !== 0x20 && c !== 0x0a && c !== 0x0d && c !== 0x09) return false;
+  }
+  return commas === 1;
+}
+
+function sameRange(body: Buffer, a: number, aEnd: number, b: number, bEnd: number): boolean {
+  if (aEnd - a !== bEnd - b) return false;
+  for (let j = 0; j < aEnd - a; j++) if (body[a + j] !== body[b + j]) return false;
+  return true;
+}
+
+/** Copies body[from, to) to out at `at`: a loop for a few bytes (a copy call costs more), else copy(). */
+function copyInto(out: Buffer, at: number, body: Buffer, from: number, to: number): number {
+  if (to - from > 32) return at + body.copy(out, at, from, to);
+  for (let i = from; i < to; i++) out[at++] = body[i];
+  return at;
 }
 
 /**
@@ -110,9 +173,9 @@ class Walk {
   i = 0;
   readonly #b: Buffer;
   readonly #n: number;
-  readonly #known: ReadonlyMap<number, number> | undefined;
+  readonly #known: KnownParts | undefined;
 
-  constructor(body: Buffer, known?: ReadonlyMap<number, number>) {
+  constructor(body: Buffer, known?: KnownParts) {
     this.#b = body;
     this.#n = body.length;
     this.#known = known;

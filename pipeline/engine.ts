@@ -11,7 +11,7 @@ import { BodyTooLargeError, DeadlineError } from './errors.ts';
 import { MAX_FINDINGS_PER_INSPECTOR, type Finding, type Phase } from './finding.ts';
 import type { Span } from './json-view.ts';
 import { DEFAULT_CACHE_BYTES, PartCache } from './part-cache.ts';
-import { type Recall, ResentParts } from './resent-parts.ts';
+import { partHash, type Recall, ResentParts } from './resent-parts.ts';
 import { MODEL_RESTRICTION } from './inspectors/registry.ts';
 import { carriesJsonEscapes } from './json-view.ts';
 import {
@@ -287,6 +287,12 @@ export class InspectionEngine {
         'Conversation parts whose key was found by comparing them with the same part of an earlier body (not hashed again)',
         ['phase'],
       ),
+      cacheSkeletonHits: counter(
+        registry,
+        'dvx_inspection_cache_skeleton_hits_total',
+        'Bodies whose skeleton (all but their conversation parts) was found in the inspection cache (not scanned again)',
+        ['phase'],
+      ),
       cacheEvictions: counter(
         registry,
         'dvx_inspection_cache_evictions_total',
@@ -463,9 +469,11 @@ export class InspectionEngine {
   }
 
   /**
-   * A body with parts (conversation-parts.ts): the skeleton is scanned every time; each part is looked
-   * up in the cache and only the new ones are scanned, together (#scanNew). What a cached part found
-   * counts as if it had been found now: a cached `block` blocks.
+   * A body with parts (conversation-parts.ts): each part is looked up (in what this agent's last body
+   * learnt, resent-parts.ts, else in the cache) and only the new ones are scanned, together (#scanNew).
+   * The skeleton is looked up too, by its own sha256 under a context of its own (model restriction
+   * reads it), and scanned when it is new. What a cached part or skeleton found counts as if it had
+   * been found now: a cached `block` blocks.
    */
   async #inspectParts(
     plan: ScanPlan,
@@ -486,61 +494,59 @@ export class InspectionEngine {
       builtinInspectors(plan, phase, secrets.length, 'all', true),
     );
     const cached: (readonly Finding[])[] = [];
-    const hits: Span[] = [];
     const fresh: NewPart[] = [];
+    let hits = 0;
     let saved = 0;
-    const { hashes, reused } = this.#resent!.hashes(holder, body, parts, recall);
+    const { hashes, reused, found } = this.#resent!.hashes(holder, body, parts, recall, context);
     if (reused > 0) this.#metrics.cacheUnhashed.inc({ phase }, reused);
     for (let k = 0; k < parts.length; k++) {
       const span = parts[k];
-      const key = context + hashes[k];
-      const hit = cache.get(key);
-      if (hit === undefined) fresh.push({ span, key });
+      // A part this agent's last body held, byte for byte, under the same context: its findings are
+      // known without a look-up; else the cache (the key concatenated only then).
+      let hit = found[k];
+      let key = '';
+      if (hit === undefined) {
+        key = context + hashes[k];
+        hit = cache.get(key);
+        found[k] = hit;
+      }
+      if (hit === undefined) fresh.push({ span, key, index: k });
       else {
-        cached.push(hit);
-        hits.push(span);
+        if (hit.length > 0) cached.push(hit);
+        hits++;
         saved += span.end - span.start;
       }
     }
-    if (cached.length > 0) {
-      this.#metrics.cacheHits.inc({ phase }, cached.length);
+    if (hits > 0) {
+      this.#metrics.cacheHits.inc({ phase }, hits);
       this.#metrics.cacheSaved.inc({ phase }, saved);
     }
     if (fresh.length > 0) this.#metrics.cacheMisses.inc({ phase }, fresh.length);
 
-    let results: ScanResult[];
-    const rest = skeleton(body, hits);
-    if (this.#pool === null || rest.length < this.#threshold()) {
-      // A turn's usual case: the skeleton and the new parts, small together, in one scan (the fixed
-      // cost of a scan paid once). Clean: each new part is stored clean. A finding: the new parts are
-      // scanned again on their own (#scanNew) to learn which of them it belongs to; what this scan
-      // found counts either way, and that rescan's failures only keep its parts out of the cache.
-      const whole = await this.#scanUnit(plan, policy, rest, phase, secrets, false, pool);
-      results = [whole];
-      if (fresh.length > 0 && whole.failures.length === 0) {
-        if (whole.findings.length === 0) for (const p of fresh) cache.set(p.key, []);
-        else
-          results.push({
-            ...(await this.#scanNew(plan, policy, body, fresh, phase, secrets, pool, rescanBudget(fresh))),
-            failures: [],
-          });
-      }
-    } else {
-      const scans: (ScanResult | Promise<ScanResult>)[] = [
-        this.#scanUnit(plan, policy, skeleton(body, parts), phase, secrets, false, pool),
-      ];
-      const budget = rescanBudget(fresh);
-      for (const g of this.#groups(fresh))
-        scans.push(this.#scanNew(plan, policy, body, g, phase, secrets, pool, budget));
-      results = await Promise.all(scans);
-    }
+    // The skeleton: scanned with model restriction, keyed by the sha256 of every byte of it.
+    const skel = skeleton(body, parts);
+    const skelKey =
+      cache.context(phase, policy.version, secrets, builtinInspectors(plan, phase, secrets.length, 'all', false)) +
+      partHash(skel);
+    const skelHit = cache.get(skelKey);
+    if (skelHit !== undefined) this.#metrics.cacheSkeletonHits.inc({ phase });
+    const scans: (ScanResult | Promise<ScanResult>)[] = [
+      skelHit === undefined
+        ? this.#scanUnit(plan, policy, skel, phase, secrets, false, pool)
+        : { findings: skelHit.map((f) => ({ ...f })), failures: [] },
+    ];
+    const budget = rescanBudget(fresh);
+    for (const g of this.#groups(fresh))
+      scans.push(this.#scanNew(plan, policy, body, g, phase, secrets, pool, budget, found));
+    const results = await Promise.all(scans);
+    if (skelHit === undefined && results[0].failures.length === 0) cache.set(skelKey, results[0].findings);
     this.#metrics.cacheBytes.set(cache.bytes + this.#resent!.bytes);
 
     const merged = new FindingSet();
     const failures: InspectorFailure[] = [];
     merged.add(results[0].findings);
     // Copies: a cached finding is frozen, and the outcome's belong to the caller.
-    for (const found of cached) merged.add(found.map((f) => ({ ...f })));
+    for (const c of cached) merged.add(c.map((f) => ({ ...f })));
     for (const r of results) {
       merged.add(r.findings);
       for (const f of r.failures) failures.push(f);
@@ -590,6 +596,7 @@ export class InspectionEngine {
     secrets: readonly string[],
     pool: { used: boolean },
     budget: { left: number },
+    found: (readonly Finding[] | undefined)[],
   ): Promise<ScanResult> {
     const cache = this.#cache!;
     const result = await this.#scanUnit(
@@ -607,7 +614,8 @@ export class InspectionEngine {
     );
     if (result.failures.length > 0) return result;
     if (result.findings.length === 0 || parts.length === 1) {
-      for (const p of parts) cache.set(p.key, result.findings);
+      // What is stored is also what this agent's next body inherits (resent-parts.ts).
+      for (const p of parts) found[p.index] = cache.set(p.key, result.findings);
       return result;
     }
     // The halving is bounded (rescanBudget): past it these parts are not stored, and are scanned
@@ -617,8 +625,8 @@ export class InspectionEngine {
     budget.left -= cost;
     const half = parts.length >> 1;
     const [a, b] = await Promise.all([
-      this.#scanNew(plan, policy, body, parts.slice(0, half), phase, secrets, pool, budget),
-      this.#scanNew(plan, policy, body, parts.slice(half), phase, secrets, pool, budget),
+      this.#scanNew(plan, policy, body, parts.slice(0, half), phase, secrets, pool, budget, found),
+      this.#scanNew(plan, policy, body, parts.slice(half), phase, secrets, pool, budget, found),
     ]);
     const merged = new FindingSet();
     merged.add(result.findings);
@@ -881,6 +889,8 @@ function finishedBefore(port: MessagePort, expected: readonly string[], reason: 
 interface NewPart {
   span: Span;
   key: string;
+  /** Its index among the body's parts. */
+  index: number;
 }
 
 /** What a rescan costs beyond its bytes (one input, a pass per inspector), counted as this many bytes. */

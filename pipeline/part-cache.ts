@@ -21,6 +21,8 @@ const ENTRY_OVERHEAD = 96;
 const FINDING_OVERHEAD = 64;
 
 export const DEFAULT_CACHE_BYTES = 64 * 1024 * 1024;
+/** Contexts remembered (policy versions × secret sets × phases in use); past it the memo starts over. */
+const MAX_CONTEXTS = 1024;
 
 interface Entry {
   findings: readonly Finding[];
@@ -38,6 +40,8 @@ export class PartCache {
   #max: number;
   #onEvict: ((count: number) => void) | undefined;
   #secretPrints = new WeakMap<readonly string[], string>();
+  /** Contexts already made, by their inputs (two sha256 and a JSON.stringify saved per inspection). */
+  #contexts = new Map<string, string>();
 
   constructor(options: PartCacheOptions) {
     this.#max = options.maxBytes;
@@ -64,7 +68,15 @@ export class PartCache {
       print = hash('sha256', JSON.stringify(secrets), 'base64');
       if (Object.isFrozen(secrets)) this.#secretPrints.set(secrets, print);
     }
-    return hash('sha256', JSON.stringify([phase, policyVersion, print, inspectors]), 'base64');
+    // The memo's key holds every input whole (no sha256 of its own): the same inputs, the same context.
+    const memo = JSON.stringify([phase, policyVersion, print, inspectors]);
+    let context = this.#contexts.get(memo);
+    if (context === undefined) {
+      context = hash('sha256', memo, 'base64');
+      if (this.#contexts.size >= MAX_CONTEXTS) this.#contexts.clear();
+      this.#contexts.set(memo, context);
+    }
+    return context;
   }
 
   /** The key of a part's bytes under a context (`context()`). */
@@ -80,9 +92,10 @@ export class PartCache {
     return entry.findings;
   }
 
-  set(key: string, findings: readonly Finding[]): void {
+  /** Stores a part's findings (a frozen copy, also returned); undefined: too large to store. */
+  set(key: string, findings: readonly Finding[]): readonly Finding[] | undefined {
     const size = entrySize(key, findings);
-    if (size > this.#max) return;
+    if (size > this.#max) return undefined;
     // A copy of each finding, frozen: what the caller does with its outcome cannot change the cache.
     findings = Object.freeze(findings.map((f) => Object.freeze({ ...f })));
     const old = this.#entries.get(key);
@@ -100,6 +113,7 @@ export class PartCache {
       evicted++;
     }
     if (evicted > 0) this.#onEvict?.(evicted);
+    return findings;
   }
 }
 

@@ -1,4 +1,5 @@
 import { hash } from 'node:crypto';
+import type { Finding } from './finding.ts';
 import type { Span } from './json-view.ts';
 
 // Finding and keying the parts of a body an agent resends, without walking or hashing again what it
@@ -13,6 +14,9 @@ import type { Span } from './json-view.ts';
 //   hashes: part k verified above ─────────────────────────────────────────────▶ its sha256
 //           same length as remembered part k and the same bytes (memcmp) ─────────▶ its sha256
 //           otherwise ────────────────────────────────────────────────────────────▶ sha256 now
+//   findings: a part whose sha256 is the remembered one above (the same bytes), under the same scan
+//             context (part-cache.ts: policy version, secrets, inspectors, phase) ──▶ its findings, as
+//             the engine learnt them for that body: no cache look-up for it
 //
 // A remembered span or hash is used only for bytes equal to the ones it was computed over, so the
 // result is exactly what walking and hashing would give, whoever the holder is: the holder only decides
@@ -36,6 +40,10 @@ interface Remembered {
   length: number;
   spans: readonly Span[];
   hashes: readonly string[];
+  /** The scan context the findings below hold under (part-cache.ts, context()); null: none. */
+  context: string | null;
+  /** Each part's findings under `context`, as the engine learnt them (undefined: not known). */
+  findings: (readonly Finding[] | undefined)[];
 }
 
 /** Whether body[from, to) is remembered's bytes over the same offsets (to ≤ both lengths). */
@@ -71,7 +79,35 @@ export interface Recall {
   /** How many of base's leading parts the new body holds at the same offsets, after the same bytes. */
   verified: number;
   /** Their spans, start → end (conversationParts' `known`). */
-  known: Map<number, number>;
+  known: KnownSpans;
+}
+
+/**
+ * The first `count` spans of a remembered body, by start: conversationParts' `known`. Read in body
+ * order (a cursor, no Map built per body); a start before the last one read starts the search over.
+ */
+export class KnownSpans {
+  readonly #spans: readonly Span[];
+  readonly #count: number;
+  #at = 0;
+
+  constructor(spans: readonly Span[], count: number) {
+    this.#spans = spans;
+    this.#count = count;
+  }
+
+  get size(): number {
+    return this.#count;
+  }
+
+  get(start: number): number | undefined {
+    const spans = this.#spans;
+    let i = this.#at;
+    if (i > 0 && spans[i - 1].start >= start) i = 0;
+    while (i < this.#count && spans[i].start < start) i++;
+    this.#at = i;
+    return i < this.#count && spans[i].start === start ? spans[i].end : undefined;
+  }
 }
 
 export function partHash(bytes: Uint8Array): string {
@@ -113,34 +149,44 @@ export class ResentParts {
     let best: Recall | null = null;
     for (const base of bodies) {
       let verified = 0;
-      let from = 0;
-      for (const span of base.spans) {
-        if (span.end > body.length || !sameBytes(body, base, from, span.end)) break;
-        from = span.end;
-        verified++;
+      // The usual turn first: every remembered part leads the new body (one memcmp per piece); else
+      // part by part, to find how many do.
+      const last = base.spans.length > 0 ? base.spans[base.spans.length - 1].end : body.length + 1;
+      if (last <= body.length && sameBytes(body, base, 0, last)) verified = base.spans.length;
+      else {
+        let from = 0;
+        for (const span of base.spans) {
+          if (span.end > body.length || !sameBytes(body, base, from, span.end)) break;
+          from = span.end;
+          verified++;
+        }
       }
-      if (verified > (best?.verified ?? 0)) best = { base, verified, known: new Map() };
+      if (verified > (best?.verified ?? 0)) best = { base, verified, known: new KnownSpans(base.spans, verified) };
       // The usual turn: the last body's parts all lead this one; no need to look further back.
       if (verified > 0 && verified === base.spans.length) break;
     }
-    if (best !== null)
-      for (let k = 0; k < best.verified; k++) best.known.set(best.base.spans[k].start, best.base.spans[k].end);
     return best;
   }
 
   /**
    * The sha256 of each part of `body`, in order, and how many were reused rather than computed; the
-   * body is then remembered for `holder` (null: nothing is remembered).
+   * body is then remembered for `holder` (null: nothing is remembered). `found`: for each part whose
+   * sha256 was reused from a body remembered under the same `context`, its findings there; the caller
+   * fills in the others as it learns them (a cache hit, a clean or stored scan), and the next body of
+   * this holder inherits them (this array is the remembered body's own).
    */
   hashes(
     holder: string | null,
     body: Buffer,
     parts: readonly Span[],
     recall: Recall | null,
-  ): { hashes: string[]; reused: number } {
+    context: string | null = null,
+  ): { hashes: string[]; reused: number; found: (readonly Finding[] | undefined)[] } {
     const hashes: string[] = new Array(parts.length);
+    const found: (readonly Finding[] | undefined)[] = new Array(parts.length);
     let reused = 0;
     const base = recall?.base;
+    const inherit = base !== undefined && context !== null && base.context === context;
     for (let k = 0; k < parts.length; k++) {
       const { start, end } = parts[k];
       const old = base !== undefined && k < base.spans.length ? base.spans[k] : undefined;
@@ -150,16 +196,25 @@ export class ResentParts {
           (old.end - old.start === end - start && sameAt(base!, old.start, body, start, end - start)))
       ) {
         hashes[k] = base!.hashes[k];
+        if (inherit) found[k] = base!.findings[k];
         reused++;
       } else {
         hashes[k] = partHash(body.subarray(start, end));
       }
     }
-    if (holder !== null) this.#remember(holder, body, parts, hashes, recall);
-    return { hashes, reused };
+    if (holder !== null) this.#remember(holder, body, parts, hashes, recall, context, found);
+    return { hashes, reused, found };
   }
 
-  #remember(holder: string, body: Buffer, parts: readonly Span[], hashes: string[], recall: Recall | null): void {
+  #remember(
+    holder: string,
+    body: Buffer,
+    parts: readonly Span[],
+    hashes: string[],
+    recall: Recall | null,
+    context: string | null,
+    findings: (readonly Finding[] | undefined)[],
+  ): void {
     if (body.length > this.#max) return;
     const list = this.#holders.get(holder) ?? [];
     this.#holders.delete(holder);
@@ -171,6 +226,11 @@ export class ResentParts {
       shared = recall.base.spans[recall.verified - 1].end;
       for (const piece of recall.base.pieces) {
         if (piece.start >= shared) break;
+        // A piece shared whole is the same piece (its share was weighed when it was made).
+        if (piece.start + piece.bytes.length <= shared) {
+          pieces.push(piece);
+          continue;
+        }
         const end = Math.min(shared, piece.start + piece.bytes.length);
         const bytes = piece.bytes.subarray(0, end - piece.start);
         // A share keeps the piece's whole allocation alive, counted here only for the bytes shared: a
@@ -187,7 +247,7 @@ export class ResentParts {
       body.copy(copy, 0, shared);
       pieces = [...pieces, { start: shared, bytes: copy }];
     }
-    list.unshift({ pieces, length: body.length, spans: parts, hashes });
+    list.unshift({ pieces, length: body.length, spans: parts, hashes, context, findings });
     // Counted whole, though pieces are shared: the cap holds for the worst case.
     this.#bytes += body.length;
     while (list.length > REMEMBERED) this.#bytes -= list.pop()!.length;
