@@ -1,5 +1,4 @@
 import { mkdir, open, readdir, readFile, stat, unlink, writeFile, type FileHandle } from 'node:fs/promises';
-import { constants } from 'node:fs';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import type { Logger } from '../core/logger.ts';
@@ -18,7 +17,7 @@ import {
 
 // One audit table's write-ahead log: a directory of numbered segment files.
 //
-//   append(record) ──▶ pending batch ──▶ encoded once, one O_DSYNC write (group commit) ──▶ resolved: durable
+//   append(record) ──▶ pending batch ──▶ encoded once, one write + fdatasync (group commit) ──▶ resolved: durable
 //                                      │ past --audit-wal-max-bytes unshipped: dropped and counted
 //   shipper: read(checkpoint) ──▶ store ──▶ commit(next) ──▶ segments wholly before it are deleted
 //
@@ -27,25 +26,12 @@ import {
 // file, so one bad batch never leaves a torn frame in front of later ones.
 //
 // A batch is the unit of work end to end: an append adds its JSON text to the pending batch and gets
-// that batch's one promise; the flush encodes the whole batch into one Buffer, writes it durably (an
-// O_DSYNC write: the equivalent of write + fdatasync in one system call, see APPEND_DURABLY), and settles every appender of it with one resolve. Per record there is only the JSON text and its
+// that batch's one promise; the flush encodes the whole batch into one Buffer, writes it, fdatasyncs,
+// and settles every appender of it with one resolve. Per record there is only the JSON text and its
 // byte length (needed at append time for the ceiling), no frame buffer, promise or closure of its own.
 
 export const DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024;
 export const DEFAULT_MAX_UNSHIPPED_BYTES = 1024 * 1024 * 1024;
-
-/**
- * How the last segment is opened for appending: O_DSYNC where the platform has it, so each write
- * returns only once its bytes (and the file size that reaches them) are on stable storage, which is
- * what a write followed by fdatasync gives, in one trip to libuv's thread pool instead of two. With two,
- * the fdatasync is issued by the main thread once it sees the write complete, so a busy loop turn (or
- * other work queued in the pool) sits between a batch's write and its sync. Without O_DSYNC (not
- * defined on Windows) the handle is plain append and every write is followed by fdatasync.
- */
-const O_DSYNC: number | undefined = constants.O_DSYNC;
-const APPEND_DURABLY =
-  O_DSYNC === undefined ? 'a' : constants.O_WRONLY | constants.O_APPEND | constants.O_CREAT | O_DSYNC;
-const SYNC_AFTER_WRITE = O_DSYNC === undefined;
 
 export interface WalMetrics {
   appended(table: string): void;
@@ -152,7 +138,7 @@ export class WalTable {
     if (this.#segments.length === 0) await this.#createSegment(1);
     else await this.#repairTail();
     const last = this.#segments.at(-1)!;
-    this.#handle = await open(join(this.dir, segmentName(last)), APPEND_DURABLY);
+    this.#handle = await open(join(this.dir, segmentName(last)), 'a');
     this.#dropped = await readDropped(this.dir);
     const saved = await readCheckpoint(this.dir);
     const first = this.#segments[0];
@@ -304,7 +290,7 @@ export class WalTable {
     }
   }
 
-  /** Appends one encoded batch durably (O_DSYNC, or write then fdatasync); on failure the file is cut back to where it was. */
+  /** Appends one encoded batch and fdatasyncs it; on failure the file is cut back to where it was. */
   async #write(frames: Buffer): Promise<void> {
     const bytes = frames.length;
     let last = this.#segments.at(-1)!;
@@ -313,15 +299,14 @@ export class WalTable {
       this.#handle = null;
       await this.#createSegment(last + 1);
       last += 1;
-      this.#handle = await open(join(this.dir, segmentName(last)), APPEND_DURABLY);
+      this.#handle = await open(join(this.dir, segmentName(last)), 'a');
     }
     const before = this.#sizes.get(last)!;
     try {
-      // A write may take less than asked; finish the rest. With O_DSYNC each write is durable when it
-      // returns; the batch is acknowledged only once all of it was written.
+      // A write may take less than asked; finish the rest.
       for (let written = 0; written < bytes; )
         written += (await this.#handle!.write(frames, written, bytes - written, null)).bytesWritten;
-      if (SYNC_AFTER_WRITE) await this.#handle!.datasync();
+      await this.#handle!.datasync();
     } catch (err) {
       // Cut whatever part of the batch reached the file, so later frames are not hidden behind it.
       try {
