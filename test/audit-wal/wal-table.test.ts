@@ -178,15 +178,21 @@ t.test('SIGKILL while appending under load: every acknowledged record survives e
   for (let round = 0; round < 6; round++) {
     const child = spawn(process.execPath, [fixture, dir, `k${round}`], { stdio: ['ignore', 'pipe', 'inherit'] });
     let buffered = '';
+    const { promise: firstAck, resolve } = Promise.withResolvers<void>();
     child.stdout.on('data', (d) => {
       buffered += d;
       const lines = buffered.split('\n');
       buffered = lines.pop()!;
       for (const l of lines) acked.add(l);
+      resolve();
     });
-    await new Promise((r) => setTimeout(r, 400 + Math.random() * 600));
+    const closed = new Promise((r) => child.on('close', r));
+    // Timed from the child's first acknowledged record, not its spawn: on a loaded machine starting
+    // Node can take longer than the whole window, and a kill before any append tests nothing.
+    await Promise.race([firstAck, closed]);
+    await new Promise((r) => setTimeout(r, Math.random() * 600));
     child.kill('SIGKILL');
-    await new Promise((r) => child.on('close', r));
+    await closed;
   }
   const table = await WalTable.open(dir, 'llm_audit_log', { segmentBytes: 256 * 1024 });
   const ids = (await readAll(table)).map((r) => r.id);
