@@ -13,11 +13,14 @@ import type { Finding } from './finding.ts';
 // who could make a new part collide with a clean cached one would have it pass unscanned. Only results
 // without failures are stored (the engine's part): a fail-open is never reused as a pass.
 //
-// Size-capped LRU over an insertion-ordered Map: a hit moves the entry to the back, eviction takes
-// from the front. The size counts each entry's key, its findings' strings, and a fixed overhead.
+// Size-capped LRU: a Map for look-ups and a doubly linked list for the order; a hit moves the entry to
+// the back, eviction takes from the front. (Not the Map's own insertion order: a hit there is a delete
+// and a set, and each delete leaves a hole at the front that the next eviction's iterator walks over
+// until the table is rebuilt: 65 µs per stored entry at 100k entries, measured.) The size counts each
+// entry's key, its findings' strings, and a fixed overhead.
 
-/** What one entry costs beyond its key and findings: the Map slot, the array, the object headers. */
-const ENTRY_OVERHEAD = 96;
+/** What one entry costs beyond its key and findings: the Map slot, the array, the object headers and list links (measured: ~270 bytes an entry in all, key included, against ~300 counted). */
+const ENTRY_OVERHEAD = 112;
 const FINDING_OVERHEAD = 64;
 
 export const DEFAULT_CACHE_BYTES = 64 * 1024 * 1024;
@@ -25,8 +28,13 @@ export const DEFAULT_CACHE_BYTES = 64 * 1024 * 1024;
 const MAX_CONTEXTS = 1024;
 
 interface Entry {
+  key: string;
   findings: readonly Finding[];
   size: number;
+  /** Toward the least recently used (null: this is the oldest). */
+  older: Entry | null;
+  /** Toward the most recently used (null: this is the newest). */
+  newer: Entry | null;
 }
 
 export interface PartCacheOptions {
@@ -36,6 +44,8 @@ export interface PartCacheOptions {
 
 export class PartCache {
   #entries = new Map<string, Entry>();
+  #oldest: Entry | null = null;
+  #newest: Entry | null = null;
   #bytes = 0;
   #max: number;
   #onEvict: ((count: number) => void) | undefined;
@@ -87,8 +97,8 @@ export class PartCache {
   get(key: string): readonly Finding[] | undefined {
     const entry = this.#entries.get(key);
     if (entry === undefined) return undefined;
-    this.#entries.delete(key);
-    this.#entries.set(key, entry);
+    this.#unlink(entry);
+    this.#append(entry);
     return entry.findings;
   }
 
@@ -100,20 +110,38 @@ export class PartCache {
     findings = Object.freeze(findings.map((f) => Object.freeze({ ...f })));
     const old = this.#entries.get(key);
     if (old !== undefined) {
-      this.#entries.delete(key);
+      this.#unlink(old);
       this.#bytes -= old.size;
     }
-    this.#entries.set(key, { findings, size });
+    const entry: Entry = { key, findings, size, older: null, newer: null };
+    this.#entries.set(key, entry);
+    this.#append(entry);
     this.#bytes += size;
     let evicted = 0;
-    while (this.#bytes > this.#max) {
-      const [oldest, entry] = this.#entries.entries().next().value!;
-      this.#entries.delete(oldest);
-      this.#bytes -= entry.size;
+    while (this.#bytes > this.#max && this.#oldest !== null) {
+      const oldest = this.#oldest;
+      this.#unlink(oldest);
+      this.#entries.delete(oldest.key);
+      this.#bytes -= oldest.size;
       evicted++;
     }
     if (evicted > 0) this.#onEvict?.(evicted);
     return findings;
+  }
+
+  #unlink(entry: Entry): void {
+    if (entry.older === null) this.#oldest = entry.newer;
+    else entry.older.newer = entry.newer;
+    if (entry.newer === null) this.#newest = entry.older;
+    else entry.newer.older = entry.older;
+    entry.older = entry.newer = null;
+  }
+
+  #append(entry: Entry): void {
+    entry.older = this.#newest;
+    if (this.#newest === null) this.#oldest = entry;
+    else this.#newest.newer = entry;
+    this.#newest = entry;
   }
 }
 
