@@ -6,7 +6,7 @@ import { compilePlan } from '../../pipeline/plan.ts';
 import { policyFromDocument } from '../../pipeline/policy/resolve.ts';
 import { validatePolicyDocument } from '../../pipeline/policy/validate.ts';
 import { findingKey, type ScanResult } from '../../pipeline/scan.ts';
-import { sseText } from '../../pipeline/sse-text.ts';
+import { SseJoiner, sseText } from '../../pipeline/sse-text.ts';
 import { StreamInspection } from '../../pipeline/stream-inspection.ts';
 import { scanStretch } from '../../pipeline/stream-scan.ts';
 import { sseTextReference } from './sse-text.reference.ts';
@@ -194,6 +194,15 @@ t.test('the incremental joiner reads what the whole-body sseText read', async (t
       const body = build(c);
       const expected = sseTextReference(body);
       t.strictSame(sseText(body), expected);
+      // Fed in chunks, as the stream arrives.
+      const joiner = new SseJoiner();
+      for (let at = 0, i = 0; at < body.length; i++) {
+        const n = chunks[i % chunks.length];
+        joiner.push(body.subarray(at, at + n));
+        at += n;
+      }
+      joiner.end();
+      t.strictSame(joiner.joined(), expected);
     }),
     { numRuns: 200 },
   );
