@@ -269,3 +269,53 @@ t.test('a block that grows after its stop event is scanned again, whole, at the 
     'the codename joined across the stop',
   );
 });
+
+t.test('a mid-stream stretch that misses its deadline, or whose worker crashes, is a recorded fail-open', async (t) => {
+  for (const fault of ['HANG-WORKER', 'CRASH-WORKER']) {
+    const registry = createRegistry();
+    const engine = new InspectionEngine({
+      registry,
+      threads: 1,
+      timeoutMs: 500,
+      streamWorkerUrl: new URL('../fixtures/faulty-stream-worker.ts', import.meta.url),
+    });
+    t.teardown(() => engine.close());
+    const streamed = engine.streamInspection({ policy: splittable, secrets: SECRETS })!;
+    const ev = (text: string) =>
+      `event: content_block_delta\ndata: ${JSON.stringify({ type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text } })}\n\n`;
+    // The fault in the first stretch (a comment line); a leak far after it, in the last stretch.
+    const head = `: ${fault}\n\n${ev('zebra-')}${ev('crossing-42 ')}`;
+    const filler = `: ${FILLER.repeat(40)}\n\n`.repeat(80);
+    const tail = `${ev('then 1234-marker')}event: message_stop\ndata: {"type":"message_stop"}\n\n`;
+    const body = Buffer.from(head + filler + filler + tail);
+    for (let at = 0; at < body.length; at += 4096) {
+      streamed.push(body.subarray(at, at + 4096));
+      await new Promise((r) => setTimeout(r, 5));
+    }
+    const outcome = await streamed.finish();
+    const metric = await registry.getSingleMetric('dvx_inspection_stream_checkpoints_total')!.get();
+    t.ok(
+      metric.values.some((v) => v.labels.kind === 'bytes' && v.value > 0),
+      `${fault}: a stretch was scanned during the stream`,
+    );
+    t.equal(outcome.failOpen, true, `${fault}: a fail-open`);
+    const reason = fault === 'HANG-WORKER' ? 'timeout' : 'inspector exploded';
+    t.ok(
+      outcome.failures.some((f) => f.reason === reason),
+      `${fault}: the stretch's inspectors named, ${JSON.stringify(outcome.failures)}`,
+    );
+    t.ok(
+      outcome.findings.some((f) => f.match === '1234****'),
+      `${fault}: what the other stretches found still counts`,
+    );
+    t.ok(
+      outcome.findings.some((f) => f.match === 'zebr****'),
+      `${fault}: the joined text (its own stretch) still counts`,
+    );
+    const failopen = await registry.getSingleMetric('dvx_inspection_failopen_total')!.get();
+    t.ok(
+      failopen.values.some((v) => v.labels.phase === 'response' && v.value > 0),
+      `${fault}: counted as a fail-open`,
+    );
+  }
+});
