@@ -28,6 +28,8 @@ import { isInert } from './policy/resolve.ts';
 import type { ResolvedPolicy, Sidecar } from './policy/types.ts';
 import { builtinInspectors, hasBuiltinWork, scanBody, type InspectorFailure, type ScanResult } from './scan.ts';
 import type { InspectorReport, WorkerTask } from './worker.ts';
+import { StreamInspection } from './stream-inspection.ts';
+import { scanStretch, stretchInspectors, type StretchTask } from './stream-scan.ts';
 
 // The inspection engine:
 //
@@ -150,8 +152,20 @@ export interface EngineOptions {
    * Request phase, inference bodies only (docs/decisions.md, "The per-part inspection cache").
    */
   cacheBytes?: number;
+  /** The pool's module for a streamed response's stretches (stream-scan.ts); tests point it at a faulty one. */
+  streamWorkerUrl?: URL;
   /** Adaptive offload (ADAPTIVE_INLINE_THRESHOLD_BYTES); null turns it off. Defaults: the constants above. */
   adaptiveOffload?: AdaptiveOffload | null;
+}
+
+/** A streamed response being inspected as it arrives (InspectionEngine.streamInspection). */
+export interface StreamedResponse {
+  /** A chunk of the stream, as the response pipeline keeps it (its first MAX_BODY_BYTES). */
+  push(chunk: Buffer): void;
+  /** The bytes kept so far. */
+  readonly body: Buffer;
+  /** The stream ended: the outcome of the whole body's inspection. */
+  finish(): Promise<InspectionOutcome>;
 }
 
 export interface AdaptiveOffload {
@@ -194,6 +208,7 @@ export class InspectionEngine {
   #cache: PartCache | null;
   #resent: ResentParts | null;
   #adaptive: AdaptiveOffload | null;
+  #streamWorker: string;
   #lagging = false;
   #lag: ReturnType<typeof monitorEventLoopDelay> | null = null;
   #lagTimer: NodeJS.Timeout | null = null;
@@ -221,6 +236,9 @@ export class InspectionEngine {
               }),
           )
         : null;
+    this.#streamWorker = (
+      options.streamWorkerUrl ?? new URL(self.replace('worker', 'stream-scan'), import.meta.url)
+    ).href;
     this.#plans = new PlanCache({ onCompile: (plan) => this.#reportCompile(plan) });
     const registry = options.registry ?? createRegistry();
     this.#metrics = {
@@ -309,6 +327,12 @@ export class InspectionEngine {
         'Adaptive offload turned on',
       ),
       lagP99: gauge(registry, 'dvx_inspection_event_loop_lag_p99_seconds', 'p99 of the event loop delay, last window'),
+      checkpoints: counter(
+        registry,
+        'dvx_inspection_stream_checkpoints_total',
+        'Stretches of streamed responses scanned while the stream passed: bytes (as sent) or joined (finished blocks)',
+        ['kind'],
+      ),
     };
     const cacheBytes = options.cacheBytes ?? DEFAULT_CACHE_BYTES;
     this.#cache =
@@ -790,6 +814,103 @@ export class InspectionEngine {
     }
     const split = this.#threads >= 2 && shared.length >= SPLIT_THRESHOLD_BYTES && patterns.length > 0;
     return split ? [{ part: 'patterns' }, { part: 'others' }] : [{ part: 'all' }];
+  }
+
+  /**
+   * A streamed response inspected as it arrives (stream-inspection.ts; docs/decisions.md, "A streamed
+   * answer inspected as it arrives"): push each chunk kept of the stream, then `finish` gives the
+   * outcome inspect() gives for the whole body, with only the last stretch left to scan. null when
+   * the policy is inert (inspect() would cost nothing either). Stretches during the stream go to the
+   * pool when there is one (off the event loop that relays the stream); the last one as inspect()
+   * decides for a body of its size. Each has the deadline a pooled scan has; one that fails is a
+   * recorded fail-open, as the whole body's would be.
+   */
+  streamInspection(request: Omit<InspectRequest, 'body' | 'phase'>): StreamedResponse | null {
+    const { policy } = request;
+    if (isInert(policy)) return null;
+    const plan = this.#plans.get(policy);
+    const secrets = request.secrets ?? [];
+    let pooled = false;
+    const scan = (task: Omit<StretchTask, 'policy' | 'secrets'>, last: boolean): Promise<ScanResult> => {
+      const full: StretchTask = { ...task, policy, secrets: [...secrets] };
+      if (this.#pool === null || (last && task.body.length < this.#threshold())) {
+        try {
+          return Promise.resolve(scanStretch(plan, full));
+        } catch (err) {
+          return Promise.resolve({ findings: [], failures: [{ inspector: BUILTINS, reason: (err as Error).message }] });
+        }
+      }
+      pooled = true;
+      return this.#stretchOnPool(plan, full);
+    };
+    const inspection = new StreamInspection(plan, policy, secrets, scan, (kind) =>
+      this.#metrics.checkpoints.inc({ kind }),
+    );
+    return {
+      push: (chunk) => inspection.push(chunk),
+      get body() {
+        return inspection.body;
+      },
+      finish: async () => {
+        const started = performance.now();
+        const body = inspection.body;
+        const whole: InspectRequest = { ...request, body, phase: 'response' };
+        const identity = request.identity ?? { agentId: '', orgId: '', agentName: '' };
+        const waited: Promise<ScanResult>[] = [];
+        const deadline = new AbortController();
+        let timer: NodeJS.Timeout | undefined;
+        for (const sidecar of policy.sidecars) {
+          if (!sidecar.on_response) continue;
+          if (sidecar.async) this.#fireAndForget(sidecar, whole, identity);
+          else {
+            timer ??= setTimeout(() => deadline.abort(new DeadlineError('inspection deadline')), this.#timeoutMs);
+            waited.push(this.#runSidecar(sidecar, whole, identity, deadline.signal));
+          }
+        }
+        const results = await Promise.all([inspection.finish(), ...waited]);
+        clearTimeout(timer);
+        const findings: Finding[] = [];
+        const failures: InspectorFailure[] = [];
+        for (const r of results) {
+          for (const f of r.findings) findings.push(f);
+          for (const f of r.failures) failures.push(f);
+        }
+        const mode = pooled ? 'pool' : 'inline';
+        const durationMs = performance.now() - started;
+        this.#record('response', mode, 'allow', findings, failures, durationMs);
+        return { decision: 'allow', findings, failOpen: failures.length > 0, failures, mode, durationMs };
+      },
+    };
+  }
+
+  /** One stretch of a stream on the pool (stream-scan.ts's entry), under the deadline #onPool keeps. */
+  async #stretchOnPool(plan: ScanPlan, task: StretchTask): Promise<ScanResult> {
+    const { port1, port2 } = new MessageChannel();
+    const started = new Int32Array(new SharedArrayBuffer(4));
+    const abort = new AbortController();
+    let deadline: NodeJS.Timeout | undefined;
+    let settled = false;
+    const wait = Atomics.waitAsync(started, 0, 0, this.#queueTimeoutMs);
+    void Promise.resolve(wait.value).then((outcome) => {
+      if (settled) return;
+      if (outcome === 'timed-out') abort.abort('queue_timeout');
+      else if (!abort.signal.aborted) deadline = setTimeout(() => abort.abort('timeout'), this.#timeoutMs);
+    });
+    this.#metrics.queue.set(this.#pool!.queueSize);
+    try {
+      return (await this.#pool!.run(
+        { ...task, port: port2, started },
+        { signal: abort.signal, transferList: [port2], filename: this.#streamWorker },
+      )) as ScanResult;
+    } catch (err) {
+      const reason = abort.signal.aborted ? String(abort.signal.reason) : (err as Error).message || 'worker error';
+      return finishedBefore(port1, stretchInspectors(plan, task.kind, task.secrets.length), reason);
+    } finally {
+      settled = true;
+      clearTimeout(deadline);
+      if (Atomics.load(started, 0) === 0) Atomics.notify(started, 0);
+      port1.close();
+    }
   }
 
   async #runSidecar(

@@ -95,46 +95,180 @@ function mayCarryDelta(body: Buffer, start: number, stop: number): boolean {
  * `onGiveUp` is called when the stream held more than MAX_BAD_LINES lines JSON.parse refused.
  */
 export function sseText(body: Buffer, onGiveUp?: () => void): Buffer | null {
-  let at = body.indexOf(DATA);
-  if (at < 0) return null;
-  const parts: Piece[] = [];
-  let bad = 0;
-  while (at >= 0) {
-    if (at === 0 || body[at - 1] === 0x0a || body[at - 1] === 0x0d) {
-      let end = body.indexOf(0x0a, at);
-      if (end < 0) end = body.length;
-      let start = at + DATA.length;
-      if (body[start] === 0x20) start++;
-      const stop = body[end - 1] === 0x0d ? end - 1 : end;
-      if (body[start] === 0x7b && bad < MAX_BAD_LINES && mayCarryDelta(body, start, stop)) {
-        try {
-          pieces(JSON.parse(body.toString('utf8', start, stop)), parts);
-        } catch {
-          // not JSON: nothing to join
-          if (++bad === MAX_BAD_LINES) onGiveUp?.();
-        }
-      }
-      at = body.indexOf(DATA, end);
-    } else {
-      at = body.indexOf(DATA, at + 1);
+  const joiner = new SseJoiner(onGiveUp);
+  joiner.push(body);
+  joiner.end();
+  return joiner.joined();
+}
+
+/** One block of a stream's joined text (a content block, a choice's text or tool call, an item). */
+export interface JoinedBlock {
+  key: string;
+  texts: string[];
+  json: boolean;
+  /** Its stop event arrived (content_block_stop, `*.done`, a finish_reason): no more text expected. */
+  stopped: boolean;
+}
+
+const STOP_MARKS = [Buffer.from('content_block_stop'), Buffer.from('.done"'), Buffer.from('finish_reason')];
+
+/**
+ * sseText fed as the stream arrives (docs/decisions.md, "A streamed answer inspected as it arrives"):
+ * each complete line is read once, when its newline arrives; the last line without one at end().
+ * sseText is this class fed the whole body at once, so both read the same pieces in the same order.
+ * It also notes when a block's stop event arrives, so the block's text can be scanned then; a block
+ * that grows after its stop (an upstream out of the ordinary) is seen to (`texts.length`).
+ */
+export class SseJoiner {
+  readonly #onGiveUp: (() => void) | undefined;
+  /** The chunks of the line not ended yet. */
+  #carry: Buffer[] = [];
+  #bad = 0;
+  #pieces = 0;
+  readonly #blocks = new Map<string, JoinedBlock>();
+  #ended = false;
+
+  constructor(onGiveUp?: () => void) {
+    this.#onGiveUp = onGiveUp;
+  }
+
+  /** Pieces read so far (the joined text is null below two). */
+  get pieces(): number {
+    return this.#pieces;
+  }
+
+  /** Whether more than MAX_BAD_LINES lines were refused (the rest of the stream is not read). */
+  get gaveUp(): boolean {
+    return this.#bad >= MAX_BAD_LINES;
+  }
+
+  /** The blocks in the order they first appeared (the joined text's order). */
+  blocks(): IterableIterator<JoinedBlock> {
+    return this.#blocks.values();
+  }
+
+  /** The first block: the only one not preceded by a newline in the joined text. */
+  get first(): JoinedBlock | undefined {
+    return this.#blocks.values().next().value;
+  }
+
+  push(chunk: Buffer): void {
+    if (this.#ended) throw new Error('SseJoiner: push after end');
+    let nl = chunk.indexOf(0x0a);
+    if (nl < 0) {
+      // A line still open is kept as its chunks (never copied again per chunk: a long line stays linear).
+      if (chunk.length > 0) this.#carry.push(chunk);
+      return;
+    }
+    let from = 0;
+    if (this.#carry.length > 0) {
+      const line = Buffer.concat([...this.#carry, chunk.subarray(0, nl)]);
+      this.#carry = [];
+      this.#line(line, 0, line.length);
+      from = nl + 1;
+      nl = chunk.indexOf(0x0a, from);
+    }
+    for (; nl >= 0; nl = chunk.indexOf(0x0a, from)) {
+      this.#line(chunk, from, nl);
+      from = nl + 1;
+    }
+    if (from < chunk.length) this.#carry.push(chunk.subarray(from));
+  }
+
+  end(): void {
+    if (this.#ended) return;
+    this.#ended = true;
+    if (this.#carry.length > 0) {
+      const line = Buffer.concat(this.#carry);
+      this.#carry = [];
+      this.#line(line, 0, line.length);
     }
   }
-  if (parts.length < 2) return null;
-  // Group by block, keeping the order blocks first appear in. A block of JSON text (tool arguments
-  // arrive as fragments of a JSON document) is decoded once joined: `\u002d` split across two
-  // fragments is an escape only the whole text shows.
-  const blocks = new Map<string, { texts: string[]; json: boolean }>();
-  for (const p of parts) {
-    let block = blocks.get(p.key);
-    if (!block) blocks.set(p.key, (block = { texts: [], json: false }));
-    block.texts.push(p.text);
-    if (p.json) block.json = true;
+
+  /** The joined text as sseText gives it: every block, a newline between two. */
+  joined(): Buffer | null {
+    if (this.#pieces < 2) return null;
+    const out: Buffer[] = [];
+    for (const block of this.#blocks.values()) {
+      if (out.length > 0) out.push(NEWLINE);
+      out.push(blockView(block));
+    }
+    return Buffer.concat(out);
   }
-  const out: Buffer[] = [];
-  for (const block of blocks.values()) {
-    if (out.length > 0) out.push(NEWLINE);
-    const joined = Buffer.from(block.texts.join(''), 'utf8');
-    out.push(block.json ? deepScanView(joined) : joined);
+
+  /**
+   * The line [start, end) of `data` (end at its newline, or the body's end): the first `data:` in it
+   * that starts the line or follows a carriage return, read to the line's end (as sseText reads).
+   */
+  #line(data: Buffer, start: number, end: number): void {
+    let at = data.indexOf(DATA, start);
+    while (at >= 0 && at < end && at !== start && data[at - 1] !== 0x0d) at = data.indexOf(DATA, at + 1);
+    if (at < 0 || at + DATA.length > end) return;
+    let from = at + DATA.length;
+    if (data[from] === 0x20) from++;
+    const stop = data[end - 1] === 0x0d ? end - 1 : end;
+    if (data[from] !== 0x7b || this.#bad >= MAX_BAD_LINES) return;
+    if (mayCarryDelta(data, from, stop)) {
+      let event: unknown;
+      try {
+        event = JSON.parse(data.toString('utf8', from, stop));
+      } catch {
+        // not JSON: nothing to join
+        if (++this.#bad === MAX_BAD_LINES) this.#onGiveUp?.();
+        return;
+      }
+      this.#add(event);
+      this.#stops(event);
+    } else if (STOP_MARKS.some((m) => indexWithin(data, m, from, stop))) {
+      // A stop event carries no delta: read only to learn a block is done (never counted as refused).
+      try {
+        this.#stops(JSON.parse(data.toString('utf8', from, stop)));
+      } catch {
+        // not JSON: no block ends here
+      }
+    }
   }
-  return Buffer.concat(out);
+
+  #add(event: unknown): void {
+    const out: Piece[] = [];
+    pieces(event, out);
+    for (const p of out) {
+      let block = this.#blocks.get(p.key);
+      if (!block) this.#blocks.set(p.key, (block = { key: p.key, texts: [], json: false, stopped: false }));
+      block.texts.push(p.text);
+      if (p.json) block.json = true;
+      this.#pieces++;
+    }
+  }
+
+  #stops(event: unknown): void {
+    if (event === null || typeof event !== 'object') return;
+    const e = event as Record<string, unknown>;
+    const stop = (key: string) => {
+      const block = this.#blocks.get(key);
+      if (block) block.stopped = true;
+    };
+    if (e.type === 'content_block_stop') stop(`a${String(e.index ?? 0)}`);
+    else if (typeof e.type === 'string' && e.type.endsWith('.done'))
+      stop(`r${String(e.item_id ?? e.output_index ?? '')}:${String(e.content_index ?? '')}`);
+    else if (Array.isArray(e.choices)) {
+      for (const choice of e.choices as Record<string, unknown>[]) {
+        if (choice?.finish_reason === null || choice?.finish_reason === undefined) continue;
+        const idx = `c${String(choice.index ?? 0)}`;
+        for (const block of this.#blocks.values())
+          if (block.key === idx || block.key === `${idx}r` || block.key.startsWith(`${idx}t`)) block.stopped = true;
+      }
+    }
+  }
+}
+
+/** A block's text as the joined text holds it (JSON fragments decoded once joined). */
+export function blockView(block: JoinedBlock): Buffer {
+  const joined = Buffer.from(block.texts.join(''), 'utf8');
+  return block.json ? deepScanView(joined) : joined;
+}
+
+function indexWithin(data: Buffer, needle: Buffer, from: number, to: number): boolean {
+  const i = data.indexOf(needle, from);
+  return i >= 0 && i + needle.length <= to;
 }

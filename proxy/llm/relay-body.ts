@@ -23,7 +23,7 @@ export type Relayed = 'done' | 'gone' | 'failed';
  */
 export async function relayBody(
   ctx: CallContext,
-  copy: Buffer[],
+  copy: { push(chunk: Buffer): unknown },
   filter: ChunkFilter | null,
   what: string,
 ): Promise<Relayed> {

@@ -24,7 +24,7 @@ export interface StreamTranslation {
 
 export async function relayGated(
   ctx: CallContext,
-  copy: Buffer[],
+  copy: { push(chunk: Buffer): unknown },
   translation: StreamTranslation | null,
   gate: StreamGate,
   after: ChunkFilter | null,

@@ -10,11 +10,12 @@ import { StreamTranslator } from '../translate/index.ts';
 import { agentHeaders } from '../upstream.ts';
 import { usageOf } from '../usage.ts';
 import { deliver } from './audit.ts';
-import { inspectResponse } from './inspect-response.ts';
+import { finishStreamInspection, inspectResponse, startStreamInspection } from './inspect-response.ts';
 import { rememberRefusals } from './refused-results.ts';
 
 // SSE: events go to the agent as they arrive [translated]; the same bytes feed the response pipeline
-// at the end; the final event waits for the audit record (final-event.ts). With a tool policy
+// as they pass (pipeline/stream-inspection.ts: scanned in stretches, so at the end only the last one
+// is left; with an inert policy, or none, they are kept and inspected at the end); the final event waits for the audit record (final-event.ts). With a tool policy
 // (ctx.decideTool), a tool call and what follows it wait for the call's decision
 // (tools/stream-gate.ts, relay-gated.ts): upstream → [translator] → tool gate → [final-event guard].
 
@@ -39,7 +40,9 @@ export async function relayStream(ctx: CallContext): Promise<void> {
   res.flushHeaders();
   const translator = upstreamFormat !== format ? new StreamTranslator(upstreamFormat, format) : null;
   const guard = ctx.audit ? new FinalEventGuard(format) : null;
-  const copy: Buffer[] = [];
+  const stream = await startStreamInspection(ctx);
+  const chunks: Buffer[] = [];
+  const copy = stream ?? chunks;
   let tail: Buffer;
   if (ctx.decideTool === null) {
     await relayBody(ctx, copy, translator || guard ? new StreamOut(translator, guard) : null, 'upstream stream failed');
@@ -62,9 +65,10 @@ export async function relayStream(ctx: CallContext): Promise<void> {
       res.destroy();
     }
   }
-  const body = Buffer.concat(copy);
+  const body = stream ? stream.body : Buffer.concat(chunks);
   ctx.usage = usageOf(upstreamFormat, body, true);
-  await inspectResponse(ctx, body);
+  if (stream) await finishStreamInspection(ctx, stream);
+  else await inspectResponse(ctx, body);
   if (res.destroyed) return;
   const delivered = await deliver(ctx, () => {
     if (tail.length > 0) res.write(tail);
