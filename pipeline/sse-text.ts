@@ -27,6 +27,8 @@ interface Piece {
   text: string;
   /** The piece is a fragment of JSON text (tool-call arguments): the joined block is decoded too. */
   json?: boolean;
+  /** OpenAI chat: the choice the block belongs to (its finish_reason stops all of the choice's blocks). */
+  choice?: string;
 }
 
 function pieces(event: unknown, out: Piece[]): void {
@@ -57,12 +59,13 @@ function pieces(event: unknown, out: Piece[]): void {
       const d = choice?.delta as Record<string, unknown> | undefined;
       if (!d || typeof d !== 'object') continue;
       const idx = String(choice.index ?? 0);
-      if (typeof d.content === 'string') out.push({ key: `c${idx}`, text: d.content });
-      if (typeof d.refusal === 'string') out.push({ key: `c${idx}r`, text: d.refusal });
+      if (typeof d.content === 'string') out.push({ key: `c${idx}`, text: d.content, choice: idx });
+      if (typeof d.refusal === 'string') out.push({ key: `c${idx}r`, text: d.refusal, choice: idx });
       if (Array.isArray(d.tool_calls)) {
         for (const call of d.tool_calls as Record<string, unknown>[]) {
           const args = (call?.function as Record<string, unknown> | undefined)?.arguments;
-          if (typeof args === 'string') out.push({ key: `c${idx}t${String(call.index ?? 0)}`, text: args, json: true });
+          if (typeof args === 'string')
+            out.push({ key: `c${idx}t${String(call.index ?? 0)}`, text: args, json: true, choice: idx });
         }
       }
     }
@@ -126,6 +129,10 @@ export class SseJoiner {
   #bad = 0;
   #pieces = 0;
   readonly #blocks = new Map<string, JoinedBlock>();
+  /** OpenAI chat: each choice's blocks not stopped yet (a finish_reason touches only those). */
+  readonly #openByChoice = new Map<string, JoinedBlock[]>();
+  /** Blocks stopped since takeStopped() was last called, in the order they stopped. */
+  #stoppedSince: JoinedBlock[] = [];
   #ended = false;
 
   constructor(onGiveUp?: () => void) {
@@ -145,6 +152,16 @@ export class SseJoiner {
   /** The blocks in the order they first appeared (the joined text's order). */
   blocks(): IterableIterator<JoinedBlock> {
     return this.#blocks.values();
+  }
+
+  /**
+   * The blocks whose stop event arrived since the last call (each once: a block stops once). A stop
+   * costs only the blocks it stops, so a stream of many blocks and many stop events stays linear.
+   */
+  takeStopped(): JoinedBlock[] {
+    const out = this.#stoppedSince;
+    this.#stoppedSince = [];
+    return out;
   }
 
   /** The first block: the only one not preceded by a newline in the joined text. */
@@ -234,7 +251,14 @@ export class SseJoiner {
     pieces(event, out);
     for (const p of out) {
       let block = this.#blocks.get(p.key);
-      if (!block) this.#blocks.set(p.key, (block = { key: p.key, texts: [], json: false, stopped: false }));
+      if (!block) {
+        this.#blocks.set(p.key, (block = { key: p.key, texts: [], json: false, stopped: false }));
+        if (p.choice !== undefined) {
+          const open = this.#openByChoice.get(p.choice);
+          if (open === undefined) this.#openByChoice.set(p.choice, [block]);
+          else open.push(block);
+        }
+      }
       block.texts.push(p.text);
       if (p.json) block.json = true;
       this.#pieces++;
@@ -244,19 +268,22 @@ export class SseJoiner {
   #stops(event: unknown): void {
     if (event === null || typeof event !== 'object') return;
     const e = event as Record<string, unknown>;
-    const stop = (key: string) => {
-      const block = this.#blocks.get(key);
-      if (block) block.stopped = true;
+    const stop = (block: JoinedBlock | undefined) => {
+      if (block === undefined || block.stopped) return;
+      block.stopped = true;
+      this.#stoppedSince.push(block);
     };
-    if (e.type === 'content_block_stop') stop(`a${String(e.index ?? 0)}`);
+    if (e.type === 'content_block_stop') stop(this.#blocks.get(`a${String(e.index ?? 0)}`));
     else if (typeof e.type === 'string' && e.type.endsWith('.done'))
-      stop(`r${String(e.item_id ?? e.output_index ?? '')}:${String(e.content_index ?? '')}`);
+      stop(this.#blocks.get(`r${String(e.item_id ?? e.output_index ?? '')}:${String(e.content_index ?? '')}`));
     else if (Array.isArray(e.choices)) {
       for (const choice of e.choices as Record<string, unknown>[]) {
         if (choice?.finish_reason === null || choice?.finish_reason === undefined) continue;
-        const idx = `c${String(choice.index ?? 0)}`;
-        for (const block of this.#blocks.values())
-          if (block.key === idx || block.key === `${idx}r` || block.key.startsWith(`${idx}t`)) block.stopped = true;
+        const idx = String(choice.index ?? 0);
+        const open = this.#openByChoice.get(idx);
+        if (open === undefined) continue;
+        this.#openByChoice.delete(idx);
+        for (const block of open) stop(block);
       }
     }
   }

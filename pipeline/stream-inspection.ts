@@ -135,10 +135,10 @@ export class StreamInspection {
     return { kind: 'bytes', done };
   }
 
-  /** Blocks stopped and not scanned yet. */
+  /** Blocks stopped and not scanned yet (the joiner hands each over once, when it stops). */
   #finished(): JoinedBlock[] {
     const out: JoinedBlock[] = [];
-    for (const b of this.#joiner.blocks()) if (b.stopped && !this.#blockResults.has(b)) out.push(b);
+    for (const b of this.#joiner.takeStopped()) if (!this.#blockResults.has(b)) out.push(b);
     return out;
   }
 
@@ -243,8 +243,9 @@ const NEWLINE = Buffer.from('\n');
  * Whether no match of this RE2 pattern can hold a newline nor read where the text ends (then it finds
  * in a block, scanned after its newline, exactly what it finds there in the joined text). Conservative:
  * any escape that may name a newline (`\n`, `\s`, `\S`, `\D`, `\W`, `\p`, `\x`, `\C`, an octal), a negated
- * class, a class range over U+000A, flags (`(?s)` lets `.` match one; `(?m)` moves `^` and `$`),
- * and every anchor (`^`, `$`, `\A`, `\z`, `\B`) answer no.
+ * class, a class range over U+000A or with an escaped bound, a named class (`[:space:]`), flags
+ * (`(?s)` lets `.` match one; `(?m)` moves `^` and `$`), and every anchor (`^`, `$`, `\A`, `\z`, `\B`)
+ * answer no.
  */
 export function cannotMatchNewline(source: string): boolean {
   let inClass = false;
@@ -255,9 +256,13 @@ export function cannotMatchNewline(source: string): boolean {
       const next = source[++i] ?? '';
       if (/[0-9A-Za-z]/.test(next) && !'bdwtrfv'.includes(next)) return false;
       if (inClass && next === 'b') return false;
+      // An escaped end of a range (`[\t-~]` runs from TAB over U+000A): the range's bounds are not read.
+      if (inClass && source[i + 1] === '-' && source[i + 2] !== ']') return false;
       continue;
     }
     if (inClass) {
+      // A named class (`[[:space:]]`, `[[:cntrl:]]`, `[[:^alpha:]]`): several hold a newline.
+      if (c === '[' && source[i + 1] === ':') return false;
       if (c === ']') inClass = false;
       else if (c === '-' && source[i + 1] !== ']' && source[i - 1] !== '[') {
         const lo = source.charCodeAt(i - 1);
