@@ -15,7 +15,7 @@ import { startLlmProxy } from '../proxy/llm/server.ts';
 import { freshPgDatabase } from '../test/fixtures/pg-database.ts';
 import { conditions, UNPINNED } from './conditions.ts';
 import { ANTHROPIC_TEXT_REPLY, writeServerTls } from './fixtures.ts';
-import { latencyThenRate } from './loops.ts';
+import { type LatencyAndRate, latencyThenRate } from './loops.ts';
 import { formatMs, table } from './measure.ts';
 
 // npm run bench -- broker [--seconds N]
@@ -30,12 +30,8 @@ import { formatMs, table } from './measure.ts';
 //           broker's JWKS, against the same call straight to the upstream.
 // Sequential latency (p50/p99) and 8 requests in flight (req/s).
 
-interface Result {
-  name: string;
-  p50: number;
-  p99: number;
-  rps: number;
-}
+/** A contender's sequential p50/p99 and its req/s with 8 in flight. */
+type Result = LatencyAndRate & { name: string };
 
 async function run(name: string, once: () => Promise<void>, seconds: number, warm = 50): Promise<Result> {
   return { name, ...(await latencyThenRate(once, seconds, { warm })) };

@@ -12,7 +12,7 @@ import { AUDIENCE, startIssuer } from '../test/fixtures/oidc-issuer.ts';
 import { freshPgDatabase } from '../test/fixtures/pg-database.ts';
 import { conditions, UNPINNED } from './conditions.ts';
 import { writeServerTls } from './fixtures.ts';
-import { latencyThenRate } from './loops.ts';
+import { type LatencyAndRate, latencyThenRate } from './loops.ts';
 import { formatMs, table } from './measure.ts';
 import { MEMBERS_OF_ORG } from '../controlplane/store/members.ts';
 
@@ -35,12 +35,8 @@ interface Contender {
   token?: string;
 }
 
-interface Result {
-  name: string;
-  p50: number;
-  p99: number;
-  rps: number;
-}
+/** A contender's sequential p50/p99 and its req/s with 8 in flight. */
+type Result = LatencyAndRate & { name: string };
 
 async function run(c: Contender, dispatcher: Agent, seconds: number): Promise<Result> {
   const headers = c.token ? { authorization: `Bearer ${c.token}` } : {};
