@@ -1,11 +1,13 @@
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
-import { loadavg, tmpdir } from 'node:os';
+import { cpus, loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { fileURLToPath } from 'node:url';
-import { extractSummary, machineConditions, SUMMARY_FILE_ENV, summaryTable, type SummaryRow } from './summary.ts';
+import { machineConditions } from './conditions.ts';
+import { table } from './measure.ts';
+import { extractSummary, SUMMARY_FILE_ENV, summaryTable, type SummaryRow } from './summary.ts';
 
 // npm run bench -- all [--quick] [--only a,b] [--write | --out FILE] [options passed to every bench]
 // Every benchmark, one after the other, each in its own process (a bench pins itself to a core and
@@ -35,6 +37,21 @@ interface Ran {
   summary: SummaryRow[];
   seconds: number;
   failed: string | null;
+  /** The 1-minute load average when the bench started and when it ended (absent in older callers). */
+  load?: { start: number; end: number };
+}
+
+/** Per bench: how long it took and the load average around it (the machine is shared: read it first). */
+export function loadTable(ran: Ran[]): string {
+  return table(
+    ['bench', 'time', 'load average (1 min) at its start', 'at its end'],
+    ran.map((r) => [
+      r.bench,
+      `${r.seconds.toFixed(0)} s`,
+      r.load ? r.load.start.toFixed(2) : '',
+      r.load ? r.load.end.toFixed(2) : '',
+    ]),
+  );
 }
 
 function runOne(bench: string, args: string[], summaryFile: string): Promise<{ out: string; code: number | null }> {
@@ -119,6 +136,7 @@ export async function main(args: string[]): Promise<void> {
     for (const bench of benches) {
       const file = join(dir, `${bench}.json`);
       const t0 = performance.now();
+      const loadStart = loadavg()[0];
       const benchArgs = [...passed, ...(passed.includes('--quick') ? (QUICK_ARGS[bench] ?? []) : [])];
       process.stderr.write(`\n== bench ${bench} ${benchArgs.join(' ')}\n`);
       const { out, code } = await runOne(bench, benchArgs, file);
@@ -129,7 +147,7 @@ export async function main(args: string[]): Promise<void> {
         ? JSON.parse(await readFile(file, 'utf8'))
         : extractSummary(bench, out);
       if (failed) summary.unshift({ bench, measure: `(failed: ${failed})`, ours: '', baseline: '', ratio: null });
-      ran.push({ bench, markdown: out, summary, seconds, failed });
+      ran.push({ bench, markdown: out, summary, seconds, failed, load: { start: loadStart, end: loadavg()[0] } });
     }
   } finally {
     await rm(dir, { recursive: true, force: true });
@@ -142,7 +160,9 @@ export async function main(args: string[]): Promise<void> {
     '',
     summaryTable(ran.flatMap((r) => r.summary)),
     '',
-    `Machine: ${machineConditions(loadBefore)}. Time per bench: ${ran.map((r) => `${r.bench} ${r.seconds.toFixed(0)} s`).join(', ')}.`,
+    `Machine: ${machineConditions(loadBefore)}. With ${cpus().length} cores, a load average above ${cpus().length} means the benches shared the cores with other work: weigh those rows' ratios (each bench interleaves or runs its contenders back to back in one run) and not their times.`,
+    '',
+    loadTable(ran),
     '',
   ].join('\n');
   process.stdout.write(`\n${summary}`);

@@ -4,7 +4,8 @@ import pg from 'pg';
 import { openStore, type AuditStore } from '../audit-wal/store.ts';
 import type { AuditQuery } from '../audit-wal/query.ts';
 import { clickhouseWhere, CH_EVENT_SELECT } from '../audit-wal/read.ts';
-import { conditions, formatMs, table } from './measure.ts';
+import { conditions, UNPINNED } from './conditions.ts';
+import { formatMs, table } from './measure.ts';
 
 // npm run bench -- audit-query [--rows 10000000] [--pg-rows 1000000] [--runs 30]
 //
@@ -145,7 +146,7 @@ export async function main(args: string[]): Promise<void> {
   await raw.close();
   process.stdout.write('\n### audit-query (`npm run bench -- audit-query`)\n');
   process.stdout.write(
-    `Conditions: ${conditions(`ClickHouse ${rows.toLocaleString('en')} rows (Debian 18.16), PostgreSQL ${pgRows.toLocaleString('en')} rows; ${ORGS} orgs; page of 100; ${runs} runs each after 3 warm-ups; baseline = the same conditions as one single-pass query by the bare ClickHouse client`)}\n\n`,
+    `Conditions: ${conditions(`ClickHouse ${rows.toLocaleString('en')} rows (Debian 18.16), PostgreSQL ${pgRows.toLocaleString('en')} rows; ${ORGS} orgs; page of 100; ${runs} runs each after 3 warm-ups; baseline = the same conditions as one single-pass query by the bare ClickHouse client`, UNPINNED)}\n\n`,
   );
   process.stdout.write(
     table(

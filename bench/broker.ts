@@ -3,19 +3,20 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { performance } from 'node:perf_hooks';
 import Fastify from 'fastify';
 import { createRemoteJWKSet, customFetch, jwtVerify } from 'jose';
 import { Agent, request } from 'undici';
 import { StdoutAuditSink } from '../audit-wal/stdout-sink.ts';
 import { fetchTrusting } from '../core/fetch.ts';
 import { createLogger } from '../core/logger.ts';
-import { generateCa, issueCertificate } from '../core/tls.ts';
 import { issueBootstrapToken } from '../enclave/broker/bootstrap-tokens.ts';
 import { startBroker, type RunningBroker } from '../enclave/broker/server.ts';
 import { startLlmProxy } from '../proxy/llm/server.ts';
 import { freshPgDatabase } from '../test/fixtures/pg-database.ts';
-import { conditions, formatMs, table } from './measure.ts';
+import { conditions, UNPINNED } from './conditions.ts';
+import { ANTHROPIC_TEXT_REPLY, writeServerTls } from './fixtures.ts';
+import { type LatencyAndRate, latencyThenRate } from './loops.ts';
+import { formatMs, table } from './measure.ts';
 
 // npm run bench -- broker [--seconds N]
 //
@@ -29,36 +30,11 @@ import { conditions, formatMs, table } from './measure.ts';
 //           broker's JWKS, against the same call straight to the upstream.
 // Sequential latency (p50/p99) and 8 requests in flight (req/s).
 
-interface Result {
-  name: string;
-  p50: number;
-  p99: number;
-  rps: number;
-}
+/** A contender's sequential p50/p99 and its req/s with 8 in flight. */
+type Result = LatencyAndRate & { name: string };
 
 async function run(name: string, once: () => Promise<void>, seconds: number, warm = 50): Promise<Result> {
-  for (let i = 0; i < warm; i++) await once();
-  const times: number[] = [];
-  const until = performance.now() + seconds * 500;
-  while (performance.now() < until) {
-    const t0 = performance.now();
-    await once();
-    times.push(performance.now() - t0);
-  }
-  times.sort((a, b) => a - b);
-  let done = 0;
-  const start = performance.now();
-  const stop = start + seconds * 500;
-  await Promise.all(
-    Array.from({ length: 8 }, async () => {
-      while (performance.now() < stop) {
-        await once();
-        done++;
-      }
-    }),
-  );
-  const at = (q: number) => times[Math.min(times.length - 1, Math.floor(q * times.length))]!;
-  return { name, p50: at(0.5), p99: at(0.99), rps: done / ((performance.now() - start) / 1000) };
+  return { name, ...(await latencyThenRate(once, seconds, { warm })) };
 }
 
 async function post(dispatcher: Agent, url: string, body: unknown, headers: Record<string, string> = {}) {
@@ -120,12 +96,7 @@ async function exchanges(label: string, broker: RunningBroker, dispatcher: Agent
 export async function main(args: string[]): Promise<void> {
   const seconds = Number(args[args.indexOf('--seconds') + 1]) || 4;
   const dir = await mkdtemp(join(tmpdir(), 'dvx-bench-broker-'));
-  const ca = await generateCa();
-  const leaf = await issueCertificate(ca, { commonName: 'localhost', ipAddresses: ['127.0.0.1'] });
-  const cert = join(dir, 'cert.pem');
-  const key = join(dir, 'key.pem');
-  await writeFile(cert, leaf.certPem);
-  await writeFile(key, leaf.keyPem);
+  const { ca, leaf, certFile: cert, keyFile: key } = await writeServerTls(dir);
   const dispatcher = new Agent({ connect: { ca: ca.certPem }, connections: 16 });
   const logger = createLogger({ level: 'error', destination: { write: () => {} } });
   const silentAudit = () => new StdoutAuditSink({ write: () => {} } as never);
@@ -196,16 +167,7 @@ export async function main(args: string[]): Promise<void> {
   );
 
   // llmproxy verifying the broker's JWT, against the same call made straight to the upstream.
-  const reply = JSON.stringify({
-    id: 'msg_1',
-    type: 'message',
-    role: 'assistant',
-    model: 'claude-sonnet-4-5',
-    content: [{ type: 'text', text: 'ok' }],
-    stop_reason: 'end_turn',
-    stop_sequence: null,
-    usage: { input_tokens: 10, output_tokens: 1 },
-  });
+  const reply = ANTHROPIC_TEXT_REPLY;
   const upstream = http.createServer((req, res) => {
     req.resume();
     req.on('end', () => res.writeHead(200, { 'content-type': 'application/json' }).end(reply));
@@ -253,7 +215,7 @@ export async function main(args: string[]): Promise<void> {
 
   const floor = results[0]!;
   process.stdout.write(
-    `${conditions(`${seconds / 2}s sequential + ${seconds / 2}s with 8 in flight per contender; ratio = p50 / floor p50`)}\n\n`,
+    `${conditions(`${seconds / 2}s sequential + ${seconds / 2}s with 8 in flight per contender; ratio = p50 / floor p50`, `${UNPINNED}; client, servers and upstream in one process`)}\n\n`,
   );
   process.stdout.write(
     table(

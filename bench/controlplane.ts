@@ -1,18 +1,19 @@
 import Fastify from 'fastify';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { performance } from 'node:perf_hooks';
 import { Agent, request } from 'undici';
 import { createRemoteJWKSet, jwtVerify } from 'jose';
 import pg from 'pg';
-import { generateCa, issueCertificate } from '../core/tls.ts';
 import { createLogger } from '../core/logger.ts';
 import { StdoutAuditSink } from '../audit-wal/stdout-sink.ts';
 import { startControlPlane, type RunningControlPlane } from '../controlplane/server.ts';
 import { AUDIENCE, startIssuer } from '../test/fixtures/oidc-issuer.ts';
 import { freshPgDatabase } from '../test/fixtures/pg-database.ts';
-import { conditions, formatMs, table } from './measure.ts';
+import { conditions, UNPINNED } from './conditions.ts';
+import { writeServerTls } from './fixtures.ts';
+import { type LatencyAndRate, latencyThenRate } from './loops.ts';
+import { formatMs, table } from './measure.ts';
 import { MEMBERS_OF_ORG } from '../controlplane/store/members.ts';
 
 // npm run bench -- controlplane [--seconds N]
@@ -34,12 +35,8 @@ interface Contender {
   token?: string;
 }
 
-interface Result {
-  name: string;
-  p50: number;
-  p99: number;
-  rps: number;
-}
+/** A contender's sequential p50/p99 and its req/s with 8 in flight. */
+type Result = LatencyAndRate & { name: string };
 
 async function run(c: Contender, dispatcher: Agent, seconds: number): Promise<Result> {
   const headers = c.token ? { authorization: `Bearer ${c.token}` } : {};
@@ -48,37 +45,13 @@ async function run(c: Contender, dispatcher: Agent, seconds: number): Promise<Re
     await res.body.dump();
     if (res.statusCode !== 200) throw new Error(`${c.name}: HTTP ${res.statusCode}`);
   };
-  for (let i = 0; i < 200; i++) await once();
-  const times: number[] = [];
-  const until = performance.now() + seconds * 500;
-  while (performance.now() < until) {
-    const t0 = performance.now();
-    await once();
-    times.push(performance.now() - t0);
-  }
-  times.sort((a, b) => a - b);
-  let done = 0;
-  const start = performance.now();
-  const stop = start + seconds * 500;
-  await Promise.all(
-    Array.from({ length: 8 }, async () => {
-      while (performance.now() < stop) {
-        await once();
-        done++;
-      }
-    }),
-  );
-  const at = (q: number) => times[Math.min(times.length - 1, Math.floor(q * times.length))];
-  return { name: c.name, p50: at(0.5), p99: at(0.99), rps: done / ((performance.now() - start) / 1000) };
+  return { name: c.name, ...(await latencyThenRate(once, seconds, { warm: 200 })) };
 }
 
 export async function main(args: string[]): Promise<void> {
   const seconds = Number(args[args.indexOf('--seconds') + 1]) || 4;
   const dir = await mkdtemp(join(tmpdir(), 'dvx-bench-cp-'));
-  const ca = await generateCa();
-  const leaf = await issueCertificate(ca, { commonName: 'localhost', ipAddresses: ['127.0.0.1'] });
-  await writeFile(join(dir, 'cert.pem'), leaf.certPem);
-  await writeFile(join(dir, 'key.pem'), leaf.keyPem);
+  const { ca, leaf } = await writeServerTls(dir);
   const dispatcher = new Agent({ connect: { ca: ca.certPem }, connections: 8 });
   const issuer = await startIssuer([
     { clientId: 'operator', org: 'org-a' },
@@ -205,7 +178,7 @@ export async function main(args: string[]): Promise<void> {
   });
   process.stdout.write(`\n### controlplane (\`npm run bench -- controlplane\`)\n`);
   process.stdout.write(
-    `Conditions: ${conditions(`TLS keep-alive, one process (client, servers, oidc-provider); latency sequential, req/s with 8 in flight, ${seconds / 2} s each; added = p50 - its floor's p50 (list routes: the floor running the same query)`)}\n\n`,
+    `Conditions: ${conditions(`TLS keep-alive, one process (client, servers, oidc-provider); latency sequential, req/s with 8 in flight, ${seconds / 2} s each; added = p50 - its floor's p50 (list routes: the floor running the same query)`, UNPINNED)}\n\n`,
   );
   process.stdout.write(table(['contender', 'req/s', 'p50', 'p99', 'added at p50', 'p50 vs floor'], rows) + '\n');
   for (const close of closers.reverse()) await close();

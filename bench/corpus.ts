@@ -55,7 +55,8 @@ export const BENCH_PATTERNS = [
   },
 ] as const;
 
-function rng(seed: number): () => number {
+/** A small deterministic generator (mulberry32): the same seed, the same bodies. */
+export function rng(seed: number): () => number {
   let s = seed >>> 0;
   return () => {
     s = (s + 0x6d2b79f5) >>> 0;

@@ -1,4 +1,4 @@
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import http from 'node:http';
 import https from 'node:https';
 import net from 'node:net';
@@ -7,11 +7,14 @@ import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { fileURLToPath } from 'node:url';
-import { exportJWK, generateKeyPair, SignJWT } from 'jose';
 import { Client } from 'undici';
 import { generateCa, issueCertificate, type PemPair } from '../core/tls.ts';
-import { conditions, formatMs, table } from './measure.ts';
+import { conditions } from './conditions.ts';
+import { writeAgentIdentity, writeServerTls } from './fixtures.ts';
+import { sequential } from './loops.ts';
+import { formatMs, table } from './measure.ts';
+import { rssOf } from './proc-stats.ts';
+import { accepts, freePort, NODE, type Pinned, pinned, pinSelf, ROOT, waitFor } from './processes.ts';
 
 // npm run bench -- gateway [--quick]
 //
@@ -30,9 +33,6 @@ import { conditions, formatMs, table } from './measure.ts';
 //   http        absolute-form GETs on a kept-alive proxy connection (p50/p99)
 //   req/s       16 tunnels, GETs back to back; MB/s one 64 MB download through one tunnel; RSS after
 
-const ROOT = fileURLToPath(new URL('..', import.meta.url));
-const NODE = process.execPath;
-
 interface Proxy {
   name: string;
   port: number;
@@ -46,60 +46,11 @@ interface Proxy {
   stop: () => Promise<void>;
 }
 
-function pinned(args: string[]): ChildProcess {
-  return spawn('taskset', ['-c', '1', ...args], { stdio: ['ignore', 'ignore', 'inherit'] });
+/** Waits until `port` accepts connections (and the process, if given, is still there). */
+async function waitPort(port: number, what: string, p: Pinned | null = null, ms = 30_000): Promise<number> {
+  await waitFor(() => accepts(port), what, { ms, exited: p?.exited });
+  return port;
 }
-
-async function stopChild(child: ChildProcess): Promise<void> {
-  if (child.exitCode !== null || child.signalCode !== null) return;
-  const done = new Promise((r) => child.once('exit', r));
-  child.kill('SIGTERM');
-  const t = setTimeout(() => child.kill('SIGKILL'), 5000);
-  await done;
-  clearTimeout(t);
-}
-
-async function waitPort(
-  port: () => Promise<number | null>,
-  what: string,
-  ms = 30_000,
-  child: ChildProcess | null = null,
-): Promise<number> {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    if (child && child.exitCode !== null) throw new Error(`${what} exited with ${child.exitCode}`);
-    const p = await port().catch(() => null);
-    if (p) {
-      const ok = await new Promise<boolean>((resolve) => {
-        const s = net.connect(p, '127.0.0.1', () => {
-          s.destroy();
-          resolve(true);
-        });
-        s.on('error', () => resolve(false));
-      });
-      if (ok) return p;
-    }
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve) => {
-    const s = net.createServer().listen(0, '127.0.0.1', () => {
-      const { port } = s.address() as net.AddressInfo;
-      s.close(() => resolve(port));
-    });
-  });
-}
-
-const rssOf = (pid: number | null) =>
-  pid
-    ? readFile(`/proc/${pid}/status`, 'utf8').then(
-        (s) => Number(/VmRSS:\s+(\d+)/.exec(s)?.[1] ?? 0) * 1024,
-        () => null,
-      )
-    : Promise.resolve(null);
 
 /** Opens a tunnel through `p` to 127.0.0.1:port and returns the raw socket after the 200. */
 function openTunnel(p: Proxy, port: number, ca: string): Promise<net.Socket> {
@@ -148,18 +99,6 @@ function tunnelClient(p: Proxy, port: number, proxyCa: string, upstreamCa: strin
   });
 }
 
-async function timed(n: number, once: () => Promise<void>): Promise<{ p50: number; p99: number }> {
-  for (let i = 0; i < Math.min(50, n); i++) await once();
-  const xs: number[] = [];
-  for (let i = 0; i < n; i++) {
-    const t0 = performance.now();
-    await once();
-    xs.push(performance.now() - t0);
-  }
-  xs.sort((a, b) => a - b);
-  return { p50: xs[Math.floor(xs.length / 2)], p99: xs[Math.min(xs.length - 1, Math.floor(xs.length * 0.99))] };
-}
-
 async function getOn(client: Client, path: string): Promise<number> {
   const res = await client.request({ path, method: 'GET' });
   let n = 0;
@@ -206,7 +145,7 @@ export async function main(args: string[]): Promise<void> {
   const quick = args.includes('--quick');
   const n = quick ? 200 : 1000;
   const seconds = quick ? 1 : 3;
-  spawn('taskset', ['-p', '-c', '0', String(process.pid)], { stdio: 'ignore' });
+  pinSelf('0');
   const dir = await mkdtemp(join(tmpdir(), 'dvx-bench-gw-'));
   const proxies: Proxy[] = [];
   try {
@@ -243,24 +182,11 @@ export async function main(args: string[]): Promise<void> {
     await writeFile(join(dir, 'upstream-ca.pem'), upstreamCa.certPem);
 
     // The proxies' own TLS and the gateway's identity and interception material.
-    const proxyCa = await generateCa('bench proxy CA');
-    const proxyLeaf = await issueCertificate(proxyCa, { commonName: 'localhost', ipAddresses: ['127.0.0.1'] });
-    await writeFile(join(dir, 'cert.pem'), proxyLeaf.certPem);
-    await writeFile(join(dir, 'key.pem'), proxyLeaf.keyPem);
+    const { ca: proxyCa } = await writeServerTls(dir, 'bench proxy CA');
     const interceptCa: PemPair = await generateCa('bench interception CA');
     await writeFile(join(dir, 'ica.pem'), interceptCa.certPem);
     await writeFile(join(dir, 'ica.key'), interceptCa.keyPem);
-    const { publicKey, privateKey } = await generateKeyPair('ES256', { extractable: true });
-    await writeFile(
-      join(dir, 'jwks.json'),
-      JSON.stringify({ keys: [{ ...(await exportJWK(publicKey)), kid: 'b', alg: 'ES256' }] }),
-    );
-    const token = await new SignJWT({ org_id: 'org-b' })
-      .setProtectedHeader({ alg: 'ES256', kid: 'b' })
-      .setSubject('agent-b')
-      .setIssuedAt()
-      .setExpirationTime('295s')
-      .sign(privateKey);
+    const token = await (await writeAgentIdentity(dir)).token();
 
     // floor, plain and over TLS
     for (const overTls of [false, true]) {
@@ -271,15 +197,20 @@ export async function main(args: string[]): Promise<void> {
         portFile,
         ...(overTls ? [join(dir, 'cert.pem'), join(dir, 'key.pem')] : []),
       ]);
-      const port = await waitPort(async () => Number(await readFile(portFile, 'utf8')) || null, 'the floor proxy');
+      let port = 0;
+      await waitFor(
+        async () => (port = Number(await readFile(portFile, 'utf8'))) > 0 && (await accepts(port)),
+        'the floor proxy',
+        { exited: child.exited },
+      );
       proxies.push({
         name: overTls ? 'floor (node:net, TLS)' : 'floor (node:net)',
         port,
         tls: overTls,
         auth: null,
         interceptCa: null,
-        pid: child.pid ?? null,
-        stop: () => stopChild(child),
+        pid: child.pid,
+        stop: child.stop,
       });
     }
     // tinyproxy
@@ -290,15 +221,15 @@ export async function main(args: string[]): Promise<void> {
         `User root\nGroup root\nPort ${port}\nListen 127.0.0.1\nTimeout 600\nMaxClients 1024\nLogLevel Critical\nPidFile "${dir}/tinyproxy.pid"\nDisableViaHeader Yes\n`,
       );
       const child = pinned(['tinyproxy', '-d', '-c', join(dir, 'tinyproxy.conf')]);
-      await waitPort(async () => port, 'tinyproxy');
+      await waitPort(port, 'tinyproxy', child);
       proxies.push({
         name: 'tinyproxy 1.11',
         port,
         tls: false,
         auth: null,
         interceptCa: null,
-        pid: child.pid ?? null,
-        stop: () => stopChild(child),
+        pid: child.pid,
+        stop: child.stop,
       });
     }
     // squid
@@ -322,15 +253,15 @@ export async function main(args: string[]): Promise<void> {
       );
       spawnSync('chown', ['-R', 'proxy', dir]);
       const child = pinned(['squid', '-N', '-f', join(dir, 'squid.conf')]);
-      await waitPort(async () => port, 'squid');
+      await waitPort(port, 'squid', child);
       proxies.push({
         name: 'squid 5.7',
         port,
         tls: false,
         auth: null,
         interceptCa: null,
-        pid: child.pid ?? null,
-        stop: () => stopChild(child),
+        pid: child.pid,
+        stop: child.stop,
       });
     }
     // ours: blind, and with interception + capture + inspection
@@ -359,10 +290,10 @@ export async function main(args: string[]): Promise<void> {
         ...(capture ? ['--ca-cert', join(dir, 'ica.pem'), '--ca-key', join(dir, 'ica.key')] : ['--no-http-capture']),
       ]);
       try {
-        await waitPort(async () => port, 'dvx gateway', 20_000, child);
+        await waitPort(port, 'dvx gateway', child, 20_000);
       } catch (err) {
         process.stderr.write(`dvx gateway did not start (${(err as Error).message}); its row is left out\n`);
-        await stopChild(child);
+        await child.stop();
         continue;
       }
       proxies.push({
@@ -371,13 +302,13 @@ export async function main(args: string[]): Promise<void> {
         tls: true,
         auth: `Bearer ${token}`,
         interceptCa: capture ? interceptCa.certPem : null,
-        pid: child.pid ?? null,
-        stop: () => stopChild(child),
+        pid: child.pid,
+        stop: child.stop,
       });
     }
 
     // direct: the same measurements without a proxy
-    const directTunnel = await timed(n, async () => {
+    const directTunnel = await sequential(n, async () => {
       const s = tls.connect({ host: '127.0.0.1', port: tlsPort, ca: upstreamCa.certPem });
       await new Promise<void>((resolve, reject) => {
         s.once('secureConnect', () => s.write('GET /small HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n'));
@@ -387,10 +318,10 @@ export async function main(args: string[]): Promise<void> {
       });
     });
     const direct = new Client(`https://127.0.0.1:${tlsPort}`, { connect: { ca: upstreamCa.certPem } });
-    const directIn = await timed(n, async () => void (await getOn(direct, '/small')));
+    const directIn = await sequential(n, async () => void (await getOn(direct, '/small')));
     await direct.close();
     const directHttpAgent = new http.Agent({ keepAlive: true });
-    const directHttp = await timed(
+    const directHttp = await sequential(
       n,
       () =>
         new Promise<void>((resolve, reject) => {
@@ -420,7 +351,7 @@ export async function main(args: string[]): Promise<void> {
     for (const p of proxies) {
       const proxyCaPem = proxyCa.certPem;
       process.stderr.write(`${p.name}: measuring\n`);
-      const tunnel = await timed(Math.round(n / 2), async () => {
+      const tunnel = await sequential(Math.round(n / 2), async () => {
         const raw = await openTunnel(p, tlsPort, proxyCaPem);
         const s = tls.connect({ socket: raw, host: '127.0.0.1', ca: p.interceptCa ?? upstreamCa.certPem });
         await new Promise<void>((resolve, reject) => {
@@ -433,7 +364,7 @@ export async function main(args: string[]): Promise<void> {
         raw.destroy();
       });
       const one = tunnelClient(p, tlsPort, proxyCaPem, upstreamCa.certPem);
-      const inTunnel = await timed(n, async () => void (await getOn(one, '/small')));
+      const inTunnel = await sequential(n, async () => void (await getOn(one, '/small')));
       // What the proxy adds where it works: opening the tunnel (a blind tunnel only copies bytes after).
       const added = tunnel.p50 - directTunnel.p50;
       if (p.name === 'floor (node:net, TLS)') floorAdded = added;
@@ -442,7 +373,7 @@ export async function main(args: string[]): Promise<void> {
       const mbps = bytes / 1e6 / ((performance.now() - t0) / 1000);
       await one.close();
       const agent = p.tls ? new https.Agent({ keepAlive: true, ca: proxyCaPem }) : new http.Agent({ keepAlive: true });
-      const abs = await timed(n, () => absoluteGet(p, agent, httpPort, proxyCaPem));
+      const abs = await sequential(n, () => absoluteGet(p, agent, httpPort, proxyCaPem));
       agent.destroy();
       const clients = Array.from({ length: 16 }, () => tunnelClient(p, tlsPort, proxyCaPem, upstreamCa.certPem));
       await Promise.all(clients.map((c) => getOn(c, '/small')));
@@ -486,7 +417,8 @@ export async function main(args: string[]): Promise<void> {
         ],
         rows,
       )}\n\n${conditions(
-        `proxies on core 1, client and upstreams on core 0; ${n} sequential requests per latency column, ${seconds} s of load; 1 KB answers; 64 MB download; the floor over TLS and dvx listen over TLS, the others over plain TCP; dvx checks a JWT, the destination policy and records a network_flow per tunnel and per request (stdout)`,
+        `${n} sequential requests per latency column, ${seconds} s of load; 1 KB answers; 64 MB download; the floor over TLS and dvx listen over TLS, the others over plain TCP; dvx checks a JWT, the destination policy and records a network_flow per tunnel and per request (stdout)`,
+        'proxies on core 1, client and upstreams on core 0 (taskset)',
       )}\n`,
     );
     await new Promise<void>((r) => upstreamTls.close(() => r()));

@@ -1,8 +1,8 @@
 import { performance } from 'node:perf_hooks';
-import { cpus } from 'node:os';
+import { p50p99 } from './stats.ts';
 
 // Timing helpers shared by every benchmark: run a contender until it has enough samples or spent its
-// budget, and summarise as median/p99 and MB/s. Speed is judged here, never in a test.
+// budget, and summarise as median/p99 and MB/s; and how times, sizes and tables are printed. Speed is judged here, never in a test.
 
 export interface Sample {
   p50: number; // ms
@@ -26,18 +26,11 @@ export async function measure(
     if (r instanceof Promise) await r;
     times.push(performance.now() - t0);
   }
-  times.sort((a, b) => a - b);
-  const at = (q: number) => times[Math.min(times.length - 1, Math.floor(q * times.length))];
-  return { p50: at(0.5), p99: at(0.99), n: times.length };
+  return { ...p50p99(times), n: times.length };
 }
 
 export function mbPerSec(bytes: number, ms: number): number {
   return bytes / 1e6 / (ms / 1000);
-}
-
-export function conditions(extra: string): string {
-  const cpu = cpus()[0]?.model ?? 'unknown cpu';
-  return `Node ${process.version}, ${cpu}, ${cpus().length} cores, ${new Date().toISOString().slice(0, 10)}; ${extra}`;
 }
 
 export function formatMs(ms: number): string {

@@ -1,5 +1,6 @@
 import { BENCH_PATTERNS, BENCH_SECRETS, llmRequestBody } from './corpus.ts';
-import { conditions, formatMs, mbPerSec, measure, sizeLabel, table } from './measure.ts';
+import { conditions, UNPINNED } from './conditions.ts';
+import { formatMs, mbPerSec, measure, sizeLabel, table } from './measure.ts';
 import { normalizedView } from '../pipeline/normalized-view.ts';
 import { compilePlan } from '../pipeline/plan.ts';
 import { scanBody } from '../pipeline/scan.ts';
@@ -151,7 +152,7 @@ export async function normalizedViewTable(quick: boolean): Promise<string> {
     ]);
   }
   return [
-    `### normalized view — ${conditions('request phase; full set = secrets (3) + PII + API keys + 10 RE2 patterns, inline')}`,
+    `### normalized view — ${conditions('request phase; full set = secrets (3) + PII + API keys + 10 RE2 patterns, inline', UNPINNED)}`,
     '',
     table(
       ['body', 'size', 'view', 'view alone MB/s', 'view p50', 'full set MB/s', 'full set p50', 'full set p99'],

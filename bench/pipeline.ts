@@ -1,7 +1,8 @@
 import { createRequire } from 'node:module';
 import { BENCH_PATTERNS, BENCH_SECRETS, llmRequestBody } from './corpus.ts';
 import { WORST_CASES, WORST_PATTERNS, WORST_SECRET, combinedWorstBody, worstBody } from './worst-case.ts';
-import { conditions, formatMs, mbPerSec, measure, sizeLabel, table } from './measure.ts';
+import { conditions, UNPINNED } from './conditions.ts';
+import { formatMs, mbPerSec, measure, sizeLabel, table } from './measure.ts';
 import { InspectionEngine } from '../pipeline/engine.ts';
 import { compilePlan } from '../pipeline/plan.ts';
 import { scanBody } from '../pipeline/scan.ts';
@@ -173,7 +174,7 @@ export async function main(args: string[]): Promise<void> {
   await pool2.close();
 
   const out = [
-    `## pipeline — ${conditions('bodies: generated LLM-like JSON (bench/corpus.ts), request phase; ratio = p50 time / ours full-set inline p50 (lower is faster)')}`,
+    `## pipeline — ${conditions('bodies: generated LLM-like JSON (bench/corpus.ts), request phase; ratio = p50 time / ours full-set inline p50 (lower is faster)', UNPINNED)}`,
     '',
     table(['body', 'contender', 'MB/s (p50)', 'p50', 'p99', 'runs', 'time vs ours'], rows),
     '',
@@ -321,7 +322,7 @@ async function worstCases(quick: boolean): Promise<string> {
   await engine.close();
 
   return [
-    `## pipeline, worst cases — ${conditions('8 MB per case (bench/worst-case.ts), each inspector alone, inline; V8 RegExp and the peer run once on 16 KB of the case; ratio = time per MB / ours (lower is faster)')}`,
+    `## pipeline, worst cases — ${conditions('8 MB per case (bench/worst-case.ts), each inspector alone, inline; V8 RegExp and the peer run once on 16 KB of the case; ratio = time per MB / ours (lower is faster)', UNPINNED)}`,
     '',
     table(['worst case', 'contender', 'MB/s (p50)', 'p50', 'p99', 'runs', 'time per MB vs ours'], rows),
     '',
@@ -408,7 +409,7 @@ async function scanOnly(quick: boolean): Promise<string> {
     }
   }
   return [
-    `## pipeline, single-core scan — ${conditions('bodies: generated LLM-like JSON (bench/corpus.ts), request phase, inline; CPU time of this process per run (best and median batch), so that other work on a shared machine weighs less than on a wall clock; ratio = median / ours full-set median')}`,
+    `## pipeline, single-core scan — ${conditions('bodies: generated LLM-like JSON (bench/corpus.ts), request phase, inline; CPU time of this process per run (best and median batch), so that other work on a shared machine weighs less than on a wall clock; ratio = median / ours full-set median', UNPINNED)}`,
     '',
     table(
       ['body', 'contender', 'CPU MB/s (best)', 'CPU MB/s (median)', 'CPU best', 'CPU median', 'runs', 'time vs ours'],

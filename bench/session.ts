@@ -1,15 +1,24 @@
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import http from 'node:http';
-import { mkdtemp, readFile, readdir, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { fileURLToPath } from 'node:url';
 import { Agent, request } from 'undici';
-import { exportJWK, generateKeyPair, SignJWT } from 'jose';
-import { generateCa, issueCertificate } from '../core/tls.ts';
-import { BENCH_PATTERNS, BENCH_SECRETS } from './corpus.ts';
-import { conditions, formatMs, table } from './measure.ts';
+import { conditions } from './conditions.ts';
+import { BENCH_SECRETS, rng } from './corpus.ts';
+import { fullSetSnapshot, listenLocal, writeAgentIdentity, writeJson, writeServerTls } from './fixtures.ts';
+import { formatMs, table } from './measure.ts';
+import { treeCpuSeconds } from './proc-stats.ts';
+import { pinSelf } from './processes.ts';
+import {
+  FLOOR_PROXY_NAME,
+  PORTKEY_GUARDED_NAME,
+  portkeyConfig,
+  startFloorProxy,
+  startLlmproxy,
+  startPortkey,
+} from './servers.ts';
+import { quantile } from './stats.ts';
 import type { BenchResult, SummaryRow } from './summary.ts';
 
 // npm run bench -- session [--quick] [--turns N] [--sessions N] [--format anthropic|openai]
@@ -25,8 +34,6 @@ import type { BenchResult, SummaryRow } from './summary.ts';
 // inspection time from `dvx_inspection_duration_seconds`, the whole-session CPU from /proc (utime +
 // stime of the proxy and every process under it).
 
-const ROOT = fileURLToPath(new URL('..', import.meta.url));
-const NODE = process.execPath;
 const TURN_GROWTH = 7.5 * 1024;
 const SESSION_BASE_SEED = 100;
 
@@ -75,17 +82,6 @@ function findingsPlanted(turns: number): string {
 
 function schema(field: string) {
   return { type: 'object', properties: { [field]: { type: 'string' } }, required: [field] };
-}
-
-function rng(seed: number): () => number {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 function text(rand: () => number, bytes: number): string {
@@ -215,76 +211,16 @@ function startUpstream(): Promise<{ url: string; close: () => void }> {
     stop_sequence: null,
     usage: { input_tokens: 1000, output_tokens: 20 },
   });
-  const server = http.createServer((req, res) => {
-    req.resume();
-    req.on('end', () => {
-      const reply = req.url?.endsWith('/chat/completions') ? openai : anthropic;
-      res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(reply) });
-      res.end(reply);
-    });
-  });
-  server.keepAliveTimeout = 60_000;
-  return new Promise((resolve) =>
-    server.listen(0, '127.0.0.1', () =>
-      resolve({ url: `http://127.0.0.1:${(server.address() as { port: number }).port}`, close: () => server.close() }),
-    ),
+  return listenLocal(
+    http.createServer((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        const reply = req.url?.endsWith('/chat/completions') ? openai : anthropic;
+        res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(reply) });
+        res.end(reply);
+      });
+    }),
   );
-}
-
-async function waitFor(check: () => Promise<boolean>, what: string, exited?: () => string | null): Promise<void> {
-  const end = Date.now() + 30_000;
-  while (Date.now() < end) {
-    const gone = exited?.();
-    if (gone !== null && gone !== undefined) throw new Error(`${what} exited: ${gone}`);
-    if (await check().catch(() => false)) return;
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
-
-/** A process alone on core 1; its stderr is passed through and kept, to tell why it stopped. */
-function pinned(args: string[], env: Record<string, string> = {}): { child: ChildProcess; stderr: () => string } {
-  const child = spawn('taskset', ['-c', '1', ...args], {
-    env: { ...process.env, ...env },
-    stdio: ['ignore', 'ignore', 'pipe'],
-  });
-  let err = '';
-  child.stderr?.on('data', (c: Buffer) => {
-    err += c;
-    process.stderr.write(c);
-  });
-  return { child, stderr: () => err };
-}
-
-async function stopChild(child: ChildProcess): Promise<void> {
-  if (child.exitCode !== null || child.signalCode !== null) return;
-  const done = new Promise((r) => child.once('exit', r));
-  child.kill('SIGTERM');
-  const t = setTimeout(() => child.kill('SIGKILL'), 5000);
-  await done;
-  clearTimeout(t);
-}
-
-const CLOCK_TICKS = (() => {
-  try {
-    return Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim()) || 100;
-  } catch {
-    return 100;
-  }
-})();
-
-/** CPU seconds (user + system) of a process and every process under it (a `--workers` fleet). */
-async function cpuSeconds(pid: number): Promise<number> {
-  let ticks = 0;
-  const stat = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
-  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  ticks += Number(fields[11] ?? 0) + Number(fields[12] ?? 0);
-  const tasks = await readdir(`/proc/${pid}/task`).catch(() => [] as string[]);
-  for (const tid of tasks) {
-    const children = await readFile(`/proc/${pid}/task/${tid}/children`, 'utf8').catch(() => '');
-    for (const c of children.split(' ').filter(Boolean)) ticks += (await cpuSeconds(Number(c))) * CLOCK_TICKS;
-  }
-  return ticks / CLOCK_TICKS;
 }
 
 interface Contender {
@@ -365,7 +301,7 @@ async function replay(c: Contender, sessions: Buffer[][], group: number): Promis
   const add = (into: Map<string, number>, d: Map<string, number>) => {
     for (const [k, v] of d) into.set(k, (into.get(k) ?? 0) + v);
   };
-  const cpu0 = c.pid ? await cpuSeconds(c.pid) : null;
+  const cpu0 = c.pid ? await treeCpuSeconds(c.pid) : null;
   const start = c.metrics ? await c.metrics() : zero;
   for (const bodies of sessions) {
     await c.refresh?.();
@@ -379,14 +315,9 @@ async function replay(c: Contender, sessions: Buffer[][], group: number): Promis
     }
     if (c.metrics) add(late, delta(mark, await c.metrics()));
   }
-  const cpu = c.pid && cpu0 !== null ? (await cpuSeconds(c.pid)) - cpu0 : null;
+  const cpu = c.pid && cpu0 !== null ? (await treeCpuSeconds(c.pid)) - cpu0 : null;
   const whole = c.metrics ? delta(start, await c.metrics()) : undefined;
   return { latency, errors, cpu, early: c.metrics ? early : undefined, late: c.metrics ? late : undefined, whole };
-}
-
-function quantile(xs: number[], q: number): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.floor(q * s.length))] ?? NaN;
 }
 
 // ---- the benchmark -------------------------------------------------------------------------------
@@ -403,7 +334,7 @@ export async function main(args: string[]): Promise<BenchResult> {
   const route = ROUTES[format];
   const nSessions = opt('--sessions', quick ? 3 : 10);
   const group = Math.max(1, Math.ceil(turns / 4));
-  spawn('taskset', ['-p', '-c', '0', String(process.pid)], { stdio: 'ignore' });
+  pinSelf('0');
 
   const sessions = Array.from({ length: nSessions }, (_, i) => sessionBodies(turns, SESSION_BASE_SEED + i, format));
   const warmUp = [sessionBodies(Math.min(turns, 8), 1, format)];
@@ -415,51 +346,15 @@ export async function main(args: string[]): Promise<BenchResult> {
 
   const dir = await mkdtemp(join(tmpdir(), 'dvx-session-bench-'));
   const upstream = await startUpstream();
-  const ca = await generateCa();
-  const leaf = await issueCertificate(ca, { commonName: 'localhost', ipAddresses: ['127.0.0.1'] });
-  await writeFile(join(dir, 'cert.pem'), leaf.certPem);
-  await writeFile(join(dir, 'key.pem'), leaf.keyPem);
-  const { publicKey, privateKey } = await generateKeyPair('ES256', { extractable: true });
-  await writeFile(
-    join(dir, 'jwks.json'),
-    JSON.stringify({ keys: [{ ...(await exportJWK(publicKey)), kid: 'b', alg: 'ES256' }] }),
-  );
-  const token = () =>
-    new SignJWT({ org_id: 'org-b' })
-      .setProtectedHeader({ alg: 'ES256', kid: 'b' })
-      .setSubject('agent-b')
-      .setIssuedAt()
-      .setExpirationTime('290s')
-      .sign(privateKey);
+  const { ca, certFile, keyFile } = await writeServerTls(dir);
+  const identity = await writeAgentIdentity(dir);
+  const token = identity.token;
   const secrets: Record<string, string> = { 'agent:llmproxy.llm.api_key': 'sk-upstream-key' };
   BENCH_SECRETS.forEach((s, i) => {
     secrets[`bench_${i}`] = s;
   });
-  await writeFile(join(dir, 'secrets.json'), JSON.stringify({ 'agent:agent-b': secrets }));
-  await writeFile(
-    join(dir, 'snapshot.json'),
-    JSON.stringify({
-      version: 'bench',
-      enclave: { id: 'e', name: 'bench', isolation_class: 'vm' },
-      platform: { downstream_url: { value: upstream.url } },
-      orgs: {
-        'org-b': {
-          flags: { 'inspect:llm': true, 'audit:llm': true },
-          config: {
-            content_inspection: {
-              value: {
-                secrets_filter: { enabled: true },
-                pii_detection: { enabled: true },
-                api_key_detection: { enabled: true },
-                patterns: BENCH_PATTERNS,
-              },
-            },
-          },
-        },
-      },
-      agents: {},
-    }),
-  );
+  const secretsFile = await writeJson(dir, 'secrets.json', { 'agent:agent-b': secrets });
+  const snapshotFile = await writeJson(dir, 'snapshot.json', fullSetSnapshot(upstream.url, true));
 
   const tls = new Agent({ connect: { ca: ca.certPem }, connections: 4, keepAliveTimeout: 60_000 });
   const plain = new Agent({ connections: 4, keepAliveTimeout: 60_000 });
@@ -472,78 +367,44 @@ export async function main(args: string[]): Promise<BenchResult> {
     format === 'openai' ? ['authorization', `Bearer ${await token()}`] : ['x-api-key', await token()];
   const notes: string[] = [];
 
-  /**
-   * dvx llmproxy with the full set, `--workers 1` and the given flags. A flag this dvx does not know
-   * (`--workers`, `--inspection-cache-mb` land from other branches) stops it at parse time: say so,
-   * and run it again without that flag, so the bench still measures the dvx that exists.
-   */
+  /** dvx llmproxy with the full set, `--workers 1` and the given flags (servers.ts drops one it does not know). */
   const startDvx = async (name: string, port: number, extra: string[]): Promise<Contender> => {
-    let flags = ['--workers', '1', ...extra];
-    const dropped: string[] = [];
-    for (;;) {
-      const metricsPort = port + 100;
-      const { child, stderr } = pinned([
-        NODE,
-        join(ROOT, 'cli/main.ts'),
-        'serve',
-        'llmproxy',
-        '--addr',
-        `127.0.0.1:${port}`,
-        '--metrics-addr',
-        `127.0.0.1:${metricsPort}`,
-        '--tls-cert',
-        join(dir, 'cert.pem'),
-        '--tls-key',
-        join(dir, 'key.pem'),
-        '--agent-jwks',
-        join(dir, 'jwks.json'),
-        '--policy-snapshot',
-        join(dir, 'snapshot.json'),
-        '--secrets-file',
-        join(dir, 'secrets.json'),
-        '--log-level',
-        'error',
-        ...flags,
-      ]);
-      const url = `https://127.0.0.1:${port}`;
-      try {
-        await waitFor(
-          async () => (await request(`${url}/healthz`, { dispatcher: tls })).statusCode === 200,
-          name,
-          () => (child.exitCode !== null ? `code ${child.exitCode}: ${stderr().trim().slice(0, 300)}` : null),
-        );
-      } catch (err) {
-        await stopChild(child);
-        const unknown = /unknown option '(--[\w-]+)'/.exec(stderr());
-        if (!unknown || !flags.includes(unknown[1])) throw err;
-        const i = flags.indexOf(unknown[1]);
-        dropped.push(flags.slice(i, i + 2).join(' '));
-        flags = [...flags.slice(0, i), ...flags.slice(i + 2)];
-        process.stderr.write(`session bench: this dvx has no ${unknown[1]} flag; starting ${name} without it\n`);
-        continue;
-      }
-      const note = dropped.length ? `${name}: started without ${dropped.join(', ')} (unknown flag in this dvx)` : '';
-      if (note) notes.push(note);
-      const [header, value] = await credential();
-      const headers: Record<string, string> = { ...json, [header]: value };
-      return {
-        name,
-        url,
-        path: route.path,
-        headers,
-        refresh: async () => {
-          headers[header] = (await credential())[1];
-        },
-        dispatcher: tls,
-        pid: child.pid ?? null,
-        note,
-        metrics: async () => {
-          const res = await request(`https://127.0.0.1:${metricsPort}/metrics`, { dispatcher: tls });
-          return parseMetrics(await res.body.text());
-        },
-        stop: () => stopChild(child),
-      };
-    }
+    const metricsPort = port + 100;
+    const dvx = await startLlmproxy({
+      name,
+      port,
+      metricsPort,
+      certFile,
+      keyFile,
+      jwksFile: identity.jwksFile,
+      snapshotFile,
+      secretsFile,
+      tls,
+      flags: ['--workers', '1', ...extra],
+    });
+    const note = dvx.dropped.length
+      ? `${name}: started without ${dvx.dropped.join(', ')} (unknown flag in this dvx)`
+      : '';
+    if (note) notes.push(note);
+    const [header, value] = await credential();
+    const headers: Record<string, string> = { ...json, [header]: value };
+    return {
+      name,
+      url: dvx.url,
+      path: route.path,
+      headers,
+      refresh: async () => {
+        headers[header] = (await credential())[1];
+      },
+      dispatcher: tls,
+      pid: dvx.pid,
+      note,
+      metrics: async () => {
+        const res = await request(`https://127.0.0.1:${metricsPort}/metrics`, { dispatcher: tls });
+        return parseMetrics(await res.body.text());
+      },
+      stop: dvx.stop,
+    };
   };
 
   const starters: (() => Promise<Contender>)[] = [
@@ -559,54 +420,30 @@ export async function main(args: string[]): Promise<BenchResult> {
     () => startDvx('dvx: full set, inspection cache on', 18580, []),
     () => startDvx('dvx: full set, --inspection-cache-mb 0', 18581, ['--inspection-cache-mb', '0']),
     async () => {
-      const portFile = join(dir, 'floor.port');
-      const { child } = pinned([
-        NODE,
-        join(ROOT, 'bench/floor-proxy.ts'),
-        join(dir, 'cert.pem'),
-        join(dir, 'key.pem'),
-        upstream.url,
-        portFile,
-      ]);
-      await waitFor(async () => (await readFile(portFile, 'utf8')).length > 0, 'floor proxy');
+      const floor = await startFloorProxy({ dir, certFile, keyFile, upstreamUrl: upstream.url });
       return {
-        name: 'floor: node:https + undici pass-through',
-        url: `https://127.0.0.1:${Number(await readFile(portFile, 'utf8'))}`,
+        name: FLOOR_PROXY_NAME,
+        url: floor.url,
         path: route.path,
         headers: json,
         dispatcher: tls,
-        pid: child.pid ?? null,
-        stop: () => stopChild(child),
+        pid: floor.pid,
+        stop: floor.stop,
       };
     },
     async () => {
-      const port = 18789;
-      const { child } = pinned(
-        [NODE, join(ROOT, 'node_modules/@portkey-ai/gateway/build/start-server.js'), `--port=${port}`, '--headless'],
-        { NODE_ENV: 'production' },
-      );
-      const url = `http://127.0.0.1:${port}`;
-      await waitFor(async () => (await request(`${url}/`, { dispatcher: plain })).statusCode === 200, 'portkey');
-      const config = {
-        provider: format,
-        api_key: 'sk-upstream-key',
-        custom_host: `${upstream.url}/v1`,
-        input_guardrails: [
-          {
-            id: 'g1',
-            deny: true,
-            'default.regexMatch': { rule: BENCH_PATTERNS[0].pattern.replace('(?i)', ''), not: true },
-          },
-        ],
-      };
+      const portkey = await startPortkey(18789, plain);
       return {
-        name: '@portkey-ai/gateway + regex guardrail',
-        url,
+        name: PORTKEY_GUARDED_NAME,
+        url: portkey.url,
         path: route.path,
-        headers: { 'content-type': 'application/json', 'x-portkey-config': JSON.stringify(config) },
+        headers: {
+          'content-type': 'application/json',
+          'x-portkey-config': JSON.stringify(portkeyConfig(format, upstream.url, true)),
+        },
         dispatcher: plain,
-        pid: child.pid ?? null,
-        stop: () => stopChild(child),
+        pid: portkey.pid,
+        stop: portkey.stop,
       };
     },
   ];
@@ -685,7 +522,7 @@ export async function main(args: string[]): Promise<BenchResult> {
   const earlyLabel = `turns 1–${group}`;
   const lateLabel = `turns ${turns - group + 1}–${turns}`;
   const markdown = [
-    `## session — ${conditions(`${nSessions} generated sessions of ${turns} turns (${format === 'openai' ? 'OpenAI Chat Completions, tool_calls + tool messages' : 'Anthropic Messages, tool_use + tool_result'}, ${kb(sessions[0][0].length)} → ${kb(sessions[0][turns - 1].length)}), each turn resending the whole conversation, one call at a time; early = ${earlyLabel}, late = ${lateLabel}; the proxy alone on core 1, this process and the mock upstream on core 0; added = the contender's p50 (p99) minus direct's over the same turns; CPU = utime + stime of the proxy's processes over the measured sessions (dvx's includes four metric scrapes a session)`)}`,
+    `## session — ${conditions(`${nSessions} generated sessions of ${turns} turns (${format === 'openai' ? 'OpenAI Chat Completions, tool_calls + tool messages' : 'Anthropic Messages, tool_use + tool_result'}, ${kb(sessions[0][0].length)} → ${kb(sessions[0][turns - 1].length)}), each turn resending the whole conversation, one call at a time; early = ${earlyLabel}, late = ${lateLabel}; added = the contender's p50 (p99) minus direct's over the same turns; CPU = utime + stime of the proxy's processes over the measured sessions (dvx's includes four metric scrapes a session)`, 'the proxy alone on core 1, this process and the mock upstream on core 0 (taskset)')}`,
     '',
     table(
       [

@@ -1,4 +1,3 @@
-import { cpus, loadavg } from 'node:os';
 import { table } from './measure.ts';
 
 // What a benchmark hands back to `npm run bench -- all`: the rows of its summary (ours against the
@@ -32,18 +31,6 @@ export function summaryTable(rows: SummaryRow[]): string {
     ['bench', 'measure', 'ours', 'baseline', 'ours / baseline', 'goal'],
     rows.map((r) => [r.bench, r.measure, r.ours, r.baseline, formatRatio(r.ratio), r.goal ?? '']),
   );
-}
-
-/** Node version, CPU, cores, load average and date: what a reader needs to weigh the numbers. */
-export function machineConditions(loadBefore: number[]): string {
-  const load = (l: number[]) => l.map((x) => x.toFixed(2)).join(' / ');
-  return [
-    `Node ${process.version}`,
-    cpus()[0]?.model ?? 'unknown cpu',
-    `${cpus().length} cores`,
-    `load average (1/5/15 min) ${load(loadBefore)} at the start, ${load(loadavg())} at the end`,
-    new Date().toISOString().replace(/\.\d+Z$/, 'Z'),
-  ].join('; ');
 }
 
 /** '208 µs', '4.45 ms', '617 ms', '1.2 s' → milliseconds (NaN when it is not a time). */

@@ -3,7 +3,9 @@ import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { type Agent, request } from 'undici';
+import { listenLocal } from './fixtures.ts';
 import { formatMs, measure, table } from './measure.ts';
+import { median } from './stats.ts';
 
 // The proxy benchmark's tool-call profile (npm run bench -- proxy): what deciding an answer's tool calls
 // costs. A mock Anthropic upstream answers every call with text and two tool calls (plain JSON, or a
@@ -84,30 +86,23 @@ const STREAM_TOOLS =
 
 /** The upstream of this profile: plain answers at once; a stream's tool calls 5 ms after its text. */
 export function startToolUpstream(): Promise<{ url: string; close: () => void }> {
-  const server = http.createServer((req, res) => {
-    let streamed = false;
-    req.on('data', (c: Buffer) => {
-      if (!streamed && c.includes('"stream":true')) streamed = true;
-    });
-    req.on('end', () => {
-      if (!streamed) {
-        res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(PLAIN) });
-        res.end(PLAIN);
-        return;
-      }
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.write(STREAM_HEAD);
-      setTimeout(() => res.end(STREAM_TOOLS), 5);
-    });
-  });
-  server.keepAliveTimeout = 60_000;
-  return new Promise((resolve) =>
-    server.listen(0, '127.0.0.1', () =>
-      resolve({
-        url: `http://127.0.0.1:${(server.address() as { port: number }).port}`,
-        close: () => server.close(),
-      }),
-    ),
+  return listenLocal(
+    http.createServer((req, res) => {
+      let streamed = false;
+      req.on('data', (c: Buffer) => {
+        if (!streamed && c.includes('"stream":true')) streamed = true;
+      });
+      req.on('end', () => {
+        if (!streamed) {
+          res.writeHead(200, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(PLAIN) });
+          res.end(PLAIN);
+          return;
+        }
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write(STREAM_HEAD);
+        setTimeout(() => res.end(STREAM_TOOLS), 5);
+      });
+    }),
   );
 }
 
@@ -207,7 +202,6 @@ export async function toolCallProfile(contenders: ToolContender[], quick: boolea
     );
     const marks: { text: number; tool: number }[] = [];
     for (let i = 0; i < (quick ? 20 : 100); i++) marks.push(await firstMarks(c));
-    const median = (xs: number[]) => xs.sort((a, b) => a - b)[Math.floor(xs.length / 2)];
     if (c.baseline) direct = plain.p50;
     const added = plain.p50 - direct;
     if (c.name.startsWith('floor')) floorAdded = added;

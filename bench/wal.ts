@@ -9,7 +9,9 @@ import { newId } from '../core/ids.ts';
 import { encodeFrame } from '../audit-wal/frame.ts';
 import { openStore } from '../audit-wal/store.ts';
 import { WalTable } from '../audit-wal/wal-table.ts';
-import { conditions, formatMs, table } from './measure.ts';
+import { conditions, UNPINNED } from './conditions.ts';
+import { formatMs, table } from './measure.ts';
+import { p50p99 } from './stats.ts';
 
 // npm run bench -- wal [--quick] [--appenders 1,16,256] [--rounds N] [--no-ship]
 // Durable records/s and append-to-durable p50/p99 for 1 KiB records at 1, 16 and 256 concurrent
@@ -47,11 +49,9 @@ async function drive(concurrency: number, total: number, append: () => Promise<v
   );
   const seconds = (performance.now() - started) / 1000;
   const used = process.cpuUsage(cpu);
-  lat.sort((a, b) => a - b);
   return {
     perSec: lat.length / seconds,
-    p50: lat[Math.floor(lat.length / 2)],
-    p99: lat[Math.floor(lat.length * 0.99)],
+    ...p50p99(lat),
     cpuUs: (used.user + used.system) / lat.length,
   };
 }
@@ -182,7 +182,7 @@ export async function main(args: string[]): Promise<void> {
 
     process.stdout.write(
       [
-        `## wal — ${conditions(`1 KiB records; WAL on ${tmpdir()}; ratio = records/s vs ours at the same concurrency`)}`,
+        `## wal — ${conditions(`1 KiB records; WAL on ${tmpdir()}; ratio = records/s vs ours at the same concurrency`, UNPINNED)}`,
         '',
         table(['appenders', 'contender', 'records/s', 'append→durable p50', 'p99', 'CPU µs/record', 'vs ours'], rows),
         '',
