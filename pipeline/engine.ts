@@ -534,7 +534,7 @@ export class InspectionEngine {
         hit = cache.get(key);
         found[k] = hit;
       }
-      if (hit === undefined) fresh.push({ span, key, index: k });
+      if (hit === undefined) fresh.push({ span, key, index: k, seen: recall !== null && k < recall.verified });
       else {
         if (hit.length > 0) cached.push(hit);
         hits++;
@@ -642,6 +642,10 @@ export class InspectionEngine {
       for (const p of parts) found[p.index] = cache.set(p.key, result.findings);
       return result;
     }
+    // Parts never seen before are not halved: on traffic that never resends (every body fresh) the
+    // halving would cost about twice the body's bytes again per finding, for entries never read. They
+    // are halved the first time the agent resends them (then they are `seen`), and cached from then on.
+    if (!parts.some((p) => p.seen)) return result;
     // The halving is bounded (rescanBudget): past it these parts are not stored, and are scanned
     // again next turn, as without the cache. What this scan found counts either way.
     const cost = rescanCost(parts);
@@ -1012,6 +1016,8 @@ interface NewPart {
   key: string;
   /** Its index among the body's parts. */
   index: number;
+  /** It led the agent's last body too (resent-parts.ts): worth halving a finding down to it. */
+  seen: boolean;
 }
 
 /** What a rescan costs beyond its bytes (one input, a pass per inspector), counted as this many bytes. */

@@ -61,7 +61,12 @@ t.test('a refused message stays refused on every turn that resends it, from the 
   t.equal(await send(client, [m0, a1, u1, a2, u2]), 403, 'turn 3 resends it: still refused');
   t.equal(h.upstream.received.length, before, 'the upstream never saw it');
   t.match(lastAudit(), { status: 403, decision: 'block', findings: first.findings as object });
-  t.equal(await metric(h, 'dvx_inspection_cache_hits_total'), hits + 3, 'm0, a1 and u1 came from the cache');
+  // New parts with a finding are halved down to it (and stored) the first time they are resent.
+  t.equal(await metric(h, 'dvx_inspection_cache_hits_total'), hits + 1, 'm0 came from the cache');
+  t.equal(await send(client, [m0, a1, u1, a2, u2]), 403, 'turn 4 resends it again: still refused');
+  t.match(lastAudit(), { status: 403, decision: 'block', findings: first.findings as object });
+  t.equal(await metric(h, 'dvx_inspection_cache_hits_total'), hits + 6, 'm0, a1, u1, a2 and u2 came from the cache');
+  t.equal(h.upstream.received.length, before, 'the upstream never saw it');
   t.ok((await metric(h, 'dvx_inspection_cache_bytes_saved_total')) > saved, 'bytes saved');
   t.ok((await metric(h, 'dvx_inspection_cache_bytes')) > 0);
   t.notOk(JSON.stringify(h.audit).includes(AGENT_SECRET), 'the secret is in no audit record');
@@ -119,6 +124,8 @@ t.test('OpenAI Chat: a resent tool result with a key is refused each time', asyn
   t.equal(await status(history), 403);
   const hits = await metric(h, 'dvx_inspection_cache_hits_total');
   t.equal(await status([...history, { role: 'user', content: 'Go on.' }]), 403, 'resent: still refused');
+  // Stored on the first resend (halved down to the tool result), read from the cache on the next.
+  t.equal(await status([...history, { role: 'user', content: 'Go on.' }]), 403, 'resent again: still refused');
   t.ok((await metric(h, 'dvx_inspection_cache_hits_total')) > hits, 'from the cache');
   t.match(lastAudit(), { status: 403, findings: [{ inspector_type: 'api_key', match: 'AKIA****' }] });
 });
