@@ -433,34 +433,21 @@ export class InspectionEngine {
     let results: ScanResult[];
     let mode: InspectionOutcome['mode'] = 'inline';
     if (parts !== null) {
-      const deadline = new AbortController();
-      const timer = waitedSidecars
-        ? setTimeout(() => deadline.abort(new DeadlineError('inspection deadline')), this.#timeoutMs)
-        : undefined;
-      const waited: Promise<ScanResult>[] = [];
-      for (const sidecar of policy.sidecars) {
-        if ((phase === 'request' ? sidecar.on_request : sidecar.on_response) && !sidecar.async)
-          waited.push(this.#runSidecar(sidecar, request, identity, deadline.signal));
-      }
+      const sidecars = this.#waitedSidecars(request, identity);
       const pool = { used: false };
       results = await Promise.all([
         this.#inspectParts(plan, policy, body, parts, phase, secrets, holder, recall, pool),
-        ...waited,
+        ...sidecars.scans,
       ]);
-      clearTimeout(timer);
+      sidecars.stop();
       if (pool.used) mode = 'pool';
     } else if (!pooled && !waitedSidecars) {
       // Everything runs here and now: no deadline timer to arm (it could not interrupt a synchronous
       // scan anyway; bodies this small are bounded by the inline threshold).
       results = [builtinWork ? this.#inline(plan, body, phase, secrets, request.modelsAnywhere) : EMPTY];
     } else {
-      const deadline = new AbortController();
-      const timer = setTimeout(() => deadline.abort(new DeadlineError('inspection deadline')), this.#timeoutMs);
-      const waited: Promise<ScanResult>[] = [];
-      for (const sidecar of policy.sidecars) {
-        if ((phase === 'request' ? sidecar.on_request : sidecar.on_response) && !sidecar.async)
-          waited.push(this.#runSidecar(sidecar, request, identity, deadline.signal));
-      }
+      const sidecars = this.#waitedSidecars(request, identity);
+      const waited = sidecars.scans;
       let builtins: Promise<ScanResult> = Promise.resolve(EMPTY);
       if (pooled) {
         mode = 'pool';
@@ -470,9 +457,34 @@ export class InspectionEngine {
         builtins = Promise.resolve(this.#inline(plan, body, phase, secrets, request.modelsAnywhere));
       }
       results = await Promise.all([builtins, ...waited]);
-      clearTimeout(timer);
+      sidecars.stop();
     }
+    return this.#conclude(phase, mode, results, started);
+  }
 
+  /**
+   * The sidecars a phase waits for, each under one deadline for them all (armed only when there is
+   * one); `stop` disarms it once they are in.
+   */
+  #waitedSidecars(request: InspectRequest, identity: SidecarIdentity): { scans: Promise<ScanResult>[]; stop(): void } {
+    const scans: Promise<ScanResult>[] = [];
+    const deadline = new AbortController();
+    let timer: NodeJS.Timeout | undefined;
+    for (const sidecar of request.policy.sidecars) {
+      if (!(request.phase === 'request' ? sidecar.on_request : sidecar.on_response) || sidecar.async) continue;
+      timer ??= setTimeout(() => deadline.abort(new DeadlineError('inspection deadline')), this.#timeoutMs);
+      scans.push(this.#runSidecar(sidecar, request, identity, deadline.signal));
+    }
+    return { scans, stop: () => clearTimeout(timer) };
+  }
+
+  /** The outcome of a phase from what its scans found and which failed, recorded (metrics, log). */
+  #conclude(
+    phase: Phase,
+    mode: InspectionOutcome['mode'],
+    results: readonly ScanResult[],
+    started: number,
+  ): InspectionOutcome {
     const findings: Finding[] = [];
     const failures: InspectorFailure[] = [];
     for (const r of results) {
@@ -742,43 +754,17 @@ export class InspectionEngine {
       tasks.map(async ({ part, range, modelWhole, context }): Promise<ScanResult> => {
         const skip = skipModel || (range !== undefined && !modelWhole);
         // The worker posts each inspector's result here as it finishes; read only if the task fails.
-        const { port1, port2 } = new MessageChannel();
-        const started = new Int32Array(new SharedArrayBuffer(4));
-        const task: WorkerTask = {
+        const task = {
           body: shared,
           policy,
           phase,
           secrets: [...secrets],
           part,
-          port: port2,
-          started,
           ...(modelsAnywhere ? { modelsAnywhere } : {}),
           ...(skipModel ? { skipModel } : {}),
           ...(range ? { range, context, modelWhole } : {}),
-        };
-        const abort = new AbortController();
-        let deadline: NodeJS.Timeout | undefined;
-        let settled = false;
-        const wait = Atomics.waitAsync(started, 0, 0, this.#queueTimeoutMs);
-        void Promise.resolve(wait.value).then((outcome) => {
-          if (settled) return;
-          if (outcome === 'timed-out') abort.abort('queue_timeout');
-          else if (!abort.signal.aborted) deadline = setTimeout(() => abort.abort('timeout'), this.#timeoutMs);
-        });
-        try {
-          // On abort piscina terminates the worker running the task and starts a fresh one: a hung
-          // worker is replaced, never waited on.
-          return (await this.#pool!.run(task, { signal: abort.signal, transferList: [port2] })) as ScanResult;
-        } catch (err) {
-          const reason = abort.signal.aborted ? String(abort.signal.reason) : (err as Error).message || 'worker error';
-          return finishedBefore(port1, builtinInspectors(plan, phase, secrets.length, part, skip), reason);
-        } finally {
-          settled = true;
-          clearTimeout(deadline);
-          // A task that failed before a worker took it: wake the waiter rather than leave it to time out.
-          if (Atomics.load(started, 0) === 0) Atomics.notify(started, 0);
-          port1.close();
-        }
+        } satisfies Omit<WorkerTask, 'port' | 'started'>;
+        return this.#runPooled(task, null, () => builtinInspectors(plan, phase, secrets.length, part, skip));
       }),
     );
     if (results.length === 1) return results[0];
@@ -860,35 +846,29 @@ export class InspectionEngine {
         const body = inspection.body;
         const whole: InspectRequest = { ...request, body, phase: 'response' };
         const identity = request.identity ?? { agentId: '', orgId: '', agentName: '' };
-        const waited: Promise<ScanResult>[] = [];
-        const deadline = new AbortController();
-        let timer: NodeJS.Timeout | undefined;
-        for (const sidecar of policy.sidecars) {
-          if (!sidecar.on_response) continue;
-          if (sidecar.async) this.#fireAndForget(sidecar, whole, identity);
-          else {
-            timer ??= setTimeout(() => deadline.abort(new DeadlineError('inspection deadline')), this.#timeoutMs);
-            waited.push(this.#runSidecar(sidecar, whole, identity, deadline.signal));
-          }
-        }
-        const results = await Promise.all([inspection.finish(), ...waited]);
-        clearTimeout(timer);
-        const findings: Finding[] = [];
-        const failures: InspectorFailure[] = [];
-        for (const r of results) {
-          for (const f of r.findings) findings.push(f);
-          for (const f of r.failures) failures.push(f);
-        }
-        const mode = pooled ? 'pool' : 'inline';
-        const durationMs = performance.now() - started;
-        this.#record('response', mode, 'allow', findings, failures, durationMs);
-        return { decision: 'allow', findings, failOpen: failures.length > 0, failures, mode, durationMs };
+        for (const sidecar of policy.sidecars)
+          if (sidecar.on_response && sidecar.async) this.#fireAndForget(sidecar, whole, identity);
+        const sidecars = this.#waitedSidecars(whole, identity);
+        const results = await Promise.all([inspection.finish(), ...sidecars.scans]);
+        sidecars.stop();
+        return this.#conclude('response', pooled ? 'pool' : 'inline', results, started);
       },
     };
   }
 
   /** One stretch of a stream on the pool (stream-scan.ts's entry), under the deadline #onPool keeps. */
-  async #stretchOnPool(plan: ScanPlan, task: StretchTask): Promise<ScanResult> {
+  #stretchOnPool(plan: ScanPlan, task: StretchTask): Promise<ScanResult> {
+    this.#metrics.queue.set(this.#pool!.queueSize);
+    return this.#runPooled(task, this.#streamWorker, () => stretchInspectors(plan, task.kind, task.secrets.length));
+  }
+
+  /**
+   * One task on the pool (`filename`: another entry than the worker's; null: the worker). Its deadline
+   * runs from the moment a worker starts it (the task's `started` word), after at most the queue
+   * timeout waiting for one. A task that fails (deadline, crash) reports what its `inspectors` had
+   * finished (the port the worker posts each result to), the rest failed with the reason.
+   */
+  async #runPooled(task: object, filename: string | null, inspectors: () => readonly string[]): Promise<ScanResult> {
     const { port1, port2 } = new MessageChannel();
     const started = new Int32Array(new SharedArrayBuffer(4));
     const abort = new AbortController();
@@ -900,18 +880,20 @@ export class InspectionEngine {
       if (outcome === 'timed-out') abort.abort('queue_timeout');
       else if (!abort.signal.aborted) deadline = setTimeout(() => abort.abort('timeout'), this.#timeoutMs);
     });
-    this.#metrics.queue.set(this.#pool!.queueSize);
     try {
+      // On abort piscina terminates the worker running the task and starts a fresh one: a hung
+      // worker is replaced, never waited on.
       return (await this.#pool!.run(
         { ...task, port: port2, started },
-        { signal: abort.signal, transferList: [port2], filename: this.#streamWorker },
+        { signal: abort.signal, transferList: [port2], ...(filename === null ? {} : { filename }) },
       )) as ScanResult;
     } catch (err) {
       const reason = abort.signal.aborted ? String(abort.signal.reason) : (err as Error).message || 'worker error';
-      return finishedBefore(port1, stretchInspectors(plan, task.kind, task.secrets.length), reason);
+      return finishedBefore(port1, inspectors(), reason);
     } finally {
       settled = true;
       clearTimeout(deadline);
+      // A task that failed before a worker took it: wake the waiter rather than leave it to time out.
       if (Atomics.load(started, 0) === 0) Atomics.notify(started, 0);
       port1.close();
     }
