@@ -134,6 +134,11 @@ export interface GatewayDeps {
   llmproxy: LlmproxyRoute | null;
   /** --cp-api-host: the agent-operator tokens its requests carry; null: not set. */
   operatorTokens: OperatorTokenSource | null;
+  /**
+   * How long requests in flight in an intercepted tunnel may still take once its credential ended
+   * (gateway.ts RETIRE_GRACE_MS unless set: GatewayStart.retireGraceMs).
+   */
+  retireGraceMs?: number;
 }
 
 /** Where an exchange is sent instead of its destination, and the headers that go with it. */
@@ -182,6 +187,13 @@ export interface Interceptor {
    * flight inside it gets `reason` as its record's; returns those flows (their records follow).
    */
   cut(client: Duplex, reason: string): Flow[];
+  /**
+   * The credential that admitted the tunnel on `client` ended: it takes no new request. Closed now when
+   * nothing is in flight (true); else each request in flight finishes, answered with `connection:
+   * close`, and the tunnel closes with the last (false). `graceMs` bounds that wait: past it the tunnel
+   * is cut (`onOverdue`).
+   */
+  retire(client: Duplex, graceMs: number, onOverdue: () => void): boolean;
   close(): Promise<void>;
 }
 

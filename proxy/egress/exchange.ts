@@ -10,7 +10,7 @@ import type { AgentIdentity } from '../llm/auth.ts';
 import { RequestTooLargeError } from '../llm/errors.ts';
 import { readBody } from '../llm/read-body.ts';
 import { send } from '../llm/relay-body.ts';
-import { BodyBudget } from '../../core/body-budget.ts';
+import { BodyBudget, type BudgetShortfall } from '../../core/body-budget.ts';
 import { codingsOf, decodeBody, MAX_CODINGS, undecodable } from './body-coding.ts';
 import { BodyCapture, CAPTURE_LOOKAHEAD, captures, capturedText, recordedHeaders, redactor } from './capture.ts';
 import type { ExchangeHandler, Flow, GatewayDeps, PinnedTarget } from './context.ts';
@@ -49,7 +49,9 @@ import { inTurn } from './pipelining.ts';
 
 export function exchangeHandler(deps: GatewayDeps): ExchangeHandler {
   const pools = new PinnedPools({ upstreamCa: deps.upstreamCa, connectTimeoutMs: deps.options.connectTimeout });
-  const budget = new BodyBudget(deps.options.maxBufferedBodies, (held) => deps.metrics.bufferedBodies.set(held));
+  const budget = new BodyBudget(deps.options.maxBufferedBodies, deps.options.maxBufferedBodiesPerAgent, (held) =>
+    deps.metrics.bufferedBodies.set(held),
+  );
   return (req, res, target, scheme, flow) => {
     // One exchange at a time per connection, in the order the agent sent them (pipelining.ts): a
     // pipelined flood must not hold a 32 MB body per request.
@@ -159,7 +161,7 @@ class Exchange {
     } catch (err) {
       this.#deps.log.error({ err, flow_id: this.#flow.id }, 'exchange capture failed');
     }
-    this.#budget.give(this.#held);
+    this.#budget.give(this.#holder(), this.#held);
     this.#held = 0;
     recordFlow(this.#deps, this.#flow);
   }
@@ -295,16 +297,36 @@ class Exchange {
       throw new GatewayRefusal(EXCHANGE_ANSWERS.misdirected, `Host ${host.slice(0, 255)} is not ${this.#flow.dst}`);
   }
 
+  /** Whose share of the body budget this exchange's body is taken from: its agent's (known at admission). */
+  #holder(): string {
+    return this.#identity?.agentId ?? '';
+  }
+
+  /** The refusal of a body that does not fit in what the budget, or its agent's share, has free. */
+  #bodiesBusy(short: BudgetShortfall): GatewayRefusal {
+    const o = this.#deps.options;
+    return new GatewayRefusal(
+      EXCHANGE_ANSWERS.bodiesBusy,
+      short === 'budget'
+        ? `request bodies held for inspection would exceed ${o.maxBufferedBodies} bytes (--max-buffered-bodies)`
+        : `request bodies held for inspection by this agent would exceed ${this.#budget.perAgent} bytes (--max-buffered-bodies-per-agent)`,
+    );
+  }
+
   async #readWhole(): Promise<Buffer> {
+    // The bodies held at once over every connection, and per agent, are bounded (core/body-budget.ts):
+    // bytes are taken as they arrive; an announced length is only checked against what is free now.
+    const agent = this.#holder();
+    const announced = Number(this.#req.headers['content-length']);
+    if (Number.isFinite(announced) && announced >= 0 && announced <= MAX_BODY_BYTES) {
+      const short = this.#budget.shortfall(agent, announced);
+      if (short !== null) throw this.#bodiesBusy(short);
+    }
     let body: Buffer;
     try {
       body = await readBody(this.#req, MAX_BODY_BYTES, DEFAULT_INLINE_THRESHOLD_BYTES, 0, (bytes) => {
-        // The bodies held at once over every connection are bounded (core/body-budget.ts).
-        if (!this.#budget.take(bytes))
-          throw new GatewayRefusal(
-            EXCHANGE_ANSWERS.bodiesBusy,
-            `request bodies held for inspection would exceed ${this.#deps.options.maxBufferedBodies} bytes (--max-buffered-bodies)`,
-          );
+        const short = this.#budget.take(agent, bytes);
+        if (short !== null) throw this.#bodiesBusy(short);
         this.#held += bytes;
       });
     } catch (err) {

@@ -2,8 +2,9 @@ import { STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:ht
 import { isIP } from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
-import { agentStanding } from '../llm/agent-standing.ts';
-import { certificateIdentity, type AgentIdentity } from '../llm/auth.ts';
+import { decodeJwt } from 'jose';
+import { agentStanding, RemovedAgents } from '../llm/agent-standing.ts';
+import { CLOCK_TOLERANCE_S, certificateIdentity, type AgentIdentity } from '../llm/auth.ts';
 import { AuthError } from '../llm/errors.ts';
 import { governanceOf } from '../../pipeline/policy/snapshot-governance.ts';
 import type { Snapshot } from '../../pipeline/policy/snapshot.ts';
@@ -24,6 +25,7 @@ import {
   PROXY_AUTHENTICATE,
   type GatewayAnswer,
 } from './errors.ts';
+import { DeadlineQueue, type Deadline } from './deadline-queue.ts';
 import { recordFlow } from './flow-record.ts';
 import { canonicalHost } from './host-match.ts';
 import { rulesFor } from './inject-cred.ts';
@@ -41,6 +43,10 @@ import { answerSocket, openTunnel } from './tunnel.ts';
 //              once, every address checked, pinned (403 destination_denied, 502/504 resolution)
 //           ─▶ CONNECT: intercepted (intercept.ts) or a blind tunnel (tunnel.ts)
 //              absolute-form: one exchange (exchange.ts)
+//
+// What is open stays open only while it would still be admitted: a snapshot reload re-checks it
+// (`recheck`), and it is cut when the credential that admitted it expires (a JWT's exp, a
+// certificate's notAfter: one timer for all, deadline-queue.ts).
 //
 // A refusal is one GatewayRefusal, turned into its answer and its network_flow record in one place
 // (#refuse). Proxy-Authorization is the gateway's alone: it never goes further. The agent's own
@@ -168,8 +174,21 @@ export function hostHeaderProblem(rawHeaders: string[], target: Target, defaultP
   return null;
 }
 
-/** Identity of an attempt, or why there is none (the error's identity is set when the token's signature verified). */
-type Identified = { identity: AgentIdentity; error: null } | { identity: AgentIdentity | null; error: AuthError };
+/** Until when a credential admits, and what it is (for the reason of a flow it no longer admits). */
+interface CredentialLifetime {
+  /** The first instant (ms since the epoch) at which the credential is refused. */
+  endsAt: number;
+  /** `token expired at …` or `identity certificate expired at …`. */
+  expired: string;
+}
+
+/**
+ * Identity of an attempt and its credential's lifetime, or why there is none (the error's identity is
+ * set when the token's signature verified).
+ */
+type Identified =
+  | { identity: AgentIdentity; lifetime: CredentialLifetime; error: null }
+  | { identity: AgentIdentity | null; lifetime: null; error: AuthError };
 
 /** The record's reason for an attempt whose client left while it was being admitted. */
 export const CLIENT_GONE = 'client went away';
@@ -192,13 +211,28 @@ interface OpenFlow {
   flow: Flow;
   /** The identity as its credential proved it, before the snapshot completed it: re-checked as admitted. */
   credential: AgentIdentity;
+  /** Until when that credential admits: the flow is cut then. */
+  lifetime: CredentialLifetime;
   target: PinnedTarget;
   /**
    * Ends it now, both sides, its record saying why (the first cut's reason: cut twice, one record);
-   * `answer` for a tunnel not yet answered. Returns the flows inside it whose records follow.
+   * `answer` (with `headers`) for a tunnel not yet answered. Returns the flows inside it whose records
+   * follow.
    */
-  cut(reason: string, answer: GatewayAnswer): Flow[];
+  cut(reason: string, answer: GatewayAnswer, headers?: Record<string, string>): Flow[];
+  /**
+   * An intercepted tunnel whose credential ended: retired rather than cut (no new request; those in
+   * flight finish within RETIRE_GRACE_MS, then it closes); absent for every other flow.
+   */
+  retire?(reason: string): void;
 }
+
+/**
+ * How long the requests in flight in an intercepted tunnel may still take once the credential that
+ * admitted the tunnel has ended (docs/decisions.md, "A flow ends with its credential"): one more
+ * broker credential's lifetime. Past it they are cut.
+ */
+export const RETIRE_GRACE_MS = 5 * 60_000;
 
 /** An attempt's client, watched while the attempt is admitted (identity, policy, the name lookup). */
 interface ClientWatch {
@@ -272,8 +306,9 @@ interface Admission {
   refusal: GatewayRefusal | null;
   /** The client left during admission: nothing is answered nor opened; the flow is recorded as such. */
   left: boolean;
-  /** The identity its credential proved (null when refused before that). */
+  /** The identity its credential proved (null when refused before that), and the credential's lifetime. */
   credential: AgentIdentity | null;
+  lifetime: CredentialLifetime | null;
   /** The snapshot the attempt was admitted under. */
   snapshot: Snapshot | null;
 }
@@ -287,10 +322,15 @@ export class Gateway {
   readonly #open = new Map<Flow, OpenFlow>();
   /** Attempts being admitted, with the controller that stops their lookup at shutdown. */
   readonly #admitting = new Map<Promise<void>, AbortController>();
+  /** Each open flow's credential lifetime, in one timer: a flow is cut when its credential ends. */
+  readonly #lifetimes = new DeadlineQueue<OpenFlow>((due) => this.#expired(due));
+  /** The agents a reload removed from the snapshot: refused, and their open flows cut. */
+  readonly #removed: RemovedAgents;
   #idle: (() => void) | null = null;
 
   constructor(deps: GatewayDeps) {
     this.#d = deps;
+    this.#removed = new RemovedAgents(deps.snapshot());
   }
 
   /** Flows open now (tunnels, absolute-form requests in flight). */
@@ -342,11 +382,17 @@ export class Gateway {
 
   /**
    * Every open flow checked again against the snapshot now current (the gateway calls this on each
-   * reload): the agent's standing, then the destination policy for the address the flow was pinned to
-   * (a routed host by its name). A flow now refused is cut, its record `deny` with
-   * `policy changed: <why>`.
+   * reload): the agent's standing (an agent the previous snapshot listed and this one does not was
+   * removed: refused), then the destination policy for the address the flow was pinned to (a routed
+   * host by its name). A flow now refused is cut, its record `deny` with `policy changed: <why>`.
    */
   readonly recheck = (): void => {
+    const removed = this.#removed.observe(this.#d.snapshot());
+    if (removed.length > 0)
+      this.#d.log.info(
+        { agents: removed.slice(0, 20), count: removed.length },
+        'agents removed from the policy snapshot: refused from now on',
+      );
     // One agent's gates are computed once per reload, however many flows it holds open.
     const gates = new Map<string, DestinationGates>();
     for (const open of [...this.#open.values()]) {
@@ -362,6 +408,36 @@ export class Gateway {
     }
   };
 
+  /**
+   * Open flows whose credential has ended (the DeadlineQueue's call): each is cut, its record `deny`
+   * with `credential expired: <which, when>`, as an attempt with that credential would now be refused.
+   */
+  #expired(due: OpenFlow[]): void {
+    for (const open of due) {
+      if (open.flow.recorded) continue;
+      const reason = `credential expired: ${open.lifetime.expired}`;
+      if (open.retire !== undefined) {
+        this.#d.log.info(
+          { flow_id: open.flow.id, agent_id: open.credential.agentId, dst: open.flow.dst, reason },
+          'intercepted tunnel retired: the credential that admitted it expired; it takes no new request',
+        );
+        open.retire(reason);
+        continue;
+      }
+      this.#d.log.warn(
+        { flow_id: open.flow.id, agent_id: open.credential.agentId, dst: open.flow.dst, reason },
+        'open flow cut: the credential that admitted it expired',
+      );
+      open.cut(reason, ANSWERS.proxyAuthRequired, { 'proxy-authenticate': PROXY_AUTHENTICATE });
+    }
+  }
+
+  /** The removed agents as of the snapshot now current (a reload not yet re-checked is learnt now). */
+  #removedNow(): RemovedAgents {
+    this.#removed.observe(this.#d.snapshot());
+    return this.#removed;
+  }
+
   /** Whether the current snapshot refuses an admitted flow: its agent's standing, then its destination. */
   #refusedNow(
     credential: AgentIdentity,
@@ -370,7 +446,7 @@ export class Gateway {
   ): GatewayRefusal | null {
     const d = this.#d;
     const snapshot = d.snapshot();
-    const standing = agentStanding(snapshot, credential);
+    const standing = agentStanding(snapshot, credential, this.#removedNow());
     if (standing.refused) return new GatewayRefusal(ANSWERS.agentRefused, standing.reason);
     const id = standing.identity;
     const key = JSON.stringify([id.orgId, id.groupId, id.agentId]);
@@ -386,10 +462,12 @@ export class Gateway {
     return verdict.allowed ? null : new GatewayRefusal(destinationRefused(verdict.reason), verdict.reason);
   }
 
-  /** Registers an open flow until its record is written. */
+  /** Registers an open flow until its record is written; it is cut when its credential ends. */
   #hold(open: OpenFlow): void {
     this.#open.set(open.flow, open);
+    const deadline: Deadline<OpenFlow> = this.#lifetimes.add(open.lifetime.endsAt, open);
     open.flow.written.then(() => {
+      this.#lifetimes.remove(deadline);
       this.#open.delete(open.flow);
       this.#settled();
     });
@@ -470,17 +548,18 @@ export class Gateway {
     } finally {
       head = watch.release();
     }
-    const { flow, target, refusal, credential, snapshot } = admission;
+    const { flow, target, refusal, credential, lifetime, snapshot } = admission;
     if (admission.left || (refusal === null && watch.gone())) {
       this.#left(flow);
       socket.destroy();
       return;
     }
     // A shutdown that began while the attempt was being admitted refuses it: nothing opens past the
-    // drain. A reload that landed meanwhile is applied before anything opens.
+    // drain. A reload that landed meanwhile, or the credential's end, is applied before anything opens.
     const refused =
       refusal ??
       (this.#draining ? new GatewayRefusal(ANSWERS.shuttingDown, SHUTDOWN_CUT) : null) ??
+      endedMeanwhile(lifetime!) ??
       (d.snapshot() !== snapshot ? this.#refusedNow(credential!, target!) : null);
     if (refused) {
       this.#refuse(flow, refused);
@@ -489,14 +568,15 @@ export class Gateway {
     }
     const pinned = target!;
     try {
-      if (d.interceptor?.wants(pinned)) this.#intercept(socket, head, pinned, flow, credential!);
+      if (d.interceptor?.wants(pinned)) this.#intercept(socket, head, pinned, flow, credential!, lifetime!);
       else {
         const tunnel = openTunnel(d, socket as TLSSocket, head, pinned, flow);
         this.#hold({
           flow,
           credential: credential!,
+          lifetime: lifetime!,
           target: pinned,
-          cut: (reason, answer) => tunnel.cut(reason, answer),
+          cut: (reason, answer, headers) => tunnel.cut(reason, answer, headers),
         });
       }
     } catch (err) {
@@ -507,7 +587,14 @@ export class Gateway {
   }
 
   /** An allowed CONNECT whose TLS the gateway terminates (intercept.ts). */
-  #intercept(socket: Duplex, head: Buffer, pinned: PinnedTarget, flow: Flow, credential: AgentIdentity): void {
+  #intercept(
+    socket: Duplex,
+    head: Buffer,
+    pinned: PinnedTarget,
+    flow: Flow,
+    credential: AgentIdentity,
+    lifetime: CredentialLifetime,
+  ): void {
     const d = this.#d;
     const interceptor = d.interceptor!;
     flow.dstIp = pinned.address;
@@ -517,12 +604,26 @@ export class Gateway {
     this.#hold({
       flow,
       credential,
+      lifetime,
       target: pinned,
       cut: (reason) => {
         if (!flow.recorded) flow.cutReason ??= reason;
         const inner = interceptor.cut(socket, reason);
         socket.destroy();
         return inner;
+      },
+      retire: (reason) => {
+        // The tunnel ends because its credential did, not because it was refused: its record says so
+        // with its own outcome; only requests still in flight past the grace are cut.
+        if (!flow.recorded) flow.reason = `${reason}: tunnel closed`;
+        const grace = d.retireGraceMs ?? RETIRE_GRACE_MS;
+        const overdue = () => {
+          const why = `${reason}: still in flight ${grace / 1000} s later`;
+          if (!flow.recorded) flow.cutReason ??= why;
+          interceptor.cut(socket, why);
+          socket.destroy();
+        };
+        if (interceptor.retire(socket, grace, overdue)) socket.destroy();
       },
     });
     socket.write('HTTP/1.1 200 Connection Established\r\n\r\n');
@@ -568,7 +669,7 @@ export class Gateway {
     } finally {
       watch.release();
     }
-    const { flow, target, refusal, credential, snapshot } = admission;
+    const { flow, target, refusal, credential, lifetime, snapshot } = admission;
     flow.attrs.method = req.method ?? '';
     flow.attrs.url = printable(req.url ?? '');
     if (admission.left || (refusal === null && watch.gone())) {
@@ -579,6 +680,7 @@ export class Gateway {
     const refused =
       refusal ??
       (this.#cutting ? new GatewayRefusal(ANSWERS.shuttingDown, SHUTDOWN_CUT) : null) ??
+      endedMeanwhile(lifetime!) ??
       (d.snapshot() !== snapshot ? this.#refusedNow(credential!, target!) : null);
     if (refused) {
       this.#refuse(flow, refused);
@@ -594,6 +696,7 @@ export class Gateway {
     this.#hold({
       flow,
       credential: credential!,
+      lifetime: lifetime!,
       target: target!,
       cut: (reason) => {
         if (!flow.recorded) flow.cutReason ??= reason;
@@ -632,15 +735,25 @@ export class Gateway {
     if (target === null) flow.dst = printable(req.url ?? '');
     flow.identity = who.identity;
     const credential = who.error ? null : who.identity;
+    const lifetime = who.lifetime;
     const refused = (refusal: GatewayRefusal): Admission => ({
       flow,
       target: null,
       refusal,
       left: false,
       credential,
+      lifetime,
       snapshot: null,
     });
-    const left = (): Admission => ({ flow, target: null, refusal: null, left: true, credential, snapshot: null });
+    const left = (): Admission => ({
+      flow,
+      target: null,
+      refusal: null,
+      left: true,
+      credential,
+      lifetime,
+      snapshot: null,
+    });
     try {
       if (who.error) {
         d.metrics.authFailures.inc({ reason: who.error.reason });
@@ -665,7 +778,7 @@ export class Gateway {
       if (watch.gone()) return left();
       // The snapshot current once the caller is known: a suspension that landed meanwhile applies.
       const snapshot = d.snapshot();
-      const standing = agentStanding(snapshot, who.identity);
+      const standing = agentStanding(snapshot, who.identity, this.#removedNow());
       flow.identity = standing.identity;
       if (standing.refused) {
         d.log.warn(
@@ -676,7 +789,11 @@ export class Gateway {
             status: standing.status,
             contained: standing.contained,
           },
-          standing.why === 'org' ? 'agent org does not match the snapshot' : 'agent refused by its state',
+          standing.why === 'org'
+            ? 'agent org does not match the snapshot'
+            : standing.why === 'removed'
+              ? 'agent removed from the snapshot'
+              : 'agent refused by its state',
         );
         return refused(new GatewayRefusal(ANSWERS.agentRefused, standing.reason));
       }
@@ -726,7 +843,7 @@ export class Gateway {
       }
       if (watch.gone()) return left();
       flow.dstIp = pinned.address;
-      return { flow, target: pinned, refusal: null, left: false, credential, snapshot };
+      return { flow, target: pinned, refusal: null, left: false, credential, lifetime, snapshot };
     } catch (err) {
       // A failure of the gateway's own: the client gets a 502 and the flow its record, never silence.
       d.log.error({ err, flow_id: flow.id }, 'attempt admission failed');
@@ -741,19 +858,20 @@ export class Gateway {
       if (raw !== undefined) {
         const m = BEARER.exec(raw);
         if (!m) throw new AuthError('malformed', 'Proxy-Authorization must be "Bearer <platform JWT>"');
-        return { identity: await this.#d.auth.verifyToken(m[1], null), error: null };
+        const identity = await this.#d.auth.verifyToken(m[1], null);
+        return { identity, lifetime: tokenLifetime(m[1]), error: null };
       }
       // The certificate's validity is checked now, for this attempt, not only at the handshake: a
       // kept-alive connection outlives it (certificateIdentity refuses one expired since).
       const fromCert = certificateIdentity(socket);
-      if (fromCert) return { identity: fromCert, error: null };
+      if (fromCert) return { identity: fromCert, lifetime: certificateLifetime(socket), error: null };
       throw new AuthError(
         'agent',
         'missing agent credential (Proxy-Authorization: Bearer, or an identity certificate)',
       );
     } catch (err) {
       if (!(err instanceof AuthError)) throw err;
-      return { identity: err.identity, error: err };
+      return { identity: err.identity, lifetime: null, error: err };
     }
   }
 
@@ -789,6 +907,35 @@ export class Gateway {
     flow.reason = `gateway error: ${(err as Error).message}`;
     flow.attrs.status = '502';
   }
+}
+
+/**
+ * A verified token's lifetime: refused from exp + the clock tolerance on (auth.ts), so an attempt
+ * admitted within the tolerance is not cut the moment it opens. Its exp was verified: it is a number.
+ */
+function tokenLifetime(token: string): CredentialLifetime {
+  const exp = Number(decodeJwt(token).exp);
+  return {
+    endsAt: (exp + CLOCK_TOLERANCE_S) * 1000,
+    expired: `token expired at ${new Date(exp * 1000).toISOString()}`,
+  };
+}
+
+/** A verified identity certificate's lifetime: refused once past its notAfter (certificateIdentity). */
+function certificateLifetime(socket: TLSSocket): CredentialLifetime {
+  const notAfter = Date.parse(socket.getPeerX509Certificate()?.validTo ?? '');
+  return {
+    endsAt: notAfter + 1,
+    expired: `identity certificate expired at ${Number.isNaN(notAfter) ? 'an unreadable time' : new Date(notAfter).toISOString()}`,
+  };
+}
+
+/** The refusal of an attempt whose credential ended while it was admitted (a slow lookup): nothing opens. */
+function endedMeanwhile(lifetime: CredentialLifetime): GatewayRefusal | null {
+  if (Date.now() < lifetime.endsAt) return null;
+  return new GatewayRefusal(ANSWERS.proxyAuthRequired, `agent authentication failed: ${lifetime.expired}`, {
+    'proxy-authenticate': PROXY_AUTHENTICATE,
+  });
 }
 
 /** One of the gateway's own answers to an absolute-form request (the connection closed after it when a body would follow). */

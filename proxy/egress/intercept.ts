@@ -41,6 +41,10 @@ interface Tunnel {
   requests: number;
   /** The flows of the requests in flight. */
   inner: Set<Flow>;
+  /** Their answers (a retired tunnel's are sent with `connection: close`). */
+  answers: Set<ServerResponse>;
+  /** Its credential ended (retire): no new request, closed once the last in flight is answered. */
+  retired: boolean;
   clientClosed: boolean;
   settle(): void;
 }
@@ -100,6 +104,8 @@ export class TlsInterceptor implements Interceptor {
         open: 0,
         requests: 0,
         inner: new Set(),
+        answers: new Set(),
+        retired: false,
         clientClosed: false,
         settle: () => {
           if (state.clientClosed && state.open === 0) resolve();
@@ -163,7 +169,8 @@ export class TlsInterceptor implements Interceptor {
 
   #request(req: IncomingMessage, res: ServerResponse): void {
     const state = this.#tunnels.get(req.socket);
-    if (state === undefined) {
+    // A retired tunnel takes no new request (one pipelined behind the last answer).
+    if (state === undefined || state.retired) {
       res.destroy();
       return;
     }
@@ -173,13 +180,16 @@ export class TlsInterceptor implements Interceptor {
     state.open++;
     state.requests++;
     state.inner.add(flow);
+    state.answers.add(res);
     state.flow.attrs.requests = String(state.requests);
     res.once('close', () => {
       state.inner.delete(flow);
+      state.answers.delete(res);
       state.flow.bytesUp += flow.bytesUp;
       state.flow.bytesDown += flow.bytesDown;
       state.open--;
       state.settle();
+      if (state.retired && state.open === 0) req.socket.destroy();
     });
     this.#deps.exchange(req, res, state.target, 'https', flow);
   }
@@ -211,6 +221,19 @@ export class TlsInterceptor implements Interceptor {
     const inner = [...state.inner];
     for (const flow of inner) if (!flow.recorded) flow.cutReason ??= reason;
     return inner;
+  }
+
+  retire(client: Duplex, graceMs: number, onOverdue: () => void): boolean {
+    const state = this.#clients.get(client);
+    if (state === undefined || state.open === 0) return true;
+    state.retired = true;
+    for (const res of state.answers) res.shouldKeepAlive = false;
+    const timer = setTimeout(() => {
+      if (!state.clientClosed) onOverdue();
+    }, graceMs);
+    timer.unref();
+    client.once('close', () => clearTimeout(timer));
+    return false;
   }
 
   async close(): Promise<void> {

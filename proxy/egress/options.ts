@@ -6,6 +6,7 @@ import {
 import type { LogFormat, LogLevel } from '../../core/logger.ts';
 import { AUDIT_DEFAULTS, auditOptionsProblem, type AuditOptions } from '../../audit-wal/options.ts';
 import { SERVER_LIMIT_DEFAULTS, serverLimitsProblem, type ServerLimitOptions } from '../../core/server-limits.ts';
+import { agentShareProblem, defaultAgentShare } from '../../core/body-budget.ts';
 import { GatewayOptionsError } from './errors.ts';
 
 // The gateway's options (`dvx serve gateway`): one defaults object, one validation. cli/serve-gateway.ts
@@ -83,6 +84,11 @@ export interface GatewayOptions extends AuditOptions, ServerLimitOptions {
   inspectionCacheMb: number;
   /** Bytes of request bodies held at once for inspection, over every connection (core/body-budget.ts). */
   maxBufferedBodies: number;
+  /**
+   * Bytes of request bodies one agent may hold at once (core/body-budget.ts), at most maxBufferedBodies;
+   * 0 = half of it. Resolved by validateGatewayOptions.
+   */
+  maxBufferedBodiesPerAgent: number;
 }
 
 export const GATEWAY_DEFAULTS: GatewayOptions = {
@@ -121,6 +127,7 @@ export const GATEWAY_DEFAULTS: GatewayOptions = {
   inspectFailClosed: false,
   inspectionCacheMb: DEFAULT_INSPECTION_CACHE_MB,
   maxBufferedBodies: DEFAULT_MAX_BUFFERED_BODIES,
+  maxBufferedBodiesPerAgent: 0,
   ...AUDIT_DEFAULTS,
   ...SERVER_LIMIT_DEFAULTS,
 };
@@ -200,6 +207,9 @@ export function validateGatewayOptions(input: Partial<GatewayOptions>): GatewayO
     );
   if (!Number.isSafeInteger(o.maxBufferedBodies) || o.maxBufferedBodies < 1)
     throw new GatewayOptionsError('--max-buffered-bodies must be a positive byte count');
+  const share = agentShareProblem(o.maxBufferedBodiesPerAgent, o.maxBufferedBodies);
+  if (share) throw new GatewayOptionsError(share);
+  if (o.maxBufferedBodiesPerAgent === 0) o.maxBufferedBodiesPerAgent = defaultAgentShare(o.maxBufferedBodies);
   const audit = auditOptionsProblem(o);
   if (audit) throw new GatewayOptionsError(audit);
   const limits = serverLimitsProblem(o);

@@ -63,6 +63,8 @@ export interface GatewayStart {
   durableAudit?: boolean;
   /** Resolves destination names (tests name what a host resolves to, and see which names were asked). */
   lookup?: Lookup;
+  /** Replaces RETIRE_GRACE_MS (gateway.ts): tests see a retired tunnel's requests cut without waiting minutes. */
+  retireGraceMs?: number;
 }
 
 export async function startGateway(input: Partial<GatewayOptions>, start: GatewayStart = {}): Promise<RunningGateway> {
@@ -162,6 +164,7 @@ export async function startGateway(input: Partial<GatewayOptions>, start: Gatewa
       },
       llmproxy: null,
       operatorTokens: null,
+      ...(start.retireGraceMs !== undefined ? { retireGraceMs: start.retireGraceMs } : {}),
     };
     deps.llmproxy = options.llmproxyAddr ? await openLlmproxyRoute(options, log) : null;
     opened.push(() => deps.llmproxy?.close());

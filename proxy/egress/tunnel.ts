@@ -50,9 +50,9 @@ export interface BlindTunnel {
   /**
    * Ends it now (a snapshot reload refuses it, the shutdown grace is over): both sides destroyed at
    * once, the record written with `reason` (unless it was already ending for a reason of its own).
-   * Before the destination connected, the agent gets `answer` instead of `200`.
+   * Before the destination connected, the agent gets `answer` (with `headers`) instead of `200`.
    */
-  cut(reason: string, answer: GatewayAnswer): Flow[];
+  cut(reason: string, answer: GatewayAnswer, headers?: Record<string, string> | null): Flow[];
 }
 
 /** Opens the tunnel for an admitted CONNECT; the flow is recorded once both sides have closed. */
@@ -103,7 +103,7 @@ export function openTunnel(
   };
 
   /** The connection could not be opened: the client gets the answer, the flow a refusal. */
-  const failed = (answer: GatewayAnswer, reason: string) => {
+  const failed = (answer: GatewayAnswer, reason: string, headers: Record<string, string> | null = null) => {
     if (ending !== null) return;
     end(reason);
     flow.outcome = 'deny';
@@ -111,7 +111,7 @@ export function openTunnel(
     metrics.refusals.inc({ status: String(answer.status) });
     deps.log.info({ flow_id: flow.id, dst: flow.dst, reason }, 'tunnel not opened');
     upstream.destroy();
-    answerSocket(client, answer, null);
+    answerSocket(client, answer, headers);
   };
   // --connect-timeout bounds resolution and connection together: the connection gets what is left.
   const connectTimer = setTimeout(
@@ -190,13 +190,13 @@ export function openTunnel(
   }
 
   return {
-    cut(reason, answer) {
+    cut(reason, answer, headers = null) {
       if (flow.recorded) return [];
       // The first reason stands: a tunnel already ending (a side closed, a failure) keeps its own.
       if (ending === null && closed === 0) flow.cutReason ??= reason;
       if (!connected) {
         clearTimeout(connectTimer);
-        failed(answer, reason);
+        failed(answer, reason, headers);
         upstream.destroy();
         return [];
       }

@@ -73,6 +73,8 @@ export async function startGatewayHarness(
     lookup?: Lookup;
     /** Trust the harness CA for agent identity certificates (--agent-ca). */
     agentCa?: boolean;
+    /** GatewayStart.retireGraceMs. */
+    retireGraceMs?: number;
   } = {},
 ): Promise<GatewayHarness> {
   const dir = await mkdtemp(join(tmpdir(), 'dvx-gateway-'));
@@ -139,6 +141,7 @@ export async function startGatewayHarness(
       registry,
       audit: options.audit === 'own' ? undefined : (options.audit ?? new StdoutAuditSink(out)),
       lookup,
+      ...(options.retireGraceMs !== undefined ? { retireGraceMs: options.retireGraceMs } : {}),
     },
   ).catch(async (err: unknown) => {
     await rm(dir, { recursive: true, force: true });
