@@ -136,6 +136,14 @@ export function registerGateway(serve: Command): void {
       }),
     )
     .addOption(
+      flag('--max-buffered-bodies-per-agent <bytes>', {
+        description:
+          'bytes of request bodies one agent may hold at once for inspection (past it: 503, retry); 0 = half of --max-buffered-bodies',
+        default: d.maxBufferedBodiesPerAgent,
+        parse: parsePositiveInt,
+      }),
+    )
+    .addOption(
       hosts('--no-capture-host <glob>', 'host never terminated for capture alone (certificate-pinning clients)'),
     )
     .addOption(

@@ -157,6 +157,14 @@ export function registerLlmProxy(serve: Command): void {
       }),
     )
     .addOption(
+      flag('--max-buffered-bodies-per-agent <bytes>', {
+        description:
+          'bytes of request bodies one agent may hold at once (past it: 503 overloaded_error, retry); 0 = half of --max-buffered-bodies',
+        default: d.maxBufferedBodiesPerAgent,
+        parse: parsePositiveInt,
+      }),
+    )
+    .addOption(
       flag('--inspection-cache-mb <n>', {
         description:
           'MiB of per-part inspection results kept, so a resent conversation part is not scanned again (0: off)',

@@ -39,7 +39,8 @@ export interface AgentIdentity {
 }
 
 export const MAX_TOKEN_LIFETIME_S = 300;
-const CLOCK_TOLERANCE_S = 5;
+/** The clock skew forgiven on a token's exp, iat and nbf: a token is refused from exp + this on. */
+export const CLOCK_TOLERANCE_S = 5;
 const JWT_SHAPE = /^eyJ[A-Za-z0-9_-]*\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*$/;
 
 export function jwksFromDocument(doc: unknown): JWTVerifyGetKey {

@@ -13,6 +13,7 @@ import type { Snapshot, WireFormat } from '../../pipeline/policy/snapshot.ts';
 import type { ResolvedPolicy } from '../../pipeline/policy/types.ts';
 import type { ApprovalsClient } from './approvals-client.ts';
 import type { BodyBudget } from '../../core/body-budget.ts';
+import type { RemovedAgents } from './agent-standing.ts';
 import type { AgentAuthenticator, AgentIdentity } from './auth.ts';
 import type { ProxyMetrics } from './metrics.ts';
 import type { LlmProxyOptions } from './options.ts';
@@ -49,6 +50,8 @@ export interface ProxyDeps {
   refusals: RefusalMemory;
   /** The request bodies held at once (--max-buffered-bodies): each call's body is taken from it while the call runs. */
   bodies: BodyBudget;
+  /** The agents a reload removed from the snapshot (agent-standing.ts): refused, their open calls cut. */
+  removed: RemovedAgents;
   /** Answers wait for their record (audit, then replay); capture-or-deny only with a durable sink. */
   capture: Omit<CaptureOptions, 'log'>;
   /**
@@ -115,6 +118,16 @@ export class CallContext {
   body: Buffer = EMPTY;
   /** Bytes this call holds of the bodies' budget (ProxyDeps.bodies), given back when it ends. */
   held = 0;
+  /** The agent's standing was read and let the call go on (steps/admit.ts): a reload re-checks it. */
+  admitted = false;
+  /**
+   * Why a reload ended this call while it was open (LlmProxy.recheck: the agent is now contained,
+   * suspended, isolated, in another org, or removed), else null. Its record says so, whatever the
+   * cut made the other steps see afterwards.
+   */
+  cut: string | null = null;
+  /** Aborts the call to the upstream (steps/forward.ts): the agent leaving, or a cut. */
+  readonly upstreamAbort = new AbortController();
   credential: string | null = null;
   answer: UpstreamAnswer | null = null;
 

@@ -1,5 +1,5 @@
 import type { IncomingHttpHeaders } from 'node:http';
-import { topLevel } from '../../pipeline/json-view.ts';
+import { type Span, type TopLevel, topLevel } from '../../pipeline/json-view.ts';
 import { allocShared, DEFAULT_INLINE_THRESHOLD_BYTES } from '../../pipeline/engine.ts';
 import { grow, spareCapacity } from './read-body.ts';
 import { BodyShapeError } from './errors.ts';
@@ -60,11 +60,11 @@ export function passThroughFormat(path: string, headers: IncomingHttpHeaders): W
  * An Anthropic request's `thread` (server-held conversation state) when it is one: `{type: "create"}`
  * or `{type: "continue", previous_message_id}`; null otherwise.
  */
-export function anthropicThread(body: Buffer): Record<string, unknown> | null {
-  const found = topLevel(body, 'thread');
-  if (!found?.value || body[found.value.start] !== 0x7b) return null;
+export function anthropicThread(body: Buffer, at?: Span | null): Record<string, unknown> | null {
+  const value = at === undefined ? (topLevel(body, 'thread')?.value ?? null) : at;
+  if (!value || body[value.start] !== 0x7b) return null;
   try {
-    const thread: unknown = JSON.parse(body.toString('utf8', found.value.start, found.value.end));
+    const thread: unknown = JSON.parse(body.toString('utf8', value.start, value.end));
     if (thread === null || typeof thread !== 'object' || Array.isArray(thread)) return null;
     const type = (thread as Record<string, unknown>).type;
     return type === 'create' || type === 'continue' ? (thread as Record<string, unknown>) : null;
@@ -117,21 +117,38 @@ function splice(body: Buffer, at: number, remove: number, insert: string): Buffe
   return out;
 }
 
+/**
+ * Whether the array at `span` (its `[` at span.start) has no elements: only JSON whitespace before its
+ * `]`. Read in place: the array is the whole conversation (`messages`), not worth a string of its own.
+ */
+function isEmptyArray(body: Buffer, span: Span): boolean {
+  for (let i = span.start + 1; i < span.end; i++) {
+    const b = body[i];
+    if (b !== 0x20 && b !== 0x0a && b !== 0x0d && b !== 0x09) return b === 0x5d && i === span.end - 1;
+  }
+  return false;
+}
+
 /** Inserts `text` at the start of a JSON string value whose opening quote is at `quote`. */
 function prependToString(body: Buffer, quote: number, text: string): Buffer {
   return splice(body, quote + 1, 0, json(text).slice(1, -1));
 }
 
+/** The top-level member the format's system prompt goes in (injectPrefix). */
+export function promptKey(format: WireFormat): string {
+  return format === 'anthropic-messages' ? 'system' : format === 'openai-chat' ? 'messages' : 'instructions';
+}
+
 /**
- * The body with the prefix in the format's system prompt:
+ * The body with the prefix in the format's system prompt (`found`: the body's top level with the
+ * value of the format's promptKey, when the caller has walked it already):
  *   anthropic-messages  `system` string (prepended), `system` blocks (a first text block), or a new `system`
  *   openai-chat         a first `system` message in `messages`
  *   openai-responses    `instructions` (prepended), or a new `instructions`
  * Throws BodyShapeError when the body is not a JSON object (the caller answers 400).
  */
-export function injectPrefix(format: WireFormat, body: Buffer, prefix: string): Buffer {
-  const key = format === 'anthropic-messages' ? 'system' : format === 'openai-chat' ? 'messages' : 'instructions';
-  const top = topLevel(body, key);
+export function injectPrefix(format: WireFormat, body: Buffer, prefix: string, found?: TopLevel | null): Buffer {
+  const top = found === undefined ? topLevel(body, promptKey(format)) : found;
   if (top === null) throw new BodyShapeError('request body must be a JSON object');
   const sep = top.empty ? '' : ',';
   const v = top.value;
@@ -141,15 +158,15 @@ export function injectPrefix(format: WireFormat, body: Buffer, prefix: string): 
       if (v === null) return splice(body, top.open + 1, 0, `"system":${json(prefix)}${sep}`);
       if (first === 0x22) return prependToString(body, v.start, prefix + '\n\n');
       if (first === 0x5b) {
-        const emptyArray = /^\[\s*\]$/.test(body.toString('utf8', v.start, v.end));
-        return splice(body, v.start + 1, 0, `{"type":"text","text":${json(prefix)}}${emptyArray ? '' : ','}`);
+        const sep = isEmptyArray(body, v) ? '' : ',';
+        return splice(body, v.start + 1, 0, `{"type":"text","text":${json(prefix)}}${sep}`);
       }
       if (body.toString('latin1', v.start, v.end) === 'null') return splice(body, v.start, 4, json(prefix));
       throw new BodyShapeError('system must be a string or an array of content blocks');
     case 'openai-chat': {
       if (v === null || first !== 0x5b) throw new BodyShapeError('messages must be an array');
-      const emptyArray = /^\[\s*\]$/.test(body.toString('utf8', v.start, v.end));
-      return splice(body, v.start + 1, 0, `{"role":"system","content":${json(prefix)}}${emptyArray ? '' : ','}`);
+      const sep = isEmptyArray(body, v) ? '' : ',';
+      return splice(body, v.start + 1, 0, `{"role":"system","content":${json(prefix)}}${sep}`);
     }
     case 'openai-responses':
       if (v === null) return splice(body, top.open + 1, 0, `"instructions":${json(prefix)}${sep}`);

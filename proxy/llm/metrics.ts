@@ -54,6 +54,12 @@ export function proxyMetrics(registry: Registry) {
       'Calls answered 503 overloaded_error: their body did not fit in --max-buffered-bodies',
       [],
     ),
+    callsCut: counter(
+      registry,
+      'dvx_llmproxy_calls_cut_total',
+      'Open calls cut because a snapshot reload refused their agent (contained, suspended, isolated, another org, removed)',
+      [],
+    ),
     authFailures: counter(registry, 'dvx_llmproxy_auth_failures_total', 'Refused agent credentials', ['reason']),
     toolDecisions: counter(
       registry,

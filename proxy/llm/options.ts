@@ -13,6 +13,7 @@ import type { LogFormat, LogLevel } from '../../core/logger.ts';
 import { AUDIT_DEFAULTS, auditOptionsProblem, type AuditOptions } from '../../audit-wal/options.ts';
 import { OptionsError } from './errors.ts';
 import { SERVER_LIMIT_DEFAULTS, serverLimitsProblem, type ServerLimitOptions } from '../../core/server-limits.ts';
+import { agentShareProblem, defaultAgentShare } from '../../core/body-budget.ts';
 
 // llmproxy's options: one defaults object, one validation (CONTRIBUTING.md, "Layout"). cli/ maps flags and
 // DVX_* variables onto it; nothing else reads the environment.
@@ -94,6 +95,11 @@ export interface LlmProxyOptions extends AuditOptions, ServerLimitOptions {
   inspectionCacheMb: number;
   /** Bytes of request bodies held at once, over every call (core/body-budget.ts); 503 overloaded_error past it. */
   maxBufferedBodies: number;
+  /**
+   * Bytes of request bodies one agent may hold at once (core/body-budget.ts), at most maxBufferedBodies;
+   * 0 = half of it (one 32 MB body at the default). Resolved by validateOptions.
+   */
+  maxBufferedBodiesPerAgent: number;
   /** Translate between wire formats when the agent's differs from translateUpstreamFormat. */
   translate: boolean;
   translateUpstreamFormat: WireFormat;
@@ -129,6 +135,7 @@ export const LLMPROXY_DEFAULTS: LlmProxyOptions = {
   inspectFailClosed: false,
   inspectionCacheMb: DEFAULT_INSPECTION_CACHE_MB,
   maxBufferedBodies: DEFAULT_MAX_BUFFERED_BODIES,
+  maxBufferedBodiesPerAgent: 0,
   translate: false,
   translateUpstreamFormat: 'anthropic-messages',
   ...AUDIT_DEFAULTS,
@@ -208,6 +215,9 @@ export function validateOptions(input: Partial<LlmProxyOptions>): LlmProxyOption
     throw new OptionsError(`--inspection-cache-mb must be a whole number from 0 (off) to ${MAX_INSPECTION_CACHE_MB}`);
   if (!Number.isSafeInteger(o.maxBufferedBodies) || o.maxBufferedBodies < 1)
     throw new OptionsError('--max-buffered-bodies must be a positive byte count');
+  const share = agentShareProblem(o.maxBufferedBodiesPerAgent, o.maxBufferedBodies);
+  if (share) throw new OptionsError(share);
+  if (o.maxBufferedBodiesPerAgent === 0) o.maxBufferedBodiesPerAgent = defaultAgentShare(o.maxBufferedBodies);
   if (!(o.upstreamTimeout > 0)) throw new OptionsError('--upstream-timeout must be positive');
   if (!(o.upstreamIdleTimeout > 0)) throw new OptionsError('--upstream-idle-timeout must be positive');
   const limits = serverLimitsProblem(o);

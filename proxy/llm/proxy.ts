@@ -3,6 +3,7 @@ import { performance } from 'node:perf_hooks';
 import { BodyTooLargeError } from '../../pipeline/errors.ts';
 import { CallContext, type ProxyDeps, type Step } from './context.ts';
 import { ERRORS, Refusal, type ProxyError } from './errors.ts';
+import { agentStanding } from './agent-standing.ts';
 import { admit } from './steps/admit.ts';
 import { appendRecord } from './steps/audit.ts';
 import { authenticate } from './steps/authenticate.ts';
@@ -11,7 +12,7 @@ import { forward } from './steps/forward.ts';
 import { inspectRequest } from './steps/inspect-request.ts';
 import { modelPolicy, providerPolicy } from './steps/llm-policy.ts';
 import { prefix } from './steps/prefix.ts';
-import { readBody } from './steps/read-body.ts';
+import { readBody, releaseBody } from './steps/read-body.ts';
 import { refusedResults } from './steps/refused-results.ts';
 import { relay } from './steps/relay.ts';
 import { route } from './steps/route.ts';
@@ -36,7 +37,8 @@ export type { ProxyDeps } from './context.ts';
 //     ─▶ audit record (steps/audit.ts): always written before the answer's last byte leaves
 //
 // A step that refuses throws a Refusal (errors.ts), turned here, in one place, into the answer and the
-// call's record. This file is the list, the runner and the lifecycle (drain, calls in flight).
+// call's record. This file is the list, the runner and the lifecycle (drain, calls in flight, and the
+// re-check of open calls on each snapshot reload: `recheck`).
 
 const STEPS: readonly Step[] = [
   authenticate,
@@ -61,6 +63,8 @@ const CLOSE = { connection: 'close' };
 export class LlmProxy {
   #d: ProxyDeps;
   #inFlight = 0;
+  /** The calls in flight (the reload's re-check reads their agents). */
+  readonly #open = new Set<CallContext>();
   #idle: (() => void) | null = null;
   #draining = false;
   #drained = false;
@@ -115,16 +119,37 @@ export class LlmProxy {
     void this.#run(new CallContext(this.#d, req, res, path));
   };
 
+  /**
+   * Every open call checked again against the snapshot now current (the proxy calls this on each
+   * reload): an admitted call whose agent is now contained, suspended, isolated, in another org or
+   * removed is cut, as the gateway cuts its open flows (docs/decisions.md, "A reload reaches llmproxy's
+   * open calls"). A credential's expiry cuts nothing already admitted.
+   */
+  readonly recheck = (): void => {
+    if (this.#open.size === 0) return;
+    const d = this.#d;
+    const snapshot = d.snapshot();
+    d.removed.observe(snapshot);
+    for (const ctx of [...this.#open]) {
+      if (!ctx.admitted || ctx.cut !== null || ctx.res.writableFinished) continue;
+      const standing = agentStanding(snapshot, ctx.identity!, d.removed);
+      if (standing.refused) cut(ctx, `policy changed: ${standing.reason}`);
+    }
+  };
+
   async #run(ctx: CallContext): Promise<void> {
+    this.#open.add(ctx);
     try {
       for (const step of STEPS) {
         // A step that finishes at once costs no turn of the event loop.
         const pending = step(ctx);
         if (pending !== undefined) await pending;
+        if (ctx.cut !== null) throw new Refusal(ERRORS.agentRefused, ctx.cut);
       }
     } catch (err) {
       this.#failed(ctx, err as Error);
     } finally {
+      this.#open.delete(ctx);
       finish(ctx);
       if (--this.#inFlight === 0 && this.#idle) this.#idle();
     }
@@ -133,6 +158,10 @@ export class LlmProxy {
   /** The one place a call that did not end in a relayed answer gets its answer and its record. */
   #failed(ctx: CallContext, err: Error): void {
     const { req, res } = ctx;
+    // A cut call ends as its cut says, whatever the cut made the step that was running see (an aborted
+    // upstream, a closed response).
+    if (ctx.cut !== null && !(err instanceof Refusal && err.answer === ERRORS.agentRefused))
+      err = new Refusal(ERRORS.agentRefused, ctx.cut);
     if (err instanceof Refusal) {
       // A refusal before the body is read drains it, so the connection stays usable.
       if (!ctx.reading) req.resume();
@@ -176,10 +205,29 @@ function send(res: ServerResponse, error: ProxyError, headers: Record<string, st
   res.end(error.body);
 }
 
+/**
+ * Ends an open call a reload refused: not answered yet, its upstream call is aborted and the runner
+ * answers 403 after the step that is running; answering, its response is destroyed (a stream is cut
+ * before its final event, so no SDK takes it for complete). Its record is `deny` with the reason.
+ */
+function cut(ctx: CallContext, reason: string): void {
+  ctx.cut = reason;
+  ctx.d.log.warn(
+    { request_id: ctx.id, agent_id: ctx.identity?.agentId, reason },
+    'open call cut: the policy snapshot now refuses its agent',
+  );
+  ctx.d.metrics.callsCut.inc();
+  ctx.upstreamAbort.abort();
+  if (ctx.res.headersSent) ctx.res.destroy();
+}
+
 function finish(ctx: CallContext): void {
   const d = ctx.d;
-  d.bodies.give(ctx.held);
-  ctx.held = 0;
+  if (ctx.cut !== null) {
+    ctx.decision = 'deny';
+    ctx.error = ctx.cut;
+  }
+  releaseBody(ctx);
   const totalMs = performance.now() - ctx.started;
   const format = ctx.format ?? 'unknown';
   d.metrics.requests.inc({ format, status: String(ctx.status) });

@@ -4,7 +4,10 @@ import { RequestTooLargeError } from './errors.ts';
 
 // Reads a request body up to `limit` bytes. When the length is announced and large, the bytes land
 // directly in shared memory, so a pool worker can inspect them without another copy, and with
-// `headroom` spare bytes behind them, so the security-context prefix can be spliced in place.
+// `headroom` spare bytes behind them, so the security-context prefix can be spliced in place. That
+// shared backing is allocated when the read starts, but the OS commits its pages only as they are
+// written (64 backings of 32 MB: resident memory unchanged), so a length announced costs no memory
+// until its bytes arrive; the budget of bodies held at once counts them then (`hold`).
 
 const spare = new WeakMap<Buffer, number>();
 
@@ -23,9 +26,9 @@ export function grow(body: Buffer, length: number): Buffer {
 }
 
 /**
- * `hold`, when given, is told the bytes the body will hold before they are held: the announced length
- * before anything is read, or each chunk's length as it comes when none was announced. It may throw to
- * refuse the body (the gateway's budget of bodies held at once, core/body-budget.ts).
+ * `hold`, when given, is told each chunk's length as it arrives, before it is kept (never the announced
+ * length: a length announced is not yet in memory). It may throw to refuse the body mid-way (the budget
+ * of bodies held at once, core/body-budget.ts); what it was told before stays the caller's to give back.
  */
 export async function readBody(
   req: IncomingMessage,
@@ -37,7 +40,6 @@ export async function readBody(
   const announced = Number(req.headers['content-length']);
   if (Number.isFinite(announced) && announced > limit)
     throw new RequestTooLargeError(`request body exceeds ${limit} bytes`);
-  if (Number.isFinite(announced)) hold?.(announced);
   if (Number.isFinite(announced) && announced >= sharedFrom) {
     const backing = allocShared(announced + headroom);
     const out = backing.subarray(0, announced);
@@ -45,6 +47,7 @@ export async function readBody(
     for await (const chunk of req as AsyncIterable<Buffer>) {
       // More than announced: refuse.
       if (at + chunk.length > announced) throw new RequestTooLargeError(`request body exceeds ${limit} bytes`);
+      hold?.(chunk.length);
       chunk.copy(out, at);
       at += chunk.length;
     }
@@ -57,7 +60,7 @@ export async function readBody(
   for await (const chunk of req as AsyncIterable<Buffer>) {
     size += chunk.length;
     if (size > limit) throw new RequestTooLargeError(`request body exceeds ${limit} bytes`);
-    if (!Number.isFinite(announced)) hold?.(chunk.length);
+    hold?.(chunk.length);
     chunks.push(chunk);
   }
   return chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, size);

@@ -60,6 +60,11 @@ export async function relayBody(
  */
 export function agentGone(ctx: CallContext, how: 'closed' | 'stalled'): void {
   const d = ctx.d;
+  // A cut call (LlmProxy.recheck): its record says why.
+  if (ctx.cut !== null) {
+    ctx.res.destroy();
+    return;
+  }
   const stalled = how === 'stalled';
   ctx.error = stalled
     ? `the agent stopped reading: none of the answer was taken for ${d.options.idleTimeout} ms (--idle-timeout); ` +

@@ -18,6 +18,7 @@ import { EMPTY_SNAPSHOT } from '../../pipeline/policy/snapshot.ts';
 import type { ResolvedPolicy } from '../../pipeline/policy/types.ts';
 import { ApprovalsClient } from './approvals-client.ts';
 import { BodyBudget } from '../../core/body-budget.ts';
+import { RemovedAgents } from './agent-standing.ts';
 import { clientErrorAnswer, OptionsError } from './errors.ts';
 import { GatewayIdentityVerifier, readVerifyKeys } from './gateway-identity.ts';
 import { proxyMetrics } from './metrics.ts';
@@ -64,15 +65,22 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
   const listen = parseAddr(options.addr);
 
   const policies = new PolicyCache<ResolvedPolicy>();
+  // Each reload drops the resolved policies and re-checks the calls in flight (LlmProxy.recheck, bound
+  // once the proxy exists: a reload before that has no call to re-check).
+  let recheck = (): void => undefined;
+  const reloaded = (): void => {
+    policies.invalidate();
+    recheck();
+  };
   const store = options.databaseDsn
     ? await StoreSnapshotSource.open({
         dsn: options.databaseDsn,
         enclaveId: options.enclaveId,
         log,
-        onChange: () => policies.invalidate(),
+        onChange: reloaded,
       })
     : null;
-  const snapshotFile = await openSnapshotFile(options.policySnapshot, log, () => policies.invalidate());
+  const snapshotFile = await openSnapshotFile(options.policySnapshot, log, reloaded);
   // The broker's CA: for --secret-broker-url, --approvals-url, and an https --agent-jwks (the broker serves the JWKS).
   const brokerCa = await readCaFlag('--broker-ca', options.brokerCa, (m) => new OptionsError(m));
   const secrets = await openSecretSource(options, brokerCa, log);
@@ -127,10 +135,11 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
   const durableAudit = Boolean(options.auditDsn) || start.durableAudit === true;
 
   const metrics = proxyMetrics(registry);
+  const snapshot = () => store?.value ?? snapshotFile?.value ?? EMPTY_SNAPSHOT;
   const proxy = new LlmProxy({
     options,
     auth,
-    snapshot: () => store?.value ?? snapshotFile?.value ?? EMPTY_SNAPSHOT,
+    snapshot,
     policies,
     secrets: secrets.source,
     engine,
@@ -139,13 +148,17 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
     approvals,
     log,
     metrics,
-    bodies: new BodyBudget(options.maxBufferedBodies, (held) => metrics.bufferedBodies.set(held)),
+    bodies: new BodyBudget(options.maxBufferedBodies, options.maxBufferedBodiesPerAgent, (held) =>
+      metrics.bufferedBodies.set(held),
+    ),
     refusals: new RefusalMemory(start.refusalMemory),
+    removed: new RemovedAgents(snapshot()),
     version: pkg.version,
     // Every answer waits for its record; only a durable sink can refuse one (capture-or-deny).
     capture: { captureOrDeny: durableAudit && options.auditCaptureOrDeny, timeoutMs: options.auditCaptureTimeout },
     toolDecider: start.toolDecider ?? toolDecider,
   });
+  recheck = proxy.recheck;
 
   const limiter = new ServerLimiter(options, { listener: 'llmproxy', registry, log, answer: clientErrorAnswer });
   const server = https.createServer(

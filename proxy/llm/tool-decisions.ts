@@ -91,8 +91,8 @@ function gateRefusal(ctx: CallContext, policy: ToolPolicy, call: ToolCall, reaso
 }
 
 /**
- * Aborted when the agent's connection closes before its answer was sent (a held call then cancels its
- * approval). Listened for on first use only.
+ * Aborted when the agent's connection closes before its answer was sent, or when a reload cuts the call
+ * (LlmProxy.recheck): a held call then cancels its approval. Listened for on first use only.
  */
 function agentGoneSignal(ctx: CallContext): () => AbortSignal {
   let controller: AbortController | null = null;
@@ -101,10 +101,14 @@ function agentGoneSignal(ctx: CallContext): () => AbortSignal {
     controller = new AbortController();
     const { res, req } = ctx;
     const abort = () => {
-      if (!res.writableFinished) controller!.abort(new Error('the agent disconnected'));
+      if (!res.writableFinished && !controller!.signal.aborted)
+        controller!.abort(new Error(ctx.cut ?? 'the agent disconnected'));
     };
-    if (res.destroyed || req.socket?.destroyed) abort();
-    else res.once('close', abort);
+    if (res.destroyed || req.socket?.destroyed || ctx.cut !== null) abort();
+    else {
+      res.once('close', abort);
+      ctx.upstreamAbort.signal.addEventListener('abort', abort, { once: true });
+    }
     return controller.signal;
   };
 }
@@ -147,7 +151,7 @@ async function approval(
   });
   if (d.approvals === null)
     return deny('no approval service configured', 'no approval service configured', 'approvals-unavailable');
-  if (gone.aborted) return deny('the agent disconnected before the call was decided', 'agent gone', 'agent-gone');
+  if (gone.aborted) return goneDenial(ctx, 'before the call was decided', deny);
   if (Buffer.byteLength(args) > MAX_APPROVAL_ARGUMENTS_BYTES)
     return deny(
       `the arguments exceed ${MAX_APPROVAL_ARGUMENTS_BYTES} bytes, more than an approval carries`,
@@ -204,7 +208,7 @@ async function approval(
     };
     if (gone.aborted) {
       const note = await cancel();
-      return deny(`the agent disconnected while the call was held${note}`, 'agent gone', 'agent-gone', { approvalId });
+      return goneDenial(ctx, `while the call was held${note}`, deny, { approvalId });
     }
     d.log.warn({ err, request_id: ctx.id, approval_id: approvalId }, 'approval wait failed: tool call denied');
     // Not waited for: a broker that does not answer would hold the denial up to a request's timeout.
@@ -217,6 +221,20 @@ async function approval(
     );
   }
   return applied(view, created, call, ev, policy, currentVersion(ctx), agentRefusal(ctx), deny, held);
+}
+
+/**
+ * The denial of a call whose agent left, or whose call a reload cut (LlmProxy.recheck: the agent may no
+ * longer act), `when` saying at which point of its decision.
+ */
+function goneDenial(
+  ctx: CallContext,
+  when: string,
+  deny: (reason: string, agentReason: string, decidedBy: DecidedBy, more?: Partial<Outcome>) => Outcome,
+  more: Partial<Outcome> = {},
+): Outcome {
+  if (ctx.cut !== null) return deny(`${ctx.cut} ${when}`, 'the agent may no longer act', 'agent-refused', more);
+  return deny(`the agent disconnected ${when}`, 'agent gone', 'agent-gone', more);
 }
 
 /**

@@ -1,5 +1,5 @@
 import { governanceOf } from '../../../pipeline/policy/snapshot-governance.ts';
-import { agentStanding } from '../agent-standing.ts';
+import { agentStanding, type RemovedAgents } from '../agent-standing.ts';
 import type { CallContext } from '../context.ts';
 import { ERRORS, Refusal } from '../errors.ts';
 import { tierRank } from '../options.ts';
@@ -13,7 +13,7 @@ export function admit(ctx: CallContext): void {
   const d = ctx.d;
   const snapshot = ctx.snapshot;
   const identity = ctx.identity!;
-  const standing = agentStanding(snapshot, identity);
+  const standing = agentStanding(snapshot, identity, removedNow(ctx));
   if (standing.refused && standing.why === 'org') {
     d.log.warn(
       {
@@ -49,4 +49,11 @@ export function admit(ctx: CallContext): void {
   }
   const { orgId, groupId, agentId } = ctx.identity!;
   ctx.governance = governanceOf(snapshot, orgId, groupId, agentId);
+  ctx.admitted = true;
+}
+
+/** The removed agents as of the snapshot now current (a reload not yet re-checked is learnt now). */
+export function removedNow(ctx: CallContext): RemovedAgents {
+  ctx.d.removed.observe(ctx.d.snapshot());
+  return ctx.d.removed;
 }

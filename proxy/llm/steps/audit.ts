@@ -2,7 +2,7 @@ import { performance } from 'node:perf_hooks';
 import { gated } from '../../../audit-wal/gate.ts';
 import { AuditUnavailableError } from '../../../audit-wal/errors.ts';
 import type { CallContext } from '../context.ts';
-import { ERRORS } from '../errors.ts';
+import { ERRORS, Refusal } from '../errors.ts';
 
 // The call's audit record (llm_audit_log): written once, before the answer's last byte leaves, so a
 // process killed after answering has its record (durable in the WAL, with capture-or-deny; in the
@@ -14,15 +14,34 @@ import { ERRORS } from '../errors.ts';
  */
 export async function deliver(ctx: CallContext, send: () => void): Promise<boolean> {
   const d = ctx.d;
+  // A call a reload cut (LlmProxy.recheck) while its answer was being made delivers nothing.
+  if (ctx.cut !== null) throw new Refusal(ERRORS.agentRefused, ctx.cut);
   if (!ctx.audit || !ctx.identity) {
     send();
     return true;
   }
   ctx.audited = true;
+  // A cut that lands while the record is made durable (capture-or-deny waits for it) is seen here,
+  // before anything leaves.
+  const effect = () => {
+    if (ctx.cut !== null) throw new Refusal(ERRORS.agentRefused, ctx.cut);
+    send();
+  };
   try {
-    await gated(d.audit, 'llm_audit_log', record(ctx), send, { ...d.capture, log: d.log });
+    await gated(d.audit, 'llm_audit_log', record(ctx), effect, { ...d.capture, log: d.log });
     return true;
   } catch (err) {
+    if (err instanceof Refusal && ctx.cut !== null) {
+      // The record written says allow and may be durable already: the cut is a record of its own,
+      // under a derived id, so neither hides the other (as the capture refusal below).
+      ctx.decision = 'deny';
+      ctx.error = ctx.cut;
+      ctx.status = ERRORS.agentRefused.status;
+      d.audit.append('llm_audit_log', { ...record(ctx), id: `${ctx.id}.cut` }).catch((e: Error) => {
+        d.log.error({ err: e, request_id: ctx.id }, 'audit record of the cut lost');
+      });
+      throw err;
+    }
     if (!(err instanceof AuditUnavailableError)) throw err;
     // The record went to the sink and may still land; the refusal is a record of its own, under a
     // derived id, so neither hides the other (a store keeps the first row of an id).

@@ -38,7 +38,7 @@ export async function forward(ctx: CallContext): Promise<void> {
   const upstreamPath = target.pathname.replace(/\/+$/, '') + (translated ? routeOf(upstreamFormat) + query : url);
   const sendsBody = req.method !== 'GET' && req.method !== 'HEAD';
   const started = performance.now();
-  const abort = new AbortController();
+  const abort = ctx.upstreamAbort;
   res.on('close', () => {
     if (!res.writableFinished) abort.abort();
   });
@@ -84,6 +84,8 @@ export async function forward(ctx: CallContext): Promise<void> {
  */
 export function upstreamFailed(ctx: CallContext, err: Error, what: string, upstream?: string): void {
   const d = ctx.d;
+  // A cut call (LlmProxy.recheck) aborted its upstream itself: its record says why.
+  if (ctx.cut !== null) return;
   const phase = upstreamTimeoutPhase(err);
   if (phase !== null) d.metrics.upstreamTimeouts.inc({ phase });
   const reason =

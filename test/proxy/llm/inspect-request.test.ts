@@ -130,9 +130,13 @@ t.test('the secrets filter follows a rewritten secrets file', async (t) => {
 });
 
 t.test('fail closed: inspection that cannot finish in time is a 503', async (t) => {
-  const f = await startHarness({ proxy: { inspectTimeout: 1, inspectFailClosed: true } });
+  // A worker that never finishes (HANG-WORKER): a scan that merely takes long is not proof on a loaded
+  // machine, where its start and its result can reach the main thread together (the deadline runs from
+  // the worker's start, so a scan that did finish is used).
+  const hanging = new URL('../../fixtures/faulty-worker.ts', import.meta.url);
+  const f = await startHarness({ proxy: { inspectTimeout: 200, inspectFailClosed: true }, inspectWorker: hanging });
   t.teardown(() => f.close());
-  const big = anthropicBody('x'.repeat(4 * 1024 * 1024));
+  const big = anthropicBody(`HANG-WORKER ${'x'.repeat(4 * 1024 * 1024)}`);
   const r = await post(f, '/v1/messages', big);
   t.equal(r.status, 503);
   t.same(JSON.parse(r.text), {
@@ -142,7 +146,7 @@ t.test('fail closed: inspection that cannot finish in time is a 503', async (t) 
       message: 'Request rejected: content security inspection is unavailable.',
     },
   });
-  const open = await startHarness({ proxy: { inspectTimeout: 1 } });
+  const open = await startHarness({ proxy: { inspectTimeout: 200 }, inspectWorker: hanging });
   t.teardown(() => open.close());
   const passed = await post(open, '/v1/messages', big);
   t.equal(passed.status, 200, 'fail open by default');

@@ -1,16 +1,27 @@
 import { connect } from 'node:tls';
 import t from 'tap';
+import { request } from 'undici';
 import { until } from '../../fixtures/eventually.ts';
 import { startHarness } from '../../fixtures/llmproxy-harness.ts';
 
 // Admission under overload (core/body-budget.ts, --max-buffered-bodies): the request bodies held
 // at once are bounded; a call whose body does not fit is answered 503 overloaded_error with
 // retry-after (the official SDKs retry it), recorded in the audit log like every refusal, and the
-// budget is given back when each call ends. Here a 100 KB budget, and a first call that holds 80 KB
-// of it by sending its headers and only part of its body.
+// budget is given back when each call ends. Here a 100 KB budget, all of it one agent's share (the
+// share is test/proxy/llm/body-budget-share.test.ts), and a first call that holds 79 KB of it by
+// sending its headers and only part of its body (bytes are held as they arrive).
 const BUDGET = 100_000;
-const h = await startHarness({ proxy: { maxBufferedBodies: BUDGET } });
+const h = await startHarness({
+  proxy: { maxBufferedBodies: BUDGET, maxBufferedBodiesPerAgent: BUDGET, metricsAddr: '127.0.0.1:0' },
+});
 t.teardown(() => h.close());
+
+/** dvx_llmproxy_buffered_body_bytes, scraped from the metrics listener. */
+async function held(): Promise<number> {
+  const res = await request(`https://127.0.0.1:${h.proxy.metricsPort}/metrics`, { dispatcher: h.dispatcher });
+  const line = (await res.body.text()).split('\n').find((l) => l.startsWith('dvx_llmproxy_buffered_body_bytes '));
+  return Number(line?.slice(line.lastIndexOf(' ') + 1) ?? Number.NaN);
+}
 
 /** An Anthropic body of exactly `size` bytes. */
 function bodyOf(size: number): Buffer {
@@ -63,11 +74,11 @@ async function holdCall(size: number) {
 
 t.test('a body that fits is served; one past what is held at once is refused 503, audited, then served', async (t) => {
   t.equal((await call(40_000)).status, 200, 'alone, 40 KB fits');
-  const held = await holdCall(80_000);
-  await until(() => h.proxy.proxy.inFlight === 1);
+  const slow = await holdCall(80_000);
+  t.ok(await until(async () => (await held()) === 79_000), 'what arrived of it is held');
 
   const refused = await call(40_000);
-  t.equal(refused.status, 503, '80 KB held + 40 KB > 100 KB: refused');
+  t.equal(refused.status, 503, '79 KB held + 40 KB announced > 100 KB: refused');
   t.equal(refused.headers['retry-after'], '1', 'retry-after');
   t.match(JSON.parse(refused.text), { type: 'error', error: { type: 'overloaded_error' } });
   t.equal(refused.records.length, 1, 'the refusal has its record');
@@ -76,16 +87,16 @@ t.test('a body that fits is served; one past what is held at once is refused 503
     agent_id: 'agent-1',
     status: 503,
     decision: 'deny',
-    error: /overloaded: a body of 40000 bytes does not fit.*--max-buffered-bodies; 80000 held/,
+    error: /overloaded: a body of 40000 bytes does not fit.*--max-buffered-bodies; 79000 held/,
   });
 
   const chunked = await call(40_000, true);
   t.equal(chunked.status, 503, 'a chunked body is refused once it passes the budget');
   t.match(chunked.records[0], { status: 503, decision: 'deny', error: /overloaded/ });
 
-  t.equal((await call(15_000)).status, 200, '80 KB + 15 KB fits');
+  t.equal((await call(15_000)).status, 200, '79 KB + 15 KB fits');
 
-  const answer = await held.finish();
+  const answer = await slow.finish();
   t.match(answer, /^HTTP\/1\.1 200/, 'the held call is answered once its body is whole');
   await until(() => h.proxy.proxy.inFlight === 0);
   t.equal((await call(40_000)).status, 200, 'its 80 KB given back: 40 KB fits again');

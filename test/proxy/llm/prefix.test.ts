@@ -36,6 +36,45 @@ t.test('the system prompt gets the prefix in every shape', async (t) => {
   t.ok(sent.endsWith(raw.slice(1)), 'the rest of the body is forwarded byte for byte');
 });
 
+t.test('an empty array of system blocks or messages gets the prefix as its only element', async (t) => {
+  for (const empty of ['[]', '[ \n\t ]']) {
+    const r = await post(
+      h,
+      '/v1/messages',
+      `{"model":"claude-sonnet-4-5","system":${empty},"max_tokens":8,"messages":[]}`,
+    );
+    t.equal(r.status, 200, `system ${JSON.stringify(empty)}`);
+    t.match(h.upstream.received.at(-1)!.body!.system, [{ type: 'text', text: /^\[dvx security context\]/ }]);
+    t.equal((h.upstream.received.at(-1)!.body!.system as unknown[]).length, 1);
+    const c = await post(h, '/v1/chat/completions', `{"model":"gpt-4o","messages":${empty}}`);
+    t.equal(c.status, 200, `messages ${JSON.stringify(empty)}`);
+    t.same(
+      (h.upstream.received.at(-1)!.body!.messages as { role: string }[]).map((m) => m.role),
+      ['system'],
+    );
+  }
+  // Not empty: the prefix goes first, a comma after it.
+  await post(h, '/v1/chat/completions', '{"model":"gpt-4o","messages":[ {"role":"user","content":"hi"} ]}');
+  t.same(
+    (h.upstream.received.at(-1)!.body!.messages as { role: string }[]).map((m) => m.role),
+    ['system', 'user'],
+  );
+});
+
+t.test('the model is the one the body names, wherever it stands', async (t) => {
+  for (const raw of [
+    '{"system":"s","messages":[{"role":"user","content":"x"}],"max_tokens":8,"model":"claude-sonnet-4-5"}',
+    '{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[{"role":"user","content":"x"}]}',
+    '{"model":"other","max_tokens":8,"model":"claude-sonnet-4-5","messages":[{"role":"user","content":"x","model":"no"}]}',
+  ]) {
+    const r = await post(h, '/v1/messages', raw);
+    t.equal(r.status, 200, raw);
+    t.equal(h.upstream.received.at(-1)!.body!.model, 'claude-sonnet-4-5');
+  }
+  const none = await post(h, '/v1/messages', '{"max_tokens":8,"messages":[{"role":"user","content":"x"}]}');
+  t.equal(none.status, 400, 'no model: refused');
+});
+
 t.test('a large body gets the prefix spliced in place, every other byte as sent', async (t) => {
   const big = 'y'.repeat(300 * 1024);
   for (const [label, raw] of [

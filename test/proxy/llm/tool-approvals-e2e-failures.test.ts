@@ -260,3 +260,36 @@ t.test('a tool name the broker will not show a person (a bidi override) is denie
   });
   t.same(await approvalsOf(b, tool), [], 'nothing pending for a person to misread');
 });
+
+t.test('the agent is contained while a call is held: the call ends at once, its approval cancelled', async (t) => {
+  const h = await startE2eProxy(b);
+  t.teardown(() => h.close());
+  for (const [format, stream] of [
+    ['anthropic-messages', false],
+    ['openai-chat', true],
+  ] as const) {
+    const tool = `hold_${format.replace('-', '_')}_${stream}_contained`;
+    const started = Date.now();
+    const answer = viaSdk(h, format, stream, 'agent-2', [{ name: tool, input: { amount: 5 } }]).then(
+      (sdk) => ({ sdk, err: null }),
+      (err: Error) => ({ sdk: null, err }),
+    );
+    const pending = await pendingOf(b, tool);
+    const contained = snapshotWith()(h.upstream.url);
+    (contained.agents['agent-2'] as { contained: boolean }).contained = true;
+    await h.writeSnapshot(contained);
+    const { sdk, err } = await answer;
+    t.ok(Date.now() - started < 30_000, 'ended well before the escalation timeout');
+    t.equal(sdk, null, `${format} ${stream}: the agent gets no answer to run`);
+    if (!stream) t.match(err, { status: 403 }, 'not answered yet: the spec 403');
+    const [row] = await decisionsOf(h, tool);
+    t.match(row, {
+      outcome: 'deny',
+      decided_by: 'agent-refused',
+      approval_id: pending.id,
+      reason: /^policy changed: agent is contained while the call was held \(approval cancelled\)/,
+    });
+    t.equal((await becomes(b, pending.id, 'cancelled')).status, 'cancelled', 'nothing is left for a person to approve');
+    await h.writeSnapshot(snapshotWith()(h.upstream.url));
+  }
+});
