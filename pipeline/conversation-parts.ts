@@ -7,20 +7,22 @@ import type { Span } from './json-view.ts';
 //    └──────────── skeleton ─────────────────────┘ part  part  part └─────┘ part └┘
 //
 // A part is exactly the bytes of one element of a top-level `messages` (Anthropic Messages, OpenAI
-// Chat), `input` (OpenAI Responses) or `tools` array. Everything else is the skeleton: the top level,
-// `model`, `system` / `instructions` (where the security-context prefix lives, proxy/llm/steps/
-// prefix.ts) and any element too small to be worth a cache entry. The skeleton is the body with each
+// Chat), `input` (OpenAI Responses) or `tools` array, or of a run of consecutive short elements of one
+// (separators between them included: a group, Walk.elements). Everything else is the skeleton: the
+// top level, `model`, `system` / `instructions` (where the security-context prefix lives, proxy/llm/
+// steps/prefix.ts) and the separators between parts. The skeleton is the body with each
 // part's bytes replaced by `null` (a long run of parts kept as its first two, `skeleton`), so skeleton
 // and parts together hold every byte of the body, or for a separator dropped from such a run the same
-// bytes between the same bytes: no byte escapes inspection. A body that is not a JSON object, or that this walk cannot read, has no
-// parts (it is scanned whole).
+// bytes between the same bytes: no byte escapes inspection. A body that is not a JSON object, that
+// this walk cannot read, or whose parts are all short, has no parts (it is scanned whole).
 
 /** Top-level arrays whose elements are parts. */
 const PART_KEYS = ['"messages"', '"input"', '"tools"'].map((k) => Buffer.from(k));
 /**
- * Elements smaller than this stay in the skeleton: a scan's fixed cost (one input, one pass per
- * inspector) is worth paying once for them all, not once each, and a cache entry for a short "ok"
- * costs more memory than it saves (docs/decisions.md, "The per-part inspection cache").
+ * Elements smaller than this are grouped with their neighbours into parts of about this size: a scan's
+ * fixed cost (one input, one pass per inspector) is worth paying once for several, not once each, and
+ * a cache entry for a short "ok" costs more memory than it saves (docs/decisions.md, "The per-part
+ * inspection cache", "Short elements in groups").
  */
 export const MIN_PART_BYTES = 256;
 const NULL = Buffer.from('null');
@@ -65,8 +67,10 @@ export function conversationParts(body: Buffer, minPartBytes = MIN_PART_BYTES, k
     if (c === 0x2c) continue;
     if (c !== 0x7d) return null;
     walk.ws();
-    // Anything after the object (a second document) is no body this walk vouches for.
-    return walk.i === body.length && parts.length > 0 ? parts : null;
+    // Anything after the object (a second document) is no body this walk vouches for. A body whose
+    // parts are all short (a group closed by the array's end) is small: one scan of it whole costs
+    // less than a skeleton and a part.
+    return walk.i === body.length && parts.some((p) => p.end - p.start >= minPartBytes) ? parts : null;
   }
 }
 
@@ -154,7 +158,10 @@ function copyInto(out: Buffer, at: number, body: Buffer, from: number, to: numbe
  * `sharedFrom` bytes it is built in shared memory, so the pool takes it without another copy.
  */
 export function group(body: Buffer, parts: readonly Span[], sharedFrom = Number.POSITIVE_INFINITY): Buffer {
-  if (parts.length === 1) return body.subarray(parts[0].start, parts[0].end);
+  // One part alone is scanned as it is when it opens as JSON does: the views decode JSON escapes only
+  // in bytes that do (json-view.ts, carriesJsonEscapes), and a group of short elements may open with a
+  // number or a literal (`1,"AK\u0049A…"`), whose string's escapes would then go undecoded.
+  if (parts.length === 1 && opensJson(body[parts[0].start])) return body.subarray(parts[0].start, parts[0].end);
   let size = parts.length + 1;
   for (const p of parts) size += p.end - p.start;
   const out = size >= sharedFrom ? Buffer.from(new SharedArrayBuffer(size)) : Buffer.allocUnsafe(size);
@@ -166,6 +173,11 @@ export function group(body: Buffer, parts: readonly Span[], sharedFrom = Number.
   }
   out[to] = 0x5d;
   return out;
+}
+
+/** An object, an array or a string: bytes whose escapes the views decode (json-view.ts). */
+function opensJson(b: number): boolean {
+  return b === 0x7b || b === 0x5b || b === QUOTE;
 }
 
 /** A cursor over JSON bytes that skips values without building them. */
@@ -248,7 +260,17 @@ class Walk {
     return this.i > from;
   }
 
-  /** The elements of the array starting here, each of at least `min` bytes a part; past the array. */
+  /**
+   * The parts of the array starting here; past the array. An element of at least `min` bytes is a part
+   * of its own. Shorter ones are grouped, consecutive, into parts that close once they span `min` bytes
+   * (from the first one's start to the last one's end), before an element of `min` bytes or more, or at
+   * the array's end. A group's end depends only on the bytes up to it and on the element after it, so
+   * a conversation that grows by short messages changes only its last group.
+   *
+   * A known part (`known`) is stepped over: one of `min` bytes or more is closed (a long element, or a
+   * group that began with no group open); a shorter one is a group that began with none open and was
+   * closed by what followed it in the earlier body, so it is left open here, as walking it would.
+   */
   elements(parts: Span[], min: number): boolean {
     this.i++;
     this.ws();
@@ -256,18 +278,33 @@ class Walk {
       this.i++;
       return true;
     }
+    let open = -1;
+    let openEnd = 0;
     for (;;) {
       this.ws();
       const start = this.i;
       const end = this.#known?.get(start);
       if (end !== undefined) this.i = end;
       else if (!this.value()) return false;
-      if (this.i - start >= min) parts.push({ start, end: this.i });
+      if (this.i - start >= min) {
+        if (open >= 0) parts.push({ start: open, end: openEnd });
+        parts.push({ start, end: this.i });
+        open = -1;
+      } else {
+        if (open < 0) open = start;
+        openEnd = this.i;
+        if (openEnd - open >= min) {
+          parts.push({ start: open, end: openEnd });
+          open = -1;
+        }
+      }
       this.ws();
       const c = this.at();
       this.i++;
       if (c === 0x2c) continue;
-      return c === 0x5d;
+      if (c !== 0x5d) return false;
+      if (open >= 0) parts.push({ start: open, end: openEnd });
+      return true;
     }
   }
 }

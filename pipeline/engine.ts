@@ -154,8 +154,13 @@ export interface EngineOptions {
   cacheBytes?: number;
   /** The pool's module for a streamed response's stretches (stream-scan.ts); tests point it at a faulty one. */
   streamWorkerUrl?: URL;
-  /** Adaptive offload (ADAPTIVE_INLINE_THRESHOLD_BYTES); null turns it off. Defaults: the constants above. */
+  /**
+   * Adaptive offload (ADAPTIVE_INLINE_THRESHOLD_BYTES); null turns it off. Default: the constants above
+   * when this process may run on two cores or more (`cores`), else off.
+   */
   adaptiveOffload?: AdaptiveOffload | null;
+  /** The cores this process may run on. Default: os.availableParallelism(), which reads its CPU affinity (taskset). */
+  cores?: number;
 }
 
 /** A streamed response being inspected as it arrives (InspectionEngine.streamInspection). */
@@ -341,16 +346,21 @@ export class InspectionEngine {
         : null;
     // The cap is shared: half for the entries, half for the resent bodies kept to compare against
     // (resent-parts.ts), so the two together stay under --inspection-cache-mb.
-    this.#resent = cacheBytes > 0 ? new ResentParts(cacheBytes / 2) : null;
-    this.#adaptive =
-      options.adaptiveOffload === null || this.#pool === null
-        ? null
-        : (options.adaptiveOffload ?? {
+    this.#resent = cacheBytes > 0 ? new ResentParts(cacheBytes / 2, this.#cache) : null;
+    // By default only with a core for the pool beside the event loop: on a process's only core the
+    // pool's thread takes its turns from the loop it was to relieve, and a mid-sized body then costs
+    // its scan plus the round trip (docs/decisions.md, "Adaptive offload needs a second core").
+    const offloadDefault =
+      (options.cores ?? availableParallelism()) >= 2
+        ? {
             thresholdBytes: ADAPTIVE_INLINE_THRESHOLD_BYTES,
             highMs: LAG_HIGH_MS,
             lowMs: LAG_LOW_MS,
             windowMs: LAG_WINDOW_MS,
-          });
+          }
+        : null;
+    this.#adaptive =
+      options.adaptiveOffload === null || this.#pool === null ? null : (options.adaptiveOffload ?? offloadDefault);
     if (this.#adaptive !== null && this.#adaptive.thresholdBytes < this.#inlineThreshold)
       this.#watchLag(this.#adaptive);
   }

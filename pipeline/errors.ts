@@ -31,6 +31,12 @@ export class SidecarError extends coded('DVX_SIDECAR_FAILED') {
 /** The inspection deadline passed before the waited-for inspectors finished (the abort reason). */
 export class DeadlineError extends coded('DVX_INSPECTION_DEADLINE') {}
 
+/**
+ * A custom pattern's syntax the literal reader (pattern-anchors.ts) does not follow: the pattern gets no
+ * anchor and runs over the whole view, as before. Caught inside anchorOf; never reaches a caller.
+ */
+export class AnchorUnsupportedError extends coded('DVX_PATTERN_ANCHOR_UNSUPPORTED') {}
+
 /** A model glob is malformed in Go's path.Match syntax (ErrBadPattern); it matches nothing. */
 export class BadGlobError extends coded('DVX_GLOB_MALFORMED') {}
 

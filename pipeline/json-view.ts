@@ -250,9 +250,40 @@ export function decodedViews(body: Buffer, jsonEscapes?: boolean): DecodedViews 
  * it as well (Go's encoding/json matches field names that way).
  */
 export function topLevel(body: Buffer, key: string, anyCase?: Span[]): TopLevel | null {
+  const found = topLevelOf(body, [key], anyCase);
+  return found && { open: found.open, close: found.close, empty: found.empty, value: found.values[0] };
+}
+
+// The keys callers look for are a handful of constants: each one's JSON bytes are made once.
+const quotedKeys = new Map<string, Buffer>();
+
+function quotedKey(key: string): Buffer {
+  let quoted = quotedKeys.get(key);
+  if (quoted === undefined) {
+    quoted = Buffer.from(JSON.stringify(key), 'utf8');
+    if (quotedKeys.size < 64) quotedKeys.set(key, quoted);
+  }
+  return quoted;
+}
+
+/** The top level of a JSON object body and the value of each of `keys` (as topLevel reads one), in one walk. */
+export interface TopLevelValues {
+  open: number;
+  close: number;
+  empty: boolean;
+  /** The value of each key, in the order of `keys`; null when absent. */
+  values: (Span | null)[];
+}
+
+/**
+ * topLevel for several keys at once: one walk of the body instead of one per key (a call reads its
+ * thread, system prompt and model before the inspection). `anyCase` matches the first key only.
+ */
+export function topLevelOf(body: Buffer, keys: readonly string[], anyCase?: Span[]): TopLevelValues | null {
   const n = body.length;
-  const quoted = Buffer.from(JSON.stringify(key), 'utf8');
-  const lower = key.toLowerCase();
+  const quotedKeys = keys.map(quotedKey);
+  const quoted = quotedKeys[0];
+  const lower = anyCase ? keys[0].toLowerCase() : '';
   let i = firstNonSpace(body);
   if (i < 0 || body[i] !== 0x7b) return null;
   const open = i;
@@ -319,23 +350,27 @@ export function topLevel(body: Buffer, key: string, anyCase?: Span[]): TopLevel 
     }
     return i > from;
   };
-  let value: Span | null = null;
+  const values: (Span | null)[] = keys.map(() => null);
   let members = 0;
   for (;;) {
     skipWs();
-    if (i < n && body[i] === 0x7d && members === 0) return { open, close: i, empty: true, value: null };
+    if (i < n && body[i] === 0x7d && members === 0) return { open, close: i, empty: true, values };
     if (i >= n || body[i] !== 0x22) return null;
     const keyEnd = stringEnd(i);
     if (keyEnd < 0) return null;
     // A key without escapes is its own bytes: compared in place, no string made. An escaped one
     // (`"mod\\u0065l"`) is decoded first, so it is found (or told apart) as JSON.parse would.
-    let matches: boolean;
+    // Which of the keys this member's is (-1: none).
+    let matches = -1;
     let matchesAnyCase = false;
     let escaped = false;
     for (let k = i + 1; k < keyEnd - 1 && !escaped; k++) escaped = body[k] === BACKSLASH;
     if (!escaped) {
-      matches = keyEnd - i === quoted.length && body.compare(quoted, 0, quoted.length, i, keyEnd) === 0;
-      if (anyCase && !matches && keyEnd - i === quoted.length)
+      for (let q = 0; q < quotedKeys.length && matches < 0; q++) {
+        const key = quotedKeys[q];
+        if (keyEnd - i === key.length && body.compare(key, 0, key.length, i, keyEnd) === 0) matches = q;
+      }
+      if (anyCase && matches !== 0 && keyEnd - i === quoted.length)
         matchesAnyCase = body.toString('utf8', i + 1, keyEnd - 1).toLowerCase() === lower;
     } else {
       let name: unknown;
@@ -344,7 +379,7 @@ export function topLevel(body: Buffer, key: string, anyCase?: Span[]): TopLevel 
       } catch {
         return null; // a key that does not parse is no object the caller can read: say so (null)
       }
-      matches = name === key;
+      matches = keys.indexOf(name as string);
       matchesAnyCase = typeof name === 'string' && name.toLowerCase() === lower;
     }
     i = keyEnd;
@@ -355,14 +390,14 @@ export function topLevel(body: Buffer, key: string, anyCase?: Span[]): TopLevel 
     const valueStart = i;
     if (!skipValue()) return null;
     members++;
-    if (matches) value = { start: valueStart, end: i };
-    if (anyCase && (matches || matchesAnyCase)) anyCase.push({ start: valueStart, end: i });
+    if (matches >= 0) values[matches] = { start: valueStart, end: i };
+    if (anyCase && (matches === 0 || matchesAnyCase)) anyCase.push({ start: valueStart, end: i });
     skipWs();
     if (body[i] === 0x2c) {
       i++;
       continue;
     }
-    if (body[i] === 0x7d) return { open, close: i, empty: false, value };
+    if (body[i] === 0x7d) return { open, close: i, empty: false, values };
     return null;
   }
 }

@@ -17,7 +17,9 @@ import type { Finding } from './finding.ts';
 // the back, eviction takes from the front. (Not the Map's own insertion order: a hit there is a delete
 // and a set, and each delete leaves a hole at the front that the next eviction's iterator walks over
 // until the table is rebuilt: 65 µs per stored entry at 100k entries, measured.) The size counts each
-// entry's key, its findings' strings, and a fixed overhead.
+// entry's key, its findings' strings, and a fixed overhead. A part whose findings an agent's next body
+// inherits without a look-up (resent-parts.ts) is touched by those findings (`touch`): it moves to the
+// back as a hit would, so an active conversation's parts are not the first evicted.
 
 /** What one entry costs beyond its key and findings: the Map slot, the array, the object headers and list links (measured: ~270 bytes an entry in all, key included, against ~300 counted). */
 const ENTRY_OVERHEAD = 112;
@@ -35,6 +37,8 @@ interface Entry {
   older: Entry | null;
   /** Toward the most recently used (null: this is the newest). */
   newer: Entry | null;
+  /** Still in the cache (false once evicted or replaced). */
+  live: boolean;
 }
 
 export interface PartCacheOptions {
@@ -52,6 +56,8 @@ export class PartCache {
   #secretPrints = new WeakMap<readonly string[], string>();
   /** Contexts already made, by their inputs (two sha256 and a JSON.stringify saved per inspection). */
   #contexts = new Map<string, string>();
+  /** Each entry by its findings array (a copy of its own, `set`): what `touch` is handed. */
+  #byFindings = new WeakMap<readonly Finding[], Entry>();
 
   constructor(options: PartCacheOptions) {
     this.#max = options.maxBytes;
@@ -102,6 +108,19 @@ export class PartCache {
     return entry.findings;
   }
 
+  /**
+   * Marks the entry whose findings these are (as `get` or `set` returned them) as just used, as a hit
+   * would; true when it is still held. False: evicted since (or never this cache's), so the caller may
+   * store the findings again.
+   */
+  touch(findings: readonly Finding[]): boolean {
+    const entry = this.#byFindings.get(findings);
+    if (entry === undefined || !entry.live) return false;
+    this.#unlink(entry);
+    this.#append(entry);
+    return true;
+  }
+
   /** Stores a part's findings (a frozen copy, also returned); undefined: too large to store. */
   set(key: string, findings: readonly Finding[]): readonly Finding[] | undefined {
     const size = entrySize(key, findings);
@@ -112,9 +131,11 @@ export class PartCache {
     if (old !== undefined) {
       this.#unlink(old);
       this.#bytes -= old.size;
+      old.live = false;
     }
-    const entry: Entry = { key, findings, size, older: null, newer: null };
+    const entry: Entry = { key, findings, size, older: null, newer: null, live: true };
     this.#entries.set(key, entry);
+    this.#byFindings.set(findings, entry);
     this.#append(entry);
     this.#bytes += size;
     let evicted = 0;
@@ -123,6 +144,7 @@ export class PartCache {
       this.#unlink(oldest);
       this.#entries.delete(oldest.key);
       this.#bytes -= oldest.size;
+      oldest.live = false;
       evicted++;
     }
     if (evicted > 0) this.#onEvict?.(evicted);

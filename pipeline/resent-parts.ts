@@ -1,6 +1,7 @@
 import { hash } from 'node:crypto';
 import type { Finding } from './finding.ts';
 import type { Span } from './json-view.ts';
+import type { PartCache } from './part-cache.ts';
 
 // Finding and keying the parts of a body an agent resends, without walking or hashing again what it
 // sent before. Hashing every resent part every turn was most of a cached turn's cost: sha256 runs at
@@ -16,7 +17,8 @@ import type { Span } from './json-view.ts';
 //           otherwise ────────────────────────────────────────────────────────────▶ sha256 now
 //   findings: a part whose sha256 is the remembered one above (the same bytes), under the same scan
 //             context (part-cache.ts: policy version, secrets, inspectors, phase) ──▶ its findings, as
-//             the engine learnt them for that body: no cache look-up for it
+//             the engine learnt them for that body: no cache look-up for it, but its cache entry is
+//             touched (moved to the LRU's back as a hit would be), or stored again if it was evicted
 //
 // A remembered span or hash is used only for bytes equal to the ones it was computed over, so the
 // result is exactly what walking and hashing would give, whoever the holder is: the holder only decides
@@ -118,9 +120,12 @@ export class ResentParts {
   #holders = new Map<string, Remembered[]>();
   #bytes = 0;
   #max: number;
+  #cache: PartCache | null;
 
-  constructor(maxBytes: number) {
+  /** `cache`: where inherited findings' entries are touched (or stored again once evicted). */
+  constructor(maxBytes: number, cache: PartCache | null = null) {
     this.#max = maxBytes;
+    this.#cache = cache;
   }
 
   /** Bytes of the remembered bodies. */
@@ -196,7 +201,7 @@ export class ResentParts {
           (old.end - old.start === end - start && sameAt(base!, old.start, body, start, end - start)))
       ) {
         hashes[k] = base!.hashes[k];
-        if (inherit) found[k] = base!.findings[k];
+        if (inherit) found[k] = this.#inherit(base!.findings[k], context, hashes[k]);
         reused++;
       } else {
         hashes[k] = partHash(body.subarray(start, end));
@@ -204,6 +209,21 @@ export class ResentParts {
     }
     if (holder !== null) this.#remember(holder, body, parts, hashes, recall, context, found);
     return { hashes, reused, found };
+  }
+
+  /**
+   * Findings a part inherits, its cache entry touched as a look-up would: an agent whose parts are
+   * only ever inherited would otherwise have them evicted first under a full cache, and then scan them
+   * again whenever its remembered body is gone too. An entry no longer held is looked up by its key
+   * (another agent's body may have stored the same bytes since: theirs is kept, not replaced, or two
+   * agents sharing a part would replace each other's entry turn after turn), else stored again (the
+   * same bytes' findings under the same context: what a scan would store).
+   */
+  #inherit(findings: readonly Finding[] | undefined, context: string, hash: string): readonly Finding[] | undefined {
+    const cache = this.#cache;
+    if (findings === undefined || cache === null || cache.touch(findings)) return findings;
+    const key = context + hash;
+    return cache.get(key) ?? cache.set(key, findings) ?? findings;
   }
 
   #remember(

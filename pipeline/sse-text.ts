@@ -133,6 +133,8 @@ export class SseJoiner {
   readonly #openByChoice = new Map<string, JoinedBlock[]>();
   /** Blocks stopped since takeStopped() was last called, in the order they stopped. */
   #stoppedSince: JoinedBlock[] = [];
+  /** Blocks that received text since takeGrown() was last called. */
+  #grownSince = new Set<JoinedBlock>();
   #ended = false;
 
   constructor(onGiveUp?: () => void) {
@@ -161,6 +163,13 @@ export class SseJoiner {
   takeStopped(): JoinedBlock[] {
     const out = this.#stoppedSince;
     this.#stoppedSince = [];
+    return out;
+  }
+
+  /** The blocks that received text since the last call (each once per call). */
+  takeGrown(): Set<JoinedBlock> {
+    const out = this.#grownSince;
+    if (out.size > 0) this.#grownSince = new Set();
     return out;
   }
 
@@ -261,6 +270,7 @@ export class SseJoiner {
       }
       block.texts.push(p.text);
       if (p.json) block.json = true;
+      this.#grownSince.add(block);
       this.#pieces++;
     }
   }

@@ -29,7 +29,9 @@ import type { StretchKind, StretchTask } from './stream-scan.ts';
 // joined text, so a match that cannot hold a newline (every built-in; a custom pattern patternReach
 // calls separator-free; a secret without one) is found in it exactly as in the joined text; any other
 // pattern or secret, and the joined text is scanned whole at the end. A block that grows after its
-// scan is scanned again, whole, at the end and its first result dropped.
+// scan is scanned again, whole, at the end and its first result dropped. A long text block is not left
+// for its stop: every CHECKPOINT_BYTES of its text are scanned up to their last newline (with the
+// newline before them), for the same reason a block may be; the block's stop then scans what is left.
 
 /** Unscanned bytes that make a checkpoint. */
 export const CHECKPOINT_BYTES = 64 * 1024;
@@ -57,6 +59,10 @@ export class StreamInspection {
   #triedAt = 0;
   readonly #ranges: ScanResult[] = [];
   readonly #blockResults = new Map<JoinedBlock, { pieces: number; result: Promise<ScanResult> }>();
+  /** Text blocks still open whose text is being scanned in lines (see #lines). */
+  readonly #lined = new Map<JoinedBlock, LinedBlock>();
+  /** Open blocks that received text since a line cut was last looked for. */
+  readonly #growing = new Set<JoinedBlock>();
   #inFlight: Promise<unknown> | null = null;
   #ended = false;
 
@@ -119,9 +125,15 @@ export class StreamInspection {
   #due(): { kind: StretchKind; done: Promise<unknown> } | null {
     const blocks = this.#perBlock && this.#joiner.pieces >= 2 ? this.#finished() : [];
     if (blocks.length > 0) {
-      const text = this.#blockText(blocks);
+      const text = this.#blockText(blocks, () => false);
       const result = later(() => this.#scan({ kind: 'joined', body: text }, false));
       for (const b of blocks) this.#blockResults.set(b, { pieces: b.texts.length, result });
+      return { kind: 'joined', done: result };
+    }
+    const lines = this.#perBlock && this.#joiner.pieces >= 2 ? this.#lineCut() : null;
+    if (lines !== null) {
+      const result = later(() => this.#scan({ kind: 'joined', body: lines.text }, false));
+      lines.block.results.push(result);
       return { kind: 'joined', done: result };
     }
     const range = this.#cut();
@@ -138,20 +150,72 @@ export class StreamInspection {
   /** Blocks stopped and not scanned yet (the joiner hands each over once, when it stops). */
   #finished(): JoinedBlock[] {
     const out: JoinedBlock[] = [];
-    for (const b of this.#joiner.takeStopped()) if (!this.#blockResults.has(b)) out.push(b);
+    for (const b of this.#joiner.takeStopped()) {
+      this.#growing.delete(b);
+      if (!this.#blockResults.has(b)) out.push(b);
+    }
     return out;
   }
 
-  /** Blocks as the joined text holds them: each but the first after its newline. */
-  #blockText(blocks: JoinedBlock[]): Buffer {
+  /**
+   * The next lines of a long open text block, when CHECKPOINT_BYTES of its text arrived since its last
+   * cut: its text up to the last newline, after the newline that precedes it (the block's own in the
+   * joined text, or the one its previous cut ended with), so every line is read with the context it has
+   * in the joined text. A JSON block (decoded only once joined) is never cut.
+   */
+  #lineCut(): { block: LinedBlock; text: Buffer } | null {
+    for (const b of this.#joiner.takeGrown()) if (!b.stopped) this.#growing.add(b);
+    for (const b of this.#growing) {
+      let lined = this.#lined.get(b);
+      if (b.json) {
+        this.#growing.delete(b);
+        continue;
+      }
+      if (lined === undefined)
+        this.#lined.set(b, (lined = { consumed: 0, tail: '', lastNewline: -1, cuts: 0, results: [] }));
+      for (; lined.consumed < b.texts.length; lined.consumed++) {
+        const text = b.texts[lined.consumed];
+        const nl = text.lastIndexOf('\n');
+        if (nl >= 0) lined.lastNewline = lined.tail.length + nl;
+        lined.tail += text;
+      }
+      this.#growing.delete(b);
+      if (lined.lastNewline + 1 < this.#checkpoint) continue;
+      const lead = lined.cuts > 0 || b !== this.#joiner.first ? '\n' : '';
+      const text = Buffer.from(lead + lined.tail.slice(0, lined.lastNewline + 1), 'utf8');
+      lined.tail = lined.tail.slice(lined.lastNewline + 1);
+      lined.lastNewline = -1;
+      lined.cuts++;
+      return { block: lined, text };
+    }
+    return null;
+  }
+
+  /**
+   * Blocks as the joined text holds them: each but the first after its newline. A text block cut in
+   * lines gives only what its cuts left (after their last newline), unless `whole` says it is read whole.
+   */
+  #blockText(blocks: JoinedBlock[], whole: (b: JoinedBlock) => boolean): Buffer {
     const first = this.#joiner.first;
     const parts: Buffer[] = [];
     const ordered = blocks.includes(first!) ? [first!, ...blocks.filter((b) => b !== first)] : blocks;
     for (const b of ordered) {
-      if (b !== first) parts.push(NEWLINE);
-      parts.push(blockView(b));
+      const lined = b.json || whole(b) ? undefined : this.#lined.get(b);
+      if (lined === undefined || lined.cuts === 0) {
+        if (b !== first) parts.push(NEWLINE);
+        parts.push(blockView(b));
+        continue;
+      }
+      parts.push(NEWLINE, Buffer.from(lined.tail + b.texts.slice(lined.consumed).join(''), 'utf8'));
     }
     return Buffer.concat(parts);
+  }
+
+  /** The results of a block's line cuts that still count (a block scanned again whole drops them). */
+  #lineResults(whole: ReadonlySet<JoinedBlock> | undefined): Promise<ScanResult>[] {
+    const out: Promise<ScanResult>[] = [];
+    for (const [b, lined] of this.#lined) if (!b.json && !whole?.has(b)) out.push(...lined.results);
+    return out;
   }
 
   /** The next byte range to scan, when CHECKPOINT_BYTES are unscanned and a cut with its overlap arrived. */
@@ -208,6 +272,7 @@ export class StreamInspection {
     if (this.#joiner.pieces >= 2) {
       const kept = new Set<Promise<ScanResult>>();
       for (const [block, { result }] of this.#blockResults) if (!joined?.rescanned.has(block)) kept.add(result);
+      for (const result of this.#lineResults(joined?.whole)) kept.add(result);
       for (const result of kept) results.push(await result);
     }
     if (this.#gaveUp && this.#joinedRead)
@@ -215,29 +280,54 @@ export class StreamInspection {
     return mergeResults(results);
   }
 
-  /** The joined text still to scan: all of it (not per block), or the blocks not scanned or grown since. */
-  #joinedLeft(): { text: Buffer; rescanned: Set<JoinedBlock> } | null {
+  /**
+   * The joined text still to scan: all of it (not per block), or the blocks not scanned or grown since.
+   * `rescanned`: blocks whose result at their stop no longer counts; `whole`: blocks read whole again,
+   * whose line cuts no longer count either.
+   */
+  #joinedLeft(): { text: Buffer; rescanned: Set<JoinedBlock>; whole: Set<JoinedBlock> } | null {
     if (!this.#perBlock) {
       const text = this.#joiner.joined();
-      return text ? { text, rescanned: new Set(this.#blockResults.keys()) } : null;
+      const all = new Set(this.#blockResults.keys());
+      return text ? { text, rescanned: all, whole: all } : null;
     }
-    // A block that grew after its scan is scanned again with the blocks it was scanned with (their
-    // one result is dropped: it read the block's first text only).
+    // A block that grew after its scan is scanned again, whole, with the blocks it was scanned with
+    // (their one result is dropped: it read the block's first text only). A block that never stopped
+    // is scanned from where its line cuts left it.
     const dropped = new Set<Promise<ScanResult>>();
     for (const b of this.#joiner.blocks()) {
       const scanned = this.#blockResults.get(b);
       if (scanned !== undefined && scanned.pieces !== b.texts.length) dropped.add(scanned.result);
     }
     const left: JoinedBlock[] = [];
+    const whole = new Set<JoinedBlock>();
     for (const b of this.#joiner.blocks()) {
       const scanned = this.#blockResults.get(b);
-      if (scanned === undefined || dropped.has(scanned.result)) left.push(b);
+      if (scanned === undefined) left.push(b);
+      else if (dropped.has(scanned.result)) {
+        left.push(b);
+        whole.add(b);
+      }
     }
-    return left.length > 0 ? { text: this.#blockText(left), rescanned: new Set(left) } : null;
+    return left.length > 0
+      ? { text: this.#blockText(left, (b) => whole.has(b)), rescanned: new Set(left), whole }
+      : null;
   }
 }
 
 const NEWLINE = Buffer.from('\n');
+
+/** A text block scanned in lines while it is open (StreamInspection.#lineCut). */
+interface LinedBlock {
+  /** Its texts read into `tail` so far. */
+  consumed: number;
+  /** Its text after the last cut. */
+  tail: string;
+  /** The last newline in `tail`, or -1. */
+  lastNewline: number;
+  cuts: number;
+  results: Promise<ScanResult>[];
+}
 
 /**
  * Whether no match of this RE2 pattern can hold a newline nor read where the text ends (then it finds

@@ -1,6 +1,7 @@
 import RE2 from 're2';
 import { appendAll, MAX_FINDINGS_PER_INSPECTOR, redact, type Finding, type FindingLocation } from '../finding.ts';
 import { defineInspector } from '../inspector.ts';
+import { type Anchor, anchorOf, locate, windows } from '../pattern-anchors.ts';
 import { recordedSeverity } from '../policy/severity.ts';
 import type { CustomPattern } from '../policy/types.ts';
 
@@ -8,11 +9,19 @@ import type { CustomPattern } from '../policy/types.ts';
 // user pattern could drive into ReDoS). Compiled once per policy version. One RE2.Set pass tells which
 // patterns match anywhere; only those run again to extract their matches. A pattern re2 cannot compile
 // is reported back for logging and skipped, never an error (spec: "Invalid regex patterns…").
+//
+// A pattern with an anchor (pattern-anchors.ts: a literal each of its matches holds, and how far a
+// match reaches around it) is extracted in the windows around that literal's occurrences only, not
+// over the whole view. When every pattern has one cheap to find, the literals replace the set pass
+// itself in a large view (`located`): finding them costs less than one RE2.Set pass over every byte
+// (docs/decisions.md, "Custom patterns located by their literals").
 
 export const id = 'patterns';
 
 interface CompiledPattern {
   regex: RE2;
+  /** Where its matches can be: run only around its literal (null: over the whole view). */
+  anchor: Anchor | null;
   severity: 'log' | 'warn' | 'block';
   description: string;
 }
@@ -37,7 +46,38 @@ export interface PatternPlan {
   /** Built-in prefilters in the set after the custom patterns: set index patterns.length + i. */
   prefilters: PrefilterId[];
   invalid: { pattern: string; reason: string }[];
+  /**
+   * Every pattern has an anchor and finding them all is estimated at LOCATED_MAX_COST set passes or
+   * less: in a view from LOCATED_FROM_BYTES, candidates come from their literals instead (the
+   * prefilters then do not run).
+   */
+  located: boolean;
 }
+
+/**
+ * The literals replace the set pass when locating them all is estimated to cost less than this many
+ * set passes (pattern-anchors.ts, LOCATOR_COST). Half, not one: each literal is a pass of its own over
+ * the view, and on a loaded host (caches and memory shared) ten passes slow down more than one does.
+ * The bench's ten patterns, three of them folded literals, estimate at 0.84 and measured 0.8–1.2× the
+ * set pass's time depending on the load: they keep the set pass.
+ */
+export const LOCATED_MAX_COST = 0.5;
+
+/**
+ * …and only in a view this large. Below it the set pass costs microseconds and its prefilters, which
+ * locating does not run, let the built-in detectors skip a body that cannot hold what they look for:
+ * measured on the bench bodies, the set pass is ahead at 64 KB (its prefilters skip the PII
+ * detectors), the literals from 256 KB (every prefilter hits there anyway).
+ */
+export const LOCATED_FROM_BYTES = 256 * 1024;
+
+/**
+ * How long locating may take before the set pass runs instead, checked before each next literal: about
+ * 1.4 set passes (re2 steps its DFA at 1.4–1.5 ns a byte on the bench host), nearly three times what a
+ * located plan is estimated to need, so that only adversarial bodies reach it (floods of the bytes
+ * Buffer.indexOf stops at): measured, they then cost up to about three set passes.
+ */
+export const LOCATE_NS_PER_BYTE = 2;
 
 /** Why re2 cannot compile `pattern` as the engine would, or null when it can (authoring-time check). */
 export function patternProblem(pattern: string): string | null {
@@ -49,10 +89,19 @@ export function patternProblem(pattern: string): string | null {
   }
 }
 
+export interface CompileOptions {
+  /** Extract anchored patterns in windows (pattern-anchors.ts); false: the plain path (tests compare). */
+  anchors?: boolean;
+  /** May the literals replace the set pass (`located`); false: the set pass names the candidates. */
+  located?: boolean;
+}
+
 export function compile(
   patterns: readonly CustomPattern[],
   prefilters: readonly PrefilterId[] = [],
+  options: CompileOptions = {},
 ): PatternPlan | null {
+  const anchors = options.anchors ?? true;
   if (patterns.length === 0) return null;
   const compiled: CompiledPattern[] = [];
   const invalid: PatternPlan['invalid'] = [];
@@ -60,6 +109,7 @@ export function compile(
     try {
       compiled.push({
         regex: new RE2(p.pattern, 'gu'),
+        anchor: anchors ? anchorOf(p.pattern, 'gu') : null,
         severity: recordedSeverity(p.severity),
         description: p.description || `custom pattern /${p.pattern}/`,
       });
@@ -69,6 +119,11 @@ export function compile(
   }
   let set: PatternPlan['set'] = null;
   let usedPrefilters: PrefilterId[] = [];
+  const located =
+    (options.located ?? true) &&
+    compiled.length > 0 &&
+    compiled.every((c) => c.anchor !== null) &&
+    compiled.reduce((sum, c) => sum + c.anchor!.cost, 0) < LOCATED_MAX_COST;
   if (compiled.length + prefilters.length > 1) {
     try {
       set = new RE2.Set([...compiled.map((c) => c.regex.source), ...prefilters.map((p) => PREFILTERS[p])], 'u');
@@ -77,7 +132,7 @@ export function compile(
       set = null; // every pattern compiled alone; fall back to testing them one by one
     }
   }
-  return { set, patterns: compiled, prefilters: usedPrefilters, invalid };
+  return { set, patterns: compiled, prefilters: usedPrefilters, invalid, located };
 }
 
 export interface SetHits {
@@ -85,10 +140,45 @@ export interface SetHits {
   patterns: number[];
   /** Built-in prefilters that matched; null when the set did not run them (run every detector). */
   prefilters: Set<PrefilterId> | null;
+  /**
+   * When the plan is `located`: per pattern, its literal's occurrences (pattern-anchors.ts, locate),
+   * null past the bound (it then runs over the whole view), reused to extract. Shorter than the
+   * patterns when a literal could not be located and the set pass named the candidates (the rest are
+   * located as they extract).
+   */
+  located?: (number[] | null)[];
 }
 
-/** One RE2.Set pass: which custom patterns and which built-in prefilters match anywhere in `view`. */
+/**
+ * Which custom patterns and which built-in prefilters match anywhere in `view`: one RE2.Set pass, or
+ * for a `located` plan and a large view, each pattern's literal looked for (a pattern whose literal
+ * occurs is a candidate: its windows may still hold no match).
+ */
 export function hits(view: Buffer, plan: PatternPlan): SetHits {
+  if (plan.located && view.length >= LOCATED_FROM_BYTES) {
+    const located: (number[] | null)[] = [];
+    // The wall clock: a thread's CPU time ticks too coarsely here (about 1 ms) to judge 1 MB by, and
+    // the process's counts the other workers. A scan preempted on a loaded host may give way when it
+    // need not: the set pass then runs too, at most the located estimate (LOCATED_MAX_COST) more.
+    const deadline = performance.now() + (view.length * LOCATE_NS_PER_BYTE) / 1e6;
+    const over = () => performance.now() > deadline;
+    for (const p of plan.patterns) {
+      if (located.length > 0 && over()) return { ...setPass(view, plan), located };
+      const found = locate(view, p.anchor!, deadline);
+      // A literal too common to locate (a flood of it), or locating slower than the set pass on this
+      // body (a flood of the bytes Buffer.indexOf stops at): the set pass decides after all, once.
+      // Either way the findings are the same; only the cost differs.
+      if (found === null) return { ...setPass(view, plan), located };
+      located.push(found);
+    }
+    const patterns: number[] = [];
+    for (let i = 0; i < located.length; i++) if (located[i]!.length > 0) patterns.push(i);
+    return { patterns, prefilters: null, located };
+  }
+  return setPass(view, plan);
+}
+
+function setPass(view: Buffer, plan: PatternPlan): SetHits {
   if (!plan.set) return { patterns: plan.patterns.map((_, i) => i), prefilters: null };
   const found = plan.set.match(view);
   const n = plan.patterns.length;
@@ -109,7 +199,7 @@ export const MAX_MATCHES_PER_PATTERN = 4096;
 type Match = Buffer[] & { index: number; groups?: Record<string, Buffer | undefined> };
 
 /** Every match of `regex` over `view`, empty matches skipped. */
-function* matches(regex: RE2, view: Buffer): Generator<Match> {
+export function* matches(regex: RE2, view: Buffer): Generator<Match> {
   regex.lastIndex = 0;
   for (let n = 0; n < MAX_MATCHES_PER_PATTERN; n++) {
     const m = regex.exec(view) as unknown as Match | null;
@@ -121,6 +211,43 @@ function* matches(regex: RE2, view: Buffer): Generator<Match> {
       continue;
     }
     yield m;
+  }
+}
+
+/**
+ * Below this, a candidate the set pass named runs over the whole view: locating its literal first
+ * costs about as much as the run (a few microseconds either way).
+ */
+export const WINDOWED_FROM_BYTES = 64 * 1024;
+
+/**
+ * Every match of a pattern over `view`, as matches() gives them, but looked for only in the windows
+ * around its literal (pattern-anchors.ts): `hits` are the literal's occurrences when already located,
+ * and a pattern whose literal occurs past the bound runs over the whole view.
+ */
+export function* anchoredMatches(
+  regex: RE2,
+  anchor: Anchor,
+  view: Buffer,
+  hits: number[] | null | undefined = locate(view, anchor),
+): Generator<Match> {
+  const spans = hits === null ? null : windows(view, anchor, hits);
+  if (spans === null) {
+    yield* matches(regex, view);
+    return;
+  }
+  let n = 0;
+  for (let k = 0; k < spans.length; k += 2) {
+    // From the window's start, the bytes before it read as context (`\b`); one byte past its end.
+    const text = view.subarray(0, Math.min(view.length, spans[k + 1] + 1));
+    regex.lastIndex = spans[k];
+    for (;;) {
+      if (n >= MAX_MATCHES_PER_PATTERN) return;
+      const m = regex.exec(text) as unknown as Match | null;
+      if (m === null) break;
+      n++;
+      yield m;
+    }
   }
 }
 
@@ -153,14 +280,33 @@ export function scan(
   view: Buffer,
   plan: PatternPlan,
   location: FindingLocation,
-  candidates: readonly number[] = hits(view, plan).patterns,
+  setHits: SetHits = hits(view, plan),
 ): Finding[] {
+  // Anchored candidates run in their windows, each alone; the rest as one alternation over the view.
+  // An anchored candidate only located (its literal occurs) counts once it has a match: the share of
+  // the bound below is then what the set pass, which names only patterns that match, would give.
+  const runs = new Map<number, { first: Match; rest: Generator<Match> }>();
+  const whole: number[] = [];
+  for (const index of setHits.patterns) {
+    const { regex, anchor } = plan.patterns[index];
+    if (anchor === null) {
+      whole.push(index);
+      continue;
+    }
+    const rest =
+      setHits.located || view.length >= WINDOWED_FROM_BYTES
+        ? anchoredMatches(regex, anchor, view, setHits.located?.[index])
+        : matches(regex, view);
+    const first = rest.next();
+    if (!first.done) runs.set(index, { first: first.value, rest });
+  }
+  const matching = runs.size + whole.length;
   const findings: Finding[] = [];
   const seen = new Set<string>();
   // The findings bound is shared out per pattern, never spent by one: 64 distinct matches of a `log`
   // pattern must not hide the one match of a `block` pattern after them (every candidate the set
   // reported yields at least one finding).
-  const perPattern = Math.max(1, Math.floor(MAX_FINDINGS_PER_INSPECTOR / Math.max(1, candidates.length)));
+  const perPattern = Math.max(1, Math.floor(MAX_FINDINGS_PER_INSPECTOR / Math.max(1, matching)));
   const counts = new Map<number, number>();
   let full = 0;
   /** Records a match; false once this pattern has its share. */
@@ -184,20 +330,28 @@ export function scan(
     }
     return n + 1 < perPattern;
   };
-  let alone = candidates;
-  const together = candidates.length > 1 ? combined(plan, candidates) : null;
+  // The anchored runs merged by offset: findings in order of appearance, as one alternation gives.
+  const heads = [...runs].map(([index, run]) => ({ index, m: run.first as Match | null, rest: run.rest }));
+  for (;;) {
+    let next: (typeof heads)[number] | null = null;
+    for (const h of heads) if (h.m && (!next || h.m.index < next.m!.index)) next = h;
+    if (!next) break;
+    next.m = add(next.index, next.m![0]) ? (next.rest.next().value ?? null) : null;
+  }
+  let alone = whole;
+  const together = whole.length > 1 ? combined(plan, whole) : null;
   if (together) {
     const found = new Set<number>();
     for (const m of matches(together, view)) {
-      const index = candidates.find((i) => m.groups?.[`dvx${i}`] !== undefined);
+      const index = whole.find((i) => m.groups?.[`dvx${i}`] !== undefined);
       if (index === undefined) continue;
       found.add(index);
       add(index, m[0]);
-      if (full === candidates.length) break;
+      if (full === matching) break;
     }
     // A candidate the combined run did not reach (another pattern's matches used up its match bound,
     // or matched the same text first) runs alone.
-    alone = candidates.filter((i) => !found.has(i));
+    alone = whole.filter((i) => !found.has(i));
   }
   for (const index of alone) {
     for (const m of matches(plan.patterns[index].regex, view)) if (!add(index, m[0])) break;
@@ -223,7 +377,7 @@ export const inspector = defineInspector<PatternPlan>({
   scan(input, plan) {
     const setHits = input.setHits('literal');
     if (!setHits) return []; // the set pass failed, and said so
-    const findings = scan(input.decoded(), plan, input.location, setHits.patterns);
+    const findings = scan(input.decoded(), plan, input.location, setHits);
     const joined = input.joined();
     if (joined) appendAll(findings, scan(joined, plan, input.location));
     return findings;
@@ -231,8 +385,7 @@ export const inspector = defineInspector<PatternPlan>({
   scanNormalized(input, plan) {
     const view = input.normalized();
     const viewHits = view ? input.setHits('normalized') : null;
-    const candidates = viewHits?.patterns ?? [];
-    const findings = view && candidates.length > 0 ? scan(view, plan, input.location, candidates) : [];
+    const findings = view && viewHits && viewHits.patterns.length > 0 ? scan(view, plan, input.location, viewHits) : [];
     const joined = input.normalizedJoined();
     if (joined) appendAll(findings, scan(joined, plan, input.location));
     return findings;

@@ -6,6 +6,8 @@ import {
   deepScanView,
   hidesCharacters,
   scanView,
+  topLevel,
+  topLevelOf,
   topLevelString,
 } from '../../pipeline/json-view.ts';
 import { llmRequestBody } from '../../bench/corpus.ts';
@@ -80,6 +82,47 @@ t.test('topLevelString', async (t) => {
     null,
     'a lone surrogate escape is read, and differs',
   );
+});
+
+// topLevelOf reads several keys in one walk (the prefix step reads the prompt, the model and the
+// thread): each value must be the one JSON.parse reads, and the one topLevel finds for that key alone.
+t.test('topLevelOf: each key as JSON.parse and topLevel read it, in one walk', async (t) => {
+  const keys = ['model', 'system', 'thread', 'mod"el', 'Model'];
+  const key = fc.constantFrom(...keys, 'other', 'messages');
+  const member = fc.tuple(key, fc.jsonValue({ maxDepth: 2 }), fc.boolean());
+  fc.assert(
+    fc.property(fc.array(member, { maxLength: 8 }), fc.subarray(keys, { minLength: 1 }), (members, wanted) => {
+      // Some keys escaped (`\u006d` for `m`): the same key to JSON.parse.
+      const text = `{${members.map(([k, v, esc]) => `${esc ? JSON.stringify(k).replace(/m/g, '\\u006d') : JSON.stringify(k)} : ${JSON.stringify(v)}`).join(' , ')}}`;
+      const body = Buffer.from(text);
+      const parsed = JSON.parse(text) as Record<string, unknown>;
+      const found = topLevelOf(body, wanted);
+      if (found === null) return false;
+      return wanted.every((k, i) => {
+        const one = topLevel(body, k);
+        const span = found.values[i];
+        if (one === null || one.open !== found.open || one.close !== found.close || one.empty !== found.empty)
+          return false;
+        if (JSON.stringify(one.value) !== JSON.stringify(span)) return false;
+        if (!Object.hasOwn(parsed, k)) return span === null;
+        return (
+          span !== null && JSON.stringify(JSON.parse(text.slice(span.start, span.end))) === JSON.stringify(parsed[k])
+        );
+      });
+    }),
+    { numRuns: 500 },
+  );
+  t.same(topLevelOf(Buffer.from('{"model":"a","system":"s","model":"b"}'), ['system', 'model'])?.values, [
+    { start: 22, end: 25 },
+    { start: 34, end: 37 },
+  ]);
+  t.equal(topLevelOf(Buffer.from('["model"]'), ['model', 'system']), null, 'not an object');
+  t.same(topLevelOf(Buffer.from(' { } '), ['model', 'system']), {
+    open: 1,
+    close: 3,
+    empty: true,
+    values: [null, null],
+  });
 });
 
 // The decoded view is built in place since P13 (json-view.ts, decodeLevel), and the literal view is

@@ -1,11 +1,7 @@
 import fc from 'fast-check';
-import t, { type Test } from 'tap';
-import { createRegistry } from '../../core/metrics.ts';
+import t from 'tap';
 import { conversationParts, skeleton } from '../../pipeline/conversation-parts.ts';
-import { InspectionEngine, type EngineOptions, type InspectionOutcome } from '../../pipeline/engine.ts';
-import type { Finding } from '../../pipeline/finding.ts';
-import { policyFromDocument } from '../../pipeline/policy/resolve.ts';
-import { validatePolicyDocument } from '../../pipeline/policy/validate.ts';
+import { engine, metric, policyOf, same } from './part-cache-fixture.ts';
 
 // A cached turn's fixed costs (docs/decisions.md, "A cached turn's fixed costs"): the skeleton is
 // cached by its own sha256 and kept the same while a conversation grows (a run of parts is kept as its
@@ -14,7 +10,6 @@ import { validatePolicyDocument } from '../../pipeline/policy/validate.ts';
 // changing between turns and separators of every kind between the parts, an engine with the cache
 // finds exactly what an engine without it finds.
 
-const policyOf = (doc: unknown) => policyFromDocument(validatePolicyDocument(doc));
 const BASE = {
   secrets_filter: { enabled: true },
   pii_detection: { enabled: true },
@@ -78,48 +73,18 @@ function bodyAt(system: string, turns: readonly Turn[], model: string): Buffer {
   return Buffer.from(`{"model":${JSON.stringify(model)},"system":${JSON.stringify(system)},"messages":[${list}]}`);
 }
 
-function findingKeys(findings: readonly Finding[]): string[] {
-  return findings.map((f) => JSON.stringify([f.inspector_type, f.severity, f.description, f.match, f.location])).sort();
-}
-
-function engine(t: Test, options: EngineOptions) {
-  const registry = createRegistry();
-  const e = new InspectionEngine({ registry, adaptiveOffload: null, ...options });
-  t.teardown(() => e.close());
-  return { e, registry };
-}
-
-async function metric(registry: ReturnType<typeof createRegistry>, name: string): Promise<number> {
-  const m = (await registry.getMetricsAsJSON()).find((x) => x.name === name);
-  return (m?.values ?? []).reduce((sum, v) => sum + v.value, 0);
-}
-
-function same(t: Test, got: InspectionOutcome, want: InspectionOutcome, label: string): boolean {
-  const ok =
-    got.decision === want.decision &&
-    got.failures.length === 0 &&
-    want.failures.length === 0 &&
-    JSON.stringify(findingKeys(got.findings)) === JSON.stringify(findingKeys(want.findings));
-  if (!ok)
-    t.same(
-      { decision: got.decision, findings: findingKeys(got.findings) },
-      { decision: want.decision, findings: findingKeys(want.findings) },
-      label,
-    );
-  return ok;
-}
-
 t.test('a run of parts is kept as its first two; every other byte stays', async (t) => {
+  // `ok` is short: a part of its own, closed by the long element after it (conversation-parts.ts).
   const m = (c: string) => JSON.stringify({ role: 'user', content: c.repeat(300) });
   const body = Buffer.from(
     `{"model":"m","messages":[${m('a')},${m('b')},${m('c')}, ${m('d')}, ${m('e')}, ${m('f')},{"role":"user","content":"ok"},${m('g')}],"tools":[${m('t')},${m('u')},${m('v')}]}`,
   );
   const parts = conversationParts(body)!;
-  t.equal(parts.length, 10);
+  t.equal(parts.length, 11);
   t.equal(
     skeleton(body, parts).toString(),
-    '{"model":"m","messages":[null,null, null,{"role":"user","content":"ok"},null],"tools":[null,null]}',
-    'a run with one separator keeps two; another separator starts a new pair; a short element and the gap between arrays stay',
+    '{"model":"m","messages":[null,null, null,null],"tools":[null,null]}',
+    'a run with one separator keeps two; another separator starts a new pair; the gap between arrays stays',
   );
   // The skeleton of a growing conversation stays the same once it holds two parts.
   const grown = (n: number) =>

@@ -1,25 +1,16 @@
 import fc from 'fast-check';
-import t, { type Test } from 'tap';
-import { createRegistry } from '../../core/metrics.ts';
+import t from 'tap';
 import { conversationParts, group, MIN_PART_BYTES, skeleton } from '../../pipeline/conversation-parts.ts';
-import {
-  InspectionEngine,
-  MAX_CACHED_BODY_BYTES,
-  type EngineOptions,
-  type InspectionOutcome,
-} from '../../pipeline/engine.ts';
-import type { Finding } from '../../pipeline/finding.ts';
+import { MAX_CACHED_BODY_BYTES } from '../../pipeline/engine.ts';
 import { PartCache } from '../../pipeline/part-cache.ts';
 import { partHash, ResentParts } from '../../pipeline/resent-parts.ts';
-import { policyFromDocument } from '../../pipeline/policy/resolve.ts';
-import { validatePolicyDocument } from '../../pipeline/policy/validate.ts';
+import { engine, findingKeys, metric, policyOf, same } from './part-cache-fixture.ts';
 
 // The per-part inspection cache must never change what inspection finds: for any conversation,
 // inspected turn by turn, an engine with the cache finds exactly what an engine without it finds, and
 // decides the same (docs/decisions.md, "The per-part inspection cache").
 // CACHE_PROPERTY_RUNS sets how many conversations each property tries (10,000 each passed here).
 
-const policyOf = (doc: unknown) => policyFromDocument(validatePolicyDocument(doc));
 const FULL = policyOf({
   model_policy: { mode: 'blocklist', models: ['gpt-3*'] },
   content_inspection: {
@@ -128,54 +119,22 @@ function bodyAt(c: Conversation, turns: number): Buffer {
   return Buffer.from(`{"model":${model},${items}${tools}${top},"max_tokens":1024}`);
 }
 
-function findingKeys(findings: readonly Finding[]): string[] {
-  return findings.map((f) => JSON.stringify([f.inspector_type, f.severity, f.description, f.match, f.location])).sort();
-}
-
-function engine(t: Test, options: EngineOptions) {
-  const registry = createRegistry();
-  const e = new InspectionEngine({ registry, adaptiveOffload: null, ...options });
-  t.teardown(() => e.close());
-  return { e, registry };
-}
-
-async function metric(registry: ReturnType<typeof createRegistry>, name: string): Promise<number> {
-  const m = (await registry.getMetricsAsJSON()).find((x) => x.name === name);
-  return (m?.values ?? []).reduce((sum, v) => sum + v.value, 0);
-}
-
-function same(t: Test, got: InspectionOutcome, want: InspectionOutcome, label: string): boolean {
-  const ok =
-    got.decision === want.decision &&
-    got.failures.length === 0 &&
-    want.failures.length === 0 &&
-    JSON.stringify(findingKeys(got.findings)) === JSON.stringify(findingKeys(want.findings));
-  if (!ok)
-    t.same(
-      { decision: got.decision, findings: findingKeys(got.findings), failures: got.failures },
-      {
-        decision: want.decision,
-        findings: findingKeys(want.findings),
-        failures: want.failures,
-      },
-      label,
-    );
-  return ok;
-}
-
-t.test('parts are exactly the elements; the skeleton keeps every other byte', async (t) => {
+t.test('parts are exactly the elements (short ones grouped); the skeleton keeps every other byte', async (t) => {
   const body = Buffer.from(
     `{"model":"m","system":"s","messages":[ ${JSON.stringify({ role: 'user', content: 'x'.repeat(300) })} , {"role":"user","content":"ok"}, ${JSON.stringify({ role: 'assistant', content: 'y'.repeat(300) })}],"tools":[],"input":"text"}`,
   );
   const parts = conversationParts(body)!;
-  t.equal(parts.length, 2, 'the short element stays in the skeleton');
-  for (const p of parts) t.ok(JSON.parse(body.toString('utf8', p.start, p.end)).content.length >= 300);
+  t.equal(parts.length, 3, 'the short element is a part of its own, closed by the long one after it');
+  t.same(
+    parts.map((p) => JSON.parse(body.toString('utf8', p.start, p.end)).content.length),
+    [300, 2, 300],
+  );
   const skel = skeleton(body, parts);
-  t.same(JSON.parse(skel.toString()).messages, [null, { role: 'user', content: 'ok' }, null]);
+  t.same(JSON.parse(skel.toString()).messages, [null, null, null]);
   t.equal(skel.length + parts.reduce((n, p) => n + p.end - p.start, 0) - 4 * parts.length, body.length);
   t.same(
     JSON.parse(group(body, parts).toString()).map((m: { role: string }) => m.role),
-    ['user', 'assistant'],
+    ['user', 'user', 'assistant'],
   );
   for (const bad of ['[1,2]', '{"messages":[', 'not json', '{"messages":[{"a":"b"}]} trailing', '{}', ''])
     t.equal(conversationParts(Buffer.from(bad), 1), null, `no parts: ${bad}`);
@@ -249,7 +208,8 @@ t.test('a resent part is stepped over and keeps its hash only when its bytes are
   // Any sequence of bodies, each an edit of an earlier one (a byte changed, parts added, removed or
   // swapped, bytes inserted before them): every hash is the sha256 of the part's own bytes.
   const resent = new ResentParts(1 << 20);
-  const element = fc.string({ minLength: 256, maxLength: 400 });
+  // Short elements too: they are grouped, and a group recalled short is left open (conversation-parts.ts).
+  const element = fc.oneof(fc.string({ minLength: 256, maxLength: 400 }), fc.string({ maxLength: 120 }));
   let reused = 0;
   let stepped = 0;
   await fc.assert(
@@ -326,7 +286,8 @@ t.test('a cached block still blocks, with its finding; a one-byte change misses'
   const changed = { ...reply, content: reply.content.replace('I will not.', 'I will not!') };
   await e.inspect({ body: turn([leak, changed]), phase: 'request', policy: FULL, identity: AGENT });
   t.equal(await metric(registry, 'dvx_inspection_cache_hits_total'), 3, 'the leak hit again');
-  t.equal(await metric(registry, 'dvx_inspection_cache_misses_total'), 3, 'the changed reply missed');
+  // Misses: the leak (turn 1), the reply and the short `ok` (turn 2, a part of its own), the changed reply.
+  t.equal(await metric(registry, 'dvx_inspection_cache_misses_total'), 4, 'the changed reply missed');
 });
 
 t.test('a policy change catches what a cached part holds; the system prompt is always scanned', async (t) => {

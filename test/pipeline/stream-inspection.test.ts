@@ -58,6 +58,7 @@ const LEAKS = [
   'caf\u00e9 \u200bzebra-\u200bcrossing-42',
 ];
 const FILLER = 'The quick brown fox jumps over the lazy dog; ';
+const LINE_FILLER = 'The quick brown fox jumps over the lazy dog;\n';
 
 type Format = 'anthropic' | 'chat' | 'responses';
 
@@ -135,6 +136,8 @@ const blockArb = fc.record({
   filler: fc.oneof(fc.constant(0), fc.integer({ min: 0, max: 200 })),
   cuts: fc.array(fc.nat(), { maxLength: 12 }),
   json: fc.boolean(),
+  // Text in lines (a long text block is scanned in lines while it is open).
+  newlines: fc.boolean(),
 });
 
 const caseArb = fc.record({
@@ -152,7 +155,10 @@ type Case = typeof caseArb extends fc.Arbitrary<infer C> ? C : never;
 
 function build(c: Case): Buffer {
   const blocks = c.blocks.map((b) => {
-    const text = [FILLER.repeat(b.filler), ...b.leaks, FILLER.repeat(b.filler >> 1)].filter((x) => x).join(' ');
+    const filler = b.newlines ? LINE_FILLER : FILLER;
+    const text = [filler.repeat(b.filler), ...b.leaks, filler.repeat(b.filler >> 1)]
+      .filter((x) => x)
+      .join(b.newlines ? '\n' : ' ');
     const body = b.json ? JSON.stringify({ note: text, path: 'C:\\dir\\\u00e9' }) : text;
     return { deltas: cutAt(body, b.cuts), json: b.json };
   });
@@ -318,4 +324,92 @@ t.test('a mid-stream stretch that misses its deadline, or whose worker crashes, 
       `${fault}: counted as a fail-open`,
     );
   }
+});
+
+t.test('a long text block is scanned in lines while it is open, and its stop scans only what is left', async (t) => {
+  const engine = new InspectionEngine({ registry: createRegistry(), threads: 0 });
+  t.teardown(() => engine.close());
+  const checkpoint = 8 * 1024;
+  // ~200 KB of text in one block, in lines; leaks at a line's start, at its end, split across deltas.
+  const lines: string[] = [];
+  for (let i = 0; i < 4000; i++) {
+    if (i % 500 === 7) lines.push('zebra-crossing-42 opens this line');
+    else if (i % 500 === 250) lines.push(`this line ends with ${1000 + i}-marker`);
+    else lines.push(`${FILLER}${i}`);
+  }
+  const text = lines.join('\n');
+  const deltas = cutAt(
+    text,
+    Array.from({ length: 900 }, (_, i) => i * 223 + 5),
+  );
+  const body = Buffer.from(stream('anthropic', [{ deltas, json: false }]));
+  const stopAt = body.indexOf('content_block_stop');
+  const plan = compilePlan(splittable);
+  const joinedSizes: number[] = [];
+  let joinedBeforeStop = 0;
+  let pushed = 0;
+  const inspection = new StreamInspection(
+    plan,
+    splittable,
+    SECRETS,
+    async (task) => {
+      if (task.kind === 'joined') {
+        joinedSizes.push(task.body.length);
+        if (pushed < stopAt) joinedBeforeStop++;
+      }
+      return scanStretch(plan, { ...task, policy: splittable, secrets: SECRETS });
+    },
+    () => undefined,
+    checkpoint,
+  );
+  for (let at = 0; at < body.length; at += 2048) {
+    inspection.push(body.subarray(at, at + 2048));
+    pushed = at + 2048;
+    await new Promise((r) => setImmediate(r));
+  }
+  const result = await inspection.finish();
+  const whole = await engine.inspect({ body, phase: 'response', policy: splittable, secrets: SECRETS });
+  t.strictSame(keys(result), keys(whole), 'the findings of the whole-body scan');
+  t.equal(result.findings.filter((f) => f.description === 'marker').length > 0, true, 'line-end markers found');
+  t.ok(joinedBeforeStop >= 10, `the block was scanned in lines before its stop (${joinedBeforeStop} cuts)`);
+  const largest = Math.max(...joinedSizes);
+  t.ok(largest < 2 * checkpoint, `no joined scan read the whole block (largest ${largest} of ${text.length} bytes)`);
+  t.equal(
+    joinedSizes.reduce((a, b) => a + b, 0) - joinedSizes.length,
+    text.length - 1 + 0,
+    'each byte of the block was read once (plus the newline before each cut)',
+  );
+});
+
+t.test('a block cut in lines that grows after its stop is read whole again, its cuts dropped', async (t) => {
+  const engine = new InspectionEngine({ registry: createRegistry(), threads: 0 });
+  t.teardown(() => engine.close());
+  const ev = (data: unknown) => `data: ${JSON.stringify(data)}\n\n`;
+  const delta = (index: number, text: string) =>
+    ev({ type: 'content_block_delta', index, delta: { type: 'text_delta', text } });
+  const many = Array.from({ length: 300 }, (_, i) => delta(0, `${FILLER}${i}\n`)).join('');
+  const body = Buffer.from(
+    delta(0, 'lead\n') +
+      many +
+      delta(1, 'other block') +
+      ev({ type: 'content_block_stop', index: 0 }) +
+      delta(0, 'night') +
+      delta(0, 'ingale-123 end\nticket:4321\n'),
+  );
+  const c = {
+    format: 'anthropic' as const,
+    blocks: [],
+    comments: [],
+    chunks: [512],
+    checkpoint: 3000,
+    policy: splittable,
+  };
+  const whole = await engine.inspect({ body, phase: 'response', policy: splittable, secrets: SECRETS });
+  const { result } = await incremental(c, body);
+  t.strictSame(keys(result), keys(whole));
+  t.ok(
+    result.findings.some((f) => f.description === 'codename') &&
+      result.findings.some((f) => f.description === 'ticket'),
+    'what arrived after the stop is found',
+  );
 });

@@ -3,11 +3,15 @@ import { compile, scan } from '../../../pipeline/inspectors/patterns.ts';
 import { scanView } from '../../../pipeline/json-view.ts';
 
 t.test('RE2.Set finds which patterns match; only those extract', async (t) => {
-  const plan = compile([
-    { pattern: '(?i)project[- ]nightingale', description: 'codename', severity: 'block' },
-    { pattern: 'ticket-[0-9]{4}', description: '', severity: 'warn' },
-    { pattern: 'never-here', description: 'absent', severity: 'log' },
-  ])!;
+  const plan = compile(
+    [
+      { pattern: '(?i)project[- ]nightingale', description: 'codename', severity: 'block' },
+      { pattern: 'ticket-[0-9]{4}', description: '', severity: 'warn' },
+      { pattern: 'never-here', description: 'absent', severity: 'log' },
+    ],
+    [],
+    { located: false },
+  )!;
   t.ok(plan.set, 'a set over the compiled patterns');
   const f = scan(
     Buffer.from('Project Nightingale: see ticket-1234 and ticket-5678, ticket-1234'),
