@@ -1,4 +1,6 @@
 import { createRequire } from 'node:module';
+import { resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
 import { BENCH_PATTERNS, BENCH_SECRETS, llmRequestBody } from './corpus.ts';
 import { WORST_CASES, WORST_PATTERNS, WORST_SECRET, combinedWorstBody, worstBody } from './worst-case.ts';
 import { conditions, UNPINNED } from './conditions.ts';
@@ -8,11 +10,12 @@ import { compilePlan } from '../pipeline/plan.ts';
 import { scanBody } from '../pipeline/scan.ts';
 import { deepScanView } from '../pipeline/json-view.ts';
 import type { PatternPlan } from '../pipeline/inspectors/patterns.ts';
+import { locate } from '../pipeline/pattern-anchors.ts';
 import { policyFromDocument } from '../pipeline/policy/resolve.ts';
 import { validatePolicyDocument } from '../pipeline/policy/validate.ts';
 import { normalizedViewTable } from './normalized-view.ts';
 
-// npm run bench -- pipeline [--quick] [--worst-only] [--scan-only]
+// npm run bench -- pipeline [--quick] [--worst-only] [--scan-only] [--against DIR]
 // Throughput of each inspector and of the full set (all built-ins + 10 RE2 patterns) on LLM-like JSON
 // bodies of 4 KB, 64 KB, 1 MB and 32 MB; inline vs pool; p50/p99 of a 4 KB request-phase run; side by
 // side with the floor (Buffer.indexOf), V8 RegExp on the same patterns, and the npm peers redact-pii and
@@ -20,6 +23,9 @@ import { normalizedViewTable } from './normalized-view.ts';
 // (bench/worst-case.ts), and every worst case in one 32 MB body through the engine, against the
 // default --inspect-timeout. --scan-only: the single-core scan alone (the full set inline, each
 // inspector, and the two passes it cannot go below: the decoded view and one RE2.Set pass over it).
+// --against DIR: the full set and the patterns, inline and through a 2-worker engine, against another
+// checkout's pipeline (DIR holds its pipeline/ and core/, e.g. `git archive <commit> pipeline core`),
+// the two run in turn in this one process, so both see the same load.
 
 const require = createRequire(import.meta.url);
 
@@ -76,6 +82,12 @@ export async function main(args: string[]): Promise<void> {
   }
   if (args.includes('--scan-only')) {
     process.stdout.write((await scanOnly(quick)) + '\n');
+    return;
+  }
+  const against = args.indexOf('--against');
+  if (against >= 0) {
+    if (!args[against + 1]) throw new Error('--against needs a directory holding the baseline pipeline/ and core/');
+    process.stdout.write((await againstBaseline(resolve(args[against + 1]), quick)) + '\n');
     return;
   }
   const sizes = [4 * 1024, 64 * 1024, 1024 * 1024, 32 * 1024 * 1024];
@@ -387,6 +399,10 @@ async function scanOnly(quick: boolean): Promise<string> {
       ['ours: full set, inline', () => scanBody(fullPlan, { body, phase: 'request', secrets: BENCH_SECRETS })],
       ['pass: decoded view (JSON escapes decoded)', () => deepScanView(body)],
       ['pass: one RE2.Set over the decoded view', () => patternPlan.set!.match(decoded)],
+      [
+        "pass: the 10 patterns' literals located (not used: three are folded, the set pass stays)",
+        () => patternPlan.patterns.map((p) => locate(decoded, p.anchor!)),
+      ],
       ...Object.entries(PLANS).map(([name, plan]): [string, () => unknown] => [
         `ours: ${name}`,
         () => scanBody(plan, { body, phase: 'request', secrets: BENCH_SECRETS }),
@@ -417,4 +433,118 @@ async function scanOnly(quick: boolean): Promise<string> {
     ),
     '',
   ].join('\n');
+}
+
+/**
+ * Before and after in one process (--against DIR): each contender of the baseline and of this
+ * checkout run in turn, one run each, the p50 of each side kept; the same bodies, the same policy,
+ * the same load.
+ */
+async function againstBaseline(dir: string, quick: boolean): Promise<string> {
+  const load = (path: string) => import(pathToFileURL(`${dir}/pipeline/${path}`).href);
+  const base = {
+    compilePlan: (await load('plan.ts')).compilePlan as typeof compilePlan,
+    scanBody: (await load('scan.ts')).scanBody as typeof scanBody,
+    Engine: (await load('engine.ts')).InspectionEngine as typeof InspectionEngine,
+  };
+  const patterns = policyFromDocument(validatePolicyDocument({ content_inspection: { patterns: BENCH_PATTERNS } }));
+  // The seven of the ten that are case-sensitive: their literals are cheap to find (Buffer.indexOf).
+  const cased = policyFromDocument(
+    validatePolicyDocument({
+      content_inspection: { patterns: BENCH_PATTERNS.filter((p) => !p.pattern.startsWith('(?i)')) },
+    }),
+  );
+  const sides = {
+    baseline: {
+      full: base.compilePlan(full),
+      patterns: base.compilePlan(patterns),
+      cased: base.compilePlan(cased),
+      engine: new base.Engine({ threads: 2, inlineThresholdBytes: 0, timeoutMs: 60_000 }),
+    },
+    ours: {
+      full: compilePlan(full),
+      patterns: compilePlan(patterns),
+      cased: compilePlan(cased),
+      engine: new InspectionEngine({ threads: 2, inlineThresholdBytes: 0, timeoutMs: 60_000 }),
+    },
+  };
+  const scanOf = { baseline: base.scanBody, ours: scanBody };
+  const rows: string[][] = [];
+  const bodies: [string, Buffer][] = [
+    ['64 KB', llmRequestBody(64 * 1024)],
+    ['1 MB', llmRequestBody(1024 * 1024)],
+    ['1 MB, pattern hits', withPatternHits(llmRequestBody(1024 * 1024))],
+    ['32 MB', llmRequestBody(32 * 1024 * 1024)],
+  ];
+  for (const [label, body] of bodies) {
+    const large = body.length >= 32 * 1024 * 1024;
+    const budget = (quick ? 600 : 3000) * (large ? 3 : 1);
+    const contenders: [string, (side: 'baseline' | 'ours') => () => unknown][] = [
+      [
+        'full set, inline',
+        (side) => () => scanOf[side](sides[side].full, { body, phase: 'request', secrets: BENCH_SECRETS }),
+      ],
+      [
+        'patterns (10 RE2), inline',
+        (side) => () => scanOf[side](sides[side].patterns, { body, phase: 'request', secrets: BENCH_SECRETS }),
+      ],
+      [
+        'patterns (the 7 case-sensitive), inline',
+        (side) => () => scanOf[side](sides[side].cased, { body, phase: 'request', secrets: BENCH_SECRETS }),
+      ],
+      [
+        'full set, engine (2 workers; split from 4 MB)',
+        (side) => () => sides[side].engine.inspect({ body, phase: 'request', policy: full, secrets: BENCH_SECRETS }),
+      ],
+    ];
+    for (const [name, fnOf] of contenders) {
+      // One run of each side in turn (A B B A …), so that a change of load weighs on both alike.
+      const runs = { baseline: [] as number[], ours: [] as number[] };
+      const fns = { baseline: fnOf('baseline'), ours: fnOf('ours') };
+      for (const side of ['baseline', 'ours'] as const) for (let i = 0; i < 2; i++) await fns[side]();
+      const until = performance.now() + budget;
+      for (let k = 0; runs.ours.length < 5 || performance.now() < until; k++)
+        for (const side of k % 2 === 0 ? (['baseline', 'ours'] as const) : (['ours', 'baseline'] as const)) {
+          const t0 = performance.now();
+          await fns[side]();
+          runs[side].push(performance.now() - t0);
+        }
+      const median = (v: number[]) => [...v].sort((x, y) => x - y)[v.length >> 1];
+      const b = median(runs.baseline);
+      const o = median(runs.ours);
+      rows.push([
+        label,
+        name,
+        formatMs(b),
+        formatMs(o),
+        mbPerSec(body.length, b).toFixed(0),
+        mbPerSec(body.length, o).toFixed(0),
+        String(runs.ours.length),
+        (o / b).toFixed(2) + '×',
+      ]);
+    }
+  }
+  await sides.baseline.engine.close();
+  await sides.ours.engine.close();
+  return [
+    `## pipeline, against a baseline — ${conditions(`bodies: generated LLM-like JSON (bench/corpus.ts), request phase; baseline: ${dir}; one run of each side in turn (A B B A …), p50 of each side's runs (wall clock)`, UNPINNED)}`,
+    '',
+    table(
+      ['body', 'contender', 'baseline p50', 'ours p50', 'baseline MB/s', 'ours MB/s', 'runs', 'ours / baseline'],
+      rows,
+    ),
+    '',
+  ].join('\n');
+}
+
+/** A body where the custom patterns hit: an internal host, an incident id and a private IP about every 64 KB. */
+function withPatternHits(body: Buffer): Buffer {
+  let next = 0;
+  return Buffer.from(
+    body.toString('utf8').replace(/ the /g, (m, offset: number) => {
+      if (offset < next) return m;
+      next = offset + 64 * 1024;
+      return ' build-7.corp.example.com INC-204817 10.1.22.3 ';
+    }),
+  );
 }

@@ -15,7 +15,7 @@ import {
   writeServerTls,
 } from './fixtures.ts';
 import { formatMs, table } from './measure.ts';
-import { rssOf, treeRss } from './proc-stats.ts';
+import { rssOf, treeCpuSeconds, treeRss } from './proc-stats.ts';
 import { pinSelf } from './processes.ts';
 import {
   FLOOR_PROXY_NAME,
@@ -29,8 +29,8 @@ import {
 import { p50p99 } from './stats.ts';
 import { startToolUpstream, toolCallProfile, writeToolSnapshots, type ToolContender } from './tool-call-profile.ts';
 
-// npm run bench -- proxy [--quick] [--workers 1,2] [--rates 500,1000,2000] [--seconds S] [--rounds R]
-//                        [--no-extras]
+// npm run bench -- proxy [--quick] [--workers 1,2] [--rates 500,1000,2000] [--sizes 4,64] [--seconds S]
+//                        [--rounds R] [--no-extras] [--baseline DIR]
 // Added latency over direct at fixed request rates, one table: the mock Anthropic upstream and this
 // load generator share core 0; each single-process proxy runs alone on core 1 (taskset). Contenders:
 // direct; the floor (bare node:https + undici pass-through); dvx with inspection off; dvx with the full
@@ -46,7 +46,10 @@ import { startToolUpstream, toolCallProfile, writeToolSnapshots, type ToolConten
 // same round.
 // Then time-to-first-token through each for an SSE answer, and the memory a 32 MB request costs dvx.
 // Then the tool-call profile (tool-call-profile.ts): an answer with tool calls, with and without a tool
-// policy. --no-extras stops after the latency table (short verification runs).
+// policy. --no-extras stops after the latency table (short verification runs). --sizes picks the bodies
+// (KB). --baseline DIR adds the full-set dvx (one worker, core 1) of another checkout (e.g. `git archive`
+// of main, with node_modules beside it) to the same rounds: old and new measured interleaved, and a
+// column of each row's CPU per served call (the proxy's user + system time over the cell, per call).
 
 function startUpstream(): Promise<{ url: string; close: () => void }> {
   return listenLocal(
@@ -88,6 +91,8 @@ interface Contender {
   /** The cores it is pinned to (null: direct); its ratios are against the floor pinned the same way. */
   cores: string | null;
   isFloor?: boolean;
+  /** Mints its credentials again: a platform JWT lives under 5 minutes, a full run is longer. */
+  refresh?: () => Promise<void>;
 }
 
 function option(args: string[], name: string): string | undefined {
@@ -139,6 +144,8 @@ interface RunResult {
   p99: number;
   achieved: number;
   errors: number;
+  /** The proxy's CPU time (user + system, it and its children) per served call, ms (NaN: direct). */
+  cpuMs: number;
 }
 
 /** Open-loop load: requests leave on schedule whatever the answers do; latency is measured per request. */
@@ -178,7 +185,22 @@ async function openLoop(
   }
   await Promise.all(inflight);
   const elapsed = (performance.now() - started) / 1000;
-  return { ...p50p99(latencies), achieved: latencies.length / elapsed, errors };
+  return { ...p50p99(latencies), achieved: latencies.length / elapsed, errors, cpuMs: NaN };
+}
+
+/** openLoop, with the CPU the contender's processes spent over it, per served call. */
+async function measuredLoop(
+  dispatcher: Agent,
+  c: Contender,
+  body: () => Buffer,
+  rate: number,
+  seconds: number,
+): Promise<RunResult> {
+  const before = c.pid ? await treeCpuSeconds(c.pid) : NaN;
+  const r = await openLoop(dispatcher, c, body, rate, seconds);
+  const served = r.achieved * seconds;
+  const cpuMs = c.pid && served > 0 ? (((await treeCpuSeconds(c.pid)) - before) * 1000) / served : NaN;
+  return { ...r, cpuMs };
 }
 
 /**
@@ -236,7 +258,8 @@ export async function main(args: string[]): Promise<void> {
   const rates = (option(args, '--rates') ?? '500,1000,2000').split(',').map(Number);
   const workers = (option(args, '--workers') ?? '1,2').split(',').map(Number);
   const extras = !args.includes('--no-extras');
-  const sizes = [4 * 1024, 64 * 1024];
+  const sizes = (option(args, '--sizes') ?? '4,64').split(',').map((kb) => Number(kb) * 1024);
+  const baseline = option(args, '--baseline');
   // This process (load generator + upstream) on core 0.
   pinSelf('0');
 
@@ -260,8 +283,16 @@ export async function main(args: string[]): Promise<void> {
   // start there.
   let knowsWorkers = true;
   /** dvx's llmproxy with the bench's TLS, keys and secrets, once it answers its health check. */
-  const startDvx = async (name: string, port: number, snapshotFile: string, n = 1, cores = '1'): Promise<Started> => {
+  const startDvx = async (
+    name: string,
+    port: number,
+    snapshotFile: string,
+    n = 1,
+    cores = '1',
+    root?: string,
+  ): Promise<Started> => {
     const started = await startLlmproxy({
+      root,
       name,
       port,
       certFile,
@@ -305,19 +336,27 @@ export async function main(args: string[]): Promise<void> {
       isFloor: true,
     };
   };
-  const startDvxContender = async (inspect: boolean, n: number): Promise<Contender> => {
+  const startDvxContender = async (inspect: boolean, n: number, root?: string): Promise<Contender> => {
     const cores = n > 1 ? '0-1' : '1';
-    const port = 18480 + (inspect ? 1 : 0) + 10 * n;
-    const name = `${inspect ? 'dvx: full inspection (built-ins + 10 RE2)' : 'dvx: inspection off'}, --workers ${n}${n > 1 ? ` (cores ${cores})` : ''}`;
-    const dvx = await startDvx(name, port, inspect ? snapOn : snapOff, n, cores);
+    const port = 18480 + (inspect ? 1 : 0) + 10 * n + (root ? 5 : 0);
+    const name = `${root ? `baseline ${root}: ` : ''}${inspect ? 'dvx: full inspection (built-ins + 10 RE2)' : 'dvx: inspection off'}, --workers ${n}${n > 1 ? ` (cores ${cores})` : ''}`;
+    const dvx = await startDvx(name, port, inspect ? snapOn : snapOff, n, cores, root);
+    const headers = {
+      'content-type': 'application/json',
+      'x-api-key': await token(),
+      'anthropic-version': '2023-06-01',
+    };
     return {
       name,
       url: dvx.url,
       path: '/v1/messages',
-      headers: { 'content-type': 'application/json', 'x-api-key': await token(), 'anthropic-version': '2023-06-01' },
+      headers,
       pid: dvx.pid,
       stop: dvx.stop,
       cores,
+      refresh: async () => {
+        headers['x-api-key'] = await token();
+      },
     };
   };
   const starters: (() => Promise<Contender>)[] = [
@@ -325,6 +364,7 @@ export async function main(args: string[]): Promise<void> {
     ...(workers.some((n) => n > 1) ? [() => startFloor('0-1')] : []),
     () => startDvxContender(false, 1),
     ...workers.map((n) => () => startDvxContender(true, n)),
+    ...(baseline ? [() => startDvxContender(true, 1, baseline)] : []),
     ...[false, true].map((guard) => async (): Promise<Contender> => {
       const portkey = await startPortkey(18787 + (guard ? 1 : 0), plain);
       return {
@@ -343,7 +383,7 @@ export async function main(args: string[]): Promise<void> {
   ];
 
   const bodies = new Map(sizes.map((s) => [s, freshBodies(llmRequestBody(s, 3))]));
-  const COLUMNS = 13;
+  const COLUMNS = 14;
   const ratio = (ours: number, floor: number | undefined) =>
     floor !== undefined && floor > 0 && Number.isFinite(ours) ? `${(Math.max(0, ours) / floor).toFixed(2)}×` : '';
   const dispatcherOf = (c: Contender) => (c.url.startsWith('https') ? tls : plain);
@@ -375,7 +415,10 @@ export async function main(args: string[]): Promise<void> {
           // The order rotates each round: nobody always runs first, or right after the heaviest.
           const order = contenders.map((_, i) => contenders[(i + round) % contenders.length]);
           const results = new Map<Contender, RunResult>();
-          for (const c of order) results.set(c, await openLoop(dispatcherOf(c), c, body, rate, seconds / rounds));
+          for (const c of order) {
+            await c.refresh?.();
+            results.set(c, await measuredLoop(dispatcherOf(c), c, body, rate, seconds / rounds));
+          }
           const d = results.get(direct)!;
           for (const [c, r] of results) {
             const key = keyOf(c, size, rate);
@@ -395,6 +438,7 @@ export async function main(args: string[]): Promise<void> {
         added50: medianOfRounds(list.map((x) => x.added50)),
         added99: medianOfRounds(list.map((x) => x.added99)),
         achieved: medianOfRounds(list.map((x) => x.r.achieved)),
+        cpuMs: medianOfRounds(list.map((x) => x.r.cpuMs)),
         errors: list.reduce((n, x) => n + x.r.errors, 0),
       };
     };
@@ -420,6 +464,7 @@ export async function main(args: string[]): Promise<void> {
             c.cores === null ? '' : ratio(s.added99, f?.added99),
             c.cores === null ? '' : ratio(s.added50, g?.added50),
             s.achieved.toFixed(0),
+            Number.isFinite(s.cpuMs) ? s.cpuMs.toFixed(2) : '',
             String(s.errors),
             rss ? `${(rss / 1e6).toFixed(0)} MB` : '',
           ]);
@@ -429,6 +474,7 @@ export async function main(args: string[]): Promise<void> {
 
     if (extras) {
       for (const c of contenders) {
+        await c.refresh?.();
         const first = await ttft(dispatcherOf(c), c, quick ? 20 : 100);
         // Portkey 1.15 answers a streamed call 500 under Node ("TypeError: immutable" when it adds
         // headers to the fetch Response: Portkey-AI/gateway#1389, #1550), so it has no first token.
@@ -522,6 +568,7 @@ export async function main(args: string[]): Promise<void> {
           'p99 added / floor',
           'p50 added / Portkey+guardrail',
           'req/s served',
+          'proxy CPU ms / call',
           'errors',
           'proxy RSS',
         ],

@@ -94,6 +94,8 @@ export async function startLlmproxy(options: {
   flags?: string[];
   cores?: string;
   metricsPort?: number;
+  /** The dvx checkout to run (default: this one): bench/proxy.ts --baseline. */
+  root?: string;
 }): Promise<StartedLlmproxy> {
   let flags = options.flags ?? [];
   const dropped: string[] = [];
@@ -102,7 +104,7 @@ export async function startLlmproxy(options: {
     const p = pinned(
       [
         NODE,
-        join(ROOT, 'cli/main.ts'),
+        join(options.root ?? ROOT, 'cli/main.ts'),
         'serve',
         'llmproxy',
         '--addr',

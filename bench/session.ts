@@ -21,7 +21,7 @@ import {
 import { quantile } from './stats.ts';
 import type { BenchResult, SummaryRow } from './summary.ts';
 
-// npm run bench -- session [--quick] [--turns N] [--sessions N] [--format anthropic|openai]
+// npm run bench -- session [--quick] [--turns N] [--sessions N] [--format anthropic|openai] [--warm-up N]
 // Replays generated agent sessions through llmproxy with the full set on. A session is what a coding
 // agent sends: every turn resends the whole conversation (system prompt, tool definitions, each
 // assistant tool_use and the tool_result that answered it), growing by ~7.5 KB a turn to ~300 KB at
@@ -337,7 +337,14 @@ export async function main(args: string[]): Promise<BenchResult> {
   pinSelf('0');
 
   const sessions = Array.from({ length: nSessions }, (_, i) => sessionBodies(turns, SESSION_BASE_SEED + i, format));
-  const warmUp = [sessionBodies(Math.min(turns, 8), 1, format)];
+  // Before its measured sessions each contender replays one short session (8 turns), or with
+  // --warm-up N, N whole sessions of other seeds: a process that has served a few hundred calls, its
+  // hot paths compiled (a fresh dvx's first sessions cost 2–5× its later ones, cache on or off).
+  const warmSessions = opt('--warm-up', 0);
+  const warmUp =
+    warmSessions > 0
+      ? Array.from({ length: warmSessions }, (_, i) => sessionBodies(turns, 1 + i, format))
+      : [sessionBodies(Math.min(turns, 8), 1, format)];
   const bodyBytes = (from: number, to: number) =>
     sessions.reduce((n, s) => n + s.slice(from, to).reduce((m, b) => m + b.length, 0), 0);
   const earlyBytes = bodyBytes(0, group);
@@ -522,7 +529,7 @@ export async function main(args: string[]): Promise<BenchResult> {
   const earlyLabel = `turns 1–${group}`;
   const lateLabel = `turns ${turns - group + 1}–${turns}`;
   const markdown = [
-    `## session — ${conditions(`${nSessions} generated sessions of ${turns} turns (${format === 'openai' ? 'OpenAI Chat Completions, tool_calls + tool messages' : 'Anthropic Messages, tool_use + tool_result'}, ${kb(sessions[0][0].length)} → ${kb(sessions[0][turns - 1].length)}), each turn resending the whole conversation, one call at a time; early = ${earlyLabel}, late = ${lateLabel}; added = the contender's p50 (p99) minus direct's over the same turns; CPU = utime + stime of the proxy's processes over the measured sessions (dvx's includes four metric scrapes a session)`, 'the proxy alone on core 1, this process and the mock upstream on core 0 (taskset)')}`,
+    `## session — ${conditions(`${nSessions} generated sessions of ${turns} turns (${format === 'openai' ? 'OpenAI Chat Completions, tool_calls + tool messages' : 'Anthropic Messages, tool_use + tool_result'}, ${kb(sessions[0][0].length)} → ${kb(sessions[0][turns - 1].length)}), each turn resending the whole conversation, one call at a time; warm-up ${warmSessions > 0 ? `${warmSessions} whole session${warmSessions > 1 ? 's' : ''}` : 'one session of 8 turns'} per contender; early = ${earlyLabel}, late = ${lateLabel}; added = the contender's p50 (p99) minus direct's over the same turns; CPU = utime + stime of the proxy's processes over the measured sessions (dvx's includes four metric scrapes a session)`, 'the proxy alone on core 1, this process and the mock upstream on core 0 (taskset)')}`,
     '',
     table(
       [
