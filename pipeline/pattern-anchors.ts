@@ -31,6 +31,8 @@ export interface Anchor {
   fold: boolean;
   /** re2 over the literals (fold only): it folds as the pattern does (`k` also finds the Kelvin sign). */
   locator: RE2 | null;
+  /** The literals as one re2 source (folded as the pattern folds): a member of the patterns' RE2.Set. */
+  source: string;
   /** Per literal: where Buffer.indexOf looks for it from (case-sensitive only; pivotOf). */
   pivots: number[];
   /** The most bytes a match holds before the literal / after it (Infinity: unbounded). */
@@ -491,13 +493,15 @@ export function anchorOf(source: string, flags = 'gu'): Anchor | null {
   const suffix = side(best.end, atoms.length);
   const literals = best.literals.map((l) => Buffer.from(l, 'utf8'));
   const fold = lead.fold && best.literals.some((l) => /[A-Za-z]|[^\x00-\x7f]/.test(l));
+  // Longest first: re2 reports the first alternative that matches at a place (leftmost-first), and
+  // the window around the longest one that matches there covers a match through any shorter one
+  // (`(?i)(pass|password)\s*:` on `password:` must not be located as `pass`, its window ending at `w`).
+  const literalSource = `${fold ? '(?i)' : ''}(?:${byLengthDown(best.literals).map(escapeLiteral).join('|')})`;
   return {
     literals,
     fold,
-    // Longest first: re2 reports the first alternative that matches at a place (leftmost-first), and
-    // the window around the longest one that matches there covers a match through any shorter one
-    // (`(?i)(pass|password)\s*:` on `password:` must not be located as `pass`, its window ending at `w`).
-    locator: fold ? new RE2(`(?i)(?:${byLengthDown(best.literals).map(escapeLiteral).join('|')})`, 'gu') : null,
+    locator: fold ? new RE2(literalSource, 'gu') : null,
+    source: literalSource,
     pivots: literals.map(pivotOf),
     before: prefix.max,
     after: suffix.max,
