@@ -1,7 +1,7 @@
 import RE2 from 're2';
 import { appendAll, MAX_FINDINGS_PER_INSPECTOR, redact, type Finding, type FindingLocation } from '../finding.ts';
 import { defineInspector } from '../inspector.ts';
-import { type Anchor, anchorOf, locate, windows } from '../pattern-anchors.ts';
+import { type Anchor, anchorOf, locate, runsIntoEnds, windows } from '../pattern-anchors.ts';
 import { MAX_REACH, patternReach } from '../pattern-reach.ts';
 import { recordedSeverity } from '../policy/severity.ts';
 import type { CustomPattern } from '../policy/types.ts';
@@ -62,6 +62,11 @@ export interface PatternPlan {
    * literal it is (set index patterns.length + prefilters.length + i).
    */
   literalMembers: number[];
+  /**
+   * The unbounded anchored patterns alone (the indexes of literalMembers), for a range that escalates:
+   * one pass over the whole body's view names those that match anywhere, and only they run there.
+   */
+  unboundedSet: InstanceType<typeof RE2.Set> | null;
   /**
    * How far a match reaches across a byte range's edge (view bytes): the longest bounded match, and for
    * an unbounded pattern its literal (the rest is found around it, OpenRange). null: the body cannot be
@@ -178,6 +183,17 @@ export function compile(
       set = null; // every pattern compiled alone; fall back to testing them one by one
     }
   }
+  let unboundedSet: PatternPlan['unboundedSet'] = null;
+  if (set && literalMembers.length > 0) {
+    try {
+      unboundedSet = new RE2.Set(
+        literalMembers.map((i) => compiled[i].regex.source),
+        'u',
+      );
+    } catch {
+      unboundedSet = null; // each escalated pattern then runs over the whole view
+    }
+  }
   return {
     set,
     patterns: compiled,
@@ -185,6 +201,7 @@ export function compile(
     invalid,
     located,
     literalMembers: set ? literalMembers : [],
+    unboundedSet,
     rangeReach,
   };
 }
@@ -370,6 +387,13 @@ function rangeCandidates(plan: PatternPlan, setHits: SetHits): number[] {
   return out;
 }
 
+/** Which of the escalated patterns match somewhere in the whole body's view (PatternPlan.unboundedSet). */
+function namedOver(view: Buffer, plan: PatternPlan, escalated: readonly number[]): number[] {
+  if (!plan.unboundedSet) return [...escalated];
+  const named = new Set(plan.unboundedSet.match(view).map((k) => plan.literalMembers[k]));
+  return escalated.filter((i) => named.has(i));
+}
+
 /** Whether a window runs into the range's first or last byte where the body goes on. */
 function runsPastRange(spans: readonly number[], length: number, range: OpenRange): boolean {
   if (spans.length === 0) return false;
@@ -391,18 +415,34 @@ export function scan(
   const runs = new Map<number, { first: Match; rest: Generator<Match> }>();
   const whole: number[] = [];
   const escalated: number[] = range ? [...range.escalated] : [];
+  const named = new Set(setHits.patterns);
   for (const index of range ? rangeCandidates(plan, setHits) : setHits.patterns) {
     const { regex, anchor } = plan.patterns[index];
     if (range && plan.patterns[index].unbounded) {
       if (range.escalated.has(index)) continue;
+      // Named by the literal alone, not by the set pass over this view: no match lies inside the
+      // range, and only one running past an end of it can hold the literal here.
+      if (!setHits.located && !named.has(index)) {
+        if (anchor === null || runsIntoEnds(view, anchor, null, range.before, range.after)) {
+          escalated.push(index);
+          range.escalated.add(index);
+        }
+        continue;
+      }
       const found = anchor ? (setHits.located?.[index] ?? locate(view, anchor)) : null;
       const spans = found === null ? null : windows(view, anchor!, found);
-      if (spans === null || runsPastRange(spans, view.length, range)) {
+      // No windows (a flood of the literal, suffix walks past their budget): the pattern runs over the
+      // range's view when no match around any occurrence can reach either end of it.
+      const past =
+        spans === null
+          ? anchor === null || runsIntoEnds(view, anchor, found, range.before, range.after)
+          : runsPastRange(spans, view.length, range);
+      if (past) {
         escalated.push(index);
         range.escalated.add(index);
         continue;
       }
-      const rest = windowMatches(regex, view, spans);
+      const rest = spans === null ? matches(regex, view) : windowMatches(regex, view, spans);
       const first = rest.next();
       if (!first.done) runs.set(index, { first: first.value, rest });
       continue;
@@ -418,8 +458,11 @@ export function scan(
     const first = rest.next();
     if (!first.done) runs.set(index, { first: first.value, rest });
   }
+  // Escalated patterns run over the whole body's view only where one set pass there names them: one
+  // that matches nowhere costs that pass, not a run (or a search for its literal) of its own.
   const wholeView = escalated.length > 0 ? range!.whole() : null;
-  const matching = runs.size + whole.length + (wholeView ? escalated.length : 0);
+  const reaching = wholeView ? namedOver(wholeView, plan, escalated) : [];
+  const matching = runs.size + whole.length + reaching.length;
   const findings: Finding[] = [];
   const seen = new Set<string>();
   // The findings bound is shared out per pattern, never spent by one: 64 distinct matches of a `log`
@@ -476,7 +519,7 @@ export function scan(
     for (const m of matches(plan.patterns[index].regex, view)) if (!add(index, m[0])) break;
   }
   if (wholeView) {
-    for (const index of escalated) {
+    for (const index of reaching) {
       const { regex, anchor } = plan.patterns[index];
       const found = anchor ? anchoredMatches(regex, anchor, wholeView) : matches(regex, wholeView);
       for (const m of found) if (!add(index, m[0])) break;

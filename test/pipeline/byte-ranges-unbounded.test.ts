@@ -177,3 +177,36 @@ t.test('split findings equal whole findings for random bodies cut at random edge
   t.ok(cuts > 100, `the bodies were cut (${cuts} edges)`);
   t.end();
 });
+
+t.test('a flood of literals: matches inside a range and across its edge, and the findings bound, as whole', (t) => {
+  // More occurrences of `confidential` than windows are made for (pattern-anchors.ts, MAX_ANCHOR_HITS):
+  // a range then runs the pattern over its own view, or over the whole body where a match may run past it.
+  const flood = 'confidential '.repeat(1500);
+  const ids = Array.from({ length: 64 }, (_, i) => `tag[${String.fromCharCode(97 + (i % 26))}${i}x,y]`).join(' ');
+  const shapes: [string, string[]][] = [
+    ['no match anywhere', [flood, FILLER, FILLER, flood]],
+    [
+      'a match inside each range',
+      [flood, 'confidential: internal ', FILLER, FILLER, flood, 'CONFIDENTIAL : INTERNAL '],
+    ],
+    ['a 6 KB match across the edge', [flood, FILLER, `confidential${run(3000, ': ')}internal `, FILLER, FILLER]],
+    ['64 distinct matches of another pattern', [ids, flood, FILLER, FILLER, flood]],
+  ];
+  for (const [name, contents] of shapes) {
+    const body = Buffer.from(
+      JSON.stringify({ model: 'claude-sonnet-4-5', messages: contents.map((content) => ({ role: 'user', content })) }),
+    );
+    const expected = keys(whole(body));
+    let tried = 0;
+    for (const at of [0.3, 0.5, 0.55, 0.7].map((f) => Math.floor(body.length * f))) {
+      let e = at;
+      while (e < body.length && !isEdge(body, e)) e++;
+      const ranges = rangesAt(body, [e], reach);
+      if (ranges === null) continue;
+      tried++;
+      t.strictSame(keys(splitScan(body, ranges)), expected, `${name}: cut at ${e}`);
+    }
+    t.ok(tried >= 2, `${name}: cut ${tried} times`);
+  }
+  t.end();
+});
