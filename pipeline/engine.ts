@@ -12,16 +12,10 @@ import { MAX_FINDINGS_PER_INSPECTOR, type Finding, type Phase } from './finding.
 import type { Span } from './json-view.ts';
 import { DEFAULT_CACHE_BYTES, PartCache } from './part-cache.ts';
 import { partHash, type Recall, ResentParts } from './resent-parts.ts';
+import { id as PATTERNS, type PatternPlan } from './inspectors/patterns.ts';
 import { MODEL_RESTRICTION } from './inspectors/registry.ts';
 import { carriesJsonEscapes } from './json-view.ts';
-import {
-  mergeResults,
-  splitPatterns,
-  planRanges,
-  secretsReach,
-  type ByteRange,
-  type ViewContext,
-} from './byte-ranges.ts';
+import { mergeResults, planRanges, secretsReach, type ByteRange, type ViewContext } from './byte-ranges.ts';
 import { callSidecar, type SidecarIdentity } from './inspectors/sidecar.ts';
 import { hasInspector, PlanCache, type ScanPlan } from './plan.ts';
 import { isInert } from './policy/resolve.ts';
@@ -88,21 +82,15 @@ interface PoolTask {
 }
 
 /**
- * How far a policy's custom patterns reach across an edge (byte-ranges.ts, patternReach), or null when
- * one cannot be split. Such a pattern would scan the whole body as a task of its own, and its views
- * (decode, normalization) cost most of a whole scan: measured, that ran no faster than the split by
- * inspector, so the body is split by inspector instead (docs/decisions.md).
+ * How far a policy's custom patterns reach across an edge (patterns.ts, PatternPlan.rangeReach: an
+ * unbounded pattern by its literal, found around it in each range), or null when one cannot be split
+ * (unbounded with no literal). Such a pattern would scan the whole body as a task of its own, and its
+ * views (decode, normalization) cost most of a whole scan: measured, that ran no faster than the split
+ * by inspector, so the body is split by inspector instead (docs/decisions.md).
  */
-const patternReaches = new WeakMap<ScanPlan, number | null>();
-
-function patternReachOf(plan: ScanPlan, policy: ResolvedPolicy): number | null {
-  let reach = patternReaches.get(plan);
-  if (reach === undefined) {
-    const split = splitPatterns(policy.content?.patterns ?? []);
-    reach = split.whole.length === 0 ? split.reach : null;
-    patternReaches.set(plan, reach);
-  }
-  return reach;
+function patternReachOf(plan: ScanPlan): number | null {
+  const patterns = plan.inspectors.find((p) => p.inspector.id === PATTERNS)?.compiled as PatternPlan | undefined;
+  return patterns ? patterns.rangeReach : 0;
 }
 
 export type Decision = 'allow' | 'block' | 'unavailable';
@@ -786,7 +774,7 @@ export class InspectionEngine {
    * How a pooled body is shared out. A request body from RANGE_THRESHOLD_BYTES, with two or more
    * workers, is cut into one byte range per worker (byte-ranges.ts), each scanned by every inspector.
    * Failing that (a response, whose joined stream text is built from every line; a custom pattern
-   * that cannot be split, patternReachOf; a secret too long; a body with no edge to cut at), from
+   * with no bound and no literal, patternReachOf; a secret too long; a body with no edge to cut at), from
    * SPLIT_THRESHOLD_BYTES the patterns and the other inspectors scan the whole body on two workers;
    * else one task does it all.
    */
@@ -801,7 +789,7 @@ export class InspectionEngine {
     const patterns = policy.content?.patterns ?? [];
     if (this.#threads >= 2 && phase === 'request' && shared.length >= RANGE_THRESHOLD_BYTES) {
       const secretReach = secretsReach(secrets);
-      const patternReach = patternReachOf(plan, policy);
+      const patternReach = patternReachOf(plan);
       const ranges =
         secretReach === null || patternReach === null
           ? null

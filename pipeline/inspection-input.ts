@@ -2,7 +2,7 @@ import type { ViewContext } from './byte-ranges.ts';
 import { bodyLocation, type FindingLocation, type Phase } from './finding.ts';
 import { decodedViews, hidesCharacters } from './json-view.ts';
 import { normalizedView } from './normalized-view.ts';
-import { hits, type PatternPlan, type PrefilterId, type SetHits } from './inspectors/patterns.ts';
+import { hits, type OpenRange, type PatternPlan, type PrefilterId, type SetHits } from './inspectors/patterns.ts';
 import { sseText } from './sse-text.ts';
 
 // One body as the inspectors read it: the bytes as sent and the views built from them, each built at
@@ -45,6 +45,15 @@ export interface InputOptions {
   patterns: PatternPlan | null;
   /** A byte range of a larger body: its escapes are read as the whole body's (byte-ranges.ts). */
   context?: ViewContext | null;
+  /** The larger body `raw` is bytes [start, end) of (a byte range's scan), for what must read past it. */
+  within?: Within | null;
+}
+
+/** The whole body a byte range was cut from, and where. */
+export interface Within {
+  body: Buffer;
+  start: number;
+  end: number;
 }
 
 export function failureReason(err: unknown): string {
@@ -71,6 +80,10 @@ export class InspectionInput {
   #normalizedJoined: Buffer | null | undefined = undefined;
   #literalHits: SetHits | null | undefined = undefined;
   #normalizedHits: SetHits | null | undefined = undefined;
+  #within: Within | null;
+  #whole: InspectionInput | null = null;
+  /** Unbounded patterns escalated to the whole body (patterns.ts, OpenRange), across both stages. */
+  #escalated = new Set<number>();
 
   constructor(options: InputOptions) {
     this.raw = options.raw;
@@ -82,6 +95,37 @@ export class InspectionInput {
     this.#normalizeDecoded = options.normalizeDecoded;
     this.#patterns = options.patterns;
     this.#context = options.context ?? null;
+    this.#within = options.within ?? null;
+  }
+
+  /**
+   * In a byte range's scan, what the patterns need to find a match the range holds only part of:
+   * where the body goes on, and this stage's view of the whole body (built on first use). null when
+   * this is a whole body.
+   */
+  openRange(stage: Stage): OpenRange | null {
+    const within = this.#within;
+    if (!within) return null;
+    return {
+      before: within.start > 0,
+      after: within.end < within.body.length,
+      whole: () => (stage === 'literal' ? this.#wholeInput(within).decoded() : this.#wholeInput(within).normalized()),
+      escalated: this.#escalated,
+    };
+  }
+
+  #wholeInput(within: Within): InspectionInput {
+    this.#whole ??= new InspectionInput({
+      raw: within.body,
+      phase: this.phase,
+      secrets: this.secrets,
+      modelsAnywhere: this.modelsAnywhere,
+      failures: this.#failures,
+      normalizeDecoded: this.#normalizeDecoded,
+      patterns: this.#patterns,
+      context: this.#context,
+    });
+    return this.#whole;
   }
 
   /** The body with its JSON escapes decoded. */

@@ -31,6 +31,8 @@ export interface Anchor {
   fold: boolean;
   /** re2 over the literals (fold only): it folds as the pattern does (`k` also finds the Kelvin sign). */
   locator: RE2 | null;
+  /** The literals as one re2 source (folded as the pattern folds): a member of the patterns' RE2.Set. */
+  source: string;
   /** Per literal: where Buffer.indexOf looks for it from (case-sensitive only; pivotOf). */
   pivots: number[];
   /** The most bytes a match holds before the literal / after it (Infinity: unbounded). */
@@ -491,13 +493,15 @@ export function anchorOf(source: string, flags = 'gu'): Anchor | null {
   const suffix = side(best.end, atoms.length);
   const literals = best.literals.map((l) => Buffer.from(l, 'utf8'));
   const fold = lead.fold && best.literals.some((l) => /[A-Za-z]|[^\x00-\x7f]/.test(l));
+  // Longest first: re2 reports the first alternative that matches at a place (leftmost-first), and
+  // the window around the longest one that matches there covers a match through any shorter one
+  // (`(?i)(pass|password)\s*:` on `password:` must not be located as `pass`, its window ending at `w`).
+  const literalSource = `${fold ? '(?i)' : ''}(?:${byLengthDown(best.literals).map(escapeLiteral).join('|')})`;
   return {
     literals,
     fold,
-    // Longest first: re2 reports the first alternative that matches at a place (leftmost-first), and
-    // the window around the longest one that matches there covers a match through any shorter one
-    // (`(?i)(pass|password)\s*:` on `password:` must not be located as `pass`, its window ending at `w`).
-    locator: fold ? new RE2(`(?i)(?:${byLengthDown(best.literals).map(escapeLiteral).join('|')})`, 'gu') : null,
+    locator: fold ? new RE2(literalSource, 'gu') : null,
+    source: literalSource,
     pivots: literals.map(pivotOf),
     before: prefix.max,
     after: suffix.max,
@@ -694,4 +698,121 @@ export function windows(view: Buffer, anchor: Anchor, hits: readonly number[]): 
     else out.push(ws, we);
   }
   return out;
+}
+
+/** How far before a view's end runsIntoEnds steps the suffix's language from every state at once. */
+export const TAIL_BYTES = 64 * 1024;
+
+/** The first occurrence of the anchor's literals in `view` as [start, end), or null when there is none. */
+function firstOccurrence(view: Buffer, anchor: Anchor): [number, number] | null {
+  if (anchor.locator) {
+    anchor.locator.lastIndex = 0;
+    const m = anchor.locator.exec(view) as unknown as (Buffer[] & { index: number }) | null;
+    return m === null ? null : [m.index, m.index + m[0].length];
+  }
+  let first: [number, number] | null = null;
+  for (const literal of anchor.literals) {
+    const at = view.indexOf(literal);
+    if (at >= 0 && (first === null || at < first[0])) first = [at, at + literal.length];
+  }
+  return first;
+}
+
+/**
+ * Where windows() gave up on a view (a flood of the literal, or suffix walks past their budget):
+ * whether a match around some occurrence of the literal may still run into the view's first byte
+ * (`start`) or its last (`end`), so that the view cannot hold it. Conservative: true when unsure.
+ *
+ * - The first byte: only the first occurrence's window can reach back to it (a later one's walk back
+ *   crosses the first's, over bytes the prefix may hold, and no further than `before`).
+ * - The last byte: the suffix's language (Anchor.suffix) stepped over the last TAIL_BYTES from every
+ *   state at once (a superset of each walk alive there), restarted at every occurrence's end after it;
+ *   if no state lives through the last byte, no window reaches it.
+ */
+export function runsIntoEnds(
+  view: Buffer,
+  anchor: Anchor,
+  hits: readonly number[] | null,
+  start: boolean,
+  end: boolean,
+): boolean {
+  const n = view.length;
+  if (start) {
+    const first = hits ? (hits.length > 0 ? [hits[0], hits[1]] : null) : firstOccurrence(view, anchor);
+    if (first !== null) {
+      let ws = first[0];
+      const limit = anchor.before === Infinity ? 0 : Math.max(0, ws - anchor.before);
+      while (ws > limit && anchor.prefixBytes[view[ws - 1]] === 1) ws--;
+      while (ws > 0 && (view[ws] & 0xc0) === 0x80) ws--;
+      if (ws === 0) return true;
+    }
+  }
+  if (!end) return false;
+  const from = Math.max(0, n - TAIL_BYTES);
+  // The occurrences ending after `from` (one may start before it).
+  const longest = Math.max(...anchor.literals.map((l) => l.length)) * 4;
+  let ends: number[];
+  if (hits) {
+    ends = [];
+    for (let k = 0; k < hits.length; k += 2) if (hits[k + 1] > from) ends.push(hits[k + 1]);
+  } else {
+    const base = Math.max(0, from - longest);
+    const tail = locate(view.subarray(base), anchor);
+    if (tail === null) return true; // a flood in the tail itself
+    ends = [];
+    for (let k = 0; k < tail.length; k += 2) if (base + tail[k + 1] > from) ends.push(base + tail[k + 1]);
+    ends.sort((a, b) => a - b);
+  }
+  return suffixLivesToEnd(view, anchor.suffix, from, ends);
+}
+
+/**
+ * Whether the suffix's language, every state live at `from` (none when `from` is 0) and its start
+ * state entered again at each of `ends` (ascending), still reads the view's last byte.
+ */
+function suffixLivesToEnd(view: Buffer, suffix: Anchor['suffix'], from: number, ends: readonly number[]): boolean {
+  const n = view.length;
+  const k = suffix.bytes.length;
+  if (ends.length > 0 && ends[ends.length - 1] >= n) return true; // an occurrence ends the view
+  if (k === 0) return false; // a window ends with its literal
+  const at = new Uint8Array(k + 1);
+  const inside = new Uint8Array(k);
+  const nextInside = new Uint8Array(k);
+  const close = () => {
+    for (let j = 0; j < k; j++) if (inside[j] || (at[j] && !suffix.required[j])) at[j + 1] = 1;
+  };
+  if (from > 0) {
+    at.fill(1);
+    inside.fill(1);
+  }
+  let live = from > 0;
+  let e = 0;
+  for (let i = from; i < n; i++) {
+    while (e < ends.length && ends[e] <= i) {
+      if (ends[e] === i) {
+        at[0] = 1;
+        close();
+        live = true;
+      }
+      e++;
+    }
+    if (!live) {
+      // Nothing alive until the next occurrence's end.
+      if (e >= ends.length) return false;
+      i = ends[e] - 1;
+      continue;
+    }
+    const b = view[i];
+    live = false;
+    for (let j = 0; j < k; j++) {
+      const step = (at[j] || inside[j]) && suffix.bytes[j][b] === 1 ? 1 : 0;
+      nextInside[j] = step;
+      if (step) live = true;
+    }
+    at.fill(0);
+    inside.set(nextInside);
+    if (live) close();
+    else inside.fill(0);
+  }
+  return live;
 }

@@ -1,5 +1,11 @@
 import type { Finding, Phase } from './finding.ts';
-import { failureReason, InspectionInput, NORMALIZED_VIEW, type InspectorFailure } from './inspection-input.ts';
+import {
+  failureReason,
+  InspectionInput,
+  NORMALIZED_VIEW,
+  type InspectorFailure,
+  type Within,
+} from './inspection-input.ts';
 import type { ViewContext } from './byte-ranges.ts';
 import { runFor, type ScanPart, type ScanPlan } from './plan.ts';
 
@@ -36,6 +42,8 @@ export interface ScanRequest {
    * body's do, not as its own first bytes would say.
    */
   context?: ViewContext;
+  /** The body is bytes [start, end) of this larger one (a byte range's scan): a pattern may read on. */
+  within?: Within;
   /** Model restriction already ran (the engine checks a pooled inference body's model first). */
   skipModel?: boolean;
   /** Run model restriction only (the engine's check of a pooled inference body's model). */
@@ -122,6 +130,7 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
     normalizeDecoded: run.normalizeDecoded,
     patterns: run.patterns,
     context: request.context ?? null,
+    within: request.within ?? null,
   });
   if (run.joined) input.joined();
 

@@ -73,6 +73,7 @@ export function inspectReporting(
         part: task.part,
         skipModel: true,
         context: task.context,
+        within: { body, start, end },
       });
       return model ? mergeResults([model, range]) : range;
     }

@@ -1,7 +1,8 @@
 import RE2 from 're2';
 import { appendAll, MAX_FINDINGS_PER_INSPECTOR, redact, type Finding, type FindingLocation } from '../finding.ts';
 import { defineInspector } from '../inspector.ts';
-import { type Anchor, anchorOf, locate, windows } from '../pattern-anchors.ts';
+import { type Anchor, anchorOf, locate, runsIntoEnds, windows } from '../pattern-anchors.ts';
+import { MAX_REACH, patternReach } from '../pattern-reach.ts';
 import { recordedSeverity } from '../policy/severity.ts';
 import type { CustomPattern } from '../policy/types.ts';
 
@@ -15,6 +16,14 @@ import type { CustomPattern } from '../policy/types.ts';
 // over the whole view. When every pattern has one cheap to find, the literals replace the set pass
 // itself in a large view (`located`): finding them costs less than one RE2.Set pass over every byte
 // (docs/decisions.md, "Custom patterns located by their literals").
+//
+// In a byte range of a larger body (byte-ranges.ts), a pattern whose matches can run on past any
+// overlap (`\S{6,}`, `[: ]+`: `unbounded`) is looked for around its literal too, and the literal is in
+// the set pass, so a match the range holds only the start of still makes it a candidate. Where a
+// window around the literal runs into the range's first or last byte (or cannot be bounded), that
+// pattern runs over the whole body's view instead (`OpenRange`, escalation): every match of the whole
+// body is then found by the range that holds its literal (docs/decisions.md, "Unbounded patterns
+// split by range").
 
 export const id = 'patterns';
 
@@ -22,6 +31,8 @@ interface CompiledPattern {
   regex: RE2;
   /** Where its matches can be: run only around its literal (null: over the whole view). */
   anchor: Anchor | null;
+  /** Its matches can hold a separator and be any length: no overlap of a byte range covers them. */
+  unbounded: boolean;
   severity: 'log' | 'warn' | 'block';
   description: string;
 }
@@ -46,6 +57,22 @@ export interface PatternPlan {
   /** Built-in prefilters in the set after the custom patterns: set index patterns.length + i. */
   prefilters: PrefilterId[];
   invalid: { pattern: string; reason: string }[];
+  /**
+   * Set members after the prefilters: per member, the index of the unbounded anchored pattern whose
+   * literal it is (set index patterns.length + prefilters.length + i).
+   */
+  literalMembers: number[];
+  /**
+   * The unbounded anchored patterns alone (the indexes of literalMembers), for a range that escalates:
+   * one pass over the whole body's view names those that match anywhere, and only they run there.
+   */
+  unboundedSet: InstanceType<typeof RE2.Set> | null;
+  /**
+   * How far a match reaches across a byte range's edge (view bytes): the longest bounded match, and for
+   * an unbounded pattern its literal (the rest is found around it, OpenRange). null: the body cannot be
+   * split by range for these patterns (an unbounded one without a literal, or a literal too long).
+   */
+  rangeReach: number | null;
   /**
    * Every pattern has an anchor and finding them all is estimated at LOCATED_MAX_COST set passes or
    * less: in a view from LOCATED_FROM_BYTES, candidates come from their literals instead (the
@@ -105,14 +132,19 @@ export function compile(
   if (patterns.length === 0) return null;
   const compiled: CompiledPattern[] = [];
   const invalid: PatternPlan['invalid'] = [];
+  /** Per compiled pattern, patternReach of its source. */
+  const reaches: (number | null)[] = [];
   for (const p of patterns) {
     try {
+      const reach = patternReach(p.pattern);
       compiled.push({
         regex: new RE2(p.pattern, 'gu'),
         anchor: anchors ? anchorOf(p.pattern, 'gu') : null,
+        unbounded: reach === null,
         severity: recordedSeverity(p.severity),
         description: p.description || `custom pattern /${p.pattern}/`,
       });
+      reaches.push(reach);
     } catch (err) {
       invalid.push({ pattern: p.pattern, reason: (err as Error).message });
     }
@@ -124,15 +156,54 @@ export function compile(
     compiled.length > 0 &&
     compiled.every((c) => c.anchor !== null) &&
     compiled.reduce((sum, c) => sum + c.anchor!.cost, 0) < LOCATED_MAX_COST;
-  if (compiled.length + prefilters.length > 1) {
+  const literalMembers: number[] = [];
+  let rangeReach: number | null = 0;
+  for (let i = 0; i < compiled.length; i++) {
+    const { unbounded, anchor } = compiled[i];
+    let reach = reaches[i];
+    if (unbounded && anchor) {
+      literalMembers.push(i);
+      // In view bytes: a folded letter may match a character of up to 3 UTF-8 bytes (`K` for `k`).
+      reach = Math.max(...anchor.literals.map((l) => l.length)) * (anchor.fold ? 4 : 1);
+    }
+    rangeReach = reach === null || rangeReach === null || reach > MAX_REACH ? null : Math.max(rangeReach, reach);
+  }
+  if (compiled.length + prefilters.length + literalMembers.length > 1) {
     try {
-      set = new RE2.Set([...compiled.map((c) => c.regex.source), ...prefilters.map((p) => PREFILTERS[p])], 'u');
+      set = new RE2.Set(
+        [
+          ...compiled.map((c) => c.regex.source),
+          ...prefilters.map((p) => PREFILTERS[p]),
+          ...literalMembers.map((i) => compiled[i].anchor!.source),
+        ],
+        'u',
+      );
       usedPrefilters = [...prefilters];
     } catch {
       set = null; // every pattern compiled alone; fall back to testing them one by one
     }
   }
-  return { set, patterns: compiled, prefilters: usedPrefilters, invalid, located };
+  let unboundedSet: PatternPlan['unboundedSet'] = null;
+  if (set && literalMembers.length > 0) {
+    try {
+      unboundedSet = new RE2.Set(
+        literalMembers.map((i) => compiled[i].regex.source),
+        'u',
+      );
+    } catch {
+      unboundedSet = null; // each escalated pattern then runs over the whole view
+    }
+  }
+  return {
+    set,
+    patterns: compiled,
+    prefilters: usedPrefilters,
+    invalid,
+    located,
+    literalMembers: set ? literalMembers : [],
+    unboundedSet,
+    rangeReach,
+  };
 }
 
 export interface SetHits {
@@ -140,6 +211,8 @@ export interface SetHits {
   patterns: number[];
   /** Built-in prefilters that matched; null when the set did not run them (run every detector). */
   prefilters: Set<PrefilterId> | null;
+  /** Unbounded anchored patterns whose literal occurs (PatternPlan.literalMembers); absent: not told. */
+  literals?: Set<number>;
   /**
    * When the plan is `located`: per pattern, its literal's occurrences (pattern-anchors.ts, locate),
    * null past the bound (it then runs over the whole view), reused to extract. Shorter than the
@@ -182,11 +255,17 @@ function setPass(view: Buffer, plan: PatternPlan): SetHits {
   if (!plan.set) return { patterns: plan.patterns.map((_, i) => i), prefilters: null };
   const found = plan.set.match(view);
   const n = plan.patterns.length;
-  return {
+  const m = n + plan.prefilters.length;
+  const out: SetHits = {
     patterns: found.filter((i) => i < n),
     prefilters:
-      plan.prefilters.length > 0 ? new Set(found.filter((i) => i >= n).map((i) => plan.prefilters[i - n])) : null,
+      plan.prefilters.length > 0
+        ? new Set(found.filter((i) => i >= n && i < m).map((i) => plan.prefilters[i - n]))
+        : null,
   };
+  if (plan.literalMembers.length > 0)
+    out.literals = new Set(found.filter((i) => i >= m).map((i) => plan.literalMembers[i - m]));
+  return out;
 }
 
 /**
@@ -236,6 +315,11 @@ export function* anchoredMatches(
     yield* matches(regex, view);
     return;
   }
+  yield* windowMatches(regex, view, spans);
+}
+
+/** Every match of `regex` in the windows `spans` ([start, end) pairs, pattern-anchors.ts windows). */
+function* windowMatches(regex: RE2, view: Buffer, spans: readonly number[]): Generator<Match> {
   let n = 0;
   for (let k = 0; k < spans.length; k += 2) {
     // From the window's start, the bytes before it read as context (`\b`); one byte past its end.
@@ -276,19 +360,93 @@ function combined(plan: PatternPlan, candidates: readonly number[]): RE2 | null 
   return regex;
 }
 
+/**
+ * The view scanned is a byte range of a larger body (byte-ranges.ts): whether the body goes on before
+ * its first byte and after its last, and the same stage's view of the whole body (built on first use),
+ * over which an unbounded pattern runs when the range cannot hold all of its matches (escalation).
+ */
+export interface OpenRange {
+  before: boolean;
+  after: boolean;
+  whole: () => Buffer | null;
+  /** Patterns escalated so far, in this stage or an earlier one: a later stage runs them whole too. */
+  escalated: Set<number>;
+}
+
+/**
+ * The candidates in a range: what the set pass named, and every unbounded pattern whose literal
+ * occurs (the range may hold only the start of its match, which the set pass cannot name).
+ */
+function rangeCandidates(plan: PatternPlan, setHits: SetHits): number[] {
+  const out = [...setHits.patterns];
+  const named = new Set(out);
+  for (let i = 0; i < plan.patterns.length; i++) {
+    if (!plan.patterns[i].unbounded || named.has(i)) continue;
+    if (setHits.literals?.has(i) || (setHits.located?.[i]?.length ?? 0) > 0) out.push(i);
+  }
+  return out;
+}
+
+/** Which of the escalated patterns match somewhere in the whole body's view (PatternPlan.unboundedSet). */
+function namedOver(view: Buffer, plan: PatternPlan, escalated: readonly number[]): number[] {
+  if (!plan.unboundedSet) return [...escalated];
+  const named = new Set(plan.unboundedSet.match(view).map((k) => plan.literalMembers[k]));
+  return escalated.filter((i) => named.has(i));
+}
+
+/** Whether a window runs into the range's first or last byte where the body goes on. */
+function runsPastRange(spans: readonly number[], length: number, range: OpenRange): boolean {
+  if (spans.length === 0) return false;
+  return (range.before && spans[0] === 0) || (range.after && spans[spans.length - 1] >= length);
+}
+
 export function scan(
   view: Buffer,
   plan: PatternPlan,
   location: FindingLocation,
   setHits: SetHits = hits(view, plan),
+  range: OpenRange | null = null,
 ): Finding[] {
   // Anchored candidates run in their windows, each alone; the rest as one alternation over the view.
   // An anchored candidate only located (its literal occurs) counts once it has a match: the share of
   // the bound below is then what the set pass, which names only patterns that match, would give.
+  // In a range, an unbounded candidate whose windows the range cannot hold escalates: it runs over the
+  // whole body's view after the rest.
   const runs = new Map<number, { first: Match; rest: Generator<Match> }>();
   const whole: number[] = [];
-  for (const index of setHits.patterns) {
+  const escalated: number[] = range ? [...range.escalated] : [];
+  const named = new Set(setHits.patterns);
+  for (const index of range ? rangeCandidates(plan, setHits) : setHits.patterns) {
     const { regex, anchor } = plan.patterns[index];
+    if (range && plan.patterns[index].unbounded) {
+      if (range.escalated.has(index)) continue;
+      // Named by the literal alone, not by the set pass over this view: no match lies inside the
+      // range, and only one running past an end of it can hold the literal here.
+      if (!setHits.located && !named.has(index)) {
+        if (anchor === null || runsIntoEnds(view, anchor, null, range.before, range.after)) {
+          escalated.push(index);
+          range.escalated.add(index);
+        }
+        continue;
+      }
+      const found = anchor ? (setHits.located?.[index] ?? locate(view, anchor)) : null;
+      const spans = found === null ? null : windows(view, anchor!, found);
+      // No windows (a flood of the literal, suffix walks past their budget): the pattern runs over the
+      // range's view when no match around any occurrence can reach either end of it.
+      const past =
+        spans === null
+          ? anchor === null || runsIntoEnds(view, anchor, found, range.before, range.after)
+          : runsPastRange(spans, view.length, range);
+      if (past) {
+        escalated.push(index);
+        range.escalated.add(index);
+        continue;
+      }
+      const rest = spans === null ? matches(regex, view) : windowMatches(regex, view, spans);
+      const first = rest.next();
+      if (!first.done) runs.set(index, { first: first.value, rest });
+      continue;
+    }
     if (anchor === null) {
       whole.push(index);
       continue;
@@ -300,7 +458,11 @@ export function scan(
     const first = rest.next();
     if (!first.done) runs.set(index, { first: first.value, rest });
   }
-  const matching = runs.size + whole.length;
+  // Escalated patterns run over the whole body's view only where one set pass there names them: one
+  // that matches nowhere costs that pass, not a run (or a search for its literal) of its own.
+  const wholeView = escalated.length > 0 ? range!.whole() : null;
+  const reaching = wholeView ? namedOver(wholeView, plan, escalated) : [];
+  const matching = runs.size + whole.length + reaching.length;
   const findings: Finding[] = [];
   const seen = new Set<string>();
   // The findings bound is shared out per pattern, never spent by one: 64 distinct matches of a `log`
@@ -356,6 +518,13 @@ export function scan(
   for (const index of alone) {
     for (const m of matches(plan.patterns[index].regex, view)) if (!add(index, m[0])) break;
   }
+  if (wholeView) {
+    for (const index of reaching) {
+      const { regex, anchor } = plan.patterns[index];
+      const found = anchor ? anchoredMatches(regex, anchor, wholeView) : matches(regex, wholeView);
+      for (const m of found) if (!add(index, m[0])) break;
+    }
+  }
   return findings;
 }
 
@@ -377,7 +546,7 @@ export const inspector = defineInspector<PatternPlan>({
   scan(input, plan) {
     const setHits = input.setHits('literal');
     if (!setHits) return []; // the set pass failed, and said so
-    const findings = scan(input.decoded(), plan, input.location, setHits);
+    const findings = scan(input.decoded(), plan, input.location, setHits, input.openRange('literal'));
     const joined = input.joined();
     if (joined) appendAll(findings, scan(joined, plan, input.location));
     return findings;
@@ -385,7 +554,17 @@ export const inspector = defineInspector<PatternPlan>({
   scanNormalized(input, plan) {
     const view = input.normalized();
     const viewHits = view ? input.setHits('normalized') : null;
-    const findings = view && viewHits && viewHits.patterns.length > 0 ? scan(view, plan, input.location, viewHits) : [];
+    const range = input.openRange('normalized');
+    // A pattern the literal stage escalated runs over the whole normalized view even where this
+    // range's own reads the same as its literal view (normalized() null): elsewhere it may not.
+    const findings =
+      view && viewHits
+        ? viewHits.patterns.length > 0 || range
+          ? scan(view, plan, input.location, viewHits, range)
+          : []
+        : range && range.escalated.size > 0
+          ? scan(Buffer.alloc(0), plan, input.location, { patterns: [], prefilters: null }, range)
+          : [];
     const joined = input.normalizedJoined();
     if (joined) appendAll(findings, scan(joined, plan, input.location));
     return findings;

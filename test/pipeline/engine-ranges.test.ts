@@ -8,7 +8,7 @@ import type { Registry } from 'prom-client';
 
 // A 32 MB request body through the real pool, cut into one byte range per worker: the same findings
 // as the whole body scanned inline, leaks placed across the cut; a deadline keeps what each range
-// finished; a custom pattern that cannot be split still finds a match spanning the cut.
+// finished; a custom pattern whose matches have no bound still finds a match spanning the cut.
 
 const policyOf = (patterns: { pattern: string; description: string; severity: string }[]) =>
   policyFromDocument(
@@ -92,27 +92,32 @@ t.test('a 32 MB body split by byte range finds what the whole body holds, across
   t.strictSame(await splits(registry), { range: 3 });
 });
 
-t.test(
-  'a pattern that cannot be split: the body is split by inspector; a match across the middle is found',
-  async (t) => {
-    const unbounded = policyOf([{ pattern: 'BEGIN[a-z ]*,[a-z ]*END', description: 'span', severity: 'block' }]);
+t.test('a match 2 MB long across the middle is found, split by range around its literal or by inspector', async (t) => {
+  // The match runs from 1 MB before the cut to 1 MB after it: no overlap reaches that far.
+  const mb = 'lorem ipsum '.repeat(87_382);
+  const body = bodyWithSeam(16 * 1024 * 1024, 'x', `BEGIN ${mb.slice(-1_000_000)},${mb.slice(0, 1_000_000)}END`, 'y');
+  for (const [pattern, split, match] of [
+    // Unbounded but with a literal: each range looks around `BEGIN`, and the one holding it reads on
+    // over the whole body (patterns.ts, OpenRange).
+    ['BEGIN[a-z ]*,[a-z ]*END', 'range', 'BEGI****'],
+    // No literal to look around: patterns | the rest, each over the whole body.
+    ['[A-Z]{5}[a-z ]*[,;][a-z ]*[A-Z]{3}', 'inspector', 'BEGI****'],
+  ] as const) {
+    const policy = policyOf([{ pattern, description: 'span', severity: 'block' }]);
     const { e, registry } = engine(t, { threads: 2 });
     const { e: inline } = engine(t, { threads: 0 });
-    // The match runs from 1 MB before the cut to 1 MB after it: no overlap reaches that far.
-    const mb = 'lorem ipsum '.repeat(87_382);
-    const body = bodyWithSeam(16 * 1024 * 1024, 'x', `BEGIN ${mb.slice(-1_000_000)},${mb.slice(0, 1_000_000)}END`, 'y');
-    const request = { body, phase: 'request' as const, policy: unbounded, secrets: [] };
-    const split = await e.inspect(request);
+    const request = { body, phase: 'request' as const, policy, secrets: [] };
+    const out = await e.inspect(request);
     const whole = await inline.inspect(request);
-    t.strictSame(await splits(registry), { inspector: 1 }, 'patterns | the rest, each over the whole body');
-    t.strictSame(keys(split), keys(whole));
+    t.strictSame(await splits(registry), { [split]: 1 }, `${pattern}: split by ${split}`);
+    t.strictSame(keys(out), keys(whole));
     t.ok(
-      split.findings.some((f) => f.inspector_type === 'patterns' && f.match === 'BEGI****'),
+      out.findings.some((f) => f.inspector_type === 'patterns' && f.match === match),
       'the 2 MB match across the cut',
     );
-    t.equal(split.decision, 'block');
-  },
-);
+    t.equal(out.decision, 'block');
+  }
+});
 
 t.test('at the deadline each range reports what it finished', async (t) => {
   const { e } = engine(t, {

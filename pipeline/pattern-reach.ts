@@ -1,0 +1,122 @@
+// How far a custom pattern's matches reach across a byte range's edge (byte-ranges.ts): read from the
+// RE2 source alone, so that both the range planner and the patterns inspector can ask it.
+
+/** A secret or pattern longer than this is not split for: it scans whole (the overlap would be huge). */
+export const MAX_REACH = 64 * 1024;
+
+// The separators as UTF-16 code units, for reading a pattern's character classes.
+const SEPARATOR_CODES = [0x0a, 0x2c, 0x3a, 0x5b, 0x5d, 0x7b, 0x7d];
+const SAFE_POSIX = new Set(['alpha', 'digit', 'alnum', 'upper', 'lower', 'xdigit']);
+
+/**
+ * How far a custom pattern's matches reach across an edge, in view bytes: 0 when no match can hold a
+ * separator (then none crosses an edge, however long: `[a-z0-9-]+\.corp\.example\.com`), else the
+ * longest match (4 bytes a character) when that is bounded. null when no overlap holds it: unbounded and
+ * able to match a separator (`\S{6,}`, `.*`), or reading what surrounds a match where a range ends
+ * (`^`, `$`, `\A`, `\z`, `\B`; `\b` is kept: every edge follows a non-word byte, as a range's start
+ * does, and at a range's end it can only miss a match that the next range, reading on, makes).
+ * Conservative: each character of the source yields at most one character of a match, and each
+ * repetition multiplies by its maximum whatever it repeats.
+ */
+export function patternReach(source: string): number | null {
+  let product = 1;
+  let bounded = true;
+  let separatorFree = true;
+  const literal = (code: number) => {
+    if (SEPARATOR_CODES.includes(code)) separatorFree = false;
+  };
+  for (let i = 0; i < source.length; i++) {
+    const c = source[i];
+    if (c === '\\') {
+      const next = source[++i] ?? '';
+      if (next === '' || next === 'B' || next === 'A' || next === 'z') return null;
+      if (next === 'Q') {
+        const end = source.indexOf('\\E', i + 1);
+        const text = source.slice(i + 1, end < 0 ? source.length : end);
+        for (let k = 0; k < text.length; k++) literal(text.charCodeAt(k));
+        i = end < 0 ? source.length : end + 1;
+      } else if (next === 'p' || next === 'P' || next === 'x') {
+        separatorFree = false; // not read further: it may name a separator
+        if (source[i + 1] === '{') {
+          const end = source.indexOf('}', i + 2);
+          if (end < 0) return null;
+          i = end;
+        } else i += next === 'x' ? 2 : 1;
+      } else if (next === 'b' || next === 'd' || next === 'w' || 'trfv'.includes(next)) {
+        // a word boundary, digits, word characters, control characters other than the newline
+      } else if (/[0-9A-Za-z]/.test(next)) {
+        separatorFree = false; // \n, \s, \S, \D, \W, \C and the like
+      } else literal(next.charCodeAt(0));
+      continue;
+    }
+    if (c === '[') {
+      let j = i + 1;
+      if (source[j] === '^') {
+        separatorFree = false;
+        j++;
+      }
+      let first = true;
+      for (; j < source.length && (source[j] !== ']' || first); j++) {
+        first = false;
+        const d = source[j];
+        if (d === '[' && source[j + 1] === ':') {
+          const end = source.indexOf(':]', j + 2);
+          if (end < 0) return null;
+          if (!SAFE_POSIX.has(source.slice(j + 2, end))) separatorFree = false;
+          j = end + 1;
+          continue;
+        }
+        let code = d.charCodeAt(0);
+        if (d === '\\') {
+          const e = source[++j] ?? '';
+          if (e === '') return null;
+          if (e === 'd' || e === 'w' || 'trfv'.includes(e)) continue;
+          if (/[0-9A-Za-z]/.test(e)) {
+            separatorFree = false;
+            if ((e === 'p' || e === 'P' || e === 'x') && source[j + 1] === '{') {
+              const end = source.indexOf('}', j);
+              if (end < 0) return null;
+              j = end;
+            }
+            continue;
+          }
+          code = e.charCodeAt(0);
+        }
+        if (source[j + 1] === '-' && source[j + 2] !== ']' && j + 2 < source.length) {
+          let to = source.charCodeAt(j + 2);
+          if (source[j + 2] === '\\') {
+            to = source.charCodeAt(j + 3);
+            j++;
+          }
+          if (SEPARATOR_CODES.some((s) => s >= code && s <= to)) separatorFree = false;
+          j += 2;
+          continue;
+        }
+        literal(code);
+      }
+      i = j;
+      continue;
+    }
+    if (c === '^' || c === '$') return null;
+    if (c === '.') separatorFree = false;
+    else if (c === '*' || c === '+') bounded = false;
+    else if (c === '?' || c === '|' || c === ')') continue;
+    else if (c === '(') {
+      // A group's flags or its name are no characters of a match.
+      if (source[i + 1] === '?') {
+        const close = source.slice(i).search(/[:)>]/);
+        if (close > 0) i += close;
+      }
+    } else if (c === '{') {
+      const m = /^\{(\d+)(,(\d*))?\}/.exec(source.slice(i, i + 24));
+      if (m) {
+        if (m[2] !== undefined && m[3] === '') bounded = false;
+        else product *= Math.max(1, Number(m[3] ?? m[1]));
+        i += m[0].length - 1;
+      } else literal(0x7b);
+    } else literal(c.charCodeAt(0));
+  }
+  if (separatorFree) return 0;
+  const chars = source.length * product;
+  return bounded && chars * 4 <= MAX_REACH ? chars * 4 : null;
+}
