@@ -533,10 +533,7 @@ export class InspectionEngine {
     pool: { used: boolean },
   ): Promise<ScanResult> {
     const cache = this.#cache!;
-    const context = cache.context(
-      phase,
-      policy.version,
-      secrets,
+    const context = cache.scanContext(plan, 'parts', phase, policy.version, secrets, () =>
       builtinInspectors(plan, phase, secrets.length, 'all', true),
     );
     const cached: (readonly Finding[])[] = [];
@@ -572,8 +569,9 @@ export class InspectionEngine {
     // The skeleton: scanned with model restriction, keyed by the sha256 of every byte of it.
     const skel = skeleton(body, parts);
     const skelKey =
-      cache.context(phase, policy.version, secrets, builtinInspectors(plan, phase, secrets.length, 'all', false)) +
-      partHash(skel);
+      cache.scanContext(plan, 'skeleton', phase, policy.version, secrets, () =>
+        builtinInspectors(plan, phase, secrets.length, 'all', false),
+      ) + partHash(skel);
     const skelHit = cache.get(skelKey);
     if (skelHit !== undefined) this.#metrics.cacheSkeletonHits.inc({ phase });
     const scans: (ScanResult | Promise<ScanResult>)[] = [

@@ -56,6 +56,8 @@ export class PartCache {
   #secretPrints = new WeakMap<readonly string[], string>();
   /** Contexts already made, by their inputs (two sha256 and a JSON.stringify saved per inspection). */
   #contexts = new Map<string, string>();
+  /** Contexts by what determines them, compared by identity (`scanContext`): no string built per call. */
+  #byPlan = new WeakMap<object, Map<string, WeakMap<readonly string[], string>>>();
   /** Each entry by its findings array (a copy of its own, `set`): what `touch` is handed. */
   #byFindings = new WeakMap<readonly Finding[], Entry>();
 
@@ -91,6 +93,42 @@ export class PartCache {
       context = hash('sha256', memo, 'base64');
       if (this.#contexts.size >= MAX_CONTEXTS) this.#contexts.clear();
       this.#contexts.set(memo, context);
+    }
+    return context;
+  }
+
+  /**
+   * `context()` for a compiled plan's inspectors, remembered by identity: the plan (compiled once per
+   * policy version, immutable), the variant (phase, whether model restriction runs, the policy
+   * version) and the frozen secrets array. The same inputs give the same context, so this is `context()`
+   * without its JSON.stringify and the inspectors' list per call. An array that could change is not
+   * remembered (`context()` hashes it each time).
+   */
+  scanContext(
+    plan: object,
+    variant: string,
+    phase: string,
+    policyVersion: string,
+    secrets: readonly string[],
+    inspectors: () => readonly string[],
+  ): string {
+    if (!Object.isFrozen(secrets)) return this.context(phase, policyVersion, secrets, inspectors());
+    let variants = this.#byPlan.get(plan);
+    if (variants === undefined) {
+      variants = new Map();
+      this.#byPlan.set(plan, variants);
+    }
+    const key = `${phase}\u0000${variant}\u0000${policyVersion}`;
+    let bySecrets = variants.get(key);
+    if (bySecrets === undefined) {
+      if (variants.size >= MAX_CONTEXTS) variants.clear();
+      bySecrets = new WeakMap();
+      variants.set(key, bySecrets);
+    }
+    let context = bySecrets.get(secrets);
+    if (context === undefined) {
+      context = this.context(phase, policyVersion, secrets, inspectors());
+      bySecrets.set(secrets, context);
     }
     return context;
   }
