@@ -57,7 +57,7 @@ export class PartCache {
   /** Contexts already made, by their inputs (two sha256 and a JSON.stringify saved per inspection). */
   #contexts = new Map<string, string>();
   /** Contexts by what determines them, compared by identity (`scanContext`): no string built per call. */
-  #byPlan = new WeakMap<object, Map<string, WeakMap<readonly string[], string>>>();
+  #byPlan = new WeakMap<object, WeakMap<readonly string[], Map<string, Map<string, string>>>>();
   /** Each entry by its findings array (a copy of its own, `set`): what `touch` is handed. */
   #byFindings = new WeakMap<readonly Finding[], Entry>();
 
@@ -99,36 +99,40 @@ export class PartCache {
 
   /**
    * `context()` for a compiled plan's inspectors, remembered by identity: the plan (compiled once per
-   * policy version, immutable), the variant (phase, whether model restriction runs, the policy
-   * version) and the frozen secrets array. The same inputs give the same context, so this is `context()`
-   * without its JSON.stringify and the inspectors' list per call. An array that could change is not
-   * remembered (`context()` hashes it each time).
+   * policy version, immutable, its version checked), the frozen secrets array, then the variant
+   * (whether model restriction runs) and the phase. The same inputs give the same context, so this is
+   * `context()` without its JSON.stringify and the inspectors' list per call, and without building a
+   * key string. An array that could change is not remembered (`context()` hashes it each time).
    */
   scanContext(
-    plan: object,
+    plan: { readonly version: string },
     variant: string,
     phase: string,
     policyVersion: string,
     secrets: readonly string[],
     inspectors: () => readonly string[],
   ): string {
-    if (!Object.isFrozen(secrets)) return this.context(phase, policyVersion, secrets, inspectors());
-    let variants = this.#byPlan.get(plan);
+    if (plan.version !== policyVersion || !Object.isFrozen(secrets))
+      return this.context(phase, policyVersion, secrets, inspectors());
+    let bySecrets = this.#byPlan.get(plan);
+    if (bySecrets === undefined) {
+      bySecrets = new WeakMap();
+      this.#byPlan.set(plan, bySecrets);
+    }
+    let variants = bySecrets.get(secrets);
     if (variants === undefined) {
       variants = new Map();
-      this.#byPlan.set(plan, variants);
+      bySecrets.set(secrets, variants);
     }
-    const key = `${phase}\u0000${variant}\u0000${policyVersion}`;
-    let bySecrets = variants.get(key);
-    if (bySecrets === undefined) {
-      if (variants.size >= MAX_CONTEXTS) variants.clear();
-      bySecrets = new WeakMap();
-      variants.set(key, bySecrets);
+    let phases = variants.get(variant);
+    if (phases === undefined) {
+      phases = new Map();
+      variants.set(variant, phases);
     }
-    let context = bySecrets.get(secrets);
+    let context = phases.get(phase);
     if (context === undefined) {
       context = this.context(phase, policyVersion, secrets, inspectors());
-      bySecrets.set(secrets, context);
+      phases.set(phase, context);
     }
     return context;
   }
