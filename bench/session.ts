@@ -21,7 +21,7 @@ import {
 import { quantile } from './stats.ts';
 import type { BenchResult, SummaryRow } from './summary.ts';
 
-// npm run bench -- session [--quick] [--turns N] [--sessions N] [--format anthropic|openai] [--warm-up N]
+// npm run bench -- session [--quick] [--turns N] [--sessions N] [--format anthropic|openai] [--warm-up N, default 3]
 // Replays generated agent sessions through llmproxy with the full set on. A session is what a coding
 // agent sends: every turn resends the whole conversation (system prompt, tool definitions, each
 // assistant tool_use and the tool_result that answered it), growing by ~7.5 KB a turn to ~300 KB at
@@ -337,10 +337,15 @@ export async function main(args: string[]): Promise<BenchResult> {
   pinSelf('0');
 
   const sessions = Array.from({ length: nSessions }, (_, i) => sessionBodies(turns, SESSION_BASE_SEED + i, format));
-  // Before its measured sessions each contender replays one short session (8 turns), or with
-  // --warm-up N, N whole sessions of other seeds: a process that has served a few hundred calls, its
-  // hot paths compiled (a fresh dvx's first sessions cost 2–5× its later ones, cache on or off).
-  const warmSessions = opt('--warm-up', 0);
+  // Before its measured sessions each contender replays --warm-up N whole sessions of other seeds
+  // (default 3): a process that has served a few hundred calls, its hot paths compiled and its
+  // regexes' DFA states built. A fresh dvx's first sessions cost 2–5× its later ones, cache on or off
+  // (in process, cache on: about 25, 14 and 10 ms of inspection for its first three sessions after 8
+  // turns, 6–7 ms from the fifth on), and the 8-turn warm-up this bench had measured exactly those
+  // (docs/decisions.md, "A session's new bytes, and a served proxy"). --warm-up 0: that 8-turn one.
+  const warmAt = args.indexOf('--warm-up');
+  const warmArg = warmAt >= 0 ? Number(args[warmAt + 1]) : Number.NaN;
+  const warmSessions = Number.isInteger(warmArg) && warmArg >= 0 ? warmArg : 3;
   const warmUp =
     warmSessions > 0
       ? Array.from({ length: warmSessions }, (_, i) => sessionBodies(turns, 1 + i, format))
@@ -529,7 +534,7 @@ export async function main(args: string[]): Promise<BenchResult> {
   const earlyLabel = `turns 1–${group}`;
   const lateLabel = `turns ${turns - group + 1}–${turns}`;
   const markdown = [
-    `## session — ${conditions(`${nSessions} generated sessions of ${turns} turns (${format === 'openai' ? 'OpenAI Chat Completions, tool_calls + tool messages' : 'Anthropic Messages, tool_use + tool_result'}, ${kb(sessions[0][0].length)} → ${kb(sessions[0][turns - 1].length)}), each turn resending the whole conversation, one call at a time; warm-up ${warmSessions > 0 ? `${warmSessions} whole session${warmSessions > 1 ? 's' : ''}` : 'one session of 8 turns'} per contender; early = ${earlyLabel}, late = ${lateLabel}; added = the contender's p50 (p99) minus direct's over the same turns; CPU = utime + stime of the proxy's processes over the measured sessions (dvx's includes four metric scrapes a session)`, 'the proxy alone on core 1, this process and the mock upstream on core 0 (taskset)')}`,
+    `## session — ${conditions(`${nSessions} generated sessions of ${turns} turns (${format === 'openai' ? 'OpenAI Chat Completions, tool_calls + tool messages' : 'Anthropic Messages, tool_use + tool_result'}, ${kb(sessions[0][0].length)} → ${kb(sessions[0][turns - 1].length)}), each turn resending the whole conversation, one call at a time; warm-up ${warmSessions > 0 ? `${warmSessions} whole session${warmSessions > 1 ? 's' : ''}` : 'one session of 8 turns'} per contender (a served proxy, not a fresh one); early = ${earlyLabel}, late = ${lateLabel}; added = the contender's p50 (p99) minus direct's over the same turns; CPU = utime + stime of the proxy's processes over the measured sessions (dvx's includes four metric scrapes a session)`, 'the proxy alone on core 1, this process and the mock upstream on core 0 (taskset)')}`,
     '',
     table(
       [

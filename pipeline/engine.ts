@@ -11,7 +11,7 @@ import { BodyTooLargeError, DeadlineError } from './errors.ts';
 import { MAX_FINDINGS_PER_INSPECTOR, type Finding, type Phase } from './finding.ts';
 import type { Span } from './json-view.ts';
 import { DEFAULT_CACHE_BYTES, PartCache } from './part-cache.ts';
-import { partHash, type Recall, ResentParts } from './resent-parts.ts';
+import { type Recall, ResentParts } from './resent-parts.ts';
 import { id as PATTERNS, type PatternPlan } from './inspectors/patterns.ts';
 import { MODEL_RESTRICTION } from './inspectors/registry.ts';
 import { carriesJsonEscapes } from './json-view.ts';
@@ -521,17 +521,14 @@ export class InspectionEngine {
     pool: { used: boolean },
   ): Promise<ScanResult> {
     const cache = this.#cache!;
-    const context = cache.context(
-      phase,
-      policy.version,
-      secrets,
+    const context = cache.scanContext(plan, 'parts', phase, policy.version, secrets, () =>
       builtinInspectors(plan, phase, secrets.length, 'all', true),
     );
     const cached: (readonly Finding[])[] = [];
     const fresh: NewPart[] = [];
     let hits = 0;
     let saved = 0;
-    const { hashes, reused, found } = this.#resent!.hashes(holder, body, parts, recall, context);
+    const { hashes, reused, found, remembered } = this.#resent!.hashes(holder, body, parts, recall, context);
     if (reused > 0) this.#metrics.cacheUnhashed.inc({ phase }, reused);
     for (let k = 0; k < parts.length; k++) {
       const span = parts[k];
@@ -560,8 +557,9 @@ export class InspectionEngine {
     // The skeleton: scanned with model restriction, keyed by the sha256 of every byte of it.
     const skel = skeleton(body, parts);
     const skelKey =
-      cache.context(phase, policy.version, secrets, builtinInspectors(plan, phase, secrets.length, 'all', false)) +
-      partHash(skel);
+      cache.scanContext(plan, 'skeleton', phase, policy.version, secrets, () =>
+        builtinInspectors(plan, phase, secrets.length, 'all', false),
+      ) + this.#resent!.skeletonHash(recall, remembered, skel);
     const skelHit = cache.get(skelKey);
     if (skelHit !== undefined) this.#metrics.cacheSkeletonHits.inc({ phase });
     const scans: (ScanResult | Promise<ScanResult>)[] = [

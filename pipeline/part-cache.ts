@@ -56,6 +56,8 @@ export class PartCache {
   #secretPrints = new WeakMap<readonly string[], string>();
   /** Contexts already made, by their inputs (two sha256 and a JSON.stringify saved per inspection). */
   #contexts = new Map<string, string>();
+  /** Contexts by what determines them, compared by identity (`scanContext`): no string built per call. */
+  #byPlan = new WeakMap<object, WeakMap<readonly string[], Map<string, Map<string, string>>>>();
   /** Each entry by its findings array (a copy of its own, `set`): what `touch` is handed. */
   #byFindings = new WeakMap<readonly Finding[], Entry>();
 
@@ -91,6 +93,46 @@ export class PartCache {
       context = hash('sha256', memo, 'base64');
       if (this.#contexts.size >= MAX_CONTEXTS) this.#contexts.clear();
       this.#contexts.set(memo, context);
+    }
+    return context;
+  }
+
+  /**
+   * `context()` for a compiled plan's inspectors, remembered by identity: the plan (compiled once per
+   * policy version, immutable, its version checked), the frozen secrets array, then the variant
+   * (whether model restriction runs) and the phase. The same inputs give the same context, so this is
+   * `context()` without its JSON.stringify and the inspectors' list per call, and without building a
+   * key string. An array that could change is not remembered (`context()` hashes it each time).
+   */
+  scanContext(
+    plan: { readonly version: string },
+    variant: string,
+    phase: string,
+    policyVersion: string,
+    secrets: readonly string[],
+    inspectors: () => readonly string[],
+  ): string {
+    if (plan.version !== policyVersion || !Object.isFrozen(secrets))
+      return this.context(phase, policyVersion, secrets, inspectors());
+    let bySecrets = this.#byPlan.get(plan);
+    if (bySecrets === undefined) {
+      bySecrets = new WeakMap();
+      this.#byPlan.set(plan, bySecrets);
+    }
+    let variants = bySecrets.get(secrets);
+    if (variants === undefined) {
+      variants = new Map();
+      bySecrets.set(secrets, variants);
+    }
+    let phases = variants.get(variant);
+    if (phases === undefined) {
+      phases = new Map();
+      variants.set(variant, phases);
+    }
+    let context = phases.get(phase);
+    if (context === undefined) {
+      context = this.context(phase, policyVersion, secrets, inspectors());
+      phases.set(phase, context);
     }
     return context;
   }

@@ -12,6 +12,7 @@ import type { PartCache } from './part-cache.ts';
 //                          body before it, and holds a copy of the rest), parts' spans, their sha256
 //   recall: the remembered body sharing the longest run of leading parts with the new one
 //           (bytes [0, end of part k) equal: memcmp) ─▶ those parts' spans, for the walk to step over
+//   skeleton: the same bytes as the recalled body's (memcmp) ─▶ its sha256, else sha256 now
 //   hashes: part k verified above ─────────────────────────────────────────────▶ its sha256
 //           same length as remembered part k and the same bytes (memcmp) ─────────▶ its sha256
 //           otherwise ────────────────────────────────────────────────────────────▶ sha256 now
@@ -46,6 +47,12 @@ interface Remembered {
   context: string | null;
   /** Each part's findings under `context`, as the engine learnt them (undefined: not known). */
   findings: (readonly Finding[] | undefined)[];
+  /** The body's skeleton (conversation-parts.ts) and its sha256, once the engine made them; null: not yet. */
+  skeleton: { bytes: Buffer; hash: string } | null;
+  /** Bytes counted against the cap: the body's and its skeleton's. */
+  counted: number;
+  /** No longer remembered (replaced by newer bodies, or its holder evicted). */
+  dropped: boolean;
 }
 
 /** Whether body[from, to) is remembered's bytes over the same offsets (to ≤ both lengths). */
@@ -112,6 +119,13 @@ export class KnownSpans {
   }
 }
 
+/** A copy in memory of its own (Buffer.from would take a slice of the shared pool for a small one). */
+function ownCopy(bytes: Buffer): Buffer {
+  const copy = Buffer.allocUnsafeSlow(bytes.length);
+  bytes.copy(copy);
+  return copy;
+}
+
 export function partHash(bytes: Uint8Array): string {
   return hash('sha256', bytes, 'base64');
 }
@@ -133,16 +147,16 @@ export class ResentParts {
     return this.#bytes;
   }
 
-  /** Bytes of the memory the remembered bodies' pieces hold (each piece's whole allocation, once). */
+  /** Bytes of the memory the remembered bodies' pieces and skeletons hold (each whole allocation, once). */
   get retainedBytes(): number {
     const seen = new Set<ArrayBufferLike>();
     let total = 0;
     for (const bodies of this.#holders.values())
       for (const body of bodies)
-        for (const piece of body.pieces)
-          if (!seen.has(piece.bytes.buffer)) {
-            seen.add(piece.bytes.buffer);
-            total += piece.bytes.buffer.byteLength;
+        for (const bytes of [...body.pieces.map((p) => p.bytes), ...(body.skeleton ? [body.skeleton.bytes] : [])])
+          if (!seen.has(bytes.buffer)) {
+            seen.add(bytes.buffer);
+            total += bytes.buffer.byteLength;
           }
     return total;
   }
@@ -186,7 +200,12 @@ export class ResentParts {
     parts: readonly Span[],
     recall: Recall | null,
     context: string | null = null,
-  ): { hashes: string[]; reused: number; found: (readonly Finding[] | undefined)[] } {
+  ): {
+    hashes: string[];
+    reused: number;
+    found: (readonly Finding[] | undefined)[];
+    remembered: Remembered | null;
+  } {
     const hashes: string[] = new Array(parts.length);
     const found: (readonly Finding[] | undefined)[] = new Array(parts.length);
     let reused = 0;
@@ -207,8 +226,30 @@ export class ResentParts {
         hashes[k] = partHash(body.subarray(start, end));
       }
     }
-    if (holder !== null) this.#remember(holder, body, parts, hashes, recall, context, found);
-    return { hashes, reused, found };
+    const remembered = holder === null ? null : this.#remember(holder, body, parts, hashes, recall, context, found);
+    return { hashes, reused, found, remembered };
+  }
+
+  /**
+   * The sha256 of a body's skeleton. A skeleton byte for byte the recalled body's (memcmp: the usual
+   * turn, where only parts were added) reuses that body's sha256, as a resent part does: its head is
+   * the system prompt, often the largest thing the skeleton holds, and its bytes were already compared
+   * by the recall. Else it is hashed. Either way it is remembered with `remembered` (the body
+   * `hashes` just remembered; null: none), counted against the cap; an unchanged one is shared, not
+   * copied.
+   */
+  skeletonHash(recall: Recall | null, remembered: Remembered | null, skeleton: Buffer): string {
+    const old = recall?.base.skeleton ?? null;
+    const kept = old?.bytes.equals(skeleton) ? old : null;
+    const hash = kept === null ? partHash(skeleton) : kept.hash;
+    if (remembered !== null && remembered.skeleton === null && !remembered.dropped) {
+      // A copy of its own (a small skeleton may be a slice of a shared pool, which it would keep alive).
+      remembered.skeleton = kept ?? { bytes: ownCopy(skeleton), hash };
+      remembered.counted += skeleton.length;
+      this.#bytes += skeleton.length;
+      this.#evict();
+    }
+    return hash;
   }
 
   /**
@@ -234,8 +275,8 @@ export class ResentParts {
     recall: Recall | null,
     context: string | null,
     findings: (readonly Finding[] | undefined)[],
-  ): void {
-    if (body.length > this.#max) return;
+  ): Remembered | null {
+    if (body.length > this.#max) return null;
     const list = this.#holders.get(holder) ?? [];
     this.#holders.delete(holder);
     // The verified leading bytes are the earlier body's pieces (equal bytes, shared, not copied); the
@@ -267,15 +308,37 @@ export class ResentParts {
       body.copy(copy, 0, shared);
       pieces = [...pieces, { start: shared, bytes: copy }];
     }
-    list.unshift({ pieces, length: body.length, spans: parts, hashes, context, findings });
+    const remembered: Remembered = {
+      pieces,
+      length: body.length,
+      spans: parts,
+      hashes,
+      context,
+      findings,
+      skeleton: null,
+      counted: body.length,
+      dropped: false,
+    };
+    list.unshift(remembered);
     // Counted whole, though pieces are shared: the cap holds for the worst case.
     this.#bytes += body.length;
-    while (list.length > REMEMBERED) this.#bytes -= list.pop()!.length;
+    while (list.length > REMEMBERED) this.#drop(list.pop()!);
     this.#holders.set(holder, list);
+    this.#evict();
+    return remembered;
+  }
+
+  /** Least recently used holders dropped until the bytes are within the cap. */
+  #evict(): void {
     for (const [oldest, bodies] of this.#holders) {
       if (this.#bytes <= this.#max) break;
       this.#holders.delete(oldest);
-      for (const b of bodies) this.#bytes -= b.length;
+      for (const b of bodies) this.#drop(b);
     }
+  }
+
+  #drop(body: Remembered): void {
+    this.#bytes -= body.counted;
+    body.dropped = true;
   }
 }

@@ -380,3 +380,39 @@ t.test('property: a word that came through is in the view, in order', async (_t)
     }),
   );
 });
+
+t.test('property: long ASCII runs passed over a word at a time miss no character, at any alignment', async (_t) => {
+  // The walk passes over runs of ASCII bytes with no `&` four bytes at a time once they are long
+  // (WORD_RUN), aligned to the underlying memory: every character that changes must still be found,
+  // wherever it sits in a word and wherever the view starts in its buffer. Runs here are long enough
+  // to reach the word loop; a character that is kept as it is (✓) makes the input non-ASCII.
+  const special = fc.constantFrom(
+    ['\uff20', '@'], // full-width: mapped
+    ['\u200b', ''], // invisible: dropped
+    ['&#64;', '@'], // an entity
+    ['&amp;', '&'],
+    ['\u2713', '\u2713'], // kept as it is
+    ['e\u0301', 'e'], // a mark on ASCII: dropped
+    ['\u00ff', 'y'], // decomposes to y and a mark on it
+  );
+  const filler = fc.constantFrom('a', ' ', '~', '\x7f', '\x00', '%', "'", '"', '\n', '\\');
+  const run = fc.tuple(filler, fc.nat({ max: 300 })).map(([c, n]) => c.repeat(n));
+  fc.assert(
+    fc.property(
+      fc.array(fc.tuple(run, special), { minLength: 1, maxLength: 8 }),
+      run,
+      fc.nat({ max: 7 }),
+      (pairs, tail, shift) => {
+        const input = `${pairs.map(([r, [s]]) => r + s).join('')}${tail}\u2713`;
+        const expected = `${pairs.map(([r, [, e]]) => r + e).join('')}${tail}\u2713`;
+        // The input at `shift` bytes into its buffer, so its words fall at every alignment.
+        const bytes = Buffer.from(input);
+        const buffer = Buffer.alloc(bytes.length + 8, 0x80);
+        bytes.copy(buffer, shift);
+        const at = buffer.subarray(shift, shift + bytes.length);
+        return (view(at)?.bytes ?? at).toString('utf8') === expected;
+      },
+    ),
+    { numRuns: 3000 },
+  );
+});

@@ -6,7 +6,7 @@
 // each tool result, so every turn ends with one; --system gives the system prompt KB kilobytes. --fresh copies each body just before it is inspected (untimed), as the proxy hands
 // the engine a body it has just assembled from the socket's chunks (in the CPU's cache) rather than
 // one generated long before. --against DIR runs DIR's engine (another checkout, e.g. `git archive` of
-// the base commit) with its cache on, interleaved with this one's, for an A/B in one process.
+// the base commit) with its cache off and on, interleaved with this one's, for an A/B in one process.
 import { resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { BENCH_PATTERNS, BENCH_SECRETS } from '../../bench/corpus.ts';
@@ -105,15 +105,15 @@ async function session(
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
-const modes = values.only ? [values.only] : Base ? ['off', 'on', 'base-on'] : ['off', 'on'];
+const modes = values.only ? [values.only] : Base ? ['off', 'on', 'base-off', 'base-on'] : ['off', 'on'];
 const results: Record<string, number[]> = Object.fromEntries(modes.map((m) => [m, []]));
 const lastTen: Record<string, number[]> = Object.fromEntries(modes.map((m) => [m, []]));
 /** Per run, each call's CPU (sessions × turns): a call's median over the runs drops a GC that fell in it. */
 const calls: Record<string, number[][]> = Object.fromEntries(modes.map((m) => [m, []]));
 for (let r = 0; r < runs + 1; r++) {
   for (const mode of modes) {
-    const options = { threads: 0, cacheBytes: mode === 'off' ? 0 : 64 * 1024 * 1024 };
-    const engine: Engine = mode === 'base-on' ? new Base!(options) : new InspectionEngine(options);
+    const options = { threads: 0, cacheBytes: mode.endsWith('off') ? 0 : 64 * 1024 * 1024 };
+    const engine: Engine = mode.startsWith('base-') ? new Base!(options) : new InspectionEngine(options);
     // The policy's plan is compiled once per engine (RE2 patterns): not a cost of the session.
     await engine.inspect({ body: Buffer.from('{"model":"claude-x"}'), phase: 'request', policy, secrets });
     const perTurn = new Array(turns).fill(0);
@@ -141,7 +141,11 @@ for (const mode of modes) {
     `cache ${mode}: median ${median(xs).toFixed(1)} ms/session (min ${Math.min(...xs).toFixed(1)}, max ${Math.max(...xs).toFixed(1)}); sum of per-call medians ${byCall(mode).toFixed(1)} ms/session (of minima ${byCall(mode, least).toFixed(1)}); last ten turns ${median(lastTen[mode]).toFixed(3)} ms/turn`,
   );
 }
-for (const mode of modes.filter((m) => m !== 'off' && results.off))
+for (const mode of modes.filter((m) => m.endsWith('on'))) {
+  // Each engine's cache on against the same engine's cache off (base-on against base-off).
+  const off = mode.startsWith('base-') ? 'base-off' : 'off';
+  if (!results[off]) continue;
   console.log(
-    `ratio off/${mode}: ${(median(results.off) / median(results[mode])).toFixed(2)}× (per-call medians ${(byCall('off') / byCall(mode)).toFixed(2)}×, minima ${(byCall('off', least) / byCall(mode, least)).toFixed(2)}×)`,
+    `ratio ${off}/${mode}: ${(median(results[off]) / median(results[mode])).toFixed(2)}× (per-call medians ${(byCall(off) / byCall(mode)).toFixed(2)}×, minima ${(byCall(off, least) / byCall(mode, least)).toFixed(2)}×)`,
   );
+}
