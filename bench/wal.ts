@@ -1,6 +1,8 @@
 import { mkdtemp, open, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { gunzip, gzipSync } from 'node:zlib';
 import { performance } from 'node:perf_hooks';
 import { pino } from 'pino';
 import { createClient } from '@clickhouse/client';
@@ -13,7 +15,7 @@ import { conditions, UNPINNED } from './conditions.ts';
 import { formatMs, table } from './measure.ts';
 import { p50p99 } from './stats.ts';
 
-// npm run bench -- wal [--quick] [--appenders 1,16,256] [--rounds N] [--no-ship]
+// npm run bench -- wal [--quick] [--appenders 1,16,256] [--rounds N] [--no-ship] [--against DIR] [--pool-load N]
 // Durable records/s and append-to-durable p50/p99 for 1 KiB records at 1, 16 and 256 concurrent
 // appenders: ours (group commit), the naive durable baseline (one write + fdatasync per record), and
 // pino to a file without fsync (fast, not durable), and the disk itself as the floor: one write +
@@ -23,6 +25,10 @@ import { p50p99 } from './stats.ts';
 // --rounds N runs ours N times per concurrency (a fresh table each) and reports the round with the
 // median records/s: on a shared machine one round's p99 is often one stalled fdatasync.
 // --no-ship leaves out the shipping table.
+// --against DIR also runs the WalTable of another tree (`git archive <rev> audit-wal core | tar -x -C DIR`),
+// its rounds interleaved with ours, as the row "before"; "vs ours" is then the A/B ratio.
+// --pool-load N keeps N gunzips of a 1 MB body in flight on libuv's thread pool while ours and before
+// run (what the proxy's body decoding does to the pool).
 
 const RECORD = { id: '', event_time: '', org_id: 'org-1', agent_id: 'agent-1', pad: 'x'.repeat(900) };
 const record = () => ({ ...RECORD, id: newId(), event_time: new Date().toISOString() });
@@ -35,7 +41,24 @@ interface Result {
   cpuUs: number;
 }
 
+let poolLoad = 0;
+let poolBusy = false;
+const gzBody = gzipSync(Buffer.from(Array.from({ length: 40_000 }, (_, i) => `line ${i} ${i * 7919}`).join('\n')));
+function gunzipLoop(): void {
+  if (poolBusy) gunzip(gzBody, gunzipLoop);
+}
+
 async function drive(concurrency: number, total: number, append: () => Promise<void>): Promise<Result> {
+  poolBusy = poolLoad > 0;
+  for (let i = 0; i < poolLoad; i++) gunzipLoop();
+  try {
+    return await driveLoaded(concurrency, total, append);
+  } finally {
+    poolBusy = false;
+  }
+}
+
+async function driveLoaded(concurrency: number, total: number, append: () => Promise<void>): Promise<Result> {
   const lat: number[] = [];
   let issued = 0;
   const started = performance.now();
@@ -152,6 +175,11 @@ export async function main(args: string[]): Promise<void> {
   const appenders = (option(args, '--appenders') ?? '1,16,256').split(',').map(Number);
   const rounds = Math.max(1, Number(option(args, '--rounds') ?? 1));
   const ship = !args.includes('--no-ship');
+  const against = option(args, '--against');
+  poolLoad = Number(option(args, '--pool-load') ?? 0);
+  const Before: typeof WalTable | null = against
+    ? (await import(pathToFileURL(join(resolve(against), 'audit-wal', 'wal-table.ts')).href)).WalTable
+    : null;
   const dir = await mkdtemp(join(tmpdir(), 'dvx-walbench-'));
   const rows: string[][] = [];
   const totals: Record<number, number> = quick ? { 1: 300, 16: 3000, 256: 20000 } : { 1: 1000, 16: 10000, 256: 100000 };
@@ -159,15 +187,22 @@ export async function main(args: string[]): Promise<void> {
   try {
     for (const concurrency of appenders) {
       const runs: Result[] = [];
-      for (let round = 0; round < rounds; round++) {
-        const wal = await WalTable.open(join(dir, `ours-${concurrency}-${round}`), 'bench', {
-          maxBytes: 4 * 1024 * 1024 * 1024,
-        });
-        runs.push(await drive(concurrency, total(concurrency), () => wal.append(record())));
+      const beforeRuns: Result[] = [];
+      const round = async (Table: typeof WalTable, name: string, into: Result[]) => {
+        const wal = await Table.open(join(dir, name), 'bench', { maxBytes: 4 * 1024 * 1024 * 1024 });
+        into.push(await drive(concurrency, total(concurrency), () => wal.append(record())));
         await wal.close();
+        await rm(join(dir, name), { recursive: true, force: true });
+      };
+      for (let r = 0; r < rounds; r++) {
+        // Interleaved, the order alternating: both see the same machine.
+        if (Before && r % 2 === 0) await round(Before, `before-${concurrency}-${r}`, beforeRuns);
+        await round(WalTable, `ours-${concurrency}-${r}`, runs);
+        if (Before && r % 2 === 1) await round(Before, `before-${concurrency}-${r}`, beforeRuns);
       }
-      runs.sort((a, b) => a.perSec - b.perSec);
-      const ours = runs[Math.floor(runs.length / 2)];
+      const median = (results: Result[]) => results.sort((a, b) => a.perSec - b.perSec)[Math.floor(results.length / 2)];
+      const ours = median(runs);
+      const before = Before ? median(beforeRuns) : null;
 
       const floor = await diskFloor(join(dir, `floor-${concurrency}.log`), concurrency, total(concurrency));
 
@@ -195,6 +230,7 @@ export async function main(args: string[]): Promise<void> {
 
       for (const [name, r] of [
         ['ours: group commit (durable)', ours],
+        ...(before ? ([[`before: ${against} (durable)`, before]] as const) : []),
         [`floor: the disk (write + fdatasync per batch of ${concurrency}, no JS)`, floor],
         ['baseline: fdatasync per record (durable)', naive],
         ['peer: pino to a file, no fsync (not durable)', fast],
@@ -216,7 +252,7 @@ export async function main(args: string[]): Promise<void> {
 
     process.stdout.write(
       [
-        `## wal — ${conditions(`1 KiB records; WAL on ${tmpdir()}; vs ours = records/s / ours' at the same concurrency; p99 vs the disk = p99 / the floor's p99`, UNPINNED)}`,
+        `## wal — ${conditions(`1 KiB records; WAL on ${tmpdir()}${poolLoad ? `; ${poolLoad} gunzips always in flight on the thread pool` : ''}; ${rounds} round(s) of ours${against ? ' and before, interleaved' : ''}, the median by records/s shown; vs ours = records/s / ours' at the same concurrency; p99 vs the disk = p99 / the floor's p99`, UNPINNED)}`,
         '',
         table(
           [
