@@ -50,15 +50,23 @@ export function upstreamTimeoutPhase(err: unknown): 'headers' | 'idle' | null {
   return null;
 }
 
-// The few upstream bases in use, parsed once (URL parsing is a visible share of a call's CPU).
+// The few upstream bases in use, parsed once (URL parsing is a visible share of a call's CPU), with the
+// path the call's own goes after (the base's, its trailing slashes dropped).
 const TARGETS_KEPT = 256;
-const targets = new Map<string, URL>();
+const targets = new Map<string, UpstreamTarget>();
+
+export interface UpstreamTarget {
+  readonly origin: string;
+  /** The base URL's path without its trailing slashes ('' for a bare origin). */
+  readonly basePath: string;
+}
 
 /** The parsed base URL of an upstream; throws TypeError on a malformed one as `new URL` does. */
-export function upstreamTarget(base: string): URL {
+export function upstreamTarget(base: string): UpstreamTarget {
   let target = targets.get(base);
   if (target === undefined) {
-    target = new URL(base);
+    const url = new URL(base);
+    target = { origin: url.origin, basePath: url.pathname.replace(/\/+$/, '') };
     if (targets.size >= TARGETS_KEPT) targets.clear();
     targets.set(base, target);
   }
@@ -80,7 +88,8 @@ export function upstreamHeaders(
   translated = false,
 ): Record<string, string> {
   const out: Record<string, string> = {};
-  for (const [name, value] of Object.entries(incoming)) {
+  for (const name of Object.keys(incoming)) {
+    const value = incoming[name];
     if (value === undefined || AGENT_ONLY.has(name)) continue;
     // A translated call speaks the upstream's protocol: the other provider's headers stay behind.
     if (translated && (isAnthropic(format) ? name.startsWith('openai-') : name.startsWith('anthropic-'))) continue;
@@ -135,7 +144,8 @@ export function agentHeaders(
   upstream: Record<string, string | string[] | undefined>,
 ): Record<string, string | string[]> {
   const out: Record<string, string | string[]> = {};
-  for (const [name, value] of Object.entries(upstream)) {
+  for (const name of Object.keys(upstream)) {
+    const value = upstream[name];
     if (value === undefined || RESPONSE_DROP.has(name)) continue;
     out[name] = value;
   }

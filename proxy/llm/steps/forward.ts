@@ -35,7 +35,7 @@ export async function forward(ctx: CallContext): Promise<void> {
   const target = upstreamTarget(base);
   const url = req.url ?? '/';
   const query = url.includes('?') ? url.slice(url.indexOf('?')) : '';
-  const upstreamPath = target.pathname.replace(/\/+$/, '') + (translated ? routeOf(upstreamFormat) + query : url);
+  const upstreamPath = target.basePath + (translated ? routeOf(upstreamFormat) + query : url);
   const sendsBody = req.method !== 'GET' && req.method !== 'HEAD';
   const started = performance.now();
   const abort = ctx.upstreamAbort;

@@ -1,6 +1,8 @@
+import type { Readable } from 'node:stream';
 import { MAX_BODY_BYTES } from '../../../pipeline/engine.ts';
 import type { CallContext } from '../context.ts';
 import { AnswerTooLargeError, ERRORS, Refusal } from '../errors.ts';
+import { eachChunk } from '../read-body.ts';
 import { agentGone, send } from '../relay-body.ts';
 import { decidePlainAnswer } from '../tools/plain.ts';
 import { translateResponse } from '../translate/index.ts';
@@ -30,7 +32,7 @@ export async function relayPlain(ctx: CallContext): Promise<void> {
   const upstreamFormat = ctx.upstreamFormat!;
   let body: Buffer;
   try {
-    body = await collect(answer.body);
+    body = await collect(answer.body as Readable);
   } catch (err) {
     upstreamFailed(ctx, err as Error, 'upstream response failed mid-body');
     throw new Refusal(ERRORS.upstreamFailed, null);
@@ -84,16 +86,16 @@ export async function relayPlain(ctx: CallContext): Promise<void> {
   res.end();
 }
 
-/** A whole body, refused past MAX_HELD_ANSWER_BYTES. */
-async function collect(body: AsyncIterable<Buffer>): Promise<Buffer> {
+/** A whole body, refused past MAX_HELD_ANSWER_BYTES (the upstream's body destroyed then). */
+async function collect(body: Readable): Promise<Buffer> {
   const chunks: Buffer[] = [];
   let size = 0;
-  for await (const chunk of body) {
+  await eachChunk(body, (chunk) => {
     chunks.push(chunk);
     size += chunk.length;
     if (size > MAX_HELD_ANSWER_BYTES) {
       throw new AnswerTooLargeError(`upstream answer exceeds ${MAX_HELD_ANSWER_BYTES} bytes`);
     }
-  }
+  });
   return chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, size);
 }

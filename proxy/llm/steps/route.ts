@@ -14,7 +14,8 @@ export function route(ctx: CallContext): void {
   const inferenceFormat = req.method === 'POST' ? own(INFERENCE_ROUTES, ctx.path) : undefined;
   // Only the providers' /v1 APIs, in normal form (formats.ts: the platform key never travels to
   // `/v1/../admin`, and `/v1/messages/` is no way around the inference route's checks).
-  if (!isNormalApiPath(ctx.path)) {
+  // An inference route is one of INFERENCE_ROUTES' own paths, each in normal form: no need to check.
+  if (inferenceFormat === undefined && !isNormalApiPath(ctx.path)) {
     throw new Refusal(ERRORS.notFound, 'no such route (not a provider /v1 path in normal form)');
   }
   const coding = req.headers['content-encoding'];

@@ -76,27 +76,39 @@ t.test('the model is the one the body names, wherever it stands', async (t) => {
 });
 
 t.test('a large body gets the prefix spliced in place, every other byte as sent', async (t) => {
-  const big = 'y'.repeat(300 * 1024);
-  for (const [label, raw] of [
-    [
-      'system string',
-      `{"model":"claude-sonnet-4-5","max_tokens":8,"system":"mine","messages":[{"role":"user","content":"${big}"}]}`,
-    ],
-    ['no system', `{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[{"role":"user","content":"${big}"}]}`],
-    [
-      'system blocks',
-      `{"model":"claude-sonnet-4-5","system":[{"type":"text","text":"mine"}],"max_tokens":8,"messages":[{"role":"user","content":"${big}"}]}`,
-    ],
-  ] as const) {
-    t.equal((await post(h, '/v1/messages', raw)).status, 200, label);
-    const sent = h.upstream.received.at(-1)!;
-    const parsed = sent.body as { system: unknown; messages: { content: string }[] };
-    t.equal(parsed.messages[0].content, big, `${label}: content intact`);
-    t.match(JSON.stringify(parsed.system), /\[dvx security context\]/, `${label}: prefix present`);
-    const prefixEnd = sent.raw.indexOf('"messages"');
-    t.ok(
-      sent.raw.subarray(prefixEnd).equals(Buffer.from(raw.slice(raw.indexOf('"messages"')))),
-      `${label}: the tail is byte for byte`,
-    );
+  // 300 KB is read into shared memory with room for the prefix; 60 KB arrives in several chunks, joined
+  // with room behind them (read-body.ts); 2 KB arrives in one and is copied by the splice.
+  for (const size of [300 * 1024, 60 * 1024, 2 * 1024]) {
+    const big = 'y'.repeat(size);
+    for (const [label, raw, head] of [
+      [
+        'system string',
+        `{"model":"claude-sonnet-4-5","max_tokens":8,"system":"mine","messages":[{"role":"user","content":"${big}"}]}`,
+        '{"model":"claude-sonnet-4-5","max_tokens":8,"system":"[dvx security context]',
+      ],
+      [
+        'no system',
+        `{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[{"role":"user","content":"${big}"}]}`,
+        '{"system":"[dvx security context]',
+      ],
+      [
+        'system blocks',
+        `{"model":"claude-sonnet-4-5","system":[{"type":"text","text":"mine"}],"max_tokens":8,"messages":[{"role":"user","content":"${big}"}]}`,
+        '{"model":"claude-sonnet-4-5","system":[{"type":"text","text":"[dvx security context]',
+      ],
+    ] as const) {
+      const what = `${label}, ${size / 1024} KB`;
+      t.equal((await post(h, '/v1/messages', raw)).status, 200, what);
+      const sent = h.upstream.received.at(-1)!;
+      const parsed = sent.body as { system: unknown; messages: { content: string }[] };
+      t.equal(parsed.messages[0].content, big, `${what}: content intact`);
+      t.match(JSON.stringify(parsed.system), /\[dvx security context\]/, `${what}: prefix present`);
+      t.equal(sent.raw.subarray(0, head.length).toString(), head, `${what}: the head as sent, then the prefix`);
+      const prefixEnd = sent.raw.indexOf('"messages"');
+      t.ok(
+        sent.raw.subarray(prefixEnd).equals(Buffer.from(raw.slice(raw.indexOf('"messages"')))),
+        `${what}: the tail is byte for byte`,
+      );
+    }
   }
 });
