@@ -29,8 +29,13 @@ export interface Anchor {
   literals: Buffer[];
   /** Case-insensitive: the literal is located by re2 under the pattern's own folding. */
   fold: boolean;
-  /** re2 over the literals (fold only): it folds as the pattern does (`k` also finds the Kelvin sign). */
-  locator: RE2 | null;
+  /**
+   * re2 per literal (fold only): it folds as the pattern does (`k` also finds the Kelvin sign). One
+   * each, not one alternation: at a place where several alternatives match, each one's end starts a
+   * window of its own (`(?i)(?:abc|ab)[c-d]:` on `abc:`: the match goes through `ab`, its `c` read by
+   * the class, and the window after `abc` alone would end before `:`).
+   */
+  locators: RE2[];
   /** The literals as one re2 source (folded as the pattern folds): a member of the patterns' RE2.Set. */
   source: string;
   /** Per literal: where Buffer.indexOf looks for it from (case-sensitive only; pivotOf). */
@@ -493,14 +498,11 @@ export function anchorOf(source: string, flags = 'gu'): Anchor | null {
   const suffix = side(best.end, atoms.length);
   const literals = best.literals.map((l) => Buffer.from(l, 'utf8'));
   const fold = lead.fold && best.literals.some((l) => /[A-Za-z]|[^\x00-\x7f]/.test(l));
-  // Longest first: re2 reports the first alternative that matches at a place (leftmost-first), and
-  // the window around the longest one that matches there covers a match through any shorter one
-  // (`(?i)(pass|password)\s*:` on `password:` must not be located as `pass`, its window ending at `w`).
   const literalSource = `${fold ? '(?i)' : ''}(?:${byLengthDown(best.literals).map(escapeLiteral).join('|')})`;
   return {
     literals,
     fold,
-    locator: fold ? new RE2(literalSource, 'gu') : null,
+    locators: fold ? best.literals.map((l) => new RE2(`(?i)${escapeLiteral(l)}`, 'gu')) : [],
     source: literalSource,
     pivots: literals.map(pivotOf),
     before: prefix.max,
@@ -582,9 +584,10 @@ export function locate(
 ): number[] | null {
   const hits: number[] = [];
   const bound = bounds(view);
-  if (anchor.locator) {
+  for (let i = 0; i < anchor.locators.length; i++) {
     // re2 is linear whatever the body (its DFA when the prefix search stalls); only its hits are bounded.
-    const re = anchor.locator;
+    if (i > 0 && performance.now() > deadline) return null;
+    const re = anchor.locators[i];
     re.lastIndex = 0;
     for (;;) {
       const m = re.exec(view) as unknown as (Buffer[] & { index: number }) | null;
@@ -595,9 +598,8 @@ export function locate(
       re.lastIndex = m.index + 1;
       if (re.lastIndex >= view.length) break;
     }
-    return hits;
   }
-  for (let k = 0; k < anchor.literals.length; k++) {
+  for (let k = 0; k < (anchor.fold ? 0 : anchor.literals.length); k++) {
     const literal = anchor.literals[k];
     const pivot = anchor.pivots[k];
     const needle = literal.subarray(pivot, pivot + NEEDLE);
@@ -703,28 +705,14 @@ export function windows(view: Buffer, anchor: Anchor, hits: readonly number[]): 
 /** How far before a view's end runsIntoEnds steps the suffix's language from every state at once. */
 export const TAIL_BYTES = 64 * 1024;
 
-/** The first occurrence of the anchor's literals in `view` as [start, end), or null when there is none. */
-function firstOccurrence(view: Buffer, anchor: Anchor): [number, number] | null {
-  if (anchor.locator) {
-    anchor.locator.lastIndex = 0;
-    const m = anchor.locator.exec(view) as unknown as (Buffer[] & { index: number }) | null;
-    return m === null ? null : [m.index, m.index + m[0].length];
-  }
-  let first: [number, number] | null = null;
-  for (const literal of anchor.literals) {
-    const at = view.indexOf(literal);
-    if (at >= 0 && (first === null || at < first[0])) first = [at, at + literal.length];
-  }
-  return first;
-}
-
 /**
  * Where windows() gave up on a view (a flood of the literal, or suffix walks past their budget):
  * whether a match around some occurrence of the literal may still run into the view's first byte
  * (`start`) or its last (`end`), so that the view cannot hold it. Conservative: true when unsure.
  *
- * - The first byte: only the first occurrence's window can reach back to it (a later one's walk back
- *   crosses the first's, over bytes the prefix may hold, and no further than `before`).
+ * - The first byte: an occurrence's window reaches back to it when every byte before the occurrence is
+ *   one the prefix may hold, and there are no more than `before` of them: only an occurrence starting
+ *   in that head of the view (found by locate over the head alone, or unsure).
  * - The last byte: the suffix's language (Anchor.suffix) stepped over the last TAIL_BYTES from every
  *   state at once (a superset of each walk alive there), restarted at every occurrence's end after it;
  *   if no state lives through the last byte, no window reaches it.
@@ -737,24 +725,30 @@ export function runsIntoEnds(
   end: boolean,
 ): boolean {
   const n = view.length;
+  const longest = Math.max(...anchor.literals.map((l) => l.length)) * 4;
   if (start) {
-    const first = hits ? (hits.length > 0 ? [hits[0], hits[1]] : null) : firstOccurrence(view, anchor);
-    if (first !== null) {
-      let ws = first[0];
-      const limit = anchor.before === Infinity ? 0 : Math.max(0, ws - anchor.before);
-      while (ws > limit && anchor.prefixBytes[view[ws - 1]] === 1) ws--;
-      while (ws > 0 && (view[ws] & 0xc0) === 0x80) ws--;
-      if (ws === 0) return true;
+    // The head: the bytes from 0 the prefix may hold (at most `before`); 3 more for a character's
+    // continuation bytes a window's start backs over.
+    const cap = anchor.before === Infinity ? n : Math.min(n, anchor.before);
+    let q = 0;
+    while (q < cap && anchor.prefixBytes[view[q]] === 1) q++;
+    q += 3;
+    let found = hits;
+    if (found === null) {
+      found = locate(view.subarray(0, Math.min(n, q + longest)), anchor);
+      if (found === null) return true; // a flood in the head itself
     }
+    if (found.length > 0 && found[0] <= q) return true; // in order of start
   }
   if (!end) return false;
   const from = Math.max(0, n - TAIL_BYTES);
   // The occurrences ending after `from` (one may start before it).
-  const longest = Math.max(...anchor.literals.map((l) => l.length)) * 4;
   let ends: number[];
   if (hits) {
     ends = [];
     for (let k = 0; k < hits.length; k += 2) if (hits[k + 1] > from) ends.push(hits[k + 1]);
+    // In order of start; overlapping alternatives end out of order (`abcde` at 0, `bc` at 1).
+    ends.sort((a, b) => a - b);
   } else {
     const base = Math.max(0, from - longest);
     const tail = locate(view.subarray(base), anchor);

@@ -2,6 +2,7 @@ import fc from 'fast-check';
 import t from 'tap';
 import { isEdge, mergeResults, rangesAt, secretsReach, type ByteRange } from '../../pipeline/byte-ranges.ts';
 import type { PatternPlan } from '../../pipeline/inspectors/patterns.ts';
+import { anchorOf, runsIntoEnds } from '../../pipeline/pattern-anchors.ts';
 import { carriesJsonEscapes } from '../../pipeline/json-view.ts';
 import { compilePlan } from '../../pipeline/plan.ts';
 import { policyFromDocument } from '../../pipeline/policy/resolve.ts';
@@ -208,5 +209,46 @@ t.test('a flood of literals: matches inside a range and across its edge, and the
     }
     t.ok(tried >= 2, `${name}: cut ${tried} times`);
   }
+  t.end();
+});
+
+t.test('attacker review: folded alternatives at one place, and occurrences that end out of order', (t) => {
+  // `(?i)(?:abc|ab)[c-d]…` on `abc:`: the match goes through `ab`, its `c` read by the class. Located as
+  // `abc` alone (one leftmost-first alternation), the window ended before `:` and the match was lost,
+  // in the whole scan from 64 KB and in a range with fewer occurrences than the flood bound.
+  const folded = policyWith([
+    { pattern: '(?i)(?:abc|ab)[c-d][: ]+[x-z]+', description: 'codename', severity: 'block' },
+  ]);
+  const foldedPlan = compilePlan(folded);
+  for (const count of [500, 1500]) {
+    const messages = Array.from({ length: count }, (_, i) => ({
+      role: 'user',
+      content: i === Math.floor(count / 2) ? `${FILLER.slice(0, 120)} abc: xyz` : `${FILLER.slice(0, 120)} abc. `,
+    }));
+    const body = Buffer.from(JSON.stringify({ model: 'claude-sonnet-4-5', messages }));
+    const expected = scanBody(foldedPlan, { body, phase: 'request', secrets: [] });
+    t.strictSame(
+      expected.findings.map((f) => f.match),
+      ['abc:****'],
+      `${count} occurrences, ${body.length} bytes: the whole scan finds it`,
+    );
+    const reachOf = (foldedPlan.inspectors.find((p) => p.inspector.id === 'patterns')!.compiled as PatternPlan)
+      .rangeReach!;
+    let e = Math.floor(body.length / 3);
+    while (!isEdge(body, e)) e++;
+    const ranges = rangesAt(body, [e], reachOf)!;
+    const context = { jsonEscapes: carriesJsonEscapes(body) };
+    const split = mergeResults(
+      ranges.map((range) =>
+        inspectReporting({ body, policy: folded, phase: 'request', secrets: [], part: 'all', range, context }),
+      ),
+    );
+    t.strictSame(keys(split), keys(expected), `${count} occurrences: the split finds it`);
+  }
+  // `abcde` at 0 and `bc` at 1 end at 5 and 3: the suffix walk must start again at both.
+  const alternatives = anchorOf('(?:abcde|bc)[d][e][: ]+[x-z]+')!;
+  const view = Buffer.from(`abcde${': '.repeat(40)}`);
+  t.equal(runsIntoEnds(view, alternatives, [0, 5, 1, 3], false, true), true, 'the match through `bc` runs to the end');
+  t.equal(runsIntoEnds(view, alternatives, null, false, true), true);
   t.end();
 });
