@@ -55,6 +55,17 @@ export const BENCH_PATTERNS = [
   },
 ] as const;
 
+/** The pipeline bench's policy: model allowlist, every built-in, and the ten patterns. */
+export const FULL_SET_DOCUMENT = {
+  model_policy: { mode: 'allowlist', models: ['claude-*', 'gpt-4o*'] },
+  content_inspection: {
+    secrets_filter: { enabled: true, severity: 'block' },
+    pii_detection: { enabled: true, severity: 'warn' },
+    api_key_detection: { enabled: true, severity: 'block' },
+    patterns: BENCH_PATTERNS,
+  },
+};
+
 /** A small deterministic generator (mulberry32): the same seed, the same bodies. */
 export function rng(seed: number): () => number {
   let s = seed >>> 0;

@@ -1,7 +1,7 @@
 import { createRequire } from 'node:module';
 import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
-import { BENCH_PATTERNS, BENCH_SECRETS, llmRequestBody } from './corpus.ts';
+import { BENCH_PATTERNS, BENCH_SECRETS, FULL_SET_DOCUMENT, llmRequestBody } from './corpus.ts';
 import { WORST_CASES, WORST_PATTERNS, WORST_SECRET, combinedWorstBody, worstBody } from './worst-case.ts';
 import { conditions, UNPINNED } from './conditions.ts';
 import { formatMs, mbPerSec, measure, sizeLabel, table } from './measure.ts';
@@ -29,15 +29,7 @@ import { normalizedViewTable } from './normalized-view.ts';
 
 const require = createRequire(import.meta.url);
 
-const FULL = validatePolicyDocument({
-  model_policy: { mode: 'allowlist', models: ['claude-*', 'gpt-4o*'] },
-  content_inspection: {
-    secrets_filter: { enabled: true, severity: 'block' },
-    pii_detection: { enabled: true, severity: 'warn' },
-    api_key_detection: { enabled: true, severity: 'block' },
-    patterns: BENCH_PATTERNS,
-  },
-});
+const FULL = validatePolicyDocument(FULL_SET_DOCUMENT);
 const full = policyFromDocument(FULL);
 const fullPlan = compilePlan(full);
 const only = (content: Record<string, unknown>, model = false) =>

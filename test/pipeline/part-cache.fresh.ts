@@ -1,10 +1,8 @@
 // Not a test: a fresh process's first sessions, as the `session` bench sees them.
 import { parseArgs } from 'node:util';
 import { resolve } from 'node:path';
-import { BENCH_PATTERNS, BENCH_SECRETS } from '../../bench/corpus.ts';
+import { cpuMs, sessionPolicy, sessionSecrets } from './session-measure.ts';
 import { sessionBodies } from '../../bench/session.ts';
-import { policyFromDocument } from '../../pipeline/policy/resolve.ts';
-import { validatePolicyDocument } from '../../pipeline/policy/validate.ts';
 
 const { values } = parseArgs({
   options: {
@@ -17,24 +15,11 @@ const { values } = parseArgs({
 });
 const dir = values.against ?? resolve(import.meta.dirname, '../..');
 const { InspectionEngine } = await import(resolve(dir, 'pipeline/engine.ts'));
-const policy = policyFromDocument(
-  validatePolicyDocument({
-    model_policy: { mode: 'allowlist', models: ['claude-*', 'gpt-*'] },
-    content_inspection: {
-      secrets_filter: { enabled: true, severity: 'block' },
-      pii_detection: { enabled: true, severity: 'warn' },
-      api_key_detection: { enabled: true, severity: 'warn' },
-      patterns: BENCH_PATTERNS.map((p) => ({ ...p, severity: p.severity === 'block' ? 'warn' : p.severity })),
-    },
-  }),
-);
-const secrets = Object.freeze([...BENCH_SECRETS]);
+const policy = sessionPolicy;
+const secrets = sessionSecrets;
 const engine = new InspectionEngine({ threads: Number(values.threads), cacheBytes: values.off ? 0 : 64 * 1024 * 1024 });
 const identity = { orgId: 'o', agentId: 'agent', agentName: 'a' };
-const cpu = () => {
-  const u = process.cpuUsage();
-  return (u.user + u.system) / 1000;
-};
+const cpu = cpuMs;
 const warm = sessionBodies(Number(values.warm), 1);
 for (const b of warm) await engine.inspect({ body: Buffer.from(b), phase: 'request', policy, secrets, identity });
 const out: string[] = [];

@@ -9,11 +9,9 @@
 // the base commit) with its cache off and on, interleaved with this one's, for an A/B in one process.
 import { resolve } from 'node:path';
 import { parseArgs } from 'node:util';
-import { BENCH_PATTERNS, BENCH_SECRETS } from '../../bench/corpus.ts';
+import { cpuMs, sessionPolicy, sessionSecrets } from './session-measure.ts';
 import { sessionBodies, type SessionFormat } from '../../bench/session.ts';
 import { InspectionEngine } from '../../pipeline/engine.ts';
-import { policyFromDocument } from '../../pipeline/policy/resolve.ts';
-import { validatePolicyDocument } from '../../pipeline/policy/validate.ts';
 
 const { values } = parseArgs({
   options: {
@@ -33,18 +31,8 @@ const runs = Number(values.runs);
 const turns = Number(values.turns);
 const sessionsN = Number(values.sessions);
 
-const policy = policyFromDocument(
-  validatePolicyDocument({
-    model_policy: { mode: 'allowlist', models: ['claude-*', 'gpt-*'] },
-    content_inspection: {
-      secrets_filter: { enabled: true, severity: 'block' },
-      pii_detection: { enabled: true, severity: 'warn' },
-      api_key_detection: { enabled: true, severity: 'warn' },
-      patterns: BENCH_PATTERNS.map((p) => ({ ...p, severity: p.severity === 'block' ? 'warn' : p.severity })),
-    },
-  }),
-);
-const secrets = Object.freeze([...BENCH_SECRETS]);
+const policy = sessionPolicy;
+const secrets = sessionSecrets;
 
 // A security-context prefix in `system`, as llmproxy adds (~1 KB), when --prefix; a long system
 // prompt (--system); a short message after each tool result (--short).
@@ -66,11 +54,6 @@ function withPrefix(body: Buffer): Buffer {
 const sessions = Array.from({ length: sessionsN }, (_, s) =>
   sessionBodies(turns, 100 + s, values.format as SessionFormat).map(withPrefix),
 );
-
-function cpuMs(): number {
-  const u = process.cpuUsage();
-  return (u.user + u.system) / 1000;
-}
 
 type Engine = Pick<InspectionEngine, 'inspect' | 'close'>;
 const Base: (new (options: { threads: number; cacheBytes: number }) => Engine) | null = values.against

@@ -3,31 +3,19 @@
 // recall, the walk, the keys, the skeleton, the new parts' scan. Medians over runs, per session.
 // Run: node test/pipeline/part-cache.stages.ts [--runs N] [--fresh]
 import { parseArgs } from 'node:util';
-import { BENCH_PATTERNS, BENCH_SECRETS } from '../../bench/corpus.ts';
+import { sessionPolicy, sessionSecrets } from './session-measure.ts';
 import { sessionBodies } from '../../bench/session.ts';
 import { conversationParts, group, skeleton, MIN_PART_BYTES } from '../../pipeline/conversation-parts.ts';
 import { PartCache } from '../../pipeline/part-cache.ts';
 import { compilePlan } from '../../pipeline/plan.ts';
-import { policyFromDocument } from '../../pipeline/policy/resolve.ts';
-import { validatePolicyDocument } from '../../pipeline/policy/validate.ts';
 import { partHash, ResentParts } from '../../pipeline/resent-parts.ts';
 import { scanBody } from '../../pipeline/scan.ts';
 
 const { values } = parseArgs({
   options: { runs: { type: 'string', default: '15' }, fresh: { type: 'boolean', default: false } },
 });
-const policy = policyFromDocument(
-  validatePolicyDocument({
-    model_policy: { mode: 'allowlist', models: ['claude-*', 'gpt-*'] },
-    content_inspection: {
-      secrets_filter: { enabled: true, severity: 'block' },
-      pii_detection: { enabled: true, severity: 'warn' },
-      api_key_detection: { enabled: true, severity: 'warn' },
-      patterns: BENCH_PATTERNS.map((p) => ({ ...p, severity: p.severity === 'block' ? 'warn' : p.severity })),
-    },
-  }),
-);
-const secrets = Object.freeze([...BENCH_SECRETS]);
+const policy = sessionPolicy;
+const secrets = sessionSecrets;
 const plan = compilePlan(policy);
 const sessions = Array.from({ length: 3 }, (_, s) => sessionBodies(40, 100 + s));
 const stages = ['recall', 'walk', 'hashes', 'skeleton', 'group', 'scan new', 'scan whole'] as const;

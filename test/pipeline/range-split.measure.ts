@@ -4,7 +4,7 @@
 // whole body inline. Used for docs/decisions.md ("Unbounded patterns split by range").
 // Run: node test/pipeline/range-split.measure.ts [--mb 32] [--runs 7]
 import { parseArgs } from 'node:util';
-import { BENCH_PATTERNS, BENCH_SECRETS, llmRequestBody } from '../../bench/corpus.ts';
+import { BENCH_SECRETS, FULL_SET_DOCUMENT, llmRequestBody } from '../../bench/corpus.ts';
 import { planRanges, secretsReach } from '../../pipeline/byte-ranges.ts';
 import type { PatternPlan } from '../../pipeline/inspectors/patterns.ts';
 import { carriesJsonEscapes } from '../../pipeline/json-view.ts';
@@ -17,17 +17,7 @@ import { inspectReporting } from '../../pipeline/worker.ts';
 const { values } = parseArgs({
   options: { mb: { type: 'string', default: '32' }, runs: { type: 'string', default: '7' } },
 });
-const policy = policyFromDocument(
-  validatePolicyDocument({
-    model_policy: { mode: 'allowlist', models: ['claude-*', 'gpt-4o*'] },
-    content_inspection: {
-      secrets_filter: { enabled: true, severity: 'block' },
-      pii_detection: { enabled: true, severity: 'warn' },
-      api_key_detection: { enabled: true, severity: 'block' },
-      patterns: BENCH_PATTERNS,
-    },
-  }),
-);
+const policy = policyFromDocument(validatePolicyDocument(FULL_SET_DOCUMENT));
 const plan = compilePlan(policy);
 const patterns = plan.inspectors.find((p) => p.inspector.id === 'patterns')!.compiled as PatternPlan;
 const body = llmRequestBody(Number(values.mb) * 1024 * 1024);
