@@ -5,10 +5,10 @@ import type { PatternPlan } from '../../pipeline/inspectors/patterns.ts';
 import { anchorOf, runsIntoEnds } from '../../pipeline/pattern-anchors.ts';
 import { carriesJsonEscapes } from '../../pipeline/json-view.ts';
 import { compilePlan } from '../../pipeline/plan.ts';
-import { policyFromDocument } from '../../pipeline/policy/resolve.ts';
-import { validatePolicyDocument } from '../../pipeline/policy/validate.ts';
 import { findingKey, scanBody, type ScanResult } from '../../pipeline/scan.ts';
 import { inspectReporting } from '../../pipeline/worker.ts';
+import { pickedEdges } from './range-cuts.ts';
+import { builtinsWith } from './policy-fixture.ts';
 
 // Custom patterns whose matches can be any length and hold a separator (`\S{6,}`, `[: ]+`) are split
 // by byte range too, found around their literal: a range that cannot hold a match's window runs that
@@ -21,18 +21,7 @@ const UNBOUNDED = [
   { pattern: 'tag\\[[a-z,]+\\]', description: 'tag list', severity: 'log' },
   { pattern: 'BEGIN[^}]*END', description: 'block', severity: 'warn' },
 ];
-const policyWith = (patterns: { pattern: string; description: string; severity: string }[]) =>
-  policyFromDocument(
-    validatePolicyDocument({
-      content_inspection: {
-        secrets_filter: { enabled: true },
-        pii_detection: { enabled: true },
-        api_key_detection: { enabled: true, severity: 'block' },
-        patterns,
-      },
-    }),
-  );
-const policy = policyWith(UNBOUNDED);
+const policy = builtinsWith(UNBOUNDED);
 const plan = compilePlan(policy);
 const patternPlan = plan.inspectors.find((p) => p.inspector.id === 'patterns')!.compiled as PatternPlan;
 const SECRETS = ['zebra:crossing-42'];
@@ -88,7 +77,7 @@ t.test('the plan splits these patterns by range: each reaches only its literal a
     [true, true, true, true],
   );
   t.equal(patternPlan.rangeReach, 'confidential'.length * 4, 'the longest literal, folded: 4 bytes a letter');
-  const none = compilePlan(policyWith([{ pattern: '[A-Z]{3}[: ]+[0-9]{3}', description: 'x', severity: 'log' }]));
+  const none = compilePlan(builtinsWith([{ pattern: '[A-Z]{3}[: ]+[0-9]{3}', description: 'x', severity: 'log' }]));
   const nonePlan = none.inspectors.find((p) => p.inspector.id === 'patterns')!.compiled as PatternPlan;
   t.equal(nonePlan.rangeReach, null, 'unbounded with no literal: the body is not split by range');
   t.end();
@@ -157,12 +146,7 @@ t.test('split findings equal whole findings for random bodies cut at random edge
       fc.array(fc.nat(), { maxLength: 12 }),
       (messages, picks) => {
         const body = bodyOf(messages);
-        const edges: number[] = [];
-        for (let e = 1; e < body.length; e++) if (isEdge(body, e)) edges.push(e);
-        const chosen = [...new Set(picks.map((p) => edges[p % Math.max(1, edges.length)]))]
-          .filter((e) => e !== undefined)
-          .sort((a, b) => a - b);
-        const ranges = rangesAt(body, chosen, reach);
+        const ranges = rangesAt(body, pickedEdges(body, picks), reach);
         if (ranges === null) return;
         cuts += ranges.length - 1;
         const expected = whole(body);
@@ -216,7 +200,7 @@ t.test('attacker review: folded alternatives at one place, and occurrences that 
   // `(?i)(?:abc|ab)[c-d]…` on `abc:`: the match goes through `ab`, its `c` read by the class. Located as
   // `abc` alone (one leftmost-first alternation), the window ended before `:` and the match was lost,
   // in the whole scan from 64 KB and in a range with fewer occurrences than the flood bound.
-  const folded = policyWith([
+  const folded = builtinsWith([
     { pattern: '(?i)(?:abc|ab)[c-d][: ]+[x-z]+', description: 'codename', severity: 'block' },
   ]);
   const foldedPlan = compilePlan(folded);

@@ -16,6 +16,7 @@ import { policyFromDocument } from '../../pipeline/policy/resolve.ts';
 import { validatePolicyDocument } from '../../pipeline/policy/validate.ts';
 import { findingKey, scanBody, type ScanResult } from '../../pipeline/scan.ts';
 import { inspectReporting } from '../../pipeline/worker.ts';
+import { pickedEdges } from './range-cuts.ts';
 
 // A body split by byte range must find what the whole body's scan finds: the ranges run through the
 // worker's own code (inspectReporting), cut at every kind of seam a body can have.
@@ -137,12 +138,7 @@ t.test('split findings equal whole findings, with edges at every seam', (t) => {
       fc.array(fc.nat(), { maxLength: 24 }),
       (messages, picks) => {
         const body = bodyOf(messages);
-        const edges: number[] = [];
-        for (let e = 1; e < body.length; e++) if (isEdge(body, e)) edges.push(e);
-        const chosen = [...new Set(picks.map((p) => edges[p % Math.max(1, edges.length)]))]
-          .filter((e) => e !== undefined)
-          .sort((a, b) => a - b);
-        const ranges = rangesAt(body, chosen, reach);
+        const ranges = rangesAt(body, pickedEdges(body, picks), reach);
         if (ranges === null) return;
         cuts += ranges.length - 1;
         for (const [scanned, scannedPlan] of [

@@ -3,37 +3,25 @@ import fc from 'fast-check';
 import { createRegistry } from '../../core/metrics.ts';
 import { InspectionEngine } from '../../pipeline/engine.ts';
 import { compilePlan } from '../../pipeline/plan.ts';
-import { policyFromDocument } from '../../pipeline/policy/resolve.ts';
-import { validatePolicyDocument } from '../../pipeline/policy/validate.ts';
 import { findingKey, type ScanResult } from '../../pipeline/scan.ts';
 import { SseJoiner, sseText } from '../../pipeline/sse-text.ts';
 import { StreamInspection } from '../../pipeline/stream-inspection.ts';
 import { scanStretch } from '../../pipeline/stream-scan.ts';
 import { sseTextReference } from './sse-text.reference.ts';
+import { builtinsWith } from './policy-fixture.ts';
 
 // A streamed response inspected as it arrives gives what the whole body scanned at the end gives:
 // over random streams (Anthropic, OpenAI chat and responses; leaks split across deltas, blocks and
 // checkpoints, tool-call arguments with escapes split across fragments), random chunkings and random
 // checkpoint sizes, the incremental findings and failures equal the whole-body scan's.
 
-const policyOf = (patterns: { pattern: string; description: string; severity: string }[]) =>
-  policyFromDocument(
-    validatePolicyDocument({
-      content_inspection: {
-        secrets_filter: { enabled: true },
-        pii_detection: { enabled: true },
-        api_key_detection: { enabled: true, severity: 'block' },
-        patterns,
-      },
-    }),
-  );
-const splittable = policyOf([
+const splittable = builtinsWith([
   { pattern: 'nightingale-[0-9]{3}', description: 'codename', severity: 'warn' },
   { pattern: 'ticket:[0-9]{4}', description: 'ticket', severity: 'log' },
   { pattern: '[0-9]{4}-marker', description: 'marker', severity: 'log' },
 ]);
 // A pattern that can span two blocks (and one anchored): the joined text is then scanned whole at the end.
-const spanning = policyOf([
+const spanning = builtinsWith([
   { pattern: '(?s)password.{0,40}hunter2', description: 'spanning', severity: 'warn' },
   { pattern: '^lead', description: 'anchored', severity: 'log' },
   { pattern: 'end$', description: 'anchored end', severity: 'log' },
