@@ -418,6 +418,9 @@ export class InspectionEngine {
     // The per-part cache: request phase, an inference body (model restriction reads the top level only,
     // and that is in the skeleton), and work for the inspectors besides model restriction.
     // The leading parts this agent sent before are stepped over, not walked again (resent-parts.ts).
+    // A body none of whose parts the agent sent before is scanned whole, as with no cache, and
+    // remembered unhashed: its parts are hashed and cached once the agent resends them
+    // (docs/decisions.md, "Only what an agent resends is cached").
     const cacheable =
       this.#cache !== null &&
       phase === 'request' &&
@@ -426,7 +429,16 @@ export class InspectionEngine {
       hasBuiltinWork(plan, phase, secrets.length, true);
     const holder = cacheable ? holderOf(request.identity) : null;
     const recall = cacheable ? this.#resent!.recall(holder, body) : null;
-    const parts = cacheable ? conversationParts(body, MIN_PART_BYTES, recall?.known) : null;
+    let parts = cacheable ? conversationParts(body, MIN_PART_BYTES, recall?.known) : null;
+    if (
+      parts !== null &&
+      holder !== null &&
+      (recall === null || recall.verified === 0) &&
+      !this.#resent!.sharesAPart(holder, body, parts)
+    ) {
+      this.#resent!.rememberUnhashed(holder, body, parts);
+      parts = null;
+    }
 
     let results: ScanResult[];
     let mode: InspectionOutcome['mode'] = 'inline';

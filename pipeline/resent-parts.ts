@@ -42,6 +42,10 @@ interface Remembered {
   pieces: readonly Piece[];
   length: number;
   spans: readonly Span[];
+  /**
+   * Each part's sha256; empty for a body seen first, scanned whole and remembered unhashed (a later
+   * body that resends its parts hashes them then).
+   */
   hashes: readonly string[];
   /** The scan context the findings below hold under (part-cache.ts, context()); null: none. */
   context: string | null;
@@ -213,7 +217,7 @@ export class ResentParts {
     const inherit = base !== undefined && context !== null && base.context === context;
     for (let k = 0; k < parts.length; k++) {
       const { start, end } = parts[k];
-      const old = base !== undefined && k < base.spans.length ? base.spans[k] : undefined;
+      const old = base !== undefined && k < base.hashes.length ? base.spans[k] : undefined;
       if (
         old !== undefined &&
         ((k < recall!.verified && old.start === start && old.end === end) ||
@@ -277,8 +281,6 @@ export class ResentParts {
     findings: (readonly Finding[] | undefined)[],
   ): Remembered | null {
     if (body.length > this.#max) return null;
-    const list = this.#holders.get(holder) ?? [];
-    this.#holders.delete(holder);
     // The verified leading bytes are the earlier body's pieces (equal bytes, shared, not copied); the
     // rest is copied once (a plain memcpy). The spans then index the pieces as they index the body.
     let pieces: Piece[] = [];
@@ -319,13 +321,69 @@ export class ResentParts {
       counted: body.length,
       dropped: false,
     };
+    // A body remembered unhashed that this one resends is replaced by it: its verified bytes are this
+    // body's first pieces, and its parts are hashed here.
+    if (recall !== null && recall.verified > 0 && recall.base.hashes.length === 0) this.#forget(holder, recall.base);
+    this.#keep(holder, remembered);
+    return remembered;
+  }
+
+  /**
+   * Whether any part of `body` (its `parts`) is byte for byte the part at the same index of one of the
+   * holder's remembered bodies: a resend whose head changed (a system prompt that changes every turn,
+   * say), where no leading part is verified by recall.
+   */
+  sharesAPart(holder: string, body: Buffer, parts: readonly Span[]): boolean {
+    for (const base of this.#holders.get(holder) ?? []) {
+      const n = Math.min(base.spans.length, parts.length);
+      for (let k = 0; k < n; k++) {
+        const old = base.spans[k];
+        const { start, end } = parts[k];
+        if (old.end - old.start === end - start && sameAt(base, old.start, body, start, end - start)) return true;
+      }
+    }
+    return false;
+  }
+
+  /**
+   * A body seen first (none of its parts resent: recall verified none, `sharesAPart` found none),
+   * scanned whole and remembered with its spans but not hashed: a later body that resends its parts
+   * hashes them then, and they are cached from then on. Traffic that never resends pays no sha256,
+   * look-up or entry for a body (docs/decisions.md, "Only what an agent resends is cached").
+   */
+  rememberUnhashed(holder: string, body: Buffer, parts: readonly Span[]): void {
+    if (body.length > this.#max) return;
+    this.#keep(holder, {
+      pieces: body.length > 0 ? [{ start: 0, bytes: ownCopy(body) }] : [],
+      length: body.length,
+      spans: parts,
+      hashes: [],
+      context: null,
+      findings: [],
+      skeleton: null,
+      counted: body.length,
+      dropped: false,
+    });
+  }
+
+  /** `remembered` first among its holder's bodies, the holder the most recently used. */
+  #keep(holder: string, remembered: Remembered): void {
+    const list = this.#holders.get(holder) ?? [];
+    this.#holders.delete(holder);
     list.unshift(remembered);
     // Counted whole, though pieces are shared: the cap holds for the worst case.
-    this.#bytes += body.length;
+    this.#bytes += remembered.length;
     while (list.length > REMEMBERED) this.#drop(list.pop()!);
     this.#holders.set(holder, list);
     this.#evict();
-    return remembered;
+  }
+
+  #forget(holder: string, body: Remembered): void {
+    const list = this.#holders.get(holder);
+    const at = list === undefined ? -1 : list.indexOf(body);
+    if (at < 0) return;
+    list!.splice(at, 1);
+    this.#drop(body);
   }
 
   /** Least recently used holders dropped until the bytes are within the cap. */

@@ -46,9 +46,14 @@ t.test('a finding in every part: the halving stops at its budget and finds what 
   const b = body(parts);
   const inspect = (e: InspectionEngine) => e.inspect({ body: b, phase: 'request', policy, identity: AGENT });
   const want = await inspect(oracle);
+  const first = await inspect(cached);
+  t.equal(first.decision, want.decision);
+  t.same(sorted(first), sorted(want), 'the same findings as the engine without the cache');
+  t.equal(await metric(registry, 'dvx_inspection_cache_misses_total'), 0, 'first sight: scanned whole');
+  // Resent: every part is new to the cache, and halved (each holds a finding) until the budget runs out.
   const got = await inspect(cached);
   t.equal(got.decision, want.decision);
-  t.same(sorted(got), sorted(want), 'the same findings as the engine without the cache');
+  t.same(sorted(got), sorted(want), 'the same findings when resent');
   t.equal(await metric(registry, 'dvx_inspection_cache_misses_total'), 2000);
   const again = await inspect(cached);
   t.same(sorted(again), sorted(want), 'and the same again next turn');

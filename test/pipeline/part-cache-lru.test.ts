@@ -42,7 +42,8 @@ function engine(t: Test, entries: number) {
 
 t.test('an inherited part moves to the back of the LRU, as a hit would', async (t) => {
   const inspect = engine(t, 6);
-  t.equal(await inspect(body('a1', 'a2')), 2, 'the agent: two new parts (then its skeleton)');
+  t.equal(await inspect(body('a1', 'a2')), 0, 'the agent`s first body: scanned whole, nothing cached');
+  t.equal(await inspect(body('a1', 'a2')), 2, 'the agent resends it: two new parts (then its skeleton)');
   t.equal(await inspect(body('f1'), STRANGER), 1, 'a stranger: one part, one skeleton (5 entries)');
   t.equal(await inspect(body('a1', 'a2', 'a3')), 1, 'the agent again: a1 and a2 inherited, a3 new (6 entries)');
   t.equal(await inspect(body('f2'), STRANGER), 1, 'a stranger: one more part evicts the oldest entry');
@@ -52,6 +53,7 @@ t.test('an inherited part moves to the back of the LRU, as a hit would', async (
 
 t.test('an inherited part that was evicted is stored again', async (t) => {
   const inspect = engine(t, 4);
+  t.equal(await inspect(body('a1', 'a2')), 0, 'first sight: scanned whole');
   t.equal(await inspect(body('a1', 'a2')), 2);
   for (const f of ['f1', 'f2', 'f3']) await inspect(body(f), STRANGER);
   t.equal(await inspect(body('a1', 'a2', 'a3')), 1, 'a1 and a2 inherited from the remembered body, a3 new');

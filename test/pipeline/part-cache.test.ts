@@ -271,6 +271,10 @@ t.test('a cached block still blocks, with its finding; a one-byte change misses'
     Buffer.from(JSON.stringify({ model: 'claude-sonnet-4-5', system: 'be safe', messages }));
   const first = await e.inspect({ body: turn([leak]), phase: 'request', policy: FULL, identity: AGENT });
   t.equal(first.decision, 'block');
+  // First sight: scanned whole. Resent: its parts are scanned and stored, the leak with its finding.
+  const resent = await e.inspect({ body: turn([leak, reply]), phase: 'request', policy: FULL, identity: AGENT });
+  t.equal(resent.decision, 'block');
+  t.equal(await metric(registry, 'dvx_inspection_cache_hits_total'), 0);
   const second = await e.inspect({
     body: turn([leak, reply, { role: 'user', content: 'ok' }]),
     phase: 'request',
@@ -279,14 +283,14 @@ t.test('a cached block still blocks, with its finding; a one-byte change misses'
   });
   t.equal(second.decision, 'block', 'the cached part still blocks');
   t.same(findingKeys(second.findings), findingKeys(first.findings));
-  t.equal(await metric(registry, 'dvx_inspection_cache_hits_total'), 1);
+  t.equal(await metric(registry, 'dvx_inspection_cache_hits_total'), 2, 'the leak and the reply');
   for (const f of second.findings) f.match = 'changed by the caller';
   const again = await e.inspect({ body: turn([leak]), phase: 'request', policy: FULL });
   t.same(findingKeys(again.findings), findingKeys(first.findings), 'what a caller does with an outcome stays with it');
   const changed = { ...reply, content: reply.content.replace('I will not.', 'I will not!') };
   await e.inspect({ body: turn([leak, changed]), phase: 'request', policy: FULL, identity: AGENT });
-  t.equal(await metric(registry, 'dvx_inspection_cache_hits_total'), 3, 'the leak hit again');
-  // Misses: the leak (turn 1), the reply and the short `ok` (turn 2, a part of its own), the changed reply.
+  t.equal(await metric(registry, 'dvx_inspection_cache_hits_total'), 4, 'the leak hit again');
+  // Misses: the leak and the reply (resent), the short `ok` (a part of its own), the changed reply.
   t.equal(await metric(registry, 'dvx_inspection_cache_misses_total'), 4, 'the changed reply missed');
 });
 

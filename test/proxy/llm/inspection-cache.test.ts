@@ -49,13 +49,15 @@ const lastAudit = () => h.audit.filter((r) => r.table === 'llm_audit_log').at(-1
 
 t.test('a refused message stays refused on every turn that resends it, from the cache', async (t) => {
   const client = h.anthropic(await h.token());
+  const start = await metric(h, 'dvx_inspection_cache_misses_total');
   t.equal(await send(client, [m0]), 200, 'turn 1 is clean');
+  t.equal(await metric(h, 'dvx_inspection_cache_misses_total'), start, 'turn 1: first sight, scanned whole');
   t.equal(await send(client, [m0, a1, u1]), 403, 'turn 2 carries the secret');
   const first = lastAudit();
   t.match(first, { status: 403, decision: 'block', findings: [{ inspector_type: 'secrets', severity: 'block' }] });
   const hits = await metric(h, 'dvx_inspection_cache_hits_total');
   const saved = await metric(h, 'dvx_inspection_cache_bytes_saved_total');
-  t.ok(hits >= 1, 'turn 2 found turn 1 in the cache');
+  t.equal(await metric(h, 'dvx_inspection_cache_misses_total'), start + 3, 'turn 2 resends m0: its parts looked up');
 
   const before = h.upstream.received.length;
   t.equal(await send(client, [m0, a1, u1, a2, u2]), 403, 'turn 3 resends it: still refused');
@@ -83,13 +85,13 @@ t.test('the system prompt is scanned on every call, whatever the cache holds', a
 
 t.test('a one-byte change in a part misses the cache', async (t) => {
   const client = h.anthropic(await h.token());
-  await send(client, [m0]);
+  await send(client, [m0, a1]);
   const misses = await metric(h, 'dvx_inspection_cache_misses_total');
   const hits = await metric(h, 'dvx_inspection_cache_hits_total');
-  const changed = { ...m0, content: (m0.content as string).replace('bluebird-9', 'bluebird-8') };
-  t.equal(await send(client, [changed]), 200);
-  t.equal(await metric(h, 'dvx_inspection_cache_misses_total'), misses + 1);
-  t.equal(await metric(h, 'dvx_inspection_cache_hits_total'), hits);
+  const changed = { ...a1, content: (a1.content as string).replace('database', 'databasE') };
+  t.equal(await send(client, [m0, changed]), 200);
+  t.equal(await metric(h, 'dvx_inspection_cache_misses_total'), misses + 1, 'the changed part missed');
+  t.equal(await metric(h, 'dvx_inspection_cache_hits_total'), hits + 1, 'm0 did not');
 });
 
 t.test('a policy change catches an old, cached message', async (t) => {
@@ -138,6 +140,8 @@ t.test('the cache stays under --inspection-cache-mb', async (t) => {
     const messages: Turn[] = [];
     for (let i = 0; i < 400; i++)
       messages.push({ role: i % 2 ? 'assistant' : 'user', content: pad(`call ${call} message ${i}`) });
+    // Seen first (scanned whole), then resent: its parts are stored.
+    t.equal(await send(client, messages), 200);
     t.equal(await send(client, messages), 200);
     t.ok((await metric(small, 'dvx_inspection_cache_bytes')) <= 1024 * 1024, 'under the cap');
   }

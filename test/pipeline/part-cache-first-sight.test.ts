@@ -1,0 +1,137 @@
+import t from 'tap';
+import { conversationParts, MIN_PART_BYTES } from '../../pipeline/conversation-parts.ts';
+import { partHash, ResentParts } from '../../pipeline/resent-parts.ts';
+import { engine, metric, policyOf, same } from './part-cache-fixture.ts';
+
+// Only what an agent resends is cached (docs/decisions.md): a body none of whose parts its agent sent
+// before is scanned whole, as an engine without the cache scans it, and remembered unhashed; its parts
+// are hashed and stored once the agent sends them again. Traffic that never resends pays no sha256, no
+// look-up and no entry; a session pays one more scan of its first turn's parts, on its second turn.
+
+const POLICY = policyOf({
+  content_inspection: {
+    pii_detection: { enabled: true },
+    api_key_detection: { enabled: true, severity: 'block' },
+    patterns: [{ pattern: 'project-[0-9]+', description: 'codename', severity: 'warn' }],
+  },
+});
+const AGENT = { agentId: 'agent-1', orgId: 'org-1', agentName: 'coder' };
+const OTHER = { agentId: 'agent-2', orgId: 'org-1', agentName: 'reviewer' };
+
+const message = (content: string) => ({ role: 'user', content: `${content} ${'lorem ipsum '.repeat(30)}` });
+const body = (...contents: string[]) =>
+  Buffer.from(JSON.stringify({ model: 'claude-sonnet-4-5', system: 'be safe', messages: contents.map(message) }));
+
+const LOOKUPS = ['dvx_inspection_cache_hits_total', 'dvx_inspection_cache_misses_total'];
+
+t.test('fresh traffic: every body scanned whole, nothing looked up or stored, the same outcome', async (t) => {
+  const { e, registry } = engine(t, { threads: 0 });
+  const plain = engine(t, { threads: 0, cacheBytes: 0 });
+  for (let i = 0; i < 20; i++) {
+    // A counter at the head of every message: no body leads with a part of an earlier one.
+    const b = body(`${i} mail bob@example.com`, `${i} key AKIAIOSFODNN7EXAMPLE`, `${i} project-${i}`);
+    for (const identity of [AGENT, OTHER]) {
+      const request = { body: b, phase: 'request' as const, policy: POLICY, identity };
+      const got = await e.inspect(request);
+      t.equal(got.decision, 'block');
+      if (!same(t, got, await plain.e.inspect(request), `body ${i}`)) return;
+    }
+  }
+  for (const name of LOOKUPS) t.equal(await metric(registry, name), 0, `${name}: none`);
+  t.equal(await metric(registry, 'dvx_inspection_cache_skeleton_hits_total'), 0);
+});
+
+t.test('a session: the first turn whole, the second stores what it resends, the third finds it', async (t) => {
+  const { e, registry } = engine(t, { threads: 0 });
+  const plain = engine(t, { threads: 0, cacheBytes: 0 });
+  const turns = [
+    body('key AKIAIOSFODNN7EXAMPLE', 'mail bob@example.com'),
+    body('key AKIAIOSFODNN7EXAMPLE', 'mail bob@example.com', 'project-7 next'),
+    body('key AKIAIOSFODNN7EXAMPLE', 'mail bob@example.com', 'project-7 next', 'then done'),
+  ];
+  const counts: number[][] = [];
+  for (const [k, b] of turns.entries()) {
+    const request = { body: b, phase: 'request' as const, policy: POLICY, identity: AGENT };
+    const got = await e.inspect(request);
+    t.equal(got.decision, 'block', `turn ${k + 1}: the key blocks`);
+    if (!same(t, got, await plain.e.inspect(request), `turn ${k + 1}`)) return;
+    counts.push(await Promise.all(LOOKUPS.map((name) => metric(registry, name))));
+  }
+  t.same(counts[0], [0, 0], 'turn 1: first sight, scanned whole');
+  t.same(counts[1], [0, 3], 'turn 2: its three parts scanned and stored (two of them resent)');
+  t.same(counts[2], [3, 4], 'turn 3: the three found, the new one scanned');
+});
+
+t.test('another agent`s body is first sight for this one, whatever the cache holds', async (t) => {
+  const { e, registry } = engine(t, { threads: 0 });
+  const b = body('shared system of tools', 'mail bob@example.com');
+  for (let i = 0; i < 2; i++) await e.inspect({ body: b, phase: 'request', policy: POLICY, identity: AGENT });
+  const misses = await metric(registry, 'dvx_inspection_cache_misses_total');
+  t.equal(misses, 2, 'the agent stored both parts on its resend');
+  const got = await e.inspect({ body: b, phase: 'request', policy: POLICY, identity: OTHER });
+  t.equal(got.findings.length, 1, 'the other agent`s whole scan finds the mail');
+  t.equal(await metric(registry, 'dvx_inspection_cache_hits_total'), 0, 'not looked up');
+});
+
+t.test('a body remembered unhashed: recalled by its spans, hashed and replaced once resent', async (t) => {
+  const resent = new ResentParts(1 << 20);
+  const first = body('alpha', 'beta', 'gamma');
+  resent.rememberUnhashed('h', first, conversationParts(first)!);
+  t.equal(resent.bytes, first.length, 'its bytes are counted');
+
+  const edited = body('alpha', 'beta', 'GAMMA', 'delta');
+  const recall = resent.recall('h', edited)!;
+  t.equal(recall.verified, 2, 'alpha and beta lead it with the same bytes; gamma changed');
+  const parts = conversationParts(edited, MIN_PART_BYTES, recall.known)!;
+  t.same(parts, conversationParts(edited), 'stepping over them walks as a whole walk does');
+  t.equal(resent.recall('h', body('ALPHA', 'beta')), null, 'a changed first part: none verified');
+
+  // Hashing the resent body remembers it hashed and forgets the unhashed one: its bytes counted once.
+  const { hashes, reused } = resent.hashes('h', edited, parts, recall);
+  t.equal(reused, 0, 'no hash is known of a body remembered unhashed');
+  t.same(
+    hashes,
+    parts.map((p) => partHash(edited.subarray(p.start, p.end))),
+  );
+  t.equal(resent.bytes, edited.length, 'the unhashed body was replaced');
+  const next = body('alpha', 'beta', 'GAMMA', 'delta', 'epsilon');
+  const again = resent.recall('h', next)!;
+  t.equal(again.verified, 4);
+  t.equal(resent.hashes('h', next, conversationParts(next)!, again).reused, 4, 'its hashes are reused now');
+});
+
+t.test('sharesAPart: a part at the same index with the same bytes, wherever it lies', async (t) => {
+  const resent = new ResentParts(1 << 20);
+  const first = body('alpha', 'beta');
+  resent.rememberUnhashed('h', first, conversationParts(first)!);
+  const check = (b: Buffer) => resent.sharesAPart('h', b, conversationParts(b)!);
+  const moved = Buffer.from(first.toString().replace('be safe', 'be safe, it is Tuesday'));
+  t.equal(resent.recall('h', moved), null, 'a longer system prompt: no leading part verified');
+  t.ok(check(moved), 'but its parts are the same bytes at the same index');
+  t.notOk(check(body('beta', 'alpha')), 'the same parts at other indexes: not shared');
+  t.notOk(check(body('alpha!', 'beta!')), 'a byte changed in each part: not shared');
+  t.notOk(resent.sharesAPart('other', moved, conversationParts(moved)!), 'another holder remembers nothing');
+});
+
+t.test('a system prompt that changes every turn: the parts are still cached from the second turn', async (t) => {
+  const { e, registry } = engine(t, { threads: 0 });
+  const plain = engine(t, { threads: 0, cacheBytes: 0 });
+  const messages: string[] = [];
+  for (let turn = 0; turn < 6; turn++) {
+    messages.push(turn === 2 ? 'key AKIAIOSFODNN7EXAMPLE' : `step ${turn}`);
+    const b = Buffer.from(
+      JSON.stringify({ model: 'm', system: `turn ${turn} at ${Date.now()}`, messages: messages.map(message) }),
+    );
+    const request = { body: b, phase: 'request' as const, policy: POLICY, identity: AGENT };
+    if (!same(t, await e.inspect(request), await plain.e.inspect(request), `turn ${turn}`)) return;
+  }
+  t.ok((await metric(registry, 'dvx_inspection_cache_hits_total')) >= 6, 'resent parts were found');
+});
+
+t.test('a body over the cap is not remembered', async (t) => {
+  const resent = new ResentParts(100);
+  const b = body('alpha');
+  resent.rememberUnhashed('h', b, conversationParts(b)!);
+  t.equal(resent.bytes, 0);
+  t.equal(resent.recall('h', b), null);
+});
