@@ -419,8 +419,7 @@ export class InspectionEngine {
     // and that is in the skeleton), and work for the inspectors besides model restriction.
     // The leading parts this agent sent before are stepped over, not walked again (resent-parts.ts).
     // A body none of whose parts the agent sent before is scanned whole, as with no cache, and
-    // remembered unhashed: its parts are hashed and cached once the agent resends them
-    // (docs/decisions.md, "Only what an agent resends is cached").
+    // remembered unhashed: its parts are hashed and cached once the agent resends them (seenFirst).
     const cacheable =
       this.#cache !== null &&
       phase === 'request' &&
@@ -433,12 +432,10 @@ export class InspectionEngine {
     if (
       parts !== null &&
       holder !== null &&
-      (recall === null || recall.verified === 0) &&
-      !this.#resent!.sharesAPart(holder, body, parts)
-    ) {
-      this.#resent!.rememberUnhashed(holder, body, parts);
+      (recall?.verified ?? 0) === 0 &&
+      this.#resent!.seenFirst(holder, body, parts)
+    )
       parts = null;
-    }
 
     let results: ScanResult[];
     let mode: InspectionOutcome['mode'] = 'inline';

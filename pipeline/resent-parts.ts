@@ -28,6 +28,9 @@ import type { PartCache } from './part-cache.ts';
 // REMEMBERED bodies (an agent's sub-conversations interleave).
 
 const REMEMBERED = 2;
+/** First parts of bodies seen first kept per holder (seenFirst), and what each counts against the cap. */
+const FIRSTS = 8;
+const FIRST_BYTES = 64;
 /** A remembered body is held in pieces (its leading parts shared with the body before it); past this many it is copied whole again. */
 const MAX_PIECES = 32;
 
@@ -136,6 +139,8 @@ export function partHash(bytes: Uint8Array): string {
 
 export class ResentParts {
   #holders = new Map<string, Remembered[]>();
+  /** Per holder (in #holders), the sha256 of the first part of its last FIRSTS bodies seen first. */
+  #firsts = new Map<string, string[]>();
   #bytes = 0;
   #max: number;
   #cache: PartCache | null;
@@ -298,10 +303,11 @@ export class ResentParts {
         const bytes = piece.bytes.subarray(0, end - piece.start);
         // A share keeps the piece's whole allocation alive, counted here only for the bytes shared: a
         // body sharing a small head of a large piece (a short turn after a long one) would hold the
-        // long one's memory uncounted, turn after turn. Such a head is copied instead.
+        // long one's memory uncounted, turn after turn. Such a head is copied instead, into memory of
+        // its own (Buffer.from would take a slice of the shared pool: its whole slab kept alive).
         pieces.push({
           start: piece.start,
-          bytes: 2 * bytes.length >= piece.bytes.buffer.byteLength ? bytes : Buffer.from(bytes),
+          bytes: 2 * bytes.length >= piece.bytes.buffer.byteLength ? bytes : ownCopy(bytes),
         });
       }
     }
@@ -329,30 +335,36 @@ export class ResentParts {
   }
 
   /**
-   * Whether any part of `body` (its `parts`) is byte for byte the part at the same index of one of the
-   * holder's remembered bodies: a resend whose head changed (a system prompt that changes every turn,
-   * say), where no leading part is verified by recall.
+   * Whether `body`, which recall found leading with none of the holder's remembered parts, is seen
+   * first: none of its parts resent. If so it is remembered unhashed (its bytes and spans: a later body
+   * that resends its parts hashes them then, and they are cached from then on) and the caller scans it
+   * whole; traffic that never resends pays no sha256, look-up or entry for its parts (docs/decisions.md,
+   * "Only what an agent resends is cached"). Resent, though no leading part was verified:
+   * - a part byte for byte the part at the same index of a remembered body (a head that changed: a
+   *   system prompt that changes every turn, say);
+   * - its first part anywhere in a remembered body (a window sliding over the conversation);
+   * - its first part's sha256 among the first parts of the holder's last FIRSTS bodies seen first (more
+   *   sub-conversations interleaved than the REMEMBERED bodies hold).
    */
-  sharesAPart(holder: string, body: Buffer, parts: readonly Span[]): boolean {
+  seenFirst(holder: string, body: Buffer, parts: readonly Span[]): boolean {
+    if (parts.length === 0) return false;
+    const head = parts[0];
+    const headLength = head.end - head.start;
     for (const base of this.#holders.get(holder) ?? []) {
-      const n = Math.min(base.spans.length, parts.length);
-      for (let k = 0; k < n; k++) {
+      for (let k = 0; k < base.spans.length; k++) {
         const old = base.spans[k];
-        const { start, end } = parts[k];
-        if (old.end - old.start === end - start && sameAt(base, old.start, body, start, end - start)) return true;
+        const length = old.end - old.start;
+        if (k < parts.length) {
+          const { start, end } = parts[k];
+          if (length === end - start && sameAt(base, old.start, body, start, length)) return false;
+        }
+        if (k > 0 && length === headLength && sameAt(base, old.start, body, head.start, length)) return false;
       }
     }
-    return false;
-  }
-
-  /**
-   * A body seen first (none of its parts resent: recall verified none, `sharesAPart` found none),
-   * scanned whole and remembered with its spans but not hashed: a later body that resends its parts
-   * hashes them then, and they are cached from then on. Traffic that never resends pays no sha256,
-   * look-up or entry for a body (docs/decisions.md, "Only what an agent resends is cached").
-   */
-  rememberUnhashed(holder: string, body: Buffer, parts: readonly Span[]): void {
-    if (body.length > this.#max) return;
+    const first = partHash(body.subarray(head.start, head.end));
+    const firsts = this.#firsts.get(holder);
+    if (firsts?.includes(first)) return false;
+    if (body.length > this.#max) return true;
     this.#keep(holder, {
       pieces: body.length > 0 ? [{ start: 0, bytes: ownCopy(body) }] : [],
       length: body.length,
@@ -364,6 +376,17 @@ export class ResentParts {
       counted: body.length,
       dropped: false,
     });
+    // Kept with the holder (#keep made it the most recent), counted against the cap.
+    const list = firsts ?? [];
+    list.unshift(first);
+    this.#bytes += FIRST_BYTES;
+    if (list.length > FIRSTS) {
+      list.pop();
+      this.#bytes -= FIRST_BYTES;
+    }
+    this.#firsts.set(holder, list);
+    this.#evict();
+    return true;
   }
 
   /** `remembered` first among its holder's bodies, the holder the most recently used. */
@@ -392,6 +415,8 @@ export class ResentParts {
       if (this.#bytes <= this.#max) break;
       this.#holders.delete(oldest);
       for (const b of bodies) this.#drop(b);
+      this.#bytes -= (this.#firsts.get(oldest)?.length ?? 0) * FIRST_BYTES;
+      this.#firsts.delete(oldest);
     }
   }
 

@@ -76,8 +76,8 @@ t.test('another agent`s body is first sight for this one, whatever the cache hol
 t.test('a body remembered unhashed: recalled by its spans, hashed and replaced once resent', async (t) => {
   const resent = new ResentParts(1 << 20);
   const first = body('alpha', 'beta', 'gamma');
-  resent.rememberUnhashed('h', first, conversationParts(first)!);
-  t.equal(resent.bytes, first.length, 'its bytes are counted');
+  t.ok(resent.seenFirst('h', first, conversationParts(first)!), 'seen first');
+  t.equal(resent.bytes, first.length + 64, 'its bytes are counted, and its first part`s sha256');
 
   const edited = body('alpha', 'beta', 'GAMMA', 'delta');
   const recall = resent.recall('h', edited)!;
@@ -93,24 +93,61 @@ t.test('a body remembered unhashed: recalled by its spans, hashed and replaced o
     hashes,
     parts.map((p) => partHash(edited.subarray(p.start, p.end))),
   );
-  t.equal(resent.bytes, edited.length, 'the unhashed body was replaced');
+  t.equal(resent.bytes, edited.length + 64, 'the unhashed body was replaced');
   const next = body('alpha', 'beta', 'GAMMA', 'delta', 'epsilon');
   const again = resent.recall('h', next)!;
   t.equal(again.verified, 4);
   t.equal(resent.hashes('h', next, conversationParts(next)!, again).reused, 4, 'its hashes are reused now');
 });
 
-t.test('sharesAPart: a part at the same index with the same bytes, wherever it lies', async (t) => {
+t.test('seenFirst: what counts as resent though no leading part is', async (t) => {
   const resent = new ResentParts(1 << 20);
-  const first = body('alpha', 'beta');
-  resent.rememberUnhashed('h', first, conversationParts(first)!);
-  const check = (b: Buffer) => resent.sharesAPart('h', b, conversationParts(b)!);
-  const moved = Buffer.from(first.toString().replace('be safe', 'be safe, it is Tuesday'));
+  const seen = (b: Buffer, holder = 'h') => resent.seenFirst(holder, b, conversationParts(b)!);
+  t.ok(seen(body('alpha', 'beta')));
+  const moved = Buffer.from(body('alpha', 'beta').toString().replace('be safe', 'be safe, it is Tuesday'));
   t.equal(resent.recall('h', moved), null, 'a longer system prompt: no leading part verified');
-  t.ok(check(moved), 'but its parts are the same bytes at the same index');
-  t.notOk(check(body('beta', 'alpha')), 'the same parts at other indexes: not shared');
-  t.notOk(check(body('alpha!', 'beta!')), 'a byte changed in each part: not shared');
-  t.notOk(resent.sharesAPart('other', moved, conversationParts(moved)!), 'another holder remembers nothing');
+  t.notOk(seen(moved), 'but its parts are the same bytes at the same index: resent');
+  t.notOk(seen(body('beta', 'gamma')), 'a window slid by one: its first part is the second of one remembered');
+  t.ok(seen(body('alpha!', 'beta!')), 'a byte changed in each part: seen first');
+  t.ok(seen(moved, 'other'), 'another holder remembers nothing');
+
+  // Three sub-conversations begun in turn: the holder remembers two bodies, and the first part of more.
+  const fresh = new ResentParts(1 << 20);
+  for (const task of ['one task', 'two task', 'three task'])
+    t.ok(fresh.seenFirst('h', body(task), conversationParts(body(task))!), `${task}: seen first`);
+  const b = body('one task', 'one step');
+  t.equal(fresh.recall('h', b), null, 'the first one`s body is no longer remembered');
+  t.notOk(fresh.seenFirst('h', b, conversationParts(b)!), 'but its first part is known: resent');
+});
+
+t.test('three sub-conversations interleaved: their parts are cached from their second turn', async (t) => {
+  const { e, registry } = engine(t, { threads: 0 });
+  const plain = engine(t, { threads: 0, cacheBytes: 0 });
+  const conversations: string[][] = [[], [], []];
+  for (let turn = 0; turn < 8; turn++)
+    for (const [c, messages] of conversations.entries()) {
+      messages.push(`conversation ${c} turn ${turn}${turn === 3 ? ' mail bob@example.com' : ''}`);
+      const request = { body: body(...messages), phase: 'request' as const, policy: POLICY, identity: AGENT };
+      if (!same(t, await e.inspect(request), await plain.e.inspect(request), `${c}, turn ${turn}`)) return;
+    }
+  const hits = await metric(registry, 'dvx_inspection_cache_hits_total');
+  t.ok(hits >= 3 * (1 + 2 + 3 + 4 + 5 + 6), `resent parts came from the cache (${hits} hits)`);
+});
+
+t.test('a small head shared from a body seen first holds memory of its own, not a pool slab', async (t) => {
+  const resent = new ResentParts(1 << 20);
+  const first = Buffer.from(
+    JSON.stringify({ model: 'm', messages: [message('task'), { role: 'user', content: 'x'.repeat(20_000) }] }),
+  );
+  t.ok(resent.seenFirst('h', first, conversationParts(first)!));
+  const next = Buffer.from(JSON.stringify({ model: 'm', messages: [message('task'), message('retry')] }));
+  const recall = resent.recall('h', next)!;
+  t.equal(recall.verified, 1);
+  resent.hashes('h', next, conversationParts(next, MIN_PART_BYTES, recall.known)!, recall);
+  t.ok(
+    resent.retainedBytes <= 2 * resent.bytes,
+    `held ${resent.retainedBytes} bytes for ${resent.bytes} counted (a pool slab is 64 KiB)`,
+  );
 });
 
 t.test('a system prompt that changes every turn: the parts are still cached from the second turn', async (t) => {
@@ -128,10 +165,25 @@ t.test('a system prompt that changes every turn: the parts are still cached from
   t.ok((await metric(registry, 'dvx_inspection_cache_hits_total')) >= 6, 'resent parts were found');
 });
 
+t.test('a window sliding over the conversation: the parts are still cached', async (t) => {
+  const { e, registry } = engine(t, { threads: 0 });
+  const plain = engine(t, { threads: 0, cacheBytes: 0 });
+  for (let turn = 0; turn < 30; turn++) {
+    const window = Array.from(
+      { length: 8 },
+      (_, i) => `message ${turn + i}${turn + i === 12 ? ' AKIAIOSFODNN7EXAMPLE' : ''}`,
+    );
+    const request = { body: body(...window), phase: 'request' as const, policy: POLICY, identity: AGENT };
+    if (!same(t, await e.inspect(request), await plain.e.inspect(request), `turn ${turn}`)) return;
+  }
+  const hits = await metric(registry, 'dvx_inspection_cache_hits_total');
+  t.ok(hits >= 28 * 6, `most parts came from the cache (${hits} hits)`);
+});
+
 t.test('a body over the cap is not remembered', async (t) => {
   const resent = new ResentParts(100);
   const b = body('alpha');
-  resent.rememberUnhashed('h', b, conversationParts(b)!);
+  t.ok(resent.seenFirst('h', b, conversationParts(b)!), 'seen first: scanned whole');
   t.equal(resent.bytes, 0);
   t.equal(resent.recall('h', b), null);
 });
