@@ -365,6 +365,16 @@ export class ResentParts {
     const firsts = this.#firsts.get(holder);
     if (firsts?.includes(first)) return false;
     if (body.length > this.#max) return true;
+    // Its first part's sha256 first, so that the one eviction below (#keep) sees every byte counted and
+    // drops the holder's firsts with it if it drops the holder.
+    const list = firsts ?? [];
+    list.unshift(first);
+    this.#bytes += FIRST_BYTES;
+    if (list.length > FIRSTS) {
+      list.pop();
+      this.#bytes -= FIRST_BYTES;
+    }
+    this.#firsts.set(holder, list);
     this.#keep(holder, {
       pieces: body.length > 0 ? [{ start: 0, bytes: ownCopy(body) }] : [],
       length: body.length,
@@ -376,16 +386,6 @@ export class ResentParts {
       counted: body.length,
       dropped: false,
     });
-    // Kept with the holder (#keep made it the most recent), counted against the cap.
-    const list = firsts ?? [];
-    list.unshift(first);
-    this.#bytes += FIRST_BYTES;
-    if (list.length > FIRSTS) {
-      list.pop();
-      this.#bytes -= FIRST_BYTES;
-    }
-    this.#firsts.set(holder, list);
-    this.#evict();
     return true;
   }
 

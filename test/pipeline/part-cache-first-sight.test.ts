@@ -186,4 +186,15 @@ t.test('a body over the cap is not remembered', async (t) => {
   t.ok(resent.seenFirst('h', b, conversationParts(b)!), 'seen first: scanned whole');
   t.equal(resent.bytes, 0);
   t.equal(resent.recall('h', b), null);
+
+  // Two bodies over the cap together: the holder goes whole, its first parts with it, counted exactly.
+  const one = body('one');
+  const two = body('two');
+  const small = new ResentParts(Math.ceil(1.5 * one.length));
+  t.ok(small.seenFirst('h', one, conversationParts(one)!));
+  t.equal(small.bytes, one.length + 64);
+  t.ok(small.seenFirst('h', two, conversationParts(two)!));
+  t.equal(small.bytes, 0, 'the holder was dropped, bodies and first parts');
+  t.ok(small.seenFirst('h', one, conversationParts(one)!), 'its first parts went with it');
+  t.equal(small.bytes, one.length + 64);
 });
