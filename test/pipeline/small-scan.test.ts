@@ -4,6 +4,7 @@ import { BENCH_SECRETS, FULL_SET_DOCUMENT } from '../../bench/corpus.ts';
 import type { Finding, Phase } from '../../pipeline/finding.ts';
 import { InspectionInput } from '../../pipeline/inspection-input.ts';
 import { compile as compileModels, permitted } from '../../pipeline/inspectors/model-restriction.ts';
+import { needles as secretNeedles, scan as scanSecrets } from '../../pipeline/inspectors/secrets.ts';
 import { hits, matches, type PatternPlan, type SetHits } from '../../pipeline/inspectors/patterns.ts';
 import { decodedViews } from '../../pipeline/json-view.ts';
 import { normalizedView } from '../../pipeline/normalized-view.ts';
@@ -262,4 +263,40 @@ t.test('PlanCache: the same plans, compiled as often, as a cache that reorders o
     { numRuns: 300 },
   );
   t.pass("every plan and compile as the reference's");
+});
+
+t.test("secrets: a small view's anchors found in its latin1 text, as in its bytes", async (t) => {
+  const secret = fc.oneof(
+    fc.constantFrom(
+      ...BENCH_SECRETS,
+      'Pa\\ss\\nw0rd-2026',
+      'p\u00e4ssw\u00f6rd-9876',
+      'abcdefgh',
+      '--------',
+      'a-a-a-a-a-a',
+    ),
+    fc.string({ minLength: 8, maxLength: 20 }),
+  );
+  const piece = fc.oneof(
+    fc.constantFrom(...FRAGMENTS, 'S3cr3T-dB-pAsSwOrD-2026', '-2026-2026', '-9-9-9', 'A-A-A-A-A-A', '\u00ff\u00fe-'),
+    fc.string({ maxLength: 12 }),
+  );
+  let found = 0;
+  fc.assert(
+    fc.property(
+      fc.array(secret, { minLength: 1, maxLength: 4 }),
+      fc.array(piece, { maxLength: 40 }),
+      (values, pieces) => {
+        const needles = secretNeedles(values);
+        const view = Buffer.from(pieces.join(''));
+        const toggle = { enabled: true, severity: 'block' as const };
+        const asText = scanSecrets(view, toggle, needles, 'request_body', true);
+        const asBytes = scanSecrets(view, toggle, needles, 'request_body', false);
+        found += asText.length;
+        return JSON.stringify(asText) === JSON.stringify(asBytes);
+      },
+    ),
+    { numRuns: 1000 },
+  );
+  t.ok(found > 20, `the same findings either way (${found})`);
 });
