@@ -413,6 +413,17 @@ export function topLevelString(body: Buffer, key: string): string | null {
 /** The string value at `span`, decoded; `null` when it is not a string. */
 export function stringAt(body: Buffer, span: Span): string | null {
   if (body[span.start] !== 0x22) return null;
+  // Printable ASCII between its quotes, no backslash and no quote: the string is those bytes, as
+  // JSON.parse would read them (a model name nearly always), without decoding the span and parsing it.
+  const last = span.end - 1;
+  if (last > span.start && body[last] === 0x22) {
+    let k = span.start + 1;
+    for (; k < last; k++) {
+      const b = body[k];
+      if (b < 0x20 || b > 0x7e || b === 0x22 || b === 0x5c) break;
+    }
+    if (k === last) return body.toString('latin1', span.start + 1, last);
+  }
   try {
     const v = JSON.parse(body.toString('utf8', span.start, span.end));
     return typeof v === 'string' ? v : null;

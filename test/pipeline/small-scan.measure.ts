@@ -1,6 +1,7 @@
 // Not a test: the CPU of one synchronous scan of a SMALL body (docs/decisions.md, "A small scan's
 // fixed cost"): scanBody, and the engine's inline path (InspectionEngine.inspect, no pool, no cache),
-// over a 300-byte Anthropic answer and a 300-byte chat answer (response phase) and a 4 KB request body,
+// over a 300-byte Anthropic answer and a 300-byte chat answer (response phase), a 4 KB request body and
+// a 300-byte one,
 // under the pipeline bench's full set and three secrets. Batches of each case, interleaved, medians.
 // With --against DIR (e.g. `git archive main pipeline core | tar -x -C .base`), DIR's pipeline runs
 // interleaved with this tree's, in this process, for an A/B.
@@ -67,6 +68,16 @@ function chatAnswer(bytes: number): Buffer {
   return Buffer.from(JSON.stringify(head));
 }
 
+/** About `bytes` bytes of a request with one short user message (a turn's new part is often this small). */
+function shortRequest(bytes: number): Buffer {
+  const head = { model: 'claude-sonnet-4-5', max_tokens: 1024, messages: [{ role: 'user', content: '' }] };
+  const base = JSON.stringify(head).length;
+  head.messages[0].content = 'Please run the failing test again and tell me what the stack trace says. '
+    .repeat(8)
+    .slice(0, Math.max(0, bytes - base));
+  return Buffer.from(JSON.stringify(head));
+}
+
 interface Case {
   name: string;
   body: Buffer;
@@ -76,6 +87,7 @@ const cases: Case[] = [
   { name: 'anthropic answer 300 B (response)', body: anthropicAnswer(300), phase: 'response' },
   { name: 'chat answer 300 B (response)', body: chatAnswer(300), phase: 'response' },
   { name: '4 KB request (request)', body: llmRequestBody(4096), phase: 'request' },
+  { name: 'short request 300 B (request)', body: shortRequest(300), phase: 'request' },
 ];
 
 interface Tree {

@@ -6,7 +6,7 @@ import { InspectionInput } from '../../pipeline/inspection-input.ts';
 import { compile as compileModels, permitted } from '../../pipeline/inspectors/model-restriction.ts';
 import { needles as secretNeedles, scan as scanSecrets } from '../../pipeline/inspectors/secrets.ts';
 import { hits, matches, type PatternPlan, type SetHits } from '../../pipeline/inspectors/patterns.ts';
-import { decodedViews } from '../../pipeline/json-view.ts';
+import { decodedViews, stringAt } from '../../pipeline/json-view.ts';
 import { normalizedView } from '../../pipeline/normalized-view.ts';
 import { compilePlan, PlanCache, runFor, type ScanPlan } from '../../pipeline/plan.ts';
 import { policyFromDocument } from '../../pipeline/policy/resolve.ts';
@@ -299,4 +299,35 @@ t.test("secrets: a small view's anchors found in its latin1 text, as in its byte
     { numRuns: 1000 },
   );
   t.ok(found > 20, `the same findings either way (${found})`);
+});
+
+t.test('stringAt: a plain ASCII string read from its bytes is what JSON.parse reads', async (t) => {
+  const parsed = (body: Buffer, start: number, end: number): string | null => {
+    if (body[start] !== 0x22) return null;
+    try {
+      const v = JSON.parse(body.toString('utf8', start, end));
+      return typeof v === 'string' ? v : null;
+    } catch {
+      return null;
+    }
+  };
+  const bytes = fc.oneof(
+    fc.string({ maxLength: 24 }).map((s) => Buffer.from(JSON.stringify(s))),
+    fc.uint8Array({ maxLength: 24 }).map((a) => Buffer.from([0x22, ...a, 0x22])),
+    fc
+      .constantFrom('"claude-sonnet-4-5"', '"gpt-4o"', '"a\\"b"', '"a\tb"', '""', '"', '"x', 'x"', '"\u00e9"')
+      .map((s) => Buffer.from(s)),
+  );
+  let plain = 0;
+  fc.assert(
+    fc.property(bytes, fc.nat(3), fc.nat(3), (body, cutStart, cutEnd) => {
+      const start = Math.min(cutStart, body.length);
+      const end = Math.max(start, body.length - cutEnd);
+      const want = parsed(body, start, end);
+      if (want !== null && /^[\x20-\x7e]*$/.test(want)) plain++;
+      return stringAt(body, { start, end }) === want;
+    }),
+    { numRuns: 3000 },
+  );
+  t.ok(plain > 30, `the same string or null (${plain} plain ones)`);
 });
