@@ -6,7 +6,7 @@ import { InspectionInput } from '../../pipeline/inspection-input.ts';
 import { compile as compileModels, permitted } from '../../pipeline/inspectors/model-restriction.ts';
 import { needles as secretNeedles, scan as scanSecrets } from '../../pipeline/inspectors/secrets.ts';
 import { hits, matches, type PatternPlan, type SetHits } from '../../pipeline/inspectors/patterns.ts';
-import { decodedViews, stringAt } from '../../pipeline/json-view.ts';
+import { decodedViews, type Span, stringAt, topLevelOf } from '../../pipeline/json-view.ts';
 import { normalizedView } from '../../pipeline/normalized-view.ts';
 import { compilePlan, PlanCache, runFor, type ScanPlan } from '../../pipeline/plan.ts';
 import { policyFromDocument } from '../../pipeline/policy/resolve.ts';
@@ -14,6 +14,7 @@ import type { ModelPolicy, ResolvedPolicy } from '../../pipeline/policy/types.ts
 import { validatePolicyDocument } from '../../pipeline/policy/validate.ts';
 import { findingKey, scanBody } from '../../pipeline/scan.ts';
 import { SseJoiner, sseText } from '../../pipeline/sse-text.ts';
+import { topLevelOfBefore } from './top-level.reference.ts';
 
 // A small scan's fixed costs were cut (docs/decisions.md, "A small scan's fixed cost"): each shortcut
 // is checked here against the longer way it replaces, over random small bodies with planted secrets,
@@ -330,4 +331,52 @@ t.test('stringAt: a plain ASCII string read from its bytes is what JSON.parse re
     { numRuns: 3000 },
   );
   t.ok(plain > 30, `the same string or null (${plain} plain ones)`);
+});
+
+t.test('topLevelOf: the walk without closures reads every body as the walk before it', async (t) => {
+  const member = fc.oneof(
+    fc.constantFrom(
+      '"model":"claude-sonnet-4-5"',
+      '"Model":"gpt-4o"',
+      '"MODEL" : "x"',
+      '"mod\\u0065l":"esc"',
+      '"mo\\"del":"q"',
+      '"system":"s\\"t\\\\"',
+      '"messages":[{"role":"user","content":"a \\"b\\" c"},{"content":[1,{"x":"]}"}]}]',
+      '"max_tokens":1024',
+      '"stream":true',
+      '"a":{"model":"inner"}',
+      '"modèle":"y"',
+    ),
+    fc
+      .tuple(fc.string({ maxLength: 8 }), fc.jsonValue({ maxDepth: 2 }))
+      .map(([k, v]) => `${JSON.stringify(k)}:${JSON.stringify(v)}`),
+  );
+  const body = fc
+    .tuple(
+      fc.array(member, { maxLength: 6 }),
+      fc.constantFrom(',', ' , ', ',\n'),
+      fc.nat(40),
+      fc.string({ maxLength: 3 }),
+      fc.boolean(),
+    )
+    .map(([ms, sep, cut, junk, mangle]) => {
+      const s = `${mangle ? ' ' : ''}{${ms.join(sep)}}`;
+      // Truncated or with a few bytes put in: bodies no parser accepts must read the same too.
+      return Buffer.from(mangle ? s.slice(0, cut) + junk + s.slice(cut) : s);
+    });
+  const keys = fc.constantFrom(['model'], ['system', 'model'], ['model', 'messages', 'system'], ['modèle']);
+  let read = 0;
+  fc.assert(
+    fc.property(body, keys, fc.boolean(), (b, ks, anyCase) => {
+      const spansNow: Span[] = [];
+      const spansBefore: Span[] = [];
+      const now = topLevelOf(b, ks, anyCase ? spansNow : undefined);
+      const before = topLevelOfBefore(b, ks, anyCase ? spansBefore : undefined);
+      if (now) read++;
+      return JSON.stringify([now, spansNow]) === JSON.stringify([before, spansBefore]);
+    }),
+    { numRuns: 3000 },
+  );
+  t.ok(read > 300, `the same spans, or null, for every body (${read} read)`);
 });
