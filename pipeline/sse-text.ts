@@ -140,6 +140,10 @@ export class SseJoiner {
   /** Blocks that received text since takeGrown() was last called. */
   #grownSince = new Set<JoinedBlock>();
   #ended = false;
+  /** The last search for `data:` (#dataFrom) in this push: in which bytes, from where, what it found. */
+  #searched: Buffer | null = null;
+  #searchedFrom = 0;
+  #found = -1;
 
   constructor(onGiveUp?: () => void) {
     this.#onGiveUp = onGiveUp;
@@ -184,6 +188,7 @@ export class SseJoiner {
 
   push(chunk: Buffer): void {
     if (this.#ended) throw new Error('SseJoiner: push after end');
+    this.#searched = null; // a search is reused within one call only (a caller may reuse its buffer)
     let nl = chunk.indexOf(0x0a);
     if (nl < 0) {
       // A line still open is kept as its chunks (never copied again per chunk: a long line stays linear).
@@ -208,6 +213,7 @@ export class SseJoiner {
   end(): void {
     if (this.#ended) return;
     this.#ended = true;
+    this.#searched = null;
     if (this.#carry.length > 0) {
       const line = Buffer.concat(this.#carry);
       this.#carry = [];
@@ -231,8 +237,8 @@ export class SseJoiner {
    * that starts the line or follows a carriage return, read to the line's end (as sseText reads).
    */
   #line(data: Buffer, start: number, end: number): void {
-    let at = data.indexOf(DATA, start);
-    while (at >= 0 && at < end && at !== start && data[at - 1] !== 0x0d) at = data.indexOf(DATA, at + 1);
+    let at = this.#dataFrom(data, start);
+    while (at >= 0 && at < end && at !== start && data[at - 1] !== 0x0d) at = this.#dataFrom(data, at + 1);
     if (at < 0 || at + DATA.length > end) return;
     let from = at + DATA.length;
     if (data[from] === 0x20) from++;
@@ -257,6 +263,22 @@ export class SseJoiner {
         // not JSON: no block ends here
       }
     }
+  }
+
+  /**
+   * The first `data:` at or after `from` in `data`, as data.indexOf(DATA, from) gives it. Each line's
+   * search runs on past the line's end to the next `data:`, wherever it is: remembered, the lines up to
+   * it reuse that search instead of each walking the rest of the chunk again (a body of many lines and
+   * no `data:`, pretty-printed JSON, cost a walk of the rest per line: quadratic).
+   */
+  #dataFrom(data: Buffer, from: number): number {
+    const found = this.#found;
+    if (data === this.#searched && from >= this.#searchedFrom && (found < 0 || found >= from)) return found;
+    const at = data.indexOf(DATA, from);
+    this.#searched = data;
+    this.#searchedFrom = from;
+    this.#found = at;
+    return at;
   }
 
   #add(event: unknown): void {

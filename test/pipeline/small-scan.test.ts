@@ -14,6 +14,7 @@ import type { ModelPolicy, ResolvedPolicy } from '../../pipeline/policy/types.ts
 import { validatePolicyDocument } from '../../pipeline/policy/validate.ts';
 import { findingKey, scanBody } from '../../pipeline/scan.ts';
 import { SseJoiner, sseText } from '../../pipeline/sse-text.ts';
+import { sseTextReference } from './sse-text.reference.ts';
 import { topLevelOfBefore } from './top-level.reference.ts';
 
 // A small scan's fixed costs were cut (docs/decisions.md, "A small scan's fixed cost"): each shortcut
@@ -379,4 +380,35 @@ t.test('topLevelOf: the walk without closures reads every body as the walk befor
     { numRuns: 3000 },
   );
   t.ok(read > 300, `the same spans, or null, for every body (${read} read)`);
+});
+
+t.test('sseText: each line reuses the search for the next `data:`, and joins what the reference joins', async (t) => {
+  const line = fc.constantFrom(
+    'data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"sk-ant-"}}',
+    'data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"api03-Xy7Qp2Lr9Vt4Kw8Zn1Bc6Df3Gh5Jm0Ns"}}',
+    'data:{"choices":[{"index":0,"delta":{"content":"jane.doe@"}}]}',
+    'data:{"choices":[{"index":0,"delta":{"content":"example.com"}}]}',
+    'x data: {"choices":[{"index":0,"delta":{"content":"mid-line"}}]}',
+    '\rdata: {"choices":[{"index":1,"delta":{"content":"after a carriage return"}}]}',
+    'data: {"delta"}',
+    'event: content_block_delta',
+    '  "k": 1,',
+    '',
+    'data:',
+    'data: [DONE]',
+  );
+  const bodies = fc
+    .tuple(fc.array(line, { maxLength: 30 }), fc.constantFrom('\n', '\r\n'))
+    .map(([ls, nl]) => Buffer.from(ls.join(nl)));
+  let joined = 0;
+  fc.assert(
+    fc.property(bodies, (b) => {
+      const now = sseText(b);
+      const before = sseTextReference(b);
+      if (now) joined++;
+      return now === null ? before === null : before !== null && now.equals(before);
+    }),
+    { numRuns: 2000 },
+  );
+  t.ok(joined > 200, `the same joined text (${joined} joined)`);
 });
