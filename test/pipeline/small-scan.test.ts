@@ -412,3 +412,46 @@ t.test('sseText: each line reuses the search for the next `data:`, and joins wha
   );
   t.ok(joined > 200, `the same joined text (${joined} joined)`);
 });
+
+t.test('SseJoiner: the stops read with remembered searches are those read line by line', async (t) => {
+  // Fed one byte at a time, every line is a buffer of its own: no search can run past it, nothing is
+  // remembered across lines. Fed whole, the searches run on and are reused.
+  const line = fc.constantFrom(
+    'data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a"}}',
+    'data: {"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"b"}}',
+    'data: {"type":"content_block_stop","index":0}',
+    'data: {"type":"content_block_stop","index":1}',
+    'data: {"type": "ping"}',
+    'data: {"type":"response.output_text.delta","item_id":"i","content_index":0,"delta":"c"}',
+    'data: {"type":"response.output_text.done","item_id":"i","content_index":0}',
+    'data:{"choices":[{"index":0,"delta":{"content":"d"}}]}',
+    'data:{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}',
+    'data:{"choices":[{"index":0,"finish_reason":"stop"}]}',
+    'x content_block_stop .done" finish_reason',
+    'data: content_block_stop',
+    'event: ping',
+    '',
+  );
+  const bodies = fc.array(line, { maxLength: 40 }).map((ls) => Buffer.from(ls.join('\n')));
+  const read = (b: Buffer, step: number) => {
+    const joiner = new SseJoiner();
+    const stops: string[] = [];
+    for (let i = 0; i < b.length; i += step) {
+      joiner.push(b.subarray(i, i + step));
+      for (const block of joiner.takeStopped()) stops.push(block.key);
+    }
+    joiner.end();
+    for (const block of joiner.takeStopped()) stops.push(block.key);
+    return JSON.stringify([stops, joiner.joined()?.toString() ?? null]);
+  };
+  let stopped = 0;
+  fc.assert(
+    fc.property(bodies, fc.integer({ min: 2, max: 64 }), (b, step) => {
+      const bytewise = read(b, 1);
+      if (JSON.parse(bytewise)[0].length > 0) stopped++;
+      return read(b, Math.max(1, b.length)) === bytewise && read(b, step) === bytewise;
+    }),
+    { numRuns: 1500 },
+  );
+  t.ok(stopped > 200, `the same stops and joined text (${stopped} bodies with stops)`);
+});
