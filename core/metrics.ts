@@ -40,7 +40,30 @@ abstract class Labeled<L extends string, C extends { labels: Record<string, stri
 
   protected abstract create(labels: Record<string, string | number>): C;
 
+  /**
+   * The cells again, by each label's value in turn (one Map per label, the last one holding the
+   * cells): an update looks its cell up without building the joined key, whose hashing was most of
+   * an update's cost. Filled as cells are made (below); `cells` stays the one list of them.
+   */
+  #byValue = new Map<string, unknown>();
+
   protected cell(labels: Labels<L> | undefined): C {
+    const names = this.#labelNames;
+    let level = this.#byValue;
+    const last = names.length - 1;
+    for (let i = 0; i < last; i++) {
+      const v = labels?.[names[i]];
+      const next = level.get(typeof v === 'string' ? v : String(v ?? '')) as Map<string, unknown> | undefined;
+      if (next === undefined) return this.#made(labels);
+      level = next;
+    }
+    const v = last < 0 ? '' : labels?.[names[last]];
+    const found = level.get(typeof v === 'string' ? v : String(v ?? '')) as C | undefined;
+    return found ?? this.#made(labels);
+  }
+
+  /** The cell by its joined key, made when new (label names checked then), and filed by value. */
+  #made(labels: Labels<L> | undefined): C {
     const names = this.#labelNames;
     let key = '';
     for (let i = 0; i < names.length; i++) {
@@ -59,11 +82,20 @@ abstract class Labeled<L extends string, C extends { labels: Record<string, stri
       cell = this.create(own);
       this.cells.set(key, cell);
     }
+    let level = this.#byValue;
+    for (let i = 0; i < names.length - 1; i++) {
+      const k = String(labels?.[names[i]] ?? '');
+      let next = level.get(k) as Map<string, unknown> | undefined;
+      if (next === undefined) level.set(k, (next = new Map()));
+      level = next;
+    }
+    level.set(names.length === 0 ? '' : String(labels?.[names[names.length - 1]] ?? ''), cell);
     return cell;
   }
 
   reset(): void {
     this.cells.clear();
+    this.#byValue = new Map();
   }
 
   abstract get(): Promise<{ name: string; help: string; type: string; aggregator: string; values: MetricValue[] }>;

@@ -82,8 +82,11 @@ export class InspectionInput {
   #normalizedHits: SetHits | null | undefined = undefined;
   #within: Within | null;
   #whole: InspectionInput | null = null;
-  /** Unbounded patterns escalated to the whole body (patterns.ts, OpenRange), across both stages. */
-  #escalated = new Set<number>();
+  /**
+   * Unbounded patterns escalated to the whole body (patterns.ts, OpenRange), across both stages; made
+   * by a byte range's first openRange (a whole body has none).
+   */
+  #escalated: Set<number> | null = null;
 
   constructor(options: InputOptions) {
     this.raw = options.raw;
@@ -110,7 +113,7 @@ export class InspectionInput {
       before: within.start > 0,
       after: within.end < within.body.length,
       whole: () => (stage === 'literal' ? this.#wholeInput(within).decoded() : this.#wholeInput(within).normalized()),
-      escalated: this.#escalated,
+      escalated: (this.#escalated ??= new Set()),
     };
   }
 

@@ -1,4 +1,5 @@
 import RE2 from 're2';
+import { nextByte } from './byte-class.ts';
 
 // JSON escapes must not hide content (docs/decisions.md, "Inspection"): `\u0040` is an `@`, `\/` a `/`.
 // A JSON (or SSE-of-JSON) body that contains a backslash is scanned through a decoded view: the same
@@ -266,6 +267,79 @@ function quotedKey(key: string): Buffer {
   return quoted;
 }
 
+/** The first offset from `i` that is not JSON whitespace (the body's length when none is). */
+function skipWs(body: Buffer, i: number): number {
+  const n = body.length;
+  while (i < n) {
+    const b = body[i];
+    if (b !== 0x20 && b !== 0x0a && b !== 0x0d && b !== 0x09) break;
+    i++;
+  }
+  return i;
+}
+
+/** The index just past the closing quote of the string starting at `start` (a quote), or -1. */
+function stringEnd(body: Buffer, start: number): number {
+  let j = start + 1;
+  for (;;) {
+    // A key or a short value ends within a few bytes: found here, without a native call per string.
+    const q = nextByte(body, 0x22, j);
+    if (q < 0) return -1;
+    let k = q - 1;
+    let slashes = 0;
+    while (k > start && body[k] === BACKSLASH) {
+      slashes++;
+      k--;
+    }
+    if (slashes % 2 === 0) return q + 1;
+    j = q + 1;
+  }
+}
+
+/**
+ * The index just past the value starting at `i` (a string, an object or array by depth, else a run
+ * up to a separator), or -1 when there is none. (Module functions, not closures over the walk's
+ * position: a call of topLevelOf then allocates none.)
+ */
+function valueEnd(body: Buffer, i: number): number {
+  const n = body.length;
+  if (i >= n) return -1;
+  const b = body[i];
+  if (b === 0x22) return stringEnd(body, i);
+  if (b === 0x7b || b === 0x5b) {
+    let depth = 0;
+    while (i < n) {
+      const c = body[i];
+      if (c === 0x22) {
+        const e = stringEnd(body, i);
+        if (e < 0) return -1;
+        i = e;
+        continue;
+      }
+      if (c === 0x7b || c === 0x5b) depth++;
+      else if (c === 0x7d || c === 0x5d) {
+        depth--;
+        if (depth === 0) return i + 1;
+      }
+      i++;
+    }
+    return -1;
+  }
+  const from = i;
+  while (i < n) {
+    const c = body[i];
+    if (c === 0x2c || c === 0x7d || c === 0x5d || c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09) break;
+    i++;
+  }
+  return i > from ? i : -1;
+}
+
+/** Whether the bytes at `at` are `key`'s (a short quoted key: compared here, no native call). */
+function bytesAt(body: Buffer, at: number, key: Buffer): boolean {
+  for (let k = 0; k < key.length; k++) if (body[at + k] !== key[k]) return false;
+  return true;
+}
+
 /** The top level of a JSON object body and the value of each of `keys` (as topLevel reads one), in one walk. */
 export interface TopLevelValues {
   open: number;
@@ -288,75 +362,13 @@ export function topLevelOf(body: Buffer, keys: readonly string[], anyCase?: Span
   if (i < 0 || body[i] !== 0x7b) return null;
   const open = i;
   i++;
-  const skipWs = () => {
-    while (i < n) {
-      const b = body[i];
-      if (b !== 0x20 && b !== 0x0a && b !== 0x0d && b !== 0x09) break;
-      i++;
-    }
-  };
-  // Returns the index just past the closing quote of the string starting at `start` (a quote), or -1.
-  const stringEnd = (start: number): number => {
-    let j = start + 1;
-    for (;;) {
-      const q = body.indexOf(0x22, j);
-      if (q < 0) return -1;
-      let k = q - 1;
-      let slashes = 0;
-      while (k > start && body[k] === BACKSLASH) {
-        slashes++;
-        k--;
-      }
-      if (slashes % 2 === 0) return q + 1;
-      j = q + 1;
-    }
-  };
-  const skipValue = (): boolean => {
-    if (i >= n) return false;
-    const b = body[i];
-    if (b === 0x22) {
-      const e = stringEnd(i);
-      if (e < 0) return false;
-      i = e;
-      return true;
-    }
-    if (b === 0x7b || b === 0x5b) {
-      let depth = 0;
-      while (i < n) {
-        const c = body[i];
-        if (c === 0x22) {
-          const e = stringEnd(i);
-          if (e < 0) return false;
-          i = e;
-          continue;
-        }
-        if (c === 0x7b || c === 0x5b) depth++;
-        else if (c === 0x7d || c === 0x5d) {
-          depth--;
-          if (depth === 0) {
-            i++;
-            return true;
-          }
-        }
-        i++;
-      }
-      return false;
-    }
-    const from = i;
-    while (i < n) {
-      const c = body[i];
-      if (c === 0x2c || c === 0x7d || c === 0x5d || c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09) break;
-      i++;
-    }
-    return i > from;
-  };
   const values: (Span | null)[] = keys.map(() => null);
   let members = 0;
   for (;;) {
-    skipWs();
+    i = skipWs(body, i);
     if (i < n && body[i] === 0x7d && members === 0) return { open, close: i, empty: true, values };
     if (i >= n || body[i] !== 0x22) return null;
-    const keyEnd = stringEnd(i);
+    const keyEnd = stringEnd(body, i);
     if (keyEnd < 0) return null;
     // A key without escapes is its own bytes: compared in place, no string made. An escaped one
     // (`"mod\\u0065l"`) is decoded first, so it is found (or told apart) as JSON.parse would.
@@ -368,7 +380,7 @@ export function topLevelOf(body: Buffer, keys: readonly string[], anyCase?: Span
     if (!escaped) {
       for (let q = 0; q < quotedKeys.length && matches < 0; q++) {
         const key = quotedKeys[q];
-        if (keyEnd - i === key.length && body.compare(key, 0, key.length, i, keyEnd) === 0) matches = q;
+        if (keyEnd - i === key.length && bytesAt(body, i, key)) matches = q;
       }
       if (anyCase && matches !== 0 && keyEnd - i === quoted.length)
         matchesAnyCase = body.toString('utf8', i + 1, keyEnd - 1).toLowerCase() === lower;
@@ -382,17 +394,16 @@ export function topLevelOf(body: Buffer, keys: readonly string[], anyCase?: Span
       matches = keys.indexOf(name as string);
       matchesAnyCase = typeof name === 'string' && name.toLowerCase() === lower;
     }
-    i = keyEnd;
-    skipWs();
+    i = skipWs(body, keyEnd);
     if (body[i] !== 0x3a) return null;
-    i++;
-    skipWs();
+    i = skipWs(body, i + 1);
     const valueStart = i;
-    if (!skipValue()) return null;
+    i = valueEnd(body, i);
+    if (i < 0) return null;
     members++;
     if (matches >= 0) values[matches] = { start: valueStart, end: i };
     if (anyCase && (matches === 0 || matchesAnyCase)) anyCase.push({ start: valueStart, end: i });
-    skipWs();
+    i = skipWs(body, i);
     if (body[i] === 0x2c) {
       i++;
       continue;
@@ -411,6 +422,17 @@ export function topLevelString(body: Buffer, key: string): string | null {
 /** The string value at `span`, decoded; `null` when it is not a string. */
 export function stringAt(body: Buffer, span: Span): string | null {
   if (body[span.start] !== 0x22) return null;
+  // Printable ASCII between its quotes, no backslash and no quote: the string is those bytes, as
+  // JSON.parse would read them (a model name nearly always), without decoding the span and parsing it.
+  const last = span.end - 1;
+  if (last > span.start && body[last] === 0x22) {
+    let k = span.start + 1;
+    for (; k < last; k++) {
+      const b = body[k];
+      if (b < 0x20 || b > 0x7e || b === 0x22 || b === 0x5c) break;
+    }
+    if (k === last) return body.toString('latin1', span.start + 1, last);
+  }
   try {
     const v = JSON.parse(body.toString('utf8', span.start, span.end));
     return typeof v === 'string' ? v : null;

@@ -104,6 +104,7 @@ export class PlanCache {
   #plans = new Map<string, ScanPlan>();
   #capacity: number;
   #onCompile: ((plan: ScanPlan) => void) | undefined;
+  #last: ScanPlan | null = null;
 
   constructor(options: { capacity?: number; onCompile?: (plan: ScanPlan) => void } = {}) {
     this.#capacity = options.capacity ?? 256;
@@ -111,8 +112,13 @@ export class PlanCache {
   }
 
   get(policy: ResolvedPolicy): ScanPlan {
+    // The plan asked for last is already the most recent (only get() reorders or evicts, and an
+    // eviction drops the least recent): nothing to look up or move (most calls, one policy).
+    const last = this.#last;
+    if (last !== null && last.version === policy.version) return last;
     let plan = this.#plans.get(policy.version);
     if (plan) {
+      this.#last = plan;
       this.#plans.delete(policy.version);
       this.#plans.set(policy.version, plan);
       return plan;
@@ -120,6 +126,8 @@ export class PlanCache {
     plan = compilePlan(policy);
     this.#plans.set(policy.version, plan);
     if (this.#plans.size > this.#capacity) this.#plans.delete(this.#plans.keys().next().value!);
+    // (With no room at all, the plan just made was dropped: it is not the last one kept.)
+    this.#last = this.#plans.get(policy.version) === plan ? plan : null;
     this.#onCompile?.(plan);
     return plan;
   }

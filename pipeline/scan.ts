@@ -90,8 +90,21 @@ export function findingKey(f: Finding): string {
   return `${f.inspector_type}\u0000${f.description}\u0000${f.match}\u0000${f.severity}`;
 }
 
-/** Adds the findings not already kept (the same finding from two views is one). */
-function keep(findings: Finding[], seen: Set<string>, found: readonly Finding[]): void {
+/**
+ * Adds the findings not already kept (the same finding from two views is one). The keys of those kept
+ * are made only once a second finding comes (most small bodies find nothing, or one thing): `seen` is
+ * then built from what was kept, and returned for the next call.
+ */
+function keep(findings: Finding[], seen: Set<string> | null, found: readonly Finding[]): Set<string> | null {
+  if (found.length === 0) return seen;
+  if (seen === null) {
+    if (findings.length === 0 && found.length === 1) {
+      findings.push(found[0]);
+      return null;
+    }
+    seen = new Set();
+    for (const f of findings) seen.add(findingKey(f));
+  }
   for (const f of found) {
     const key = findingKey(f);
     if (!seen.has(key)) {
@@ -99,11 +112,12 @@ function keep(findings: Finding[], seen: Set<string>, found: readonly Finding[])
       findings.push(f);
     }
   }
+  return seen;
 }
 
 export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
   const findings: Finding[] = [];
-  const seen = new Set<string>();
+  let seen: Set<string> | null = null;
   const failures: InspectorFailure[] = [];
   const { body, phase } = request;
   const part = request.part ?? 'all';
@@ -136,7 +150,7 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
 
   for (const p of run.inspectors) {
     try {
-      keep(findings, seen, p.inspector.scan(input, p.compiled));
+      seen = keep(findings, seen, p.inspector.scan(input, p.compiled));
     } catch (err) {
       failures.push({ inspector: p.inspector.id, reason: failureReason(err) });
     }
@@ -149,7 +163,7 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
   for (const p of run.inspectors) {
     if (!p.inspector.scanNormalized) continue;
     try {
-      keep(findings, seen, p.inspector.scanNormalized(input, p.compiled));
+      seen = keep(findings, seen, p.inspector.scanNormalized(input, p.compiled));
     } catch (err) {
       failures.push({ inspector: p.inspector.id, reason: failureReason(err) });
     }

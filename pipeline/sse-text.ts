@@ -98,6 +98,10 @@ function mayCarryDelta(body: Buffer, start: number, stop: number): boolean {
  * `onGiveUp` is called when the stream held more than MAX_BAD_LINES lines JSON.parse refused.
  */
 export function sseText(body: Buffer, onGiveUp?: () => void): Buffer | null {
+  // Only a line holding `data:` is read (#line), so a body without one (a JSON answer) joins nothing
+  // and refuses no line: one native search says so, where the joiner's set-up and its copy of the
+  // last line cost more than the rest of a small answer's scan.
+  if (body.indexOf(DATA) < 0) return null;
   const joiner = new SseJoiner(onGiveUp);
   joiner.push(body);
   joiner.end();
@@ -114,6 +118,8 @@ export interface JoinedBlock {
 }
 
 const STOP_MARKS = [Buffer.from('content_block_stop'), Buffer.from('.done"'), Buffer.from('finish_reason')];
+/** What a line is searched for: `data:`, then the stop marks (SseJoiner's #next keeps a search of each). */
+const NEEDLES = [DATA, ...STOP_MARKS];
 
 /**
  * sseText fed as the stream arrives (docs/decisions.md, "A streamed answer inspected as it arrives"):
@@ -136,6 +142,13 @@ export class SseJoiner {
   /** Blocks that received text since takeGrown() was last called. */
   #grownSince = new Set<JoinedBlock>();
   #ended = false;
+  /**
+   * The last search for each needle (`data:`, then each of STOP_MARKS) in this push (#next): in which
+   * bytes, from where, and what it found.
+   */
+  #searched: Buffer | null = null;
+  #searchedFrom = [-1, -1, -1, -1];
+  #found = [-1, -1, -1, -1];
 
   constructor(onGiveUp?: () => void) {
     this.#onGiveUp = onGiveUp;
@@ -180,6 +193,7 @@ export class SseJoiner {
 
   push(chunk: Buffer): void {
     if (this.#ended) throw new Error('SseJoiner: push after end');
+    this.#searched = null; // a search is reused within one call only (a caller may reuse its buffer)
     let nl = chunk.indexOf(0x0a);
     if (nl < 0) {
       // A line still open is kept as its chunks (never copied again per chunk: a long line stays linear).
@@ -204,6 +218,7 @@ export class SseJoiner {
   end(): void {
     if (this.#ended) return;
     this.#ended = true;
+    this.#searched = null;
     if (this.#carry.length > 0) {
       const line = Buffer.concat(this.#carry);
       this.#carry = [];
@@ -227,8 +242,8 @@ export class SseJoiner {
    * that starts the line or follows a carriage return, read to the line's end (as sseText reads).
    */
   #line(data: Buffer, start: number, end: number): void {
-    let at = data.indexOf(DATA, start);
-    while (at >= 0 && at < end && at !== start && data[at - 1] !== 0x0d) at = data.indexOf(DATA, at + 1);
+    let at = this.#next(0, data, start);
+    while (at >= 0 && at < end && at !== start && data[at - 1] !== 0x0d) at = this.#next(0, data, at + 1);
     if (at < 0 || at + DATA.length > end) return;
     let from = at + DATA.length;
     if (data[from] === 0x20) from++;
@@ -245,7 +260,11 @@ export class SseJoiner {
       }
       this.#add(event);
       this.#stops(event);
-    } else if (STOP_MARKS.some((m) => indexWithin(data, m, from, stop))) {
+    } else if (
+      this.#within(1, data, from, stop) ||
+      this.#within(2, data, from, stop) ||
+      this.#within(3, data, from, stop)
+    ) {
       // A stop event carries no delta: read only to learn a block is done (never counted as refused).
       try {
         this.#stops(JSON.parse(data.toString('utf8', from, stop)));
@@ -253,6 +272,33 @@ export class SseJoiner {
         // not JSON: no block ends here
       }
     }
+  }
+
+  /**
+   * The first occurrence of NEEDLES[k] at or after `from` in `data`, as data.indexOf gives it. A
+   * line's search runs on past the line's end to the next occurrence, wherever it is: remembered, the
+   * lines up to it reuse that search instead of each walking the rest of the chunk again (a body of
+   * many lines and no `data:`, or a stream of pings with no `.done"`, cost a walk of the rest per
+   * line: quadratic, seconds for a 1.5 MB stream).
+   */
+  #next(k: number, data: Buffer, from: number): number {
+    if (data !== this.#searched) {
+      this.#searched = data;
+      this.#searchedFrom.fill(-1);
+    }
+    const found = this.#found[k];
+    const searchedFrom = this.#searchedFrom[k];
+    if (searchedFrom >= 0 && from >= searchedFrom && (found < 0 || found >= from)) return found;
+    const at = data.indexOf(NEEDLES[k], from);
+    this.#searchedFrom[k] = from;
+    this.#found[k] = at;
+    return at;
+  }
+
+  /** Whether NEEDLES[k] lies within [from, to) of `data` (its first occurrence from `from` does). */
+  #within(k: number, data: Buffer, from: number, to: number): boolean {
+    const i = this.#next(k, data, from);
+    return i >= 0 && i + NEEDLES[k].length <= to;
   }
 
   #add(event: unknown): void {
@@ -303,9 +349,4 @@ export class SseJoiner {
 export function blockView(block: JoinedBlock): Buffer {
   const joined = Buffer.from(block.texts.join(''), 'utf8');
   return block.json ? deepScanView(joined) : joined;
-}
-
-function indexWithin(data: Buffer, needle: Buffer, from: number, to: number): boolean {
-  const i = data.indexOf(needle, from);
-  return i >= 0 && i + needle.length <= to;
 }

@@ -36,7 +36,27 @@ export function compile(policies: readonly ModelPolicy[]): ModelPlan | null {
   return { layers, malformed };
 }
 
+// Every request names a model, nearly always one of a few: each plan remembers what its globs said of
+// the names it has seen (a glob match splits both strings into code points, a microsecond a call),
+// a bounded number of names of a bounded length (a name is the caller's to choose).
+const MEMO_NAMES = 256;
+const MEMO_NAME_LENGTH = 256;
+const memo = new WeakMap<ModelPlan, Map<string, boolean>>();
+
 export function permitted(plan: ModelPlan, model: string | null): boolean {
+  if (model === null || model.length > MEMO_NAME_LENGTH) return permittedNow(plan, model);
+  let known = memo.get(plan);
+  if (known === undefined) memo.set(plan, (known = new Map()));
+  let ok = known.get(model);
+  if (ok === undefined) {
+    ok = permittedNow(plan, model);
+    if (known.size >= MEMO_NAMES) known.clear();
+    known.set(model, ok);
+  }
+  return ok;
+}
+
+function permittedNow(plan: ModelPlan, model: string | null): boolean {
   for (const layer of plan.layers) {
     const listed = model !== null && layer.globs.some((g) => pathMatch(g, model));
     if (layer.mode === 'allowlist' ? !listed : listed) return false;

@@ -256,15 +256,18 @@ function setPass(view: Buffer, plan: PatternPlan): SetHits {
   const found = plan.set.match(view);
   const n = plan.patterns.length;
   const m = n + plan.prefilters.length;
-  const out: SetHits = {
-    patterns: found.filter((i) => i < n),
-    prefilters:
-      plan.prefilters.length > 0
-        ? new Set(found.filter((i) => i >= n && i < m).map((i) => plan.prefilters[i - n]))
-        : null,
-  };
-  if (plan.literalMembers.length > 0)
-    out.literals = new Set(found.filter((i) => i >= m).map((i) => plan.literalMembers[i - m]));
+  // One walk over the members that matched, sorted out by range (no filter and map per kind).
+  const patterns: number[] = [];
+  const prefilters = plan.prefilters.length > 0 ? new Set<PrefilterId>() : null;
+  const literals = plan.literalMembers.length > 0 ? new Set<number>() : undefined;
+  for (let k = 0; k < found.length; k++) {
+    const i = found[k];
+    if (i < n) patterns.push(i);
+    else if (i < m) prefilters?.add(plan.prefilters[i - n]);
+    else literals?.add(plan.literalMembers[i - m]);
+  }
+  const out: SetHits = { patterns, prefilters };
+  if (literals) out.literals = literals;
   return out;
 }
 
@@ -412,6 +415,9 @@ export function scan(
   // the bound below is then what the set pass, which names only patterns that match, would give.
   // In a range, an unbounded candidate whose windows the range cannot hold escalates: it runs over the
   // whole body's view after the rest.
+  // A whole view with no candidate has nothing to find (most small bodies): none of the run's
+  // structures is built.
+  if (range === null && setHits.patterns.length === 0) return [];
   const runs = new Map<number, { first: Match; rest: Generator<Match> }>();
   const whole: number[] = [];
   const escalated: number[] = range ? [...range.escalated] : [];

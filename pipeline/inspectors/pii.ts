@@ -294,15 +294,15 @@ export function scan(
 
 /** The detectors whose prefilter hit (all of them when no set pass ran); null when none is left. */
 function narrowed(plan: PiiPlan, prefiltered: Set<PrefilterId> | null): PiiPlan | null {
-  const p = prefiltered
-    ? {
-        ...plan,
-        email: plan.email && prefiltered.has('email'),
-        creditCard: plan.creditCard && prefiltered.has('card'),
-        ssn: plan.ssn && prefiltered.has('ssn'),
-      }
-    : plan;
-  return p.email || p.creditCard || p.ssn ? p : null;
+  if (!prefiltered) return plan.email || plan.creditCard || plan.ssn ? plan : null;
+  const email = plan.email && prefiltered.has('email');
+  const creditCard = plan.creditCard && prefiltered.has('card');
+  const ssn = plan.ssn && prefiltered.has('ssn');
+  // Most small bodies hold none: no narrowed plan is made for them (nor when nothing was narrowed).
+  if (!email && !creditCard && !ssn) return null;
+  return email === plan.email && creditCard === plan.creditCard && ssn === plan.ssn
+    ? plan
+    : { ...plan, email, creditCard, ssn };
 }
 
 /**

@@ -1,5 +1,6 @@
+import fc from 'fast-check';
 import t from 'tap';
-import { counter, createRegistry, gauge, histogram } from '../../core/metrics.ts';
+import { Counter, counter, createRegistry, gauge, histogram } from '../../core/metrics.ts';
 
 t.test('counters render per label combination in the Prometheus text format', async (t) => {
   const registry = createRegistry();
@@ -50,4 +51,32 @@ t.test('gauges stay prom-client gauges on the same registry', async (t) => {
   const registry = createRegistry();
   gauge(registry, 'dvx_depth', 'Depth').set(4);
   t.match(await registry.metrics(), /dvx_depth 4/);
+});
+
+// Cells are found by their label values in turn (a Map per label), made by their joined key: the
+// same cells, whatever the values (numbers, missing ones, a value holding the key's separator).
+t.test('metrics: a cell found by its values is the one its joined key names', async (t) => {
+  const value = fc.oneof(
+    fc.constantFrom('request', 'response', '', 'a\u0000b', 'a', '1'),
+    fc.constant(1),
+    fc.constant(undefined),
+  );
+  const labels = fc.record({ phase: value, mode: value, decision: value }, { requiredKeys: [] });
+  await fc.assert(
+    fc.asyncProperty(fc.array(fc.tuple(labels, fc.integer({ min: 0, max: 3 })), { maxLength: 40 }), async (updates) => {
+      const counter = new Counter('c', 'help', ['phase', 'mode', 'decision']);
+      const want = new Map<string, number>();
+      for (const [l, n] of updates) {
+        counter.inc(l as Record<string, string>, n);
+        const key = ['phase', 'mode', 'decision']
+          .map((k) => String((l as Record<string, unknown>)[k] ?? ''))
+          .join('\u0000');
+        want.set(key, (want.get(key) ?? 0) + n);
+      }
+      const got = (await counter.get()).values.map((v) => v.value);
+      return JSON.stringify(got) === JSON.stringify([...want.values()]);
+    }),
+    { numRuns: 300 },
+  );
+  t.pass("every cell as its joined key's");
 });
