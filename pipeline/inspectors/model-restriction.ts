@@ -51,9 +51,19 @@ export function permitted(plan: ModelPlan, model: string | null): boolean {
   if (ok === undefined) {
     ok = permittedNow(plan, model);
     if (known.size >= MEMO_NAMES) known.clear();
-    known.set(model, ok);
+    known.set(ownString(model), ok);
   }
   return ok;
+}
+
+/**
+ * A copy of `s` in memory of its own. A name may be a slice of a much larger string (a multipart
+ * part's text, trimmed: named-models.ts), and a slice keeps all of it alive; kept in the memo, 256 of
+ * them held whole upload bodies (the attacker's review of "A small scan's fixed cost"). UTF-16 code
+ * units, not UTF-8: a lone surrogate stays itself, so two names never share an entry.
+ */
+function ownString(s: string): string {
+  return Buffer.from(s, 'utf16le').toString('utf16le');
 }
 
 function permittedNow(plan: ModelPlan, model: string | null): boolean {
