@@ -113,3 +113,34 @@ export function llmRequestBody(bytes: number, seed = 1): Buffer {
     }),
   );
 }
+
+/**
+ * Request bodies that differ in every message: the corpus body with a fixed-width counter at the start
+ * of each message's text, rewritten per request in a copy. Parts never repeat, so a per-part inspection
+ * cache cannot make a contender look faster than it is on fresh traffic.
+ */
+export function freshBodies(template: Buffer): () => Buffer {
+  const marker = Buffer.from('"content":"');
+  const width = 10;
+  const parts: Buffer[] = [];
+  const slots: number[] = [];
+  let from = 0;
+  let length = 0;
+  for (let at = template.indexOf(marker); at >= 0; at = template.indexOf(marker, at + 1)) {
+    const head = template.subarray(from, at + marker.length);
+    parts.push(head, Buffer.from(`${'0'.repeat(width)} `));
+    length += head.length;
+    slots.push(length);
+    length += width + 1;
+    from = at + marker.length;
+  }
+  parts.push(template.subarray(from));
+  const body = Buffer.concat(parts);
+  let n = 0;
+  return () => {
+    const copy = Buffer.from(body);
+    const tag = (n++).toString(36).padStart(width, '0');
+    for (const slot of slots) copy.write(tag, slot, width, 'latin1');
+    return copy;
+  };
+}

@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { Agent, request } from 'undici';
 import { conditions } from './conditions.ts';
-import { llmRequestBody } from './corpus.ts';
+import { freshBodies, llmRequestBody } from './corpus.ts';
 import {
   ANTHROPIC_TEXT_REPLY,
   fullSetSnapshot,
@@ -106,37 +106,6 @@ function medianOfRounds(xs: number[]): number {
   if (s.length === 0) return NaN;
   const mid = Math.floor(s.length / 2);
   return s.length % 2 ? s[mid] : (s[mid - 1] + s[mid]) / 2;
-}
-
-/**
- * Request bodies that differ in every message: the corpus body with a fixed-width counter at the start
- * of each message's text, rewritten per request in a copy. Parts never repeat, so a per-part inspection
- * cache cannot make a contender look faster than it is on fresh traffic.
- */
-function freshBodies(template: Buffer): () => Buffer {
-  const marker = Buffer.from('"content":"');
-  const width = 10;
-  const parts: Buffer[] = [];
-  const slots: number[] = [];
-  let from = 0;
-  let length = 0;
-  for (let at = template.indexOf(marker); at >= 0; at = template.indexOf(marker, at + 1)) {
-    const head = template.subarray(from, at + marker.length);
-    parts.push(head, Buffer.from(`${'0'.repeat(width)} `));
-    length += head.length;
-    slots.push(length);
-    length += width + 1;
-    from = at + marker.length;
-  }
-  parts.push(template.subarray(from));
-  const body = Buffer.concat(parts);
-  let n = 0;
-  return () => {
-    const copy = Buffer.from(body);
-    const tag = (n++).toString(36).padStart(width, '0');
-    for (const slot of slots) copy.write(tag, slot, width, 'latin1');
-    return copy;
-  };
 }
 
 interface RunResult {

@@ -3,7 +3,7 @@
 // Run: node test/pipeline/fresh-traffic.measure.ts [--kb 4,64] [--calls N] [--runs N] [--against DIR]
 import { resolve } from 'node:path';
 import { parseArgs } from 'node:util';
-import { llmRequestBody } from '../../bench/corpus.ts';
+import { freshBodies, llmRequestBody } from '../../bench/corpus.ts';
 import { InspectionEngine } from '../../pipeline/engine.ts';
 import { cpuMs, sessionPolicy, sessionSecrets } from './session-measure.ts';
 
@@ -21,35 +21,9 @@ const engines: [string, EngineClass][] = [['this', InspectionEngine as EngineCla
 if (values.against)
   engines.push(['against', (await import(resolve(values.against, 'pipeline/engine.ts'))).InspectionEngine]);
 
-/** The corpus body with a counter at the start of every message's text, rewritten per call. */
-function fresh(template: Buffer): () => Buffer {
-  const marker = Buffer.from('"content":"');
-  const slots: number[] = [];
-  const pieces: Buffer[] = [];
-  let from = 0;
-  let length = 0;
-  for (let at = template.indexOf(marker); at >= 0; at = template.indexOf(marker, at + 1)) {
-    const head = template.subarray(from, at + marker.length);
-    pieces.push(head, Buffer.from('0000000000 '));
-    length += head.length;
-    slots.push(length);
-    length += 11;
-    from = at + marker.length;
-  }
-  pieces.push(template.subarray(from));
-  const body = Buffer.concat(pieces);
-  let n = 0;
-  return () => {
-    const copy = Buffer.from(body);
-    const tag = (n++).toString(36).padStart(10, '0');
-    for (const slot of slots) copy.write(tag, slot, 10, 'latin1');
-    return copy;
-  };
-}
-
 const calls = Number(values.calls);
 for (const kb of values.kb.split(',').map(Number)) {
-  const next = fresh(llmRequestBody(kb * 1024));
+  const next = freshBodies(llmRequestBody(kb * 1024));
   const rows: Record<string, number[]> = {};
   for (let r = 0; r < Number(values.runs); r++) {
     for (const [name, E] of engines) {
