@@ -172,21 +172,42 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
     proxy.handle,
   );
   limiter.attach(server);
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(listen.port, listen.host, () => resolve());
-  });
-
-  const metricsServer = options.metricsAddr
-    ? await startMetricsServer({
-        addr: options.metricsAddr,
-        cert: tls.cert,
-        key: tls.key,
-        registry,
-        limits: options,
-        log,
-      })
-    : null;
+  // What was opened above, closed in order (after the listeners): at shutdown, and when a listener
+  // cannot start (a port in use), so that the process exits with the error instead of staying up with
+  // nothing listening (the WAL's shipper would keep it alive).
+  const release = async () => {
+    snapshotFile?.close();
+    await store?.close();
+    await secrets.close();
+    await approvals?.close();
+    closeJwks();
+    await engine.close();
+    await dispatcher.close();
+    await closeSidecarDispatcher();
+    await audit.flush();
+    await audit.close();
+  };
+  let metricsServer: Awaited<ReturnType<typeof startMetricsServer>> | null = null;
+  try {
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(listen.port, listen.host, () => resolve());
+    });
+    metricsServer = options.metricsAddr
+      ? await startMetricsServer({
+          addr: options.metricsAddr,
+          cert: tls.cert,
+          key: tls.key,
+          registry,
+          limits: options,
+          log,
+        })
+      : null;
+  } catch (err) {
+    server.close();
+    await release();
+    throw err;
+  }
   log.info(
     { addr: server.address(), metrics_port: metricsServer?.port ?? null, snapshot: options.policySnapshot || null },
     'llmproxy listening',
@@ -205,16 +226,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
         server.closeAllConnections();
         await stopped;
         await metricsServer?.close();
-        snapshotFile?.close();
-        await store?.close();
-        await secrets.close();
-        await approvals?.close();
-        closeJwks();
-        await engine.close();
-        await dispatcher.close();
-        await closeSidecarDispatcher();
-        await audit.flush();
-        await audit.close();
+        await release();
         log.info('llmproxy stopped');
       })()),
   };

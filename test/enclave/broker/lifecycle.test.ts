@@ -1,12 +1,12 @@
 import t from 'tap';
 import { mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
-import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { decodeJwt } from 'jose';
 import { startBrokerHarness } from '../../fixtures/broker-harness.ts';
 import { startCpHarness } from '../../fixtures/controlplane-harness.ts';
 import { until } from '../../fixtures/eventually.ts';
+import { freePort } from '../../fixtures/free-port.ts';
 import { startHarness } from '../../fixtures/llmproxy-harness.ts';
 import { freshPgDatabase } from '../../fixtures/pg-database.ts';
 import { runDvx, type RunResult } from '../../fixtures/run-dvx.ts';
@@ -37,17 +37,6 @@ function must(ok: boolean, what: string): void {
 
 const work = await mkdtemp(join(tmpdir(), 'dvx-lifecycle-'));
 t.teardown(() => rm(work, { recursive: true, force: true }));
-
-/** A port nobody listens on now: the broker keeps it across its restart (llmproxy points at it). */
-const freePort = () =>
-  new Promise<number>((resolve, reject) => {
-    const s = net.createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const { port } = s.address() as net.AddressInfo;
-      s.close(() => resolve(port));
-    });
-  });
 
 // The control plane, its org and operators, the enclave registered (its broker key).
 const cph = await startCpHarness(

@@ -10,6 +10,7 @@ import { WalSink } from '../../../audit-wal/wal-sink.ts';
 import { createLogger } from '../../../core/logger.ts';
 import { createRegistry } from '../../../core/metrics.ts';
 import type { AuditSink } from '../../../audit-wal/sink.ts';
+import { freePort } from '../../fixtures/free-port.ts';
 import { DVX_BIN } from '../../fixtures/run-dvx.ts';
 import { REPLY } from '../../fixtures/llm-upstream.ts';
 import { startHarness } from '../../fixtures/llmproxy-harness.ts';
@@ -200,59 +201,75 @@ async function killableProxy(
 ) {
   const dir = await mkdtemp(join(tmpdir(), prefix));
   const upstreamHarness = await startHarness();
+  // Whatever was spawned is killed before its directory goes (a failed start included).
+  const stops: (() => Promise<unknown>)[] = [];
   t.teardown(async () => {
+    await Promise.all(stops.map((stop) => stop()));
     await upstreamHarness.close();
     await rm(dir, { recursive: true, force: true });
   });
   const hd = upstreamHarness.dir;
-  const port = 20000 + Math.floor(Math.random() * 20000);
-  const out = stdout(dir);
-  const child = spawn(
-    DVX_BIN,
-    [
-      'serve',
-      'llmproxy',
-      '--addr',
-      `127.0.0.1:${port}`,
-      '--tls-cert',
-      join(hd, 'server.pem'),
-      '--tls-key',
-      join(hd, 'server-key.pem'),
-      '--agent-jwks',
-      join(hd, 'jwks.json'),
-      '--policy-snapshot',
-      join(hd, 'snapshot.json'),
-      '--secrets-file',
-      join(hd, 'secrets.json'),
-      '--log-level',
-      'error',
-      ...extraArgs(dir),
-    ],
-    { stdio: ['ignore', out, 'inherit'] },
-  );
-  if (typeof out === 'number') closeSync(out);
-  const exited = new Promise((r) => child.on('exit', r));
-  const dispatcher = new Agent({ connect: { ca: upstreamHarness.ca.certPem } });
-  t.teardown(() => dispatcher.close());
-  const url = `https://127.0.0.1:${port}`;
-  for (let i = 0; i < 100; i++) {
-    const ok = await request(`${url}/healthz`, { dispatcher }).then(
-      (r) => r.body.text().then(() => r.statusCode === 200),
-      () => false,
+  // Spawned on a free port; one that another socket takes before the child binds it makes the child
+  // exit at once (EADDRINUSE), and it is spawned again on another.
+  for (let attempt = 1; ; attempt++) {
+    const port = await freePort();
+    const out = stdout(dir);
+    const child = spawn(
+      DVX_BIN,
+      [
+        'serve',
+        'llmproxy',
+        '--addr',
+        `127.0.0.1:${port}`,
+        '--tls-cert',
+        join(hd, 'server.pem'),
+        '--tls-key',
+        join(hd, 'server-key.pem'),
+        '--agent-jwks',
+        join(hd, 'jwks.json'),
+        '--policy-snapshot',
+        join(hd, 'snapshot.json'),
+        '--secrets-file',
+        join(hd, 'secrets.json'),
+        '--log-level',
+        'error',
+        ...extraArgs(dir),
+      ],
+      { stdio: ['ignore', out, 'inherit'] },
     );
-    if (ok) break;
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  return {
-    dir,
-    url,
-    dispatcher,
-    token: await upstreamHarness.token(),
-    kill: async () => {
-      child.kill('SIGKILL');
+    if (typeof out === 'number') closeSync(out);
+    let gone = false;
+    const exited = new Promise((r) => child.on('exit', r)).then(() => {
+      gone = true;
+    });
+    stops.push(async () => {
+      if (!gone) child.kill('SIGKILL');
       await exited;
-    },
-  };
+    });
+    const dispatcher = new Agent({ connect: { ca: upstreamHarness.ca.certPem } });
+    t.teardown(() => dispatcher.close());
+    const url = `https://127.0.0.1:${port}`;
+    let ready = false;
+    for (let i = 0; i < 600 && !gone && !ready; i++) {
+      ready = await request(`${url}/healthz`, { dispatcher }).then(
+        (r) => r.body.text().then(() => r.statusCode === 200),
+        () => false,
+      );
+      if (!ready) await new Promise((r) => setTimeout(r, 100));
+    }
+    if (ready)
+      return {
+        dir,
+        url,
+        dispatcher,
+        token: await upstreamHarness.token(),
+        kill: async () => {
+          child.kill('SIGKILL');
+          await exited;
+        },
+      };
+    if (!gone || attempt === 3) throw new Error(`llmproxy did not start (attempt ${attempt}, port ${port})`);
+  }
 }
 
 t.test('SIGKILL right after answers: every answered call has its record', async (t) => {

@@ -1,4 +1,3 @@
-import { createServer, type AddressInfo } from 'node:net';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { startBrokerHarness, type BrokerHarness } from '../../fixtures/broker-harness.ts';
@@ -17,13 +16,7 @@ export const GROUP_KEY = 'sk-broker-group-key-0246';
 export const DB_PASSWORD = 'broker-held-db-password';
 export const VALUES = [ORG_KEY_1, ORG_KEY_2, AGENT_KEY, AGENT_KEY_2, GROUP_KEY, DB_PASSWORD];
 
-export const freePort = () =>
-  new Promise<number>((resolve) => {
-    const s = createServer().listen(0, '127.0.0.1', () => {
-      const { port } = s.address() as AddressInfo;
-      s.close(() => resolve(port));
-    });
-  });
+export { freePort } from '../../fixtures/free-port.ts';
 
 export async function broker(port: number, tokenFile?: string): Promise<BrokerHarness & { caFile: string }> {
   const h = await startBrokerHarness(
