@@ -13,7 +13,7 @@ import type { AuditSink } from '../../../audit-wal/sink.ts';
 import { freePort } from '../../fixtures/free-port.ts';
 import { DVX_BIN } from '../../fixtures/run-dvx.ts';
 import { REPLY } from '../../fixtures/llm-upstream.ts';
-import { startHarness } from '../../fixtures/llmproxy-harness.ts';
+import { serveArgs, startHarness } from '../../fixtures/llmproxy-harness.ts';
 
 // Audit, then replay: with a durable sink an answer leaves only once its record is durable; when the
 // record cannot be made durable in time the answer is refused (503), or a stream loses its final event.
@@ -214,29 +214,9 @@ async function killableProxy(
   for (let attempt = 1; ; attempt++) {
     const port = await freePort();
     const out = stdout(dir);
-    const child = spawn(
-      DVX_BIN,
-      [
-        'serve',
-        'llmproxy',
-        '--addr',
-        `127.0.0.1:${port}`,
-        '--tls-cert',
-        join(hd, 'server.pem'),
-        '--tls-key',
-        join(hd, 'server-key.pem'),
-        '--agent-jwks',
-        join(hd, 'jwks.json'),
-        '--policy-snapshot',
-        join(hd, 'snapshot.json'),
-        '--secrets-file',
-        join(hd, 'secrets.json'),
-        '--log-level',
-        'error',
-        ...extraArgs(dir),
-      ],
-      { stdio: ['ignore', out, 'inherit'] },
-    );
+    const child = spawn(DVX_BIN, serveArgs(hd, `127.0.0.1:${port}`, extraArgs(dir)), {
+      stdio: ['ignore', out, 'inherit'],
+    });
     if (typeof out === 'number') closeSync(out);
     let gone = false;
     const exited = new Promise((r) => child.on('exit', r)).then(() => {

@@ -4,7 +4,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { startHarness } from '../../fixtures/llmproxy-harness.ts';
+import { serveArgs, startHarness } from '../../fixtures/llmproxy-harness.ts';
 import { DVX_BIN } from '../../fixtures/run-dvx.ts';
 
 // `dvx serve llmproxy` on a port another socket holds exits 2 with the error, whatever it opened
@@ -26,29 +26,7 @@ t.test('a port in use: the process exits 2 with the error, with a WAL and withou
   // (Without --workers, a WAL runs one worker per core: the primary reports the worker's failure.)
   for (const extra of [[], wal, [...wal, '--workers', '1'], ['--metrics-addr', `127.0.0.1:${port}`]]) {
     const addr = extra.includes('--metrics-addr') ? '127.0.0.1:0' : `127.0.0.1:${port}`;
-    const child = spawn(
-      DVX_BIN,
-      [
-        'serve',
-        'llmproxy',
-        '--addr',
-        addr,
-        '--tls-cert',
-        join(h.dir, 'server.pem'),
-        '--tls-key',
-        join(h.dir, 'server-key.pem'),
-        '--agent-jwks',
-        join(h.dir, 'jwks.json'),
-        '--policy-snapshot',
-        join(h.dir, 'snapshot.json'),
-        '--secrets-file',
-        join(h.dir, 'secrets.json'),
-        '--log-level',
-        'error',
-        ...extra,
-      ],
-      { stdio: ['ignore', 'ignore', 'pipe'] },
-    );
+    const child = spawn(DVX_BIN, serveArgs(h.dir, addr, extra), { stdio: ['ignore', 'ignore', 'pipe'] });
     let stderr = '';
     child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
     let timer: NodeJS.Timeout | undefined;
