@@ -110,12 +110,6 @@ export async function startControlPlane(
   });
   limiter.attach(app.server, { clientErrors: false });
 
-  // The server as a list of plugins (docs/decisions.md, "Control-plane store modules and plugins"):
-  // problems and the NUL guard, health, then (full mode) bearer authentication, the issuer's discovery,
-  // the /api/v1 families, the broker's routes and the token facade.
-  await app.register(problems, { log, component: 'controlplane' });
-  await app.register(health(enclaveFields(options)));
-
   let db: Db | null = null;
   let audit: AuditSink | null = null;
   let hub: EventHub | null = null;
@@ -126,173 +120,204 @@ export async function startControlPlane(
   let purge: NodeJS.Timeout | null = null;
   const stopPublishers: (() => void)[] = [];
   let startUndos: (() => { stop(): Promise<void> }) | null = null;
-  if (isSkeleton(options)) {
-    app.setNotFoundHandler((req, reply) => sendProblem(reply, PROBLEMS.notImplemented, SKELETON_DETAIL, req.url));
-    log.warn(
-      { issuer: options.oidcIssuer || null, database: Boolean(options.databaseDsn) },
-      'controlplane in skeleton mode',
-    );
-  } else {
-    const issuerCa = options.oidcCa ? await readFile(options.oidcCa) : undefined;
-    const idp = options.idpKey ? await openProvisioner(options.idpKey, options.oidcIssuer, issuerCa) : null;
-    const kms = options.kmsProvider
-      ? await openKms(options.kmsProvider, options.kmsConfig).catch((err: Error) => {
-          throw new ControlPlaneOptionsError(err.message, { cause: err });
+  let metricsServer: { port: number; close(): Promise<void> } | null = null;
+  // Everything opened is closed in this order, at shutdown and when a later part refuses the start (a
+  // port in use, an unreachable store): the store's pool, its LISTEN connection and the WAL's shipper
+  // would otherwise keep the process up with nothing listening.
+  const closeOpened = async () => {
+    if (purge) clearInterval(purge);
+    for (const stop of stopPublishers) stop();
+    const steps: (() => Promise<unknown> | undefined)[] = [
+      () => app.close(),
+      () => metricsServer?.close(),
+      () => hub?.close(),
+      () => audit?.close(),
+      // The WAL sink closes the store it ships to; a store no sink took (start.audit, or a sink that
+      // never opened) is closed here.
+      () => (auditStore && (closeStore || !audit) ? auditStore.close() : undefined),
+      () => db?.close(),
+    ];
+    for (const step of steps)
+      await Promise.resolve()
+        .then(step)
+        .catch((err: Error) => log.warn({ err }, 'controlplane shutdown step failed'));
+  };
+
+  try {
+    // The server as a list of plugins (docs/decisions.md, "Control-plane store modules and plugins"):
+    // problems and the NUL guard, health, then (full mode) bearer authentication, the issuer's discovery,
+    // the /api/v1 families, the broker's routes and the token facade.
+    await app.register(problems, { log, component: 'controlplane' });
+    await app.register(health(enclaveFields(options)));
+
+    if (isSkeleton(options)) {
+      app.setNotFoundHandler((req, reply) => sendProblem(reply, PROBLEMS.notImplemented, SKELETON_DETAIL, req.url));
+      log.warn(
+        { issuer: options.oidcIssuer || null, database: Boolean(options.databaseDsn) },
+        'controlplane in skeleton mode',
+      );
+    } else {
+      const issuerCa = options.oidcCa ? await readFile(options.oidcCa) : undefined;
+      const idp = options.idpKey ? await openProvisioner(options.idpKey, options.oidcIssuer, issuerCa) : null;
+      const kms = options.kmsProvider
+        ? await openKms(options.kmsProvider, options.kmsConfig).catch((err: Error) => {
+            throw new ControlPlaneOptionsError(err.message, { cause: err });
+          })
+        : null;
+      db = await openDb(options.databaseDsn, {
+        onPoolError: (err) => {
+          metrics.storeConnectionErrors.inc({ connection: 'pool' });
+          log.warn({ err }, 'an idle store connection failed; the pool replaces it');
+        },
+      });
+      const applied = await migrate(db);
+      if (applied.length > 0) log.info({ migrations: applied }, 'store migrated');
+      for (const subject of options.seedAdmin) await seedPlatformAdmin(db, subject);
+      const oidc = new OidcAuthenticator({
+        issuer: options.oidcIssuer,
+        audience: options.oidcAudience || undefined,
+        orgClaim: options.orgClaim,
+        ca: issuerCa,
+      });
+      const accountStatus = new ServiceAccountStatus(db);
+      hub = new EventHub();
+      await hub.listen(options.databaseDsn, { log, failures: metrics.storeConnectionErrors });
+      const events = hub;
+      const store = db;
+      // A change any replica committed: the grant cache is dropped and open streams re-check at once.
+      events.onAuthzChange(() => grantsChanged(store));
+      // The hourly purge of consumed events and of deleted enclaves' (spec: Events, fact 3).
+      purge = setInterval(
+        () =>
+          void events
+            .purge(store)
+            .then((n) => n > 0 && log.info({ purged: n }, 'events purged'))
+            .catch((err: Error) => log.warn({ err }, 'event purge failed')),
+        3_600_000,
+      );
+      purge.unref();
+      const agentIssuer = options.agentTokenIssuerUrl
+        ? await AgentOperatorIssuer.open(store, options.agentTokenIssuerUrl, Math.round(options.agentTokenTtl / 1000))
+        : null;
+      if (agentIssuer) await app.register(agentIssuerDiscovery(agentIssuer));
+      // Audit of every change: the WAL shipped to --audit-dsn, or stdout lines with "stream":"audit".
+      // With an audit store, the audit read API reads the store the WAL ships to (one instance of it).
+      auditStore = options.auditDsn ? await openStore(options.auditDsn) : null;
+      if (auditStore)
+        await auditStore
+          .ensureSchema()
+          .catch((err: Error) => log.warn({ err }, 'audit store unreachable at start; reads fail until it answers'));
+      audit =
+        start.audit ??
+        (options.auditDsn
+          ? await WalSink.open({
+              dir: options.auditWalDir,
+              dsn: options.auditDsn,
+              maxBytes: options.auditWalMaxBytes,
+              log,
+              registry,
+              tables: ['audit_events'],
+              store: auditStore!,
+            })
+          : new StdoutAuditSink());
+      closeStore = Boolean(start.audit) && auditStore !== null; // otherwise the WAL sink closes it
+      const capture = { captureOrDeny: options.auditCaptureOrDeny, timeoutMs: options.auditCaptureTimeout };
+      await app.register(bearerAuth, { oidc, agentIssuer, accountStatus });
+      const keys = kms ? new OrgKeys(store, kms) : null;
+      const deps = { db: store, audit: audit!, capture, keys, log, metrics };
+      erasureDeps = { db: store, keys, auditStore, audit: audit!, log };
+      // IdP undos a failure or a crash left pending (a client registered for an account never stored, …)
+      // run again, at start and then periodically (idp/pending-undo.ts).
+      if (idp) startUndos = () => startUndoSweeper(deps, idp, options.idpUndoGraceMs);
+      // The OpenAPI document describes the full surface, including route families this process did not
+      // wire (spec: Versioning): it is collected from a never-listening instance with every family.
+      const guard = streamGuardDeps(registry, log, options.streamRecheckMs, options.idleTimeout);
+      const document = openApiDocument(
+        await surfaceOperations(
+          (api) =>
+            mountApi(api, deps, {
+              agentIssuer: {} as AgentOperatorIssuer,
+              idp: {} as IdpProvisioner,
+              accountStatus,
+              events,
+              auditStore: {} as AuditStore,
+              auditRead: { pollMs: 0, heartbeatMs: 0, guard, accountStatus },
+              erasure: erasureDeps!,
+              erasureJobs,
+            }),
+          VALIDATION,
+        ),
+      );
+      await app.register(
+        apiRoutes(deps, document, {
+          agentIssuer,
+          idp,
+          accountStatus,
+          events,
+          auditStore,
+          auditRead: { pollMs: options.auditStreamPollMs, heartbeatMs: 15_000, guard, accountStatus },
+          erasure: erasureDeps!,
+          erasureJobs,
+          idpUndoGraceMs: options.idpUndoGraceMs,
+        }),
+        { prefix: '/api/v1' },
+      );
+      await app.register(brokerRoutes(deps, events, { heartbeatMs: options.brokerHeartbeatMs, agentIssuer, guard }));
+      if (options.policyPublish) {
+        stopPublishers.push(
+          await startPublisher({
+            db: store,
+            hub: events,
+            dir: options.policyPublishDir,
+            file: 'policy-snapshot.json',
+            enclaveId: options.policyEnclaveId,
+            org: options.policyOrg,
+            build: async (db, id, org) => {
+              const s = await enclaveSnapshot(db, id, org);
+              if (s) reportSkipped(deps, `enclave:${id}`, s.skipped);
+              return s && storeSnapshotDocument(s);
+            },
+            log,
+          }),
+        );
+      }
+      if (options.configPublish) {
+        stopPublishers.push(
+          await startPublisher({
+            db: store,
+            hub: events,
+            dir: options.configPublishDir,
+            file: 'config.json',
+            enclaveId: options.configEnclaveId,
+            org: options.configOrg,
+            build: (db, id, org) => enclaveConfig(db, id, org, keys ? (o, v) => keys.open(o, v) : undefined),
+            log,
+          }),
+        );
+      }
+      await app.register(
+        tokenFacade({ issuer: options.oidcIssuer, override: options.tokenEndpointOverride, ca: issuerCa }),
+      );
+      app.setNotFoundHandler((req, reply) =>
+        sendProblem(reply, PROBLEMS.notFound, `no route ${req.method} ${req.url.split('?')[0]}`, req.url),
+      );
+    }
+
+    await app.listen({ port: listen.port, host: listen.host ?? '::' });
+    metricsServer = options.metricsAddr
+      ? await startMetricsServer({
+          addr: options.metricsAddr,
+          cert: tls.cert,
+          key: tls.key,
+          registry,
+          limits: options,
+          log,
         })
       : null;
-    db = await openDb(options.databaseDsn, {
-      onPoolError: (err) => {
-        metrics.storeConnectionErrors.inc({ connection: 'pool' });
-        log.warn({ err }, 'an idle store connection failed; the pool replaces it');
-      },
-    });
-    const applied = await migrate(db);
-    if (applied.length > 0) log.info({ migrations: applied }, 'store migrated');
-    for (const subject of options.seedAdmin) await seedPlatformAdmin(db, subject);
-    const oidc = new OidcAuthenticator({
-      issuer: options.oidcIssuer,
-      audience: options.oidcAudience || undefined,
-      orgClaim: options.orgClaim,
-      ca: issuerCa,
-    });
-    const accountStatus = new ServiceAccountStatus(db);
-    hub = new EventHub();
-    await hub.listen(options.databaseDsn, { log, failures: metrics.storeConnectionErrors });
-    const events = hub;
-    const store = db;
-    // A change any replica committed: the grant cache is dropped and open streams re-check at once.
-    events.onAuthzChange(() => grantsChanged(store));
-    // The hourly purge of consumed events and of deleted enclaves' (spec: Events, fact 3).
-    purge = setInterval(
-      () =>
-        void events
-          .purge(store)
-          .then((n) => n > 0 && log.info({ purged: n }, 'events purged'))
-          .catch((err: Error) => log.warn({ err }, 'event purge failed')),
-      3_600_000,
-    );
-    purge.unref();
-    const agentIssuer = options.agentTokenIssuerUrl
-      ? await AgentOperatorIssuer.open(store, options.agentTokenIssuerUrl, Math.round(options.agentTokenTtl / 1000))
-      : null;
-    if (agentIssuer) await app.register(agentIssuerDiscovery(agentIssuer));
-    // Audit of every change: the WAL shipped to --audit-dsn, or stdout lines with "stream":"audit".
-    // With an audit store, the audit read API reads the store the WAL ships to (one instance of it).
-    auditStore = options.auditDsn ? await openStore(options.auditDsn) : null;
-    if (auditStore)
-      await auditStore
-        .ensureSchema()
-        .catch((err: Error) => log.warn({ err }, 'audit store unreachable at start; reads fail until it answers'));
-    audit =
-      start.audit ??
-      (options.auditDsn
-        ? await WalSink.open({
-            dir: options.auditWalDir,
-            dsn: options.auditDsn,
-            maxBytes: options.auditWalMaxBytes,
-            log,
-            registry,
-            tables: ['audit_events'],
-            store: auditStore!,
-          })
-        : new StdoutAuditSink());
-    closeStore = Boolean(start.audit) && auditStore !== null; // otherwise the WAL sink closes it
-    const capture = { captureOrDeny: options.auditCaptureOrDeny, timeoutMs: options.auditCaptureTimeout };
-    await app.register(bearerAuth, { oidc, agentIssuer, accountStatus });
-    const keys = kms ? new OrgKeys(store, kms) : null;
-    const deps = { db: store, audit: audit!, capture, keys, log, metrics };
-    erasureDeps = { db: store, keys, auditStore, audit: audit!, log };
-    // IdP undos a failure or a crash left pending (a client registered for an account never stored, …)
-    // run again, at start and then periodically (idp/pending-undo.ts).
-    if (idp) startUndos = () => startUndoSweeper(deps, idp, options.idpUndoGraceMs);
-    // The OpenAPI document describes the full surface, including route families this process did not
-    // wire (spec: Versioning): it is collected from a never-listening instance with every family.
-    const guard = streamGuardDeps(registry, log, options.streamRecheckMs, options.idleTimeout);
-    const document = openApiDocument(
-      await surfaceOperations(
-        (api) =>
-          mountApi(api, deps, {
-            agentIssuer: {} as AgentOperatorIssuer,
-            idp: {} as IdpProvisioner,
-            accountStatus,
-            events,
-            auditStore: {} as AuditStore,
-            auditRead: { pollMs: 0, heartbeatMs: 0, guard, accountStatus },
-            erasure: erasureDeps!,
-            erasureJobs,
-          }),
-        VALIDATION,
-      ),
-    );
-    await app.register(
-      apiRoutes(deps, document, {
-        agentIssuer,
-        idp,
-        accountStatus,
-        events,
-        auditStore,
-        auditRead: { pollMs: options.auditStreamPollMs, heartbeatMs: 15_000, guard, accountStatus },
-        erasure: erasureDeps!,
-        erasureJobs,
-        idpUndoGraceMs: options.idpUndoGraceMs,
-      }),
-      { prefix: '/api/v1' },
-    );
-    await app.register(brokerRoutes(deps, events, { heartbeatMs: options.brokerHeartbeatMs, agentIssuer, guard }));
-    if (options.policyPublish) {
-      stopPublishers.push(
-        await startPublisher({
-          db: store,
-          hub: events,
-          dir: options.policyPublishDir,
-          file: 'policy-snapshot.json',
-          enclaveId: options.policyEnclaveId,
-          org: options.policyOrg,
-          build: async (db, id, org) => {
-            const s = await enclaveSnapshot(db, id, org);
-            if (s) reportSkipped(deps, `enclave:${id}`, s.skipped);
-            return s && storeSnapshotDocument(s);
-          },
-          log,
-        }),
-      );
-    }
-    if (options.configPublish) {
-      stopPublishers.push(
-        await startPublisher({
-          db: store,
-          hub: events,
-          dir: options.configPublishDir,
-          file: 'config.json',
-          enclaveId: options.configEnclaveId,
-          org: options.configOrg,
-          build: (db, id, org) => enclaveConfig(db, id, org, keys ? (o, v) => keys.open(o, v) : undefined),
-          log,
-        }),
-      );
-    }
-    await app.register(
-      tokenFacade({ issuer: options.oidcIssuer, override: options.tokenEndpointOverride, ca: issuerCa }),
-    );
-    app.setNotFoundHandler((req, reply) =>
-      sendProblem(reply, PROBLEMS.notFound, `no route ${req.method} ${req.url.split('?')[0]}`, req.url),
-    );
+  } catch (err) {
+    await closeOpened();
+    throw err;
   }
-
-  await app.listen({ port: listen.port, host: listen.host ?? '::' });
-  const metricsServer = options.metricsAddr
-    ? await startMetricsServer({
-        addr: options.metricsAddr,
-        cert: tls.cert,
-        key: tls.key,
-        registry,
-        limits: options,
-        log,
-      }).catch(async (err: Error) => {
-        await app.close();
-        throw err;
-      })
-    : null;
   if (erasureDeps) {
     // An erasure a crash interrupted runs again from the top (every step is idempotent).
     const deps = erasureDeps;
@@ -314,15 +339,8 @@ export async function startControlPlane(
     app,
     registry,
     close: async () => {
-      if (purge) clearInterval(purge);
       await Promise.allSettled([...erasureJobs, undoSweeper?.stop()]);
-      for (const stop of stopPublishers) stop();
-      await app.close();
-      await metricsServer?.close();
-      await hub?.close();
-      await audit?.close();
-      if (closeStore) await auditStore?.close();
-      await db?.close();
+      await closeOpened();
     },
   };
 }
