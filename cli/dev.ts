@@ -2,12 +2,13 @@ import { readFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { Command } from 'commander';
 import { LOG_LEVELS, type LogLevel } from '../core/logger.ts';
-import { flag } from '../core/options.ts';
+import { envName, flag } from '../core/options.ts';
 import { runUntilSignal } from '../core/shutdown.ts';
 import { MOCK_LABEL } from './dev/mock-upstream.ts';
 // The system itself (every server) is imported when `dvx dev` runs, not when any dvx command starts.
 import type { DevFacts, DevOptions } from './dev/system.ts';
 import { CliError } from './errors.ts';
+import { EXIT_USAGE } from './exit-codes.ts';
 import { checkProfileName } from './operator/profiles.ts';
 
 // `dvx dev` (what `npm start` runs): the whole system on embedded defaults, like `vault server -dev` —
@@ -30,6 +31,50 @@ interface DevFlags {
   profileName: string;
   profiles: string;
   logLevel: LogLevel;
+}
+
+/** The listeners of `dvx dev`, by flag: a listen error names the flag (and its env) that moves it. */
+const LISTENER_FLAGS = [
+  ['controlplaneAddr', '--controlplane-addr'],
+  ['brokerAddr', '--broker-addr'],
+  ['brokerOperatorAddr', '--broker-operator-addr'],
+  ['llmproxyAddr', '--llmproxy-addr'],
+  ['gatewayAddr', '--gateway-addr'],
+  ['issuerAddr', '--issuer-addr'],
+  ['upstreamAddr', '--upstream-addr'],
+] as const;
+
+/**
+ * What a failed start says: the error's message, and for an address in use (or not allowed, or not
+ * local) the flag and environment variable whose listener it is.
+ */
+export function startFailure(err: Error, flags: Pick<DevFlags, (typeof LISTENER_FLAGS)[number][0]>): string {
+  let listen: (Error & { code?: string; address?: string; port?: number }) | undefined;
+  for (let e: unknown = err; e instanceof Error && listen === undefined; e = e.cause) {
+    const code = (e as { code?: unknown }).code;
+    if (code === 'EADDRINUSE' || code === 'EACCES' || code === 'EADDRNOTAVAIL') listen = e;
+  }
+  if (listen?.port === undefined) return err.message;
+  const at = `${listen.address}:${listen.port}`;
+  const flag = LISTENER_FLAGS.find(([key]) => {
+    const [host, port] = splitAddr(flags[key]);
+    return Number(port) === listen.port && (host === '' || host === listen.address || host === `[${listen.address}]`);
+  })?.[1];
+  const why =
+    listen.code === 'EADDRINUSE'
+      ? 'the address is in use (another dvx dev, or another program)'
+      : listen.code === 'EACCES'
+        ? 'listening there is not permitted'
+        : 'the address is not on this machine';
+  return flag === undefined
+    ? `cannot listen on ${at}: ${why}`
+    : `cannot listen on ${at} (${flag}): ${why}; choose another with ${flag} or ${envName(flag.slice(2))}`;
+}
+
+/** `host:port` → [host, port]; `:port` gives an empty host, `[::1]:port` keeps its brackets. */
+function splitAddr(addr: string): [string, string] {
+  const i = addr.lastIndexOf(':');
+  return i < 0 ? ['', addr] : [addr.slice(0, i), addr.slice(i + 1)];
 }
 
 /**
@@ -144,7 +189,15 @@ export function devCommand(): Command {
       checkProfileName(profileName); // before anything starts
       const options: DevOptions = { ...rest, profile: profileName, ...chooseUpstream(opts.upstream, process.env) };
       const { startDevSystem, BLOCKED_EXAMPLE } = await import('./dev/system.ts');
-      const system = await startDevSystem(options);
+      let system: Awaited<ReturnType<typeof startDevSystem>>;
+      try {
+        system = await startDevSystem(options);
+      } catch (err) {
+        // Everything started was stopped again (dev/system.ts); say what failed, and for a listener
+        // which flag moves it, rather than a stack trace.
+        if (err instanceof CliError) throw err;
+        throw new CliError(`dev failed to start: ${startFailure(err as Error, opts)}`, EXIT_USAGE, { cause: err });
+      }
       process.stdout.write(banner(system.facts, resolve(opts.dir), BLOCKED_EXAMPLE) + '\n');
       await runUntilSignal(() => system.close());
       process.stderr.write('dvx dev: stopped\n');
