@@ -115,6 +115,17 @@ export function llmRequestBody(bytes: number, seed = 1): Buffer {
 }
 
 /**
+ * The corpus body with one "…" (U+2026, which NFKC turns into "...") at the start of its first message:
+ * real model text holds such characters (an ellipsis, a no-break space, a zero-width joiner in an
+ * emoji), and one anywhere makes the normalized view differ from the decoded one, so every inspector
+ * that reads it runs over that view as well.
+ */
+export function withOneNormalized(body: Buffer): Buffer {
+  const at = body.indexOf('"content":"') + '"content":"'.length;
+  return Buffer.concat([body.subarray(0, at), Buffer.from('…'), body.subarray(at)]);
+}
+
+/**
  * Request bodies that differ in every message: the corpus body with a fixed-width counter at the start
  * of each message's text, rewritten per request in a copy. Parts never repeat, so a per-part inspection
  * cache cannot make a contender look faster than it is on fresh traffic.

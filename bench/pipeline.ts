@@ -1,7 +1,7 @@
 import { createRequire } from 'node:module';
 import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
-import { BENCH_PATTERNS, BENCH_SECRETS, FULL_SET_DOCUMENT, llmRequestBody } from './corpus.ts';
+import { BENCH_PATTERNS, BENCH_SECRETS, FULL_SET_DOCUMENT, llmRequestBody, withOneNormalized } from './corpus.ts';
 import { WORST_CASES, WORST_PATTERNS, WORST_SECRET, combinedWorstBody, worstBody } from './worst-case.ts';
 import { conditions, UNPINNED } from './conditions.ts';
 import { formatMs, mbPerSec, measure, sizeLabel, table } from './measure.ts';
@@ -129,12 +129,17 @@ export async function main(args: string[]): Promise<void> {
   for (const size of sizes) {
     const body = bodies.get(size)!;
     const read = asRead(body);
+    const normalizable = withOneNormalized(body);
     const large = size >= 32 * 1024 * 1024;
     const b = large ? Math.max(budget, 3000) : budget;
     const peerRuns = { budgetMs: large ? 1 : b, minRuns: large ? 1 : 5, warmup: large ? 0 : 3 };
     const contenders: [string, () => unknown, typeof peerRuns?][] = [
       ['floor: Buffer.indexOf', () => body.indexOf(needle)],
       ['ours: full set, inline', () => scanBody(fullPlan, { body, phase: 'request', secrets: BENCH_SECRETS })],
+      [
+        'ours: full set, inline, one "…" in the body',
+        () => scanBody(fullPlan, { body: normalizable, phase: 'request', secrets: BENCH_SECRETS }),
+      ],
       [
         'ours: full set, pool (1 worker)',
         () => pool.inspect({ body: read, phase: 'request', policy: full, secrets: BENCH_SECRETS }),
