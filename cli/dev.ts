@@ -7,7 +7,7 @@ import { runUntilSignal } from '../core/shutdown.ts';
 import { MOCK_LABEL } from './dev/mock-upstream.ts';
 // The system itself (every server) is imported when `dvx dev` runs, not when any dvx command starts.
 import type { DevFacts, DevOptions } from './dev/system.ts';
-import { CliError } from './errors.ts';
+import { CliError, DevStartError } from './errors.ts';
 import { EXIT_USAGE } from './exit-codes.ts';
 import { checkProfileName } from './operator/profiles.ts';
 
@@ -43,40 +43,49 @@ const LISTENER_FLAGS = [
   ['issuerAddr', '--issuer-addr'],
   ['upstreamAddr', '--upstream-addr'],
 ] as const;
+type ListenerKey = (typeof LISTENER_FLAGS)[number][0];
 
 /**
  * What a failed start says: the error's message, and for an address in use (or not allowed, or not
- * local) the flag and environment variable whose listener it is.
+ * local) the flag and environment variable of the listener that failed: the one its component was
+ * tagged with (DevStartError), or of the broker's two the one whose port it is. An address another
+ * flag also names is said to be (dvx dev would conflict with itself).
  */
-export function startFailure(err: Error, flags: Pick<DevFlags, (typeof LISTENER_FLAGS)[number][0]>): string {
+export function startFailure(err: unknown, flags: Pick<DevFlags, ListenerKey>): string {
+  let tagged: readonly string[] = [];
   let listen: (Error & { code?: string; address?: string; port?: number }) | undefined;
-  for (let e: unknown = err; e instanceof Error && listen === undefined; e = e.cause) {
+  // Along the causes, each once (a cycle of causes ends the walk).
+  const seen = new Set<unknown>();
+  for (let e: unknown = err; e instanceof Error && !seen.has(e); e = e.cause) {
+    seen.add(e);
+    if (e instanceof DevStartError && tagged.length === 0) tagged = e.listeners;
     const code = (e as { code?: unknown }).code;
-    if (code === 'EADDRINUSE' || code === 'EACCES' || code === 'EADDRNOTAVAIL') listen = e;
+    if (listen === undefined && (code === 'EADDRINUSE' || code === 'EACCES' || code === 'EADDRNOTAVAIL')) listen = e;
   }
-  if (listen?.port === undefined) return err.message;
-  const at = `${listen.address}:${listen.port}`;
-  const flag = LISTENER_FLAGS.find(([key]) => {
-    const [host, port] = splitAddr(flags[key]);
-    return Number(port) === listen.port && (host === '' || host === listen.address || host === `[${listen.address}]`);
-  })?.[1];
+  const message = err instanceof Error ? err.message : String(err);
+  if (listen?.port === undefined) return message;
+  const port = listen.port;
+  const at = `${listen.address?.includes(':') ? `[${listen.address}]` : listen.address}:${port}`;
+  const candidates = LISTENER_FLAGS.filter(([key]) => tagged.includes(key));
+  const key = candidates.length === 1 ? candidates[0][0] : candidates.find(([k]) => portOf(flags[k]) === port)?.[0];
+  if (key === undefined) return `cannot listen on ${at}: ${message}`;
+  const flag = LISTENER_FLAGS.find(([k]) => k === key)![1];
+  const also = LISTENER_FLAGS.filter(([k]) => k !== key && portOf(flags[k]) === port).map(([, f]) => f);
   const why =
     listen.code === 'EADDRINUSE'
-      ? 'the address is in use (another dvx dev, or another program)'
+      ? also.length > 0
+        ? `the address is in use (${also.join(', ')} names the same port)`
+        : 'the address is in use (another dvx dev, or another program)'
       : listen.code === 'EACCES'
         ? 'listening there is not permitted'
         : 'the address is not on this machine';
-  return flag === undefined
-    ? `cannot listen on ${at}: ${why}`
-    : `cannot listen on ${at} (${flag}): ${why}; choose another with ${flag} or ${envName(flag.slice(2))}`;
+  return `cannot listen on ${at} (${flag}): ${why}; choose another with ${flag} or ${envName(flag.slice(2))}`;
 }
 
-/** `host:port` → [host, port]; `:port` gives an empty host, `[::1]:port` keeps its brackets. */
-function splitAddr(addr: string): [string, string] {
-  const i = addr.lastIndexOf(':');
-  return i < 0 ? ['', addr] : [addr.slice(0, i), addr.slice(i + 1)];
+/** The port of a `host:port` flag value (`:port`, `[::1]:port`); NaN when it has none. */
+function portOf(addr: string): number {
+  return Number(addr.slice(addr.lastIndexOf(':') + 1));
 }
-
 /**
  * The upstream: `mock` by default when neither ANTHROPIC_API_KEY nor OPENAI_API_KEY is set, the real
  * providers otherwise (the Anthropic key first when both are). `--upstream` decides explicitly.
@@ -196,7 +205,7 @@ export function devCommand(): Command {
         // Everything started was stopped again (dev/system.ts); say what failed, and for a listener
         // which flag moves it, rather than a stack trace.
         if (err instanceof CliError) throw err;
-        throw new CliError(`dev failed to start: ${startFailure(err as Error, opts)}`, EXIT_USAGE, { cause: err });
+        throw new CliError(`dev failed to start: ${startFailure(err, opts)}`, EXIT_USAGE, { cause: err });
       }
       process.stdout.write(banner(system.facts, resolve(opts.dir), BLOCKED_EXAMPLE) + '\n');
       await runUntilSignal(() => system.close());

@@ -27,3 +27,16 @@ export class ProblemAnswerError extends coded('DVX_CLI_PROBLEM') {
     this.body = body;
   }
 }
+
+/**
+ * A component of `dvx dev` failed to start: its error (the cause) tagged with the `dvx dev` flags of
+ * the listeners it opens, so that an address in use is reported against the right flag (cli/dev.ts).
+ */
+export class DevStartError extends coded('DVX_CLI_DEV_START') {
+  /** DevFlags keys: `llmproxyAddr`, … (the broker's two: `brokerAddr`, `brokerOperatorAddr`). */
+  readonly listeners: readonly string[];
+  constructor(listeners: readonly string[], cause: unknown) {
+    super(cause instanceof Error ? cause.message : String(cause), { cause });
+    this.listeners = listeners;
+  }
+}

@@ -123,25 +123,34 @@ export async function startControlPlane(
   let metricsServer: { port: number; close(): Promise<void> } | null = null;
   // Everything opened is closed in this order, at shutdown and when a later part refuses the start (a
   // port in use, an unreachable store): the store's pool, its LISTEN connection and the WAL's shipper
-  // would otherwise keep the process up with nothing listening.
-  const closeOpened = async () => {
-    if (purge) clearInterval(purge);
-    for (const stop of stopPublishers) stop();
-    const steps: (() => Promise<unknown> | undefined)[] = [
-      () => app.close(),
-      () => metricsServer?.close(),
-      () => hub?.close(),
-      () => audit?.close(),
-      // The WAL sink closes the store it ships to; a store no sink took (start.audit, or a sink that
-      // never opened) is closed here.
-      () => (auditStore && (closeStore || !audit) ? auditStore.close() : undefined),
-      () => db?.close(),
-    ];
-    for (const step of steps)
-      await Promise.resolve()
-        .then(step)
-        .catch((err: Error) => log.warn({ err }, 'controlplane shutdown step failed'));
-  };
+  // would otherwise keep the process up with nothing listening. The audit sink a caller hands in
+  // (start.audit) is closed with the rest, on a failed start too (once its options and TLS files were
+  // read). Each step's failure is logged and the next one runs; a second call waits for the first.
+  let closing: Promise<void> | null = null;
+  const closeOpened = () =>
+    (closing ??= (async () => {
+      const sink = audit ?? start.audit ?? null;
+      const steps: (() => unknown)[] = [
+        () => purge && clearInterval(purge),
+        () => {
+          for (const stop of stopPublishers) stop();
+        },
+        () => app.close(),
+        // An erasure a request started before the listener closed finishes (and records) first.
+        () => Promise.allSettled([...erasureJobs]),
+        () => metricsServer?.close(),
+        () => hub?.close(),
+        () => sink?.close(),
+        // The WAL sink closes the store it ships to; a store no sink took (start.audit, or a sink that
+        // never opened) is closed here.
+        () => (auditStore && (closeStore || audit === null) ? auditStore.close() : undefined),
+        () => db?.close(),
+      ];
+      for (const step of steps)
+        await Promise.resolve()
+          .then(step)
+          .catch((err: Error) => log.warn({ err }, 'controlplane shutdown step failed'));
+    })());
 
   try {
     // The server as a list of plugins (docs/decisions.md, "Control-plane store modules and plugins"):

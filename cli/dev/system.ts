@@ -12,7 +12,7 @@ import { startBroker } from '../../enclave/broker/server.ts';
 import { AgentLoginRefusedError } from '../../enclave/errors.ts';
 import { startGateway } from '../../proxy/egress/server.ts';
 import { startLlmProxy } from '../../proxy/llm/server.ts';
-import { CliError } from '../errors.ts';
+import { CliError, DevStartError } from '../errors.ts';
 import { profilesPath, saveProfile } from '../operator/profiles.ts';
 import { DevApi } from './dev-api.ts';
 import { startMockUpstream } from './mock-upstream.ts';
@@ -183,6 +183,20 @@ async function lockDir(dir: string): Promise<() => Promise<void>> {
   throw new CliError(`cannot take ${file}: another dvx dev is starting in ${dir}`);
 }
 
+/**
+ * A component's start, a failure tagged with the `dvx dev` flags of the listeners it opens
+ * (DevStartError), so that cli/dev.ts names the right one; a CliError (the lock, a refusal) is the
+ * command's own and goes as it is.
+ */
+async function starting<T>(listeners: readonly string[], start: () => Promise<T>): Promise<T> {
+  try {
+    return await start();
+  } catch (err) {
+    if (err instanceof CliError) throw err;
+    throw new DevStartError(listeners, err);
+  }
+}
+
 /** The pid of the dvx dev that holds DIR, or null when none runs (no lock, or its process is gone). */
 export async function runningDevPid(dir: string): Promise<number | null> {
   const pid = Number.parseInt(await readFile(join(dir, 'dev.lock'), 'utf8').catch(() => ''), 10);
@@ -221,24 +235,28 @@ async function start(
   for (const sub of ['oidc', 'controlplane', 'audit', 'wal'])
     await mkdir(join(dir, sub), { recursive: true, mode: 0o700 });
   // The issuer of every operator token.
-  const issuer = await startDevIssuer({ dir: join(dir, 'oidc'), addr: o.issuerAddr, org: DEMO_ORG });
+  const issuer = await starting(['issuerAddr'], async () =>
+    startDevIssuer({ dir: join(dir, 'oidc'), addr: o.issuerAddr, org: DEMO_ORG }),
+  );
   closers.push(() => issuer.close());
 
   // The control plane on PGlite; the dev admin is its platform admin; it provisions service accounts at
   // the dev issuer with its own key.
-  const cp = await startControlPlane(
-    {
-      addr: o.controlplaneAddr,
-      ...tls,
-      ...logs,
-      oidcIssuer: issuer.issuer,
-      oidcAudience: DEV_AUDIENCE,
-      idpKey: issuer.controlplaneKeyFile,
-      databaseDsn: `pglite://${join(dir, 'controlplane', 'db')}`,
-      seedAdmin: [DEV_ADMIN],
-      ...audit('controlplane'),
-    },
-    { logger: stderrLogger('controlplane', o.logLevel) },
+  const cp = await starting(['controlplaneAddr'], async () =>
+    startControlPlane(
+      {
+        addr: o.controlplaneAddr,
+        ...tls,
+        ...logs,
+        oidcIssuer: issuer.issuer,
+        oidcAudience: DEV_AUDIENCE,
+        idpKey: issuer.controlplaneKeyFile,
+        databaseDsn: `pglite://${join(dir, 'controlplane', 'db')}`,
+        seedAdmin: [DEV_ADMIN],
+        ...audit('controlplane'),
+      },
+      { logger: stderrLogger('controlplane', o.logLevel) },
+    ),
   );
   closers.push(() => cp.close());
   const cpUrl = `https://127.0.0.1:${cp.port}`;
@@ -285,26 +303,28 @@ async function start(
   // The broker of the dev enclave, converging on the control plane, its operators the dev issuer's.
   const brokerDir = join(dir, 'broker');
   const snapshotFile = join(dir, 'snapshot.json');
-  const broker = await startBroker(
-    {
-      addr: await concreteAddr(o.brokerAddr),
-      operatorAddr: o.brokerOperatorAddr,
-      ...tls,
-      ...logs,
-      stateDir: brokerDir,
-      enclaveId: DEV_ENCLAVE,
-      enclaveName: DEV_ENCLAVE,
-      controlplane: cpUrl,
-      brokerKey,
-      caCert: certs.caCert,
-      localIssuer: issuer.issuer,
-      localAudience: DEV_AUDIENCE,
-      owningOrg: DEMO_ORG,
-      seedAdmin: [DEV_ADMIN],
-      snapshotOut: snapshotFile,
-      ...audit('broker'),
-    },
-    { logger: stderrLogger('broker', o.logLevel) },
+  const broker = await starting(['brokerAddr', 'brokerOperatorAddr'], async () =>
+    startBroker(
+      {
+        addr: await concreteAddr(o.brokerAddr),
+        operatorAddr: o.brokerOperatorAddr,
+        ...tls,
+        ...logs,
+        stateDir: brokerDir,
+        enclaveId: DEV_ENCLAVE,
+        enclaveName: DEV_ENCLAVE,
+        controlplane: cpUrl,
+        brokerKey,
+        caCert: certs.caCert,
+        localIssuer: issuer.issuer,
+        localAudience: DEV_AUDIENCE,
+        owningOrg: DEMO_ORG,
+        seedAdmin: [DEV_ADMIN],
+        snapshotOut: snapshotFile,
+        ...audit('broker'),
+      },
+      { logger: stderrLogger('broker', o.logLevel) },
+    ),
   );
   closers.push(() => broker.close());
   const brokerUrl = `https://127.0.0.1:${broker.agentPort}`;
@@ -365,7 +385,7 @@ async function start(
   await until('the broker writing the policy snapshot', () => exists(snapshotFile));
   let upstreamUrl = '';
   if (o.upstream === 'mock') {
-    const mock = await startMockUpstream(o.upstreamAddr);
+    const mock = await starting(['upstreamAddr'], async () => startMockUpstream(o.upstreamAddr));
     closers.push(() => mock.close());
     upstreamUrl = mock.url;
   }
@@ -381,22 +401,26 @@ async function start(
     enclaveId: DEV_ENCLAVE,
     enclaveName: DEV_ENCLAVE,
   };
-  const proxy = await startLlmProxy(
-    {
-      addr: o.llmproxyAddr,
-      ...tls,
-      ...logs,
-      ...satellite,
-      approvalsUrl: brokerUrl,
-      upstreamDefault: upstreamUrl,
-      ...audit('llmproxy'),
-    },
-    { logger: stderrLogger('llmproxy', o.logLevel) },
+  const proxy = await starting(['llmproxyAddr'], async () =>
+    startLlmProxy(
+      {
+        addr: o.llmproxyAddr,
+        ...tls,
+        ...logs,
+        ...satellite,
+        approvalsUrl: brokerUrl,
+        upstreamDefault: upstreamUrl,
+        ...audit('llmproxy'),
+      },
+      { logger: stderrLogger('llmproxy', o.logLevel) },
+    ),
   );
   closers.push(() => proxy.close());
-  const gateway = await startGateway(
-    { addr: o.gatewayAddr, ...tls, ...logs, ...satellite, ...audit('gateway') },
-    { logger: stderrLogger('gateway', o.logLevel) },
+  const gateway = await starting(['gatewayAddr'], async () =>
+    startGateway(
+      { addr: o.gatewayAddr, ...tls, ...logs, ...satellite, ...audit('gateway') },
+      { logger: stderrLogger('gateway', o.logLevel) },
+    ),
   );
   closers.push(() => gateway.close());
 
