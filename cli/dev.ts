@@ -86,6 +86,7 @@ export function startFailure(err: unknown, flags: Pick<DevFlags, ListenerKey>): 
 function portOf(addr: string): number {
   return Number(addr.slice(addr.lastIndexOf(':') + 1));
 }
+
 /**
  * The upstream: `mock` by default when neither ANTHROPIC_API_KEY nor OPENAI_API_KEY is set, the real
  * providers otherwise (the Anthropic key first when both are). `--upstream` decides explicitly.
