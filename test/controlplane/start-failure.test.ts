@@ -2,29 +2,12 @@ import t from 'tap';
 import { spawn } from 'node:child_process';
 import { createServer, type AddressInfo } from 'node:net';
 import { freshPgDatabase } from '../fixtures/pg-database.ts';
-import { DVX_BIN } from '../fixtures/run-dvx.ts';
+import { DVX_BIN, runDvx } from '../fixtures/run-dvx.ts';
 import { tlsDir } from '../fixtures/tls-dir.ts';
 
 // `dvx serve controlplane` that cannot start exits 2 with the error, whatever it opened before: with a
 // store, its pool and its LISTEN connection (and with --audit-dsn the WAL's shipper) kept the process up
 // with nothing listening, so a supervisor saw it running. controlplane/server.ts closes what it opened.
-
-/** The exit code of `dvx serve controlplane …`, or a string when it is still running after 30 s. */
-async function exitOf(args: string[]): Promise<{ code: number | string | null; stderr: string }> {
-  const child = spawn(DVX_BIN, ['serve', 'controlplane', ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
-  let stderr = '';
-  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-  let timer: NodeJS.Timeout | undefined;
-  const code = await Promise.race([
-    new Promise<number | null>((r) => child.on('exit', (c) => r(c))),
-    new Promise<string>((r) => {
-      timer = setTimeout(() => r('still running after 30 s'), 30_000);
-    }),
-  ]);
-  clearTimeout(timer);
-  child.kill('SIGKILL');
-  return { code, stderr };
-}
 
 t.test('a control plane that cannot start exits 2, whatever it opened', async (t) => {
   const db = await freshPgDatabase('dvx_cp_start_failure');
@@ -63,8 +46,10 @@ t.test('a control plane that cannot start exits 2, whatever it opened', async (t
     ],
   ];
   for (const [name, extra, error] of cases) {
-    const { code, stderr } = await exitOf([...base, ...extra]);
-    t.equal(code, 2, `${name}: exits 2`);
+    const { code, stderr, timedOut } = await runDvx(['serve', 'controlplane', ...base, ...extra], {
+      timeoutMs: 30_000,
+    });
+    t.equal(timedOut ? 'still running after 30 s' : code, 2, `${name}: exits 2`);
     t.match(stderr, /controlplane failed to start: /, `${name}: says it failed to start`);
     t.match(stderr, error, `${name}: says why`);
   }

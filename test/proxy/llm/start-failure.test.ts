@@ -1,11 +1,10 @@
 import t from 'tap';
-import { spawn } from 'node:child_process';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { serveArgs, startHarness } from '../../fixtures/llmproxy-harness.ts';
-import { DVX_BIN } from '../../fixtures/run-dvx.ts';
+import { runDvx } from '../../fixtures/run-dvx.ts';
 
 // `dvx serve llmproxy` on a port another socket holds exits 2 with the error, whatever it opened
 // before its listener (the WAL and its shipper kept the process up with nothing listening: an operator's
@@ -26,19 +25,8 @@ t.test('a port in use: the process exits 2 with the error, with a WAL and withou
   // (Without --workers, a WAL runs one worker per core: the primary reports the worker's failure.)
   for (const extra of [[], wal, [...wal, '--workers', '1'], ['--metrics-addr', `127.0.0.1:${port}`]]) {
     const addr = extra.includes('--metrics-addr') ? '127.0.0.1:0' : `127.0.0.1:${port}`;
-    const child = spawn(DVX_BIN, serveArgs(h.dir, addr, extra), { stdio: ['ignore', 'ignore', 'pipe'] });
-    let stderr = '';
-    child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-    let timer: NodeJS.Timeout | undefined;
-    const code = await Promise.race([
-      new Promise<number | null>((r) => child.on('exit', (c) => r(c))),
-      new Promise<string>((r) => {
-        timer = setTimeout(() => r('still running after 30 s'), 30_000);
-      }),
-    ]);
-    clearTimeout(timer);
-    child.kill('SIGKILL');
-    t.equal(code, 2, `${extra.join(' ') || 'stdout audit'}: exits 2`);
+    const { code, stderr, timedOut } = await runDvx(serveArgs(h.dir, addr, extra), { timeoutMs: 30_000 });
+    t.equal(timedOut ? 'still running after 30 s' : code, 2, `${extra.join(' ') || 'stdout audit'}: exits 2`);
     t.match(stderr, /llmproxy failed to start: (listen|bind) EADDRINUSE/);
   }
 });
