@@ -19,7 +19,7 @@ import { openApiDocument, surfaceOperations } from './openapi.ts';
 import { VALIDATION } from '../core/schema-errors.ts';
 import { tokenFacade } from './routes/token-facade.ts';
 import { AgentOperatorIssuer } from './auth/agent-operator-issuer.ts';
-import { openStore, type AuditStore } from '../audit-wal/store.ts';
+import type { AuditStore } from '../audit-wal/store.ts';
 import { openKms } from '../core/kms.ts';
 import { OrgKeys } from './crypto/org-keys.ts';
 import { resumeErasures, type ErasureDeps } from './erasure.ts';
@@ -39,8 +39,7 @@ import { DcrProvisioner, type IdpProvisioner } from './idp/provisioner.ts';
 import { parseServiceAccountKey } from './idp/service-account-key.ts';
 import { fetchTrusting } from '../core/fetch.ts';
 import type { AuditSink } from '../audit-wal/sink.ts';
-import { StdoutAuditSink } from '../audit-wal/stdout-sink.ts';
-import { WalSink } from '../audit-wal/wal-sink.ts';
+import { openAuditReadStore, openAuditSink } from '../audit-wal/open-sink.ts';
 import { createRegistry } from '../core/metrics.ts';
 import type { Registry } from 'prom-client';
 import { controlPlaneMetrics } from './metrics.ts';
@@ -211,24 +210,9 @@ export async function startControlPlane(
       if (agentIssuer) await app.register(agentIssuerDiscovery(agentIssuer));
       // Audit of every change: the WAL shipped to --audit-dsn, or stdout lines with "stream":"audit".
       // With an audit store, the audit read API reads the store the WAL ships to (one instance of it).
-      auditStore = options.auditDsn ? await openStore(options.auditDsn) : null;
-      if (auditStore)
-        await auditStore
-          .ensureSchema()
-          .catch((err: Error) => log.warn({ err }, 'audit store unreachable at start; reads fail until it answers'));
+      auditStore = await openAuditReadStore(options, log);
       audit =
-        start.audit ??
-        (options.auditDsn
-          ? await WalSink.open({
-              dir: options.auditWalDir,
-              dsn: options.auditDsn,
-              maxBytes: options.auditWalMaxBytes,
-              log,
-              registry,
-              tables: ['audit_events'],
-              store: auditStore!,
-            })
-          : new StdoutAuditSink());
+        start.audit ?? (await openAuditSink(options, { log, registry, tables: ['audit_events'], store: auditStore }));
       closeStore = Boolean(start.audit) && auditStore !== null; // otherwise the WAL sink closes it
       const capture = { captureOrDeny: options.auditCaptureOrDeny, timeoutMs: options.auditCaptureTimeout };
       await app.register(bearerAuth, { oidc, agentIssuer, accountStatus });

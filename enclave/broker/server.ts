@@ -4,10 +4,8 @@ import type { AddressInfo } from 'node:net';
 import Fastify, { type FastifyInstance } from 'fastify';
 import type { Registry } from 'prom-client';
 import pkg from '../../package.json' with { type: 'json' };
-import { openStore, type AuditStore } from '../../audit-wal/store.ts';
 import type { AuditSink } from '../../audit-wal/sink.ts';
-import { StdoutAuditSink } from '../../audit-wal/stdout-sink.ts';
-import { WalSink } from '../../audit-wal/wal-sink.ts';
+import { openAuditReadStore, openAuditSink } from '../../audit-wal/open-sink.ts';
 import { parseAddr } from '../../core/addr.ts';
 import { newId } from '../../core/ids.ts';
 import { openKms } from '../../core/kms.ts';
@@ -160,24 +158,9 @@ export async function startBroker(input: Partial<BrokerOptions>, start: BrokerSt
 
     // The enclave's audit: the WAL shipped to --audit-dsn (which the operator listener's audit routes
     // also read), or stdout lines with "stream":"audit".
-    const auditStore: AuditStore | null = options.auditDsn ? await openStore(options.auditDsn) : null;
-    if (auditStore)
-      await auditStore
-        .ensureSchema()
-        .catch((err: Error) => log.warn({ err }, 'audit store unreachable at start; reads fail until it answers'));
+    const auditStore = await openAuditReadStore(options, log);
     const audit =
-      start.audit ??
-      (options.auditDsn
-        ? await WalSink.open({
-            dir: options.auditWalDir,
-            dsn: options.auditDsn,
-            maxBytes: options.auditWalMaxBytes,
-            log,
-            registry,
-            tables: ['audit_events'],
-            store: auditStore!,
-          })
-        : new StdoutAuditSink());
+      start.audit ?? (await openAuditSink(options, { log, registry, tables: ['audit_events'], store: auditStore }));
     cleanups.push(() => audit.close());
     if (start.audit && auditStore) {
       const store = auditStore;

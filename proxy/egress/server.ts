@@ -8,8 +8,7 @@ import { startMetricsServer, type MetricsServer } from '../../core/metrics-serve
 import { ServerLimiter, serverOptions } from '../../core/server-limits.ts';
 import { loadTls } from '../../core/tls.ts';
 import type { AuditSink } from '../../audit-wal/sink.ts';
-import { StdoutAuditSink } from '../../audit-wal/stdout-sink.ts';
-import { WalSink } from '../../audit-wal/wal-sink.ts';
+import { auditCapture, openAuditSink } from '../../audit-wal/open-sink.ts';
 import { InspectionEngine } from '../../pipeline/engine.ts';
 import { closeSidecarDispatcher } from '../../pipeline/inspectors/sidecar.ts';
 import { PolicyCache } from '../../pipeline/policy/cache.ts';
@@ -122,22 +121,11 @@ export async function startGateway(input: Partial<GatewayOptions>, start: Gatewa
     opened.push(() => engine.close());
     // Audit: the WAL shipped to --audit-dsn, or stdout lines with "stream":"audit".
     const audit =
-      start.audit ??
-      (options.auditDsn
-        ? await WalSink.open({
-            dir: options.auditWalDir,
-            dsn: options.auditDsn,
-            maxBytes: options.auditWalMaxBytes,
-            log,
-            registry,
-            tables: ['network_flow', 'audit_events'],
-          })
-        : new StdoutAuditSink());
+      start.audit ?? (await openAuditSink(options, { log, registry, tables: ['network_flow', 'audit_events'] }));
     opened.push(async () => {
       await audit.flush();
       await audit.close();
     });
-    const durableAudit = Boolean(options.auditDsn) || start.durableAudit === true;
 
     const lookups = new LookupLimiter(start.lookup ?? systemLookup, log);
     const deps: GatewayDeps = {
@@ -148,7 +136,7 @@ export async function startGateway(input: Partial<GatewayOptions>, start: Gatewa
       secrets: secrets.source,
       engine,
       audit,
-      capture: { captureOrDeny: durableAudit && options.auditCaptureOrDeny, timeoutMs: options.auditCaptureTimeout },
+      capture: auditCapture(options, start.durableAudit),
       log,
       metrics: gatewayMetrics(registry),
       version: pkg.version,

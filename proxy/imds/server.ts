@@ -8,8 +8,7 @@ import { ServerLimiter, type ServerLimitOptions } from '../../core/server-limits
 import { loadTls } from '../../core/tls.ts';
 import { WatchedJsonFile } from '../../core/watched-file.ts';
 import type { AuditSink } from '../../audit-wal/sink.ts';
-import { StdoutAuditSink } from '../../audit-wal/stdout-sink.ts';
-import { WalSink } from '../../audit-wal/wal-sink.ts';
+import { auditCapture, openAuditSink } from '../../audit-wal/open-sink.ts';
 import { validateConfigDocument, type ConfigDocument } from '../../pipeline/policy/config-values.ts';
 import { SecretBroker } from '../llm/secret-broker.ts';
 import { parseSecretsFile, secretSource, type SecretMap } from '../llm/secrets-file.ts';
@@ -110,24 +109,11 @@ export async function startImds(input: Partial<ImdsOptions>, start: ImdsStart = 
     if (secretBroker) opened.push(() => secretBroker.close());
     const emptySecrets: SecretMap = new Map();
 
-    const audit =
-      start.audit ??
-      (options.auditDsn
-        ? await WalSink.open({
-            dir: options.auditWalDir,
-            dsn: options.auditDsn,
-            maxBytes: options.auditWalMaxBytes,
-            log,
-            registry,
-            tables: ['audit_events'],
-          })
-        : new StdoutAuditSink());
+    const audit = start.audit ?? (await openAuditSink(options, { log, registry, tables: ['audit_events'] }));
     opened.push(async () => {
       await audit.flush();
       await audit.close();
     });
-    // Only a durable sink can refuse a credential (capture-or-deny); stdout lines are written at once.
-    const durableAudit = Boolean(options.auditDsn) || start.durableAudit === true;
 
     const routes = new ImdsRoutes({
       who: { agentId: options.agentId, orgId: options.orgId },
@@ -137,7 +123,8 @@ export async function startImds(input: Partial<ImdsOptions>, start: ImdsStart = 
       secrets: secretSource(() => secretBroker?.map ?? secretsFile?.value ?? emptySecrets),
       secretsReady: () => secretBroker === null || secretBroker.version !== null,
       audit,
-      capture: { captureOrDeny: durableAudit && options.auditCaptureOrDeny, timeoutMs: options.auditCaptureTimeout },
+      // Only a durable sink can refuse a credential (capture-or-deny); stdout lines are written at once.
+      capture: auditCapture(options, start.durableAudit),
       log,
       metrics: imdsMetrics(registry),
     });

@@ -9,8 +9,7 @@ import { ServerLimiter, serverOptions } from '../../core/server-limits.ts';
 import { loadTls } from '../../core/tls.ts';
 import { StoreSnapshotSource } from './store-source.ts';
 import type { AuditSink } from '../../audit-wal/sink.ts';
-import { StdoutAuditSink } from '../../audit-wal/stdout-sink.ts';
-import { WalSink } from '../../audit-wal/wal-sink.ts';
+import { auditCapture, openAuditSink } from '../../audit-wal/open-sink.ts';
 import { InspectionEngine } from '../../pipeline/engine.ts';
 import { closeSidecarDispatcher } from '../../pipeline/inspectors/sidecar.ts';
 import { PolicyCache } from '../../pipeline/policy/cache.ts';
@@ -121,18 +120,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
   });
   // Audit: the WAL shipped to --audit-dsn, or stdout lines with "stream":"audit".
   const audit =
-    start.audit ??
-    (options.auditDsn
-      ? await WalSink.open({
-          dir: options.auditWalDir,
-          dsn: options.auditDsn,
-          maxBytes: options.auditWalMaxBytes,
-          log,
-          registry,
-          tables: ['llm_audit_log', 'tool_call_decisions'],
-        })
-      : new StdoutAuditSink());
-  const durableAudit = Boolean(options.auditDsn) || start.durableAudit === true;
+    start.audit ?? (await openAuditSink(options, { log, registry, tables: ['llm_audit_log', 'tool_call_decisions'] }));
 
   const metrics = proxyMetrics(registry);
   const snapshot = () => store?.value ?? snapshotFile?.value ?? EMPTY_SNAPSHOT;
@@ -155,7 +143,7 @@ export async function startLlmProxy(input: Partial<LlmProxyOptions>, start: Star
     removed: new RemovedAgents(snapshot()),
     version: pkg.version,
     // Every answer waits for its record; only a durable sink can refuse one (capture-or-deny).
-    capture: { captureOrDeny: durableAudit && options.auditCaptureOrDeny, timeoutMs: options.auditCaptureTimeout },
+    capture: auditCapture(options, start.durableAudit),
     toolDecider: start.toolDecider ?? toolDecider,
   });
   recheck = proxy.recheck;
