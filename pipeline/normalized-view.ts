@@ -132,7 +132,9 @@ const HANGUL_BASE = 64; // it ends with a Hangul initial or syllable, which a vo
 const KNOWN = 128;
 const VOWEL = 256; // a Hangul vowel jamo (its mapping starts with one): a final may compose after it
 
-const INVISIBLE = /^[\p{Default_Ignorable_Code_Point}\p{Cf}]$/u;
+// The C1 controls render as nothing too (U+0085, next line, is a line break: kept); the C0 controls
+// are ASCII and kept (docs/decisions.md, "Evasion: the normalized view").
+const INVISIBLE = /^[\p{Default_Ignorable_Code_Point}\p{Cf}\x80-\x84\x86-\x9f]$/u;
 const INVISIBLES = /[\p{Default_Ignorable_Code_Point}\p{Cf}]/gu;
 const ANY_MARK = /^\p{M}/u;
 const MARKS_ON_ASCII = /([\x00-\x7f])\p{M}+/gu;
