@@ -10,7 +10,8 @@ import { deepScanView } from './json-view.ts';
 //
 // Known delta fields: Anthropic messages (text_delta.text, input_json_delta.partial_json,
 // thinking_delta.thinking), OpenAI chat (choices[].delta.content / .refusal / tool_calls[].function
-// .arguments) and OpenAI responses (`*.delta` events). Blocks are separated by a newline so text of
+// .arguments / function_call.arguments, and the compatible upstreams' .reasoning_content / .reasoning)
+// and OpenAI responses (`*.delta` events). Blocks are separated by a newline so text of
 // two different blocks never runs together into one token.
 
 const DATA = Buffer.from('data:');
@@ -61,6 +62,14 @@ function pieces(event: unknown, out: Piece[]): void {
       const idx = String(choice.index ?? 0);
       if (typeof d.content === 'string') out.push({ key: `c${idx}`, text: d.content, choice: idx });
       if (typeof d.refusal === 'string') out.push({ key: `c${idx}r`, text: d.refusal, choice: idx });
+      // OpenAI-compatible upstreams stream their reasoning in `reasoning_content` (DeepSeek, vLLM) or
+      // `reasoning` (OpenRouter).
+      if (typeof d.reasoning_content === 'string')
+        out.push({ key: `c${idx}_`, text: d.reasoning_content, choice: idx });
+      if (typeof d.reasoning === 'string') out.push({ key: `c${idx}k`, text: d.reasoning, choice: idx });
+      // The legacy `functions` API: one call per choice, its arguments in `function_call`.
+      const legacy = (d.function_call as Record<string, unknown> | undefined)?.arguments;
+      if (typeof legacy === 'string') out.push({ key: `c${idx}f`, text: legacy, json: true, choice: idx });
       if (Array.isArray(d.tool_calls)) {
         for (const call of d.tool_calls as Record<string, unknown>[]) {
           const args = (call?.function as Record<string, unknown> | undefined)?.arguments;

@@ -132,6 +132,30 @@ t.test('the joined text keeps blocks apart', async (t) => {
   t.equal(sseText(Buffer.from('{"not":"a stream"}')), null);
 });
 
+t.test('OpenAI-compatible reasoning and legacy function_call deltas are joined too', async (t) => {
+  const chunk = (delta: Record<string, unknown>) =>
+    `data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', choices: [{ index: 0, delta }] })}`;
+  const body = [
+    chunk({ role: 'assistant', reasoning_content: 'the word is Tr0ub4dor' }),
+    chunk({ reasoning_content: '&3-horse, said' }),
+    chunk({ reasoning: 'set password = swordf' }),
+    chunk({ reasoning: 'ish99' }),
+    chunk({ function_call: { name: 'send', arguments: '{"to":"bob\\u0040exa' } }),
+    chunk({ function_call: { arguments: 'mple.com"}' } }),
+    'data: [DONE]',
+  ].join('\n\n');
+  t.equal(
+    sseText(Buffer.from(body))!.toString(),
+    'the word is Tr0ub4dor&3-horse, said\nset password = swordfish99\n{"to":"bob@example.com"}',
+    'each field a block of its own; the arguments decoded as JSON',
+  );
+  t.same(
+    scan(body, 'response'),
+    ['patterns:pass****', 'secrets:Tr0u****'],
+    'the response phase finds what was split across deltas',
+  );
+});
+
 t.test('escapes two levels deep (JSON inside a JSON string) are decoded too', async (t) => {
   const inner = JSON.stringify({ to: 'x' }).replace('x', 'bob\\u0040example.com');
   const body = JSON.stringify({

@@ -62,6 +62,10 @@ function pieces(event: unknown, out: Piece[]): void {
       const idx = String(choice.index ?? 0);
       if (typeof d.content === 'string') out.push({ key: `c${idx}`, text: d.content });
       if (typeof d.refusal === 'string') out.push({ key: `c${idx}r`, text: d.refusal });
+      if (typeof d.reasoning_content === 'string') out.push({ key: `c${idx}_`, text: d.reasoning_content });
+      if (typeof d.reasoning === 'string') out.push({ key: `c${idx}k`, text: d.reasoning });
+      const legacy = (d.function_call as Record<string, unknown> | undefined)?.arguments;
+      if (typeof legacy === 'string') out.push({ key: `c${idx}f`, text: legacy, json: true });
       if (Array.isArray(d.tool_calls)) {
         for (const call of d.tool_calls as Record<string, unknown>[]) {
           const args = (call?.function as Record<string, unknown> | undefined)?.arguments;
