@@ -16,7 +16,7 @@ import { validatePolicyDocument } from '../pipeline/policy/validate.ts';
 // runs after `&#`, combining-mark floods on ASCII and on other letters, full-width and 4-byte floods,
 // ASCII alternating with non-ASCII, invalid UTF-8, a character NFKC expands 18-fold, and the later
 // pads (marks on other letters between expanding characters or invalid bytes, a nested `&amp;`
-// after them). An ASCII body with `&` is the first row: the machine is shared, the ratio is what counts.
+// after them), and hidden controls. An ASCII body with `&` is the first row: the machine is shared, the ratio is what counts.
 
 const plan = compilePlan(
   policyFromDocument(
@@ -97,6 +97,10 @@ const WORST: [string, string | Buffer, boolean?, string?][] = [
   ['`日` + U+0301 + U+0316 (reordered) + invalid byte', ff('日\u0301\u0316'), true],
   ['Thai with marks + invalid byte', ff('ก\u0e34\u0e48'), true],
   ['`և` (view twice the input)', '\u0587'],
+  // Hidden controls (hidden-controls.ts), raw: JSON would escape them. One at the end sends the whole
+  // body of text lines through the walk that also stops at controls (line breaks in most words).
+  ['NUL after every letter (`a\\0`), raw', 'a\u0000', true],
+  ['text lines, one NUL at the end, raw', 'lorem ipsum dolor sit amet\n', true, '\u0000'],
 ];
 
 export async function normalizedViewTable(quick: boolean): Promise<string> {

@@ -46,7 +46,7 @@ export interface ByteRange {
  * (json-view.ts, carriesJsonEscapes, reads that from the body's first bytes, which a range lacks).
  * Whether escapes can hide characters (hidesCharacters: the literal view is then the decoded one) is
  * each range's own: three searches of the whole body on the main thread cost more than a range's scan
- * saves, and where a range holds no `\u`, `\/` or `\\` its raw bytes read as its decoded ones do to
+ * saves, and where a range holds no `\u`, `\/`, `\\` or `\b` its raw bytes read as its decoded ones do to
  * every detector (json-view.ts, hidesCharacters; the property test holds bodies of both kinds).
  */
 export interface ViewContext {

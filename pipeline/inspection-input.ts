@@ -9,7 +9,7 @@ import { sseText } from './sse-text.ts';
 // most once and only when an inspector asks (the decode and the normalization are the costly steps):
 //
 //   raw ──┬── decoded()   JSON escapes decoded (json-view.ts, decodedViews)
-//         ├── literal()   raw, or decoded() when `\u` or `\/` escapes could hide a character
+//         ├── literal()   raw, or decoded() when `\u`, `\/`, `\\` or `\b` escapes could hide a character
 //                         (told by the decoding walk when decoded() is built, else by hidesCharacters)
 //         ├── joined()    a streamed response's delta text (sse-text.ts)
 //         └── normalized(), normalizedJoined()   NFKC, invisibles dropped, entities decoded

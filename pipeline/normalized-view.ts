@@ -1,12 +1,14 @@
 import { isAscii } from 'node:buffer';
+import { HIDDEN_CONTROL, holdsHiddenControl } from './hidden-controls.ts';
 
 // Evasion must not hide content (docs/decisions.md, "Evasion: the normalized view"): a key with a zero-width space in
 // it, an address written with a full-width `＠` or `&commat;`, a card in full-width digits all read
 // the same to whoever receives them, and not at all to a detector matching bytes. The normalized view
 // is the text as a reader sees it:
 //
-//   view ──prefilter: all ASCII and no `&`──▶ null (the view is the input: nothing to build)
+//   view ──prefilter: all ASCII, no `&`, no hidden control──▶ null (the view is the input: nothing to build)
 //        └▶ one walk over code points ─┬─ ASCII byte ─────────────────────────▶ kept
+//                                      ├─ a hidden control (hidden-controls.ts) ───▶ dropped
 //                                      ├─ `&…;` an HTML entity ──▶ its code point ─┐
 //                                      └─ a non-ASCII code point ──────────────────┴▶ its class (a table):
 //             invisible ▶ dropped │ a mark after an ASCII character ▶ dropped │ other mark ▶ kept as it is
@@ -17,7 +19,7 @@ import { isAscii } from 'node:buffer';
 // The view is built from the bytes a detector would read otherwise (the body, or its decoded JSON
 // view when escapes can hide characters), so `\u200b` inside a JSON string is decoded first and then
 // dropped here. It is NFKC with three reader's rules (docs/decisions.md): invisible characters are
-// dropped; a combining mark on an ASCII character is dropped, decomposed first, so `é` reads as `e`
+// dropped (the C0 and C1 controls that are not white space among them); a combining mark on an ASCII character is dropped, decomposed first, so `é` reads as `e`
 // and `A\u0301K\u0301…` as `AK…` whether or not NFKC would compose the pair; the hyphens and the
 // minus sign read as `-`. NFKC is NFC of the NFKD forms of the code points, so every code point that is
 // not a mark is mapped on its own, once per process (a table); Hangul jamo compose by Unicode's
@@ -52,7 +54,7 @@ const REGION = 65536;
 
 /** Whether the view of these bytes can differ from them at all: one native pass each, no copy. */
 export function mayNormalize(bytes: Buffer): boolean {
-  return !isAscii(bytes) || bytes.indexOf(AMP) >= 0;
+  return !isAscii(bytes) || bytes.indexOf(AMP) >= 0 || holdsHiddenControl(bytes);
 }
 
 /**
@@ -62,8 +64,10 @@ export function mayNormalize(bytes: Buffer): boolean {
  */
 export function normalizedView(input: Buffer): NormalizedView | null {
   const ascii = isAscii(input);
-  if (ascii && input.indexOf(AMP) < 0) return null;
-  let level = pass(input, ascii, 0);
+  const controls = holdsHiddenControl(input);
+  if (ascii && !controls && input.indexOf(AMP) < 0) return null;
+  // Hidden controls are dropped by the first level (a decoded `&#7;` by any): the later ones find none.
+  let level = pass(input, ascii && !controls, 0, controls);
   if (level === null) return null;
   let bytes = level.bytes;
   for (let k = 1; k < ENTITY_LEVELS && level.firstAmp >= 0; k++) {
@@ -132,8 +136,8 @@ const HANGUL_BASE = 64; // it ends with a Hangul initial or syllable, which a vo
 const KNOWN = 128;
 const VOWEL = 256; // a Hangul vowel jamo (its mapping starts with one): a final may compose after it
 
-// The C1 controls render as nothing too (U+0085, next line, is a line break: kept); the C0 controls
-// are ASCII and kept (docs/decisions.md, "Evasion: the normalized view").
+// The C1 controls render as nothing too (U+0085, next line, is a line break: kept); so do the C0 controls
+// and DEL that are not white space, which are ASCII and dropped by the walk (hidden-controls.ts).
 const INVISIBLE = /^[\p{Default_Ignorable_Code_Point}\p{Cf}\x80-\x84\x86-\x9f]$/u;
 const INVISIBLES = /[\p{Default_Ignorable_Code_Point}\p{Cf}]/gu;
 const ANY_MARK = /^\p{M}/u;
@@ -781,8 +785,46 @@ function asciiRunEnd(input: Buffer, i: number, n: number): number {
   return n;
 }
 
-/** One level: entities decoded and non-ASCII text normalized. Null when nothing changed. */
-function pass(input: Buffer, ascii: boolean, from: number): Level | null {
+/**
+ * asciiRunEnd when the input holds hidden controls: it stops at those too. A word may hold one when a
+ * byte is below 0x20 or is 0x7f (hidden-controls.ts), and its bytes are then read one by one: slower
+ * on text with line breaks, and only walked on an input that holds a hidden control.
+ */
+function asciiRunEndControls(input: Buffer, i: number, n: number): number {
+  const offset = input.byteOffset;
+  for (; i < n && ((offset + i) & 3) !== 0; i++) {
+    const b = input[i];
+    if (b >= 0x80 || b === AMP || HIDDEN_CONTROL[b]) return i;
+  }
+  const words = (n - i) >> 2;
+  if (words > 0) {
+    const view = new Int32Array(input.buffer, offset + i, words);
+    for (let k = 0; k < words; k++) {
+      const w = view[k];
+      const x = w ^ 0x26262626;
+      const y = w ^ 0x7f7f7f7f;
+      if (((w | ((x - 0x01010101) & ~x) | ((w - 0x20202020) & ~w) | ((y - 0x01010101) & ~y)) & 0x80808080) !== 0) {
+        const at = i + (k << 2);
+        for (let j = at; j < at + 4; j++) {
+          const b = input[j];
+          if (b >= 0x80 || b === AMP || HIDDEN_CONTROL[b]) return j;
+        }
+      }
+    }
+    i += words << 2;
+  }
+  for (; i < n; i++) {
+    const b = input[i];
+    if (b >= 0x80 || b === AMP || HIDDEN_CONTROL[b]) return i;
+  }
+  return n;
+}
+
+/**
+ * One level: entities decoded, hidden controls dropped (when `controls`: the input holds one; never
+ * with `ascii`) and non-ASCII text normalized. Null when nothing changed.
+ */
+function pass(input: Buffer, ascii: boolean, from: number, controls = false): Level | null {
   const n = input.length;
   let w: Writer | null = null;
   let firstAmp = -1;
@@ -813,10 +855,10 @@ function pass(input: Buffer, ascii: boolean, from: number): Level | null {
       }
     } else {
       const b = input[i];
-      if (b < 0x80 && b !== AMP) {
+      if (b < 0x80 && b !== AMP && !(controls && HIDDEN_CONTROL[b] === 1)) {
         // A run of ASCII bytes with no `&`: passed over four at a time (asciiRunEnd), where one turn
         // of this loop per byte cost most of the view's time on mostly-ASCII text.
-        i = asciiRunEnd(input, i + 1, n);
+        i = controls ? asciiRunEndControls(input, i + 1, n) : asciiRunEnd(input, i + 1, n);
         continue;
       }
     }
@@ -833,6 +875,10 @@ function pass(input: Buffer, ascii: boolean, from: number): Level | null {
       }
       end = entityEnd;
       entity = true;
+    } else if (input[i] < 0x80) {
+      // A hidden control (the only ASCII byte the walk stops at besides `&`): dropped below.
+      cp = input[i];
+      end = i + 1;
     } else {
       const d = decodeAt(input, i);
       if (d === 0) {
@@ -859,6 +905,14 @@ function pass(input: Buffer, ascii: boolean, from: number): Level | null {
       hangul = false;
     }
     state = end;
+    if (cp < 0x80 && HIDDEN_CONTROL[cp] === 1) {
+      // A hidden control, as it came or as an entity (`&#7;`): left out like an invisible character,
+      // so what the next mark sits on is unchanged.
+      w ??= new Writer(input);
+      w.skip(i, end);
+      i = end;
+      continue;
+    }
     if (cp < 0x80) {
       // An entity of an ASCII character.
       w ??= new Writer(input);

@@ -139,16 +139,23 @@ export function referenceScanView(body: Buffer): Buffer {
 const ESCAPED_UNICODE = Buffer.from('\\u');
 const ESCAPED_SLASH = Buffer.from('\\/');
 const ESCAPED_BACKSLASH = Buffer.from('\\\\');
+const ESCAPED_BACKSPACE = Buffer.from('\\b');
 
 /**
  * Whether escapes can hide what a detector looks for in the body as sent: `\u` escapes and `\/` spell
  * characters, and an escaped backslash `\\` starts a nested escape (JSON inside a JSON string, as
- * tool-call arguments are: `\\n` is a newline one level down, and would glue `nAKIA…` to a key).
- * The other escapes stand for control and quote characters, which detectors already treat as
+ * tool-call arguments are: `\\n` is a newline one level down, and would glue `nAKIA…` to a key),
+ * and `\b` is a backspace, a control the normalized view drops (`AKIA\bIOSF…` reads as the key).
+ * The other escapes stand for white space and quote characters, which detectors already treat as
  * separators in the body as sent.
  */
 export function referenceHidesCharacters(body: Buffer): boolean {
-  return body.indexOf(ESCAPED_UNICODE) >= 0 || body.indexOf(ESCAPED_SLASH) >= 0 || body.indexOf(ESCAPED_BACKSLASH) >= 0;
+  return (
+    body.indexOf(ESCAPED_UNICODE) >= 0 ||
+    body.indexOf(ESCAPED_SLASH) >= 0 ||
+    body.indexOf(ESCAPED_BACKSLASH) >= 0 ||
+    body.indexOf(ESCAPED_BACKSPACE) >= 0
+  );
 }
 
 export function referenceDeepScanView(body: Buffer): Buffer {

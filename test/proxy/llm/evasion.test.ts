@@ -4,7 +4,7 @@ import { AGENT_SECRET, startHarness } from '../../fixtures/llmproxy-harness.ts';
 
 // Evasion the detectors should not allow, end to end: what a reader of the upstream would
 // reassemble (a secret with a zero-width space inside and in upper case, a key spelled with HTML
-// entities or JSON-escaped invisibles, an address in full width) is found and, at `block`, never
+// entities, JSON-escaped invisibles or control characters, an address in full width) is found and, at `block`, never
 // forwarded (docs/decisions.md, "Evasion: the normalized view").
 const h = await startHarness();
 t.teardown(() => h.close());
@@ -49,6 +49,16 @@ t.test('a request is blocked with the right findings, and nothing reaches the up
     [
       'the agent secret spelled with entities',
       anthropicBody(`pw ${AGENT_SECRET.replaceAll('-', '&#45;').replace('h', '&#x68;')}`),
+      { inspector_type: 'secrets', severity: 'block', location: 'request_body', match: 'hunt****' },
+    ],
+    [
+      'an AWS key with a NUL escaped after each letter',
+      anthropicBody([...'AKIAIOSFODNN7EXAMPLE'].join('\u0000')),
+      { inspector_type: 'api_key', severity: 'block', location: 'request_body', match: 'AKIA****' },
+    ],
+    [
+      'the agent secret with a raw DEL and a \\b escape inside',
+      anthropicBody(`pw ${AGENT_SECRET.slice(0, 3)}\u007f${AGENT_SECRET.slice(3, 9)}\b${AGENT_SECRET.slice(9)}`),
       { inspector_type: 'secrets', severity: 'block', location: 'request_body', match: 'hunt****' },
     ],
   ];
