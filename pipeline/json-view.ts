@@ -13,8 +13,8 @@ import { nextByte } from './byte-class.ts';
 const BACKSLASH = 0x5c;
 
 /** Leading whitespace is valid JSON and the sender's to choose: all of it is skipped, however long. */
-function firstNonSpace(body: Uint8Array): number {
-  for (let i = 0; i < body.length; i++) {
+function firstNonSpace(body: Uint8Array, from: number): number {
+  for (let i = from; i < body.length; i++) {
     const b = body[i];
     if (b !== 0x20 && b !== 0x0a && b !== 0x0d && b !== 0x09) return i;
   }
@@ -23,9 +23,14 @@ function firstNonSpace(body: Uint8Array): number {
 
 const SSE_STARTS = ['data:', 'event:', 'id:', 'retry:', ':'].map((s) => Buffer.from(s));
 
-/** JSON documents and SSE streams of JSON events carry JSON string escapes; other bodies do not. */
+/**
+ * JSON documents and SSE streams of JSON events carry JSON string escapes; other bodies do not. A
+ * UTF-8 byte order mark before them is passed over: RFC 8259 lets a parser ignore it, and some do
+ * (.NET's, a browser's `Response.json()`), so `\u0041` behind one is still an `A` to some reader.
+ */
 export function carriesJsonEscapes(body: Buffer): boolean {
-  const i = firstNonSpace(body);
+  const bom = body.length >= 3 && body[0] === 0xef && body[1] === 0xbb && body[2] === 0xbf;
+  const i = firstNonSpace(body, bom ? 3 : 0);
   if (i < 0) return false;
   const b = body[i];
   if (b === 0x7b || b === 0x5b || b === 0x22) return true;
@@ -359,7 +364,7 @@ export function topLevelOf(body: Buffer, keys: readonly string[], anyCase?: Span
   const quotedKeys = keys.map(quotedKey);
   const quoted = quotedKeys[0];
   const lower = anyCase ? keys[0].toLowerCase() : '';
-  let i = firstNonSpace(body);
+  let i = firstNonSpace(body, 0);
   if (i < 0 || body[i] !== 0x7b) return null;
   const open = i;
   i++;

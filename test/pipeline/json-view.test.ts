@@ -19,6 +19,14 @@ t.test('the view decodes every JSON escape', async (t) => {
   t.equal(scanView(Buffer.from(json)).toString(), `{"s":"${original}"}`);
 });
 
+t.test('which bodies carry JSON escapes: JSON and SSE, after white space or a byte order mark', async (t) => {
+  for (const body of ['{"a":"\\u0041"}', '  \n[1]', '"s"', 'data: {}', '\ufeff{"a":1}', '\ufeff \r\n{"a":1}'])
+    t.ok(carriesJsonEscapes(Buffer.from(body)), JSON.stringify(body));
+  for (const body of ['plain \\u0041 text', 'a=1&b=\\u0041', '', '\ufeff', '\ufeffplain', '\ufeff\ufeff{}'])
+    t.notOk(carriesJsonEscapes(Buffer.from(body)), JSON.stringify(body));
+  t.equal(scanView(Buffer.from('\ufeff{"k":"AKIA\\u0049OSF"}')).toString(), '\ufeff{"k":"AKIAIOSF"}');
+});
+
 t.test('bodies without backslashes are returned as is (no copy)', async (t) => {
   const b = Buffer.from('{"a":"b"}');
   t.equal(scanView(b), b);
