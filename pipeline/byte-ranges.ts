@@ -1,4 +1,5 @@
 import type { Finding } from './finding.ts';
+import { HIDDEN_CONTROL } from './hidden-controls.ts';
 import { MAX_REACH, patternReach } from './pattern-reach.ts';
 import { findingKey, type InspectorFailure, type ScanResult } from './scan.ts';
 
@@ -13,10 +14,11 @@ export { MAX_REACH, patternReach } from './pattern-reach.ts';
 //                  └ overlap ┘
 //
 // An edge is a byte position the views agree on: the byte before it is a separator (`, : { } [ ]` or a
-// newline) and it starts on an ASCII byte. No JSON escape holds a separator at any level (an escape is
-// a backslash, a letter of `"\/bfnrtu` and hex digits, and `\\u0041` two levels down is made of the
-// same), no HTML entity does (a name or digits between `&` and `;`), and neither does a UTF-8 sequence;
-// no combining mark attaches across it (the byte after is ASCII). So each range's decoded and normalized
+// newline) and it starts on an ASCII byte the normalized view keeps (no hidden control). No JSON
+// escape holds a separator at any level (an escape is a backslash, a letter of `"\/bfnrtu` and hex
+// digits, and `\\u0041` two levels down is made of the same), no HTML entity does (a name or digits
+// between `&` and `;`), and neither does a UTF-8 sequence; no combining mark attaches across it (the
+// byte after is ASCII and kept). So each range's decoded and normalized
 // views are exactly the whole body's views over the same span, given the whole body's lexical facts
 // (ViewContext: a range's first byte says nothing of whether the body carries JSON escapes). No built-in
 // detector's match holds a separator, nor looks past one (a key's body, an email's local part and
@@ -69,7 +71,7 @@ const AMP = 0x26;
 
 /** Whether a range may start (or end) at `e`: see the header. */
 export function isEdge(body: Uint8Array, e: number): boolean {
-  return e > 0 && e < body.length && SEPARATOR[body[e - 1]] === 1 && body[e] < 0x80;
+  return e > 0 && e < body.length && SEPARATOR[body[e - 1]] === 1 && body[e] < 0x80 && HIDDEN_CONTROL[body[e]] === 0;
 }
 
 /** The first edge in [from, to), or -1. */

@@ -744,6 +744,24 @@ function recompose(input: Buffer, w: Writer | null, region: number, to: number, 
   return w;
 }
 
+const ESC = 0x1b;
+/** The most parameter bytes a colour sequence is read for (`38;2;255;255;255` is 16). */
+const MAX_ANSI_PARAMETERS = 32;
+
+/**
+ * Past an ANSI colour (SGR, `ESC [ 1;31 m`) or erase-line (`ESC [ K`) sequence whose ESC ends at
+ * `at`, or `at` when none is there. These two are what coloured tool output (grep, git, test runners)
+ * is made of, and a terminal shows nothing of them. Other sequences lose only their ESC: their final
+ * byte is a letter that could be part of a value, and what they show is no longer text.
+ */
+function ansiSequenceEnd(input: Buffer, at: number): number {
+  if (input[at] !== 0x5b) return at;
+  const limit = Math.min(input.length, at + 1 + MAX_ANSI_PARAMETERS);
+  let j = at + 1;
+  while (j < limit && ((input[j] >= 0x30 && input[j] <= 0x39) || input[j] === 0x3b || input[j] === 0x3a)) j++;
+  return j < input.length && (input[j] === 0x6d || input[j] === 0x4b) ? j + 1 : at;
+}
+
 /** Runs from this many bytes on are read a word at a time (a view over the buffer's words is made). */
 const WORD_RUN = 64;
 
@@ -907,7 +925,9 @@ function pass(input: Buffer, ascii: boolean, from: number, controls = false): Le
     state = end;
     if (cp < 0x80 && HIDDEN_CONTROL[cp] === 1) {
       // A hidden control, as it came or as an entity (`&#7;`): left out like an invisible character,
-      // so what the next mark sits on is unchanged.
+      // so what the next mark sits on is unchanged. An ESC that starts a colour or erase-line
+      // sequence is left out with it, as a terminal shows it (`grep --color` output splits a key).
+      if (cp === ESC && !entity) end = ansiSequenceEnd(input, end);
       w ??= new Writer(input);
       w.skip(i, end);
       i = end;

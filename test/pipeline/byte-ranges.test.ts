@@ -219,6 +219,12 @@ t.test('edges fall after a separator, on an ASCII byte, never inside a key, an e
     t.ok(body[e] < 0x80, 'on an ASCII byte');
   }
   t.equal(edges.length, 6, 'after `{`, the `:` and four commas (not the one before `é`)');
+  // A hidden control the normalized view drops is no edge: a mark after it sits on what precedes it.
+  const control = Buffer.from('note,\u0000\u0301tail,\u007fx,\ty');
+  const at = (s: string) => control.indexOf(s);
+  t.notOk(isEdge(control, at('\u0000')), 'not on a NUL');
+  t.notOk(isEdge(control, at('\u007f')), 'not on a DEL');
+  t.ok(isEdge(control, at('\t')), 'on a tab, which the view keeps');
   t.end();
 });
 

@@ -25,6 +25,12 @@ t.test('what is normalized', async (t) => {
     ['a\tb\nc\u000bd\u000ce\rf\u0000', 'a\tb\nc\u000bd\u000ce\rf'],
     ['x&#7;y&#x7F;z&#127;w&amp;#1;v&#9;u', 'xyzwv\tu'],
     ['A\u0000\u0301K\u0007\u0336', 'AK'],
+    // ANSI colour and erase-line sequences are left out whole (what a terminal shows of grep --color)
+    ['KEY=\u001b[01;31m\u001b[KAKIA\u001b[m\u001b[KIOSF', 'KEY=AKIAIOSF'],
+    ['\u001b[32mAKIA\u001b[0m \u001b[38;2;255;0;0mx\u001b[39m', 'AKIA x'],
+    ['a\u001b[2Jb \u001bc \u001b[1;2Hd', 'a[2Jb c [1;2Hd'],
+    [`\u001b[${'1;'.repeat(20)}mz`, `[${'1;'.repeat(20)}mz`],
+    ['&#27;[31mq', '[31mq'],
     ['α\u0000\u0301', 'ά'],
     ['a\u200cb\u200dc\u2060d\ufeffe\u00adf', 'abcdef'],
     ['a\ufe0fb\u{e0041}c\u034fd\u180ee\u3164f\u115fg\u200eh\u202ei', 'abcdefghi'],
