@@ -665,7 +665,10 @@ function decode4(input: Uint8Array, i: number, b: number): number {
 
 interface Level {
   bytes: Buffer;
-  /** Where an entity (or `＆`) was first read as `&` (the next level may find another entity there), or -1. */
+  /**
+   * Where an entity (or `＆`) was first read as `&`, or where an `&` was left whole by a character
+   * dropped after it (the next level may find another entity there), or -1.
+   */
   firstAmp: number;
 }
 
@@ -846,6 +849,10 @@ function pass(input: Buffer, ascii: boolean, from: number, controls = false): Le
   const n = input.length;
   let w: Writer | null = null;
   let firstAmp = -1;
+  // The last `&` that started no entity, in the input and in the view: a character dropped right after
+  // it may leave one behind (`&\u200b#64;` reads `&#64;`), which the next level then decodes.
+  let loneAmp = -1;
+  let loneAmpView = -1;
   // The state after the last character handled here (ASCII bytes in between are passed over and
   // accounted for when the next one comes, at `state`):
   let state = from; // input offset the state below holds at
@@ -888,6 +895,8 @@ function pass(input: Buffer, ascii: boolean, from: number, controls = false): Le
       const next = i + 1 < n ? input[i + 1] : 0;
       cp = next === 0x23 || isAsciiAlnum(next) ? entityAt(input, i) : -1;
       if (cp < 0) {
+        loneAmp = i;
+        loneAmpView = viewAt(w, i);
         i++; // an `&` that starts no entity is an ordinary byte
         continue;
       }
@@ -928,6 +937,7 @@ function pass(input: Buffer, ascii: boolean, from: number, controls = false): Le
       // so what the next mark sits on is unchanged. An ESC that starts a colour or erase-line
       // sequence is left out with it, as a terminal shows it (`grep --color` output splits a key).
       if (cp === ESC && !entity) end = ansiSequenceEnd(input, end);
+      if (firstAmp < 0 && loneAmp >= 0 && i - loneAmp <= MAX_ENTITY_NAME + 2) firstAmp = loneAmpView;
       w ??= new Writer(input);
       w.skip(i, end);
       i = end;
@@ -1009,6 +1019,7 @@ function pass(input: Buffer, ascii: boolean, from: number, controls = false): Le
     if (c & DROP || (c & MARK && (onAscii || marks >= MARKS_IN_A_ROW))) {
       // Invisible, a mark on an ASCII character, or a mark past 32 in a row: left out, and
       // what the next mark sits on is unchanged.
+      if (firstAmp < 0 && loneAmp >= 0 && i - loneAmp <= MAX_ENTITY_NAME + 2) firstAmp = loneAmpView;
       w ??= new Writer(input);
       w.skip(i, end);
       i = end;

@@ -31,6 +31,10 @@ t.test('what is normalized', async (t) => {
     ['a\u001b[2Jb \u001bc \u001b[1;2Hd', 'a[2Jb c [1;2Hd'],
     [`\u001b[${'1;'.repeat(20)}mz`, `[${'1;'.repeat(20)}mz`],
     ['&#27;[31mq', '[31mq'],
+    // a character dropped inside an entity leaves it whole for the next level
+    ['bob&\u0000#64;example.com', 'bob@example.com'],
+    ['a&\u200b#x40;b &comm\u001fat; &\u0301#64;', 'a@b @ @'],
+    ['R&D\u200b team', 'R&D team'],
     ['α\u0000\u0301', 'ά'],
     ['a\u200cb\u200dc\u2060d\ufeffe\u00adf', 'abcdef'],
     ['a\ufe0fb\u{e0041}c\u034fd\u180ee\u3164f\u115fg\u200eh\u202ei', 'abcdefghi'],
