@@ -19,7 +19,8 @@ import { HIDDEN_CONTROL, holdsHiddenControl } from './hidden-controls.ts';
 // The view is built from the bytes a detector would read otherwise (the body, or its decoded JSON
 // view when escapes can hide characters), so `\u200b` inside a JSON string is decoded first and then
 // dropped here. It is NFKC with three reader's rules (docs/decisions.md): invisible characters are
-// dropped (the C0 and C1 controls that are not white space among them); a combining mark on an ASCII character is dropped, decomposed first, so `é` reads as `e`
+// dropped (the C0 and C1 controls that are not white space among them, and ANSI colour sequences); a
+// combining mark on an ASCII character is dropped, decomposed first, so `é` reads as `e`
 // and `A\u0301K\u0301…` as `AK…` whether or not NFKC would compose the pair; the hyphens and the
 // minus sign read as `-`. NFKC is NFC of the NFKD forms of the code points, so every code point that is
 // not a mark is mapped on its own, once per process (a table); Hangul jamo compose by Unicode's
