@@ -68,7 +68,7 @@ function holdsHiddenControlSimd(bytes: Uint8Array, s: Scanner): boolean {
   const n = bytes.length;
   for (let at = 0; at < n; at += CHUNK) {
     const length = at + CHUNK < n ? CHUNK : n - at;
-    s.memory.set(at === 0 && length === n ? bytes : bytes.subarray(at, at + length), 0);
+    s.memory.set(bytes.subarray(at, at + length), 0);
     // The last vector's tail is padded with spaces, which are no control.
     const padded = (length + 15) & ~15;
     s.memory.fill(0x20, length, padded);

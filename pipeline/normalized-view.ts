@@ -53,11 +53,6 @@ const MARKS_IN_A_ROW = 32;
 /** A batch of text to recompose ends at the next starter once it is this long (bytes). */
 const REGION = 65536;
 
-/** Whether the view of these bytes can differ from them at all: one native pass each, no copy. */
-export function mayNormalize(bytes: Buffer): boolean {
-  return !isAscii(bytes) || bytes.indexOf(AMP) >= 0 || holdsHiddenControl(bytes);
-}
-
 /**
  * The normalized view of `input`, or null when it would be the input itself. HTML entities are
  * decoded up to three levels (`&amp;#64;` is `&#64;` once and `@` twice: a reader told to unescape
