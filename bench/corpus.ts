@@ -126,6 +126,23 @@ export function withOneNormalized(body: Buffer): Buffer {
 }
 
 /**
+ * The body with a `…` at the start of a message's text about every `every` bytes: model text as it
+ * comes, a few characters apart that the normalized view changes.
+ */
+export function withNormalizedEvery(body: Buffer, every: number): Buffer {
+  const marker = Buffer.from('"content":"');
+  const out: Buffer[] = [];
+  let from = 0;
+  for (let at = body.indexOf(marker); at >= 0; at = body.indexOf(marker, from + every)) {
+    const text = at + marker.length;
+    out.push(body.subarray(from, text), Buffer.from('…'));
+    from = text;
+  }
+  out.push(body.subarray(from));
+  return Buffer.concat(out);
+}
+
+/**
  * Request bodies that differ in every message: the corpus body with a fixed-width counter at the start
  * of each message's text, rewritten per request in a copy. Parts never repeat, so a per-part inspection
  * cache cannot make a contender look faster than it is on fresh traffic.

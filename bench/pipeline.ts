@@ -1,7 +1,14 @@
 import { createRequire } from 'node:module';
 import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
-import { BENCH_PATTERNS, BENCH_SECRETS, FULL_SET_DOCUMENT, llmRequestBody, withOneNormalized } from './corpus.ts';
+import {
+  BENCH_PATTERNS,
+  BENCH_SECRETS,
+  FULL_SET_DOCUMENT,
+  llmRequestBody,
+  withNormalizedEvery,
+  withOneNormalized,
+} from './corpus.ts';
 import { WORST_CASES, WORST_PATTERNS, WORST_SECRET, combinedWorstBody, worstBody } from './worst-case.ts';
 import { conditions, UNPINNED } from './conditions.ts';
 import { formatMs, mbPerSec, measure, sizeLabel, table } from './measure.ts';
@@ -488,6 +495,9 @@ async function againstBaseline(dir: string, quick: boolean): Promise<string> {
     ['64 KB', llmRequestBody(64 * 1024)],
     ['1 MB', llmRequestBody(1024 * 1024)],
     ['1 MB, pattern hits', withPatternHits(llmRequestBody(1024 * 1024))],
+    ['64 KB, one "…"', withOneNormalized(llmRequestBody(64 * 1024))],
+    ['1 MB, one "…"', withOneNormalized(llmRequestBody(1024 * 1024))],
+    ['1 MB, a "…" every 16 KB', withNormalizedEvery(llmRequestBody(1024 * 1024), 16 * 1024)],
     ['32 MB', llmRequestBody(32 * 1024 * 1024)],
   ];
   for (const [label, body] of bodies) {

@@ -14,6 +14,13 @@ for (const c of '._%+-') CLASS[c.charCodeAt(0)] |= EMAIL_LOCAL;
 for (const c of '.-') CLASS[c.charCodeAt(0)] |= EMAIL_DOMAIN;
 for (const c of '_-') CLASS[c.charCodeAt(0)] |= KEY_BODY;
 
+/**
+ * The bytes no built-in detector's match holds or looks past (`, : { } [ ]` and the newline): a view may
+ * be cut after one (byte-ranges.ts, normalized-windows.ts).
+ */
+export const SEPARATOR = new Uint8Array(256);
+for (const c of ',:{}[]\n') SEPARATOR[c.charCodeAt(0)] = 1;
+
 export function isDigit(b: number | undefined): boolean {
   return b !== undefined && b >= 0x30 && b <= 0x39;
 }

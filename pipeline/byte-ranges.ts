@@ -1,9 +1,10 @@
+import { SEPARATOR } from './byte-class.ts';
 import type { Finding } from './finding.ts';
 import { HIDDEN_CONTROL } from './hidden-controls.ts';
-import { MAX_REACH, patternReach } from './pattern-reach.ts';
+import { patternReach } from './pattern-reach.ts';
 import { findingKey, type InspectorFailure, type ScanResult } from './scan.ts';
 
-export { MAX_REACH, patternReach } from './pattern-reach.ts';
+export { MAX_REACH, patternReach, secretsReach } from './pattern-reach.ts';
 
 // A large request body split across the pool by byte range (docs/decisions.md, "Splitting a large
 // body by byte range"). Each worker scans one range of the one shared body; their findings are merged
@@ -64,8 +65,6 @@ export const REACH_LIMIT = 1024 * 1024;
 /** Bytes after a backslash that may still belong to its escape, up to three levels down (json-view.ts). */
 const ESCAPE_SPAN = 32;
 
-const SEPARATOR = new Uint8Array(256);
-for (const c of ',:{}[]\n') SEPARATOR[c.charCodeAt(0)] = 1;
 const BACKSLASH = 0x5c;
 const AMP = 0x26;
 
@@ -171,16 +170,6 @@ export function splitPatterns<P extends { pattern: string }>(patterns: readonly 
     }
   }
   return out;
-}
-
-/**
- * The reach the secrets need: the longest form of a value the scan looks for, its JSON-escaped one
- * (six bytes, as `\u00e9`, per UTF-16 unit): at most 6 bytes per byte. null when too long to split for.
- */
-export function secretsReach(secrets: readonly string[]): number | null {
-  let reach = 0;
-  for (const s of secrets) reach = Math.max(reach, 6 * Buffer.byteLength(s));
-  return reach > MAX_REACH ? null : reach;
 }
 
 /**

@@ -1,7 +1,8 @@
 import type { ViewContext } from './byte-ranges.ts';
 import { bodyLocation, type FindingLocation, type Phase } from './finding.ts';
 import { decodedViews, hidesCharacters } from './json-view.ts';
-import { normalizedView } from './normalized-view.ts';
+import { type NormalizedView, normalizedView } from './normalized-view.ts';
+import { changedWindows, windowReach } from './normalized-windows.ts';
 import { hits, type OpenRange, type PatternPlan, type PrefilterId, type SetHits } from './inspectors/patterns.ts';
 import { sseText } from './sse-text.ts';
 
@@ -14,6 +15,8 @@ import { sseText } from './sse-text.ts';
 //         ├── joined()    a streamed response's delta text (sse-text.ts)
 //         └── normalized(), normalizedJoined()   NFKC, invisibles dropped, entities decoded
 //                         (normalized-view.ts): of decoded() when an inspector reads it, else of literal()
+//               └── normalizedStage()   what the normalized stage reads of normalized(): the windows
+//                         around what normalization changed (normalized-windows.ts), or all of it
 //
 // A view that cannot be built is a recorded failure (`normalized_view`, `sse_text`), never a silent
 // pass, and so is the patterns' RE2.Set pass (`patterns`), which also tells api_key and pii whether
@@ -47,6 +50,8 @@ export interface InputOptions {
   context?: ViewContext | null;
   /** The larger body `raw` is bytes [start, end) of (a byte range's scan), for what must read past it. */
   within?: Within | null;
+  /** The normalized stage reads the whole view, not its windows around changes (tests compare the two). */
+  wholeNormalized?: boolean;
 }
 
 /** The whole body a byte range was cut from, and where. */
@@ -77,10 +82,14 @@ export class InspectionInput {
   // undefined: not built yet; null: built, and there is nothing (or nothing different) to read.
   #joined: Buffer | null | undefined = undefined;
   #normalized: Buffer | null | undefined = undefined;
+  /** NormalizedView.changes of #normalized. */
+  #changes: number[] | null = null;
+  #stage: Buffer | null | undefined = undefined;
   #normalizedJoined: Buffer | null | undefined = undefined;
   #literalHits: SetHits | null | undefined = undefined;
   #normalizedHits: SetHits | null | undefined = undefined;
   #within: Within | null;
+  #wholeNormalized: boolean;
   #whole: InspectionInput | null = null;
   /**
    * Unbounded patterns escalated to the whole body (patterns.ts, OpenRange), across both stages; made
@@ -99,6 +108,7 @@ export class InspectionInput {
     this.#patterns = options.patterns;
     this.#context = options.context ?? null;
     this.#within = options.within ?? null;
+    this.#wholeNormalized = options.wholeNormalized ?? false;
   }
 
   /**
@@ -168,16 +178,42 @@ export class InspectionInput {
   /** The normalized view of the body; null when it reads the same as the view it was built on. */
   normalized(): Buffer | null {
     if (this.#normalized === undefined) {
-      this.#normalized = this.#normalize(this.#normalizeDecoded ? this.decoded() : this.literal());
+      const view = this.#normalize(this.#normalizeDecoded ? this.decoded() : this.literal());
+      this.#normalized = view?.bytes ?? null;
+      this.#changes = view?.changes ?? null;
     }
     return this.#normalized;
+  }
+
+  /**
+   * What the normalized stage reads of normalized(): only the windows around what normalization changed
+   * when the stage's detectors reach a bounded way from a change (normalized-windows.ts), else all of it;
+   * null as for normalized(). A match elsewhere in the view is the decoded view's, found already.
+   */
+  normalizedStage(): Buffer | null {
+    if (this.#stage === undefined) {
+      const view = this.normalized();
+      const changes = this.#changes;
+      const reach =
+        view === null || changes === null || this.#wholeNormalized || this.#within !== null
+          ? null
+          : windowReach(this.#patterns, this.secrets);
+      this.#stage = reach === null ? view : (changedWindows(view!, changes!, reach) ?? view);
+    }
+    return this.#stage;
+  }
+
+  /** Where normalized() differs from the view it was built on (NormalizedView.changes); null: not told. */
+  normalizedChanges(): number[] | null {
+    this.normalized();
+    return this.#changes;
   }
 
   /** The normalized view of the joined text; null as for joined(), or when it reads the same. */
   normalizedJoined(): Buffer | null {
     if (this.#normalizedJoined === undefined) {
       const joined = this.joined();
-      this.#normalizedJoined = joined ? this.#normalize(joined) : null;
+      this.#normalizedJoined = joined ? (this.#normalize(joined)?.bytes ?? null) : null;
     }
     return this.#normalizedJoined;
   }
@@ -193,7 +229,7 @@ export class InspectionInput {
       return this.#literalHits;
     }
     if (this.#normalizedHits === undefined) {
-      this.#normalizedHits = this.#setPass(() => this.normalized());
+      this.#normalizedHits = this.#setPass(() => this.normalizedStage());
     }
     return this.#normalizedHits;
   }
@@ -214,9 +250,9 @@ export class InspectionInput {
     }
   }
 
-  #normalize(view: Buffer): Buffer | null {
+  #normalize(view: Buffer): NormalizedView | null {
     try {
-      return normalizedView(view)?.bytes ?? null;
+      return normalizedView(view);
     } catch (err) {
       this.#failures.push({ inspector: NORMALIZED_VIEW, reason: failureReason(err) });
       return null;

@@ -38,12 +38,21 @@ import { HIDDEN_CONTROL, holdsHiddenControl } from './hidden-controls.ts';
 // (Unicode's stream-safe text, UAX #15, has at most 30 non-starters in a row; only a flood has more).
 // A code point whose NFKC form is more than twice its UTF-8 length (U+FDFA, the squared katakana
 // words) is kept as it is, so the view is at most twice its input. A decoded `&` makes the next entity
-// level walk again only from it on. No map back to the input is kept:
-// nothing reads one (a finding has no offset, and its `match` is taken from the view).
+// level walk again only from it on. The view tells where it differs from its input (`changes`, from
+// the spans the walk copied as they are), so that the normalized stage can read only around those
+// places (normalized-windows.ts); no finer map back is kept (a finding has no offset, and its `match`
+// is taken from the view).
 
 export interface NormalizedView {
   /** The normalized text, UTF-8. */
   bytes: Buffer;
+  /**
+   * What normalization changed, in order, flat: view start, view end, input start, input end of each
+   * place where the view is not the input copied as it is (a dropped character is an empty view span).
+   * Outside them the view is the input, byte for byte. null when not told: more than one entity level
+   * walked, or more than MAX_SPANS places.
+   */
+  changes: number[] | null;
 }
 
 const AMP = 0x26;
@@ -66,6 +75,7 @@ export function normalizedView(input: Buffer): NormalizedView | null {
   let level = pass(input, ascii && !controls, 0, controls);
   if (level === null) return null;
   let bytes = level.bytes;
+  let changes = level.firstAmp < 0 ? changesOf(level.spans, bytes.length, input.length) : null;
   for (let k = 1; k < ENTITY_LEVELS && level.firstAmp >= 0; k++) {
     // The view before the first decoded `&` is already its own view: the next level starts there
     // (a `&amp;amp;` tail does not walk a padded view twice more), from the starter before it.
@@ -73,8 +83,26 @@ export function normalizedView(input: Buffer): NormalizedView | null {
     level = pass(bytes, isAscii(bytes.subarray(from)), from);
     if (level === null) break;
     bytes = level.bytes;
+    changes = null;
   }
-  return { bytes };
+  return { bytes, changes };
+}
+
+/** The places a view's unchanged spans (Writer.spans) leave between them: NormalizedView.changes. */
+function changesOf(spans: readonly number[] | null, viewLength: number, inputLength: number): number[] | null {
+  if (spans === null) return null;
+  const out: number[] = [];
+  let view = 0;
+  let input = 0;
+  for (let k = 0; k < spans.length; k += 3) {
+    const start = spans[k];
+    const from = spans[k + 2];
+    if (start !== view || from !== input) out.push(view, start, input, from);
+    view = spans[k + 1];
+    input = from + (view - start);
+  }
+  if (view !== viewLength || input !== inputLength) out.push(view, viewLength, input, inputLength);
+  return out;
 }
 
 /**
@@ -551,12 +579,20 @@ function entityAt(input: Buffer, at: number): number {
 
 // ---------- the walk ----------
 
+/** The most spans of unchanged input a view keeps track of; past it, what changed is not told. */
+const MAX_SPANS = 4096;
+
 /** The view being written: the input copied lazily, up to the next change. */
 class Writer {
   bytes: Buffer;
   length = 0;
   /** Input bytes before this are written (or replaced). */
   done = 0;
+  /**
+   * The spans of the view copied from the input as they are, in order, flat: view start, view end,
+   * input start. null past MAX_SPANS.
+   */
+  spans: number[] | null = [];
   readonly #input: Buffer;
 
   constructor(input: Buffer) {
@@ -577,6 +613,7 @@ class Writer {
   keep(to: number): void {
     const from = this.done;
     if (to <= from) return;
+    this.#kept(from, to);
     this.room(to - from);
     const input = this.#input;
     const out = this.bytes;
@@ -588,6 +625,37 @@ class Writer {
       this.length += input.copy(out, this.length, from, to);
     }
     this.done = to;
+  }
+
+  /** Input [from, to) is about to be copied at the view's end: one span more, or the last one longer. */
+  #kept(from: number, to: number): void {
+    const spans = this.spans;
+    if (spans === null) return;
+    const k = spans.length;
+    const at = this.length;
+    if (k > 0 && spans[k - 2] === at && spans[k - 1] + (at - spans[k - 3]) === from) {
+      spans[k - 2] = at + (to - from);
+      return;
+    }
+    if (k >= 3 * MAX_SPANS) {
+      this.spans = null;
+      return;
+    }
+    spans.push(at, at + (to - from), from);
+  }
+
+  /** The view is cut back to `at` (to be written again from there): spans past it are no longer kept. */
+  rewind(at: number): void {
+    this.length = at;
+    const spans = this.spans;
+    if (spans === null) return;
+    let k = spans.length;
+    while (k > 0 && spans[k - 2] > at) {
+      if (spans[k - 3] >= at) {
+        k -= 3;
+        spans.length = k;
+      } else spans[k - 2] = at;
+    }
   }
 
   /** Input [from, to) is left out. */
@@ -666,6 +734,8 @@ interface Level {
    * dropped after it (the next level may find another entity there), or -1.
    */
   firstAmp: number;
+  /** Writer.spans. */
+  spans: number[] | null;
 }
 
 /** The view offset of input offset `i` (the view is the input up to the first change). */
@@ -720,7 +790,7 @@ function recompose(input: Buffer, w: Writer | null, region: number, to: number, 
     w = new Writer(input);
     w.keep(to);
   }
-  w.length = region;
+  w.rewind(region);
   w.room(3 * composed.length);
   if (held === null) {
     w.length += w.bytes.write(composed, w.length, 'utf8');
@@ -1053,7 +1123,7 @@ function pass(input: Buffer, ascii: boolean, from: number, controls = false): Le
                 w = new Writer(input);
                 w.keep(i);
               }
-              w.length = at - (last & 7);
+              w.rewind(at - (last & 7));
               w.codePoint(composed);
               w.done = end;
               marks++;
@@ -1081,7 +1151,7 @@ function pass(input: Buffer, ascii: boolean, from: number, controls = false): Le
               w.keep(i);
             }
             w.keep(i);
-            w.length = clusterAt;
+            w.rewind(clusterAt);
             w.room(composed.length);
             w.length += composed.copy(w.bytes, w.length);
             w.done = end;
@@ -1139,7 +1209,7 @@ function pass(input: Buffer, ascii: boolean, from: number, controls = false): Le
           w = new Writer(input);
           w.keep(i);
         }
-        w.length = p;
+        w.rewind(p);
         w.codePoint(syllable);
         w.done = end;
         hangul = (syllable - 0xac00) % 28 === 0; // an LV syllable still takes a final
@@ -1176,5 +1246,5 @@ function pass(input: Buffer, ascii: boolean, from: number, controls = false): Le
   if (region >= 0) w = recompose(input, w, region, n, regionInvalid);
   if (w === null) return null;
   w.keep(n);
-  return { bytes: w.bytes.subarray(0, w.length), firstAmp };
+  return { bytes: w.bytes.subarray(0, w.length), firstAmp, spans: w.spans };
 }

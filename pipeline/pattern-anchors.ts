@@ -702,6 +702,80 @@ export function windows(view: Buffer, anchor: Anchor, hits: readonly number[]): 
   return out;
 }
 
+/**
+ * The occurrences of the anchor's literals (as locate gives them) whose match may hold, or sit next to,
+ * one of `changes` (NormalizedView.changes: a view's start and end at 0 and 1 of each four), looked
+ * for only in the spans of `view` where such an occurrence can lie (normalized-windows.ts); null past
+ * locate's bounds. A match holds its literal, so a change lies after the literal (the bytes between
+ * are a start of the suffix's), before it (the prefix's) or on it:
+ *
+ * - after: the literal ends at most `after` bytes before the change, or, unbounded, somewhere the
+ *   suffix's relaxed language read backward from the change lives (each byte one an element at or
+ *   before the previous byte's may hold; every element optional: a superset);
+ * - before: it starts at most `before` bytes after the change, or where the prefix's bytes run to;
+ * - on it: within a literal's length (four bytes a character when folded) and the two bytes a `\b`
+ *   reads either side.
+ *
+ * Linear: a backward walk stops at the change before (a walk from there, in every state, goes at least
+ * as far back), a forward one is not walked again where the last one already went.
+ */
+export function locateNear(view: Buffer, anchor: Anchor, changes: readonly number[]): number[] | null {
+  const n = view.length;
+  const reach = Math.max(...anchor.literals.map((l) => l.length)) * (anchor.fold ? 4 : 1) + 2;
+  const { before, after, prefixBytes, suffix } = anchor;
+  const spans: number[] = [];
+  let lastChange = -1;
+  let forward = -1;
+  for (let k = 0; k < changes.length; k += 4) {
+    const a = changes[k];
+    const b = changes[k + 1];
+    let start: number;
+    if (after === Infinity) {
+      const stop = Math.max(0, lastChange);
+      const end = suffixStart(view, suffix, a, stop);
+      // Back to the change before: from there on, that change's walk went as far back as this one can.
+      start = lastChange >= 0 && end === stop ? -1 : Math.max(0, end - reach);
+    } else start = Math.max(0, a - after - reach);
+    lastChange = a;
+    let end: number;
+    if (before === Infinity) {
+      if (forward < b) {
+        forward = b;
+        while (forward < n && prefixBytes[view[forward]] === 1) forward++;
+      }
+      end = forward;
+    } else end = b + before;
+    end = Math.min(n, end + reach);
+    const last = spans.length - 1;
+    if (last >= 0 && start <= spans[last]) spans[last] = Math.max(spans[last], end);
+    else spans.push(start, end);
+  }
+  const hits: number[] = [];
+  for (let k = 0; k < spans.length; k += 2) {
+    const found = locate(view.subarray(spans[k], spans[k + 1]), anchor);
+    if (found === null) return null;
+    for (const h of found) hits.push(h + spans[k]);
+  }
+  return hits;
+}
+
+/**
+ * The lowest offset, down to `stop`, at which the literal may end for a match's rest to run on to
+ * `from`: the bytes before `from` read backward in the suffix's relaxed language (locateNear).
+ */
+function suffixStart(view: Buffer, suffix: Anchor['suffix'], from: number, stop: number): number {
+  let state = suffix.bytes.length - 1;
+  let i = from;
+  for (; i > stop; i--) {
+    const b = view[i - 1];
+    let j = state;
+    while (j >= 0 && suffix.bytes[j][b] !== 1) j--;
+    if (j < 0) break;
+    state = j;
+  }
+  return i;
+}
+
 /** How far before a view's end runsIntoEnds steps the suffix's language from every state at once. */
 export const TAIL_BYTES = 64 * 1024;
 

@@ -1,5 +1,6 @@
-// How far a custom pattern's matches reach across a byte range's edge (byte-ranges.ts): read from the
-// RE2 source alone, so that both the range planner and the patterns inspector can ask it.
+// How far a custom pattern's matches reach across a byte range's edge (byte-ranges.ts) or around what
+// normalization changed (normalized-windows.ts): read from the RE2 source alone, so that the range
+// planner, the windows and the patterns inspector can all ask it; and how far a secret's do.
 
 /** A secret or pattern longer than this is not split for: it scans whole (the overlap would be huge). */
 export const MAX_REACH = 64 * 1024;
@@ -119,4 +120,14 @@ export function patternReach(source: string): number | null {
   if (separatorFree) return 0;
   const chars = source.length * product;
   return bounded && chars * 4 <= MAX_REACH ? chars * 4 : null;
+}
+
+/**
+ * The reach the secrets need: the longest form of a value the scan looks for, its JSON-escaped one
+ * (six bytes, as `\u00e9`, per UTF-16 unit): at most 6 bytes per byte. null when too long to split for.
+ */
+export function secretsReach(secrets: readonly string[]): number | null {
+  let reach = 0;
+  for (const s of secrets) reach = Math.max(reach, 6 * Buffer.byteLength(s));
+  return reach > MAX_REACH ? null : reach;
 }

@@ -53,6 +53,8 @@ export interface ScanRequest {
    * reports these as it goes, so a deadline keeps what finished (engine.ts). Not set inline.
    */
   onInspector?: (inspector: string, result: ScanResult) => void;
+  /** The normalized stage reads the whole view, not its windows around changes (tests compare the two). */
+  wholeNormalized?: boolean;
 }
 
 export interface ScanResult {
@@ -145,6 +147,7 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
     patterns: run.patterns,
     context: request.context ?? null,
     within: request.within ?? null,
+    wholeNormalized: request.wholeNormalized ?? false,
   });
   if (run.joined) input.joined();
 

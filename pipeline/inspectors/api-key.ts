@@ -176,7 +176,7 @@ export const inspector = defineInspector<ApiKeyPlan>({
     return !prefiltered || prefiltered.has('api_key') ? scan(input.literal(), plan, input.location) : [];
   },
   scanNormalized(input, plan) {
-    const view = input.normalized();
+    const view = input.normalizedStage();
     if (!view) return [];
     const prefiltered = input.prefilters('normalized');
     return !prefiltered || prefiltered.has('api_key') ? scan(view, plan, input.location) : [];

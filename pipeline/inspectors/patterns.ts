@@ -1,7 +1,8 @@
 import RE2 from 're2';
 import { appendAll, MAX_FINDINGS_PER_INSPECTOR, redact, type Finding, type FindingLocation } from '../finding.ts';
+import type { InspectionInput } from '../inspection-input.ts';
 import { defineInspector } from '../inspector.ts';
-import { type Anchor, anchorOf, locate, runsIntoEnds, windows } from '../pattern-anchors.ts';
+import { type Anchor, anchorOf, locate, locateNear, runsIntoEnds, windows } from '../pattern-anchors.ts';
 import { MAX_REACH, patternReach } from '../pattern-reach.ts';
 import { recordedSeverity } from '../policy/severity.ts';
 import type { CustomPattern } from '../policy/types.ts';
@@ -73,6 +74,12 @@ export interface PatternPlan {
    * split by range for these patterns (an unbounded one without a literal, or a literal too long).
    */
   rangeReach: number | null;
+  /**
+   * How far a match reaches around a change of the normalized view (normalized-windows.ts): rangeReach,
+   * null also when a pattern holds `\C` (it matches the byte between two windows). An unbounded pattern
+   * counts its literal only: it runs over the whole view around its literal (scanNormalized).
+   */
+  windowReach: number | null;
   /**
    * Every pattern has an anchor and finding them all is estimated at LOCATED_MAX_COST set passes or
    * less: in a view from LOCATED_FROM_BYTES, candidates come from their literals instead (the
@@ -158,6 +165,7 @@ export function compile(
     compiled.reduce((sum, c) => sum + c.anchor!.cost, 0) < LOCATED_MAX_COST;
   const literalMembers: number[] = [];
   let rangeReach: number | null = 0;
+
   for (let i = 0; i < compiled.length; i++) {
     const { unbounded, anchor } = compiled[i];
     let reach = reaches[i];
@@ -203,6 +211,7 @@ export function compile(
     literalMembers: set ? literalMembers : [],
     unboundedSet,
     rangeReach,
+    windowReach: compiled.some((c) => c.regex.source.includes('\\C')) ? null : rangeReach,
   };
 }
 
@@ -558,7 +567,8 @@ export const inspector = defineInspector<PatternPlan>({
     return findings;
   },
   scanNormalized(input, plan) {
-    const view = input.normalized();
+    const view = input.normalizedStage();
+    if (view && view !== input.normalized()) return inWindows(input, plan, view);
     const viewHits = view ? input.setHits('normalized') : null;
     const range = input.openRange('normalized');
     // A pattern the literal stage escalated runs over the whole normalized view even where this
@@ -576,3 +586,43 @@ export const inspector = defineInspector<PatternPlan>({
     return findings;
   },
 });
+
+/**
+ * The normalized stage when it reads windows around what normalization changed (normalized-windows.ts):
+ * the bounded patterns the set pass names there run there. An unbounded one runs over the whole view
+ * around the occurrences of its literal that a match holding a change can hold (locateNear), when that
+ * literal occurs in the windows or in the decoded view at all (a match of the whole view holds its
+ * literal, and a literal away from every change is the decoded view's bytes).
+ */
+function inWindows(input: InspectionInput, plan: PatternPlan, windows: Buffer): Finding[] {
+  const windowHits = input.setHits('normalized');
+  if (!windowHits) return []; // the set pass failed, and said so
+  const bounded = windowHits.patterns.filter((i) => !plan.patterns[i].unbounded);
+  const findings = bounded.length > 0 ? scan(windows, plan, input.location, { ...windowHits, patterns: bounded }) : [];
+  const decodedHits = input.setHits('literal');
+  const unbounded: number[] = [];
+  for (let i = 0; i < plan.patterns.length; i++) {
+    if (plan.patterns[i].unbounded && (literalMayOccur(windowHits, i) || literalMayOccur(decodedHits, i)))
+      unbounded.push(i);
+  }
+  if (unbounded.length > 0) {
+    // Each around its literal's occurrences near a change only: a match away from every change is the
+    // decoded view's, which the literal stage read.
+    const view = input.normalized()!;
+    const changes = input.normalizedChanges()!;
+    const located: (number[] | null)[] = [];
+    for (const i of unbounded) located[i] = locateNear(view, plan.patterns[i].anchor!, changes);
+    appendAll(findings, scan(view, plan, input.location, { patterns: unbounded, prefilters: null, located }));
+  }
+  const joined = input.normalizedJoined();
+  if (joined) appendAll(findings, scan(joined, plan, input.location));
+  return findings;
+}
+
+/** Whether a set pass (or the literals located instead) leaves open that pattern `i`'s literal occurs. */
+function literalMayOccur(setHits: SetHits | null, i: number): boolean {
+  if (setHits === null) return true;
+  const found = setHits.located?.[i];
+  if (found !== undefined) return found === null || found.length > 0;
+  return setHits.literals ? setHits.literals.has(i) : true;
+}

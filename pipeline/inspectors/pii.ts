@@ -325,7 +325,7 @@ export const inspector = defineInspector<PiiPlan>({
     return p ? scan(input.literal(), p, input.location) : [];
   },
   scanNormalized(input, plan) {
-    const view = input.normalized();
+    const view = input.normalizedStage();
     if (!view) return [];
     const p = narrowed(plan, input.prefilters('normalized'));
     return p ? scan(view, p, input.location) : [];

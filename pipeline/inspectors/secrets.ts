@@ -190,7 +190,7 @@ export const inspector = defineInspector<Toggle>({
     return findings;
   },
   scanNormalized(input, toggle) {
-    const view = input.normalized();
+    const view = input.normalizedStage();
     const joined = input.normalizedJoined();
     if (!view && !joined) return [];
     const secretNeedles = needles(input.secrets);
