@@ -52,6 +52,8 @@ export interface InputOptions {
   within?: Within | null;
   /** The normalized stage reads the whole view, not its windows around changes (tests compare the two). */
   wholeNormalized?: boolean;
+  /** The erase reading's input (erased()): its normalized view reads a backspace as erasing. */
+  erase?: boolean;
 }
 
 /** The whole body a byte range was cut from, and where. */
@@ -90,6 +92,10 @@ export class InspectionInput {
   #normalizedHits: SetHits | null | undefined = undefined;
   #within: Within | null;
   #wholeNormalized: boolean;
+  #erase: boolean;
+  /** The normalized view dropped a backspace (NormalizedView.backspace). */
+  #backspace = false;
+  #erased: InspectionInput | null | undefined = undefined;
   #whole: InspectionInput | null = null;
   /**
    * Unbounded patterns escalated to the whole body (patterns.ts, OpenRange), across both stages; made
@@ -109,6 +115,7 @@ export class InspectionInput {
     this.#context = options.context ?? null;
     this.#within = options.within ?? null;
     this.#wholeNormalized = options.wholeNormalized ?? false;
+    this.#erase = options.erase ?? false;
   }
 
   /**
@@ -137,6 +144,7 @@ export class InspectionInput {
       normalizeDecoded: this.#normalizeDecoded,
       patterns: this.#patterns,
       context: this.#context,
+      erase: this.#erase,
     });
     return this.#whole;
   }
@@ -178,11 +186,46 @@ export class InspectionInput {
   /** The normalized view of the body; null when it reads the same as the view it was built on. */
   normalized(): Buffer | null {
     if (this.#normalized === undefined) {
-      const view = this.#normalize(this.#normalizeDecoded ? this.decoded() : this.literal());
+      const view = this.#normalize(this.#normalizeDecoded ? this.decoded() : this.literal(), this.#erase);
       this.#normalized = view?.bytes ?? null;
       this.#changes = view?.changes ?? null;
+      this.#backspace = view?.backspace ?? false;
     }
     return this.#normalized;
+  }
+
+  /**
+   * The erase reading, a normalized stage of its own (scan.ts): this body, its normalized view reading
+   * a backspace as erasing the character before it (`AKIAQ\bIOSF…` as a terminal shows it). null unless
+   * the normalized view dropped a backspace. The views before normalization are the same bytes: shared.
+   */
+  erased(): InspectionInput | null {
+    if (this.#erased === undefined) {
+      this.normalized();
+      if (!this.#backspace || this.#erase) this.#erased = null;
+      else {
+        const erased = new InspectionInput({
+          raw: this.raw,
+          phase: this.phase,
+          secrets: this.secrets,
+          modelsAnywhere: this.modelsAnywhere,
+          failures: this.#failures,
+          normalizeDecoded: this.#normalizeDecoded,
+          patterns: this.#patterns,
+          context: this.#context,
+          within: this.#within,
+          wholeNormalized: this.#wholeNormalized,
+          erase: true,
+        });
+        erased.#decoded = this.#decoded;
+        erased.#literal = this.#literal;
+        erased.#literalHits = this.#literalHits;
+        erased.#joined = null;
+        if (this.#within) erased.#escalated = this.#escalated ??= new Set();
+        this.#erased = erased;
+      }
+    }
+    return this.#erased;
   }
 
   /**
@@ -213,7 +256,7 @@ export class InspectionInput {
   normalizedJoined(): Buffer | null {
     if (this.#normalizedJoined === undefined) {
       const joined = this.joined();
-      this.#normalizedJoined = joined ? (this.#normalize(joined)?.bytes ?? null) : null;
+      this.#normalizedJoined = joined && !this.#erase ? (this.#normalize(joined, false)?.bytes ?? null) : null;
     }
     return this.#normalizedJoined;
   }
@@ -250,9 +293,9 @@ export class InspectionInput {
     }
   }
 
-  #normalize(view: Buffer): NormalizedView | null {
+  #normalize(view: Buffer, erase: boolean): NormalizedView | null {
     try {
-      return normalizedView(view);
+      return normalizedView(view, erase);
     } catch (err) {
       this.#failures.push({ inspector: NORMALIZED_VIEW, reason: failureReason(err) });
       return null;

@@ -96,6 +96,9 @@ t.test('property: outside its changes the view is its input, and one level is al
     '\u001b[01;31m',
     '\u001b[K',
     '\u001bX',
+    '\b',
+    'Q\bA',
+    '&#8;',
     '&#64;',
     '&#x200b;',
     '&commat;',
@@ -120,11 +123,15 @@ t.test('property: outside its changes the view is its input, and one level is al
       ),
       (units) => {
         const input = Buffer.concat(units);
-        const v = normalizedView(input);
-        if (v === null) return true;
-        if (!honest(input, v)) return false;
-        // No decoded `&` (the only way to a second level): the changes are told.
-        return v.changes !== null || input.includes('&');
+        // The erase reading too (a backspace erases the character before it: the view is cut back).
+        for (const erase of [false, true]) {
+          const v = normalizedView(input, erase);
+          if (v === null) continue;
+          if (!honest(input, v) || v.bytes.length > 2 * input.length) return false;
+          // No decoded `&` (the only way to a second level): the changes are told.
+          if (v.changes === null && !input.includes('&')) return false;
+        }
+        return true;
       },
     ),
     { numRuns: 20_000 },
@@ -274,6 +281,8 @@ const FRAGMENTS = [
   'abc\u200bdef ',
   'ab cd ef ',
   '@internal.corp ',
+  'Q\\b',
+  '&#8;',
 ];
 
 function bodyOf(messages: number[][]): Buffer {
