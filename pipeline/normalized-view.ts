@@ -49,8 +49,8 @@ export interface NormalizedView {
   /**
    * What normalization changed, in order, flat: view start, view end, input start, input end of each
    * place where the view is not the input copied as it is (a dropped character is an empty view span).
-   * Outside them the view is the input, byte for byte. null when not told: more than one entity level
-   * walked, or more than MAX_SPANS places.
+   * Outside them the view is the input, byte for byte. null when not told: a second entity level
+   * changed something, or more than MAX_SPANS places.
    */
   changes: number[] | null;
   /**
@@ -83,7 +83,8 @@ export function normalizedView(input: Buffer, erase = false): NormalizedView | n
   if (level === null) return null;
   let bytes = level.bytes;
   let backspace = level.backspace;
-  let changes = level.firstAmp < 0 ? changesOf(level.spans, bytes.length, input.length) : null;
+  // A later level that changes something makes them not told (their places are the first level's).
+  let changes = changesOf(level.spans, bytes.length, input.length);
   for (let k = 1; k < ENTITY_LEVELS && level.firstAmp >= 0; k++) {
     // The view before the first decoded `&` is already its own view: the next level starts there
     // (a `&amp;amp;` tail does not walk a padded view twice more), from the starter before it.
