@@ -717,9 +717,15 @@ export function windows(view: Buffer, anchor: Anchor, hits: readonly number[]): 
  *   reads either side.
  *
  * Linear: a backward walk stops at the change before (a walk from there, in every state, goes at least
- * as far back), a forward one is not walked again where the last one already went.
+ * as far back), a forward one is not walked again where the last one already went. The bytes walked and
+ * searched are taken from `budget`; false once it is spent (the caller then reads the whole view).
  */
-export function locateNear(view: Buffer, anchor: Anchor, changes: readonly number[]): number[] | null {
+export function locateNear(
+  view: Buffer,
+  anchor: Anchor,
+  changes: readonly number[],
+  budget: { left: number },
+): number[] | null | false {
   const n = view.length;
   const reach = Math.max(...anchor.literals.map((l) => l.length)) * (anchor.fold ? 4 : 1) + 2;
   const { before, after, prefixBytes, suffix } = anchor;
@@ -732,7 +738,10 @@ export function locateNear(view: Buffer, anchor: Anchor, changes: readonly numbe
     let start: number;
     if (after === Infinity) {
       const stop = Math.max(0, lastChange);
-      const end = suffixStart(view, suffix, a, stop);
+      const floor = Math.max(stop, a - Math.max(0, Math.floor(budget.left)));
+      const end = suffixStart(view, suffix, a, floor);
+      budget.left -= a - end;
+      if (end === floor && floor > stop) return false;
       // Back to the change before: from there on, that change's walk went as far back as this one can.
       start = lastChange >= 0 && end === stop ? -1 : Math.max(0, end - reach);
     } else start = Math.max(0, a - after - reach);
@@ -740,8 +749,11 @@ export function locateNear(view: Buffer, anchor: Anchor, changes: readonly numbe
     let end: number;
     if (before === Infinity) {
       if (forward < b) {
+        const limit = Math.min(n, b + Math.max(0, Math.floor(budget.left)));
         forward = b;
-        while (forward < n && prefixBytes[view[forward]] === 1) forward++;
+        while (forward < limit && prefixBytes[view[forward]] === 1) forward++;
+        budget.left -= forward - b;
+        if (forward === limit && limit < n) return false;
       }
       end = forward;
     } else end = b + before;
@@ -750,6 +762,8 @@ export function locateNear(view: Buffer, anchor: Anchor, changes: readonly numbe
     if (last >= 0 && start <= spans[last]) spans[last] = Math.max(spans[last], end);
     else spans.push(start, end);
   }
+  for (let k = 0; k < spans.length; k += 2) budget.left -= spans[k + 1] - spans[k];
+  if (budget.left < 0) return false;
   const hits: number[] = [];
   for (let k = 0; k < spans.length; k += 2) {
     const found = locate(view.subarray(spans[k], spans[k + 1]), anchor);

@@ -19,6 +19,22 @@ const SAFE_POSIX = new Set(['alpha', 'digit', 'alnum', 'upper', 'lower', 'xdigit
  * Conservative: each character of the source yields at most one character of a match, and each
  * repetition multiplies by its maximum whatever it repeats.
  */
+/** The index of the last character of the escape whose backslash is at `k` (`\x{…}`, `\x7e`, `\p{…}`, `\123`). */
+function escapeEnd(source: string, k: number): number {
+  const e = source[k + 1];
+  if ((e === 'x' || e === 'p' || e === 'P') && source[k + 2] === '{') {
+    const end = source.indexOf('}', k + 3);
+    return end < 0 ? source.length - 1 : end;
+  }
+  if (e === 'x') return Math.min(source.length - 1, k + 3);
+  if (e >= '0' && e <= '7') {
+    let m = k + 1;
+    while (m < k + 3 && source[m + 1] >= '0' && source[m + 1] <= '7') m++;
+    return m;
+  }
+  return k + 1;
+}
+
 export function patternReach(source: string): number | null {
   let product = 1;
   let bounded = true;
@@ -67,33 +83,36 @@ export function patternReach(source: string): number | null {
           j = end + 1;
           continue;
         }
-        let code = d.charCodeAt(0);
+        // One item: a character, or an escape (its last character at `last`); its code when it is one
+        // read here (a letter or digit escape names a class or a character not read: null).
+        let last = j;
+        let code: number | null = d.charCodeAt(0);
         if (d === '\\') {
-          const e = source[++j] ?? '';
-          if (e === '') return null;
-          if (e === 'd' || e === 'w' || 'trfv'.includes(e)) continue;
-          if (/[0-9A-Za-z]/.test(e)) {
-            separatorFree = false;
-            if ((e === 'p' || e === 'P' || e === 'x') && source[j + 1] === '{') {
-              const end = source.indexOf('}', j);
-              if (end < 0) return null;
-              j = end;
-            }
-            continue;
-          }
-          code = e.charCodeAt(0);
+          if (j + 1 >= source.length) return null;
+          last = escapeEnd(source, j);
+          code = /[0-9A-Za-z]/.test(source[j + 1]) ? null : source.charCodeAt(j + 1);
         }
-        if (source[j + 1] === '-' && source[j + 2] !== ']' && j + 2 < source.length) {
-          let to = source.charCodeAt(j + 2);
-          if (source[j + 2] === '\\') {
-            to = source.charCodeAt(j + 3);
-            j++;
-          }
-          if (SEPARATOR_CODES.some((s) => s >= code && s <= to)) separatorFree = false;
-          j += 2;
+        if (source[last + 1] === '-' && last + 2 < source.length && source[last + 2] !== ']') {
+          // A range: its ends may be escapes too (`[\t-\r]`, `[a-\x7e]`); one not read is taken to
+          // reach a separator.
+          const from = last + 2;
+          const to =
+            source[from] === '\\'
+              ? /[0-9A-Za-z]/.test(source[from + 1] ?? '')
+                ? null
+                : source.charCodeAt(from + 1)
+              : source.charCodeAt(from);
+          if (code === null || to === null || SEPARATOR_CODES.some((s) => s >= code && s <= to)) separatorFree = false;
+          j = source[from] === '\\' ? escapeEnd(source, from) : from;
           continue;
         }
-        literal(code);
+        if (code !== null) literal(code);
+        else {
+          const e = source[j + 1];
+          // digits, word characters and the control characters other than the newline hold none
+          if (!(e === 'd' || e === 'w' || 'trfv'.includes(e))) separatorFree = false;
+        }
+        j = last;
       }
       i = j;
       continue;

@@ -588,6 +588,15 @@ export const inspector = defineInspector<PatternPlan>({
 });
 
 /**
+ * What locateNear may walk and search, for all the unbounded patterns of one normalized stage together:
+ * this share of the view's bytes (at least NEAR_BUDGET_MIN); past it, one set pass over the whole view
+ * names them instead (what reading the whole view costs). An attacker review forced 2.3–4.9× the whole
+ * view's time without it (many unbounded patterns, long runs of the bytes their suffixes hold).
+ */
+const NEAR_BUDGET = 1 / 8;
+const NEAR_BUDGET_MIN = 64 * 1024;
+
+/**
  * The normalized stage when it reads windows around what normalization changed (normalized-windows.ts):
  * the bounded patterns the set pass names there run there. An unbounded one runs over the whole view
  * around the occurrences of its literal that a match holding a change can hold (locateNear), when that
@@ -611,8 +620,27 @@ function inWindows(input: InspectionInput, plan: PatternPlan, windows: Buffer): 
     const view = input.normalized()!;
     const changes = input.normalizedChanges()!;
     const located: (number[] | null)[] = [];
-    for (const i of unbounded) located[i] = locateNear(view, plan.patterns[i].anchor!, changes);
-    appendAll(findings, scan(view, plan, input.location, { patterns: unbounded, prefilters: null, located }));
+    const budget = { left: Math.max(NEAR_BUDGET_MIN, view.length * NEAR_BUDGET) };
+    let over = false;
+    for (const i of unbounded) {
+      const found = locateNear(view, plan.patterns[i].anchor!, changes, budget);
+      if (found === false) {
+        over = true;
+        break;
+      }
+      located[i] = found;
+    }
+    if (!over)
+      appendAll(findings, scan(view, plan, input.location, { patterns: unbounded, prefilters: null, located }));
+    else {
+      // Past the budget (long runs a suffix or a prefix lives through, many such patterns): as the whole
+      // view is read, one set pass names those that match, and they run around their literal.
+      const whole = hits(view, plan);
+      const named = new Set(whole.patterns);
+      const candidates = unbounded.filter((i) => named.has(i));
+      if (candidates.length > 0)
+        appendAll(findings, scan(view, plan, input.location, { ...whole, patterns: candidates }));
+    }
   }
   const joined = input.normalizedJoined();
   if (joined) appendAll(findings, scan(joined, plan, input.location));

@@ -272,8 +272,22 @@ t.test('how far a pattern can match across an edge', (t) => {
     'x\\B',
     '\\Aabc',
     'abc\\z',
+    // a class range whose end is an escape reaches what the escape names (an attacker review found
+    // `[a-\x7e]` and `[\t-\r]` read as holding no separator: `}` and the newline are in them)
+    '[a-\\x7e]+',
+    '[_-\\x{7d}]+',
+    '[\\t-\\r]+',
+    '[\\x20-\\x7e]+',
+    '[\\054-/]+',
   ])
     t.equal(patternReach(whole), null, `${whole} scans whole`);
+  t.equal(
+    patternReach('zz[a-\\x7e]{1,30}yy'),
+    'zz[a-\\x7e]{1,30}yy'.length * 30 * 4,
+    'bounded, a separator in the range',
+  );
+  t.equal(patternReach('[\\t-\\r ]{1,4}'), '[\\t-\\r ]{1,4}'.length * 4 * 4, 'a newline in the range');
+  t.equal(patternReach('[a-\\x6f]+'), null, "an escape at a range's end is not read: taken to reach a separator");
   t.equal(patternReach(':{1000}{1000}'), null, 'too long to split for');
   const split = splitPatterns([{ pattern: 'a:+' }, { pattern: 'b:c' }, { pattern: 'd+' }]);
   t.strictSame(split, { ranged: [{ pattern: 'b:c' }, { pattern: 'd+' }], whole: [{ pattern: 'a:+' }], reach: 12 });

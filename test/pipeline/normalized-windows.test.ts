@@ -336,6 +336,13 @@ t.test('a change far from a leak, and a leak made by a change far from its liter
       'patterns',
     ],
     ['a literal a change makes', `… ${filler} confi\u200bdential internal ${filler}`, 'patterns'],
+    // 150,000 spaces between: the walk back from the change is past its budget, and one set pass over
+    // the whole view names the pattern instead
+    [
+      'an unbounded match past the walk budget',
+      `… ${filler} confidential:${' '.repeat(150_000)}inter\u200bnal ${filler}`,
+      'patterns',
+    ],
     // the change 3,000 bytes before the mailbox's literal, in a prefix that runs on to it
     [
       'an unbounded match whose change is far before its literal',
