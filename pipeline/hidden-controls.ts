@@ -11,6 +11,8 @@
 // cannot run its SIMD (x64 without SSE4.1), the module does not compile and the word test answers.
 // Both give the same answer (test/pipeline/hidden-controls.test.ts).
 
+import { block, br, brIf, instantiate, loop, moduleOf, op, V128 } from './wasm-module.ts';
+
 /** 1 for the bytes the normalized view drops as hidden controls. */
 export const HIDDEN_CONTROL = new Uint8Array(256);
 for (let b = 0; b < 0x20; b++) if (b < 0x09 || b > 0x0d) HIDDEN_CONTROL[b] = 1;
@@ -78,8 +80,7 @@ function holdsHiddenControlSimd(bytes: Uint8Array, s: Scanner): boolean {
 }
 
 /**
- * The module, written out byte by byte (WebAssembly binary format, with the SIMD proposal's opcodes;
- * it is small enough to read, and needs no toolchain). In text format:
+ * The module (wasm-module.ts writes it out; WebAssembly SIMD opcodes). In text format:
  *
  *   (module
  *     (memory (export "memory") 2)                              ;; 128 KB: one chunk, and room
@@ -100,74 +101,45 @@ function holdsHiddenControlSimd(bytes: Uint8Array, s: Scanner): boolean {
  * No early exit inside a chunk: the loop has no branch on the data, and a chunk is 64 KB.
  */
 function moduleBytes(): Uint8Array {
-  const uleb = (n: number): number[] => {
-    const out: number[] = [];
-    do {
-      let b = n & 0x7f;
-      n >>>= 7;
-      if (n !== 0) b |= 0x80;
-      out.push(b);
-    } while (n !== 0);
-    return out;
-  };
-  const name = (text: string) => [...uleb(text.length), ...Buffer.from(text, 'latin1')];
-  const section = (id: number, body: number[]) => [id, ...uleb(body.length), ...body];
-  const simdOp = (op: number) => [0xfd, ...uleb(op)];
-  // i32.const of a value up to 63 (one signed LEB byte), then i8x16.splat.
-  const splat = (b: number) => [0x41, b, ...simdOp(0x0f)];
-  const [GET, SET, I32_GE_U, I32_ADD, BR, BR_IF, END] = [0x20, 0x21, 0x4f, 0x6a, 0x0c, 0x0d, 0x0b];
-  const [LOAD, EQ, LT_U, ANDNOT, OR, ANY_TRUE, SUB] = [0x00, 0x23, 0x26, 0x4f, 0x50, 0x53, 0x71];
-  const P = 0;
-  const PEND = 1;
-  const V = 2;
-  const ACC = 3;
-  const body = [
-    ...[1, 2, 0x7b], // locals: two v128
-    ...[0x02, 0x40, 0x03, 0x40], // block, loop
-    ...[GET, P, GET, PEND, I32_GE_U, BR_IF, 1],
-    ...[GET, P, ...simdOp(LOAD), 0, 0, SET, V],
-    ...[GET, ACC],
-    ...[GET, V, ...splat(0x20), ...simdOp(LT_U)],
-    ...[GET, V, ...splat(9), ...simdOp(SUB), ...splat(5), ...simdOp(LT_U)],
-    ...simdOp(ANDNOT),
-    // i32.const 0x7f takes two signed LEB bytes (one byte 0x7f would be -1).
-    ...[GET, V, 0x41, 0xff, 0x00, ...simdOp(0x0f), ...simdOp(EQ)],
-    ...simdOp(OR),
-    ...simdOp(OR),
-    ...[SET, ACC],
-    ...[GET, P, 0x41, 16, I32_ADD, SET, P],
-    ...[BR, 0, END, END],
-    ...[GET, ACC, ...simdOp(ANY_TRUE), END],
-  ];
-  return new Uint8Array([
-    ...[0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00],
-    ...section(1, [1, 0x60, 2, 0x7f, 0x7f, 1, 0x7f]), // type: (i32, i32) -> i32
-    ...section(3, [1, 0]), // function 0 has type 0
-    ...section(5, [1, 0x00, 2]), // one memory, two pages, no maximum
-    ...section(7, [2, ...name('memory'), 0x02, 0, ...name('scan'), 0x00, 0]),
-    ...section(10, [1, ...uleb(body.length), ...body]),
+  const [P, PEND, V, ACC] = [0, 1, 2, 3];
+  const splat = (b: number) => [...op.const(b), ...op.i8x16Splat];
+  return moduleOf(2, [
+    {
+      name: 'scan',
+      params: 2,
+      locals: [V128, V128],
+      code: [
+        block(
+          'done',
+          loop(
+            'step',
+            [...op.get(P), ...op.get(PEND), ...op.geU],
+            brIf('done'),
+            [...op.get(P), ...op.v128Load(0), ...op.set(V)],
+            op.get(ACC),
+            [...op.get(V), ...splat(0x20), ...op.i8x16LtU],
+            [...op.get(V), ...splat(9), ...op.i8x16Sub, ...splat(5), ...op.i8x16LtU],
+            op.v128Andnot,
+            [...op.get(V), ...splat(0x7f), ...op.i8x16Eq],
+            op.v128Or,
+            op.v128Or,
+            op.set(ACC),
+            [...op.get(P), ...op.const(16), ...op.add, ...op.set(P)],
+            br('step'),
+          ),
+        ),
+        [...op.get(ACC), ...op.v128AnyTrue],
+      ],
+    },
   ]);
 }
 
-/** The part of the WebAssembly JS API used here (the `dom` lib that declares it is not loaded). */
-interface WebAssemblyApi {
-  Module: new (bytes: Uint8Array) => object;
-  Instance: new (module: object) => { exports: { memory: { buffer: ArrayBuffer }; scan: Scanner['scan'] } };
+function instantiateScanner(): Scanner | null {
+  const module = instantiate<{ scan: Scanner['scan'] }>(moduleBytes());
+  return module && { memory: module.memory, scan: module.exports.scan };
 }
 
-function instantiate(): Scanner | null {
-  try {
-    const api = (globalThis as { WebAssembly?: WebAssemblyApi }).WebAssembly;
-    if (api === undefined) return null;
-    const instance = new api.Instance(new api.Module(moduleBytes()));
-    return { memory: new Uint8Array(instance.exports.memory.buffer), scan: instance.exports.scan };
-  } catch {
-    // No WebAssembly SIMD on this CPU: the word test answers.
-    return null;
-  }
-}
+const simd = instantiateScanner();
 
-const simd = instantiate();
-
-/** Which scan answers in this process (the benchmark's conditions name it). */
+/** Which scan answers in this process (the pipeline bench's conditions name it). */
 export const hiddenControlScan: 'simd' | 'scalar' = simd === null ? 'scalar' : 'simd';
