@@ -135,8 +135,14 @@ export class InspectionInput {
   }
 
   #wholeInput(within: Within): InspectionInput {
-    this.#whole ??= new InspectionInput({
-      raw: within.body,
+    this.#whole ??= this.#sibling(within.body, { erase: this.#erase });
+    return this.#whole;
+  }
+
+  /** An input over `raw` read as this one is (the whole body of a range, the erase reading). */
+  #sibling(raw: Buffer, rest: Pick<InputOptions, 'within' | 'wholeNormalized' | 'erase'>): InspectionInput {
+    return new InspectionInput({
+      raw,
       phase: this.phase,
       secrets: this.secrets,
       modelsAnywhere: this.modelsAnywhere,
@@ -144,9 +150,8 @@ export class InspectionInput {
       normalizeDecoded: this.#normalizeDecoded,
       patterns: this.#patterns,
       context: this.#context,
-      erase: this.#erase,
+      ...rest,
     });
-    return this.#whole;
   }
 
   /** The body with its JSON escapes decoded. */
@@ -204,15 +209,7 @@ export class InspectionInput {
       this.normalized();
       if (!this.#backspace || this.#erase) this.#erased = null;
       else {
-        const erased = new InspectionInput({
-          raw: this.raw,
-          phase: this.phase,
-          secrets: this.secrets,
-          modelsAnywhere: this.modelsAnywhere,
-          failures: this.#failures,
-          normalizeDecoded: this.#normalizeDecoded,
-          patterns: this.#patterns,
-          context: this.#context,
+        const erased = this.#sibling(this.raw, {
           within: this.#within,
           wholeNormalized: this.#wholeNormalized,
           erase: true,

@@ -26,8 +26,8 @@ const IN = 1024; // CHUNK bytes, then 16 zero bytes (no backslash: the last SIMD
 const OUT = IN + CHUNK + 64;
 const PAGES = 3;
 
-/** Decoded `\X` escapes: the letter and the byte (json-view.ts SIMPLE). */
-const SIMPLE_ESCAPES: [number, number][] = [
+/** JSON's one-letter escapes `\X`: the letter, and the byte it stands for. */
+export const SIMPLE_ESCAPES: readonly (readonly [number, number])[] = [
   [0x22, 0x22],
   [0x5c, 0x5c],
   [0x2f, 0x2f],

@@ -1,6 +1,6 @@
 import RE2 from 're2';
 import { nextByte } from './byte-class.ts';
-import { type DecodedLevel, decodeEscapes } from './json-escapes.ts';
+import { type DecodedLevel, decodeEscapes, SIMPLE_ESCAPES } from './json-escapes.ts';
 
 // JSON escapes must not hide content (docs/decisions.md, "Inspection"): `\u0040` is an `@`, `\/` a `/`.
 // A JSON (or SSE-of-JSON) body that contains a backslash is scanned through a decoded view: the same
@@ -89,17 +89,7 @@ function writeCodePoint(out: Buffer, at: number, cp: number): number {
 
 // The one-letter escapes and the byte each stands for; -1 elsewhere.
 const SIMPLE = new Int16Array(256).fill(-1);
-for (const [letter, byte] of [
-  [0x22, 0x22],
-  [0x5c, 0x5c],
-  [0x2f, 0x2f],
-  [0x62, 0x08],
-  [0x66, 0x0c],
-  [0x6e, 0x0a],
-  [0x72, 0x0d],
-  [0x74, 0x09],
-])
-  SIMPLE[letter] = byte;
+for (const [letter, byte] of SIMPLE_ESCAPES) SIMPLE[letter] = byte;
 
 /**
  * The decoded view of a JSON body, or the body itself when nothing needs decoding (no backslash, or
