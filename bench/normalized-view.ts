@@ -101,7 +101,7 @@ const WORST: [string, string | Buffer, boolean?, string?][] = [
   // body of text lines through the walk that also stops at controls (line breaks in most words).
   ['NUL after every letter (`a\\0`), raw', 'a\u0000', true],
   ['text lines, one NUL at the end, raw', 'lorem ipsum dolor sit amet\n', true, '\u0000'],
-  // A backspace makes the erase reading a stage of its own (the full set reads both views).
+  // Backspaces, as JSON escapes them (`\b`): hidden controls, dropped after decoding.
   ['backspace after every letter (`a\\b`)', 'a\b'],
   ['`α` + U+0316 + U+0301 + backspace (a batch each)', 'α\u0316\u0301\b'],
 ];

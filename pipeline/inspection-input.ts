@@ -52,8 +52,6 @@ export interface InputOptions {
   within?: Within | null;
   /** The normalized stage reads the whole view, not its windows around changes (tests compare the two). */
   wholeNormalized?: boolean;
-  /** The erase reading's input (erased()): its normalized view reads a backspace as erasing. */
-  erase?: boolean;
 }
 
 /** The whole body a byte range was cut from, and where. */
@@ -92,10 +90,6 @@ export class InspectionInput {
   #normalizedHits: SetHits | null | undefined = undefined;
   #within: Within | null;
   #wholeNormalized: boolean;
-  #erase: boolean;
-  /** The normalized view dropped a backspace (NormalizedView.backspace). */
-  #backspace = false;
-  #erased: InspectionInput | null | undefined = undefined;
   #whole: InspectionInput | null = null;
   /**
    * Unbounded patterns escalated to the whole body (patterns.ts, OpenRange), across both stages; made
@@ -115,7 +109,6 @@ export class InspectionInput {
     this.#context = options.context ?? null;
     this.#within = options.within ?? null;
     this.#wholeNormalized = options.wholeNormalized ?? false;
-    this.#erase = options.erase ?? false;
   }
 
   /**
@@ -135,14 +128,8 @@ export class InspectionInput {
   }
 
   #wholeInput(within: Within): InspectionInput {
-    this.#whole ??= this.#sibling(within.body, { erase: this.#erase });
-    return this.#whole;
-  }
-
-  /** An input over `raw` read as this one is (the whole body of a range, the erase reading). */
-  #sibling(raw: Buffer, rest: Pick<InputOptions, 'within' | 'wholeNormalized' | 'erase'>): InspectionInput {
-    return new InspectionInput({
-      raw,
+    this.#whole ??= new InspectionInput({
+      raw: within.body,
       phase: this.phase,
       secrets: this.secrets,
       modelsAnywhere: this.modelsAnywhere,
@@ -150,8 +137,8 @@ export class InspectionInput {
       normalizeDecoded: this.#normalizeDecoded,
       patterns: this.#patterns,
       context: this.#context,
-      ...rest,
     });
+    return this.#whole;
   }
 
   /** The body with its JSON escapes decoded. */
@@ -191,38 +178,11 @@ export class InspectionInput {
   /** The normalized view of the body; null when it reads the same as the view it was built on. */
   normalized(): Buffer | null {
     if (this.#normalized === undefined) {
-      const view = this.#normalize(this.#normalizeDecoded ? this.decoded() : this.literal(), this.#erase);
+      const view = this.#normalize(this.#normalizeDecoded ? this.decoded() : this.literal());
       this.#normalized = view?.bytes ?? null;
       this.#changes = view?.changes ?? null;
-      this.#backspace = view?.backspace ?? false;
     }
     return this.#normalized;
-  }
-
-  /**
-   * The erase reading, a normalized stage of its own (scan.ts): this body, its normalized view reading
-   * a backspace as erasing the character before it (`AKIAQ\bIOSF…` as a terminal shows it). null unless
-   * the normalized view dropped a backspace. The views before normalization are the same bytes: shared.
-   */
-  erased(): InspectionInput | null {
-    if (this.#erased === undefined) {
-      this.normalized();
-      if (!this.#backspace || this.#erase) this.#erased = null;
-      else {
-        const erased = this.#sibling(this.raw, {
-          within: this.#within,
-          wholeNormalized: this.#wholeNormalized,
-          erase: true,
-        });
-        erased.#decoded = this.#decoded;
-        erased.#literal = this.#literal;
-        erased.#literalHits = this.#literalHits;
-        erased.#joined = null;
-        if (this.#within) erased.#escalated = this.#escalated ??= new Set();
-        this.#erased = erased;
-      }
-    }
-    return this.#erased;
   }
 
   /**
@@ -253,7 +213,7 @@ export class InspectionInput {
   normalizedJoined(): Buffer | null {
     if (this.#normalizedJoined === undefined) {
       const joined = this.joined();
-      this.#normalizedJoined = joined && !this.#erase ? (this.#normalize(joined, false)?.bytes ?? null) : null;
+      this.#normalizedJoined = joined ? (this.#normalize(joined)?.bytes ?? null) : null;
     }
     return this.#normalizedJoined;
   }
@@ -290,9 +250,9 @@ export class InspectionInput {
     }
   }
 
-  #normalize(view: Buffer, erase: boolean): NormalizedView | null {
+  #normalize(view: Buffer): NormalizedView | null {
     try {
-      return normalizedView(view, erase);
+      return normalizedView(view);
     } catch (err) {
       this.#failures.push({ inspector: NORMALIZED_VIEW, reason: failureReason(err) });
       return null;

@@ -53,11 +53,6 @@ export interface NormalizedView {
    * changed something, or more than MAX_SPANS places.
    */
   changes: number[] | null;
-  /**
-   * A backspace was dropped (raw, escaped or as an entity): the erase reading (`erase`), where it
-   * erases the character before it as a terminal shows `X\bA`, may read otherwise.
-   */
-  backspace: boolean;
 }
 
 const AMP = 0x26;
@@ -70,32 +65,28 @@ const REGION = 65536;
 /**
  * The normalized view of `input`, or null when it would be the input itself. HTML entities are
  * decoded up to three levels (`&amp;#64;` is `&#64;` once and `@` twice: a reader told to unescape
- * keeps going), a level more only while the last one decoded an `&`. With `erase`, the erase reading:
- * a backspace erases the character before it (`AKIAQ\bIOSF…` reads `AKIAIOSF…`, as a terminal shows
- * it), where the view otherwise drops only the backspace (which reads `AKIAQIOSF…`).
+ * keeps going), a level more only while the last one decoded an `&`.
  */
-export function normalizedView(input: Buffer, erase = false): NormalizedView | null {
+export function normalizedView(input: Buffer): NormalizedView | null {
   const ascii = isAscii(input);
   const controls = holdsHiddenControl(input);
   if (ascii && !controls && input.indexOf(AMP) < 0) return null;
   // Hidden controls are dropped by the first level (a decoded `&#7;` by any): the later ones find none.
-  let level = pass(input, ascii && !controls, 0, controls, erase);
+  let level = pass(input, ascii && !controls, 0, controls);
   if (level === null) return null;
   let bytes = level.bytes;
-  let backspace = level.backspace;
   // A later level that changes something makes them not told (their places are the first level's).
   let changes = changesOf(level.spans, bytes.length, input.length);
   for (let k = 1; k < ENTITY_LEVELS && level.firstAmp >= 0; k++) {
     // The view before the first decoded `&` is already its own view: the next level starts there
     // (a `&amp;amp;` tail does not walk a padded view twice more), from the starter before it.
     const from = levelStart(bytes, level.firstAmp);
-    level = pass(bytes, isAscii(bytes.subarray(from)), from, false, erase);
+    level = pass(bytes, isAscii(bytes.subarray(from)), from);
     if (level === null) break;
     bytes = level.bytes;
-    backspace ||= level.backspace;
     changes = null;
   }
-  return { bytes, changes, backspace };
+  return { bytes, changes };
 }
 
 /** The places a view's unchanged spans (Writer.spans) leave between them: NormalizedView.changes. */
@@ -749,8 +740,6 @@ interface Level {
   firstAmp: number;
   /** Writer.spans. */
   spans: number[] | null;
-  /** A backspace was met (dropped, or erasing with `erase`). */
-  backspace: boolean;
 }
 
 /** The view offset of input offset `i` (the view is the input up to the first change). */
@@ -829,7 +818,6 @@ function recompose(input: Buffer, w: Writer | null, region: number, to: number, 
 }
 
 const ESC = 0x1b;
-const BACKSPACE = 0x08;
 /** The most parameter bytes a colour sequence is read for (`38;2;255;255;255` is 16). */
 const MAX_ANSI_PARAMETERS = 32;
 
@@ -925,14 +913,12 @@ function asciiRunEndControls(input: Buffer, i: number, n: number): number {
 
 /**
  * One level: entities decoded, hidden controls dropped (when `controls`: the input holds one; never
- * with `ascii`) and non-ASCII text normalized; with `erase`, a backspace erases the character before
- * it. Null when nothing changed.
+ * with `ascii`) and non-ASCII text normalized. Null when nothing changed.
  */
-function pass(input: Buffer, ascii: boolean, from: number, controls = false, erase = false): Level | null {
+function pass(input: Buffer, ascii: boolean, from: number, controls = false): Level | null {
   const n = input.length;
   let w: Writer | null = null;
   let firstAmp = -1;
-  let backspace = false;
   // The last `&` that started no entity, in the input and in the view: a character dropped right after
   // it may leave one behind (`&\u200b#64;` reads `&#64;`), which the next level then decodes.
   let loneAmp = -1;
@@ -1021,36 +1007,9 @@ function pass(input: Buffer, ascii: boolean, from: number, controls = false, era
       // so what the next mark sits on is unchanged. An ESC that starts a colour or erase-line
       // sequence is left out with it, as a terminal shows it (`grep --color` output splits a key).
       if (cp === ESC && !entity) end = ansiSequenceEnd(input, end);
-      if (cp === BACKSPACE) {
-        backspace = true;
-        if (erase) {
-          // An open batch is recomposed first: the character erased may be in it.
-          if (region >= 0) {
-            w = recompose(input, w, region, i, regionInvalid);
-            region = -1;
-            regionInvalid = false;
-          }
-        }
-      }
       if (firstAmp < 0 && loneAmp >= 0 && i - loneAmp <= MAX_ENTITY_NAME + 2) firstAmp = loneAmpView;
       w ??= new Writer(input);
       w.skip(i, end);
-      if (cp === BACKSPACE && erase && w.length > 0) {
-        // The last character written goes (its first byte found back over continuation bytes), and
-        // what a next mark sits on is no longer known: it is kept as it is.
-        let p = w.length - 1;
-        while (p > 0 && (w.bytes[p] & 0xc0) === 0x80) p--;
-        w.rewind(p);
-        if (firstAmp >= p) firstAmp = -1;
-        if (loneAmpView >= p) loneAmp = loneAmpView = -1;
-        onAscii = false;
-        base = p;
-        marks = 0;
-        cluster = 0;
-        lastMarkCp = -1;
-        clusterAt = -1;
-        hangul = false;
-      }
       i = end;
       continue;
     }
@@ -1291,5 +1250,5 @@ function pass(input: Buffer, ascii: boolean, from: number, controls = false, era
   if (region >= 0) w = recompose(input, w, region, n, regionInvalid);
   if (w === null) return null;
   w.keep(n);
-  return { bytes: w.bytes.subarray(0, w.length), firstAmp, spans: w.spans, backspace };
+  return { bytes: w.bytes.subarray(0, w.length), firstAmp, spans: w.spans };
 }

@@ -15,7 +15,7 @@ import { runFor, type ScanPart, type ScanPlan } from './plan.ts';
 //   body ─▶ InspectionInput (views built lazily, once) ─▶ each planned inspector, registry order:
 //             model restriction │ secrets │ api_key │ pii │ patterns      scan(input)      ─▶ report each
 //           ─▶ then every one of them again over the normalized views   scanNormalized() ─▶ report
-//              (and over the erase reading, when a backspace was dropped) `normalized_view`
+//                                                                        `normalized_view`
 //
 // Which bytes each one reads is its own business (inspectors/*.ts, the `inspector` export); the input
 // builds a view at most once per body and only when something reads it (inspection-input.ts). The
@@ -163,16 +163,12 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
   // Both normalized views first, as one step: a view that fails to build is a recorded failure.
   input.normalized();
   input.normalizedJoined();
-  // Then the erase reading, as a stage of its own, for a body whose view dropped a backspace.
-  for (const stage of [input, input.erased()]) {
-    if (stage === null) continue;
-    for (const p of run.inspectors) {
-      if (!p.inspector.scanNormalized) continue;
-      try {
-        seen = keep(findings, seen, p.inspector.scanNormalized(stage, p.compiled));
-      } catch (err) {
-        failures.push({ inspector: p.inspector.id, reason: failureReason(err) });
-      }
+  for (const p of run.inspectors) {
+    if (!p.inspector.scanNormalized) continue;
+    try {
+      seen = keep(findings, seen, p.inspector.scanNormalized(input, p.compiled));
+    } catch (err) {
+      failures.push({ inspector: p.inspector.id, reason: failureReason(err) });
     }
   }
   done(NORMALIZED_VIEW);

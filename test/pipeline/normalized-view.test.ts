@@ -446,22 +446,3 @@ t.test('property: long ASCII runs passed over a word at a time miss no character
     { numRuns: 3000 },
   );
 });
-
-t.test('the erase reading: a backspace erases the character before it, as a terminal shows it', async (t) => {
-  const erased = (s: string) => normalizedView(Buffer.from(s), true)?.bytes.toString('utf8') ?? s;
-  t.equal(erased('X\bA'), 'A', 'overstrike');
-  t.equal(erased('AKIAQ\bIOSF'), 'AKIAIOSF', 'a decoy character inside a value');
-  t.equal(erased('ab\b\bcd'), 'cd', 'two in a row erase two');
-  t.equal(erased('\bab'), 'ab', 'nothing before it: nothing erased');
-  t.equal(erased('é\bx'), 'x', 'a character of two bytes');
-  t.equal(erased('e\u0301\bx'), 'x', 'the mark on ASCII is dropped first: the letter goes');
-  t.equal(erased('a&#8;b'), 'b', 'as an entity');
-  t.equal(erased('a&amp;#8;b'), 'b', 'as an entity two levels down');
-  t.equal(erased('&\b#64;'), '#64;', 'the `&` of an entity erased: no entity');
-  t.equal(erased('ｶﾞ\bz'), 'z', 'a composed character goes whole');
-  t.equal(erased('\u1100\u1161\bz'), 'z', 'Hangul jamo composed first');
-  t.equal(erased('AKIA\u0000Q\bIOSF'), 'AKIAIOSF', 'a hidden control before it is not what it erases');
-  t.equal(normalizedView(Buffer.from('X\bA'))!.bytes.toString(), 'XA', 'the view itself drops the backspace only');
-  t.ok(normalizedView(Buffer.from('X\bA'))!.backspace, 'and says it did');
-  t.notOk(normalizedView(Buffer.from('X\u200bA'))!.backspace, 'no backspace: no erase reading');
-});

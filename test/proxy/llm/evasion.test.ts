@@ -61,11 +61,6 @@ t.test('a request is blocked with the right findings, and nothing reaches the up
       anthropicBody(`pw ${AGENT_SECRET.slice(0, 3)}\u007f${AGENT_SECRET.slice(3, 9)}\b${AGENT_SECRET.slice(9)}`),
       { inspector_type: 'secrets', severity: 'block', location: 'request_body', match: 'hunt****' },
     ],
-    [
-      'an AWS key overstruck: a decoy character and a backspace before each letter',
-      anthropicBody([...'AKIAIOSFODNN7EXAMPLE'].map((c) => `Q\b${c}`).join('')),
-      { inspector_type: 'api_key', severity: 'block', location: 'request_body', match: 'AKIA****' },
-    ],
   ];
   for (const [name, body, finding] of cases) {
     const before = h.upstream.received.length;
