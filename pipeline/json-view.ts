@@ -9,7 +9,8 @@ import { type DecodedLevel, decodeEscapes, SIMPLE_ESCAPES } from './json-escapes
 // Bodies that are not JSON are scanned as sent: a backslash in plain text is not an escape.
 //
 //   body ──indexOf('\\')──▶ none: scan body
-//                        └▶ some: copy the body once, decode each escape and move the gaps down ──▶ view
+//                        └▶ some: decode each escape and move the gaps down (sixteen bytes at a time,
+//                           json-escapes.ts; decodeLevelScalar is the definition) ──▶ view
 
 const BACKSLASH = 0x5c;
 

@@ -9,16 +9,6 @@ export const MAX_REACH = 64 * 1024;
 const SEPARATOR_CODES = [0x0a, 0x2c, 0x3a, 0x5b, 0x5d, 0x7b, 0x7d];
 const SAFE_POSIX = new Set(['alpha', 'digit', 'alnum', 'upper', 'lower', 'xdigit']);
 
-/**
- * How far a custom pattern's matches reach across an edge, in view bytes: 0 when no match can hold a
- * separator (then none crosses an edge, however long: `[a-z0-9-]+\.corp\.example\.com`), else the
- * longest match (4 bytes a character) when that is bounded. null when no overlap holds it: unbounded and
- * able to match a separator (`\S{6,}`, `.*`), or reading what surrounds a match where a range ends
- * (`^`, `$`, `\A`, `\z`, `\B`; `\b` is kept: every edge follows a non-word byte, as a range's start
- * does, and at a range's end it can only miss a match that the next range, reading on, makes).
- * Conservative: each character of the source yields at most one character of a match, and each
- * repetition multiplies by its maximum whatever it repeats.
- */
 /** The index of the last character of the escape whose backslash is at `k` (`\x{…}`, `\x7e`, `\p{…}`, `\123`). */
 function escapeEnd(source: string, k: number): number {
   const e = source[k + 1];
@@ -35,6 +25,16 @@ function escapeEnd(source: string, k: number): number {
   return k + 1;
 }
 
+/**
+ * How far a custom pattern's matches reach across an edge, in view bytes: 0 when no match can hold a
+ * separator (then none crosses an edge, however long: `[a-z0-9-]+\.corp\.example\.com`), else the
+ * longest match (4 bytes a character) when that is bounded. null when no overlap holds it: unbounded and
+ * able to match a separator (`\S{6,}`, `.*`), or reading what surrounds a match where a range ends
+ * (`^`, `$`, `\A`, `\z`, `\B`; `\b` is kept: every edge follows a non-word byte, as a range's start
+ * does, and at a range's end it can only miss a match that the next range, reading on, makes).
+ * Conservative: each character of the source yields at most one character of a match, and each
+ * repetition multiplies by its maximum whatever it repeats.
+ */
 export function patternReach(source: string): number | null {
   let product = 1;
   let bounded = true;

@@ -165,7 +165,6 @@ export function compile(
     compiled.reduce((sum, c) => sum + c.anchor!.cost, 0) < LOCATED_MAX_COST;
   const literalMembers: number[] = [];
   let rangeReach: number | null = 0;
-
   for (let i = 0; i < compiled.length; i++) {
     const { unbounded, anchor } = compiled[i];
     let reach = reaches[i];
