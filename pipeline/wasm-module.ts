@@ -4,7 +4,7 @@
 // toolchain, nothing generated: each module is its own source, its text form in a comment beside it.
 
 /** Unsigned LEB128. */
-export function uleb(n: number): number[] {
+function uleb(n: number): number[] {
   const out: number[] = [];
   do {
     let b = n & 0x7f;
@@ -16,7 +16,7 @@ export function uleb(n: number): number[] {
 }
 
 /** Signed LEB128 of a 32-bit integer. */
-export function sleb(n: number): number[] {
+function sleb(n: number): number[] {
   const out: number[] = [];
   n |= 0;
   for (;;) {
@@ -54,7 +54,7 @@ export const br = (label: string): Code => ({ op: 'br', label });
 export const brIf = (label: string): Code => ({ op: 'br_if', label });
 
 /** The bytes of `code`, branch depths resolved against the labels it is nested in. */
-export function assemble(code: readonly Code[], labels: readonly string[] = []): number[] {
+function assemble(code: readonly Code[], labels: readonly string[] = []): number[] {
   const out: number[] = [];
   for (const c of code) {
     if (Array.isArray(c)) {
@@ -92,7 +92,6 @@ export const op = {
   eqz: [0x45],
   eq: [0x46],
   ne: [0x47],
-  ltS: [0x48],
   ltU: [0x49],
   gtU: [0x4b],
   geS: [0x4e],
