@@ -1,5 +1,6 @@
 import RE2 from 're2';
 import { AnchorUnsupportedError } from './errors.ts';
+import { findNeedle, MAX_NEEDLE, type Needle, needleProblem, needleSearch } from './literal-search.ts';
 
 // A custom pattern's anchor: a literal every one of its matches contains, and how far a match can
 // reach on either side of it (docs/decisions.md, "Custom patterns located by their literals").
@@ -27,7 +28,10 @@ import { AnchorUnsupportedError } from './errors.ts';
 export interface Anchor {
   /** The literal's alternatives (one, or those of a group of plain literals), as UTF-8. */
   literals: Buffer[];
-  /** Case-insensitive: the literal is located by re2 under the pattern's own folding. */
+  /**
+   * Case-insensitive: the literal is located under the pattern's own folding, by the SIMD search and
+   * the reading around it (`folded`) or by re2 (`locators`).
+   */
   fold: boolean;
   /**
    * re2 per literal (fold only): it folds as the pattern does (`k` also finds the Kelvin sign). One
@@ -36,6 +40,16 @@ export interface Anchor {
    * the class, and the window after `abc` alone would end before `:`).
    */
   locators: RE2[];
+  /**
+   * Per literal (fold only): its SIMD search (literal-search.ts), or null where re2 alone finds it
+   * (no SIMD here, a byte outside ASCII, no run of two bytes without `k` or `s`).
+   */
+  folded: (FoldedPlan | null)[];
+  /**
+   * Per literal (case-sensitive only): its SIMD search where Buffer.indexOf's pivot byte is common in
+   * agent traffic (simdNeedle), else null.
+   */
+  needles: (Needle | null)[];
   /** The literals as one re2 source (folded as the pattern folds): a member of the patterns' RE2.Set. */
   source: string;
   /** Per literal: where Buffer.indexOf looks for it from (case-sensitive only; pivotOf). */
@@ -53,6 +67,20 @@ export interface Anchor {
   suffix: { bytes: Uint8Array[]; required: boolean[] };
   /** What locating costs, in units of one re2 pass over the view (plan-time guess, see LOCATOR_COST). */
   cost: number;
+}
+
+/**
+ * A folded literal found by its longest run without `k` or `s` (literal-search.ts), sixteen starts at
+ * a time. When the run is the whole literal its starts are the literal's; else the rest of the literal
+ * is read around each run found, as re2 folds it (foldedAround).
+ */
+export interface FoldedPlan {
+  needle: Needle;
+  /** The run is the whole literal. */
+  exact: boolean;
+  /** The literal's characters before the run and after it, lower case (read by foldedAround). */
+  head: Uint8Array;
+  tail: Uint8Array;
 }
 
 const ALL = new Uint8Array(256).fill(1);
@@ -427,11 +455,44 @@ const COMMONNESS = new Float64Array(256).fill(0.3);
 }
 
 /**
- * What locating costs, in units of one re2 pass over the view (about 1.5 ns a byte here): a folded
- * literal is a re2 search with its prefix acceleration (about a fifth of a pass); a case-sensitive one
- * is Buffer.indexOf from its rarest byte, which costs with how often that byte occurs.
+ * What locating costs, in units of one re2 pass over the view (about 1.5 ns a byte here): the SIMD
+ * search (literal-search.ts) about 0.1 ms a MB whatever the bytes (`simd`), and a little more where
+ * the rest of a folded literal is read around each run found (`simdConfirmed`, `password` from `word`);
+ * without it, a folded literal is a re2 search with its prefix acceleration (about a fifth of a pass),
+ * and a case-sensitive one Buffer.indexOf from its rarest byte, which costs with how often that byte
+ * occurs.
  */
-export const LOCATOR_COST = { fold: 0.2, perCommonness: 0.03 };
+export const LOCATOR_COST = { fold: 0.2, perCommonness: 0.03, simd: 0.07, simdConfirmed: 0.1 };
+
+/**
+ * A folded literal's SIMD search, or null where re2 alone can find it. The run is the literal's
+ * longest without `k` or `s` (re2 folds them beyond ASCII), at least two bytes; its two pivots are its
+ * rarest bytes, either case counted.
+ */
+export function foldedPlan(literal: string): FoldedPlan | null {
+  if (needleSearch === 'none' || /[^\x00-\x7f]/.test(literal)) return null;
+  const lower = literal.toLowerCase();
+  let run = { start: 0, end: 0 };
+  for (let start = 0; start < lower.length; ) {
+    let end = start;
+    while (end < lower.length && lower[end] !== 'k' && lower[end] !== 's') end++;
+    if (end - start > run.end - run.start) run = { start, end };
+    start = end + 1;
+  }
+  const length = Math.min(run.end - run.start, MAX_NEEDLE);
+  if (length < 2) return null;
+  const bytes = Buffer.from(lower.slice(run.start, run.start + length), 'latin1');
+  if (needleProblem(bytes, true) !== null) return null;
+  const weight = (k: number) =>
+    COMMONNESS[bytes[k]] + COMMONNESS[bytes[k] >= 0x61 && bytes[k] <= 0x7a ? bytes[k] ^ 0x20 : bytes[k]];
+  const order = [...bytes.keys()].sort((a, b) => weight(a) - weight(b) || a - b);
+  return {
+    needle: { bytes, fold: true, pivots: [order[0], order[1]] },
+    exact: length === lower.length,
+    head: Buffer.from(lower.slice(0, run.start), 'latin1'),
+    tail: Buffer.from(lower.slice(run.start + length), 'latin1'),
+  };
+}
 
 /** Literals longest first (in UTF-8 bytes), for a leftmost-first alternation. */
 function byLengthDown(literals: string[]): string[] {
@@ -503,6 +564,8 @@ export function anchorOf(source: string, flags = 'gu'): Anchor | null {
     literals,
     fold,
     locators: fold ? best.literals.map((l) => new RE2(`(?i)${escapeLiteral(l)}`, 'gu')) : [],
+    folded: fold ? best.literals.map(foldedPlan) : [],
+    needles: fold ? [] : literals.map(simdNeedle),
     source: literalSource,
     pivots: literals.map(pivotOf),
     before: prefix.max,
@@ -523,11 +586,39 @@ export function anchorOf(source: string, flags = 'gu'): Anchor | null {
 }
 
 function literalCost(literal: string, fold: boolean): number {
-  if (fold && /[A-Za-z]|[^\x00-\x7f]/.test(literal)) return LOCATOR_COST.fold;
+  if (fold && /[A-Za-z]|[^\x00-\x7f]/.test(literal)) {
+    const plan = foldedPlan(literal);
+    if (plan === null) return LOCATOR_COST.fold;
+    return plan.exact ? LOCATOR_COST.simd : LOCATOR_COST.simdConfirmed;
+  }
   const bytes = Buffer.from(literal, 'utf8');
+  if (simdNeedle(bytes) !== null) return LOCATOR_COST.simd;
   // A short literal is found as often as its bytes occur, each occurrence costing a window.
   const lengthFactor = bytes.length === 1 ? 20 : bytes.length === 2 ? 3 : 1;
   return COMMONNESS[bytes[pivotOf(bytes)]] * LOCATOR_COST.perCommonness * lengthFactor;
+}
+
+/**
+ * Buffer.indexOf runs memchr on its needle's first byte (the pivot): past this weight (pivotOf) it
+ * stops often enough in agent JSON to cost more than the SIMD search (`acct_` from its `_`: 0.3 ms a
+ * MB on the bench bodies, against 0.1).
+ */
+const INDEXOF_MAX_WEIGHT = 2;
+
+/**
+ * A case-sensitive literal's SIMD search (literal-search.ts) where Buffer.indexOf's pivot is common,
+ * its two pivots the literal's rarest bytes; else null (indexOf finds it faster, or no SIMD here).
+ */
+function simdNeedle(literal: Uint8Array): Needle | null {
+  if (needleSearch === 'none' || literal.length > MAX_NEEDLE) return null;
+  if (pivotWeight(literal, pivotOf(literal)) < INDEXOF_MAX_WEIGHT) return null;
+  const order = [...literal.keys()].sort((a, b) => COMMONNESS[literal[a]] - COMMONNESS[literal[b]] || a - b);
+  return { bytes: literal, fold: false, pivots: [order[0], order[order.length > 1 ? 1 : 0]] };
+}
+
+/** How often Buffer.indexOf's needle from `k` stops (a final byte weighs thrice: a one-byte needle). */
+function pivotWeight(literal: Uint8Array, k: number): number {
+  return COMMONNESS[literal[k]] * (k === literal.length - 1 && k > 0 ? 3 : 1);
 }
 
 /**
@@ -535,9 +626,8 @@ function literalCost(literal: string, fold: boolean): number {
  * common (a needle of one byte hands every occurrence of that byte back to JavaScript).
  */
 function pivotOf(literal: Uint8Array): number {
-  const weight = (k: number) => COMMONNESS[literal[k]] * (k === literal.length - 1 && k > 0 ? 3 : 1);
   let pivot = 0;
-  for (let k = 1; k < literal.length; k++) if (weight(k) < weight(pivot)) pivot = k;
+  for (let k = 1; k < literal.length; k++) if (pivotWeight(literal, k) < pivotWeight(literal, pivot)) pivot = k;
   return pivot;
 }
 
@@ -575,7 +665,8 @@ export const LOCATE_ONE_NS_PER_BYTE = 1.5;
  * (overlapping ones included), or null past MAX_ANCHOR_HITS (or MAX_NEEDLE_PROBES; more in a large
  * view) or past `deadline` (performance.now()): Buffer.indexOf slows to about 12 ns a byte on a flood
  * of its needle's first byte (`xamp` in a run of `x`), so a case-sensitive literal is searched a chunk at a
- * time, the clock read between chunks.
+ * time, the clock read between chunks. The SIMD search (Anchor.folded, Anchor.needles) reads the clock
+ * between its chunks too; its starts checked in full count as probes.
  */
 export function locate(
   view: Buffer,
@@ -587,20 +678,23 @@ export function locate(
   for (let i = 0; i < anchor.locators.length; i++) {
     // re2 is linear whatever the body (its DFA when the prefix search stalls); only its hits are bounded.
     if (i > 0 && performance.now() > deadline) return null;
-    const re = anchor.locators[i];
-    re.lastIndex = 0;
-    for (;;) {
-      const m = re.exec(view) as unknown as (Buffer[] & { index: number }) | null;
-      if (m === null) break;
-      if (hits.length >= 2 * bound.hits) return null;
-      hits.push(m.index, m.index + m[0].length);
-      // The next occurrence may overlap this one.
-      re.lastIndex = m.index + 1;
-      if (re.lastIndex >= view.length) break;
-    }
+    const plan = anchor.folded[i];
+    const found =
+      plan === null
+        ? locatorHits(view, anchor.locators[i], 0, view.length, 2 * bound.hits - hits.length)
+        : foldedHits(view, plan, bound, hits.length >> 1, deadline);
+    if (found === null) return null;
+    for (const h of found) hits.push(h);
   }
   for (let k = 0; k < (anchor.fold ? 0 : anchor.literals.length); k++) {
     const literal = anchor.literals[k];
+    const simd = anchor.needles[k];
+    if (simd !== null) {
+      const starts = findNeedle(view, simd, bound.hits - (hits.length >> 1), bound.probes, deadline);
+      if (starts === null) return null;
+      for (const s of starts) hits.push(s, s + literal.length);
+      continue;
+    }
     const pivot = anchor.pivots[k];
     const needle = literal.subarray(pivot, pivot + NEEDLE);
     const whole = needle.length === literal.length;
@@ -628,6 +722,92 @@ export function locate(
     return pairs.flat();
   }
   return hits;
+}
+
+/**
+ * The occurrences re2 finds from `from` whose start is before `to` ([start, end) pairs, overlapping
+ * ones included), or null past `room` numbers.
+ */
+function locatorHits(view: Buffer, re: RE2, from: number, to: number, room: number): number[] | null {
+  const out: number[] = [];
+  re.lastIndex = from;
+  while (re.lastIndex < to) {
+    const m = re.exec(view) as unknown as (Buffer[] & { index: number }) | null;
+    if (m === null || m.index >= to) break;
+    if (out.length >= room) return null;
+    out.push(m.index, m.index + m[0].length);
+    // The next occurrence may overlap this one.
+    re.lastIndex = m.index + 1;
+  }
+  return out;
+}
+
+/**
+ * A folded literal's occurrences by its SIMD search (FoldedPlan), as locatorHits gives them; null past
+ * the bounds (`had` occurrences already found) or the deadline. A run that is not the whole literal
+ * counts each place found as a probe, and the rest of the literal is read around it (foldedAround).
+ */
+function foldedHits(
+  view: Buffer,
+  plan: FoldedPlan,
+  bound: { hits: number; probes: number },
+  had: number,
+  deadline: number,
+): number[] | null {
+  const length = plan.needle.bytes.length;
+  const out: number[] = [];
+  if (plan.exact) {
+    const starts = findNeedle(view, plan.needle, bound.hits - had, bound.probes, deadline);
+    if (starts === null) return null;
+    for (const s of starts) out.push(s, s + length);
+    return out;
+  }
+  const runs = findNeedle(view, plan.needle, bound.probes, bound.probes, deadline);
+  if (runs === null) return null;
+  let sorted = true;
+  for (const run of runs) {
+    const start = foldedAround(view, plan.head, run - 1, -1);
+    if (start < 0) continue;
+    const end = foldedAround(view, plan.tail, run + length, 1);
+    if (end < 0) continue;
+    if (out.length >= 2 * (bound.hits - had)) return null;
+    if (out.length > 0 && start < out[out.length - 2]) sorted = false;
+    out.push(start, end);
+  }
+  if (sorted) return out;
+  const pairs: [number, number][] = [];
+  for (let k = 0; k < out.length; k += 2) pairs.push([out[k], out[k + 1]]);
+  return pairs.sort((a, b) => a[0] - b[0]).flat();
+}
+
+/** UTF-8 of the characters outside ASCII that re2 folds to an ASCII letter (literal-search.ts). */
+const KELVIN_SIGN = Buffer.from('\u212a');
+const LONG_S = Buffer.from('\u017f');
+
+/**
+ * The literal's characters `chars` (lower case) read under re2's folding backward from `from` (`step`
+ * -1: where they start) or forward from it (`step` 1: where they end), or -1 where they are not there.
+ * Each character reads one way only: an ASCII byte is never the first or last byte of U+212A or U+017F,
+ * so the place found is the one re2's match there has.
+ */
+function foldedAround(view: Buffer, chars: Uint8Array, from: number, step: 1 | -1): number {
+  let i = from;
+  for (let c = 0; c < chars.length; c++) {
+    const ch = chars[step === -1 ? chars.length - 1 - c : c];
+    const b = i >= 0 && i < view.length ? view[i] : -1;
+    if (b === ch || (ch >= 0x61 && ch <= 0x7a && b === (ch ^ 0x20))) {
+      i += step;
+      continue;
+    }
+    const beyond = ch === 0x6b ? KELVIN_SIGN : ch === 0x73 ? LONG_S : null;
+    // The byte at `i` is the character's last byte read backward, its first read forward.
+    if (beyond === null || b !== beyond[step === -1 ? beyond.length - 1 : 0]) return -1;
+    const first = step === -1 ? i - beyond.length + 1 : i;
+    if (first < 0 || first + beyond.length > view.length) return -1;
+    for (let k = 0; k < beyond.length; k++) if (view[first + k] !== beyond[k]) return -1;
+    i = step === -1 ? first - 1 : first + beyond.length;
+  }
+  return step === -1 ? i + 1 : i;
 }
 
 /**

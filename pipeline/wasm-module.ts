@@ -109,6 +109,7 @@ export const op = {
   i8x16Splat: [0xfd, ...uleb(0x0f)],
   i8x16Eq: [0xfd, ...uleb(0x23)],
   i8x16LtU: [0xfd, ...uleb(0x26)],
+  v128And: [0xfd, ...uleb(0x4e)],
   v128Andnot: [0xfd, ...uleb(0x4f)],
   v128Or: [0xfd, ...uleb(0x50)],
   v128AnyTrue: [0xfd, ...uleb(0x53)],

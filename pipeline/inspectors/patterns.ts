@@ -90,12 +90,13 @@ export interface PatternPlan {
 
 /**
  * The literals replace the set pass when locating them all is estimated to cost less than this many
- * set passes (pattern-anchors.ts, LOCATOR_COST). Half, not one: each literal is a pass of its own over
- * the view, and on a loaded host (caches and memory shared) ten passes slow down more than one does.
- * The bench's ten patterns, three of them folded literals, estimate at 0.84 and measured 0.8–1.2× the
- * set pass's time depending on the load: they keep the set pass.
+ * set passes (pattern-anchors.ts, LOCATOR_COST). Below one: each literal is a pass of its own over the
+ * view, and on a loaded host (caches and memory shared) ten passes slow down more than one does. The
+ * bench's ten patterns, three of them folded, estimate at 0.59 since the SIMD search finds folded
+ * literals (literal-search.ts) and measured 0.49× the set pass's time at 1 MB, 0.67× at 8 MB with the
+ * tests running beside it (at 0.84, re2 finding the folded ones, they measured 0.8–1.2×).
  */
-export const LOCATED_MAX_COST = 0.5;
+export const LOCATED_MAX_COST = 0.75;
 
 /**
  * …and only in a view this large. Below it the set pass costs microseconds and its prefilters, which
@@ -107,8 +108,8 @@ export const LOCATED_FROM_BYTES = 256 * 1024;
 
 /**
  * How long locating may take before the set pass runs instead, checked before each next literal: about
- * 1.4 set passes (re2 steps its DFA at 1.4–1.5 ns a byte on the bench host), nearly three times what a
- * located plan is estimated to need, so that only adversarial bodies reach it (floods of the bytes
+ * 1.4 set passes (re2 steps its DFA at 1.4–1.5 ns a byte on the bench host), nearly twice what a
+ * located plan may be estimated to need, so that only adversarial bodies reach it (floods of the bytes
  * Buffer.indexOf stops at): measured, they then cost up to about three set passes.
  */
 export const LOCATE_NS_PER_BYTE = 2;

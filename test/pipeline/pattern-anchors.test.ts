@@ -120,8 +120,14 @@ t.test('past the bound of occurrences, or a suffix living through the view, the 
   const anchor = anchorOf(regex.source)!;
   t.equal(locate(view, anchor), null, 'too many occurrences: not located');
   const flood = Buffer.from(`${'_'.repeat(MAX_NEEDLE_PROBES + 10)} acct_12345678`);
-  t.equal(anchor.literals[0].subarray(anchor.pivots[0]).toString(), '_', 'found from its rarest byte');
-  t.equal(locate(flood, anchor), null, 'a needle everywhere and rarely the literal: not located');
+  t.equal(anchor.literals[0].subarray(anchor.pivots[0]).toString(), '_', 'indexOf would look from its rarest byte');
+  const byIndexOf = { ...anchor, needles: anchor.needles.map(() => null) };
+  t.equal(locate(flood, byIndexOf), null, 'a needle everywhere and rarely the literal: not located');
+  t.ok(anchor.needles[0], '`_` is common: the SIMD search looks for two bytes at once');
+  t.same(locate(flood, anchor), [flood.length - 13, flood.length - 8], 'which a flood of one of them does not stop');
+  const both = Buffer.from(`${'xcxx_'.repeat(MAX_NEEDLE_PROBES)} acct_12345678`);
+  t.equal(locate(both, anchor), null, 'a flood of both its pivots, never the literal: not located');
+  t.same(fastMatches(regex, both), plainMatches(regex, both));
   t.same(fastMatches(regex, flood), plainMatches(regex, flood));
   t.same(fastMatches(regex, view), plainMatches(regex, view));
   const host = new RE2('\\b[a-z0-9-]+\\.corp\\.example\\.com\\b', 'gu');
@@ -404,7 +410,9 @@ t.test(
 );
 
 t.test('from LOCATED_FROM_BYTES the literals replace the set pass, with the same findings', async (t) => {
-  t.notOk(compile(BENCH_PATTERNS.map((p) => ({ ...p })))!.located, 'three folded literals: the set pass stays');
+  t.ok(compile(BENCH_PATTERNS.map((p) => ({ ...p })))!.located, 'the ten, three of them folded, are located');
+  const ss = ['(?i)ss', '(?i)kk', '(?i)x', '(?i)caf\u00e9'].map((pattern) => ({ pattern, description: '', severity: 'warn' as const }));
+  t.notOk(compile(ss)!.located, 'folded literals re2 alone can find (no run without k or s, non-ASCII)');
   const list = BENCH_PATTERNS.filter((p) => !p.pattern.startsWith('(?i)')).map((p) => ({ ...p }));
   const fast = compile(list)!;
   const plain = compile(list, [], { anchors: false })!;
