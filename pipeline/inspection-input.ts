@@ -1,9 +1,10 @@
 import type { ViewContext } from './byte-ranges.ts';
 import { bodyLocation, type FindingLocation, type Phase } from './finding.ts';
-import { decodedViews, hidesCharacters } from './json-view.ts';
+import { decodedViews, hidesCharacters, type Take } from './json-view.ts';
 import { type NormalizedView, normalizedView } from './normalized-view.ts';
 import { changedWindows, windowReach } from './normalized-windows.ts';
 import { hits, type OpenRange, type PatternPlan, type PrefilterId, type SetHits } from './inspectors/patterns.ts';
+import type { ScratchBuffers } from './scratch-buffers.ts';
 import { sseText } from './sse-text.ts';
 
 // One body as the inspectors read it: the bytes as sent and the views built from them, each built at
@@ -52,6 +53,11 @@ export interface InputOptions {
   within?: Within | null;
   /** The normalized stage reads the whole view, not its windows around changes (tests compare the two). */
   wholeNormalized?: boolean;
+  /**
+   * The scan's loans for the decoded view (scratch-buffers.ts): the scan ends them, after which no view
+   * of this input may be read. Absent: views get buffers of their own.
+   */
+  scratch?: ScratchBuffers | null;
 }
 
 /** The whole body a byte range was cut from, and where. */
@@ -90,6 +96,7 @@ export class InspectionInput {
   #normalizedHits: SetHits | null | undefined = undefined;
   #within: Within | null;
   #wholeNormalized: boolean;
+  #scratch: ScratchBuffers | null;
   #whole: InspectionInput | null = null;
   /**
    * Unbounded patterns escalated to the whole body (patterns.ts, OpenRange), across both stages; made
@@ -109,6 +116,7 @@ export class InspectionInput {
     this.#context = options.context ?? null;
     this.#within = options.within ?? null;
     this.#wholeNormalized = options.wholeNormalized ?? false;
+    this.#scratch = options.scratch ?? null;
   }
 
   /**
@@ -137,6 +145,7 @@ export class InspectionInput {
       normalizeDecoded: this.#normalizeDecoded,
       patterns: this.#patterns,
       context: this.#context,
+      scratch: this.#scratch,
     });
     return this.#whole;
   }
@@ -144,7 +153,9 @@ export class InspectionInput {
   /** The body with its JSON escapes decoded. */
   decoded(): Buffer {
     if (this.#decoded === null) {
-      const views = decodedViews(this.raw, this.#context?.jsonEscapes);
+      const scratch = this.#scratch;
+      const take: Take | undefined = scratch ? (n) => scratch.take(n) : undefined;
+      const views = decodedViews(this.raw, this.#context?.jsonEscapes, take);
       this.#decoded = views.decoded;
       this.#literal = views.literal;
     }

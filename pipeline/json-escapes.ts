@@ -278,13 +278,18 @@ export interface DecodedLevel {
 
 /**
  * One level of `body`'s escapes decoded, from `from` (its first backslash: the bytes before it are
- * copied as they are), as json-view.ts's walk decodes it; null where the module cannot run.
+ * copied as they are), as json-view.ts's walk decodes it; null where the module cannot run. `take`
+ * gives the buffer written (at least n bytes; scratch-buffers.ts), else a new one is made.
  */
-export function decodeEscapes(body: Buffer, from: number): DecodedLevel | null {
+export function decodeEscapes(
+  body: Buffer,
+  from: number,
+  take: (n: number) => Buffer = Buffer.allocUnsafe,
+): DecodedLevel | null {
   if (decoder === null) return null;
   const { memory, words, decode } = decoder;
   const n = body.length;
-  const out = Buffer.allocUnsafe(n);
+  const out = take(n);
   body.copy(out, 0, 0, from);
   let to = from;
   let flags = 0;

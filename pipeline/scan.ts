@@ -8,6 +8,7 @@ import {
 } from './inspection-input.ts';
 import type { ViewContext } from './byte-ranges.ts';
 import { runFor, type ScanPart, type ScanPlan } from './plan.ts';
+import { ScratchBuffers } from './scratch-buffers.ts';
 
 // The synchronous half of the pipeline: every built-in inspector of the plan over one body, the same
 // code inline on the main thread and inside a pool worker.
@@ -119,11 +120,16 @@ function keep(findings: Finding[], seen: Set<string> | null, found: readonly Fin
 
 export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
   const findings: Finding[] = [];
-  let seen: Set<string> | null = null;
   const failures: InspectorFailure[] = [];
-  const { body, phase } = request;
   const part = request.part ?? 'all';
-  const run = runFor(plan, phase, request.secrets.length, part, request.skipModel ?? false, request.modelOnly ?? false);
+  const run = runFor(
+    plan,
+    request.phase,
+    request.secrets.length,
+    part,
+    request.skipModel ?? false,
+    request.modelOnly ?? false,
+  );
   const onInspector = request.onInspector;
   let reportedFindings = 0;
   let reportedFailures = 0;
@@ -137,9 +143,29 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
       }
     : unreported;
 
+  // The decoded view's buffers are lent for this scan only (scratch-buffers.ts): nothing returned
+  // holds a view, and they are given back however the scan ends.
+  const scratch = new ScratchBuffers();
+  try {
+    return scanWith(request, run, findings, failures, done, scratch);
+  } finally {
+    scratch.end();
+  }
+}
+
+/** scanBody's steps over one input, `run` being what the plan runs for this request. */
+function scanWith(
+  request: ScanRequest,
+  run: ReturnType<typeof runFor>,
+  findings: Finding[],
+  failures: InspectorFailure[],
+  done: (inspector: string) => void,
+  scratch: ScratchBuffers,
+): ScanResult {
+  let seen: Set<string> | null = null;
   const input = new InspectionInput({
-    raw: body,
-    phase,
+    raw: request.body,
+    phase: request.phase,
     secrets: request.secrets,
     modelsAnywhere: request.modelsAnywhere ?? null,
     failures,
@@ -148,6 +174,7 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
     context: request.context ?? null,
     within: request.within ?? null,
     wholeNormalized: request.wholeNormalized ?? false,
+    scratch,
   });
   if (run.joined) input.joined();
 
