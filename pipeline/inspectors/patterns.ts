@@ -99,12 +99,16 @@ export interface PatternPlan {
 export const LOCATED_MAX_COST = 0.75;
 
 /**
- * …and only in a view this large. Below it the set pass costs microseconds and its prefilters, which
- * locating does not run, let the built-in detectors skip a body that cannot hold what they look for:
- * measured on the bench bodies, the set pass is ahead at 64 KB (its prefilters skip the PII
- * detectors), the literals from 256 KB (every prefilter hits there anyway).
+ * …and only in a view this large. Below it the set pass costs microseconds, and each literal's search
+ * a call or two of fixed cost. With the SIMD search (literal-search.ts) the literals are ahead from
+ * about 4 KB, even though the set pass's prefilters, which locating does not run, would let the PII
+ * and API-key detectors skip a body: the full set on the bench bodies 1.48× the set plan's time at
+ * 1 KB, 1.15× at 2 KB, 0.97× at 4 KB, 0.83× at 8 KB, 0.73–0.76× from 24 KB to 256 KB; on prose with
+ * nothing the prefilters look for, 0.93× at 4 KB, 0.68–0.80× from 8 KB to 64 KB (one process, both
+ * plans interleaved; docs/decisions.md, "Literals found sixteen starts at a time"). Before the SIMD
+ * search this was 256 KB.
  */
-export const LOCATED_FROM_BYTES = 256 * 1024;
+export const LOCATED_FROM_BYTES = 4 * 1024;
 
 /**
  * How long locating may take before the set pass runs instead, checked before each next literal: about

@@ -88,7 +88,8 @@ t.test(
           content_inspection: { patterns: [{ pattern, description: 'x', severity: 'block' }] },
         }),
       );
-      // Below the windows, with windows (64 KB), and located without the set pass (256 KB).
+      // 1 KB: the set pass, then the pattern over the whole view; 100 and 300 KB: located without the
+      // set pass (from 4 KB), the pattern run in windows (from 64 KB).
       for (const kb of [1, 100, 300]) {
         const content = secret + ' lorem ipsum'.repeat(Math.ceil((kb * 1024) / 12));
         const body = Buffer.from(JSON.stringify({ model: 'm', messages: [{ role: 'user', content }] }));
@@ -411,7 +412,11 @@ t.test(
 
 t.test('from LOCATED_FROM_BYTES the literals replace the set pass, with the same findings', async (t) => {
   t.ok(compile(BENCH_PATTERNS.map((p) => ({ ...p })))!.located, 'the ten, three of them folded, are located');
-  const ss = ['(?i)ss', '(?i)kk', '(?i)x', '(?i)caf\u00e9'].map((pattern) => ({ pattern, description: '', severity: 'warn' as const }));
+  const ss = ['(?i)ss', '(?i)kk', '(?i)x', '(?i)caf\u00e9'].map((pattern) => ({
+    pattern,
+    description: '',
+    severity: 'warn' as const,
+  }));
   t.notOk(compile(ss)!.located, 'folded literals re2 alone can find (no run without k or s, non-ASCII)');
   const list = BENCH_PATTERNS.filter((p) => !p.pattern.startsWith('(?i)')).map((p) => ({ ...p }));
   const fast = compile(list)!;
