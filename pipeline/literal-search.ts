@@ -15,9 +15,9 @@ import { block, br, brIf, I32, ifThen, instantiate, loop, moduleOf, op, V128 } f
 // Folding here is ASCII's: a letter and its other case. re2 folds two ASCII letters to characters
 // outside ASCII too (`k` to U+212A KELVIN SIGN, `s` to U+017F LONG S: no other, checked over every code
 // point in test/pipeline/literal-search.test.ts), so a literal holding `k` or `s` is looked for by its
-// longest run without them (`word` of `password`), and each run found is confirmed by re2 in the bytes
-// around it that its literal can span (pattern-anchors.ts). A literal with a byte outside ASCII is left
-// to re2.
+// longest run without them (`word` of `password`), and the rest of the literal is read around each run
+// found, as re2 folds it (pattern-anchors.ts, foldedAround). A folded literal with a byte outside ASCII
+// is left to re2.
 
 /**
  * Input bytes per call; the chunk's last literal may run on into the next chunk's first bytes. Small
@@ -28,7 +28,7 @@ const CHUNK = 16384;
 export const MAX_NEEDLE = 64;
 
 // The module's memory: the needle, its case masks, the probes count, the input, the starts found.
-const NEEDLE = 0; // MAX_NEEDLE bytes, lower case
+const NEEDLE = 0; // MAX_NEEDLE bytes (lower case when the needle folds)
 const CASE = NEEDLE + MAX_NEEDLE; // MAX_NEEDLE bytes: 0x20 where the needle has a letter (OR folds it)
 const PROBES = CASE + MAX_NEEDLE; // i32: starts checked in full by the last call
 const IN = 256; // CHUNK + MAX_NEEDLE - 1 bytes, then PAD zero bytes
