@@ -100,15 +100,16 @@ export const LOCATED_MAX_COST = 0.75;
 
 /**
  * …and only in a view this large. Below it the set pass costs microseconds, and each literal's search
- * a call or two of fixed cost. With the SIMD search (literal-search.ts) the literals are ahead from
- * about 4 KB, even though the set pass's prefilters, which locating does not run, would let the PII
- * and API-key detectors skip a body: the full set on the bench bodies 1.48× the set plan's time at
- * 1 KB, 1.15× at 2 KB, 0.97× at 4 KB, 0.83× at 8 KB, 0.73–0.76× from 24 KB to 256 KB; on prose with
- * nothing the prefilters look for, 0.93× at 4 KB, 0.68–0.80× from 8 KB to 64 KB (one process, both
- * plans interleaved; docs/decisions.md, "Literals found sixteen starts at a time"). Before the SIMD
- * search this was 256 KB.
+ * a call or two of fixed cost. With the SIMD search (literal-search.ts) the literals are ahead of the
+ * set pass, even though its prefilters (which locating does not run) would let the PII and API-key
+ * detectors skip a body, from about 4 KB when the CPU's caches hold the scan's code and tables (the full
+ * set on the bench bodies 1.15× the set plan's time at 2 KB, 0.97× at 4 KB, 0.83× at 8 KB, 0.73–0.76×
+ * from 24 KB to 256 KB), and from about 8 KB when they hold other work, as in llmproxy between calls
+ * (`hits` alone, 16 MB of other memory touched before each: 1.25× at 6 KB, 0.90× at 8 KB, 0.67× at
+ * 12–16 KB, 0.51× at 1 MB). docs/decisions.md, "Literals found sixteen starts at a time". Before the
+ * SIMD search this was 256 KB.
  */
-export const LOCATED_FROM_BYTES = 4 * 1024;
+export const LOCATED_FROM_BYTES = 8 * 1024;
 
 /**
  * How long locating may take before the set pass runs instead, checked before each next literal: about
@@ -117,6 +118,15 @@ export const LOCATED_FROM_BYTES = 4 * 1024;
  * Buffer.indexOf stops at): measured, they then cost up to about three set passes.
  */
 export const LOCATE_NS_PER_BYTE = 2;
+
+/**
+ * …and at least this long (ns), however small the view. In llmproxy the CPU's caches hold the rest of a
+ * call's work between scans, and ten literal searches over a 5 KB view took longer than its 10 µs (2 ns
+ * a byte): locating gave up on every call and the set pass ran too (profiled under `npm run bench --
+ * proxy`; with 16 MB of other memory touched before each scan, 2,000 of 2,000 gave up, 49 of 2,307 with
+ * this floor). A body made to run locating to this bound costs 0.1 ms more at most.
+ */
+export const LOCATE_MIN_NS = 100_000;
 
 /** Why re2 cannot compile `pattern` as the engine would, or null when it can (authoring-time check). */
 export function patternProblem(pattern: string): string | null {
@@ -246,7 +256,7 @@ export function hits(view: Buffer, plan: PatternPlan): SetHits {
     // The wall clock: a thread's CPU time ticks too coarsely here (about 1 ms) to judge 1 MB by, and
     // the process's counts the other workers. A scan preempted on a loaded host may give way when it
     // need not: the set pass then runs too, at most the located estimate (LOCATED_MAX_COST) more.
-    const deadline = performance.now() + (view.length * LOCATE_NS_PER_BYTE) / 1e6;
+    const deadline = performance.now() + Math.max(view.length * LOCATE_NS_PER_BYTE, LOCATE_MIN_NS) / 1e6;
     const over = () => performance.now() > deadline;
     for (const p of plan.patterns) {
       if (located.length > 0 && over()) return { ...setPass(view, plan), located };

@@ -20,6 +20,9 @@ function naive(view: Uint8Array, needle: Needle): number[] {
   return out;
 }
 
+/** A second to locate in: what is compared is what is found, not how fast a loaded host finds it. */
+const second = () => performance.now() + 1000;
+
 /** The same anchor with every literal left to re2 (folded) or Buffer.indexOf (case-sensitive). */
 const withoutSimd = (a: Anchor): Anchor => ({
   ...a,
@@ -142,8 +145,8 @@ t.test('a folded literal: its run without k or s, and the rest read around it as
   t.equal(foldedPlan('café'), null, 'outside ASCII: re2');
   const anchor = anchorOf('(?i)password\\s*[:=]')!;
   const view = Buffer.from('PA\u017f\u017fWORD: pas\u017fword= passWord pass word xpassword paSSwor ſword password');
-  const starts = (locate(view, anchor) ?? []).filter((_, k) => k % 2 === 0);
-  t.same(locate(view, anchor), locate(view, withoutSimd(anchor)));
+  const starts = (locate(view, anchor, second()) ?? []).filter((_, k) => k % 2 === 0);
+  t.same(locate(view, anchor, second()), locate(view, withoutSimd(anchor), second()));
   t.equal(starts.length, 5, 'every spelling re2 finds, and no near miss');
 });
 
@@ -216,8 +219,8 @@ t.test('property: a located anchor finds what re2 and Buffer.indexOf alone find,
         const view = Buffer.from(pad === 0 ? '.'.repeat(16384 - 200) + text : text);
         const simd = anchor.folded.some((p) => p !== null) || anchor.needles.some((n) => n !== null);
         if (simd) simdLocated++;
-        const got = locate(view, anchor);
-        const want = locate(view, withoutSimd(anchor));
+        const got = locate(view, anchor, second());
+        const want = locate(view, withoutSimd(anchor), second());
         if (JSON.stringify(got) !== JSON.stringify(want))
           throw new Error(`${source} on ${JSON.stringify(text)}: ${got} vs ${want}`);
       },

@@ -7,6 +7,8 @@ import {
   anchoredMatches,
   compile,
   hits as hits_,
+  LOCATE_MIN_NS,
+  LOCATE_NS_PER_BYTE,
   LOCATED_FROM_BYTES,
   matches,
   scan,
@@ -89,7 +91,7 @@ t.test(
         }),
       );
       // 1 KB: the set pass, then the pattern over the whole view; 100 and 300 KB: located without the
-      // set pass (from 4 KB), the pattern run in windows (from 64 KB).
+      // set pass (from 8 KB), the pattern run in windows (from 64 KB).
       for (const kb of [1, 100, 300]) {
         const content = secret + ' lorem ipsum'.repeat(Math.ceil((kb * 1024) / 12));
         const body = Buffer.from(JSON.stringify({ model: 'm', messages: [{ role: 'user', content }] }));
@@ -125,9 +127,15 @@ t.test('past the bound of occurrences, or a suffix living through the view, the 
   const byIndexOf = { ...anchor, needles: anchor.needles.map(() => null) };
   t.equal(locate(flood, byIndexOf), null, 'a needle everywhere and rarely the literal: not located');
   t.ok(anchor.needles[0], '`_` is common: the SIMD search looks for two bytes at once');
-  t.same(locate(flood, anchor), [flood.length - 13, flood.length - 8], 'which a flood of one of them does not stop');
+  // A second's deadline: what is tested is the search, not how fast a cold process runs it.
+  const second = () => performance.now() + 1000;
+  t.same(
+    locate(flood, anchor, second()),
+    [flood.length - 13, flood.length - 8],
+    'which a flood of one of them does not stop',
+  );
   const both = Buffer.from(`${'xcxx_'.repeat(MAX_NEEDLE_PROBES)} acct_12345678`);
-  t.equal(locate(both, anchor), null, 'a flood of both its pivots, never the literal: not located');
+  t.equal(locate(both, anchor, second()), null, 'a flood of both its pivots, never the literal: not located');
   t.same(fastMatches(regex, both), plainMatches(regex, both));
   t.same(fastMatches(regex, flood), plainMatches(regex, flood));
   t.same(fastMatches(regex, view), plainMatches(regex, view));
@@ -443,3 +451,33 @@ t.test('from LOCATED_FROM_BYTES the literals replace the set pass, with the same
   t.notOk(hits_(view, windowed).located, 'the set pass names the candidates…');
   t.same(key(windowed), key(plain), '…which extract in windows, with the same findings');
 });
+
+t.test(
+  'a small view gives locating at least LOCATE_MIN_NS, not 2 ns a byte, before the set pass runs too',
+  async (t) => {
+    // A clock that moves 5 µs at each look (a scan whose caches hold other work): over a 9 KB view the
+    // per-byte bound (18 µs) would give up after a few literals; the floor (0.1 ms) lets all ten finish.
+    const plan = compile(BENCH_PATTERNS.map((p) => ({ ...p })))!;
+    const view = Buffer.from('lorem ipsum dolor sit amet, nothing to find here. '.repeat(190));
+    t.ok(view.length >= LOCATED_FROM_BYTES && view.length * LOCATE_NS_PER_BYTE < LOCATE_MIN_NS);
+    const real = performance.now;
+    let clock = real.call(performance);
+    let looks = 0;
+    performance.now = () => {
+      looks++;
+      return (clock += 0.005);
+    };
+    try {
+      const found = hits_(view, plan);
+      t.ok(found.located, 'located');
+      t.equal(found.prefilters, null, 'and the set pass did not run');
+      t.equal(found.located!.length, plan.patterns.length, 'every literal was looked for');
+      t.ok(
+        looks * 0.005 * 1e6 > view.length * LOCATE_NS_PER_BYTE,
+        `the clock moved past the per-byte bound (${looks} looks)`,
+      );
+    } finally {
+      performance.now = real;
+    }
+  },
+);
