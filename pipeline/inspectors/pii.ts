@@ -270,7 +270,7 @@ export function scan(
       // often as not, and `b >= 0x30 && b <= 0x39` then mispredicts): a probe inside a run is a digit
       // or a separator before one, so neither byte a digit (x - 0x30 as unsigned ≥ 10) rules it out.
       // Measured on the bench's 1 MB body: 0.33 ms of probes before, 0.13 ms after.
-      if (((view[probe] - 0x30) >>> 0) >= 10 && ((view[probe + 1] - 0x30) >>> 0) >= 10) continue;
+      if ((view[probe] - 0x30) >>> 0 >= 10 && (view[probe + 1] - 0x30) >>> 0 >= 10) continue;
       const b = view[probe];
       if (!isDigit(b) && !(isSeparator(b) && isDigit(view[probe - 1]) && isDigit(view[probe + 1]))) continue;
       // Expand to the maximal run of digits joined by single separators.
