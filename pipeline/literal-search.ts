@@ -135,13 +135,13 @@ const isLetter = (b: number) => (b >= 0x61 && b <= 0x7a) || (b >= 0x41 && b <= 0
  *
  *   (func (export "find") (param $limit $length $p1 $p2 $a1 $b1 $a2 $b2 $maxHits $maxProbes i32)
  *         (result i32)                             ;; starts written to OUT, or -1 / -2 past the bounds
- *     (local $i $bits $s $k $count $probes i32) (local $va1 $vb1 $va2 $vb2 v128)
+ *     (local $i $bits $s $k $count $probes i32) (local $va1 $vb1 $va2 $vb2 $v v128)
  *     $va1..$vb2 = (i8x16.splat $a1) .. (i8x16.splat $b2)
  *     (block $done (loop $step
  *       (br_if $done (i32.ge_u $i $limit))
- *       $bits = (i8x16.bitmask (v128.and
- *                 (v128.or (i8x16.eq (v128.load IN+$i+$p1) $va1) (i8x16.eq (v128.load IN+$i+$p1) $vb1))
- *                 (v128.or (i8x16.eq (v128.load IN+$i+$p2) $va2) (i8x16.eq (v128.load IN+$i+$p2) $vb2))))
+ *       $bits = (i8x16.bitmask (v128.and                       ;; each pivot's vector loaded once
+ *                 (v128.or (i8x16.eq (local.tee $v (v128.load IN+$i+$p1)) $va1) (i8x16.eq $v $vb1))
+ *                 (v128.or (i8x16.eq (local.tee $v (v128.load IN+$i+$p2)) $va2) (i8x16.eq $v $vb2))))
  *       (block $next (loop $bit                                 ;; each start whose pivots agree
  *         (br_if $next (i32.eqz $bits))
  *         $s = $i + (i32.ctz $bits)
@@ -164,29 +164,19 @@ const isLetter = (b: number) => (b >= 0x61 && b <= 0x7a) || (b >= 0x41 && b <= 0
  */
 function moduleBytes(): Uint8Array {
   const [LIMIT, LENGTH, P1, P2, A1, B1, A2, B2, MAX_HITS, MAX_PROBES] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9];
-  const [I, BITS, S, K, COUNT, N_PROBES, VA1, VB1, VA2, VB2] = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19];
+  const [I, BITS, S, K, COUNT, N_PROBES, VA1, VB1, VA2, VB2, V] = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20];
   const { get, set } = op;
   const splat = (local: number, into: number) => [...get(local), ...op.i8x16Splat, ...set(into)];
+  /** The sixteen bytes at a pivot, loaded once, equal to either of its two forms. */
   const pivotMatches = (pivot: number, a: number, b: number) => [
-    ...get(I),
-    ...get(pivot),
-    ...op.add,
-    ...op.v128Load(IN),
-    ...get(a),
-    ...op.i8x16Eq,
-    ...get(I),
-    ...get(pivot),
-    ...op.add,
-    ...op.v128Load(IN),
-    ...get(b),
-    ...op.i8x16Eq,
-    ...op.v128Or,
+    ...[...get(I), ...get(pivot), ...op.add, ...op.v128Load(IN), ...op.tee(V)],
+    ...[...get(a), ...op.i8x16Eq, ...get(V), ...get(b), ...op.i8x16Eq, ...op.v128Or],
   ];
   return moduleOf(PAGES, [
     {
       name: 'find',
       params: 10,
-      locals: [I32, I32, I32, I32, I32, I32, V128, V128, V128, V128],
+      locals: [I32, I32, I32, I32, I32, I32, V128, V128, V128, V128, V128],
       code: [
         splat(A1, VA1),
         splat(B1, VB1),
