@@ -1,4 +1,5 @@
 import type { Span } from './json-view.ts';
+import { copyBytes } from './shared-bytes.ts';
 
 // An inference body split into the parts an agent resends turn after turn, for the per-part
 // inspection cache (part-cache.ts, engine.ts; docs/decisions.md, "The per-part inspection cache"):
@@ -148,7 +149,7 @@ function sameRange(body: Buffer, a: number, aEnd: number, b: number, bEnd: numbe
 
 /** Copies body[from, to) to out at `at`: a loop for a few bytes (a copy call costs more), else copy(). */
 function copyInto(out: Buffer, at: number, body: Buffer, from: number, to: number): number {
-  if (to - from > 32) return at + body.copy(out, at, from, to);
+  if (to - from > 32) return at + copyBytes(body, out, at, from, to);
   for (let i = from; i < to; i++) out[at++] = body[i];
   return at;
 }
@@ -169,7 +170,7 @@ export function group(body: Buffer, parts: readonly Span[], sharedFrom = Number.
   let to = 1;
   for (let k = 0; k < parts.length; k++) {
     if (k > 0) out[to++] = 0x2c;
-    to += body.copy(out, to, parts[k].start, parts[k].end);
+    to += copyBytes(body, out, to, parts[k].start, parts[k].end);
   }
   out[to] = 0x5d;
   return out;

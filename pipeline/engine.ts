@@ -7,6 +7,7 @@ import type { Registry } from 'prom-client';
 import { counter, createRegistry, gauge, histogram } from '../core/metrics.ts';
 import { silentLogger, type Logger } from '../core/logger.ts';
 import { conversationParts, group, MIN_PART_BYTES, skeleton } from './conversation-parts.ts';
+import { copyBytes } from './shared-bytes.ts';
 import { BodyTooLargeError, DeadlineError } from './errors.ts';
 import { MAX_FINDINGS_PER_INSPECTOR, type Finding, type Phase } from './finding.ts';
 import type { Span } from './json-view.ts';
@@ -178,7 +179,7 @@ const BUILTINS = 'builtin';
 export function toShared(body: Buffer): Uint8Array {
   if (body.buffer instanceof SharedArrayBuffer) return body;
   const shared = new Uint8Array(new SharedArrayBuffer(body.length));
-  shared.set(body);
+  copyBytes(body, shared);
   return shared;
 }
 

@@ -2,6 +2,7 @@ import { hash } from 'node:crypto';
 import type { Finding } from './finding.ts';
 import type { Span } from './json-view.ts';
 import type { PartCache } from './part-cache.ts';
+import { copyBytes } from './shared-bytes.ts';
 
 // Finding and keying the parts of a body an agent resends, without walking or hashing again what it
 // sent before. Hashing every resent part every turn was most of a cached turn's cost: sha256 runs at
@@ -129,7 +130,7 @@ export class KnownSpans {
 /** A copy in memory of its own (Buffer.from would take a slice of the shared pool for a small one). */
 function ownCopy(bytes: Buffer): Buffer {
   const copy = Buffer.allocUnsafeSlow(bytes.length);
-  bytes.copy(copy);
+  copyBytes(bytes, copy);
   return copy;
 }
 
@@ -313,7 +314,7 @@ export class ResentParts {
     }
     if (shared < body.length) {
       const copy = Buffer.allocUnsafeSlow(body.length - shared);
-      body.copy(copy, 0, shared);
+      copyBytes(body, copy, 0, shared);
       pieces = [...pieces, { start: shared, bytes: copy }];
     }
     const remembered: Remembered = {

@@ -1,6 +1,7 @@
 import type { IncomingHttpHeaders } from 'node:http';
 import { type Span, type TopLevel, topLevel } from '../../pipeline/json-view.ts';
 import { allocShared, DEFAULT_INLINE_THRESHOLD_BYTES } from '../../pipeline/engine.ts';
+import { copyBytes } from '../../pipeline/shared-bytes.ts';
 import { grow, spareCapacity } from './read-body.ts';
 import { BodyShapeError } from './errors.ts';
 import type { WireFormat } from '../../pipeline/policy/snapshot.ts';
@@ -106,14 +107,14 @@ function splice(body: Buffer, at: number, remove: number, insert: string): Buffe
   const size = body.length - remove + extra.length;
   if (size - body.length <= spareCapacity(body)) {
     const out = grow(body, Math.max(size, body.length));
-    out.copyWithin(at + extra.length, at + remove, body.length);
+    copyBytes(out, out, at + extra.length, at + remove, body.length);
     extra.copy(out, at);
     return size === out.length ? out : out.subarray(0, size);
   }
   const out = size >= DEFAULT_INLINE_THRESHOLD_BYTES ? allocShared(size) : Buffer.allocUnsafe(size);
-  body.copy(out, 0, 0, at);
+  copyBytes(body, out, 0, 0, at);
   extra.copy(out, at);
-  body.copy(out, at + extra.length, at + remove);
+  copyBytes(body, out, at + extra.length, at + remove);
   return out;
 }
 

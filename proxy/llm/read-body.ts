@@ -1,6 +1,7 @@
 import type { IncomingMessage } from 'node:http';
 import type { Readable } from 'node:stream';
 import { allocShared } from '../../pipeline/engine.ts';
+import { copyBytes } from '../../pipeline/shared-bytes.ts';
 import { RequestTooLargeError } from './errors.ts';
 
 // Reads a request body up to `limit` bytes. When the length is announced and large, the bytes land
@@ -53,7 +54,7 @@ export async function readBody(
       // More than announced: refuse.
       if (at + chunk.length > announced) throw new RequestTooLargeError(`request body exceeds ${limit} bytes`);
       hold?.(chunk.length);
-      chunk.copy(out, at);
+      copyBytes(chunk, out, at);
       at += chunk.length;
     });
     const body = at === announced ? out : out.subarray(0, at);
