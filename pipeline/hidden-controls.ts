@@ -12,6 +12,7 @@
 // Both give the same answer (test/pipeline/hidden-controls.test.ts).
 
 import { block, br, brIf, instantiate, loop, moduleOf, op, V128 } from './wasm-module.ts';
+import { copyIntoSpare } from './shared-bytes.ts';
 
 /** 1 for the bytes the normalized view drops as hidden controls. */
 export const HIDDEN_CONTROL = new Uint8Array(256);
@@ -70,7 +71,7 @@ function holdsHiddenControlSimd(bytes: Uint8Array, s: Scanner): boolean {
   const n = bytes.length;
   for (let at = 0; at < n; at += CHUNK) {
     const length = at + CHUNK < n ? CHUNK : n - at;
-    s.memory.set(bytes.subarray(at, at + length), 0);
+    copyIntoSpare(s.memory, 0, bytes, at, at + length);
     // The last vector's tail is padded with spaces, which are no control.
     const padded = (length + 15) & ~15;
     s.memory.fill(0x20, length, padded);

@@ -1,4 +1,5 @@
 import { block, br, brIf, type Code, I32, ifThen, instantiate, loop, moduleOf, op } from './wasm-module.ts';
+import { copyBytes, copyIntoSpare } from './shared-bytes.ts';
 
 // One level of JSON escapes decoded sixteen bytes at a time (json-view.ts, decodeLevel, is the
 // definition and the fallback). The decoded view is read by every scan of a JSON body with a backslash
@@ -290,13 +291,13 @@ export function decodeEscapes(
   const { memory, words, decode } = decoder;
   const n = body.length;
   const out = take(n);
-  body.copy(out, 0, 0, from);
+  copyBytes(body, out, 0, 0, from);
   let to = from;
   let flags = 0;
   for (let at = from; at < n; ) {
     const length = at + CHUNK < n ? CHUNK : n - at;
     const final = at + length === n ? 1 : 0;
-    memory.set(body.subarray(at, at + length), IN);
+    copyIntoSpare(memory, IN, body, at, at + length);
     memory.fill(0, IN + length, IN + length + 16);
     const consumed = decode(length, final);
     const written = words[OUT_LENGTH >> 2];

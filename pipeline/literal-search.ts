@@ -1,4 +1,5 @@
 import { block, br, brIf, I32, ifThen, instantiate, loop, moduleOf, op, V128 } from './wasm-module.ts';
+import { copyIntoSpare } from './shared-bytes.ts';
 
 // A literal found sixteen starts at a time (WebAssembly SIMD), case-insensitive (`(?i)project`) or not.
 // A custom pattern's anchor is located once per candidate pattern, and once per pattern when the
@@ -105,7 +106,7 @@ export function findNeedle(
     if (at > 0 && performance.now() > deadline) return null;
     // The chunk, and the bytes its last starts' literals run on into.
     const end = Math.min(n, at + CHUNK + length - 1);
-    memory.set(view.subarray(at, end), IN);
+    copyIntoSpare(memory, IN, view, at, end);
     memory.fill(0, IN + end - at, IN + end - at + PAD);
     // Starts in [0, limit) of the chunk: in the chunk, and with the whole literal before the view's end.
     const limit = Math.min(CHUNK, end - at - length + 1);

@@ -9,7 +9,7 @@ import {
 import type { ViewContext } from './byte-ranges.ts';
 import { runFor, type ScanPart, type ScanPlan } from './plan.ts';
 import { ScratchBuffers } from './scratch-buffers.ts';
-import { alignedCopy, isShared } from './shared-bytes.ts';
+import { alignedCopy, isShared, SCAN_COPY_UP_TO_BYTES } from './shared-bytes.ts';
 
 // The synchronous half of the pipeline: every built-in inspector of the plan over one body, the same
 // code inline on the main thread and inside a pool worker.
@@ -148,10 +148,11 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
   // holds a view, and they are given back however the scan ends.
   const scratch = new ScratchBuffers();
   try {
-    // A body in shared memory is read from a copy of its own (shared-bytes.ts).
-    const local = isShared(request.body)
-      ? { ...request, body: alignedCopy(request.body, (n) => scratch.take(n)) }
-      : request;
+    // A body in shared memory is read from a copy of its own, up to a size (shared-bytes.ts).
+    const local =
+      isShared(request.body) && request.body.length <= SCAN_COPY_UP_TO_BYTES
+        ? { ...request, body: alignedCopy(request.body, (n) => scratch.take(n)) }
+        : request;
     return scanWith(local, run, findings, failures, done, scratch);
   } finally {
     scratch.end();

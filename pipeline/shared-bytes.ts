@@ -9,7 +9,11 @@
 // headers, a prefix spliced in), so most copies of a shared body were misaligned: a 1 MB body in shared
 // memory scanned 0.3 ms slower than the same bytes in memory of its own, a copy per decoded chunk.
 //
-// - A scan reads a shared body from one copy of its own, placed at the source's alignment (alignedCopy).
+// - A scan of a body up to SCAN_COPY_UP_TO_BYTES reads a shared body from one copy of its own, placed at
+//   the source's alignment (alignedCopy; scan.ts). A larger one (a byte range of a body split across
+//   the pool) is read where it lies: a fresh copy of it would cost more in page faults than it saves.
+// - What feeds a WebAssembly module a chunk at a time copies it in at the source's alignment and moves
+//   it into place within the module's memory (copyIntoSpare).
 // - Other copies that involve shared memory go through copyBytes: misaligned, they pass through a
 //   buffer of this thread's, each step aligned where it touches shared memory.
 
@@ -28,6 +32,29 @@ export function alignedCopy(bytes: Uint8Array, alloc: (n: number) => Buffer): Bu
   const out = alloc(bytes.length + shift).subarray(shift, shift + bytes.length);
   out.set(bytes);
   return out;
+}
+
+/**
+ * The largest shared body a scan copies first (alignedCopy): the copy goes into a buffer the scan
+ * borrows (scratch-buffers.ts), reused from scan to scan up to this size. Past it (a 32 MB body's
+ * 16 MB byte ranges) the copy was a fresh buffer per scan: 15–25 ms more for a 32 MB body through two
+ * workers, where copyIntoSpare's chunks already read it at memcpy speed.
+ */
+export const SCAN_COPY_UP_TO_BYTES = 4 * 1024 * 1024;
+
+/**
+ * source[from, to) copied to target at `at`, where target is memory of its own with at least 7 bytes
+ * to spare past at + (to - from) (a WebAssembly module's input area): a misaligned shared source is
+ * copied in that many bytes on, at its own alignment, then moved back within the target (a memmove).
+ */
+export function copyIntoSpare(target: Uint8Array, at: number, source: Uint8Array, from: number, to: number): void {
+  const shift = (source.byteOffset + from - (target.byteOffset + at)) & 7;
+  if (shift === 0 || to - from < BOUNCE_FROM_BYTES || !isShared(source)) {
+    target.set(source.subarray(from, to), at);
+    return;
+  }
+  target.set(source.subarray(from, to), at + shift);
+  target.copyWithin(at, at + shift, at + shift + (to - from));
 }
 
 /** Bytes a bounced copy moves per step (the bounce buffer's size, less the slack for alignment). */
