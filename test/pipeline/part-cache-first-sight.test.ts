@@ -198,3 +198,61 @@ t.test('a body over the cap is not remembered', async (t) => {
   t.ok(small.seenFirst('h', one, conversationParts(one)!), 'its first parts went with it');
   t.equal(small.bytes, one.length + 64);
 });
+
+t.test(
+  'a dropped body seen first gives its copy back; a body written into it is recalled by its own bytes',
+  async (t) => {
+    const resent = new ResentParts(1 << 22);
+    const seen = (holder: string, b: Buffer) => resent.seenFirst(holder, b, conversationParts(b)!);
+    // Bodies of one size, each part differing early (a counter) or late (a last word), as fresh traffic does.
+    const a = [0, 1, 2].map((i) => body(`a${i} alpha`, `a beta ${i}`, `a gamma ${i}`));
+    for (const b of a) t.ok(seen('a', b), 'a body of agent a: seen first');
+    const held = resent.retainedBytes;
+    t.equal(held, resent.bytes - 3 * 64 + a[0].length, 'the first one dropped: its copy kept spare');
+    const b0 = body('b0 alpha', 'b beta 0', 'b gamma 0');
+    t.equal(b0.length, a[0].length);
+    t.ok(seen('b', b0), 'a body of agent b: seen first');
+    t.equal(resent.retainedBytes, held, 'written into the spare copy, not a new one');
+
+    // Each holder's bodies are still its own bytes: a's last body and b's are recalled part for part,
+    // and one byte changed anywhere in a part stops the recall there.
+    const next = (parts: string[]) => body(...parts);
+    const aNext = next(['a2 alpha', 'a beta 2', 'a gamma 2', 'a delta']);
+    t.equal(resent.recall('a', aNext)?.verified, 3, 'agent a`s last body, part for part');
+    const bNext = next(['b0 alpha', 'b beta 0', 'b gamma 0', 'b delta']);
+    t.equal(resent.recall('b', bNext)?.verified, 3, 'agent b`s body, in the given-back copy');
+    t.equal(resent.recall('b', next(['b0 alpha', 'b beta 0', 'b gamma 9', 'b delta']))?.verified, 2, 'a late byte');
+    t.equal(resent.recall('b', next(['b0 alpha', 'b beta 0', 'B gamma 0']))?.verified, 2, 'an early byte');
+    t.equal(resent.recall('a', bNext), null, 'agent a never sent b`s bytes');
+
+    // Resent, b's body shares its copy with the body that resends it: that copy is not given back when
+    // the unhashed body is replaced, so the next body seen first gets memory of its own.
+    const recall = resent.recall('b', bNext)!;
+    resent.hashes('b', bNext, conversationParts(bNext, MIN_PART_BYTES, recall.known)!, recall);
+    const before = resent.retainedBytes;
+    const c0 = body('c0 alpha', 'c beta 0', 'c gamma 0');
+    t.ok(seen('c', c0));
+    t.equal(resent.retainedBytes, before + c0.length, 'a new copy: the shared one was not given back');
+    const again = resent.recall('b', next(['b0 alpha', 'b beta 0', 'b gamma 0', 'b delta', 'b epsilon']));
+    t.equal(again?.verified, 4, 'and b`s remembered bytes are intact');
+  },
+);
+
+t.test('fresh traffic from several agents, bodies given back and written again: what no cache finds', async (t) => {
+  const { e } = engine(t, { threads: 0 });
+  const plain = engine(t, { threads: 0, cacheBytes: 0 });
+  const agents = [AGENT, OTHER, { agentId: 'agent-3', orgId: 'org-1', agentName: 'tester' }];
+  const leaks = ['mail bob@example.com', 'key AKIAIOSFODNN7EXAMPLE', 'project-12', 'nothing'];
+  let sessionTurns: string[] = [];
+  for (let i = 0; i < 120; i++) {
+    const identity = agents[i % 3];
+    // Mostly fresh bodies of about one size (their copies given back and reused), now and then a
+    // session's next turn (the last fresh body resent with one more message).
+    const fresh = i % 7 !== 6;
+    sessionTurns = fresh
+      ? [`${i} ${leaks[i % 4]}`, `${i} second`, `${i} third ${leaks[(i + 1) % 4]}`]
+      : [...sessionTurns, `${i} more ${leaks[(i + 2) % 4]}`];
+    const request = { body: body(...sessionTurns), phase: 'request' as const, policy: POLICY, identity };
+    if (!same(t, await e.inspect(request), await plain.e.inspect(request), `call ${i}`)) return;
+  }
+});
