@@ -70,6 +70,13 @@ export function portkeyConfig(provider: string, upstreamUrl: string, guard: bool
   return config;
 }
 
+/**
+ * Node flags for every dvx llmproxy a bench starts, from DVX_BENCH_NODE_FLAGS (split on spaces): a CPU
+ * profile of each (`--cpu-prof --cpu-prof-dir=/tmp/prof`), a module of your own imported first
+ * (`--import /path/hook.mjs`). Not for the numbers a bench records: a profiler slows what it watches.
+ */
+const LLMPROXY_NODE_FLAGS = (process.env.DVX_BENCH_NODE_FLAGS ?? '').split(' ').filter(Boolean);
+
 export interface StartedLlmproxy extends Started {
   /** Flags this dvx did not know and was started again without (`--workers 2`, …). */
   dropped: string[];
@@ -104,6 +111,7 @@ export async function startLlmproxy(options: {
     const p = pinned(
       [
         NODE,
+        ...LLMPROXY_NODE_FLAGS,
         join(options.root ?? ROOT, 'cli/main.ts'),
         'serve',
         'llmproxy',

@@ -2,11 +2,15 @@
 // generator), with the per-part cache off and on, inline, several runs, medians. Used for
 // docs/decisions.md ("A cached turn's fixed costs"). Run: node test/pipeline/part-cache.measure.ts
 // [--runs N] [--sessions N] [--turns N] [--format anthropic|openai] [--prefix] [--fresh]
-// [--against DIR] [--short] [--system KB]. --short adds a short user message ("continue") after
-// each tool result, so every turn ends with one; --system gives the system prompt KB kilobytes. --fresh copies each body just before it is inspected (untimed), as the proxy hands
-// the engine a body it has just assembled from the socket's chunks (in the CPU's cache) rather than
-// one generated long before. --against DIR runs DIR's engine (another checkout, e.g. `git archive` of
-// the base commit) with its cache off and on, interleaved with this one's, for an A/B in one process.
+// [--against DIR] [--short] [--system KB] [--trash MB].
+// --short adds a short user message ("continue") after each tool result, so every turn ends with one;
+// --system gives the system prompt KB kilobytes. --fresh copies each body just before it is inspected
+// (untimed), as the proxy hands the engine a body it has just assembled from the socket's chunks (in
+// the CPU's cache) rather than one generated long before. --trash MB writes over MB megabytes of other
+// memory before each call (untimed), as a proxy's own work between calls evicts the scan's tables and
+// code from the CPU's caches (16: the cached path then costs about a third more here). --against DIR
+// runs DIR's engine (another checkout, e.g. `git archive` of the base commit) with its cache off and
+// on, interleaved with this one's, for an A/B in one process.
 import { resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { cpuMs, sessionPolicy, sessionSecrets } from './session-measure.ts';
@@ -22,6 +26,7 @@ const { values } = parseArgs({
     prefix: { type: 'boolean', default: false },
     only: { type: 'string' },
     fresh: { type: 'boolean', default: false },
+    trash: { type: 'string', default: '0' },
     short: { type: 'boolean', default: false },
     system: { type: 'string', default: '0' },
     against: { type: 'string' },
@@ -31,6 +36,7 @@ const runs = Number(values.runs);
 const turns = Number(values.turns);
 const sessionsN = Number(values.sessions);
 
+const trash = Number(values.trash) > 0 ? new Uint8Array(Number(values.trash) * 1024 * 1024) : null;
 const policy = sessionPolicy;
 const secrets = sessionSecrets;
 
@@ -70,6 +76,7 @@ async function session(
   let total = 0;
   for (let t = 0; t < bodies.length; t++) {
     const body = values.fresh ? Buffer.from(bodies[t]) : bodies[t];
+    if (trash !== null) for (let i = 0; i < trash.length; i += 64) trash[i]++;
     const before = cpuMs();
     await engine.inspect({
       body,
