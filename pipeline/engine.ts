@@ -8,6 +8,7 @@ import { counter, createRegistry, gauge, histogram } from '../core/metrics.ts';
 import { silentLogger, type Logger } from '../core/logger.ts';
 import { conversationParts, group, MIN_PART_BYTES, skeleton } from './conversation-parts.ts';
 import { copyBytes } from './shared-bytes.ts';
+import { pooledPolicy } from './pooled-policy.ts';
 import { BodyTooLargeError, DeadlineError } from './errors.ts';
 import { MAX_FINDINGS_PER_INSPECTOR, type Finding, type Phase } from './finding.ts';
 import type { Span } from './json-view.ts';
@@ -754,6 +755,7 @@ export class InspectionEngine {
     const shared = toShared(body);
     const plan = this.#plans.get(policy);
     const tasks = this.#poolTasks(plan, policy, shared, phase, secrets, skipModel);
+    const pooled = pooledPolicy(policy);
     this.#metrics.splits.inc({ split: tasks[0].range ? 'range' : tasks.length > 1 ? 'inspector' : 'none' });
     this.#metrics.queue.set(this.#pool!.queueSize);
     const results = await Promise.all(
@@ -762,7 +764,7 @@ export class InspectionEngine {
         // The worker posts each inspector's result here as it finishes; read only if the task fails.
         const task = {
           body: shared,
-          policy,
+          policy: pooled,
           phase,
           secrets: [...secrets],
           part,
@@ -828,7 +830,7 @@ export class InspectionEngine {
     const secrets = request.secrets ?? [];
     let pooled = false;
     const scan = (task: Omit<StretchTask, 'policy' | 'secrets'>, last: boolean): Promise<ScanResult> => {
-      const full: StretchTask = { ...task, policy, secrets: [...secrets] };
+      const full: StretchTask = { ...task, policy: pooledPolicy(policy), secrets: [...secrets] };
       if (this.#pool === null || (last && task.body.length < this.#threshold())) {
         try {
           return Promise.resolve(scanStretch(plan, full));

@@ -3,6 +3,7 @@ import type { Phase } from './finding.ts';
 import { id as PATTERNS, type PatternPlan, type PrefilterId } from './inspectors/patterns.ts';
 import { INSPECTORS, MODEL_RESTRICTION, SPLIT_OFF } from './inspectors/registry.ts';
 import type { ResolvedPolicy } from './policy/types.ts';
+import { policyOf, type PooledPolicy } from './pooled-policy.ts';
 
 // A resolved policy compiled into what the scanners run: each inspector of the registry compiled once
 // (model globs checked, regexes compiled into an RE2.Set). Compiling costs far more than a scan, so
@@ -112,22 +113,31 @@ export class PlanCache {
   }
 
   get(policy: ResolvedPolicy): ScanPlan {
-    // The plan asked for last is already the most recent (only get() reorders or evicts, and an
+    return this.#get(policy.version, () => policy);
+  }
+
+  /** The plan of the policy a pool task carries: its bytes read only to compile it (pooled-policy.ts). */
+  getPooled(task: PooledPolicy): ScanPlan {
+    return this.#get(task.version, () => policyOf(task));
+  }
+
+  #get(version: string, policyFor: () => ResolvedPolicy): ScanPlan {
+    // The plan asked for last is already the most recent (only #get reorders or evicts, and an
     // eviction drops the least recent): nothing to look up or move (most calls, one policy).
     const last = this.#last;
-    if (last !== null && last.version === policy.version) return last;
-    let plan = this.#plans.get(policy.version);
+    if (last !== null && last.version === version) return last;
+    let plan = this.#plans.get(version);
     if (plan) {
       this.#last = plan;
-      this.#plans.delete(policy.version);
-      this.#plans.set(policy.version, plan);
+      this.#plans.delete(version);
+      this.#plans.set(version, plan);
       return plan;
     }
-    plan = compilePlan(policy);
-    this.#plans.set(policy.version, plan);
+    plan = compilePlan(policyFor());
+    this.#plans.set(version, plan);
     if (this.#plans.size > this.#capacity) this.#plans.delete(this.#plans.keys().next().value!);
     // (With no room at all, the plan just made was dropped: it is not the last one kept.)
-    this.#last = this.#plans.get(policy.version) === plan ? plan : null;
+    this.#last = this.#plans.get(version) === plan ? plan : null;
     this.#onCompile?.(plan);
     return plan;
   }

@@ -2,7 +2,7 @@ import type { MessagePort } from 'node:worker_threads';
 import type { ByteRange, ViewContext } from './byte-ranges.ts';
 import { failureReason, InspectionInput, type InputOptions, NORMALIZED_VIEW } from './inspection-input.ts';
 import { PlanCache, runFor, type PlannedInspector, type ScanPlan } from './plan.ts';
-import type { ResolvedPolicy } from './policy/types.ts';
+import type { PooledPolicy } from './pooled-policy.ts';
 import { findingKey, type ScanResult } from './scan.ts';
 import type { Finding } from './finding.ts';
 import type { InspectorReport } from './worker.ts';
@@ -25,7 +25,7 @@ export interface StretchTask {
   body: Uint8Array;
   range?: ByteRange;
   context?: ViewContext;
-  policy: ResolvedPolicy;
+  policy: PooledPolicy;
   secrets: readonly string[];
   port?: MessagePort;
   started?: Int32Array;
@@ -136,7 +136,7 @@ export default function inspectStretch(task: StretchTask): ScanResult {
   const port = task.port;
   try {
     return scanStretch(
-      plans.get(task.policy),
+      plans.getPooled(task.policy),
       task,
       port ? (inspector, result) => port.postMessage({ inspector, result } satisfies InspectorReport) : undefined,
     );

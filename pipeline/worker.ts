@@ -3,16 +3,17 @@ import { mergeResults, type ByteRange, type ViewContext } from './byte-ranges.ts
 import { PlanCache } from './plan.ts';
 import { scanBody, type ScanPart, type ScanResult } from './scan.ts';
 import type { Phase } from './finding.ts';
-import type { ResolvedPolicy } from './policy/types.ts';
+import type { PooledPolicy } from './pooled-policy.ts';
 
 // Piscina worker entry: the built-in scan over a body the main thread shares with us (a view over a
-// SharedArrayBuffer: not copied on the way in). Each worker compiles a policy once per version.
+// SharedArrayBuffer: not copied on the way in). Each worker compiles a policy once per version, from
+// the bytes the task shares with it (pooled-policy.ts).
 // Each inspector's result is posted on the task's port as soon as it finishes: when the deadline
 // terminates this thread, the engine still has what finished (engine.ts).
 
 export interface WorkerTask {
   body: Uint8Array;
-  policy: ResolvedPolicy;
+  policy: PooledPolicy;
   phase: Phase;
   secrets: readonly string[];
   part: ScanPart;
@@ -62,7 +63,7 @@ export function inspectReporting(
 ): ScanResult {
   const body = Buffer.from(task.body.buffer, task.body.byteOffset, task.body.byteLength);
   try {
-    const plan = plans.get(task.policy);
+    const plan = plans.getPooled(task.policy);
     if (task.range) {
       const { start, end } = task.range;
       const common = { phase: task.phase, secrets: task.secrets, modelsAnywhere: task.modelsAnywhere, onInspector };

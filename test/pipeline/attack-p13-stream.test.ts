@@ -8,6 +8,7 @@ import { findingKey, type ScanResult } from '../../pipeline/scan.ts';
 import { SseJoiner } from '../../pipeline/sse-text.ts';
 import { cannotMatchNewline, StreamInspection } from '../../pipeline/stream-inspection.ts';
 import { scanStretch } from '../../pipeline/stream-scan.ts';
+import { pooledPolicy } from '../../pipeline/pooled-policy.ts';
 
 // An attacker's review of the streamed answer's inspection (P13): each case failed before its fix.
 // 1. A custom pattern that can match the newline joining two blocks was called newline-free, so the
@@ -49,7 +50,7 @@ for (const pattern of [
       plan,
       policy,
       [],
-      async (task) => scanStretch(plan, { ...task, policy, secrets: [] }),
+      async (task) => scanStretch(plan, { ...task, policy: pooledPolicy(policy), secrets: [] }),
       () => undefined,
       64,
     );

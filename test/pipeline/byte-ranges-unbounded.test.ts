@@ -9,6 +9,7 @@ import { findingKey, scanBody, type ScanResult } from '../../pipeline/scan.ts';
 import { inspectReporting } from '../../pipeline/worker.ts';
 import { pickedEdges } from './range-cuts.ts';
 import { builtinsWith } from './policy-fixture.ts';
+import { pooledPolicy } from '../../pipeline/pooled-policy.ts';
 
 // Custom patterns whose matches can be any length and hold a separator (`\S{6,}`, `[: ]+`) are split
 // by byte range too, found around their literal: a range that cannot hold a match's window runs that
@@ -66,7 +67,15 @@ function splitScan(body: Buffer, ranges: readonly ByteRange[]): ScanResult {
   const context = { jsonEscapes: carriesJsonEscapes(body) };
   return mergeResults(
     ranges.map((range) =>
-      inspectReporting({ body, policy, phase: 'request', secrets: SECRETS, part: 'all', range, context }),
+      inspectReporting({
+        body,
+        policy: pooledPolicy(policy),
+        phase: 'request',
+        secrets: SECRETS,
+        part: 'all',
+        range,
+        context,
+      }),
     ),
   );
 }
@@ -224,7 +233,15 @@ t.test('attacker review: folded alternatives at one place, and occurrences that 
     const context = { jsonEscapes: carriesJsonEscapes(body) };
     const split = mergeResults(
       ranges.map((range) =>
-        inspectReporting({ body, policy: folded, phase: 'request', secrets: [], part: 'all', range, context }),
+        inspectReporting({
+          body,
+          policy: pooledPolicy(folded),
+          phase: 'request',
+          secrets: [],
+          part: 'all',
+          range,
+          context,
+        }),
       ),
     );
     t.strictSame(keys(split), keys(expected), `${count} occurrences: the split finds it`);

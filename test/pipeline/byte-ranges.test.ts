@@ -17,6 +17,7 @@ import { validatePolicyDocument } from '../../pipeline/policy/validate.ts';
 import { findingKey, scanBody, type ScanResult } from '../../pipeline/scan.ts';
 import { inspectReporting } from '../../pipeline/worker.ts';
 import { pickedEdges } from './range-cuts.ts';
+import { pooledPolicy } from '../../pipeline/pooled-policy.ts';
 
 // A body split by byte range must find what the whole body's scan finds: the ranges run through the
 // worker's own code (inspectReporting), cut at every kind of seam a body can have.
@@ -107,7 +108,7 @@ function splitScan(body: Buffer, ranges: readonly ByteRange[], scanned = policy)
     ranges.map((range, i) =>
       inspectReporting({
         body,
-        policy: scanned,
+        policy: pooledPolicy(scanned),
         phase: 'request',
         secrets: SECRETS,
         part: 'all',

@@ -11,6 +11,7 @@ import { carriesJsonEscapes } from '../../pipeline/json-view.ts';
 import { compilePlan } from '../../pipeline/plan.ts';
 import { policyFromDocument } from '../../pipeline/policy/resolve.ts';
 import { validatePolicyDocument } from '../../pipeline/policy/validate.ts';
+import { pooledPolicy } from '../../pipeline/pooled-policy.ts';
 import { scanBody } from '../../pipeline/scan.ts';
 import { inspectReporting } from '../../pipeline/worker.ts';
 
@@ -25,7 +26,7 @@ const secrets = [...BENCH_SECRETS];
 const reach = patterns.rangeReach === null ? null : Math.max(secretsReach(secrets)!, patterns.rangeReach);
 const ranges = reach === null ? null : planRanges(body, 2, reach);
 const context = { jsonEscapes: carriesJsonEscapes(body) };
-const task = { body, policy, phase: 'request' as const, secrets };
+const task = { body, policy: pooledPolicy(policy), phase: 'request' as const, secrets };
 
 const cpu = () => {
   const u = process.cpuUsage();

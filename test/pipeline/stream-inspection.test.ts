@@ -9,6 +9,7 @@ import { StreamInspection } from '../../pipeline/stream-inspection.ts';
 import { scanStretch } from '../../pipeline/stream-scan.ts';
 import { sseTextReference } from './sse-text.reference.ts';
 import { builtinsWith } from './policy-fixture.ts';
+import { pooledPolicy } from '../../pipeline/pooled-policy.ts';
 
 // A streamed response inspected as it arrives gives what the whole body scanned at the end gives:
 // over random streams (Anthropic, OpenAI chat and responses; leaks split across deltas, blocks and
@@ -164,7 +165,7 @@ async function incremental(
     plan,
     c.policy,
     SECRETS,
-    async (task) => scanStretch(plan, { ...task, policy: c.policy, secrets: SECRETS }),
+    async (task) => scanStretch(plan, { ...task, policy: pooledPolicy(c.policy), secrets: SECRETS }),
     (kind) => {
       checkpoints++;
       kinds.add(kind);
@@ -345,7 +346,7 @@ t.test('a long text block is scanned in lines while it is open, and its stop sca
         joinedSizes.push(task.body.length);
         if (pushed < stopAt) joinedBeforeStop++;
       }
-      return scanStretch(plan, { ...task, policy: splittable, secrets: SECRETS });
+      return scanStretch(plan, { ...task, policy: pooledPolicy(splittable), secrets: SECRETS });
     },
     () => undefined,
     checkpoint,
