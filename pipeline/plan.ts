@@ -3,7 +3,7 @@ import type { Phase } from './finding.ts';
 import { id as PATTERNS, type PatternPlan, type PrefilterId } from './inspectors/patterns.ts';
 import { INSPECTORS, MODEL_RESTRICTION, SPLIT_OFF } from './inspectors/registry.ts';
 import type { ResolvedPolicy } from './policy/types.ts';
-import { policyOf, type PooledPolicy } from './pooled-policy.ts';
+import { readPooledPolicy, type PooledPolicy } from './pooled-policy.ts';
 
 // A resolved policy compiled into what the scanners run: each inspector of the registry compiled once
 // (model globs checked, regexes compiled into an RE2.Set). Compiling costs far more than a scan, so
@@ -118,7 +118,7 @@ export class PlanCache {
 
   /** The plan of the policy a pool task carries: its bytes read only to compile it (pooled-policy.ts). */
   getPooled(task: PooledPolicy): ScanPlan {
-    return this.#get(task.version, () => policyOf(task));
+    return this.#get(task.version, () => readPooledPolicy(task));
   }
 
   #get(version: string, policyFor: () => ResolvedPolicy): ScanPlan {

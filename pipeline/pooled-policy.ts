@@ -29,6 +29,6 @@ export function pooledPolicy(policy: ResolvedPolicy): PooledPolicy {
 }
 
 /** The policy a pool task carries, read back (a worker compiling its plan). */
-export function policyOf(task: PooledPolicy): ResolvedPolicy {
+export function readPooledPolicy(task: PooledPolicy): ResolvedPolicy {
   return deserialize(Buffer.from(task.bytes)) as ResolvedPolicy;
 }

@@ -1,6 +1,6 @@
 import t from 'tap';
 import { compilePlan, PlanCache } from '../../pipeline/plan.ts';
-import { policyOf as readBack, pooledPolicy } from '../../pipeline/pooled-policy.ts';
+import { pooledPolicy, readPooledPolicy as readBack } from '../../pipeline/pooled-policy.ts';
 import { engine, policyOf } from './part-cache-fixture.ts';
 
 // A policy crosses to the pool's workers once per version (pooled-policy.ts): a task carries the
