@@ -182,18 +182,20 @@ export class ResentParts {
     this.#cache = cache;
   }
 
+  /** Bytes of the spare copies kept for bodies seen first (#giveBack): at most min(8 MB, an eighth of the cap). */
+  get spareBytes(): number {
+    return this.#spareBytes;
+  }
+
   /** Bytes of the remembered bodies. */
   get bytes(): number {
     return this.#bytes;
   }
 
-  /**
-   * Bytes of the memory the remembered bodies' pieces and skeletons hold (each whole allocation, once),
-   * and the spare copies kept for bodies seen first.
-   */
+  /** Bytes of the memory the remembered bodies' pieces and skeletons hold (each whole allocation, once). */
   get retainedBytes(): number {
     const seen = new Set<ArrayBufferLike>();
-    let total = this.#spareBytes;
+    let total = 0;
     for (const bodies of this.#holders.values())
       for (const body of bodies)
         for (const bytes of [...body.pieces.map((p) => p.bytes), ...(body.skeleton ? [body.skeleton.bytes] : [])])
@@ -325,14 +327,14 @@ export class ResentParts {
     let pieces: Piece[] = [];
     let shared = 0;
     if (recall !== null && recall.verified > 0 && recall.base.pieces.length < MAX_PIECES) {
-      // Its bytes are this body's now: its copy is no longer its own to give back.
-      recall.base.own = null;
       shared = recall.base.spans[recall.verified - 1].end;
+      let sharesBase = false;
       for (const piece of recall.base.pieces) {
         if (piece.start >= shared) break;
         // A piece shared whole is the same piece (its share was weighed when it was made).
         if (piece.start + piece.bytes.length <= shared) {
           pieces.push(piece);
+          sharesBase = true;
           continue;
         }
         const end = Math.min(shared, piece.start + piece.bytes.length);
@@ -341,11 +343,12 @@ export class ResentParts {
         // body sharing a small head of a large piece (a short turn after a long one) would hold the
         // long one's memory uncounted, turn after turn. Such a head is copied instead, into memory of
         // its own (Buffer.from would take a slice of the shared pool: its whole slab kept alive).
-        pieces.push({
-          start: piece.start,
-          bytes: 2 * bytes.length >= piece.bytes.buffer.byteLength ? bytes : ownCopy(bytes),
-        });
+        const share = 2 * bytes.length >= piece.bytes.buffer.byteLength;
+        pieces.push({ start: piece.start, bytes: share ? bytes : ownCopy(bytes) });
+        sharesBase ||= share;
       }
+      // Bytes of a body seen first shared with this one are no longer its own to give back (#drop).
+      if (sharesBase) recall.base.own = null;
     }
     if (shared < body.length) {
       const copy = Buffer.allocUnsafeSlow(body.length - shared);

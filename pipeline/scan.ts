@@ -148,9 +148,10 @@ export function scanBody(plan: ScanPlan, request: ScanRequest): ScanResult {
   // holds a view, and they are given back however the scan ends.
   const scratch = new ScratchBuffers();
   try {
-    // A body in shared memory is read from a copy of its own, up to a size (shared-bytes.ts).
+    // A body in shared memory is read from a copy of its own, up to a size (shared-bytes.ts); not for
+    // the model alone, which reads the top level's few bytes in place.
     const local =
-      isShared(request.body) && request.body.length <= SCAN_COPY_UP_TO_BYTES
+      isShared(request.body) && request.body.length <= SCAN_COPY_UP_TO_BYTES && !request.modelOnly
         ? { ...request, body: alignedCopy(request.body, (n) => scratch.take(n)) }
         : request;
     return scanWith(local, run, findings, failures, done, scratch);

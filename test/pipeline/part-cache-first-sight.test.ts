@@ -148,6 +148,7 @@ t.test('a small head shared from a body seen first holds memory of its own, not 
     resent.retainedBytes <= 2 * resent.bytes,
     `held ${resent.retainedBytes} bytes for ${resent.bytes} counted (a pool slab is 64 KiB)`,
   );
+  t.equal(resent.spareBytes, first.length, 'its head copied, not shared: the body seen first gave its copy back');
 });
 
 t.test('a system prompt that changes every turn: the parts are still cached from the second turn', async (t) => {
@@ -207,12 +208,15 @@ t.test(
     // Bodies of one size, each part differing early (a counter) or late (a last word), as fresh traffic does.
     const a = [0, 1, 2].map((i) => body(`a${i} alpha`, `a beta ${i}`, `a gamma ${i}`));
     for (const b of a) t.ok(seen('a', b), 'a body of agent a: seen first');
-    const held = resent.retainedBytes;
-    t.equal(held, resent.bytes - 3 * 64 + a[0].length, 'the first one dropped: its copy kept spare');
+    const held = () => resent.retainedBytes + resent.spareBytes;
+    t.equal(resent.spareBytes, a[0].length, 'the first one dropped: its copy kept spare');
+    t.equal(resent.retainedBytes, resent.bytes - 3 * 64, 'the two remembered hold their own bytes');
+    const before = held();
     const b0 = body('b0 alpha', 'b beta 0', 'b gamma 0');
     t.equal(b0.length, a[0].length);
     t.ok(seen('b', b0), 'a body of agent b: seen first');
-    t.equal(resent.retainedBytes, held, 'written into the spare copy, not a new one');
+    t.equal(held(), before, 'written into the spare copy, not a new one');
+    t.equal(resent.spareBytes, 0);
 
     // Each holder's bodies are still its own bytes: a's last body and b's are recalled part for part,
     // and one byte changed anywhere in a part stops the recall there.
@@ -229,10 +233,11 @@ t.test(
     // the unhashed body is replaced, so the next body seen first gets memory of its own.
     const recall = resent.recall('b', bNext)!;
     resent.hashes('b', bNext, conversationParts(bNext, MIN_PART_BYTES, recall.known)!, recall);
-    const before = resent.retainedBytes;
+    t.equal(resent.spareBytes, 0, 'b`s copy, shared, was not given back');
+    const then = held();
     const c0 = body('c0 alpha', 'c beta 0', 'c gamma 0');
     t.ok(seen('c', c0));
-    t.equal(resent.retainedBytes, before + c0.length, 'a new copy: the shared one was not given back');
+    t.equal(held(), then + c0.length, 'so the next body seen first gets a new copy');
     const again = resent.recall('b', next(['b0 alpha', 'b beta 0', 'b gamma 0', 'b delta', 'b epsilon']));
     t.equal(again?.verified, 4, 'and b`s remembered bytes are intact');
   },
