@@ -28,13 +28,17 @@ import type { BenchResult, SummaryRow } from './summary.ts';
 // turn 40 (or OpenAI Chat Completions with --format openai), with a few findings along the way that are observed, not blocked (an email in a tool result
 // at turn 3, an API key at turn 12, an internal host name at turn 25), so the session goes on.
 // Contenders, each alone on core 1 (taskset) while this process and the mock upstream share core 0:
-// direct (no proxy); dvx with its inspection cache; dvx with `--inspection-cache-mb 0`; the floor
-// (node:https + undici pass-through); Portkey with its regex guardrail. dvx runs with `--workers 1`.
+// direct (no proxy); dvx with its inspection cache; dvx with `--inspection-cache-mb 0`; dvx with
+// inspection off; the floor (node:https + undici pass-through); Portkey with its regex guardrail. dvx
+// runs with `--workers 1`.
 // Inspected bytes come from dvx's metrics (request body bytes minus the cache's bytes saved), the
-// inspection time from `dvx_inspection_duration_seconds`, the whole-session CPU from /proc (utime +
-// stime of the proxy and every process under it).
+// inspection time from `dvx_inspection_duration_seconds` (wall time: a pooled body's round trip), the
+// whole-session CPU from /proc (utime + stime of the proxy and every process under it), and the
+// inspection CPU by difference: a dvx's proxy CPU less that of the dvx with inspection off.
 
 const TURN_GROWTH = 7.5 * 1024;
+/** The contender whose proxy CPU the others' inspection CPU is measured over. */
+const INSPECTION_OFF = 'dvx: inspection off';
 const SESSION_BASE_SEED = 100;
 
 // ---- the generated session ---------------------------------------------------------------------
@@ -367,6 +371,7 @@ export async function main(args: string[]): Promise<BenchResult> {
   });
   const secretsFile = await writeJson(dir, 'secrets.json', { 'agent:agent-b': secrets });
   const snapshotFile = await writeJson(dir, 'snapshot.json', fullSetSnapshot(upstream.url, true));
+  const offSnapshotFile = await writeJson(dir, 'snapshot-off.json', fullSetSnapshot(upstream.url, false));
 
   const tls = new Agent({ connect: { ca: ca.certPem }, connections: 4, keepAliveTimeout: 60_000 });
   const plain = new Agent({ connections: 4, keepAliveTimeout: 60_000 });
@@ -379,8 +384,11 @@ export async function main(args: string[]): Promise<BenchResult> {
     format === 'openai' ? ['authorization', `Bearer ${await token()}`] : ['x-api-key', await token()];
   const notes: string[] = [];
 
-  /** dvx llmproxy with the full set, `--workers 1` and the given flags (servers.ts drops one it does not know). */
-  const startDvx = async (name: string, port: number, extra: string[]): Promise<Contender> => {
+  /**
+   * dvx llmproxy with the full set (or the snapshot given), `--workers 1` and the given flags
+   * (servers.ts drops one it does not know).
+   */
+  const startDvx = async (name: string, port: number, extra: string[], snapshot = snapshotFile): Promise<Contender> => {
     const metricsPort = port + 100;
     const dvx = await startLlmproxy({
       name,
@@ -389,7 +397,7 @@ export async function main(args: string[]): Promise<BenchResult> {
       certFile,
       keyFile,
       jwksFile: identity.jwksFile,
-      snapshotFile,
+      snapshotFile: snapshot,
       secretsFile,
       tls,
       flags: ['--workers', '1', ...extra],
@@ -431,6 +439,7 @@ export async function main(args: string[]): Promise<BenchResult> {
     }),
     () => startDvx('dvx: full set, inspection cache on', 18580, []),
     () => startDvx('dvx: full set, --inspection-cache-mb 0', 18581, ['--inspection-cache-mb', '0']),
+    () => startDvx(INSPECTION_OFF, 18582, [], offSnapshotFile),
     async () => {
       const floor = await startFloorProxy({ dir, certFile, keyFile, upstreamUrl: upstream.url });
       return {
@@ -501,6 +510,18 @@ export async function main(args: string[]): Promise<BenchResult> {
   const rows = results
     .filter((x) => x.c.pid !== null)
     .map(({ c, r }) => {
+      if (c.name === INSPECTION_OFF)
+        return [
+          c.name,
+          'none (inspection off)',
+          `${formatMs(Math.max(0, added(r, 0, group, 0.5)))} / ${formatMs(Math.max(0, added(r, turns - group, turns, 0.5)))}`,
+          `${formatMs(Math.max(0, added(r, 0, group, 0.99)))} / ${formatMs(Math.max(0, added(r, turns - group, turns, 0.99)))}`,
+          r.cpu === null ? '' : formatMs((r.cpu * 1000) / nSessions),
+          '',
+          '',
+          '',
+          String(r.errors),
+        ];
       const isDvx = !!r.whole;
       const hits = r.whole?.get('dvx_inspection_cache_hits_total');
       const misses = r.whole?.get('dvx_inspection_cache_misses_total');
@@ -530,6 +551,12 @@ export async function main(args: string[]): Promise<BenchResult> {
       ? (wholeBytes - saved(uncached.whole)) / Math.max(1, wholeBytes - saved(cached.whole))
       : NaN;
   const cpuRatio = cached?.cpu && uncached?.cpu ? uncached.cpu / cached.cpu : NaN;
+  // Inspection CPU by difference: each dvx's proxy CPU less the same dvx's with inspection off (the
+  // same calls, scrapes and sessions; the pool's workers and V8's helper threads counted with it).
+  const off = results.find((x) => x.c.name === INSPECTION_OFF)?.r;
+  const inspectionCpu = (r?: Replay) =>
+    r?.cpu != null && off?.cpu != null ? Math.max(0, r.cpu - off.cpu) / nSessions : Number.NaN;
+  const cpuInspectionRatio = inspectionCpu(uncached) / inspectionCpu(cached);
 
   const earlyLabel = `turns 1–${group}`;
   const lateLabel = `turns ${turns - group + 1}–${turns}`;
@@ -553,7 +580,7 @@ export async function main(args: string[]): Promise<BenchResult> {
     '',
     `Body per turn: ${kb(earlyBytes / (group * nSessions))} early, ${kb(lateBytes / (group * nSessions))} late; ${kb(wholeBytes / nSessions)} sent per session. Findings planted: ${findingsPlanted(turns)}; observed, none blocking; every later turn carries them again (the findings column counts each time one is recorded, over all sessions). dvx inspects the whole body less what its cache has seen; Portkey's regex guardrail reads only the last message's ${format === 'openai' ? 'content (here the tool message)' : 'text parts (a tool_result gives it nothing)'}, so its column is what it reads, not what it is sent.`,
     '',
-    `Inspection time, no cache / cache: ${Number.isFinite(ratio) ? `${ratio.toFixed(2)}×` : '—'} (goal ≥ 10× over ${turns} turns); inspected bytes, no cache / cache: ${Number.isFinite(bytesRatio) ? `${bytesRatio.toFixed(2)}×` : '—'}; whole-process CPU, no cache / cache: ${Number.isFinite(cpuRatio) ? `${cpuRatio.toFixed(2)}×` : '—'}.`,
+    `Inspection time, no cache / cache: ${Number.isFinite(ratio) ? `${ratio.toFixed(2)}×` : '—'} (goal ≥ 10× over ${turns} turns); inspected bytes, no cache / cache: ${Number.isFinite(bytesRatio) ? `${bytesRatio.toFixed(2)}×` : '—'}; whole-process CPU, no cache / cache: ${Number.isFinite(cpuRatio) ? `${cpuRatio.toFixed(2)}×` : '—'}; inspection CPU (proxy CPU less dvx's with inspection off: ${formatMs(inspectionCpu(uncached) * 1000)} against ${formatMs(inspectionCpu(cached) * 1000)} a session), no cache / cache: ${Number.isFinite(cpuInspectionRatio) ? `${cpuInspectionRatio.toFixed(2)}×` : '—'}.`,
     ...(notes.length ? ['', ...notes.map((n) => `Note: ${n}.`)] : []),
     ...(cached?.whole && !cached.whole.has('dvx_inspection_cache_hits_total')
       ? [
@@ -582,6 +609,13 @@ export async function main(args: string[]): Promise<BenchResult> {
       ours: cached?.whole ? kb((wholeBytes - saved(cached.whole)) / nSessions) : '',
       baseline: uncached?.whole ? kb((wholeBytes - saved(uncached.whole)) / nSessions) : '',
       ratio: Number.isFinite(bytesRatio) ? 1 / bytesRatio : null,
+    },
+    {
+      bench: 'session',
+      measure: `inspection CPU per ${turns}-turn session (proxy CPU less dvx's with inspection off), cache vs --inspection-cache-mb 0`,
+      ours: Number.isFinite(inspectionCpu(cached)) ? formatMs(inspectionCpu(cached) * 1000) : '',
+      baseline: Number.isFinite(inspectionCpu(uncached)) ? formatMs(inspectionCpu(uncached) * 1000) : '',
+      ratio: Number.isFinite(cpuInspectionRatio) ? 1 / cpuInspectionRatio : null,
     },
     {
       bench: 'session',
