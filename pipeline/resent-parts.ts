@@ -479,13 +479,10 @@ export class ResentParts {
       const n = this.#spare[k].length;
       if (n >= body.length && n <= 2 * body.length && (best < 0 || n < this.#spare[best].length)) best = k;
     }
-    let copy: Buffer;
-    if (best < 0) copy = Buffer.allocUnsafeSlow(body.length);
-    else {
-      copy = this.#spare[best];
-      this.#spare.splice(best, 1);
-      this.#spareBytes -= copy.length;
-    }
+    if (best < 0) return ownCopy(body);
+    const copy = this.#spare[best];
+    this.#spare.splice(best, 1);
+    this.#spareBytes -= copy.length;
     copyBytes(body, copy);
     return copy;
   }
